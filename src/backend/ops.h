@@ -1,0 +1,94 @@
+// CPU kernels of the GPT-2 engine, llm.c style: one <op>_forward/<op>_backward
+// pair per op family, one file per family in backend/cpu/. A CUDA backend
+// (backend/cuda/, later) implements the same signatures.
+//
+// Shape legend: B batch, T sequence, C channels, V vocab, NH heads, hs = C/NH,
+// BT = B*T rows. All tensors are row-major, contiguous, f32.
+// Linear weights are stored [OC, C] (out features first, as torch.nn.Linear).
+//
+// Gradient rule: parameter gradients ACCUMULATE (+=) so that micro-batches add
+// up; activation gradients are WRITTEN (=) unless the signature says "+=".
+// Every kernel is parallelised with OpenMP internally; callers stay serial.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace po::backend::cpu {
+
+// Number of threads kernels use (OpenMP and the BLAS share one pool).
+void set_num_threads(int n);
+int num_threads();
+// Name of the BLAS the build links ("openblas", "blis", "dnnl").
+const char* blas_name();
+
+// Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+
+// out[BT,OC] = inp[BT,C] · weight[OC,C]^T + bias[OC]  (bias may be null)
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t BT, int64_t C, int64_t OC);
+// dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
+// dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
+// dinp may be null (skip).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+                     bool accumulate_dinp = false);
+
+// out[BT,C] = (inp - mean) * rstd * weight + bias; saves mean[BT], rstd[BT]. eps = 1e-5.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t BT, int64_t C);
+// dinp[BT,C] += ...; dweight[C] += ...; dbias[C] += ...
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t BT, int64_t C);
+
+// GELU, tanh approximation: out[n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(float* out, const float* inp, int64_t n);
+// dinp[n] = gelu'(inp) * dout (written; dinp may alias dout).
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// out[n] = a[n] + b[n] (out may alias a or b).
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+
+// Causal self-attention, flash style: scores are never stored; the backward
+// recomputes them from q, k and the saved log-sum-exp.
+// qkv[B,T,3C] holds q | k | v along the last axis, each split into NH heads of hs.
+// out[B,T,C] (heads concatenated); lse[B,NH,T] = log sum_j exp(q·k_j / sqrt(hs)).
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                       int64_t C, int64_t NH);
+// dqkv[B,T,3C] written. Needs the forward's out and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+
+// out[B,T,C] = wte[tokens[b,t]] + wpe[t]
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C);
+// dwte[V,C] += scatter of dout rows; dwpe[T,C] += sum over b.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C);
+
+// Fused softmax + cross-entropy over logits[BT,V]. losses[BT] = -log softmax[target].
+// When `grad_scale` != 0, logits are overwritten in place by the gradient of
+// grad_scale * sum(losses) w.r.t. the logits: grad_scale * (softmax - onehot).
+// (The loss is the mean over BT rows, so callers pass grad_scale = 1/(BT*accum).)
+void crossentropy_forward(float* losses, float* logits, const int32_t* targets, int64_t BT,
+                          int64_t V, float grad_scale);
+
+// Sum of squares of x[n], in double (for the global gradient norm).
+double sum_squares(const float* x, int64_t n);
+// x[n] *= s
+void scale(float* x, float s, int64_t n);
+
+// AdamW on n elements, nanoGPT/PyTorch semantics with bias correction:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   param *= 1 - lr * weight_decay            (decoupled decay first, as torch.optim.AdamW)
+//   param -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// t is the 1-based step count.
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                  int64_t t);
+
+}  // namespace po::backend::cpu

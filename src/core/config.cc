@@ -1,0 +1,304 @@
+#include "core/config.h"
+
+#include <toml++/toml.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace po::core {
+namespace {
+
+enum class Kind { kInt, kFloat, kBool, kString, kSize };
+
+struct KeySpec {
+  const char* key;
+  Kind kind;
+  Config::Value def;
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The one schema. Config structs only ever grow by appending keys.
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> specs = {
+      {"model.preset", Kind::kString, std::string("gpt2-tiny")},
+      {"model.n_layer", Kind::kInt, int64_t{0}, 0, 1024},
+      {"model.n_embd", Kind::kInt, int64_t{0}, 0, 1 << 16},
+      {"model.n_head", Kind::kInt, int64_t{0}, 0, 1024},
+      {"model.vocab_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"model.seq_len", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"model.init", Kind::kString, std::string("random")},
+      {"model.activation_checkpointing", Kind::kBool, false},
+      {"train.batch_size", Kind::kInt, int64_t{8}, 1, 1 << 20},
+      {"train.micro_batch_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"train.steps", Kind::kInt, int64_t{100}, 0, 1e12},
+      {"train.lr", Kind::kFloat, 6e-4, 0, 10},
+      {"train.min_lr", Kind::kFloat, 6e-5, 0, 10},
+      {"train.warmup_steps", Kind::kInt, int64_t{0}, 0, 1e12},
+      {"train.schedule", Kind::kString, std::string("cosine")},
+      {"train.weight_decay", Kind::kFloat, 0.1, 0, 10},
+      {"train.beta1", Kind::kFloat, 0.9, 0, 0.999999},
+      {"train.beta2", Kind::kFloat, 0.95, 0, 0.99999999},
+      {"train.eps", Kind::kFloat, 1e-8, 0, 1},
+      {"train.grad_clip", Kind::kFloat, 1.0, 0, kInf},
+      {"train.seed", Kind::kInt, int64_t{1337}, 0, 9.2e18},
+      {"train.precision", Kind::kString, std::string("fp32")},
+      {"train.eval_interval", Kind::kInt, int64_t{0}, 0, 1e12},
+      {"train.eval_batches", Kind::kInt, int64_t{8}, 1, 1e9},
+      {"train.checkpoint_interval", Kind::kInt, int64_t{0}, 0, 1e12},
+      {"train.resume", Kind::kBool, false},
+      {"train.threads", Kind::kInt, int64_t{0}, 0, 4096},
+      {"train.log_interval", Kind::kInt, int64_t{1}, 1, 1e12},
+      {"train.sample_tokens", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"data.train", Kind::kString, std::string("")},
+      {"data.val", Kind::kString, std::string("")},
+      {"run.dir", Kind::kString, std::string("runs/default")},
+      {"checkpoint.keep", Kind::kInt, int64_t{2}, 1, 1e6},
+      {"parallel.dp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.tp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.pp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.cp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.zero_stage", Kind::kInt, int64_t{0}, 0, 3},
+      {"parallel.schedule", Kind::kString, std::string("1f1b")},
+      {"parallel.micro_batches", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.bucket_size", Kind::kSize, std::string("25MiB")},
+      {"parallel.prefetch", Kind::kInt, int64_t{1}, 0, 1024},
+      {"parallel.reduce_dtype", Kind::kString, std::string("fp32")},
+      {"parallel.timeout", Kind::kFloat, 600.0, 0, kInf},
+      {"memory.compute_budget", Kind::kSize, std::string("0")},
+      {"memory.host_budget", Kind::kSize, std::string("0")},
+      {"memory.nvme_dir", Kind::kString, std::string("")},
+      {"memory.page_size", Kind::kSize, std::string("8MiB")},
+  };
+  return specs;
+}
+
+const KeySpec* find_spec(const std::string& key) {
+  for (const auto& s : schema())
+    if (key == s.key) return &s;
+  return nullptr;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kInt: return "an integer";
+    case Kind::kFloat: return "a number";
+    case Kind::kBool: return "true or false";
+    case Kind::kString: return "a string";
+    case Kind::kSize: return "a size such as 512MiB";
+  }
+  return "?";
+}
+
+void check_range(const KeySpec& spec, double v, const std::string& origin) {
+  PO_CHECK(std::isfinite(v) || spec.max == kInf, origin, ": ", spec.key, " must be finite");
+  PO_CHECK(v >= spec.min && v <= spec.max, origin, ": ", spec.key, " = ", v,
+           " is out of range [", spec.min, ", ", spec.max, "]");
+}
+
+// Converts a parsed TOML node into the schema's type.
+Config::Value from_node(const KeySpec& spec, const toml::node& node, const std::string& origin) {
+  auto bad = [&]() {
+    PO_THROW(InvalidArgument, origin, ": ", spec.key, " must be ", kind_name(spec.kind));
+  };
+  switch (spec.kind) {
+    case Kind::kInt: {
+      auto v = node.value<int64_t>();
+      if (!v || !node.is_integer()) bad();
+      check_range(spec, static_cast<double>(*v), origin);
+      return *v;
+    }
+    case Kind::kFloat: {
+      auto v = node.value<double>();
+      if (!v) bad();
+      check_range(spec, *v, origin);
+      return *v;
+    }
+    case Kind::kBool: {
+      auto v = node.value<bool>();
+      if (!v) bad();
+      return *v;
+    }
+    case Kind::kString: {
+      auto v = node.value<std::string>();
+      if (!v || !node.is_string()) bad();
+      return *v;
+    }
+    case Kind::kSize: {
+      if (node.is_integer()) {
+        int64_t v = *node.value<int64_t>();
+        PO_CHECK(v >= 0, origin, ": ", spec.key, " must not be negative");
+        return std::to_string(v);
+      }
+      auto v = node.value<std::string>();
+      if (!v) bad();
+      parse_size(*v, origin + ": " + spec.key);
+      return *v;
+    }
+  }
+  bad();
+  return {};
+}
+
+void flatten(const toml::table& table, const std::string& prefix,
+             std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [k, node] : table) {
+    std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* sub = node.as_table())
+      flatten(*sub, key, out);
+    else
+      out.emplace_back(key, &node);
+  }
+}
+
+std::string value_to_toml(const Config::Value& v) {
+  std::ostringstream os;
+  if (auto* i = std::get_if<int64_t>(&v)) os << *i;
+  else if (auto* d = std::get_if<double>(&v)) {
+    os.precision(17);
+    os << *d;
+    std::string s = os.str();
+    if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos) s += ".0";
+    return s;
+  } else if (auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
+  else os << toml::value<std::string>(std::get<std::string>(v));
+  return os.str();
+}
+
+}  // namespace
+
+uint64_t parse_size(const std::string& text, const std::string& what) {
+  size_t pos = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    PO_THROW(InvalidArgument, what, ": cannot parse size '", text, "' (use e.g. 512MiB or 8GiB)");
+  }
+  std::string unit = text.substr(pos);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB") mult = 1024.0;
+  else if (unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  PO_CHECK(mult > 0, what, ": unknown size unit '", unit, "' in '", text, "'");
+  PO_CHECK(number >= 0 && std::isfinite(number), what, ": size must be >= 0, got '", text, "'");
+  return static_cast<uint64_t>(number * mult);
+}
+
+Config::Config() {
+  for (const auto& s : schema()) values_[s.key] = s.def;
+}
+
+Config Config::parse(const std::string& toml_text, const std::string& origin) {
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    PO_THROW(InvalidArgument, origin, ":", src.begin.line, ":", src.begin.column, ": ",
+             e.description());
+  }
+  Config cfg;
+  std::vector<std::pair<std::string, const toml::node*>> flat;
+  flatten(table, "", flat);
+  for (const auto& [key, node] : flat) {
+    const KeySpec* spec = find_spec(key);
+    PO_CHECK(spec != nullptr, origin, ": unknown config key '", key, "'");
+    cfg.values_[key] = from_node(*spec, *node, origin);
+    cfg.set_[key] = true;
+  }
+  return cfg;
+}
+
+Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table table;
+  std::ifstream probe(path);
+  PO_CHECK(probe.good(), path, ": cannot open config file");
+  std::stringstream ss;
+  ss << probe.rdbuf();
+  Config cfg = parse(ss.str(), path);
+  for (const auto& o : overrides) cfg.set_override(o);
+  return cfg;
+}
+
+void Config::set_override(const std::string& assignment) {
+  auto eq = assignment.find('=');
+  PO_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+           "': expected section.key=value");
+  set_text(assignment.substr(0, eq), assignment.substr(eq + 1), "--set");
+}
+
+void Config::set_text(const std::string& key, const std::string& text, const std::string& origin) {
+  const KeySpec* spec = find_spec(key);
+  PO_CHECK(spec != nullptr, origin, ": unknown config key '", key, "'");
+  // Parse the value as a TOML value; bare words become strings.
+  toml::table t;
+  try {
+    t = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    t = toml::table{};
+    t.insert("v", text);
+  }
+  const toml::node* node = t.get("v");
+  if (spec->kind == Kind::kString || spec->kind == Kind::kSize) {
+    if (!node->is_string() && !(spec->kind == Kind::kSize && node->is_integer())) {
+      t.insert_or_assign("v", text);
+      node = t.get("v");
+    }
+  }
+  values_[key] = from_node(*spec, *node, origin);
+  set_[key] = true;
+}
+
+const Config::Value& Config::get(const std::string& key) const {
+  auto it = values_.find(key);
+  PO_ASSERT(it != values_.end(), "config key not in schema: ", key);
+  return it->second;
+}
+
+int64_t Config::get_int(const std::string& key) const { return std::get<int64_t>(get(key)); }
+double Config::get_float(const std::string& key) const { return std::get<double>(get(key)); }
+bool Config::get_bool(const std::string& key) const { return std::get<bool>(get(key)); }
+const std::string& Config::get_string(const std::string& key) const {
+  return std::get<std::string>(get(key));
+}
+uint64_t Config::get_size(const std::string& key) const {
+  return parse_size(std::get<std::string>(get(key)), key);
+}
+bool Config::is_set(const std::string& key) const { return set_.count(key) > 0; }
+
+std::string Config::to_toml() const {
+  std::ostringstream os;
+  std::string section;
+  for (const auto& [key, value] : values_) {
+    auto dot = key.find('.');
+    std::string sec = key.substr(0, dot);
+    if (sec != section) {
+      os << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    os << key.substr(dot + 1) << " = " << value_to_toml(value) << "\n";
+  }
+  return os.str();
+}
+
+uint64_t Config::hash() const {
+  std::string text = to_toml();
+  return XXH3_64bits(text.data(), text.size());
+}
+
+}  // namespace po::core

@@ -1,0 +1,2 @@
+// placeholder until the layer lands
+namespace po::data {}

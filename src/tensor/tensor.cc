@@ -1,0 +1,95 @@
+#include "tensor/tensor.h"
+
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace po::tensor {
+namespace {
+std::atomic<size_t> g_live{0};
+std::atomic<size_t> g_peak{0};
+constexpr size_t kHuge = size_t{2} << 20;
+}  // namespace
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::kF32: case DType::kI32: return 4;
+    case DType::kBF16: case DType::kF16: case DType::kU16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kI32: return "I32";
+    case DType::kU16: return "U16";
+  }
+  return "?";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+Storage::Storage(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  size_t align = bytes >= kHuge ? kHuge : 64;
+  size_t rounded = (bytes + align - 1) / align * align;
+  data_ = std::aligned_alloc(align, rounded);
+  if (data_ == nullptr) PO_THROW(core::OutOfMemory, "cannot allocate ", bytes, " bytes");
+  if (align == kHuge) madvise(data_, rounded, MADV_HUGEPAGE);
+  std::memset(data_, 0, bytes);  // pre-fault now, not in the first step
+  size_t live = g_live.fetch_add(bytes) + bytes;
+  size_t peak = g_peak.load();
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {}
+}
+
+Storage::~Storage() {
+  if (data_ != nullptr) {
+    g_live.fetch_sub(bytes_);
+    std::free(data_);
+  }
+}
+
+Storage::Storage(Storage&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+Storage& Storage::operator=(Storage&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) {
+      g_live.fetch_sub(bytes_);
+      std::free(data_);
+    }
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+size_t storage_bytes_live() { return g_live.load(); }
+size_t storage_bytes_peak() { return g_peak.load(); }
+
+}  // namespace po::tensor
