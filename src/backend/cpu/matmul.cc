@@ -1,0 +1,52 @@
+// Linear layer (llm.c matmul_forward/backward) on top of gemm(). Weights are
+// [OC, C] as torch.nn.Linear; dweight/dbias accumulate, dinp is written unless
+// the caller asks to accumulate.
+#include <omp.h>
+
+#include "backend/ops.h"
+
+namespace po::backend::cpu {
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t BT, int64_t C, int64_t OC) {
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    // Broadcast the bias first and let the GEMM add onto it (beta = 1).
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < BT; r++) {
+      float* o = out + r * OC;
+#pragma omp simd
+      for (int64_t j = 0; j < OC; j++) o[j] = bias[j];
+    }
+    beta = 1.0f;
+  }
+  // out[BT,OC] = inp[BT,C] · weight[OC,C]^T
+  gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+                     bool accumulate_dinp) {
+  // dinp[BT,C] (=|+=) dout[BT,OC] · weight[OC,C]
+  if (dinp != nullptr)
+    gemm(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f,
+         dinp, C);
+  // dweight[OC,C] += dout^T · inp
+  gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias != nullptr) {
+    // Column sums; each thread owns a slice of columns so rows stream in order.
+#pragma omp parallel
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t chunk = ((OC + nt - 1) / nt + 15) / 16 * 16;
+      const int64_t j0 = id * chunk, j1 = j0 + chunk < OC ? j0 + chunk : OC;
+      for (int64_t r = 0; r < BT; r++) {
+        const float* d = dout + r * OC;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; j++) dbias[j] += d[j];
+      }
+    }
+  }
+}
+
+}  // namespace po::backend::cpu

@@ -1,0 +1,61 @@
+// Deterministic samplers: see loader.h.
+#include "data/loader.h"
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace po::data {
+namespace {
+
+// Separates the data stream from other users of the same seed (e.g. init).
+constexpr uint64_t kDataStream = 0xDA7A5A3B1E000000ull;
+
+void check_length(const TokenFile& file, int64_t T) {
+  PO_CHECK(T >= 1, file.path(), ": sequence length must be >= 1, got ", T);
+  PO_CHECK(static_cast<int64_t>(file.size()) >= T + 1, file.path(), ": has ", file.size(),
+           " tokens, fewer than seq_len + 1 = ", T + 1, " needed for one sequence");
+}
+
+void copy_window(const TokenFile& file, int64_t start, int64_t T, int32_t* inputs, int32_t* targets) {
+  const uint16_t* t = file.tokens().data() + start;
+  for (int64_t k = 0; k < T; ++k) {
+    inputs[k] = t[k];
+    targets[k] = t[k + 1];
+  }
+}
+
+}  // namespace
+
+BatchSampler::BatchSampler(const TokenFile& file, int64_t T, uint64_t seed) : file_(&file), T_(T), seed_(seed) {
+  check_length(file, T);
+}
+
+int64_t BatchSampler::offset(int64_t step, int64_t seq) const {
+  PO_CHECK(step >= 0 && seq >= 0, "sampler: step and sequence index must be >= 0, got ", step, ", ", seq);
+  core::Philox rng(seed_ ^ kDataStream, static_cast<uint64_t>(step));
+  const uint64_t starts = file_->size() - static_cast<uint64_t>(T_);  // offsets 0 .. N-T-1
+  return static_cast<int64_t>(rng.next_u64(static_cast<uint64_t>(seq)) % starts);
+}
+
+void BatchSampler::fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const {
+  PO_CHECK(count >= 0, "sampler: count must be >= 0, got ", count);
+  for (int64_t i = 0; i < count; ++i) {
+    copy_window(*file_, offset(step, first_seq + i), T_, inputs + i * T_, targets + i * T_);
+  }
+}
+
+EvalSampler::EvalSampler(const TokenFile& file, int64_t T) : file_(&file), T_(T) {
+  check_length(file, T);
+  num_sequences_ = (static_cast<int64_t>(file.size()) - 1) / T;
+}
+
+void EvalSampler::fill(int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const {
+  PO_CHECK(first_seq >= 0 && count >= 0, "eval sampler: first_seq and count must be >= 0, got ", first_seq, ", ",
+           count);
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t window = (first_seq + i) % num_sequences_;
+    copy_window(*file_, window * T_, T_, inputs + i * T_, targets + i * T_);
+  }
+}
+
+}  // namespace po::data

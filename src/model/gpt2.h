@@ -1,0 +1,115 @@
+// GPT-2 with explicit forward and backward, llm.c style.
+//
+// Shape legend: B micro-batch, T sequence, C channels, V vocab, L layers, NH heads.
+//
+// Parameters live in flat per-unit buffers: unit 0 = embeddings (wte, wpe),
+// units 1..L = transformer blocks, unit L+1 = final LayerNorm. All units are
+// consecutive in one allocation, gradients likewise with the same offsets, so
+// a ZeRO shard or a page is a contiguous slice of one unit.
+//
+// Rules: parameter gradients accumulate (+=) across micro-batches until
+// zero_grads(); activation gradients are written. The LM head (tied to wte) and
+// the loss run fused in row chunks so that the [BT, V] logits are never held
+// whole: each chunk's logits are turned into their gradient in place at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt2_config.h"
+#include "tensor/tensor.h"
+
+namespace po::model {
+
+// One named parameter tensor inside the flat buffer.
+struct ParamInfo {
+  std::string name;     // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
+  tensor::Shape shape;  // engine layout ([out, in] for linear weights)
+  int64_t offset = 0;   // elements from the start of the flat buffer
+  int unit = 0;         // 0 embeddings, 1..L blocks, L+1 final LayerNorm
+  bool decay = false;   // weight decay applies (tensors with >= 2 dims)
+  bool conv1d = false;  // stored transposed ([in, out]) in Hugging Face files
+  int64_t numel() const { return tensor::shape_numel(shape); }
+};
+
+class GPT2 {
+ public:
+  // Allocates parameters, gradients and activations for micro-batch B at sequence T.
+  GPT2(const GPT2Config& config, int64_t B, int64_t T);
+
+  const GPT2Config& config() const { return config_; }
+  int64_t batch() const { return B_; }
+  int64_t seq() const { return T_; }
+
+  float* params() { return params_.f32(); }
+  const float* params() const { return params_.f32(); }
+  float* grads() { return grads_.f32(); }
+  int64_t num_params() const { return num_params_; }
+  const std::vector<ParamInfo>& param_infos() const { return infos_; }
+  const ParamInfo& param(const std::string& name) const;
+  int num_units() const { return static_cast<int>(unit_offsets_.size()) - 1; }
+  int64_t unit_offset(int u) const { return unit_offsets_[u]; }
+  int64_t unit_numel(int u) const { return unit_offsets_[u + 1] - unit_offsets_[u]; }
+
+  // GPT-2 initialisation from a counter-based RNG: N(0, 0.02), residual
+  // projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1.
+  // Element i of tensor k is a function of (seed, k, i) only.
+  void init_random(uint64_t seed);
+  void zero_grads();
+
+  // One micro-batch: forward, loss, backward. inputs/targets [B,T].
+  // Gradients of grad_scale * sum(per-token losses) accumulate into grads().
+  // Returns the mean loss over the B*T tokens.
+  float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // Mean loss over [B,T] without touching gradients.
+  float evaluate(const int32_t* inputs, const int32_t* targets);
+  // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T.
+  void next_token_logits(const int32_t* tokens, int64_t t_len, float* logits);
+
+  // Bytes of activations and scratch this model holds (for the memory ledger).
+  size_t activation_bytes() const { return acts_.size(); }
+  // Bytes the model would hold: params + grads + activations (no optimizer).
+  static size_t predicted_bytes(const GPT2Config& config, int64_t B, int64_t T);
+
+ private:
+  struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+  };
+  struct BlockParams {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+
+  void build_layout();
+  size_t layout_activations(float* base);  // returns floats needed; assigns when base != null
+  BlockParams block_params(float* base, int64_t layer) const;
+  // Forward of block `l` at batch shape (b, t): reads `in`, writes a.
+  void block_forward(int64_t l, const float* in, const LayerActs& a, int64_t b, int64_t t);
+  void block_backward(int64_t l, const float* in, const LayerActs& a, float* dres);
+  const float* forward_blocks(const int32_t* inputs, int64_t b, int64_t t);
+  // Final LayerNorm + tied head + loss over row chunks; with grad_scale != 0
+  // also backward through head and final LayerNorm into dres_.
+  double head_forward(const float* residual, const int32_t* targets, int64_t rows,
+                      float grad_scale);
+
+  GPT2Config config_;
+  int64_t B_, T_;
+  int64_t num_params_ = 0;
+  int64_t head_chunk_ = 0;  // rows of logits processed at once
+  std::vector<ParamInfo> infos_;
+  std::vector<int64_t> unit_offsets_;
+  tensor::Storage params_, grads_, acts_;
+
+  // Activation views (into acts_).
+  float* encoded_ = nullptr;  // [BT,C]
+  std::vector<LayerActs> layers_;
+  LayerActs scratch_{};  // recompute target with activation checkpointing
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
+  float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]
+  float *dres_ = nullptr, *dlnf_ = nullptr, *dbuf_c_ = nullptr;       // [BT,C] each
+  float *dqkv_ = nullptr, *dfch_ = nullptr;                           // [BT,3C], [BT,4C]
+};
+
+}  // namespace po::model

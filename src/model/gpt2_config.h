@@ -1,0 +1,32 @@
+// GPT-2 model shapes and presets. A config is validated once; everything else
+// (parameter layout, activation sizes, FLOPs) is derived from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace po::model {
+
+struct GPT2Config {
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_head = 0;
+  int64_t vocab_size = 0;
+  int64_t seq_len = 0;  // maximum sequence length (rows of wpe)
+  bool activation_checkpointing = false;
+
+  // Shapes of a named preset; throws InvalidArgument listing the known names.
+  static GPT2Config preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  // Throws InvalidArgument naming the offending field (model.n_head ...).
+  void validate() const;
+
+  // Total parameters (tied head counted once).
+  int64_t num_params() const;
+  // Training FLOPs per token: 6·Ψ + 12·L·C·T (REFERENCE.md, PaLM appendix B), at sequence T.
+  double flops_per_token(int64_t T) const;
+};
+
+}  // namespace po::model

@@ -1,0 +1,55 @@
+// AdamW over a flat parameter buffer split into tensors, with decoupled weight
+// decay only on tensors marked `decay` and global-norm gradient clipping.
+// State (m, v) is flat with the same offsets as the parameters, so a shard or
+// page of state is the same slice as the shard of parameters (later issues).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace po::optim {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+// A contiguous range of the flat buffer that is one tensor.
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool decay = false;
+};
+
+class AdamW {
+ public:
+  AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t num_params);
+
+  // Global L2 norm of grads (double accumulation).
+  static double grad_norm(const float* grads, int64_t n);
+
+  // Clips (scale = clip / (norm + 1e-6) when below 1, as torch's clip_grad_norm_)
+  // and applies one update at learning rate lr. Returns the pre-clip norm.
+  double step(float* params, const float* grads, double lr);
+
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  float* m() { return m_.f32(); }
+  float* v() { return v_.f32(); }
+  int64_t num_params() const { return n_; }
+  size_t state_bytes() const { return m_.size() + v_.size(); }
+
+ private:
+  AdamWConfig config_;
+  std::vector<ParamRange> ranges_;
+  int64_t n_;
+  int64_t t_ = 0;
+  tensor::Storage m_, v_;
+};
+
+}  // namespace po::optim

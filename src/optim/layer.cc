@@ -1,2 +1,0 @@
-// placeholder until the layer lands
-namespace po::optim {}

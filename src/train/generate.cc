@@ -1,0 +1,59 @@
+#include "train/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace po::train {
+
+std::vector<int32_t> sample(model::GPT2& model, const std::vector<int32_t>& prompt,
+                            const SampleOptions& o) {
+  PO_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
+  PO_CHECK(o.temperature >= 0, "generate: --temperature must be >= 0, got ", o.temperature);
+  PO_CHECK(o.top_k >= 0, "generate: --top-k must be >= 0, got ", o.top_k);
+  const int64_t V = model.config().vocab_size, window = model.seq();
+  for (int32_t t : prompt)
+    PO_CHECK(t >= 0 && t < V, "generate: prompt token ", t, " is outside the vocabulary (", V, ")");
+  std::vector<int32_t> context = prompt, out;
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  core::Philox rng(o.seed, 0x5a4d504cULL);
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), window);
+    model.next_token_logits(context.data() + context.size() - len, len, logits.data());
+    int32_t next = 0;
+    if (o.temperature == 0) {
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+      const double maxl = logits[order[0]];
+      std::vector<double> p(static_cast<size_t>(k));
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        p[j] = std::exp((logits[order[j]] - maxl) / o.temperature);
+        sum += p[j];
+      }
+      double u = rng.uniform(static_cast<uint64_t>(i)) * sum;
+      next = order[k - 1];
+      for (int64_t j = 0; j < k; ++j) {
+        u -= p[j];
+        if (u < 0) {
+          next = order[j];
+          break;
+        }
+      }
+    }
+    out.push_back(next);
+    context.push_back(next);
+    if (next == o.stop_token) break;
+  }
+  return out;
+}
+
+}  // namespace po::train

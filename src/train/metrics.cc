@@ -1,0 +1,80 @@
+#include "train/metrics.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace po::train {
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "a");
+  if (file_ == nullptr)
+    PO_THROW(core::IoError, path, ": cannot open for appending: ", std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  const std::string line = record.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
+    PO_THROW(core::IoError, path_, ": write failed: ", std::strerror(errno));
+}
+
+Progress::Progress() : tty_(isatty(STDOUT_FILENO) != 0) {}
+
+void Progress::step(int64_t step, int64_t total, double loss, double lr, double grad_norm,
+                    double tokens_per_s, double eta_s) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | ETA %s",
+                static_cast<long long>(step), static_cast<long long>(total), loss, lr, grad_norm,
+                tokens_per_s, format_duration(eta_s).c_str());
+  if (tty_) {
+    std::printf("\r\033[K%s", buf);
+    open_line_ = true;
+  } else {
+    std::printf("%s\n", buf);
+  }
+  std::fflush(stdout);
+}
+
+void Progress::line(const std::string& text) {
+  if (open_line_) std::printf("\n");
+  open_line_ = false;
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (open_line_) std::printf("\n");
+  open_line_ = false;
+  std::fflush(stdout);
+}
+
+uint64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[64];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%llds", s);
+  return buf;
+}
+
+}  // namespace po::train

@@ -1,0 +1,248 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "backend/ops.h"
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/gpt2_io.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/loader.h"
+#include "data/token_file.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/metrics.h"
+#include "train/run_state.h"
+
+namespace po::train {
+namespace fs = std::filesystem;
+namespace ops = po::backend::cpu;
+namespace {
+
+// Measured single-precision GEMM peak of this machine with the engine's BLAS
+// (GFLOP/s), the denominator of MFU on a CPU build.
+double measure_gemm_peak_gflops() {
+  const int64_t n = 1536;
+  tensor::Storage a(n * n * 4), b(n * n * 4), c(n * n * 4);
+  for (int64_t i = 0; i < n * n; ++i) a.f32()[i] = b.f32()[i] = 1e-3f * static_cast<float>(i % 97);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    core::Timer t;
+    ops::gemm(false, true, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(), n);
+    if (rep > 0) best = std::min(best, t.seconds());
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+struct Plan {
+  int64_t batch = 0, micro = 0, accum = 0, T = 0, steps = 0;
+  int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
+};
+
+Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
+  Plan p;
+  p.batch = cfg.get_int("train.batch_size");
+  p.micro = cfg.get_int("train.micro_batch_size");
+  if (p.micro == 0) p.micro = p.batch;
+  PO_CHECK(p.batch % p.micro == 0, "train.batch_size = ", p.batch,
+           " must be a multiple of train.micro_batch_size = ", p.micro);
+  p.accum = p.batch / p.micro;
+  p.T = m.seq_len;
+  p.steps = cfg.get_int("train.steps");
+  p.eval_interval = cfg.get_int("train.eval_interval");
+  p.eval_batches = cfg.get_int("train.eval_batches");
+  p.ckpt_interval = cfg.get_int("train.checkpoint_interval");
+  p.keep = cfg.get_int("checkpoint.keep");
+  PO_CHECK(cfg.get_string("train.precision") == "fp32", "train.precision = \"",
+           cfg.get_string("train.precision"), "\" is not supported yet (only \"fp32\")");
+  PO_CHECK(cfg.get_int("parallel.dp") * cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") *
+                   cfg.get_int("parallel.cp") == 1,
+           "parallel.{dp,tp,pp,cp} > 1 needs the multi-process engine (not built yet)");
+  return p;
+}
+
+// Refuses to mix a new run into a directory that holds another one.
+void prepare_run_dir(const std::string& dir, bool resume) {
+  std::error_code ec;
+  const bool has_run = fs::exists(fs::path(dir) / "metrics.jsonl", ec) ||
+                       !list_checkpoints((fs::path(dir) / "checkpoints").string()).empty();
+  PO_CHECK(resume || !has_run, "run.dir '", dir,
+           "' already holds a run; pass --resume to continue it or choose another run.dir");
+  fs::create_directories(fs::path(dir) / "checkpoints", ec);
+  PO_CHECK(!ec, "run.dir '", dir, "': cannot create: ", ec.message());
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep) {
+  auto all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+  }
+}
+
+double evaluate(model::GPT2& model, const data::TokenFile& val, const Plan& p,
+                std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  double sum = 0;
+  int64_t n = 0;
+  data::EvalSampler windows(val, p.T);
+  const int64_t available = windows.num_sequences() / p.micro;
+  const int64_t batches = std::min(p.eval_batches, available);
+  PO_CHECK(batches >= 1, val.path(), ": too few tokens for one validation batch of ", p.micro,
+           " x ", p.T + 1);
+  for (int64_t b = 0; b < batches; ++b) {
+    windows.fill(b * p.micro, p.micro, inputs.data(), targets.data());
+    sum += model.evaluate(inputs.data(), targets.data());
+    ++n;
+  }
+  return sum / static_cast<double>(n);
+}
+
+}  // namespace
+
+TrainResult train(const core::Config& cfg) {
+  const model::GPT2Config mcfg = resolve_model_config(cfg);
+  const Plan p = make_plan(cfg, mcfg);
+  const std::string run_dir = cfg.get_string("run.dir");
+  const bool resume = cfg.get_bool("train.resume");
+  const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+
+  int threads = static_cast<int>(cfg.get_int("train.threads"));
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ops::set_num_threads(threads);
+
+  // Validate every input before touching run.dir.
+  PO_CHECK(!cfg.get_string("data.train").empty(), "data.train is not set (a token file from ",
+           "`pagedoptim prepare`)");
+  data::TokenFile train_data(cfg.get_string("data.train"), static_cast<int32_t>(mcfg.vocab_size));
+  std::unique_ptr<data::TokenFile> val_data;
+  if (!cfg.get_string("data.val").empty())
+    val_data = std::make_unique<data::TokenFile>(cfg.get_string("data.val"),
+                                                 static_cast<int32_t>(mcfg.vocab_size));
+  data::BatchSampler sampler(train_data, p.T, seed);
+
+  optim::LrSchedule sched;
+  sched.kind = cfg.get_string("train.schedule");
+  sched.lr = cfg.get_float("train.lr");
+  sched.min_lr = cfg.get_float("train.min_lr");
+  sched.warmup_steps = cfg.get_int("train.warmup_steps");
+  sched.total_steps = p.steps;
+  sched.validate();
+
+  model::GPT2 model(mcfg, p.micro, p.T);
+  std::vector<optim::ParamRange> ranges;
+  for (const auto& info : model.param_infos())
+    ranges.push_back({info.offset, info.numel(), info.decay});
+  optim::AdamWConfig ocfg;
+  ocfg.beta1 = cfg.get_float("train.beta1");
+  ocfg.beta2 = cfg.get_float("train.beta2");
+  ocfg.eps = cfg.get_float("train.eps");
+  ocfg.weight_decay = cfg.get_float("train.weight_decay");
+  ocfg.grad_clip = cfg.get_float("train.grad_clip");
+  optim::AdamW opt(ocfg, ranges, model.num_params());
+
+  TrainState state;
+  state.seed = seed;
+  const std::string ckpt_dir = (fs::path(run_dir) / "checkpoints").string();
+  auto existing = list_checkpoints(ckpt_dir);
+  if (resume && !existing.empty()) {
+    state = load_checkpoint(existing.back(), model, &opt);
+    PO_CHECK(state.seed == seed, existing.back(), ": written with train.seed = ", state.seed,
+             ", but the config says ", seed, " (batches would differ)");
+    PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
+  } else {
+    const std::string& init = cfg.get_string("model.init");
+    if (init == "random")
+      model.init_random(seed);
+    else
+      checkpoint::load_gpt2_safetensors(init, model);
+  }
+  prepare_run_dir(run_dir, resume);
+  const std::string config_toml = cfg.to_toml();
+  checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(), config_toml.data(),
+                                config_toml.size());
+
+  const double peak_gflops = measure_gemm_peak_gflops();
+  // The memory ledger: params + grads + activations (model) + AdamW m, v.
+  const size_t predicted = model::GPT2::predicted_bytes(mcfg, p.micro, p.T) + opt.state_bytes();
+  PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
+              mcfg.vocab_size, " seq ", p.T, ": ", model.num_params(), " parameters; batch ",
+              p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
+              ops::blas_name(), " (sgemm peak ", static_cast<int>(peak_gflops), " GFLOP/s)");
+
+  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  Progress progress;
+  std::vector<int32_t> inputs(static_cast<size_t>(p.micro * p.T));
+  std::vector<int32_t> targets(inputs.size());
+  const double tokens_per_step = static_cast<double>(p.batch * p.T);
+  const float grad_scale = static_cast<float>(1.0 / (tokens_per_step));
+  TrainResult result;
+  result.run_dir = run_dir;
+  core::Timer run_timer;
+  double timed_s = 0;
+  int64_t timed_steps = 0;
+
+  auto save = [&]() {
+    core::Timer t;
+    save_checkpoint(checkpoint_path(run_dir, state.step), model, opt, state, config_toml);
+    prune_checkpoints(ckpt_dir, p.keep);
+    progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
+                                static_cast<int>(t.seconds() * 1000), " ms"));
+  };
+
+  for (int64_t step = state.step; step < p.steps; ++step) {
+    core::Timer step_timer;
+    model.zero_grads();
+    double loss = 0;
+    for (int64_t micro = 0; micro < p.accum; ++micro) {
+      sampler.fill(step, micro * p.micro, p.micro, inputs.data(), targets.data());
+      loss += model.forward_backward(inputs.data(), targets.data(), grad_scale);
+    }
+    loss /= static_cast<double>(p.accum);
+    const double lr = sched.at(step);
+    const double norm = opt.step(model.params(), model.grads(), lr);
+    const double dt = step_timer.seconds();
+    state.step = step + 1;
+    state.tokens += static_cast<uint64_t>(tokens_per_step);
+    if (step > 0 || p.steps == 1) {  // the first step pays one-time costs
+      timed_s += dt;
+      ++timed_steps;
+    }
+    const double tps = tokens_per_step / dt;
+    const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9);
+    result.last_loss = loss;
+    metrics.write({{"step", state.step},
+                   {"loss", loss},
+                   {"lr", lr},
+                   {"grad_norm", norm},
+                   {"tokens_per_s", tps},
+                   {"mfu", mfu},
+                   {"step_ms", dt * 1000},
+                   {"tokens", state.tokens},
+                   {"peak_rss_bytes", peak_rss_bytes()},
+                   {"predicted_bytes", predicted}});
+    const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;
+    if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
+      progress.step(state.step, p.steps, loss, lr, norm, tps,
+                    avg * static_cast<double>(p.steps - state.step));
+    const bool last = state.step == p.steps;
+    if (val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) || last)) {
+      const double vl = evaluate(model, *val_data, p, inputs, targets);
+      result.last_val_loss = vl;
+      metrics.write({{"step", state.step}, {"val_loss", vl}});
+      progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
+    }
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last) save();
+  }
+  progress.finish();
+  result.steps = state.step;
+  return result;
+}
+
+}  // namespace po::train

@@ -1,0 +1,25 @@
+// The single-process trainer: wires config, model, optimizer, data, metrics and
+// checkpoints. Each step: zero grads, accumulate micro-batches, clip, AdamW,
+// record. Batches are a pure function of (seed, step), and a checkpoint holds
+// everything else, so a resumed run is bit-identical to an uninterrupted one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+
+namespace po::train {
+
+struct TrainResult {
+  int64_t steps = 0;         // optimizer steps completed in total
+  double last_loss = 0;      // train loss of the last step
+  double last_val_loss = -1; // -1 when never evaluated
+  std::string run_dir;
+};
+
+// Runs training as configured. Throws on bad input (naming the key or file)
+// before anything in run.dir is overwritten.
+TrainResult train(const core::Config& config);
+
+}  // namespace po::train

@@ -1,0 +1,85 @@
+// GELU (tanh approximation), residual add, scale and sum_squares against
+// double references; GELU's backward also by finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/ops.h"
+#include "test_util.h"
+
+namespace cpu = po::backend::cpu;
+using po::test::all_close;
+using po::test::random_vec;
+
+namespace {
+double gelu_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+double gelu_grad_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  const double u = k * (x + 0.044715 * x * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+}  // namespace
+
+TEST(Gelu, ForwardBackwardMatchReference) {
+  for (int64_t n : {1, 17, 1003, 100000}) {
+    auto x = random_vec(n, n, -12.0f, 12.0f), dout = random_vec(n, n + 1);
+    x[0] = 0.0f;
+    std::vector<float> out(n), din(n);
+    std::vector<double> out_ref(n), din_ref(n);
+    for (int64_t i = 0; i < n; i++) {
+      out_ref[i] = gelu_ref(x[i]);
+      din_ref[i] = gelu_grad_ref(x[i]) * dout[i];
+    }
+    cpu::gelu_forward(out.data(), x.data(), n);
+    cpu::gelu_backward(din.data(), x.data(), dout.data(), n);
+    const std::string tag = "(n=" + std::to_string(n) + ")";
+    // per-element relative: GELU has no cancellation in the forward
+    for (int64_t i = 0; i < n; i++)
+      ASSERT_NEAR(out[i], out_ref[i], 2e-6 * std::fabs(out_ref[i]) + 1e-30)
+          << "gelu out" << tag << "[" << i << "] at x=" << x[i];
+    EXPECT_TRUE(all_close("gelu dinp" + tag, din.data(), din_ref.data(), n, 1e-5));
+    // dinp may alias dout
+    std::vector<float> inplace(dout);
+    cpu::gelu_backward(inplace.data(), x.data(), inplace.data(), n);
+    EXPECT_TRUE(all_close("gelu dinp(aliased)" + tag, inplace.data(), din.data(), n, 0.0));
+  }
+}
+
+TEST(Gelu, FiniteDifferenceGradient) {
+  const int64_t n = 64;
+  auto x = random_vec(n, 5, -4.0f, 4.0f), rw = random_vec(n, 6);
+  std::vector<float> out(n), din(n);
+  cpu::gelu_backward(din.data(), x.data(), rw.data(), n);
+  auto loss = [&] {
+    cpu::gelu_forward(out.data(), x.data(), n);
+    double l = 0.0;
+    for (int64_t i = 0; i < n; i++) l += static_cast<double>(out[i]) * rw[i];
+    return l;
+  };
+  std::vector<size_t> all(n);
+  for (int64_t i = 0; i < n; i++) all[i] = i;
+  EXPECT_TRUE(po::test::grad_check("gelu dinp", x, din, all, loss, 1e-2f, 2e-3, 0.02));
+}
+
+TEST(Elementwise, ResidualScaleSumSquares) {
+  const int64_t n = 1037;
+  auto a = random_vec(n, 1), b = random_vec(n, 2);
+  std::vector<float> out(n);
+  cpu::residual_forward(out.data(), a.data(), b.data(), n);
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(out[i], a[i] + b[i]) << "residual[" << i << "]";
+  cpu::residual_forward(a.data(), a.data(), b.data(), n);  // aliasing allowed
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(a[i], out[i]) << "residual(aliased)[" << i << "]";
+
+  auto x = random_vec(n, 3, -100.0f, 100.0f);
+  double want = 0.0;
+  for (float v : x) want += static_cast<double>(v) * v;
+  EXPECT_NEAR(cpu::sum_squares(x.data(), n), want, 1e-12 * want);
+  EXPECT_EQ(cpu::sum_squares(x.data(), 0), 0.0);
+  std::vector<float> y(x);
+  cpu::scale(y.data(), 0.37f, n);
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(y[i], x[i] * 0.37f) << "scale[" << i << "]";
+}
