@@ -136,6 +136,7 @@ void Tokenizer::Impl::load_vocab(const TokenizerFiles& files) {
   byte_decoder.fill(-1);
   for (int b = 0; b < 256; ++b) byte_decoder[byte_encoder[b]] = b;
 
+  string_to_id.reserve(j.size());
   id_to_string.assign(j.size(), {});
   id_to_bytes.assign(j.size(), {});
   std::vector<bool> seen(j.size());
@@ -179,30 +180,33 @@ void Tokenizer::Impl::load_merges(const TokenizerFiles& files) {
     start = nl + 1;
   }
   PO_CHECK(lines.size() >= 2, files.vocab_bpe, ": no merges");
-  // Rank by the joined key, later lines overwriting earlier ones, as the reference does.
-  std::unordered_map<std::string, int32_t> key_rank;
-  std::vector<std::pair<std::string, std::string>> parts;
+  // The reference ranks the key "first,second"; a later line with the same key
+  // overwrites an earlier one. Every way of splitting a key at a comma into two
+  // tokens is a pair it ranks; splits whose parts are not tokens cannot occur.
+  merges.reserve(2 * lines.size());
+  std::vector<std::string_view> words;
+  std::string key;
   for (size_t i = 1; i + 1 < lines.size(); ++i) {
-    std::vector<std::string> words;
+    words.clear();
     std::string_view line = lines[i];
     for (size_t p = 0; p < line.size();) {
       while (p < line.size() && is_js_space_ascii(line[p])) ++p;
       size_t q = p;
       while (q < line.size() && !is_js_space_ascii(line[q])) ++q;
-      if (q > p) words.emplace_back(line.substr(p, q - p));
+      if (q > p) words.push_back(line.substr(p, q - p));
       p = q;
     }
     PO_CHECK(words.size() == 2, files.vocab_bpe, ": line ", i + 1, " is not `first second`");
-    key_rank[words[0] + "," + words[1]] = static_cast<int32_t>(parts.size());
-    parts.emplace_back(std::move(words[0]), std::move(words[1]));
-  }
-  // Every way of splitting a key at a comma into two tokens is a pair the
-  // reference ranks; pairs that cannot occur (parts not in the vocabulary) are skipped.
-  for (const auto& [key, rank] : key_rank) {
+    const auto rank = static_cast<int32_t>(i - 1);
+    key.assign(words[0]);
+    key += ',';
+    key.append(words[1]);
     for (size_t c = key.find(','); c != std::string::npos; c = key.find(',', c + 1)) {
+      if (c == 0 || c + 1 == key.size()) continue;
       auto a = string_to_id.find(std::string_view(key).substr(0, c));
+      if (a == string_to_id.end()) continue;
       auto b = string_to_id.find(std::string_view(key).substr(c + 1));
-      if (c == 0 || c + 1 == key.size() || a == string_to_id.end() || b == string_to_id.end()) continue;
+      if (b == string_to_id.end()) continue;
       auto m = string_to_id.find(a->first + b->first);
       merges[pair_key(a->second, b->second)] = {rank, m == string_to_id.end() ? -1 : m->second};
     }

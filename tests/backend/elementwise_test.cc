@@ -37,10 +37,13 @@ TEST(Gelu, ForwardBackwardMatchReference) {
     cpu::gelu_forward(out.data(), x.data(), n);
     cpu::gelu_backward(din.data(), x.data(), dout.data(), n);
     const std::string tag = "(n=" + std::to_string(n) + ")";
-    // per-element relative: GELU has no cancellation in the forward
-    for (int64_t i = 0; i < n; i++)
-      ASSERT_NEAR(out[i], out_ref[i], 2e-6 * std::fabs(out_ref[i]) + 1e-30)
+    // Per-element relative. For x << 0, GELU ~ x exp(-2u) and f32 rounding of
+    // the argument 2u (~|2u| * 6e-8 relative) bounds what any f32 kernel can do.
+    for (int64_t i = 0; i < n; i++) {
+      const double u2 = 2.0 * std::sqrt(2.0 / M_PI) * std::fabs(x[i] + 0.044715 * x[i] * x[i] * x[i]);
+      ASSERT_NEAR(out[i], out_ref[i], 2e-6 * (1.0 + u2) * std::fabs(out_ref[i]) + 1e-37)
           << "gelu out" << tag << "[" << i << "] at x=" << x[i];
+    }
     EXPECT_TRUE(all_close("gelu dinp" + tag, din.data(), din_ref.data(), n, 1e-5));
     // dinp may alias dout
     std::vector<float> inplace(dout);

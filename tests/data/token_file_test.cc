@@ -45,8 +45,8 @@ TEST(TokenFile, RoundTrip) {
   // Byte layout is llm.c's: little-endian header then uint16.
   std::string bytes = read_file(dir.file("t.bin"));
   EXPECT_EQ(bytes.substr(0, 12), header_bytes(20240520, 1, 6).substr(0, 12));
-  EXPECT_EQ(static_cast<unsigned char>(bytes[kTokenFileHeaderBytes + 4]), 0x00);
-  EXPECT_EQ(static_cast<unsigned char>(bytes[kTokenFileHeaderBytes + 5]), 0xC4);  // 50256 = 0xC450
+  EXPECT_EQ(static_cast<unsigned char>(bytes[kTokenFileHeaderBytes + 4]), 0x50);  // 50256 = 0xC450
+  EXPECT_EQ(static_cast<unsigned char>(bytes[kTokenFileHeaderBytes + 5]), 0xC4);
   // Only the final file is left behind.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
 
@@ -85,8 +85,8 @@ TEST(TokenFile, BadInputsNameTheFile) {
   expect_error(p, 0, {p, "header says 3 tokens"});
   write_file(p, header_bytes(kTokenFileMagic, 1, -1));
   expect_error(p, 0, {p, "negative"});
-  std::string body = "\x01\x00\x02\x00\x51\xC4";  // 1, 2, 50257
-  write_file(p, header_bytes(kTokenFileMagic, 1, 3) + std::string(body.data(), 6));
+  const std::string body("\x01\x00\x02\x00\x51\xC4", 6);  // 1, 2, 50257
+  write_file(p, header_bytes(kTokenFileMagic, 1, 3) + body);
   expect_error(p, 50257, {p, "token 2 has id 50257"});
   EXPECT_EQ(TokenFile(p, 50258).size(), 3u);
   EXPECT_EQ(TokenFile(p).size(), 3u);  // no vocabulary check asked for

@@ -1,0 +1,93 @@
+// Shared helpers for tests that run the `pagedoptim` binary or need small
+// token files and run directories.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+
+namespace po::test {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command, capturing stdout+stderr.
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// A fresh empty directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "po_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Writes a token file of `n` tokens drawn from a small repeating grammar so
+// that a model can learn something.
+inline void write_tokens(const std::string& path, size_t n, int vocab, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i)
+    t[i] = static_cast<int32_t>((i % 7 == 0) ? rng() % vocab : (t[i ? i - 1 : 0] * 3 + 1) % vocab);
+  po::data::write_token_file(path, t);
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A tiny model config (1 layer, 32 wide, vocab 64, seq 16) training on `train`.
+inline std::string tiny_config(const std::string& train, const std::string& val,
+                               const std::string& run_dir, int steps) {
+  std::ostringstream os;
+  os << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\nn_embd = 32\nn_head = 2\n"
+     << "vocab_size = 64\nseq_len = 16\n"
+     << "[train]\nbatch_size = 4\nmicro_batch_size = 2\nsteps = " << steps
+     << "\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\nthreads = 1\n"
+     << "eval_interval = 2\neval_batches = 2\ncheckpoint_interval = 3\n"
+     << "[checkpoint]\nkeep = 10\n"
+     << "[data]\ntrain = \"" << train << "\"\nval = \"" << val << "\"\n"
+     << "[run]\ndir = \"" << run_dir << "\"\n";
+  return os.str();
+}
+
+}  // namespace po::test
