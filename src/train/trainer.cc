@@ -120,6 +120,18 @@ TrainResult train(const core::Config& cfg) {
   // Validate every input before touching run.dir.
   PO_CHECK(!cfg.get_string("data.train").empty(), "data.train is not set (a token file from ",
            "`pagedoptim prepare`)");
+  for (const char* key : {"data.train", "data.val"}) {
+    const std::string& path = cfg.get_string(key);
+    std::error_code ec;
+    PO_CHECK(path.empty() || fs::is_regular_file(path, ec), key, " = '", path,
+             "': no such file (make token files with `pagedoptim prepare`)");
+  }
+  const std::string& init = cfg.get_string("model.init");
+  {
+    std::error_code ec;
+    PO_CHECK(init == "random" || fs::is_regular_file(init, ec), "model.init = '", init,
+             "': no such file (give \"random\" or a .safetensors file)");
+  }
   data::TokenFile train_data(cfg.get_string("data.train"), static_cast<int32_t>(mcfg.vocab_size));
   std::unique_ptr<data::TokenFile> val_data;
   if (!cfg.get_string("data.val").empty())
@@ -157,7 +169,6 @@ TrainResult train(const core::Config& cfg) {
              ", but the config says ", seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
   } else {
-    const std::string& init = cfg.get_string("model.init");
     if (init == "random")
       model.init_random(seed);
     else

@@ -12,15 +12,18 @@ using po::test::all_close;
 using po::test::random_vec;
 
 namespace {
+// 0.5 x (1 + tanh u) written as x * sigmoid(2u): identical in exact arithmetic,
+// but free of the cancellation 1 + tanh(u) suffers for x << 0 even in double.
 double gelu_ref(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return x / (1.0 + std::exp(-2.0 * u));
 }
 double gelu_grad_ref(double x) {
   const double k = std::sqrt(2.0 / M_PI);
   const double u = k * (x + 0.044715 * x * x * x);
-  const double th = std::tanh(u);
-  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x);
+  const double s = 1.0 / (1.0 + std::exp(-2.0 * u));  // (1 + tanh u) / 2
+  // 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u', with 1 - tanh^2 = 4 s (1 - s)
+  return s + 2.0 * x * s * (1.0 - s) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
 }  // namespace
 

@@ -1,0 +1,175 @@
+// Bad input through the real binary: each case must exit non-zero with one
+// clear line naming the file or key, never crash, and leave what was already
+// written intact.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "../test_util.h"
+#include "checkpoint/safetensors.h"
+
+namespace fs = std::filesystem;
+using po::test::run_command;
+
+namespace {
+
+const std::string kBin = PO_BINARY;
+
+// Expects failure with a single "pagedoptim: error:" line containing every needle.
+void expect_clean_error(const po::test::CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_NE(r.exit_code, 0) << "expected failure, output:\n" << r.output;
+  EXPECT_LT(r.exit_code, 128) << "crashed (signal " << r.exit_code - 128 << "):\n" << r.output;
+  const auto pos = r.output.find("pagedoptim: error: ");
+  ASSERT_NE(pos, std::string::npos) << "no error line in:\n" << r.output;
+  const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  for (const auto& n : needles)
+    EXPECT_NE(line.find(n), std::string::npos) << "error line lacks '" << n << "': " << line;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+}
+
+class CliErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    po::test::write_tokens(train_, 5000, 64);
+    po::test::write_tokens(val_, 2000, 64, 3);
+    po::test::write_text(config_, po::test::tiny_config(train_, val_, run_, 3));
+  }
+  std::string train_cmd(const std::string& extra = "") const {
+    return kBin + " train -c " + config_ + " " + extra;
+  }
+  po::test::TempDir dir_;
+  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin";
+  std::string config_ = dir_ / "c.toml", run_ = dir_ / "run";
+};
+
+TEST_F(CliErrors, UnknownConfigKeyIsNamed) {
+  expect_clean_error(run_command(train_cmd("--set train.learning_rate=1")),
+                     {"train.learning_rate"});
+  po::test::write_text(dir_ / "bad.toml", "[train]\nstepz = 3\n");
+  expect_clean_error(run_command(kBin + " train -c " + (dir_ / "bad.toml")),
+                     {"bad.toml", "train.stepz"});
+}
+
+TEST_F(CliErrors, OutOfRangeValueIsNamed) {
+  expect_clean_error(run_command(train_cmd("--set train.beta1=1.5")), {"train.beta1"});
+  expect_clean_error(run_command(train_cmd("--set model.n_head=3")), {"model.n_head"});
+  expect_clean_error(run_command(train_cmd("--set train.micro_batch_size=3")),
+                     {"train.micro_batch_size"});
+}
+
+TEST_F(CliErrors, TokenFileWithWrongMagic) {
+  std::string bytes = po::test::read_text(train_);
+  bytes[0] ^= 0x5a;
+  po::test::write_text(dir_ / "badmagic.bin", bytes);
+  expect_clean_error(run_command(train_cmd("--set data.train=" + (dir_ / "badmagic.bin"))),
+                     {"badmagic.bin"});
+  EXPECT_FALSE(fs::exists(run_)) << "a failed start must not create the run directory";
+}
+
+TEST_F(CliErrors, TokenIdBeyondVocabulary) {
+  std::vector<int32_t> t(400, 5);
+  t[123] = 60000;
+  po::data::write_token_file(dir_ / "big.bin", t);
+  expect_clean_error(run_command(train_cmd("--set data.train=" + (dir_ / "big.bin"))),
+                     {"big.bin", "60000"});
+}
+
+TEST_F(CliErrors, MissingCheckpoint) {
+  expect_clean_error(run_command(kBin + " export " + (dir_ / "nope.ckpt") + " --out " +
+                                 (dir_ / "o.safetensors")),
+                     {"nope.ckpt"});
+}
+
+TEST_F(CliErrors, CorruptAndTruncatedCheckpointsAreDetected) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  const std::string ckpt = run_ + "/checkpoints/step_00000003.ckpt";
+  const std::string good = po::test::read_text(ckpt);
+  std::string flipped = good;
+  flipped[flipped.size() - 100] ^= 1;  // inside the last section's data
+  po::test::write_text(dir_ / "flipped.ckpt", flipped);
+  expect_clean_error(run_command(kBin + " export " + (dir_ / "flipped.ckpt") + " --out " +
+                                 (dir_ / "o.safetensors")),
+                     {"flipped.ckpt"});
+  po::test::write_text(dir_ / "short.ckpt", good.substr(0, good.size() / 2));
+  expect_clean_error(run_command(kBin + " export " + (dir_ / "short.ckpt") + " --out " +
+                                 (dir_ / "o.safetensors")),
+                     {"short.ckpt"});
+  EXPECT_FALSE(fs::exists(dir_ / "o.safetensors"));
+  // Resuming from a corrupt newest checkpoint fails and destroys nothing.
+  po::test::write_text(ckpt, flipped);
+  const std::string metrics = po::test::read_text(run_ + "/metrics.jsonl");
+  expect_clean_error(run_command(train_cmd("--resume --set train.steps=5")), {"step_00000003.ckpt"});
+  EXPECT_EQ(po::test::read_text(ckpt), flipped);
+  EXPECT_EQ(po::test::read_text(run_ + "/metrics.jsonl"), metrics);
+}
+
+TEST_F(CliErrors, ExistingRunIsNotOverwritten) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  const std::string metrics = po::test::read_text(run_ + "/metrics.jsonl");
+  expect_clean_error(run_command(train_cmd()), {"run.dir", "--resume"});
+  EXPECT_EQ(po::test::read_text(run_ + "/metrics.jsonl"), metrics);
+}
+
+TEST_F(CliErrors, SafetensorsInitProblemsAreNamed) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  const std::string st = dir_ / "w.safetensors";
+  ASSERT_EQ(run_command(kBin + " export " + run_ + " --out " + st).exit_code, 0);
+  auto file = po::checkpoint::SafetensorsReader::open(st);
+  auto rewrite = [&](const std::string& out, const std::string& drop, bool reshape, bool f16) {
+    std::vector<po::checkpoint::StTensorRef> refs;
+    std::vector<std::vector<char>> keep;
+    for (const auto& name : file.names()) {
+      if (name == drop && !reshape && !f16) continue;
+      const auto& t = file.get(name);
+      keep.emplace_back(reinterpret_cast<const char*>(t.data),
+                        reinterpret_cast<const char*>(t.data) + t.nbytes);
+      po::checkpoint::StTensorRef r{name, t.dtype, t.shape, keep.back().data()};
+      if (name == drop && reshape) r.shape = {t.numel()};
+      if (name == drop && f16) {
+        r.dtype = po::checkpoint::StDtype::kI32;
+      }
+      refs.push_back(r);
+    }
+    po::checkpoint::write_safetensors(out, refs);
+  };
+  const std::string base = train_cmd("--set model.init=");
+  rewrite(dir_ / "missing.safetensors", "h.1.mlp.c_fc.bias", false, false);
+  expect_clean_error(run_command(base + (dir_ / "missing.safetensors") + " --set run.dir=" +
+                                 (dir_ / "r1")),
+                     {"missing.safetensors", "h.1.mlp.c_fc.bias"});
+  rewrite(dir_ / "shape.safetensors", "h.0.attn.c_attn.weight", true, false);
+  expect_clean_error(run_command(base + (dir_ / "shape.safetensors") + " --set run.dir=" +
+                                 (dir_ / "r2")),
+                     {"shape.safetensors", "h.0.attn.c_attn.weight"});
+  rewrite(dir_ / "dtype.safetensors", "wte.weight", false, true);
+  expect_clean_error(run_command(base + (dir_ / "dtype.safetensors") + " --set run.dir=" +
+                                 (dir_ / "r3")),
+                     {"dtype.safetensors", "wte.weight"});
+}
+
+TEST_F(CliErrors, NonUtf8TextForPrepare) {
+  po::test::write_text(dir_ / "latin1.txt", "caf\xe9 au lait\n");
+  expect_clean_error(run_command(kBin + " prepare --input " + (dir_ / "latin1.txt") + " --out " +
+                                 (dir_ / "prep")),
+                     {"latin1.txt"});
+}
+
+TEST_F(CliErrors, ExportAndInitRoundTripThroughSafetensors) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  const std::string st = dir_ / "w.safetensors";
+  ASSERT_EQ(run_command(kBin + " export " + run_ + " --out " + st).exit_code, 0);
+  // Training 0 further steps from the exported weights and exporting again gives the same bytes.
+  auto r = run_command(train_cmd("--set model.init=" + st + " --set run.dir=" + (dir_ / "r2") +
+                                 " --set train.steps=1 --set train.lr=0 --set train.min_lr=0 "
+                                 "--set train.weight_decay=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(run_command(kBin + " export " + (dir_ / "r2") + " --out " + (dir_ / "w2.safetensors"))
+                .exit_code,
+            0);
+  EXPECT_TRUE(po::test::read_text(st) == po::test::read_text(dir_ / "w2.safetensors"))
+      << "export -> model.init -> export changed the weights";
+}
+
+}  // namespace
