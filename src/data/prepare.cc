@@ -102,6 +102,8 @@ std::string brown_to_text(std::string_view tagged) {
       i = j;
       size_t slash = tok.rfind('/');
       std::string_view word = (slash == std::string_view::npos || slash == 0) ? tok : tok.substr(0, slash);
+      // "Jr./np ./." and the corpus's doubled ";/. ;/." would print "Jr.." and ";;".
+      if ((word == "." || word == ";" || word == ",") && !sentence.empty() && sentence.back() == word[0]) continue;
       if (!glue_next && !attaches_left(word)) sentence += ' ';
       sentence += map_quote(word);
       glue_next = attaches_right(word);

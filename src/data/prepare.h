@@ -45,7 +45,7 @@ PrepareResult prepare(const PrepareOptions& options);
 
 // Plain text of one Brown corpus file: tags stripped ("The/at" -> "The"),
 // `` and '' -> ", no space before closing punctuation or after opening
-// brackets/quotes, one sentence per line.
+// brackets/quotes, a doubled . ; or , printed once, one sentence per line.
 std::string brown_to_text(std::string_view tagged);
 
 // Whether a file name is a Brown corpus text (c[a-r] followed by two digits).
