@@ -198,6 +198,9 @@ def engine_stats(p):
 def fmt(x, spec="%.1f"):
     return "n/a" if x is None else spec % x
 
+def pct(x):
+    return "n/a" if x is None else "%.1f%%" % (100 * x)
+
 print()
 print("sgemm peak: %.1f GFLOP/s (%s)" % (peak, peak_src))
 rows = []
@@ -222,22 +225,22 @@ for p in presets:
     if eng and "error" in eng:
         print("  engine: %s" % eng["error"])
     print("  %-26s %12s %8s %12s" % ("", "tokens/s", "MFU", "peak RSS"))
-    print("  %-26s %12s %7s%% %12s" % ("engine", fmt(e_tps), fmt(mfu(e_tps) and 100 * mfu(e_tps)),
+    print("  %-26s %12s %8s %12s" % ("engine", fmt(e_tps), pct(mfu(e_tps)),
           fmt(rss and rss / 2**20, "%.0f MiB")))
-    print("  %-26s %12s %7s%% %12s" % ("pytorch tuned", fmt(t_tps), fmt(mfu(t_tps) and 100 * mfu(t_tps)),
+    print("  %-26s %12s %8s %12s" % ("pytorch tuned", fmt(t_tps), pct(mfu(t_tps)),
           fmt(tuned and tuned.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
-    print("  %-26s %12s %7s%% %12s" % ("pytorch as given", fmt(g_tps), fmt(mfu(g_tps) and 100 * mfu(g_tps)),
+    print("  %-26s %12s %8s %12s" % ("pytorch as given", fmt(g_tps), pct(mfu(g_tps)),
           fmt(given and given.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
     ok = lambda c: "n/a" if c is None else ("PASS" if c else "MISS")
     print("  engine / torch tuned: %s   (target >= 1.3: %s)" % (fmt(ratio, "%.2fx"),
           ok(None if ratio is None else ratio >= 1.3)))
     if p == "gpt2-124M":
         m = mfu(e_tps)
-        print("  engine MFU: %s   (target >= 60%%: %s)" % (fmt(m and 100 * m, "%.1f%%"),
+        print("  engine MFU: %s   (target >= 60%%: %s)" % (pct(m),
               ok(None if m is None else m >= 0.60)))
     print("  engine peak RSS %s vs predicted %s: %s   (target within 20%%: %s)"
           % (fmt(rss and rss / 2**20, "%.0f MiB"), fmt(pred and pred / 2**20, "%.0f MiB"),
-             fmt(rss_err and 100 * rss_err, "%+.1f%%"), ok(None if rss_err is None else abs(rss_err) <= 0.2)))
+             fmt(None if rss_err is None else 100 * rss_err, "%+.1f%%"), ok(None if rss_err is None else abs(rss_err) <= 0.2)))
     if eng and "engine_reported_mfu" in eng:
         print("  (engine's own mfu field: %.1f%%)" % (100 * eng["engine_reported_mfu"]))
     rows.append({"bench": "train_vs_torch", "preset": p, "batch_size": B, "seq_len": T,

@@ -17,9 +17,13 @@ stored as float32 ("F32") unless noted. Contents of the file:
   lrs               F32 [3]        learning rate used at each step
   after3.<name>     F32            weights after the 3 steps
   __metadata__      hyperparameters as strings
-The 3 steps use the SAME batch. AdamW: torch.optim.AdamW, weight decay only on params
-with dim >= 2; clip_grad_norm_(grad_clip) before each step; lr from the warmup+cosine
-schedule (tools/torch_ref/gpt2.py: lr_at).
+The initial weights are rounded to float32 first, so the stored weights are exactly the
+inputs of the float64 computation. The 3 steps use the SAME batch. AdamW is
+torch.optim.AdamW, weight decay only on params with dim >= 2; clip_grad_norm_(grad_clip)
+(g *= grad_clip / (norm + 1e-6) when norm > grad_clip) before each step; lr from the
+warmup+cosine schedule (tools/torch_ref/gpt2.py: lr_at). torch's AdamW update, step t>=1:
+    p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+    p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 """
 import json
 import os
@@ -120,6 +124,9 @@ def main():
     B, T = CFG["batch_size"], CFG["seq_len"]
     model = GPT2(CFG["n_layer"], CFG["n_embd"], CFG["n_head"], CFG["vocab_size"], T).double()
     model.init_weights(generator=gen, std=0.02, random_small=True)
+    with torch.no_grad():  # round to float32 so the stored weights are exactly the inputs
+        for p in model.parameters():
+            p.copy_(p.float().double())
     tokens = torch.randint(0, CFG["vocab_size"], (B, T + 1), generator=gen, dtype=torch.int64)
     inputs, targets = tokens[:, :T], tokens[:, 1:]
 
