@@ -21,7 +21,7 @@ if(PO_BLAS STREQUAL "openblas")
             /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-pthread
             /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas
             NO_DEFAULT_PATH)
-  target_include_directories(po_blas INTERFACE ${PO_OPENBLAS_INCLUDE})
+  target_include_directories(po_blas SYSTEM INTERFACE ${PO_OPENBLAS_INCLUDE})
   target_compile_definitions(po_blas INTERFACE PO_BLAS_OPENBLAS=1)
 elseif(PO_BLAS STREQUAL "blis")
   find_library(PO_BLIS_OMP_LIB NAMES libblis.so.4 blis
@@ -33,7 +33,7 @@ elseif(PO_BLAS STREQUAL "blis")
   find_path(PO_BLIS_INCLUDE blis.h PATHS
             /usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/blis-openmp
             /usr/include/x86_64-linux-gnu/blis-openmp /usr/include/blis NO_DEFAULT_PATH)
-  target_include_directories(po_blas INTERFACE ${PO_BLIS_INCLUDE})
+  target_include_directories(po_blas SYSTEM INTERFACE ${PO_BLIS_INCLUDE})
   target_compile_definitions(po_blas INTERFACE PO_BLAS_BLIS=1)
 elseif(PO_BLAS STREQUAL "dnnl")
   find_library(PO_DNNL_LIB NAMES dnnl REQUIRED)  # Debian's build uses OpenMP (libgomp)

@@ -94,9 +94,11 @@ void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h
       float* s = S + ii * kBlock;
       row_times_packed<kHS>(s, q + i * C3, KT, hs);
       float mx = -INFINITY;
-      for (int64_t jj = 0; jj < lim; jj++) {
-        s[jj] *= scale;
-        mx = std::max(mx, s[jj]);
+#pragma omp simd reduction(max : mx)
+      for (int64_t jj = 0; jj < kBlock; jj++) {
+        const float x = jj < lim ? s[jj] * scale : -INFINITY;
+        s[jj] = x;
+        mx = std::max(mx, x);
       }
       const float m_new = std::max(m[ii], mx);
       const float alpha = m[ii] == -INFINITY ? 0.0f : detail::exp_approx(m[ii] - m_new);
@@ -197,17 +199,45 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
         dS[jj] = p * (dS[jj] - Di) * scale;
       }
       float* dqi = dq + i * C3;
-      for (int64_t jj = 0; jj < lim; jj++) {
-        const float p = P[jj], ds = dS[jj];
-        const int64_t row = (j0 + jj) * C3;
-        const float* kr = k + row;
-        float* dvr = dv + row;
-        float* dkr = dk + row;
+      if constexpr (kHS != 0) {
+        // Local copies: the compiler cannot prove dq/dk/dv rows do not alias,
+        // so without them q_i, dout_i and the dq_i accumulator would be
+        // reloaded and stored on every key.
+        float qv[kHS], gv[kHS], dqv[kHS];
 #pragma omp simd
-        for (int64_t d = 0; d < hs; d++) {
-          dvr[d] += p * goi[d];
-          dkr[d] += ds * qi[d];
-          dqi[d] += ds * kr[d];
+        for (int64_t d = 0; d < kHS; d++) {
+          qv[d] = qi[d];
+          gv[d] = goi[d];
+          dqv[d] = dqi[d];
+        }
+        for (int64_t jj = 0; jj < lim; jj++) {
+          const float p = P[jj], ds = dS[jj];
+          const int64_t row = (j0 + jj) * C3;
+          const float* kr = k + row;
+          float* dvr = dv + row;
+          float* dkr = dk + row;
+#pragma omp simd
+          for (int64_t d = 0; d < kHS; d++) {
+            dvr[d] += p * gv[d];
+            dkr[d] += ds * qv[d];
+            dqv[d] += ds * kr[d];
+          }
+        }
+#pragma omp simd
+        for (int64_t d = 0; d < kHS; d++) dqi[d] = dqv[d];
+      } else {
+        for (int64_t jj = 0; jj < lim; jj++) {
+          const float p = P[jj], ds = dS[jj];
+          const int64_t row = (j0 + jj) * C3;
+          const float* kr = k + row;
+          float* dvr = dv + row;
+          float* dkr = dk + row;
+#pragma omp simd
+          for (int64_t d = 0; d < hs; d++) {
+            dvr[d] += p * goi[d];
+            dkr[d] += ds * qi[d];
+            dqi[d] += ds * kr[d];
+          }
         }
       }
     }

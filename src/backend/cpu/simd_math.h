@@ -5,6 +5,7 @@
 // (denormal results are flushed to 0). NaN inputs are not propagated.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -13,7 +14,7 @@ namespace po::backend::cpu::detail {
 #pragma omp declare simd notinbranch
 inline float exp_approx(float x_in) {
   const float x = x_in < -87.3f ? -87.3f : (x_in > 88.7f ? 88.7f : x_in);
-  const float n = __builtin_roundevenf(x * 1.44269504088896341f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
   // Cody-Waite: r = x - n ln2 in two pieces, |r| <= ln2/2.
   float r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187045e-06f;

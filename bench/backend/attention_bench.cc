@@ -1,0 +1,105 @@
+// Flash attention forward + backward at the gpt2-124M training shape
+// (B=4, T=256, C=768, NH=12), next to the LM-head matmul forward measured in
+// the same run. Validates a small case against a materialised softmax first.
+// Usage: attention_bench [threads=2] [B T C NH]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/ops.h"
+
+namespace cpu = po::backend::cpu;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename F>
+double best_time(F op) {
+  op();
+  double best = 1e30, spent = 0.0;
+  for (int r = 0; r < 5 || (spent < 1.0 && r < 200); r++) {
+    const double t0 = now();
+    op();
+    const double dt = now() - t0;
+    best = std::min(best, dt);
+    spent += dt;
+  }
+  return best;
+}
+
+bool validate() {
+  const int64_t T = 37, C = 64, NH = 1, hs = 64;
+  std::vector<float> qkv(T * 3 * C), out(T * C), lse(T);
+  for (size_t i = 0; i < qkv.size(); i++) qkv[i] = std::sin(0.37 * i);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), 1, T, C, NH);
+  for (int64_t i = 0; i < T; i++) {
+    std::vector<double> p(i + 1);
+    double mx = -1e300, sum = 0;
+    for (int64_t j = 0; j <= i; j++) {
+      double s = 0;
+      for (int64_t d = 0; d < hs; d++) s += qkv[i * 3 * C + d] * qkv[j * 3 * C + C + d];
+      p[j] = s / 8.0;
+      mx = std::max(mx, p[j]);
+    }
+    for (int64_t j = 0; j <= i; j++) sum += (p[j] = std::exp(p[j] - mx));
+    for (int64_t d = 0; d < hs; d++) {
+      double o = 0;
+      for (int64_t j = 0; j <= i; j++) o += p[j] / sum * qkv[j * 3 * C + 2 * C + d];
+      if (std::fabs(o - out[i * C + d]) > 1e-4) {
+        std::fprintf(stderr, "attention wrong at (%ld,%ld): %g vs %g\n", static_cast<long>(i),
+                     static_cast<long>(d), out[i * C + d], o);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const int64_t B = argc > 5 ? std::atol(argv[2]) : 4, T = argc > 5 ? std::atol(argv[3]) : 256,
+                C = argc > 5 ? std::atol(argv[4]) : 768, NH = argc > 5 ? std::atol(argv[5]) : 12;
+  cpu::set_num_threads(threads);
+  if (!validate()) return 1;
+  const int64_t hs = C / NH;
+  std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C),
+      dqkv(B * T * 3 * C);
+  for (size_t i = 0; i < qkv.size(); i++) qkv[i] = std::sin(0.001 * i);
+  for (size_t i = 0; i < dout.size(); i++) dout[i] = std::cos(0.003 * i);
+  const double t_f =
+      best_time([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH); });
+  const double t_b = best_time([&] {
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                            C, NH);
+  });
+  // Causal pairs; forward = 2 matmuls (QK^T, PV), backward = 5 (QK^T again, dO V^T, dV, dQ, dK).
+  const double pairs = static_cast<double>(B) * NH * T * (T + 1) / 2.0;
+  const double f_fl = 2.0 * 2 * pairs * hs, b_fl = 5.0 * 2 * pairs * hs;
+  std::printf("attention B=%ld T=%ld C=%ld NH=%ld threads=%d\n", static_cast<long>(B),
+              static_cast<long>(T), static_cast<long>(C), static_cast<long>(NH), threads);
+  std::printf("  forward  %8.2f ms %7.1f GFLOP/s\n", t_f * 1e3, f_fl / t_f * 1e-9);
+  std::printf("  backward %8.2f ms %7.1f GFLOP/s\n", t_b * 1e3, b_fl / t_b * 1e-9);
+
+  const int64_t BT = B * T, V = 50257;
+  std::vector<float> inp(BT * C, 0.01f), w(V * C, 0.02f), logits(BT * V);
+  const double t_lm = best_time(
+      [&] { cpu::matmul_forward(logits.data(), inp.data(), w.data(), nullptr, BT, C, V); });
+  std::printf("  lm_head matmul_forward [%ldx%ld]x[%ldx%ld] %8.2f ms %7.1f GFLOP/s (%s)\n",
+              static_cast<long>(BT), static_cast<long>(C), static_cast<long>(C),
+              static_cast<long>(V), t_lm * 1e3, 2.0 * BT * C * V / t_lm * 1e-9,
+              cpu::blas_name());
+  std::printf("{\"bench\":\"attention\",\"B\":%ld,\"T\":%ld,\"C\":%ld,\"NH\":%ld,\"threads\":%d,"
+              "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"lm_head_fwd_ms\":%.3f}\n",
+              static_cast<long>(B), static_cast<long>(T), static_cast<long>(C),
+              static_cast<long>(NH), threads, t_f * 1e3, t_b * 1e3, t_lm * 1e3);
+  return 0;
+}
