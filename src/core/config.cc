@@ -56,7 +56,7 @@ const std::vector<KeySpec>& schema() {
       {"train.resume", Kind::kBool, false},
       {"train.threads", Kind::kInt, int64_t{0}, 0, 4096},
       {"train.log_interval", Kind::kInt, int64_t{1}, 1, 1e12},
-      {"train.sample_tokens", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"train.peak_gflops", Kind::kFloat, 0.0, 0, 1e9},
       {"data.train", Kind::kString, std::string("")},
       {"data.val", Kind::kString, std::string("")},
       {"run.dir", Kind::kString, std::string("runs/default")},
