@@ -173,3 +173,21 @@ TEST_F(CliErrors, ExportAndInitRoundTripThroughSafetensors) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(CliErrors, GenerateIsDeterministicPerSeed) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  // "A" is GPT-2 token 32, inside the tiny model's 64-token vocabulary.
+  const std::string gen = kBin + " generate " + run_ + " --prompt A --max-new-tokens 12 --top-k 8";
+  auto a = run_command(gen + " --seed 5"), b = run_command(gen + " --seed 5");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output) << "same seed, different text";
+  EXPECT_EQ(a.output.rfind("A", 0), 0u) << "output should start with the prompt: " << a.output;
+  auto greedy = run_command(gen + " --temperature 0");
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+  expect_clean_error(run_command(kBin + " generate " + run_ + " --prompt 'The jury'"),
+                     {"vocabulary"});
+}
+
+}  // namespace
