@@ -1,12 +1,19 @@
 // Flash attention forward + backward at the gpt2-124M training shape
-// (B=4, T=256, C=768, NH=12), next to the LM-head matmul forward measured in
-// the same run. Validates a small case against a materialised softmax first.
-// Usage: attention_bench [threads=2] [B T C NH]
+// (B=4, T=256, C=768, NH=12) and the bench-small shape (B=8, T=256, C=384,
+// NH=6), next to the LM-head matmul forward (gpt2-124M shape) measured in the
+// same run. Validates a small case against a materialised softmax first.
+// Usage: attention_bench [threads=2] [B T C NH] [nolm]
+//   (a given shape replaces the two defaults; "nolm" skips the LM-head matmul)
+// GFLOP/s count the causal useful work only, with pairs = B*NH*T*(T+1)/2
+// (query, key) pairs: forward 2 matmuls (QK^T, PV) = 4*pairs*hs FLOPs,
+// backward 5 (QK^T recompute, dO V^T, dV, dK, dQ) = 10*pairs*hs = 2.5x forward.
+// Skipped masked work and softmax/exp arithmetic are not counted.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/ops.h"
@@ -16,8 +23,7 @@ namespace cpu = po::backend::cpu;
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 template <typename F>
@@ -62,14 +68,7 @@ bool validate() {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  const int64_t B = argc > 5 ? std::atol(argv[2]) : 4, T = argc > 5 ? std::atol(argv[3]) : 256,
-                C = argc > 5 ? std::atol(argv[4]) : 768, NH = argc > 5 ? std::atol(argv[5]) : 12;
-  cpu::set_num_threads(threads);
-  if (!validate()) return 1;
+void bench_shape(int threads, int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH;
   std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C),
       dqkv(B * T * 3 * C);
@@ -78,28 +77,49 @@ int main(int argc, char** argv) {
   const double t_f =
       best_time([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH); });
   const double t_b = best_time([&] {
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                            C, NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C,
+                            NH);
   });
-  // Causal pairs; forward = 2 matmuls (QK^T, PV), backward = 5 (QK^T again, dO V^T, dV, dQ, dK).
   const double pairs = static_cast<double>(B) * NH * T * (T + 1) / 2.0;
   const double f_fl = 2.0 * 2 * pairs * hs, b_fl = 5.0 * 2 * pairs * hs;
   std::printf("attention B=%ld T=%ld C=%ld NH=%ld threads=%d\n", static_cast<long>(B),
               static_cast<long>(T), static_cast<long>(C), static_cast<long>(NH), threads);
   std::printf("  forward  %8.2f ms %7.1f GFLOP/s\n", t_f * 1e3, f_fl / t_f * 1e-9);
   std::printf("  backward %8.2f ms %7.1f GFLOP/s\n", t_b * 1e3, b_fl / t_b * 1e-9);
+  std::printf("  fwd+bwd  %8.2f ms %7.1f GFLOP/s\n", (t_f + t_b) * 1e3,
+              (f_fl + b_fl) / (t_f + t_b) * 1e-9);
+  std::printf(
+      "{\"bench\":\"attention\",\"B\":%ld,\"T\":%ld,\"C\":%ld,\"NH\":%ld,\"threads\":%d,"
+      "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_gflops\":%.1f,\"bwd_gflops\":%.1f}\n",
+      static_cast<long>(B), static_cast<long>(T), static_cast<long>(C), static_cast<long>(NH),
+      threads, t_f * 1e3, t_b * 1e3, f_fl / t_f * 1e-9, b_fl / t_b * 1e-9);
+}
 
-  const int64_t BT = B * T, V = 50257;
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const bool shape_given = argc > 5;
+  const bool lm =
+      !(argc > (shape_given ? 6 : 2) && std::string(argv[shape_given ? 6 : 2]) == "nolm");
+  cpu::set_num_threads(threads);
+  if (!validate()) return 1;
+  if (shape_given) {
+    bench_shape(threads, std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]),
+                std::atol(argv[5]));
+  } else {
+    bench_shape(threads, 4, 256, 768, 12);
+    bench_shape(threads, 8, 256, 384, 6);
+  }
+  if (!lm) return 0;
+  const int64_t BT = 4 * 256, C = 768, V = 50257;
   std::vector<float> inp(BT * C, 0.01f), w(V * C, 0.02f), logits(BT * V);
   const double t_lm = best_time(
       [&] { cpu::matmul_forward(logits.data(), inp.data(), w.data(), nullptr, BT, C, V); });
-  std::printf("  lm_head matmul_forward [%ldx%ld]x[%ldx%ld] %8.2f ms %7.1f GFLOP/s (%s)\n",
+  std::printf("lm_head matmul_forward [%ldx%ld]x[%ldx%ld] %8.2f ms %7.1f GFLOP/s (%s)\n",
               static_cast<long>(BT), static_cast<long>(C), static_cast<long>(C),
-              static_cast<long>(V), t_lm * 1e3, 2.0 * BT * C * V / t_lm * 1e-9,
-              cpu::blas_name());
-  std::printf("{\"bench\":\"attention\",\"B\":%ld,\"T\":%ld,\"C\":%ld,\"NH\":%ld,\"threads\":%d,"
-              "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"lm_head_fwd_ms\":%.3f}\n",
-              static_cast<long>(B), static_cast<long>(T), static_cast<long>(C),
-              static_cast<long>(NH), threads, t_f * 1e3, t_b * 1e3, t_lm * 1e3);
+              static_cast<long>(V), t_lm * 1e3, 2.0 * BT * C * V / t_lm * 1e-9, cpu::blas_name());
+  std::printf("{\"bench\":\"lm_head\",\"threads\":%d,\"lm_head_fwd_ms\":%.3f}\n", threads,
+              t_lm * 1e3);
   return 0;
 }

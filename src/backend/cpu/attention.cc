@@ -1,23 +1,41 @@
-// Causal self-attention, flash style (FlashAttention-2 order of work) on CPU.
+// Causal self-attention on CPU, FlashAttention-2 block formulation.
 //
-// Forward: work items are (b, h, query block); each streams the key blocks at
-// or before its diagonal, keeps a running max m and sum l per query row (online
-// softmax) and an f32 output accumulator, and writes out = acc / l and
-// lse = m + log l. Backward: work items are (b, h); each recomputes
-// P = exp(q·k * scale - lse) block by block, with D_i = dout_i · out_i, and
-// accumulates dq, dk, dv for that head only, so no two threads write the same
-// dqkv element and no T×T matrix ever exists. Scratch (packed K^T/V^T tiles,
-// score rows, accumulators) is thread_local and grows once.
+// Tiles are kBlock = 64 queries x 64 keys; every product is a small GEMM done
+// by the register-blocked micro-kernel of attention_tiles.h (6 rows x 64
+// columns of accumulators) on operands packed into per-thread scratch,
+// zero-padded (T up to a multiple of 64, the head size hs up to HP, a
+// multiple of 16) so tiles always have full vector width. q is packed
+// pre-multiplied by scale = 1/sqrt(hs) (exact when hs is a power of 4).
+// Diagonal tiles skip, per 6-row group, the part above the diagonal.
 //
-// Inner loops run over a full block of kBlock keys (padded lanes are masked)
-// or over hs, both vectorisable; the head size is a template parameter for the
-// common sizes so those loops fully unroll into registers.
+// Forward, work item = one head (b, h) (or one query block of it when there
+// are few heads), K^T and V packed once: for each query block i, for each key
+// block j <= i: S = Qs_i K_j^T; online softmax per row (running max m and sum
+// l, O rescaled by exp(m_old - m_new)); O += P V_j. Then out = O / l and
+// lse = m + log l.
+// Backward, work item = one head (b, h), in transposed form so that every
+// product is a row-major GEMM: for each key block j, for each i >= j,
+//   S^T = K_j Qs_i^T, dP^T = V_j dO_i^T, P^T = exp(S^T - lse_i),
+//   dS^T = P^T (dP^T - D_i), D_i = rowsum(dO_i * O_i)    (scale folded in),
+//   dV_j += P^T dO_i,  dK_j += dS^T Qs_i,  dQ_i^T += K_j^T dS^T,
+// dK_j, dV_j are written when j is done, dq = scale * (dQ^T)^T at the end.
+// Only out and lse cross from forward to backward; no T x T matrix exists
+// (the largest score buffer is one 64 x 64 tile per thread).
+//
+// Determinism: every out/lse/dqkv element belongs to exactly one work item
+// (a head's rows of out/lse, resp. a head's q/k/v columns of dqkv), and inside
+// an item all accumulations run in a fixed order (key blocks ascending, query
+// blocks ascending, k ascending inside the micro-kernel, one FMA per term).
+// No atomics and no cross-thread reductions, so the bits depend neither on
+// the dynamic schedule nor on the thread count.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 #include "core/error.h"
@@ -26,270 +44,259 @@ namespace po::backend::cpu {
 
 namespace {
 
-constexpr int64_t kBlock = 64;  // query rows and key columns per tile
+using tiles::Causal;
+using tiles::gemm_tile;
+constexpr int64_t kBlock = 64;    // queries and keys per tile
+constexpr int64_t kPrefetch = 8;  // rows ahead when packing
 
-float* scratch(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Thread-local scratch, 64-byte aligned, grown once.
+float* scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
 }
 
-// KT[d][jj] = src[(j0 + jj) row][d] for jj < nk; zero-padded to kBlock columns.
-inline void pack_transposed(float* KT, const float* src, int64_t stride, int64_t nk,
-                            int64_t hs) {
-  for (int64_t d = 0; d < hs; d++) {
-    float* dst = KT + d * kBlock;
-    for (int64_t jj = 0; jj < nk; jj++) dst[jj] = src[jj * stride + d];
-    for (int64_t jj = nk; jj < kBlock; jj++) dst[jj] = 0.0f;
+// dst[t, d] = s * src[t * stride + d] for t < n, d < hs; zero elsewhere in
+// the rows x HP tile.
+void pack_rows(float* dst, const float* src, int64_t stride, int64_t n, int64_t rows, int64_t hs,
+               int64_t HP, float s) {
+  for (int64_t t = 0; t < rows; t++) {
+    float* o = dst + t * HP;
+    const float* x = src + t * stride;
+    const int64_t m = t < n ? hs : 0;
+    if (t + kPrefetch < n)  // rows are strided: the hardware prefetcher misses them
+      for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
+    for (int64_t d = 0; d < m; d++) o[d] = s * x[d];
+    for (int64_t d = m; d < HP; d++) o[d] = 0.0f;
   }
 }
 
-// s[jj] = x · KT[:, jj] for all kBlock columns.
-template <int kHS>
-inline void row_times_packed(float* __restrict s, const float* __restrict x,
-                             const float* __restrict KT, int64_t hs_rt) {
-  const int64_t hs = kHS ? kHS : hs_rt;
-  float acc[kBlock];
-#pragma omp simd
-  for (int64_t jj = 0; jj < kBlock; jj++) acc[jj] = 0.0f;
-  for (int64_t d = 0; d < hs; d++) {
-    const float xd = x[d];
-    const float* kt = KT + d * kBlock;
-#pragma omp simd
-    for (int64_t jj = 0; jj < kBlock; jj++) acc[jj] += xd * kt[jj];
-  }
-#pragma omp simd
-  for (int64_t jj = 0; jj < kBlock; jj++) s[jj] = acc[jj];
+// dst[d, t] = src[t, d] for a rows x HP packed tile (both multiples of 16).
+void transpose_packed(float* dst, const float* src, int64_t rows, int64_t HP) {
+  for (int64_t t0 = 0; t0 < rows; t0 += 16)
+    for (int64_t d0 = 0; d0 < HP; d0 += 16)
+      tiles::transpose16(src + t0 * HP + d0, HP, dst + d0 * rows + t0, rows);
 }
 
-template <int kHS>
-void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t i0,
-                  int64_t T, int64_t C, int64_t NH, int64_t hs_rt) {
-  const int64_t hs = kHS ? kHS : hs_rt;
-  const int64_t C3 = 3 * C;
+// Online-softmax step on one score row: returns the new running max
+// max(m_old, s[0..lim)), writes s[jj] = exp(s[jj] - max) (0 for jj >= lim)
+// and psum = their sum.
+template <bool kMasked>
+inline float softmax_row(float* __restrict s, int lim, float m_old, float& psum) {
+  float mx = m_old;
+#pragma omp simd reduction(max : mx)
+  for (int jj = 0; jj < static_cast<int>(kBlock); jj++)
+    mx = std::max(mx, !kMasked || jj < lim ? s[jj] : -INFINITY);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int jj = 0; jj < static_cast<int>(kBlock); jj++) {
+    const float p = !kMasked || jj < lim ? detail::exp_approx(s[jj] - mx) : 0.0f;
+    s[jj] = p;
+    sum += p;
+  }
+  psum = sum;
+  return mx;
+}
+
+void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
+                  int64_t qb1, int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, HP = round_up(hs, tiles::kW), C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float* q = qkv + b * T * C3 + h * hs;
   const float* k = q + C;
   const float* v = q + 2 * C;
-  const int64_t nq = std::min(kBlock, T - i0);
+  const int64_t r0 = qb0 * kBlock, r1 = std::min(T, qb1 * kBlock);  // query rows
+  const int64_t Kp = round_up(r1, kBlock);                          // keys 0 .. r1-1
 
-  thread_local std::vector<float> buf;
-  float* KT = scratch(buf, kBlock * hs + kBlock * kBlock + kBlock * hs + 2 * kBlock);
-  float* S = KT + kBlock * hs;
-  float* O = S + kBlock * kBlock;
-  float* m = O + kBlock * hs;
+  float* Q = scratch((Kp - r0) * HP + HP * Kp + Kp * HP + std::max(kBlock * kBlock, Kp * HP) +
+                     kBlock * HP + 2 * kBlock);
+  float* KT = Q + (Kp - r0) * HP;
+  float* V = KT + HP * Kp;
+  float* S = V + Kp * HP;
+  float* O = S + std::max(kBlock * kBlock, Kp * HP);
+  float* m = O + kBlock * HP;
   float* l = m + kBlock;
-  for (int64_t ii = 0; ii < nq; ii++) {
-    m[ii] = -INFINITY;
-    l[ii] = 0.0f;
-  }
-  for (int64_t x = 0; x < nq * hs; x++) O[x] = 0.0f;
+  pack_rows(Q, q + r0 * C3, C3, r1 - r0, Kp - r0, hs, HP, scale);
+  pack_rows(S, k, C3, r1, Kp, hs, HP, 1.0f);  // S holds K for now
+  transpose_packed(KT, S, Kp, HP);
+  pack_rows(V, v, C3, r1, Kp, hs, HP, 1.0f);
 
-  for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
-    const int64_t nk = std::min(kBlock, i0 + nq - j0);
-    pack_transposed(KT, k + j0 * C3, C3, nk, hs);
+  for (int64_t i0 = r0; i0 < r1; i0 += kBlock) {
+    const int64_t nq = std::min(kBlock, T - i0), nkeys = i0 + nq;
+    const float* Qi = Q + (i0 - r0) * HP;
+    for (int64_t ii = 0; ii < nq; ii++) {
+      m[ii] = -INFINITY;
+      l[ii] = 0.0f;
+    }
+    for (int64_t j0 = 0; j0 < nkeys; j0 += kBlock) {
+      const int64_t nk = std::min(kBlock, nkeys - j0);
+      const bool diag = j0 == i0;
+      const Causal cz = diag ? Causal::kColsUpTo : Causal::kNone;
+      gemm_tile(nq, kBlock, HP, Qi, HP, KT + j0, Kp, S, kBlock, false, cz);
+      for (int64_t ii = 0; ii < nq; ii++) {
+        float* s = S + ii * kBlock;
+        float psum;
+        // causal: key j0+jj <= query i0+ii (columns past it may be stale)
+        const float m_new = diag ? softmax_row<true>(s, ii + 1, m[ii], psum)
+                                 : softmax_row<false>(s, kBlock, m[ii], psum);
+        float* o = O + ii * HP;
+        if (j0 == 0) {
+          l[ii] = psum;
+        } else {
+          const float alpha = detail::exp_approx(m[ii] - m_new);
+          l[ii] = l[ii] * alpha + psum;
+#pragma omp simd
+          for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
+        }
+        m[ii] = m_new;
+      }
+      gemm_tile(nq, HP, nk, S, kBlock, V + j0 * HP, HP, O, HP, j0 != 0,
+                diag ? Causal::kKUpTo : Causal::kNone);
+    }
     for (int64_t ii = 0; ii < nq; ii++) {
       const int64_t i = i0 + ii;
-      const int64_t lim = std::min(nk, i - j0 + 1);  // causal: keys j <= i
-      if (lim <= 0) continue;
-      float* s = S + ii * kBlock;
-      row_times_packed<kHS>(s, q + i * C3, KT, hs);
-      float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-      for (int64_t jj = 0; jj < kBlock; jj++) {
-        const float x = jj < lim ? s[jj] * scale : -INFINITY;
-        s[jj] = x;
-        mx = std::max(mx, x);
-      }
-      const float m_new = std::max(m[ii], mx);
-      const float alpha = m[ii] == -INFINITY ? 0.0f : detail::exp_approx(m[ii] - m_new);
-      float psum = 0.0f;
-#pragma omp simd reduction(+ : psum)
-      for (int64_t jj = 0; jj < kBlock; jj++) {
-        const float p = jj < lim ? detail::exp_approx(s[jj] - m_new) : 0.0f;
-        s[jj] = p;
-        psum += p;
-      }
-      m[ii] = m_new;
-      l[ii] = l[ii] * alpha + psum;
-      float* o = O + ii * hs;
-      float acc[kHS ? kHS : 1];
-      if constexpr (kHS != 0) {
+      const float inv = 1.0f / l[ii];
+      float* dst = out + (b * T + i) * C + h * hs;
+      const float* o = O + ii * HP;
 #pragma omp simd
-        for (int64_t d = 0; d < hs; d++) acc[d] = o[d] * alpha;
-        for (int64_t jj = 0; jj < lim; jj++) {
-          const float p = s[jj];
-          const float* vr = v + (j0 + jj) * C3;
-#pragma omp simd
-          for (int64_t d = 0; d < hs; d++) acc[d] += p * vr[d];
-        }
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) o[d] = acc[d];
-      } else {
-        (void)acc;
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) o[d] *= alpha;
-        for (int64_t jj = 0; jj < lim; jj++) {
-          const float p = s[jj];
-          const float* vr = v + (j0 + jj) * C3;
-#pragma omp simd
-          for (int64_t d = 0; d < hs; d++) o[d] += p * vr[d];
-        }
-      }
+      for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
+      lse[(b * NH + h) * T + i] = m[ii] + std::log(l[ii]);
     }
-  }
-  for (int64_t ii = 0; ii < nq; ii++) {
-    const int64_t i = i0 + ii;
-    const float inv = 1.0f / l[ii];
-    float* dst = out + (b * T + i) * C + h * hs;
-    const float* o = O + ii * hs;
-#pragma omp simd
-    for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
-    lse[(b * NH + h) * T + i] = m[ii] + std::log(l[ii]);
   }
 }
 
-template <int kHS>
 void backward_item(float* dqkv, const float* dout, const float* qkv, const float* out,
-                   const float* lse, int64_t b, int64_t h, int64_t T, int64_t C, int64_t NH,
-                   int64_t hs_rt) {
-  const int64_t hs = kHS ? kHS : hs_rt;
-  const int64_t C3 = 3 * C;
+                   const float* lse, int64_t b, int64_t h, int64_t T, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, HP = round_up(hs, tiles::kW), C3 = 3 * C;
+  const int64_t Tp = round_up(T, kBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t base3 = b * T * C3 + h * hs;
   const float* q = qkv + base3;
   const float* k = q + C;
   const float* v = q + 2 * C;
-  float* dq = dqkv + base3;
-  float* dk = dq + C;
-  float* dv = dq + 2 * C;
+  const float* go = dout + b * T * C + h * hs;
+  const float* o = out + b * T * C + h * hs;
   const float* L = lse + (b * NH + h) * T;
 
-  thread_local std::vector<float> buf;
-  float* KT = scratch(buf, 2 * kBlock * hs + 2 * kBlock + T);
-  float* VT = KT + kBlock * hs;
-  float* P = VT + kBlock * hs;
-  float* dS = P + kBlock;
-  float* D = dS + kBlock;
-
-  for (int64_t t = 0; t < T; t++) {
-    const float* go = dout + (b * T + t) * C + h * hs;
-    const float* o = out + (b * T + t) * C + h * hs;
+  const int64_t TH = Tp * HP, BB = kBlock * kBlock, BH = kBlock * HP;
+  float* Qs = scratch(8 * TH + 2 * BB + 2 * BH + 2 * Tp);
+  float* QsT = Qs + TH;
+  float* K = QsT + TH;
+  float* KT = K + TH;
+  float* V = KT + TH;
+  float* dO = V + TH;
+  float* dOT = dO + TH;
+  float* dQT = dOT + TH;
+  float* PT = dQT + TH;
+  float* dST = PT + BB;
+  float* dK = dST + BB;
+  float* dV = dK + BH;
+  float* D = dV + BH;
+  float* Lp = D + Tp;
+  pack_rows(Qs, q, C3, T, Tp, hs, HP, scale);
+  transpose_packed(QsT, Qs, Tp, HP);
+  pack_rows(K, k, C3, T, Tp, hs, HP, 1.0f);
+  transpose_packed(KT, K, Tp, HP);
+  pack_rows(V, v, C3, T, Tp, hs, HP, 1.0f);
+  pack_rows(dO, go, C, T, Tp, hs, HP, 1.0f);
+  transpose_packed(dOT, dO, Tp, HP);
+  for (int64_t x = 0; x < TH; x++) dQT[x] = 0.0f;
+  for (int64_t t = 0; t < Tp; t++) {
     float s = 0.0f;
+    if (t < T) {
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < hs; d++) s += go[d] * o[d];
+      for (int64_t d = 0; d < hs; d++) s += go[t * C + d] * o[t * C + d];
+    }
     D[t] = s;
-    for (int64_t d = 0; d < hs; d++) dq[t * C3 + d] = dk[t * C3 + d] = dv[t * C3 + d] = 0.0f;
+    Lp[t] = t < T ? L[t] : 0.0f;
   }
 
   for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
     const int64_t nk = std::min(kBlock, T - j0);
-    pack_transposed(KT, k + j0 * C3, C3, nk, hs);
-    pack_transposed(VT, v + j0 * C3, C3, nk, hs);
-    for (int64_t i = j0; i < T; i++) {
-      const int64_t lim = std::min(nk, i - j0 + 1);
-      const float* qi = q + i * C3;
-      const float* goi = dout + (b * T + i) * C + h * hs;
-      row_times_packed<kHS>(P, qi, KT, hs);
-      row_times_packed<kHS>(dS, goi, VT, hs);
-      const float li = L[i], Di = D[i];
+    for (int64_t i0 = j0; i0 < T; i0 += kBlock) {
+      const int64_t nq = std::min(kBlock, T - i0);
+      const bool first = i0 == j0;
+      const Causal cols = first ? Causal::kColsFrom : Causal::kNone;
+      const Causal ks = first ? Causal::kKFrom : Causal::kNone;
+      gemm_tile(nk, kBlock, HP, K + j0 * HP, HP, QsT + i0, Tp, PT, kBlock, false, cols);
+      gemm_tile(nk, kBlock, HP, V + j0 * HP, HP, dOT + i0, Tp, dST, kBlock, false, cols);
+      const float* Li = Lp + i0;
+      const float* Di = D + i0;
+      for (int64_t kk = 0; kk < nk; kk++) {
+        // causal: query i0+qq >= key j0+kk (columns before it may be stale)
+        const int lo = static_cast<int>(j0 + kk - i0), hi = static_cast<int>(nq);
+        float* p = PT + kk * kBlock;
+        float* ds = dST + kk * kBlock;
 #pragma omp simd
-      for (int64_t jj = 0; jj < kBlock; jj++) {
-        const float p = jj < lim ? detail::exp_approx(P[jj] * scale - li) : 0.0f;
-        P[jj] = p;
-        dS[jj] = p * (dS[jj] - Di) * scale;
+        for (int qq = 0; qq < static_cast<int>(kBlock); qq++) {
+          const bool ok = qq >= lo && qq < hi;
+          const float e = detail::exp_approx(p[qq] - Li[qq]);
+          p[qq] = ok ? e : 0.0f;
+          ds[qq] = ok ? e * (ds[qq] - Di[qq]) : 0.0f;
+        }
       }
-      float* dqi = dq + i * C3;
-      if constexpr (kHS != 0) {
-        // Local copies: the compiler cannot prove dq/dk/dv rows do not alias,
-        // so without them q_i, dout_i and the dq_i accumulator would be
-        // reloaded and stored on every key.
-        float qv[kHS], gv[kHS], dqv[kHS];
+      gemm_tile(nk, HP, nq, PT, kBlock, dO + i0 * HP, HP, dV, HP, !first, ks);
+      gemm_tile(nk, HP, nq, dST, kBlock, Qs + i0 * HP, HP, dK, HP, !first, ks);
+      if (!first) {
+        gemm_tile(HP, kBlock, nk, KT + j0, Tp, dST, kBlock, dQT + i0, Tp, true);
+      } else {  // query column block c needs only keys <= c + 15
+        for (int64_t c = 0; c < kBlock; c += tiles::kW)
+          gemm_tile(HP, tiles::kW, std::min<int64_t>(nk, c + tiles::kW), KT + j0, Tp, dST + c,
+                    kBlock, dQT + i0 + c, Tp, true);
+      }
+    }
+    for (int64_t kk = 0; kk < nk; kk++) {
+      float* dk = dqkv + base3 + (j0 + kk) * C3 + C;
+      float* dv = dk + C;
 #pragma omp simd
-        for (int64_t d = 0; d < kHS; d++) {
-          qv[d] = qi[d];
-          gv[d] = goi[d];
-          dqv[d] = dqi[d];
-        }
-        for (int64_t jj = 0; jj < lim; jj++) {
-          const float p = P[jj], ds = dS[jj];
-          const int64_t row = (j0 + jj) * C3;
-          const float* kr = k + row;
-          float* dvr = dv + row;
-          float* dkr = dk + row;
-#pragma omp simd
-          for (int64_t d = 0; d < kHS; d++) {
-            dvr[d] += p * gv[d];
-            dkr[d] += ds * qv[d];
-            dqv[d] += ds * kr[d];
-          }
-        }
-#pragma omp simd
-        for (int64_t d = 0; d < kHS; d++) dqi[d] = dqv[d];
-      } else {
-        for (int64_t jj = 0; jj < lim; jj++) {
-          const float p = P[jj], ds = dS[jj];
-          const int64_t row = (j0 + jj) * C3;
-          const float* kr = k + row;
-          float* dvr = dv + row;
-          float* dkr = dk + row;
-#pragma omp simd
-          for (int64_t d = 0; d < hs; d++) {
-            dvr[d] += p * goi[d];
-            dkr[d] += ds * qi[d];
-            dqi[d] += ds * kr[d];
-          }
-        }
+      for (int64_t d = 0; d < hs; d++) {
+        dk[d] = dK[kk * HP + d];
+        dv[d] = dV[kk * HP + d];
       }
     }
   }
-}
-
-template <int kHS>
-void forward_all(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                 int64_t NH) {
-  const int64_t hs = C / NH;
-  const int64_t nqb = (T + kBlock - 1) / kBlock;
-  const int64_t items = B * NH * nqb;
-  // Heaviest query blocks (last) first, for better dynamic balance.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t it = 0; it < items; it++) {
-    const int64_t qb = nqb - 1 - it / (B * NH);
-    const int64_t bh = it % (B * NH);
-    forward_item<kHS>(out, lse, qkv, bh / NH, bh % NH, qb * kBlock, T, C, NH, hs);
-  }
-}
-
-template <int kHS>
-void backward_all(float* dqkv, const float* dout, const float* qkv, const float* out,
-                  const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < B * NH; bh++)
-    backward_item<kHS>(dqkv, dout, qkv, out, lse, bh / NH, bh % NH, T, C, NH, hs);
+  // dq = scale * dQT^T, through the (now free) PT tile 16 x 16 at a time.
+  for (int64_t t0 = 0; t0 < T; t0 += 16)
+    for (int64_t d0 = 0; d0 < hs; d0 += 16) {
+      tiles::transpose16(dQT + d0 * Tp + t0, Tp, PT, 16);
+      const int64_t nd = std::min<int64_t>(16, hs - d0);
+      for (int64_t t = t0; t < std::min(T, t0 + 16); t++) {
+        float* dq = dqkv + base3 + t * C3 + d0;
+        const float* x = PT + (t - t0) * 16;
+        for (int64_t d = 0; d < nd; d++) dq[d] = scale * x[d];
+      }
+    }
 }
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH) {
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH) {
   PO_CHECK(NH > 0 && C % NH == 0, "attention_forward: C=", C, " not divisible by NH=", NH);
-  switch (C / NH) {
-    case 64: forward_all<64>(out, lse, qkv, B, T, C, NH); break;
-    case 128: forward_all<128>(out, lse, qkv, B, T, C, NH); break;
-    case 32: forward_all<32>(out, lse, qkv, B, T, C, NH); break;
-    default: forward_all<0>(out, lse, qkv, B, T, C, NH); break;
+  // Items are whole heads (K, V packed once) when there are enough of them,
+  // else single query blocks, heaviest (last) first. Each item writes only its
+  // own rows of out and lse, and a row's result does not depend on the split.
+  const int64_t nqb = (T + kBlock - 1) / kBlock;
+  const int64_t per = B * NH >= 4 * num_threads() ? nqb : 1;
+  const int64_t groups = nqb / per, items = B * NH * groups;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t it = 0; it < items; it++) {
+    const int64_t qb = (groups - 1 - it / (B * NH)) * per;
+    const int64_t bh = it % (B * NH);
+    forward_item(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, C, NH);
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
   PO_CHECK(NH > 0 && C % NH == 0, "attention_backward: C=", C, " not divisible by NH=", NH);
-  switch (C / NH) {
-    case 64: backward_all<64>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-    case 128: backward_all<128>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-    case 32: backward_all<32>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-    default: backward_all<0>(dqkv, dout, qkv, out, lse, B, T, C, NH); break;
-  }
+  // One item per (b, h): it owns that head's q, k and v columns of dqkv.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < B * NH; bh++)
+    backward_item(dqkv, dout, qkv, out, lse, bh / NH, bh % NH, T, C, NH);
 }
 
 }  // namespace po::backend::cpu

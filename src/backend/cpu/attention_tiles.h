@@ -1,0 +1,145 @@
+// Register-blocked tile GEMM for the attention kernels (attention.cc).
+//
+// gemm_tile computes C[M,N] (= or +=) A[M,K] · B[K,N] on small row-major tiles
+// already in cache, with N a multiple of kW. The micro-kernel keeps an R x NV
+// block of kW-float vectors of C in registers (up to 6 x 4 = 24 zmm on
+// AVX-512) and streams K: per k it loads NV vectors of B's row k and
+// broadcasts R scalars of A's column k. Written with GCC vector extensions, so
+// without AVX-512 the compiler splits each vector into narrower ones.
+// Every C element is accumulated k = 0, 1, ..., K-1, one multiply-add each
+// (fused: GCC contracts by default in gnu++ mode), so the result does not
+// depend on M, N, the blocking or the thread.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+// Without AVX-512 the 64-byte vectors are passed in memory; these helpers are
+// all inline, so GCC's note about that ABI is noise.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace po::backend::cpu::tiles {
+
+constexpr int64_t kW = 16;  // floats per vector
+typedef float Vec __attribute__((vector_size(kW * sizeof(float))));
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+
+template <int R, int NV>
+inline void micro(int64_t K, const float* __restrict A, int64_t lda, const float* __restrict B,
+                  int64_t ldb, float* __restrict C, int64_t ldc, bool acc) {
+  Vec c[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) c[r][v] = acc ? load(C + r * ldc + v * kW) : Vec{};
+  for (int64_t k = 0; k < K; k++) {
+    Vec b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) b[v] = load(B + k * ldb + v * kW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const float a = A[r * lda + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) store(C + r * ldc + v * kW, c[r][v]);
+}
+
+// 16 x 16 transpose in registers: stage w swaps the off-diagonal w x w blocks
+// of every 2w x 2w block (bit w of the row index <-> bit w of the column).
+template <int w, int... j>
+inline void transpose_stage(Vec* r, std::integer_sequence<int, j...>) {
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; i++) {
+    if (i & w) continue;
+    const Vec a = r[i], b = r[i + w];
+    r[i] = __builtin_shufflevector(a, b, ((j & w) ? 16 + j - w : j)...);
+    r[i + w] = __builtin_shufflevector(a, b, ((j & w) ? 16 + j : j + w)...);
+  }
+}
+// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block.
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  static_assert(kW == 16);
+  Vec r[kW];
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; i++) r[i] = load(src + i * lds);
+  constexpr auto lanes = std::make_integer_sequence<int, kW>{};
+  transpose_stage<8>(r, lanes);
+  transpose_stage<4>(r, lanes);
+  transpose_stage<2>(r, lanes);
+  transpose_stage<1>(r, lanes);
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; i++) store(dst + i * ldd, r[i]);
+}
+
+using MicroFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
+                         bool);
+constexpr int kR = 6;  // rows per micro-kernel call
+
+template <int NV, int... R>
+constexpr std::array<MicroFn, kR> row_table(std::integer_sequence<int, R...>) {
+  return {&micro<R + 1, NV>...};
+}
+inline constexpr std::array<std::array<MicroFn, kR>, 4> kMicro = {
+    row_table<1>(std::make_integer_sequence<int, kR>{}),
+    row_table<2>(std::make_integer_sequence<int, kR>{}),
+    row_table<3>(std::make_integer_sequence<int, kR>{}),
+    row_table<4>(std::make_integer_sequence<int, kR>{})};
+
+// Diagonal tiles of causal attention: with rows and columns (or rows and k)
+// indexing the same positions, only part of each row is needed. Per group of
+// kR rows [m, m + kR) the kernel then computes
+//   kColsUpTo: columns < m + kR (rounded up to kW), leaving the rest untouched;
+//   kColsFrom: columns >= m (rounded down to kW), leaving the rest untouched;
+//   kKUpTo / kKFrom: all columns, summing only k < m + kR / k >= m
+// (the caller guarantees the skipped A entries are zero).
+enum class Causal { kNone, kColsUpTo, kColsFrom, kKUpTo, kKFrom };
+
+// C[M,N] (+)= A[M,K] · B[K,N], all row-major with leading dimensions; N % kW ==
+// 0.
+inline void gemm_tile(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, float* C, int64_t ldc, bool acc, Causal cz = Causal::kNone) {
+  for (int64_t m = 0; m < M; m += kR) {
+    const int64_t rows = std::min<int64_t>(kR, M - m);
+    int64_t n_lo = 0, n_hi = N, k_lo = 0, k_hi = K;
+    switch (cz) {
+      case Causal::kNone:
+        break;
+      case Causal::kColsUpTo:
+        n_hi = std::min(N, (m + rows + kW - 1) / kW * kW);
+        break;
+      case Causal::kColsFrom:
+        n_lo = std::min(N, m / kW * kW);
+        break;
+      case Causal::kKUpTo:
+        k_hi = std::min(K, m + rows);
+        break;
+      case Causal::kKFrom:
+        k_lo = std::min(K, m);
+        break;
+    }
+    for (int64_t n0 = n_lo; n0 < n_hi; n0 += 4 * kW) {
+      const int64_t nv = std::min<int64_t>(4, (n_hi - n0) / kW);
+      kMicro[nv - 1][rows - 1](k_hi - k_lo, A + m * lda + k_lo, lda, B + k_lo * ldb + n0, ldb,
+                               C + m * ldc + n0, ldc, acc);
+    }
+  }
+}
+
+}  // namespace po::backend::cpu::tiles
+
+#pragma GCC diagnostic pop
