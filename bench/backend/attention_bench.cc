@@ -8,6 +8,7 @@
 // (query, key) pairs: forward 2 matmuls (QK^T, PV) = 4*pairs*hs FLOPs,
 // backward 5 (QK^T recompute, dO V^T, dV, dK, dQ) = 10*pairs*hs = 2.5x forward.
 // Skipped masked work and softmax/exp arithmetic are not counted.
+#include "../bench_util.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,22 +23,9 @@ namespace cpu = po::backend::cpu;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 template <typename F>
 double best_time(F op) {
-  op();
-  double best = 1e30, spent = 0.0;
-  for (int r = 0; r < 5 || (spent < 1.0 && r < 200); r++) {
-    const double t0 = now();
-    op();
-    const double dt = now() - t0;
-    best = std::min(best, dt);
-    spent += dt;
-  }
-  return best;
+  return po::bench::best_time(op, 5, 200);
 }
 
 bool validate() {

@@ -6,6 +6,7 @@
 // JSON lines on stderr. Two figures per cell: wall-clock GFLOP/s (best run)
 // and CPU-normalised GFLOP/s = flop / (process CPU seconds / threads), which
 // stays meaningful when other processes share the cores (spinning is charged).
+#include "../bench_util.h"
 #include <dlfcn.h>
 #include <omp.h>
 
@@ -68,10 +69,7 @@ double cpu_now() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+double now() { return po::bench::now_seconds(); }
 
 struct Shape {
   const char* model;

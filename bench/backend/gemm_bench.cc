@@ -2,6 +2,7 @@
 // the gpt2-124M LM-head shape. The JSON line {"bench":"sgemm_peak",...} is the
 // peak the training benchmark divides by for MFU. Validates before timing.
 // Usage: gemm_bench [threads=2]
+#include "../bench_util.h"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,24 +16,9 @@ namespace cpu = po::backend::cpu;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Best-of wall time of op() after one warm-up; at least 3 runs and ~1 s.
 template <typename F>
 double best_time(F op) {
-  op();
-  double best = 1e30, spent = 0.0;
-  for (int r = 0; r < 3 || (spent < 1.0 && r < 100); r++) {
-    const double t0 = now();
-    op();
-    const double dt = now() - t0;
-    best = std::min(best, dt);
-    spent += dt;
-  }
-  return best;
+  return po::bench::best_time(op, 3, 100);
 }
 
 bool validate() {
