@@ -1,0 +1,2 @@
+// placeholder until the comm layer lands
+namespace po::comm {}
