@@ -139,6 +139,12 @@ TrainResult train(const core::Config& cfg) {
     val_data = std::make_unique<data::TokenFile>(cfg.get_string("data.val"),
                                                  static_cast<int32_t>(mcfg.vocab_size));
   data::BatchSampler sampler(train_data, p.T, seed);
+  if (val_data) {  // fail now, not at the first evaluation
+    data::EvalSampler windows(*val_data, p.T);
+    PO_CHECK(windows.num_sequences() >= p.micro, "data.val = '", val_data->path(), "' has ",
+             val_data->size(), " tokens: too few for one validation batch of ", p.micro, " x ",
+             p.T + 1);
+  }
 
   optim::LrSchedule sched;
   sched.kind = cfg.get_string("train.schedule");

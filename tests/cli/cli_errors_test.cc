@@ -76,6 +76,13 @@ TEST_F(CliErrors, TokenIdBeyondVocabulary) {
                      {"big.bin", "60000"});
 }
 
+TEST_F(CliErrors, ValidationFileTooSmallFailsBeforeTraining) {
+  po::data::write_token_file(dir_ / "tiny_val.bin", std::vector<int32_t>(20, 3));
+  expect_clean_error(run_command(train_cmd("--set data.val=" + (dir_ / "tiny_val.bin"))),
+                     {"tiny_val.bin"});
+  EXPECT_FALSE(fs::exists(run_)) << "a failed start must not create the run directory";
+}
+
 TEST_F(CliErrors, MissingCheckpoint) {
   expect_clean_error(run_command(kBin + " export " + (dir_ / "nope.ckpt") + " --out " +
                                  (dir_ / "o.safetensors")),
