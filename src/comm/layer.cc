@@ -1,2 +1,0 @@
-// placeholder until the comm layer lands
-namespace po::comm {}
