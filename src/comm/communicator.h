@@ -1,0 +1,143 @@
+// The Communicator interface: collectives over one process group, the same for
+// every backend (mpi/ now, nccl/ and the single-node transport later).
+//
+// Units: every `count` is in ELEMENTS of `dtype`, never bytes. Buffers are
+// caller-owned and must stay valid (and untouched) until the operation has
+// completed: for blocking calls until they return, for the i* calls until the
+// returned Work has completed. Send and receive buffers of one call must not
+// overlap. Every rank of the group calls a collective with the same
+// arguments (counts, dtype, op, root) in the same order.
+//
+// Reductions accept f32, bf16 and f16. 16-bit sums and averages accumulate in
+// f32 (each rank's contribution is widened, reduced in f32, rounded once at the
+// end); avg divides the f32 sum by size() before that single rounding. Data
+// movement (all_gather, broadcast, send/recv, all_to_all) accepts every DType.
+//
+// Blocking calls wait at most timeout() and then throw core::Timeout naming the
+// operation and group; the operation stays pending (a collective cannot be
+// cancelled), so after a timeout the group is unusable and the run should end.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace po::comm {
+
+using Duration = std::chrono::milliseconds;
+
+// Waits that never time out.
+inline constexpr Duration kNoTimeout = Duration::max();
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+const char* reduce_op_name(ReduceOp op);
+
+// Backend half of a pending operation; only backends implement it.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  // Makes progress; returns true once complete, after finishing touches (for
+  // 16-bit reductions: the conversion back into the caller's buffer).
+  virtual bool poll() = 0;
+};
+
+// Move-only handle of a non-blocking operation. A default Work is complete.
+// Dropping a pending Work waits for it (up to its default timeout; after that
+// the operation is leaked with an error logged, since destructors never throw).
+class Work {
+ public:
+  Work() = default;
+  // `what` names the operation and group for timeout messages.
+  Work(std::unique_ptr<PendingOp> op, std::string what, Duration default_timeout);
+  Work(Work&& other) noexcept = default;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  // Non-blocking: true once the operation has completed.
+  bool test();
+  // Blocks until complete; throws core::Timeout (naming the operation) when
+  // `timeout` passes first. The Work stays pending and may be waited again.
+  void wait(Duration timeout);
+  // wait() with the communicator's timeout.
+  void wait() { wait(default_timeout_); }
+  bool done() const { return op_ == nullptr; }
+  const std::string& what() const { return what_; }
+
+ private:
+  void drop() noexcept;
+
+  std::unique_ptr<PendingOp> op_;
+  std::string what_;
+  Duration default_timeout_ = kNoTimeout;
+};
+
+class Communicator {
+ public:
+  // split() color for ranks that join no sub-group (they get nullptr).
+  static constexpr int kNoColor = -1;
+
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Human-readable group name used in errors ("world", "world/dp0").
+  virtual const std::string& name() const = 0;
+  // Default timeout of blocking calls and of Work::wait().
+  virtual Duration timeout() const = 0;
+
+  // In place: buf (count elements) becomes the reduction over all ranks.
+  virtual Work iallreduce(void* buf, size_t count, tensor::DType dtype, ReduceOp op) = 0;
+  // send holds size() blocks of recv_count elements; block r is reduced over
+  // all ranks into rank r's recv (recv_count elements).
+  virtual Work ireduce_scatter(const void* send, void* recv, size_t recv_count,
+                               tensor::DType dtype, ReduceOp op) = 0;
+  // recv (size() * send_count elements) gets rank r's send in block r.
+  virtual Work iall_gather(const void* send, void* recv, size_t send_count,
+                           tensor::DType dtype) = 0;
+  virtual Work ibroadcast(void* buf, size_t count, tensor::DType dtype, int root) = 0;
+  virtual Work isend(const void* buf, size_t count, tensor::DType dtype, int peer, int tag) = 0;
+  virtual Work irecv(void* buf, size_t count, tensor::DType dtype, int peer, int tag) = 0;
+  // send and recv hold size() blocks of count_per_rank elements; send block j
+  // goes to rank j, recv block j comes from rank j.
+  virtual Work iall_to_all(const void* send, void* recv, size_t count_per_rank,
+                           tensor::DType dtype) = 0;
+  virtual Work ibarrier() = 0;
+
+  // Collective over this group: ranks with the same color form a new group,
+  // ordered by (key, rank). Ranks passing kNoColor get nullptr. `name` is the
+  // new group's name (default: "<parent>/<color>").
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name = "") = 0;
+
+  // Blocking forms: the i* call, then wait(timeout()).
+  void allreduce(void* buf, size_t count, tensor::DType dtype, ReduceOp op) {
+    iallreduce(buf, count, dtype, op).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, tensor::DType dtype,
+                      ReduceOp op) {
+    ireduce_scatter(send, recv, recv_count, dtype, op).wait();
+  }
+  void all_gather(const void* send, void* recv, size_t send_count, tensor::DType dtype) {
+    iall_gather(send, recv, send_count, dtype).wait();
+  }
+  void broadcast(void* buf, size_t count, tensor::DType dtype, int root) {
+    ibroadcast(buf, count, dtype, root).wait();
+  }
+  void send(const void* buf, size_t count, tensor::DType dtype, int peer, int tag) {
+    isend(buf, count, dtype, peer, tag).wait();
+  }
+  void recv(void* buf, size_t count, tensor::DType dtype, int peer, int tag) {
+    irecv(buf, count, dtype, peer, tag).wait();
+  }
+  void all_to_all(const void* send, void* recv, size_t count_per_rank, tensor::DType dtype) {
+    iall_to_all(send, recv, count_per_rank, dtype).wait();
+  }
+  void barrier() { ibarrier().wait(); }
+};
+
+}  // namespace po::comm

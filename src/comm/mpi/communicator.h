@@ -1,0 +1,106 @@
+// MPI backend of the Communicator interface (OpenMPI from Debian; works under
+// mpirun and under srun --mpi=pmix).
+//
+// Lifecycle: mpi::init() initializes MPI once per process (asking for
+// MPI_THREAD_MULTIPLE, accepting MPI_THREAD_FUNNELED, recording which);
+// mpi::finalize() ends it. A Session does both, RAII. Communicators own a
+// duplicate of MPI_COMM_WORLD (or a split of one) with MPI_ERRORS_RETURN, so
+// our traffic never mixes with other users of MPI_COMM_WORLD and MPI errors
+// come back as core::CommError (PO_MPI_CHECK). Destroy communicators before
+// finalize(); one destroyed after it skips MPI_Comm_free.
+//
+// Every operation is a non-blocking MPI call (MPI_Iallreduce, ...) completed
+// by Work::wait(), so blocking calls get the same timeout as non-blocking ones.
+//
+// 16-bit reductions (bf16, f16): each rank widens its input into an f32 scratch
+// buffer, the f32 collective runs on the scratch, and the result is rounded
+// back once (after dividing by size() for avg). We chose this over a
+// user-defined MPI_Op on 16-bit data because a user op would round every
+// partial sum to 16 bits (so the result would depend on the reduction order
+// and lose precision with more ranks) and would bypass OpenMPI's vectorized
+// built-in reductions. Scratch buffers come from a per-communicator pool that
+// grows to the largest request and is reused, one buffer per operation in
+// flight.
+//
+// Thread safety: one thread at a time per communicator (FUNNELED is enough);
+// different communicators may be used from different threads only when
+// thread_level() is kMultiple.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace po::comm::mpi {
+
+enum class ThreadLevel { kFunneled, kMultiple };
+const char* thread_level_name(ThreadLevel level);
+
+// Initializes MPI if nobody has (idempotent); returns the thread level granted.
+ThreadLevel init();
+// The level granted by init(); init() must have run.
+ThreadLevel thread_level();
+// Finalizes MPI if init() initialized it (idempotent; no-op otherwise).
+void finalize();
+
+class Session {
+ public:
+  Session() { init(); }
+  ~Session() { finalize(); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
+
+struct MpiOptions {
+  std::string name = "world";
+  Duration timeout = std::chrono::minutes(10);  // parallel.timeout default
+};
+
+class ScratchPool;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A duplicate of MPI_COMM_WORLD; calls init() if needed.
+  static std::unique_ptr<MpiCommunicator> create_world(const MpiOptions& options = {});
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  Duration timeout() const override { return timeout_; }
+  // The underlying MPI communicator (for tests and MPI-aware code).
+  MPI_Comm handle() const { return comm_; }
+
+  Work iallreduce(void* buf, size_t count, tensor::DType dtype, ReduceOp op) override;
+  Work ireduce_scatter(const void* send, void* recv, size_t recv_count, tensor::DType dtype,
+                       ReduceOp op) override;
+  Work iall_gather(const void* send, void* recv, size_t send_count, tensor::DType dtype) override;
+  Work ibroadcast(void* buf, size_t count, tensor::DType dtype, int root) override;
+  Work isend(const void* buf, size_t count, tensor::DType dtype, int peer, int tag) override;
+  Work irecv(void* buf, size_t count, tensor::DType dtype, int peer, int tag) override;
+  Work iall_to_all(const void* send, void* recv, size_t count_per_rank,
+                   tensor::DType dtype) override;
+  Work ibarrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name = "") override;
+
+ private:
+  MpiCommunicator(MPI_Comm comm, std::string name, Duration timeout);
+  std::string describe(const std::string& op) const;
+  void check_peer(int peer, const char* what) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int tag_ub_ = 32767;  // MPI guarantees at least this
+  std::string name_;
+  Duration timeout_;
+  std::shared_ptr<ScratchPool> pool_;
+};
+
+}  // namespace po::comm::mpi

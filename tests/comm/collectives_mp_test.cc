@@ -1,0 +1,425 @@
+// Every collective of the MPI backend on real processes, against references
+// computed locally. Run under mpirun (tests/CMakeLists.txt registers 1, 2, 3,
+// 4 and 8 ranks); rank k's input is value(k, i), small integers in [-6, 6], so
+// sums over up to 8 ranks (|sum| <= 48) are exact in f32, bf16 and f16 and the
+// comparisons are exact: avg is checked as round(dtype, f32 sum / size), the
+// same single rounding the backend does. Every rank runs every collective even
+// when a check fails (EXPECT, never an early return), so one failing rank
+// fails its test without hanging the others; a rank that does hang is ended by
+// the communicator's timeout. Ranks other than 0 print only failures.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/env.h"
+#include "comm/mpi/check.h"
+#include "comm/mpi/communicator.h"
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/f16.h"
+
+namespace po::comm {
+namespace {
+
+using tensor::DType;
+
+constexpr size_t kBigBytes = size_t{64} << 20;
+constexpr int kModulus = 13;
+
+mpi::MpiCommunicator* g_world = nullptr;
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // Remembers the name here: UnitTest::current_test_info() would deadlock
+  // inside OnTestPartResult (gtest holds its mutex there).
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    test_ = core::str_cat(info.test_suite_name(), ".", info.name());
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+class MpiEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    session_ = std::make_unique<mpi::Session>();
+    mpi::MpiOptions options;
+    options.timeout = std::chrono::seconds(60);
+    world_ = mpi::MpiCommunicator::create_world(options);
+    g_world = world_.get();
+    if (world_->rank() != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+      listeners.Append(new RankFailurePrinter(world_->rank()));
+    }
+  }
+  void TearDown() override {
+    g_world = nullptr;
+    world_.reset();
+    session_.reset();
+  }
+
+ private:
+  std::unique_ptr<mpi::Session> session_;
+  std::unique_ptr<mpi::MpiCommunicator> world_;
+};
+
+[[maybe_unused]] ::testing::Environment* const kEnv =
+    ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+
+float value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 3) % kModulus) - 6);
+}
+
+float round_to(DType d, float x) {
+  if (d == DType::kBF16) return core::bf16_to_f32(core::f32_to_bf16(x));
+  if (d == DType::kF16) return core::f16_to_f32(core::f16{core::f32_to_f16(x).bits});
+  return x;
+}
+
+// A typed buffer accessed as floats.
+class Buf {
+ public:
+  Buf(DType d, size_t n) : dtype_(d), n_(n), bytes_(n * tensor::dtype_size(d) + 1) {}
+  void* data() { return bytes_.data(); }
+  size_t size() const { return n_; }
+  void set(size_t i, float v) {
+    if (dtype_ == DType::kF32) {
+      std::memcpy(&bytes_[i * 4], &v, 4);
+    } else {
+      const uint16_t b = dtype_ == DType::kBF16 ? core::f32_to_bf16(v).bits : core::f32_to_f16(v).bits;
+      std::memcpy(&bytes_[i * 2], &b, 2);
+    }
+  }
+  float get(size_t i) const {
+    if (dtype_ == DType::kF32) {
+      float v;
+      std::memcpy(&v, &bytes_[i * 4], 4);
+      return v;
+    }
+    uint16_t b;
+    std::memcpy(&b, &bytes_[i * 2], 2);
+    return dtype_ == DType::kBF16 ? core::bf16_to_f32(core::bf16{b}) : core::f16_to_f32(core::f16{b});
+  }
+  template <typename F>
+  void fill(F f) {
+    for (size_t i = 0; i < n_; ++i) set(i, f(i));
+  }
+
+ private:
+  DType dtype_;
+  size_t n_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Compares buf[i] with expected(i) exactly; reports the count and the first
+// mismatches.
+template <typename F>
+::testing::AssertionResult matches(const Buf& buf, F expected) {
+  size_t bad = 0;
+  std::string first;
+  for (size_t i = 0; i < buf.size(); ++i) {
+    const float want = expected(i);
+    const float got = buf.get(i);
+    if (got != want) {
+      if (++bad <= 3) first += core::str_cat(" [", i, "] got ", got, " want ", want, ";");
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rank " << g_world->rank() << ": " << bad << " of "
+                                       << buf.size() << " elements differ:" << first;
+}
+
+// Reduction of value(r, i) over all ranks depends only on i % kModulus.
+struct Reference {
+  float sum[kModulus];
+  float max[kModulus];
+  explicit Reference(int size) {
+    for (int m = 0; m < kModulus; ++m) {
+      sum[m] = 0;
+      max[m] = -1e30f;
+      for (int r = 0; r < size; ++r) {
+        sum[m] += value(r, m);
+        max[m] = std::max(max[m], value(r, m));
+      }
+    }
+  }
+  float at(size_t i, ReduceOp op, DType d, int size) const {
+    const size_t m = i % kModulus;
+    switch (op) {
+      case ReduceOp::kSum: return round_to(d, sum[m]);
+      case ReduceOp::kAvg: return round_to(d, sum[m] / static_cast<float>(size));
+      case ReduceOp::kMax: return max[m];
+    }
+    return 0;
+  }
+};
+
+struct Case {
+  DType dtype;
+  size_t count;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return core::str_cat(tensor::dtype_name(info.param.dtype), "_", info.param.count);
+}
+
+class CollectivesTest : public ::testing::TestWithParam<Case> {
+ protected:
+  Communicator& world() { return *g_world; }
+  DType dtype() const { return GetParam().dtype; }
+  size_t count() const { return GetParam().count; }
+  // Per-rank block for collectives whose total is size() blocks: for the
+  // 64 MiB cases the total, not each block, is 64 MiB (8 ranks x 512 MiB
+  // would not fit next to each other here).
+  size_t block() {
+    const bool big = count() * tensor::dtype_size(dtype()) >= kBigBytes;
+    return big ? count() / static_cast<size_t>(world().size()) : count();
+  }
+};
+
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
+
+TEST_P(CollectivesTest, Allreduce) {
+  const int rank = world().rank(), size = world().size();
+  const Reference ref(size);
+  for (ReduceOp op : kOps) {
+    SCOPED_TRACE(reduce_op_name(op));
+    Buf buf(dtype(), count());
+    buf.fill([&](size_t i) { return value(rank, i); });
+    world().allreduce(buf.data(), count(), dtype(), op);
+    EXPECT_TRUE(matches(buf, [&](size_t i) { return ref.at(i, op, dtype(), size); }));
+  }
+}
+
+TEST_P(CollectivesTest, ReduceScatter) {
+  const int rank = world().rank(), size = world().size();
+  const size_t n = block();
+  const Reference ref(size);
+  for (ReduceOp op : kOps) {
+    SCOPED_TRACE(reduce_op_name(op));
+    Buf send(dtype(), n * size), recv(dtype(), n);
+    send.fill([&](size_t i) { return value(rank, i); });
+    world().reduce_scatter(send.data(), recv.data(), n, dtype(), op);
+    EXPECT_TRUE(matches(recv, [&](size_t i) { return ref.at(rank * n + i, op, dtype(), size); }));
+  }
+}
+
+TEST_P(CollectivesTest, AllGather) {
+  const int rank = world().rank();
+  const size_t n = block();
+  Buf send(dtype(), n), recv(dtype(), n * world().size());
+  send.fill([&](size_t i) { return value(rank, i); });
+  world().all_gather(send.data(), recv.data(), n, dtype());
+  EXPECT_TRUE(matches(recv, [&](size_t i) { return value(static_cast<int>(i / n), i % n); }));
+}
+
+TEST_P(CollectivesTest, BroadcastFromLastRank) {
+  const int root = world().size() - 1;
+  Buf buf(dtype(), count());
+  buf.fill([&](size_t i) { return world().rank() == root ? value(root, i) : -100.0f; });
+  world().broadcast(buf.data(), count(), dtype(), root);
+  EXPECT_TRUE(matches(buf, [&](size_t i) { return value(root, i); }));
+}
+
+TEST_P(CollectivesTest, AllToAll) {
+  const int rank = world().rank(), size = world().size();
+  const size_t n = block();
+  Buf send(dtype(), n * size), recv(dtype(), n * size);
+  send.fill([&](size_t i) { return value(rank, i); });  // block j, elt k: value(rank, j*n+k)
+  world().all_to_all(send.data(), recv.data(), n, dtype());
+  EXPECT_TRUE(matches(recv, [&](size_t i) { return value(static_cast<int>(i / n), rank * n + i % n); }));
+}
+
+// Three operations in flight at once (three scratch buffers for 16-bit),
+// completed in a different order than started.
+TEST_P(CollectivesTest, NonBlockingOverlap) {
+  const int rank = world().rank(), size = world().size();
+  const size_t n = block();
+  const Reference ref(size);
+  Buf a(dtype(), count()), rs_send(dtype(), n * size), rs_recv(dtype(), n), ag_send(dtype(), n),
+      ag_recv(dtype(), n * size);
+  a.fill([&](size_t i) { return value(rank, i); });
+  rs_send.fill([&](size_t i) { return value(rank, i); });
+  ag_send.fill([&](size_t i) { return value(rank, i); });
+  Work wa = world().iallreduce(a.data(), count(), dtype(), ReduceOp::kSum);
+  Work wb = world().ireduce_scatter(rs_send.data(), rs_recv.data(), n, dtype(), ReduceOp::kAvg);
+  Work wc = world().iall_gather(ag_send.data(), ag_recv.data(), n, dtype());
+  EXPECT_FALSE(wa.what().empty());
+  (void)wb.test();
+  wc.wait();
+  wa.wait();
+  wb.wait();
+  EXPECT_TRUE(wa.done() && wb.done() && wc.done());
+  EXPECT_TRUE(wa.test());
+  EXPECT_TRUE(matches(a, [&](size_t i) { return ref.at(i, ReduceOp::kSum, dtype(), size); }));
+  EXPECT_TRUE(matches(rs_recv, [&](size_t i) { return ref.at(rank * n + i, ReduceOp::kAvg, dtype(), size); }));
+  EXPECT_TRUE(matches(ag_recv, [&](size_t i) { return value(static_cast<int>(i / n), i % n); }));
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000003}}) cases.push_back({d, n});
+    cases.push_back({d, kBigBytes / tensor::dtype_size(d)});  // 64 MiB of elements
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CollectivesTest, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(CommTest, WorldMatchesLaunchEnvironment) {
+  const LaunchEnv env = detect_launch_env();
+  EXPECT_EQ(env.rank, g_world->rank());
+  EXPECT_EQ(env.world_size, g_world->size());
+  EXPECT_EQ(g_world->name(), "world");
+}
+
+TEST(CommTest, ThreadLevelRecorded) {
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  EXPECT_EQ(mpi::thread_level(),
+            provided >= MPI_THREAD_MULTIPLE ? mpi::ThreadLevel::kMultiple : mpi::ThreadLevel::kFunneled);
+}
+
+TEST(CommTest, SplitByParityReversedOrder) {
+  const int rank = g_world->rank(), size = g_world->size();
+  auto sub = g_world->split(rank % 2, -rank);
+  ASSERT_NE(sub, nullptr);
+  int expected_size = 0, expected_rank = 0;
+  for (int r = 0; r < size; ++r) {
+    if (r % 2 != rank % 2) continue;
+    ++expected_size;
+    if (r > rank) ++expected_rank;  // key -rank: higher world ranks come first
+  }
+  EXPECT_EQ(sub->size(), expected_size);
+  EXPECT_EQ(sub->rank(), expected_rank);
+  EXPECT_EQ(sub->name(), core::str_cat("world/", rank % 2));
+  float x = static_cast<float>(rank);
+  sub->allreduce(&x, 1, DType::kF32, ReduceOp::kSum);
+  float want = 0;
+  for (int r = rank % 2; r < size; r += 2) want += static_cast<float>(r);
+  EXPECT_EQ(x, want);
+  // Sub-groups split again (mesh groups of mesh groups).
+  auto single = sub->split(sub->rank(), 0, "single");
+  ASSERT_NE(single, nullptr);
+  EXPECT_EQ(single->size(), 1);
+  EXPECT_EQ(single->name(), "single");
+  single->barrier();
+}
+
+TEST(CommTest, SplitWithoutColorGivesNull) {
+  const int rank = g_world->rank();
+  auto sub = g_world->split(rank == 0 ? Communicator::kNoColor : 7, rank);
+  if (rank == 0) {
+    EXPECT_EQ(sub, nullptr);
+  } else {
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->size(), g_world->size() - 1);
+    EXPECT_EQ(sub->rank(), rank - 1);
+  }
+}
+
+TEST(CommTest, SendRecvRing) {
+  const int rank = g_world->rank(), size = g_world->size();
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(tensor::dtype_name(d));
+    Buf out(d, 1000), in(d, 1000);
+    out.fill([&](size_t i) { return value(rank, i); });
+    Work r = g_world->irecv(in.data(), 1000, d, left, 5);
+    Work s = g_world->isend(out.data(), 1000, d, right, 5);
+    s.wait();
+    r.wait();
+    EXPECT_TRUE(matches(in, [&](size_t i) { return value(left, i); }));
+  }
+  // Blocking pairs: even ranks send first, their right neighbour receives.
+  if (size >= 2) {
+    std::vector<int32_t> msg(3, rank), got(3, -1);
+    const bool sender = rank % 2 == 0 && rank + 1 < size;
+    const bool receiver = rank % 2 == 1;
+    if (sender) g_world->send(msg.data(), 3, DType::kI32, rank + 1, 9);
+    if (receiver) {
+      g_world->recv(got.data(), 3, DType::kI32, rank - 1, 9);
+      EXPECT_EQ(got, std::vector<int32_t>(3, rank - 1));
+    }
+  }
+  g_world->barrier();
+}
+
+TEST(CommTest, BroadcastFromEveryRoot) {
+  for (int root = 0; root < g_world->size(); ++root) {
+    std::vector<uint16_t> buf(5, g_world->rank() == root ? static_cast<uint16_t>(100 + root) : 0);
+    g_world->broadcast(buf.data(), buf.size(), DType::kU16, root);
+    EXPECT_EQ(buf, std::vector<uint16_t>(5, static_cast<uint16_t>(100 + root))) << "root " << root;
+  }
+}
+
+// Rank 0 starts an allreduce that the others join only after a barrier: its
+// short wait times out naming the operation, and a later wait completes it.
+TEST(CommTest, WaitTimesOutNamingTheOperation) {
+  if (g_world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto group = g_world->split(0, 0, "late");
+  float x = 1;
+  if (g_world->rank() == 0) {
+    Work w = group->iallreduce(&x, 1, DType::kF32, ReduceOp::kSum);
+    try {
+      w.wait(std::chrono::milliseconds(50));
+      ADD_FAILURE() << "wait returned before the other ranks joined";
+    } catch (const core::Timeout& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("allreduce(sum, F32, 1 elements) on group 'late' (rank 0 of"), std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("did not complete within 50 ms"), std::string::npos) << msg;
+    }
+    EXPECT_FALSE(w.done());
+    g_world->barrier();
+    w.wait();
+  } else {
+    g_world->barrier();
+    group->allreduce(&x, 1, DType::kF32, ReduceOp::kSum);
+  }
+  EXPECT_EQ(x, static_cast<float>(g_world->size()));
+}
+
+TEST(CommTest, MpiErrorBecomesCommError) {
+  try {
+    PO_MPI_CHECK(MPI_Send(nullptr, -1, MPI_FLOAT, 0, 0, g_world->handle()));
+    ADD_FAILURE() << "negative count accepted";
+  } catch (const core::CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("MPI_Send(nullptr, -1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("collectives_mp_test.cc:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(core::str_cat("on rank ", g_world->rank())), std::string::npos) << msg;
+  }
+}
+
+// Argument errors are caught before MPI is called, so they are local.
+TEST(CommTest, InvalidArguments) {
+  int32_t i = 0;
+  float f = 0;
+  EXPECT_THROW(g_world->allreduce(&i, 1, DType::kI32, ReduceOp::kSum), core::InvalidArgument);
+  EXPECT_THROW(g_world->send(&f, 1, DType::kF32, g_world->size(), 0), core::InvalidArgument);
+  EXPECT_THROW(g_world->recv(&f, 1, DType::kF32, -1, 0), core::InvalidArgument);
+  EXPECT_THROW(g_world->send(&f, 1, DType::kF32, 0, -3), core::InvalidArgument);
+  EXPECT_THROW(g_world->broadcast(&f, 1, DType::kF32, g_world->size()), core::InvalidArgument);
+  EXPECT_THROW(g_world->split(-5, 0), core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace po::comm
