@@ -41,6 +41,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
   train::TrainResult r = train::train(cfg);
+  if (!r.leader) return 0;
   std::printf("trained %lld steps; final train loss %.4f", static_cast<long long>(r.steps),
               r.last_loss);
   if (r.last_val_loss >= 0) std::printf(", val loss %.4f", r.last_val_loss);

@@ -4,12 +4,15 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
+#include "comm/env.h"
+#include "comm/mpi/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -44,6 +47,7 @@ double measure_gemm_peak_gflops() {
 
 struct Plan {
   int64_t batch = 0, micro = 0, accum = 0, T = 0, steps = 0;
+  int64_t dp = 1;  // data-parallel ranks; accum counts this rank's micro-batches
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
@@ -54,7 +58,11 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   if (p.micro == 0) p.micro = p.batch;
   PO_CHECK(p.batch % p.micro == 0, "train.batch_size = ", p.batch,
            " must be a multiple of train.micro_batch_size = ", p.micro);
-  p.accum = p.batch / p.micro;
+  p.dp = cfg.get_int("parallel.dp");
+  PO_CHECK(p.batch % (p.dp * p.micro) == 0, "train.batch_size = ", p.batch,
+           " must be a multiple of parallel.dp × train.micro_batch_size = ", p.dp, " × ",
+           p.micro);
+  p.accum = p.batch / (p.dp * p.micro);
   p.T = m.seq_len;
   p.steps = cfg.get_int("train.steps");
   p.eval_interval = cfg.get_int("train.eval_interval");
@@ -63,9 +71,10 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   p.keep = cfg.get_int("checkpoint.keep");
   PO_CHECK(cfg.get_string("train.precision") == "fp32", "train.precision = \"",
            cfg.get_string("train.precision"), "\" is not supported yet (only \"fp32\")");
-  PO_CHECK(cfg.get_int("parallel.dp") * cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") *
-                   cfg.get_int("parallel.cp") == 1,
-           "parallel.{dp,tp,pp,cp} > 1 needs the multi-process engine (not built yet)");
+  PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
+               1,
+           "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
+  PO_CHECK(cfg.get_int("parallel.zero_stage") == 0, "parallel.zero_stage > 0 is not built yet");
   return p;
 }
 
@@ -114,8 +123,29 @@ TrainResult train(const core::Config& cfg) {
   const bool resume = cfg.get_bool("train.resume");
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
 
+  // Data parallel: one process per rank, launched by mpirun (or srun with
+  // OpenMPI's PMIx). Gradients are summed over ranks after the local backward.
+  std::optional<comm::mpi::Session> mpi_session;  // declared first: finalized last
+  std::unique_ptr<comm::Communicator> world;
+  if (p.dp > 1) {
+    const comm::LaunchEnv env = comm::detect_launch_env();
+    PO_CHECK(env.source == comm::LaunchSource::kOpenMpi, "parallel.dp = ", p.dp, " needs ", p.dp,
+             " processes: launch with `mpirun -np ", p.dp, " pagedoptim train ...`");
+    mpi_session.emplace();
+    comm::mpi::MpiOptions mo;
+    mo.timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(cfg.get_float("parallel.timeout") * 1000.0));
+    world = comm::mpi::MpiCommunicator::create_world(mo);
+    PO_CHECK(world->size() == p.dp, "parallel.dp = ", p.dp, " but ", world->size(),
+             " processes were launched");
+  }
+  const int rank = world ? world->rank() : 0;
+  const bool leader = rank == 0;  // only rank 0 writes the run directory
+
   int threads = static_cast<int>(cfg.get_int("train.threads"));
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0)
+    threads = static_cast<int>(std::max<int64_t>(
+        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / p.dp));
   ops::set_num_threads(threads);
 
   // Validate every input before touching run.dir.
@@ -181,10 +211,12 @@ TrainResult train(const core::Config& cfg) {
     else
       checkpoint::load_gpt2_safetensors(init, model);
   }
-  prepare_run_dir(run_dir, resume);
   const std::string config_toml = cfg.to_toml();
-  checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(), config_toml.data(),
-                                config_toml.size());
+  if (leader) {
+    prepare_run_dir(run_dir, resume);
+    checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),
+                                  config_toml.data(), config_toml.size());
+  }
 
   const double peak_gflops = cfg.get_float("train.peak_gflops") > 0
                                  ? cfg.get_float("train.peak_gflops")
@@ -196,19 +228,22 @@ TrainResult train(const core::Config& cfg) {
               p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (sgemm peak ", static_cast<int>(peak_gflops), " GFLOP/s)");
 
-  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  std::optional<MetricsWriter> metrics;
+  if (leader) metrics.emplace((fs::path(run_dir) / "metrics.jsonl").string());
   Progress progress;
   std::vector<int32_t> inputs(static_cast<size_t>(p.micro * p.T));
   std::vector<int32_t> targets(inputs.size());
-  const double tokens_per_step = static_cast<double>(p.batch * p.T);
+  const double tokens_per_step = static_cast<double>(p.batch * p.T);  // global, all ranks
   const float grad_scale = static_cast<float>(1.0 / (tokens_per_step));
   TrainResult result;
   result.run_dir = run_dir;
+  result.leader = leader;
   core::Timer run_timer;
   double timed_s = 0;
   int64_t timed_steps = 0;
 
   auto save = [&]() {
+    if (!leader) return;
     core::Timer t;
     save_checkpoint(checkpoint_path(run_dir, state.step), model, opt, state, config_toml);
     prune_checkpoints(ckpt_dir, p.keep);
@@ -221,10 +256,19 @@ TrainResult train(const core::Config& cfg) {
     model.zero_grads();
     double loss = 0;
     for (int64_t micro = 0; micro < p.accum; ++micro) {
-      sampler.fill(step, micro * p.micro, p.micro, inputs.data(), targets.data());
+      // This rank's slice of the step's global batch: layout-independent data.
+      const int64_t first = (rank * p.accum + micro) * p.micro;
+      sampler.fill(step, first, p.micro, inputs.data(), targets.data());
       loss += model.forward_backward(inputs.data(), targets.data(), grad_scale);
     }
-    loss /= static_cast<double>(p.accum);
+    if (world) {
+      world->allreduce(model.grads(), static_cast<size_t>(model.num_params()),
+                       tensor::DType::kF32, comm::ReduceOp::kSum);
+      float l = static_cast<float>(loss);
+      world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
+      loss = l;
+    }
+    loss /= static_cast<double>(p.accum * p.dp);
     const double lr = sched.at(step);
     const double norm = opt.step(model.params(), model.grads(), lr);
     const double dt = step_timer.seconds();
@@ -235,9 +279,11 @@ TrainResult train(const core::Config& cfg) {
       ++timed_steps;
     }
     const double tps = tokens_per_step / dt;
-    const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9);
+    // Each rank measured the peak of its own share of the cores.
+    const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9 * p.dp);
     result.last_loss = loss;
-    metrics.write({{"step", state.step},
+    if (!leader) continue;
+    metrics->write({{"step", state.step},
                    {"loss", loss},
                    {"lr", lr},
                    {"grad_norm", norm},
@@ -255,7 +301,7 @@ TrainResult train(const core::Config& cfg) {
     if (val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) || last)) {
       const double vl = evaluate(model, *val_data, p, inputs, targets);
       result.last_val_loss = vl;
-      metrics.write({{"step", state.step}, {"val_loss", vl}});
+      metrics->write({{"step", state.step}, {"val_loss", vl}});
       progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
     }
     if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last) save();

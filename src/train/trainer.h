@@ -16,6 +16,7 @@ struct TrainResult {
   double last_loss = 0;      // train loss of the last step
   double last_val_loss = -1; // -1 when never evaluated
   std::string run_dir;
+  bool leader = true;        // rank 0 (or the only process): the one that reports
 };
 
 // Runs training as configured. Throws on bad input (naming the key or file)
