@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "data/token_file.h"
 
 namespace po::test {
@@ -36,23 +38,45 @@ inline CommandResult run_command(const std::string& cmd) {
   return r;
 }
 
-// A fresh empty directory under the system temp dir, removed by the destructor.
+// A fresh empty directory under the system temp dir, removed with everything
+// in it by the destructor. The one scratch-directory helper of the test suite.
 class TempDir {
  public:
   TempDir() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "po_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
+    if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed for " << tmpl;
+    path_ = tmpl;
   }
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  // Path of `name` inside the directory.
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string operator/(const std::string& name) const { return file(name); }
+  const std::filesystem::path& path() const { return path_; }
 
  private:
-  std::string path_;
+  std::filesystem::path path_;
 };
+
+// Writes `bytes` to `path` (truncating); a failure is a test failure naming the path.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out.good()) ADD_FAILURE() << "cannot write " << path;
+}
+
+// The whole file as bytes ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 // Writes a token file of `n` tokens drawn from a small repeating grammar so
 // that a model can learn something.
@@ -62,17 +86,6 @@ inline void write_tokens(const std::string& path, size_t n, int vocab, uint32_t 
   for (size_t i = 0; i < n; ++i)
     t[i] = static_cast<int32_t>((i % 7 == 0) ? rng() % vocab : (t[i ? i - 1 : 0] * 3 + 1) % vocab);
   po::data::write_token_file(path, t);
-}
-
-inline void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-inline std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // A tiny model config (1 layer, 32 wide, vocab 64, seq 16) training on `train`.

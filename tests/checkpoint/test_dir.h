@@ -8,28 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
+
 namespace po::checkpoint::testing {
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (std::filesystem::temp_directory_path() /
-             ("po_ckpt_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-              std::to_string(::getpid())))
-                .string();
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// The suite's scratch directory (tests/test_util.h).
+using ScratchDir = po::test::TempDir;
 
 }  // namespace po::checkpoint::testing

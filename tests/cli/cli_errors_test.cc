@@ -34,7 +34,7 @@ class CliErrors : public ::testing::Test {
   void SetUp() override {
     po::test::write_tokens(train_, 5000, 64);
     po::test::write_tokens(val_, 2000, 64, 3);
-    po::test::write_text(config_, po::test::tiny_config(train_, val_, run_, 3));
+    po::test::write_file(config_, po::test::tiny_config(train_, val_, run_, 3));
   }
   std::string train_cmd(const std::string& extra = "") const {
     return kBin + " train -c " + config_ + " " + extra;
@@ -47,7 +47,7 @@ class CliErrors : public ::testing::Test {
 TEST_F(CliErrors, UnknownConfigKeyIsNamed) {
   expect_clean_error(run_command(train_cmd("--set train.learning_rate=1")),
                      {"train.learning_rate"});
-  po::test::write_text(dir_ / "bad.toml", "[train]\nstepz = 3\n");
+  po::test::write_file(dir_ / "bad.toml", "[train]\nstepz = 3\n");
   expect_clean_error(run_command(kBin + " train -c " + (dir_ / "bad.toml")),
                      {"bad.toml", "train.stepz"});
 }
@@ -60,9 +60,9 @@ TEST_F(CliErrors, OutOfRangeValueIsNamed) {
 }
 
 TEST_F(CliErrors, TokenFileWithWrongMagic) {
-  std::string bytes = po::test::read_text(train_);
+  std::string bytes = po::test::read_file(train_);
   bytes[0] ^= 0x5a;
-  po::test::write_text(dir_ / "badmagic.bin", bytes);
+  po::test::write_file(dir_ / "badmagic.bin", bytes);
   expect_clean_error(run_command(train_cmd("--set data.train=" + (dir_ / "badmagic.bin"))),
                      {"badmagic.bin"});
   EXPECT_FALSE(fs::exists(run_)) << "a failed start must not create the run directory";
@@ -92,31 +92,31 @@ TEST_F(CliErrors, MissingCheckpoint) {
 TEST_F(CliErrors, CorruptAndTruncatedCheckpointsAreDetected) {
   ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
   const std::string ckpt = run_ + "/checkpoints/step_00000003.ckpt";
-  const std::string good = po::test::read_text(ckpt);
+  const std::string good = po::test::read_file(ckpt);
   std::string flipped = good;
   flipped[flipped.size() - 100] ^= 1;  // inside the last section's data
-  po::test::write_text(dir_ / "flipped.ckpt", flipped);
+  po::test::write_file(dir_ / "flipped.ckpt", flipped);
   expect_clean_error(run_command(kBin + " export " + (dir_ / "flipped.ckpt") + " --out " +
                                  (dir_ / "o.safetensors")),
                      {"flipped.ckpt"});
-  po::test::write_text(dir_ / "short.ckpt", good.substr(0, good.size() / 2));
+  po::test::write_file(dir_ / "short.ckpt", good.substr(0, good.size() / 2));
   expect_clean_error(run_command(kBin + " export " + (dir_ / "short.ckpt") + " --out " +
                                  (dir_ / "o.safetensors")),
                      {"short.ckpt"});
   EXPECT_FALSE(fs::exists(dir_ / "o.safetensors"));
   // Resuming from a corrupt newest checkpoint fails and destroys nothing.
-  po::test::write_text(ckpt, flipped);
-  const std::string metrics = po::test::read_text(run_ + "/metrics.jsonl");
+  po::test::write_file(ckpt, flipped);
+  const std::string metrics = po::test::read_file(run_ + "/metrics.jsonl");
   expect_clean_error(run_command(train_cmd("--resume --set train.steps=5")), {"step_00000003.ckpt"});
-  EXPECT_EQ(po::test::read_text(ckpt), flipped);
-  EXPECT_EQ(po::test::read_text(run_ + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(po::test::read_file(ckpt), flipped);
+  EXPECT_EQ(po::test::read_file(run_ + "/metrics.jsonl"), metrics);
 }
 
 TEST_F(CliErrors, ExistingRunIsNotOverwritten) {
   ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
-  const std::string metrics = po::test::read_text(run_ + "/metrics.jsonl");
+  const std::string metrics = po::test::read_file(run_ + "/metrics.jsonl");
   expect_clean_error(run_command(train_cmd()), {"run.dir", "--resume"});
-  EXPECT_EQ(po::test::read_text(run_ + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(po::test::read_file(run_ + "/metrics.jsonl"), metrics);
 }
 
 TEST_F(CliErrors, SafetensorsInitProblemsAreNamed) {
@@ -157,7 +157,7 @@ TEST_F(CliErrors, SafetensorsInitProblemsAreNamed) {
 }
 
 TEST_F(CliErrors, NonUtf8TextForPrepare) {
-  po::test::write_text(dir_ / "latin1.txt", "caf\xe9 au lait\n");
+  po::test::write_file(dir_ / "latin1.txt", "caf\xe9 au lait\n");
   expect_clean_error(run_command(kBin + " prepare --input " + (dir_ / "latin1.txt") + " --out " +
                                  (dir_ / "prep")),
                      {"latin1.txt"});
@@ -175,7 +175,7 @@ TEST_F(CliErrors, ExportAndInitRoundTripThroughSafetensors) {
   ASSERT_EQ(run_command(kBin + " export " + (dir_ / "r2") + " --out " + (dir_ / "w2.safetensors"))
                 .exit_code,
             0);
-  EXPECT_TRUE(po::test::read_text(st) == po::test::read_text(dir_ / "w2.safetensors"))
+  EXPECT_TRUE(po::test::read_file(st) == po::test::read_file(dir_ / "w2.safetensors"))
       << "export -> model.init -> export changed the weights";
 }
 

@@ -47,7 +47,7 @@ class Ddp : public ::testing::Test {
     po::test::write_tokens(val_, 3000, 64, 2);
     std::string cfg = po::test::tiny_config(train_, val_, dir_ / "unused", 20);
     cfg += "\n";
-    po::test::write_text(config_, cfg);
+    po::test::write_file(config_, cfg);
   }
   std::string train(const std::string& run, int dp, const std::string& extra = "") {
     const std::string cmd = (dp > 1 ? kMpirun + " -np " + std::to_string(dp) + " " : "") + kBin +

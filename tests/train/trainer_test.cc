@@ -107,9 +107,9 @@ TEST(Trainer, GradientAccumulationMatchesOneBigMicroBatch) {
 TEST(Trainer, RefusesToOverwriteAnExistingRun) {
   Data d;
   auto r = po::train::train(d.config("run", 3));
-  const std::string before = po::test::read_text(r.run_dir + "/metrics.jsonl");
+  const std::string before = po::test::read_file(r.run_dir + "/metrics.jsonl");
   EXPECT_THROW(po::train::train(d.config("run", 3)), po::core::InvalidArgument);
-  EXPECT_EQ(before, po::test::read_text(r.run_dir + "/metrics.jsonl"));
+  EXPECT_EQ(before, po::test::read_file(r.run_dir + "/metrics.jsonl"));
 }
 
 }  // namespace
