@@ -3,12 +3,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/gpt2_io.h"
+#include "comm/env.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -35,11 +39,58 @@ std::string tokenizer_root() {
   return "";
 }
 
+// `--nproc N` on one machine: hand the job to OpenMPI's launcher, which starts
+// N ranks of this same binary, forwards SIGINT/SIGTERM to them and stops all
+// of them when one dies, naming its rank and signal or exit status. Only rank
+// 0 reports; every rank's errors carry its rank. Replaces this process.
+[[noreturn]] void launch_workers(int nproc, int argc, char** argv) {
+  std::vector<std::string> args = {"mpirun", "-np", std::to_string(nproc), "--bind-to", "none"};
+  if (geteuid() == 0) args.push_back("--allow-run-as-root");
+  if (nproc > static_cast<int>(std::thread::hardware_concurrency())) {
+    args.insert(args.end(), {"--oversubscribe", "--mca", "mpi_yield_when_idle", "1"});
+  }
+  std::error_code ec;
+  args.push_back(fs::read_symlink("/proc/self/exe", ec).string());
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;  // the workers run as ranks of one job, not as launchers
+      continue;
+    }
+    if (a.starts_with("--nproc=")) continue;
+    args.push_back(a);
+  }
+  args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(nproc)});
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execvp("mpirun", cargs.data());
+  PO_THROW(core::IoError, "--nproc ", nproc, ": cannot start mpirun (", std::strerror(errno),
+           "); install openmpi-bin (scripts/setup does)");
+}
+
+// "[rank k] " when this process is one rank of several, else "".
+std::string rank_prefix() {
+  try {
+    const comm::LaunchEnv env = comm::detect_launch_env();
+    if (env.world_size > 1) return "[rank " + std::to_string(env.rank) + "] ";
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
 int cmd_train(const std::string& config_path, const std::vector<std::string>& sets, bool resume,
-              int nproc) {
-  PO_CHECK(nproc == 1, "--nproc ", nproc, ": multi-process training is not built yet (issue 3)");
+              int nproc, int argc, char** argv) {
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
+  if (nproc > 1) {
+    PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") == nproc, "--nproc ", nproc,
+             " disagrees with parallel.dp = ", cfg.get_int("parallel.dp"));
+    PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone, "--nproc ", nproc,
+             ": already running under a launcher (mpirun, srun or torchrun); drop --nproc");
+    launch_workers(nproc, argc, argv);
+  }
   train::TrainResult r = train::train(cfg);
   if (!r.leader) return 0;
   std::printf("trained %lld steps; final train loss %.4f", static_cast<long long>(r.steps),
@@ -136,14 +187,11 @@ int run(int argc, char** argv) {
                   static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_documents));
       return 0;
     }
-    if (*tr) return cmd_train(config_path, sets, resume, nproc);
+    if (*tr) return cmd_train(config_path, sets, resume, nproc, argc, argv);
     if (*ex) return cmd_export(src, out);
     if (*gen) return cmd_generate(src, prompt, so);
-  } catch (const core::Error& e) {
-    std::fprintf(stderr, "pagedoptim: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pagedoptim: error: %s\n", e.what());
+    std::fprintf(stderr, "%spagedoptim: error: %s\n", rank_prefix().c_str(), e.what());
     return 1;
   }
   return 2;

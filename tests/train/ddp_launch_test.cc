@@ -3,6 +3,10 @@
 // (fp32, relative 1e-5 over 20 steps), and its checkpoints resume at another dp.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -88,6 +92,65 @@ TEST_F(Ddp, DpWithoutLauncherIsAClearError) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("mpirun -np 2"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "x"));
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(Ddp, NprocLaunchesWorkersThatMatchOneRank) {
+  const auto one = losses(train("dp1", 1));
+  const std::string cmd = kBin + " train -c " + config_ + " --set run.dir=" + (dir_ / "n2") +
+                          " --set train.batch_size=8 --set train.micro_batch_size=2 --nproc 2";
+  auto r = run_command(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_curve(one, losses(dir_ / "n2"), "--nproc 2 vs dp=1");
+  EXPECT_EQ(r.output.find("trained 20 steps"), r.output.rfind("trained 20 steps"))
+      << "only rank 0 reports:\n" << r.output;
+}
+
+// PID of the worker process whose environment says it is OpenMPI rank `rank`
+// and whose command line contains `marker`; -1 when there is none (yet).
+int find_rank_pid(int rank, const std::string& marker) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
+    if (cmdline.find(marker) == std::string::npos || cmdline.rfind("mpirun", 0) == 0) continue;
+    const std::string env = po::test::read_file(e.path().string() + "/environ");
+    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
+      return std::stoi(pid);
+  }
+  return -1;
+}
+
+TEST_F(Ddp, KilledWorkerStopsTheRunNamingItsRank) {
+  const std::string run = dir_ / "victim";
+  const std::string log = dir_ / "launcher.log";
+  const std::string cmd = kBin + " train -c " + config_ + " --set run.dir=" + run +
+                          " --set train.steps=1000000 --set train.checkpoint_interval=0" +
+                          " --set train.eval_interval=0 --nproc 2 > " + log + " 2>&1";
+  FILE* launcher = popen(("sh -c '" + cmd + "; echo exit=$?'").c_str(), "r");
+  ASSERT_NE(launcher, nullptr);
+  int victim = -1;
+  for (int i = 0; i < 300 && victim < 0; ++i) {  // up to 30 s to start
+    if (fs::exists(run + "/metrics.jsonl")) victim = find_rank_pid(1, run);
+    if (victim < 0) usleep(100000);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never started:\n" << po::test::read_file(log);
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  std::string tail;
+  char buf[256];
+  while (fgets(buf, sizeof buf, launcher) != nullptr) tail += buf;
+  pclose(launcher);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = po::test::read_file(log);
+  EXPECT_LT(secs, 10.0) << "the run took " << secs << " s to stop after rank 1 was killed";
+  EXPECT_EQ(tail.find("exit=0"), std::string::npos) << "launcher exited 0:\n" << out;
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << "output does not name rank 1:\n" << out;
+  EXPECT_NE(out.find("signal 9"), std::string::npos) << "output does not name the signal:\n" << out;
 }
 
 }  // namespace
