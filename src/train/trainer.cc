@@ -1,8 +1,12 @@
 #include "train/trainer.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -43,6 +47,31 @@ double measure_gemm_peak_gflops() {
     if (rep > 0) best = std::min(best, t.seconds());
   }
   return 2.0 * n * n * n / best / 1e9;
+}
+
+// XXH3 of this process's executable: ranks must run the same build.
+uint64_t binary_hash() {
+  std::ifstream f("/proc/self/exe", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+// Every rank must have resolved the same config and run the same binary;
+// otherwise the run stops before training, naming the ranks that differ.
+void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
+  const uint64_t mine[2] = {cfg.hash(), binary_hash()};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 4, tensor::DType::kI32);  // 2 x u64 as 4 x i32
+  std::string config_ranks, binary_ranks;
+  for (int r = 1; r < world.size(); ++r) {
+    if (all[2 * r] != all[0]) config_ranks += (config_ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (all[2 * r + 1] != all[1])
+      binary_ranks += (binary_ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  PO_CHECK(config_ranks.empty(), "rank(s) ", config_ranks,
+           " resolved a different config than rank 0 (compare their --set and config files)");
+  PO_CHECK(binary_ranks.empty(), "rank(s) ", binary_ranks,
+           " run a different pagedoptim binary than rank 0 (rebuild or redeploy the same build)");
 }
 
 struct Plan {
@@ -138,6 +167,7 @@ TrainResult train(const core::Config& cfg) {
     world = comm::mpi::MpiCommunicator::create_world(mo);
     PO_CHECK(world->size() == p.dp, "parallel.dp = ", p.dp, " but ", world->size(),
              " processes were launched");
+    check_ranks_agree(*world, cfg);
   }
   const int rank = world ? world->rank() : 0;
   const bool leader = rank == 0;  // only rank 0 writes the run directory

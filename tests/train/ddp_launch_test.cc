@@ -154,3 +154,27 @@ TEST_F(Ddp, KilledWorkerStopsTheRunNamingItsRank) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(Ddp, RanksWithDifferentConfigsOrBinariesStopBeforeTraining) {
+  const std::string base = " train -c " + config_ + " --set run.dir=" + (dir_ / "mm") +
+                           " --set parallel.dp=2";
+  auto r = run_command(kMpirun + " -np 1 " + kBin + base + " --set train.lr=1e-3 : -np 1 " +
+                       kBin + base + " --set train.lr=2e-3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rank(s) 1 resolved a different config"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "mm/metrics.jsonl")) << "training started anyway";
+  // The same program with one byte appended: a different build as far as the check goes.
+  const std::string other = dir_ / "pagedoptim-other";
+  fs::copy_file(kBin, other);
+  { std::ofstream(other, std::ios::app | std::ios::binary) << '\n'; }
+  fs::permissions(other, fs::perms::owner_all);
+  r = run_command(kMpirun + " -np 1 " + kBin + base + " : -np 1 " + other + base);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rank(s) 1 run a different pagedoptim binary"), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
