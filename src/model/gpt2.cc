@@ -253,11 +253,16 @@ double GPT2::head_forward(const float* residual, const int32_t* targets, int64_t
   return sum;
 }
 
-float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale) {
+float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                             const std::function<void(int unit)>& on_unit_ready) {
+  auto ready = [&](int unit) {
+    if (on_unit_ready) on_unit_ready(unit);
+  };
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
   const int64_t BT = B_ * T_;
   const float* out = forward_blocks(inputs, B_, T_);
   const double loss_sum = head_forward(out, targets, BT, grad_scale);
+  ready(static_cast<int>(config_.n_layer + 1));  // final LayerNorm
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
     if (config_.activation_checkpointing) {
@@ -268,9 +273,11 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
     } else {
       block_backward(l, in, layers_[l], dres_);
     }
+    ready(static_cast<int>(l + 1));
   }
   ops::embedding_backward(grads() + infos_[0].offset, grads() + infos_[1].offset, dres_, inputs,
                           B_, T_, config_.n_embd);
+  ready(0);  // wte also collected the tied head's gradient
   return static_cast<float>(loss_sum / static_cast<double>(BT));
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,12 @@ class GPT2 {
   // One micro-batch: forward, loss, backward. inputs/targets [B,T].
   // Gradients of grad_scale * sum(per-token losses) accumulate into grads().
   // Returns the mean loss over the B*T tokens.
-  float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // `on_unit_ready`, when given, is called with each unit's index as soon as
+  // that unit's gradients are final for this micro-batch (final LayerNorm,
+  // blocks L..1, then embeddings), so their reduction can overlap the rest of
+  // the backward.
+  float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                         const std::function<void(int unit)>& on_unit_ready = {});
   // Mean loss over [B,T] without touching gradients.
   float evaluate(const int32_t* inputs, const int32_t* targets);
   // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T.

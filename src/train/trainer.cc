@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -281,6 +282,38 @@ TrainResult train(const core::Config& cfg) {
                                 static_cast<int>(t.seconds() * 1000), " ms"));
   };
 
+  // Gradient buckets for data parallel: consecutive units, filled in the order
+  // backward finishes them (last unit first) up to parallel.bucket_size bytes.
+  // A bucket is one contiguous slice of the flat gradient buffer, all-reduced
+  // as soon as its lowest unit is final, while the backward goes on.
+  struct Bucket {
+    int lo = 0;
+    int64_t offset = 0, numel = 0;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of(static_cast<size_t>(model.num_units()), 0);
+  if (world) {
+    const uint64_t limit = std::max<uint64_t>(1, cfg.get_size("parallel.bucket_size"));
+    int hi = model.num_units() - 1;
+    while (hi >= 0) {
+      int lo = hi;
+      uint64_t bytes = model.unit_numel(lo) * sizeof(float);
+      while (lo > 0 && bytes < limit) bytes += model.unit_numel(--lo) * sizeof(float);
+      for (int u = lo; u <= hi; ++u) bucket_of[u] = static_cast<int>(buckets.size());
+      buckets.push_back({lo, model.unit_offset(lo),
+                         model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
+      hi = lo - 1;
+    }
+  }
+  std::vector<comm::Work> pending;
+  auto on_unit_ready = [&](int unit) {
+    for (auto& w : pending) w.test();  // MPI progresses inside its calls
+    const Bucket& b = buckets[bucket_of[unit]];
+    if (unit == b.lo)
+      pending.push_back(world->iallreduce(model.grads() + b.offset, static_cast<size_t>(b.numel),
+                                          tensor::DType::kF32, comm::ReduceOp::kSum));
+  };
+
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
     model.zero_grads();
@@ -289,11 +322,18 @@ TrainResult train(const core::Config& cfg) {
       // This rank's slice of the step's global batch: layout-independent data.
       const int64_t first = (rank * p.accum + micro) * p.micro;
       sampler.fill(step, first, p.micro, inputs.data(), targets.data());
-      loss += model.forward_backward(inputs.data(), targets.data(), grad_scale);
+      // Gradients are final after the last micro-batch: reduce them as they come.
+      const bool reduce_now = world && micro == p.accum - 1;
+      loss += model.forward_backward(inputs.data(), targets.data(), grad_scale,
+                                     reduce_now ? std::function<void(int)>(on_unit_ready)
+                                                : std::function<void(int)>());
     }
+    double comm_wait_s = 0;
     if (world) {
-      world->allreduce(model.grads(), static_cast<size_t>(model.num_params()),
-                       tensor::DType::kF32, comm::ReduceOp::kSum);
+      core::Timer wait_timer;
+      for (auto& w : pending) w.wait();
+      pending.clear();
+      comm_wait_s = wait_timer.seconds();
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
       loss = l;
@@ -320,6 +360,7 @@ TrainResult train(const core::Config& cfg) {
                    {"tokens_per_s", tps},
                    {"mfu", mfu},
                    {"step_ms", dt * 1000},
+                   {"comm_wait_ms", comm_wait_s * 1000},
                    {"tokens", state.tokens},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted}});

@@ -71,6 +71,9 @@ TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {
   ASSERT_EQ(one.size(), 20u);
   expect_same_curve(one, losses(train("dp2", 2)), "dp=2 vs dp=1");
   expect_same_curve(one, losses(train("dp4", 4)), "dp=4 vs dp=1");
+  // Small buckets: every unit reduced on its own while the backward goes on.
+  expect_same_curve(one, losses(train("dp2b", 2, "--set parallel.bucket_size=4KiB")),
+                    "dp=2 with 4 KiB buckets vs dp=1");
 }
 
 TEST_F(Ddp, CheckpointFromTwoRanksResumesOnOne) {
