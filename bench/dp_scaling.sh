@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on one machine: bench-small, same global batch (8 x 256),
+# dp = 2 ranks with 1 thread each (under mpirun) against dp = 1 with 2 threads.
+# Prints tokens/s of both, their ratio (target >= 0.9) and the exposed
+# communication wait per step (comm_wait_ms in metrics.jsonl).
+#   bench/dp_scaling.sh [--steps N] [--build DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=13; BUILD=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) STEPS="$2"; shift 2 ;;
+    --build) BUILD="$2"; shift 2 ;;
+    *) echo "dp_scaling.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+BIN="$BUILD/pagedoptim"
+[ -x "$BIN" ] || { echo "dp_scaling.sh: $BIN not found; run scripts/setup first" >&2; exit 1; }
+OUT=$(mktemp -d /tmp/po_dp_scaling.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+/usr/bin/python3 - "$OUT/tokens.bin" <<'PY'
+import random, struct, sys
+random.seed(0); n = 2_000_000
+h = [0] * 256; h[0], h[1], h[2] = 20240520, 1, n
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *h))
+    f.write(struct.pack("<%dH" % n, *(random.randrange(50257) for _ in range(n))))
+PY
+common=(-c configs/bench-small.toml --set data.train="$OUT/tokens.bin" --set train.steps="$STEPS"
+        --set train.micro_batch_size=4 --set train.checkpoint_interval=0)
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/dp1" \
+  --set train.threads=2 > "$OUT/dp1.log" 2>&1
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/dp2" \
+  --set train.threads=1 --nproc 2 > "$OUT/dp2.log" 2>&1
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, sys
+def stats(run):
+    recs = [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl") if '"loss"' in l][3:]
+    t = sum(r["step_ms"] for r in recs) / 1000
+    tok = sum(r["tokens_per_s"] * r["step_ms"] / 1000 for r in recs)
+    wait = sum(r.get("comm_wait_ms", 0) for r in recs) / len(recs)
+    return tok / t, wait, sum(r["step_ms"] for r in recs) / len(recs)
+a, _, sa = stats("dp1"); b, w, sb = stats("dp2")
+print(f"bench-small B=8 T=256, steps after the first 3")
+print(f"  dp=1 x 2 threads : {a:8.1f} tokens/s  ({sa:.0f} ms/step)")
+print(f"  dp=2 x 1 thread  : {b:8.1f} tokens/s  ({sb:.0f} ms/step), exposed comm wait {w:.1f} ms/step ({100*w/sb:.1f}% of the step)")
+print(f"  ratio dp2/dp1    : {b/a:.3f}   (target >= 0.9: {'PASS' if b/a >= 0.9 else 'FAIL'})")
+print(json.dumps({"bench": "dp_scaling", "dp1_tokens_per_s": a, "dp2_tokens_per_s": b,
+                  "ratio": b / a, "exposed_comm_wait_ms": w, "dp2_step_ms": sb}))
+PY
