@@ -18,6 +18,7 @@ int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // Rows of logits per LM-head chunk: large enough for efficient GEMM, small
 // enough that [chunk, V] stays a fraction of the activations.
 constexpr int64_t kHeadChunkRows = 256;
+int64_t head_chunk_rows(int64_t B, int64_t T) { return std::min<int64_t>(kHeadChunkRows, B * T); }
 
 }  // namespace
 
@@ -29,10 +30,23 @@ GPT2::GPT2(const GPT2Config& config, int64_t B, int64_t T) : config_(config), B_
   build_layout();
   params_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
   grads_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
-  head_chunk_ = std::min<int64_t>(kHeadChunkRows, B_ * T_);
-  size_t floats = layout_activations(nullptr);
-  acts_ = tensor::Storage(floats * sizeof(float));
-  layout_activations(acts_.f32());
+  head_chunk_ = head_chunk_rows(B_, T_);
+  ActivationLayout v;
+  acts_ = tensor::Storage(layout_activations(config_, B_, T_, nullptr, v) * sizeof(float));
+  layout_activations(config_, B_, T_, acts_.f32(), v);
+  encoded_ = v.encoded;
+  layers_ = std::move(v.layers);
+  scratch_ = v.scratch;
+  lnf_ = v.lnf;
+  lnf_mean_ = v.lnf_mean;
+  lnf_rstd_ = v.lnf_rstd;
+  logits_ = v.logits;
+  losses_ = v.losses;
+  dres_ = v.dres;
+  dlnf_ = v.dlnf;
+  dbuf_c_ = v.dbuf_c;
+  dqkv_ = v.dqkv;
+  dfch_ = v.dfch;
 }
 
 void GPT2::build_layout() {
@@ -78,9 +92,10 @@ void GPT2::build_layout() {
             " vs ", config_.num_params());
 }
 
-size_t GPT2::layout_activations(float* base) {
-  const int64_t C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
-  const int64_t BT = B_ * T_;
+size_t GPT2::layout_activations(const GPT2Config& config, int64_t B, int64_t T, float* base,
+                                ActivationLayout& out) {
+  const int64_t C = config.n_embd, NH = config.n_head, V = config.vocab_size;
+  const int64_t BT = B * T;
   int64_t used = 0;
   auto take = [&](int64_t n) -> float* {
     float* p = base ? base + used : nullptr;
@@ -93,7 +108,7 @@ size_t GPT2::layout_activations(float* base) {
     a.ln1_rstd = take(BT);
     a.qkv = take(BT * 3 * C);
     a.atty = take(BT * C);
-    a.lse = take(B_ * NH * T_);
+    a.lse = take(B * NH * T);
     a.residual2 = take(BT * C);
     a.ln2 = take(BT * C);
     a.ln2_mean = take(BT);
@@ -102,43 +117,34 @@ size_t GPT2::layout_activations(float* base) {
     a.fch_gelu = take(BT * 4 * C);
     a.residual3 = with_residual3 ? take(BT * C) : nullptr;
   };
-  encoded_ = take(BT * C);
-  layers_.assign(config_.n_layer, LayerActs{});
-  for (auto& a : layers_) {
-    if (config_.activation_checkpointing)
+  out.encoded = take(BT * C);
+  out.layers.assign(config.n_layer, LayerActs{});
+  for (auto& a : out.layers) {
+    if (config.activation_checkpointing)
       a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
     else
       full_layer(a, true);
   }
-  scratch_ = LayerActs{};
-  if (config_.activation_checkpointing) full_layer(scratch_, false);
-  lnf_ = take(BT * C);
-  lnf_mean_ = take(BT);
-  lnf_rstd_ = take(BT);
-  logits_ = take(head_chunk_ * V);
-  losses_ = take(BT);
-  dres_ = take(BT * C);
-  dlnf_ = take(BT * C);
-  dbuf_c_ = take(BT * C);
-  dqkv_ = take(BT * 3 * C);
-  dfch_ = take(BT * 4 * C);
+  out.scratch = LayerActs{};
+  if (config.activation_checkpointing) full_layer(out.scratch, false);
+  out.lnf = take(BT * C);
+  out.lnf_mean = take(BT);
+  out.lnf_rstd = take(BT);
+  out.logits = take(head_chunk_rows(B, T) * V);
+  out.losses = take(BT);
+  out.dres = take(BT * C);
+  out.dlnf = take(BT * C);
+  out.dbuf_c = take(BT * C);
+  out.dqkv = take(BT * 3 * C);
+  out.dfch = take(BT * 4 * C);
   return static_cast<size_t>(used);
 }
 
 size_t GPT2::predicted_bytes(const GPT2Config& config, int64_t B, int64_t T) {
-  // Same arithmetic as the constructor, without allocating.
-  GPT2Config c = config;
-  c.validate();
-  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size, L = c.n_layer, BT = B * T;
-  auto a = [](int64_t n) { return align_up(n); };
-  const int64_t layer_full = 4 * a(BT * C) + 4 * a(BT) + a(BT * 3 * C) + a(B * NH * T) +
-                             2 * a(BT * 4 * C);
-  int64_t floats = a(BT * C);
-  floats += c.activation_checkpointing ? L * a(BT * C) + layer_full : L * (layer_full + a(BT * C));
-  const int64_t chunk = std::min<int64_t>(kHeadChunkRows, BT);
-  floats += a(BT * C) + 2 * a(BT) + a(chunk * V) + a(BT) + 3 * a(BT * C) + a(BT * 3 * C) +
-            a(BT * 4 * C);
-  return static_cast<size_t>(floats + 2 * c.num_params()) * sizeof(float);
+  config.validate();
+  ActivationLayout counted;
+  const size_t floats = layout_activations(config, B, T, nullptr, counted);
+  return (floats + 2 * static_cast<size_t>(config.num_params())) * sizeof(float);
 }
 
 const ParamInfo& GPT2::param(const std::string& name) const {

@@ -89,7 +89,20 @@ class GPT2 {
   };
 
   void build_layout();
-  size_t layout_activations(float* base);  // returns floats needed; assigns when base != null
+  // Every activation view, as laid out in one allocation.
+  struct ActivationLayout {
+    float* encoded = nullptr;
+    std::vector<LayerActs> layers;
+    LayerActs scratch{};
+    float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
+    float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
+    float *dqkv = nullptr, *dfch = nullptr;
+  };
+  // Lays out the activations of `config` at (B, T) from `base` (null: count
+  // only, the views stay null) and returns the floats needed. The constructor
+  // and predicted_bytes() both use it, so the ledger cannot drift.
+  static size_t layout_activations(const GPT2Config& config, int64_t B, int64_t T, float* base,
+                                   ActivationLayout& out);
   BlockParams block_params(float* base, int64_t layer) const;
   // Forward of block `l` at batch shape (b, t): reads `in`, writes a.
   void block_forward(int64_t l, const float* in, const LayerActs& a, int64_t b, int64_t t);
