@@ -130,18 +130,15 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
 double evaluate(model::GPT2& model, const data::TokenFile& val, const Plan& p,
                 std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   double sum = 0;
-  int64_t n = 0;
   data::EvalSampler windows(val, p.T);
-  const int64_t available = windows.num_sequences() / p.micro;
-  const int64_t batches = std::min(p.eval_batches, available);
-  PO_CHECK(batches >= 1, val.path(), ": too few tokens for one validation batch of ", p.micro,
-           " x ", p.T + 1);
+  // train() checked at start that data.val holds at least one batch.
+  const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
+  PO_ASSERT(batches >= 1, "validation file shrank after start-up: ", val.path());
   for (int64_t b = 0; b < batches; ++b) {
     windows.fill(b * p.micro, p.micro, inputs.data(), targets.data());
     sum += model.evaluate(inputs.data(), targets.data());
-    ++n;
   }
-  return sum / static_cast<double>(n);
+  return sum / static_cast<double>(batches);
 }
 
 }  // namespace
@@ -154,7 +151,8 @@ TrainResult train(const core::Config& cfg) {
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
 
   // Data parallel: one process per rank, launched by mpirun (or srun with
-  // OpenMPI's PMIx). Gradients are summed over ranks after the local backward.
+  // OpenMPI's PMIx). Gradients are summed over ranks in buckets during the
+  // backward of each step's last micro-batch (see on_unit_ready below).
   std::optional<comm::mpi::Session> mpi_session;  // declared first: finalized last
   std::unique_ptr<comm::Communicator> world;
   if (p.dp > 1) {
@@ -269,7 +267,6 @@ TrainResult train(const core::Config& cfg) {
   TrainResult result;
   result.run_dir = run_dir;
   result.leader = leader;
-  core::Timer run_timer;
   double timed_s = 0;
   int64_t timed_steps = 0;
 
