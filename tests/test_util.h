@@ -16,6 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <nlohmann/json.hpp>
+
 #include "data/token_file.h"
 
 namespace po::test {
@@ -101,6 +104,27 @@ inline std::string tiny_config(const std::string& train, const std::string& val,
      << "[data]\ntrain = \"" << train << "\"\nval = \"" << val << "\"\n"
      << "[run]\ndir = \"" << run_dir << "\"\n";
   return os.str();
+}
+
+// The train losses of a run directory's metrics.jsonl, in step order.
+inline std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  std::ifstream f(run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"]);
+  }
+  return out;
+}
+
+// Two loss curves agree step by step to a relative 1e-5.
+inline void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b,
+                              const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i]))
+        << what << ": step " << i + 1 << " loss " << a[i] << " vs " << b[i];
 }
 
 }  // namespace po::test

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/gpt2_io.h"
+#include "cli/sbatch.h"
 #include "comm/env.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -156,6 +157,21 @@ int run(int argc, char** argv) {
   tr->add_flag("--resume", resume, "Resume from run.dir's newest checkpoint");
   tr->add_option("--nproc", nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
 
+  auto* sb = app.add_subcommand("sbatch", "Print a Slurm batch script for a multi-node run");
+  SbatchOptions sbo;
+  sb->add_option("-c,--config", sbo.config_path, "Config TOML")->required();
+  sb->add_option("--set", sbo.sets, "Override: section.key=value (repeatable)");
+  sb->add_flag("--resume", sbo.resume, "The job resumes run.dir's newest checkpoint");
+  sb->add_option("--nodes", sbo.nodes, "Nodes")->required()->check(CLI::PositiveNumber);
+  sb->add_option("--ntasks-per-node", sbo.tasks_per_node, "Ranks per node")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  sb->add_option("--cpus-per-task", sbo.cpus_per_task, "CPUs per rank")
+      ->check(CLI::PositiveNumber);
+  sb->add_option("--partition", sbo.partition, "Slurm partition");
+  sb->add_option("--time", sbo.time, "Slurm time limit, e.g. 2:00:00");
+  sb->add_option("--job-name", sbo.job_name, "Slurm job name (default pagedoptim-<run name>)");
+
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   std::string src, out;
   ex->add_option("source", src, "Checkpoint file or run directory")->required();
@@ -188,6 +204,12 @@ int run(int argc, char** argv) {
       return 0;
     }
     if (*tr) return cmd_train(config_path, sets, resume, nproc, argc, argv);
+    if (*sb) {
+      std::error_code ec;
+      const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+      std::fputs(make_sbatch_script(sbo, self, fs::current_path().string()).c_str(), stdout);
+      return 0;
+    }
     if (*ex) return cmd_export(src, out);
     if (*gen) return cmd_generate(src, prompt, so);
   } catch (const std::exception& e) {

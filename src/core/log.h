@@ -11,6 +11,8 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
 void set_log_level(LogLevel level);
 LogLevel log_level();
+// Text put before every line, e.g. "[rank 3] " in a multi-process run.
+void set_log_prefix(const std::string& prefix);
 void log_line(LogLevel level, const std::string& message);
 
 }  // namespace po::core

@@ -1,9 +1,11 @@
 #include "train/trainer.h"
 
+#include <sched.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include "checkpoint/gpt2_io.h"
 #include "comm/env.h"
 #include "comm/mpi/communicator.h"
+#include "comm/mpi/topology.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -143,6 +146,44 @@ double evaluate(model::GPT2& model, const data::TokenFile& val, const Plan& p,
 
 }  // namespace
 
+namespace {
+
+// Before MPI_Init, which cannot report a wrong launch (it aborts the process):
+// the launcher must be one MPI can join, and must have started dp processes.
+void check_launch(const comm::LaunchEnv& env, int64_t dp) {
+  switch (env.source) {
+    case comm::LaunchSource::kNone:
+      PO_THROW(core::InvalidArgument, "parallel.dp = ", dp, " needs ", dp,
+               " processes: use `pagedoptim train --nproc ", dp, "`, `mpirun -np ", dp,
+               " pagedoptim train ...` or `srun --mpi=pmix -n ", dp, " pagedoptim train ...`");
+    case comm::LaunchSource::kSlurm:
+      // Debian's OpenMPI joins a Slurm step only through PMIx; under any other
+      // srun plugin MPI_Init aborts with an unhelpful message.
+      PO_CHECK(std::getenv("PMIX_RANK") != nullptr, "parallel.dp = ", dp,
+               ": srun started this task without PMIx; run `srun --mpi=pmix ...` (or set "
+               "MpiDefault=pmix in slurm.conf)");
+      break;
+    case comm::LaunchSource::kOpenMpi:
+    case comm::LaunchSource::kTorchrun:
+      break;
+  }
+  PO_CHECK(env.world_size == dp, "parallel.dp = ", dp, " but ", comm::launch_source_name(env.source),
+           " started ", env.world_size, " processes");
+}
+
+// CPUs this process may run on (its affinity mask: Slurm's --cpus-per-task,
+// taskset), not the machine's count.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+void check_config(const core::Config& cfg) { (void)make_plan(cfg, resolve_model_config(cfg)); }
+
 TrainResult train(const core::Config& cfg) {
   const model::GPT2Config mcfg = resolve_model_config(cfg);
   const Plan p = make_plan(cfg, mcfg);
@@ -155,26 +196,32 @@ TrainResult train(const core::Config& cfg) {
   // backward of each step's last micro-batch (see on_unit_ready below).
   std::optional<comm::mpi::Session> mpi_session;  // declared first: finalized last
   std::unique_ptr<comm::Communicator> world;
+  int local_ranks = 1;  // ranks sharing this node's CPUs
   if (p.dp > 1) {
     const comm::LaunchEnv env = comm::detect_launch_env();
-    PO_CHECK(env.source == comm::LaunchSource::kOpenMpi, "parallel.dp = ", p.dp, " needs ", p.dp,
-             " processes: launch with `mpirun -np ", p.dp, " pagedoptim train ...`");
+    check_launch(env, p.dp);
     mpi_session.emplace();
     comm::mpi::MpiOptions mo;
     mo.timeout = std::chrono::milliseconds(
         static_cast<int64_t>(cfg.get_float("parallel.timeout") * 1000.0));
-    world = comm::mpi::MpiCommunicator::create_world(mo);
+    auto mpi_world = comm::mpi::MpiCommunicator::create_world(mo);
+    local_ranks = comm::mpi::ranks_on_this_node(mpi_world->handle());
+    world = std::move(mpi_world);
     PO_CHECK(world->size() == p.dp, "parallel.dp = ", p.dp, " but ", world->size(),
              " processes were launched");
     check_ranks_agree(*world, cfg);
   }
   const int rank = world ? world->rank() : 0;
   const bool leader = rank == 0;  // only rank 0 writes the run directory
+  if (world) {
+    // Rank 0 reports; the others speak only to warn or fail, and say who they are.
+    core::set_log_prefix("[rank " + std::to_string(rank) + "] ");
+    if (!leader && core::log_level() < core::LogLevel::kWarn)
+      core::set_log_level(core::LogLevel::kWarn);
+  }
 
   int threads = static_cast<int>(cfg.get_int("train.threads"));
-  if (threads == 0)
-    threads = static_cast<int>(std::max<int64_t>(
-        1, static_cast<int64_t>(std::thread::hardware_concurrency()) / p.dp));
+  if (threads == 0) threads = std::max(1, usable_cpus() / local_ranks);
   ops::set_num_threads(threads);
 
   // Validate every input before touching run.dir.

@@ -23,4 +23,10 @@ struct TrainResult {
 // before anything in run.dir is overwritten.
 TrainResult train(const core::Config& config);
 
+// The start-up checks of train() that need no data or processes: model
+// preset, batch split over parallel.dp, unsupported settings. For tools that
+// prepare a job (`pagedoptim sbatch`) so that a bad config fails before it
+// waits in a queue.
+void check_config(const core::Config& config);
+
 }  // namespace po::train

@@ -17,6 +17,8 @@
 #include "train/run_state.h"
 
 namespace fs = std::filesystem;
+using po::test::expect_same_curve;
+using po::test::losses;
 using po::test::run_command;
 
 namespace {
@@ -24,25 +26,6 @@ namespace {
 const std::string kBin = PO_BINARY;
 const std::string kMpirun =
     "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
-
-std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"]);
-  }
-  return out;
-}
-
-void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b,
-                       const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i]))
-        << what << ": step " << i + 1 << " loss " << a[i] << " vs " << b[i];
-}
 
 class Ddp : public ::testing::Test {
  protected:

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A throw-away single-node Slurm cluster in a directory, for tests:
+#   local_cluster.sh start DIR   writes DIR/slurm.conf, starts slurmctld and
+#                                slurmd (as the current user, no systemd,
+#                                cgroups or munge), waits until the node is idle
+#   local_cluster.sh stop DIR    stops both daemons
+# Clients find the cluster with SLURM_CONF=DIR/slurm.conf.
+# Ports are picked at random in 20000-59999 so parallel runs do not collide.
+set -euo pipefail
+cmd=${1:?usage: local_cluster.sh start|stop DIR}
+dir=$(realpath -m "${2:?usage: local_cluster.sh start|stop DIR}")
+
+stop() {
+  for d in slurmd slurmctld; do
+    if [ -f "$dir/$d.pid" ]; then
+      kill "$(cat "$dir/$d.pid")" 2>/dev/null || true
+    fi
+  done
+  for _ in $(seq 50); do
+    alive=0
+    for d in slurmd slurmctld; do
+      [ -f "$dir/$d.pid" ] && kill -0 "$(cat "$dir/$d.pid")" 2>/dev/null && alive=1
+    done
+    [ $alive = 0 ] && return 0
+    sleep 0.1
+  done
+  for d in slurmd slurmctld; do
+    [ -f "$dir/$d.pid" ] && kill -9 "$(cat "$dir/$d.pid")" 2>/dev/null || true
+  done
+}
+
+if [ "$cmd" = stop ]; then stop; exit 0; fi
+[ "$cmd" = start ] || { echo "local_cluster.sh: unknown command '$cmd'" >&2; exit 2; }
+
+for tool in slurmctld slurmd sinfo; do
+  command -v "$tool" >/dev/null || PATH=$PATH:/usr/sbin
+  command -v "$tool" >/dev/null || { echo "local_cluster.sh: $tool not installed (apt install slurmctld slurmd slurm-client)" >&2; exit 3; }
+done
+
+mkdir -p "$dir/state" "$dir/spool" "$dir/log"
+base=$((20000 + RANDOM % 40000))
+user=$(id -un)
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=po-local
+SlurmctldHost=localhost
+SlurmUser=$user
+SlurmdUser=$user
+AuthType=auth/none
+CredType=cred/none
+SlurmctldPort=$base
+SlurmdPort=$((base + 1))
+SrunPortRange=$((base + 2))-$((base + 200))
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+InactiveLimit=0
+KillWait=5
+MinJobAge=60
+NodeName=localhost CPUs=8 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+CONF
+export SLURM_CONF=$dir/slurm.conf
+slurmctld -c -f "$dir/slurm.conf" >"$dir/log/slurmctld.out" 2>&1
+slurmd -c -N localhost -f "$dir/slurm.conf" >"$dir/log/slurmd.out" 2>&1
+for _ in $(seq 200); do
+  state=$(sinfo -h -N -o %t 2>/dev/null | head -1 || true)
+  case "$state" in idle|mix|alloc) exit 0 ;; esac
+  sleep 0.1
+done
+echo "local_cluster.sh: node did not become idle within 20 s (state '${state:-none}'); logs in $dir/log" >&2
+tail -5 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2 || true
+stop
+exit 1
