@@ -2,6 +2,7 @@
 // polling wait with a deadline.
 #include "comm/communicator.h"
 
+#include <exception>
 #include <thread>
 
 #include "core/error.h"
@@ -50,7 +51,9 @@ void Work::wait(Duration timeout) {
   for (int i = 0; !test(); ++i) {
     if (i < 64) continue;
     if (Clock::now() >= deadline) {
-      PO_THROW(core::Timeout, what_, " did not complete within ", timeout.count(), " ms");
+      const std::string why = op_->explain_timeout();
+      PO_THROW(core::Timeout, what_, " did not complete within ", timeout.count(), " ms",
+               why.empty() ? "" : "; ", why);
     }
     std::this_thread::yield();
   }
@@ -58,6 +61,12 @@ void Work::wait(Duration timeout) {
 
 void Work::drop() noexcept {
   if (op_ == nullptr) return;
+  if (std::uncaught_exceptions() > 0) {
+    // Unwinding from an error (often a timeout of a sibling operation): the
+    // run is ending, and waiting here could take another full timeout.
+    (void)op_.release();
+    return;
+  }
   try {
     wait();
   } catch (const std::exception& e) {

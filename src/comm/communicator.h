@@ -43,11 +43,16 @@ class PendingOp {
   // Makes progress; returns true once complete, after finishing touches (for
   // 16-bit reductions: the conversion back into the caller's buffer).
   virtual bool poll() = 0;
+  // Called once when a wait times out: what the backend knows about why (for
+  // collectives, the ranks that did not arrive). Empty when nothing.
+  virtual std::string explain_timeout() { return {}; }
 };
 
 // Move-only handle of a non-blocking operation. A default Work is complete.
 // Dropping a pending Work waits for it (up to its default timeout; after that
-// the operation is leaked with an error logged, since destructors never throw).
+// the operation is leaked with an error logged, since destructors never throw),
+// except while an exception unwinds: then it is leaked at once, because the
+// run is ending and the wait could take another full timeout.
 class Work {
  public:
   Work() = default;

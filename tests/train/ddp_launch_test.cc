@@ -110,33 +110,123 @@ int find_rank_pid(int rank, const std::string& marker) {
   return -1;
 }
 
-TEST_F(Ddp, KilledWorkerStopsTheRunNamingItsRank) {
-  const std::string run = dir_ / "victim";
-  const std::string log = dir_ / "launcher.log";
-  const std::string cmd = kBin + " train -c " + config_ + " --set run.dir=" + run +
-                          " --set train.steps=1000000 --set train.checkpoint_interval=0" +
-                          " --set train.eval_interval=0 --nproc 2 > " + log + " 2>&1";
-  FILE* launcher = popen(("sh -c '" + cmd + "; echo exit=$?'").c_str(), "r");
-  ASSERT_NE(launcher, nullptr);
-  int victim = -1;
-  for (int i = 0; i < 300 && victim < 0; ++i) {  // up to 30 s to start
-    if (fs::exists(run + "/metrics.jsonl")) victim = find_rank_pid(1, run);
-    if (victim < 0) usleep(100000);
+// Whether `pid` is a live process (a zombie, dead but not yet reaped by its
+// new parent, is not).
+bool alive(int pid) {
+  const std::string stat = po::test::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' &&
+         stat[paren + 2] != 'X';
+}
+
+// A long `--nproc 2` run in the background, for fault tests.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::string& config, const std::string& run, const std::string& extra)
+      : run_(run), log_(run + ".log") {
+    const std::string cmd = kBin + " train -c " + config + " --set run.dir=" + run +
+                            " --set train.steps=1000000 --set train.checkpoint_interval=0" +
+                            " --set train.eval_interval=0 --nproc 2 " + extra + " > " + log_ +
+                            " 2>&1";
+    pipe_ = popen(("sh -c '" + cmd + "; echo exit=$?'").c_str(), "r");
   }
-  ASSERT_GT(victim, 0) << "rank 1 never started:\n" << po::test::read_file(log);
+  ~BackgroundRun() {
+    for (int pid : {find_rank_pid(0, run_), find_rank_pid(1, run_)})
+      if (pid > 0) kill(pid, SIGKILL);
+    if (pipe_ != nullptr) pclose(pipe_);
+  }
+  // PID of rank `rank` once training has started; -1 after 30 s without.
+  int rank_pid(int rank) {
+    for (int i = 0; i < 300; ++i) {
+      if (fs::exists(run_ + "/metrics.jsonl")) {
+        const int pid = find_rank_pid(rank, run_);
+        if (pid > 0) return pid;
+      }
+      usleep(100000);
+    }
+    return -1;
+  }
+  // PID of the launcher (mpirun, which `--nproc` became); -1 when gone.
+  int launcher_pid() const {
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string pid = e.path().filename().string();
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
+      if (cmdline.rfind("mpirun", 0) == 0 && cmdline.find(run_) != std::string::npos)
+        return std::stoi(pid);
+    }
+    return -1;
+  }
+  // Waits for the launcher to exit; returns the seconds since `t0`.
+  double finish(std::chrono::steady_clock::time_point t0) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, pipe_) != nullptr) tail_ += buf;
+    pclose(pipe_);
+    pipe_ = nullptr;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  bool exited_zero() const { return tail_.find("exit=0") != std::string::npos; }
+  std::string output() const { return po::test::read_file(log_); }
+
+ private:
+  std::string run_, log_, tail_;
+  FILE* pipe_ = nullptr;
+};
+
+TEST_F(Ddp, KilledWorkerStopsTheRunNamingItsRank) {
+  BackgroundRun job(config_, dir_ / "victim", "");
+  const int victim = job.rank_pid(1);
+  ASSERT_GT(victim, 0) << "rank 1 never started:\n" << job.output();
   const auto t0 = std::chrono::steady_clock::now();
   kill(victim, SIGKILL);
-  std::string tail;
-  char buf[256];
-  while (fgets(buf, sizeof buf, launcher) != nullptr) tail += buf;
-  pclose(launcher);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string out = po::test::read_file(log);
+  const double secs = job.finish(t0);
+  const std::string out = job.output();
   EXPECT_LT(secs, 10.0) << "the run took " << secs << " s to stop after rank 1 was killed";
-  EXPECT_EQ(tail.find("exit=0"), std::string::npos) << "launcher exited 0:\n" << out;
+  EXPECT_FALSE(job.exited_zero()) << "launcher exited 0:\n" << out;
   EXPECT_NE(out.find("rank 1"), std::string::npos) << "output does not name rank 1:\n" << out;
   EXPECT_NE(out.find("signal 9"), std::string::npos) << "output does not name the signal:\n" << out;
+}
+
+// A rank that hangs (here: stopped with SIGSTOP, so it neither computes nor
+// answers) ends the run after parallel.timeout with an error naming the
+// collective, the group and the rank that did not arrive.
+TEST_F(Ddp, HungRankEndsTheRunAfterTheTimeoutNamingIt) {
+  BackgroundRun job(config_, dir_ / "hang", "--set parallel.timeout=2");
+  const int victim = job.rank_pid(1);
+  ASSERT_GT(victim, 0) << "rank 1 never started:\n" << job.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(victim, SIGSTOP);
+  const double secs = job.finish(t0);
+  kill(victim, SIGKILL);
+  const std::string out = job.output();
+  EXPECT_LT(secs, 15.0) << "the run took " << secs << " s to stop after rank 1 hung";
+  EXPECT_FALSE(job.exited_zero()) << "launcher exited 0:\n" << out;
+  EXPECT_NE(out.find("[rank 0] pagedoptim: error: allreduce"), std::string::npos) << out;
+  EXPECT_NE(out.find("on group 'world'"), std::string::npos) << out;
+  EXPECT_NE(out.find("did not complete within 2000 ms"), std::string::npos) << out;
+  EXPECT_NE(out.find("that did not arrive at collective #"), std::string::npos) << out;
+  EXPECT_NE(out.find(": rank 1 (no answer"), std::string::npos) << out;
+}
+
+// SIGTERM and SIGINT to the launcher reach every worker: all of them are gone
+// within seconds and the launcher exits non-zero.
+TEST_F(Ddp, SignalsToTheLauncherStopEveryWorker) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    BackgroundRun job(config_, dir_ / ("sig" + std::to_string(sig)), "");
+    const int r0 = job.rank_pid(0), r1 = job.rank_pid(1);
+    ASSERT_GT(r0, 0) << job.output();
+    ASSERT_GT(r1, 0) << job.output();
+    const int launcher = job.launcher_pid();
+    ASSERT_GT(launcher, 0) << "no mpirun process found";
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(launcher, sig);
+    const double secs = job.finish(t0);
+    EXPECT_LT(secs, 10.0) << "signal " << sig << ": launcher took " << secs << " s to exit";
+    EXPECT_FALSE(job.exited_zero()) << "signal " << sig << ": launcher exited 0";
+    usleep(200000);
+    EXPECT_FALSE(alive(r0)) << "signal " << sig << ": rank 0 (pid " << r0 << ") still runs";
+    EXPECT_FALSE(alive(r1)) << "signal " << sig << ": rank 1 (pid " << r1 << ") still runs";
+  }
 }
 
 }  // namespace

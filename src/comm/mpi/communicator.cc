@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/mpi/arrivals.h"
 #include "comm/mpi/check.h"
 #include "core/bf16.h"
 #include "core/error.h"
@@ -88,7 +89,10 @@ void finalize() {
   if (!g_we_initialized) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized) {
+    arrivals::stop();
+    MPI_Finalize();
+  }
   g_we_initialized = false;
 }
 
@@ -180,6 +184,7 @@ class MpiPendingOp final : public PendingOp {
     if (pool_) pool_->release(std::move(scratch_));
   }
   bool poll() override {
+    if ((++polls_ & 63) == 0) arrivals::service();  // peers diagnosing a timeout ask us
     int flag = 0;
     PO_MPI_CHECK(MPI_Testall(n_, requests_, &flag, MPI_STATUSES_IGNORE));
     if (!flag) return false;
@@ -200,14 +205,32 @@ class MpiPendingOp final : public PendingOp {
     return scratch_.data();
   }
   void set_finish(std::function<void()> f) { finish_ = std::move(f); }
+  // A collective: counted on its group, so a timeout can name who is missing.
+  void track(std::shared_ptr<arrivals::Group> group, uint64_t seq) {
+    group_ = std::move(group);
+    seq_ = seq;
+  }
+  std::string explain_timeout() override {
+    return group_ ? group_->diagnose(seq_, std::chrono::seconds(2)) : std::string();
+  }
 
  private:
+  std::shared_ptr<arrivals::Group> group_;
+  uint64_t seq_ = 0;
+  unsigned polls_ = 0;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int n_ = 0;
   std::function<void()> finish_;
   std::shared_ptr<ScratchPool> pool_;
   std::vector<float> scratch_;
 };
+
+// The Work of a collective, counted on its group's arrivals.
+Work tracked(std::unique_ptr<MpiPendingOp> pending, const std::shared_ptr<arrivals::Group>& group,
+             std::string what, Duration timeout) {
+  pending->track(group, group->issue(what));
+  return Work(std::move(pending), std::move(what), timeout);
+}
 
 }  // namespace
 
@@ -220,6 +243,17 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::create_world(const MpiOptions&
   return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(comm, options.name, options.timeout));
 }
 
+std::unique_ptr<MpiCommunicator> MpiCommunicator::create_from(MPI_Comm comm, const MpiOptions& options) {
+  init();
+  PO_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator::create_from: MPI_COMM_NULL");
+  int inter = 0;
+  PO_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
+  PO_CHECK(!inter, "MpiCommunicator::create_from: an intercommunicator; merge it first");
+  MPI_Comm dup = MPI_COMM_NULL;
+  PO_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, options.name, options.timeout));
+}
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, Duration timeout)
     : comm_(comm), name_(std::move(name)), timeout_(timeout), pool_(std::make_shared<ScratchPool>()) {
   PO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -229,6 +263,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, Duration timeo
   int flag = 0;
   PO_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag));
   if (flag) tag_ub_ = *static_cast<int*>(attr);
+  arrivals::start(comm_);  // the first communicator (the world) opens the channel
+  arrivals_ = std::make_shared<arrivals::Group>(comm_, name_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -264,7 +300,7 @@ Work MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp 
                                 pending->add_request()));
     pending->set_finish([=] { narrow(s, dtype, buf, count, divisor); });
   }
-  return Work(std::move(pending),
+  return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("allreduce(", reduce_op_name(op), ", ", tensor::dtype_name(dtype),
                                      ", ", count, " elements)")),
               timeout_);
@@ -291,7 +327,7 @@ Work MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_
                                            pending->add_request()));
     pending->set_finish([=] { narrow(s_recv, dtype, recv, recv_count, divisor); });
   }
-  return Work(std::move(pending),
+  return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("reduce_scatter(", reduce_op_name(op), ", ",
                                      tensor::dtype_name(dtype), ", ", recv_count,
                                      " elements per rank)")),
@@ -303,7 +339,7 @@ Work MpiCommunicator::iall_gather(const void* send, void* recv, size_t send_coun
   auto pending = std::make_unique<MpiPendingOp>();
   const MPI_Datatype t = mpi_type(dtype);
   PO_MPI_CHECK(MPI_Iallgather(send, n, t, recv, n, t, comm_, pending->add_request()));
-  return Work(std::move(pending),
+  return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("all_gather(", tensor::dtype_name(dtype), ", ", send_count,
                                      " elements per rank)")),
               timeout_);
@@ -314,7 +350,7 @@ Work MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root)
   const int n = to_int(count, "broadcast");
   auto pending = std::make_unique<MpiPendingOp>();
   PO_MPI_CHECK(MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, pending->add_request()));
-  return Work(std::move(pending),
+  return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("broadcast(", tensor::dtype_name(dtype), ", ", count,
                                      " elements, root ", root, ")")),
               timeout_);
@@ -350,7 +386,7 @@ Work MpiCommunicator::iall_to_all(const void* send, void* recv, size_t count_per
   auto pending = std::make_unique<MpiPendingOp>();
   const MPI_Datatype t = mpi_type(dtype);
   PO_MPI_CHECK(MPI_Ialltoall(send, n, t, recv, n, t, comm_, pending->add_request()));
-  return Work(std::move(pending),
+  return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("all_to_all(", tensor::dtype_name(dtype), ", ",
                                      count_per_rank, " elements per rank)")),
               timeout_);
@@ -359,7 +395,7 @@ Work MpiCommunicator::iall_to_all(const void* send, void* recv, size_t count_per
 Work MpiCommunicator::ibarrier() {
   auto pending = std::make_unique<MpiPendingOp>();
   PO_MPI_CHECK(MPI_Ibarrier(comm_, pending->add_request()));
-  return Work(std::move(pending), describe("barrier"), timeout_);
+  return tracked(std::move(pending), arrivals_, describe("barrier"), timeout_);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {

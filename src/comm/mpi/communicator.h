@@ -30,10 +30,12 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/mpi/arrivals.h"
 
 namespace po::comm::mpi {
 
@@ -47,12 +49,21 @@ ThreadLevel thread_level();
 // Finalizes MPI if init() initialized it (idempotent; no-op otherwise).
 void finalize();
 
+// Initializes MPI; finalizes it when destroyed normally. When destroyed by an
+// exception unwinding (an error on this rank) it leaves MPI as it is: peers may
+// still wait for us in a collective, so MPI_Finalize could hang, whereas the
+// process exiting lets the launcher (mpirun, srun) stop the job.
 class Session {
  public:
-  Session() { init(); }
-  ~Session() { finalize(); }
+  Session() : exceptions_(std::uncaught_exceptions()) { init(); }
+  ~Session() {
+    if (std::uncaught_exceptions() <= exceptions_) finalize();
+  }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+
+ private:
+  int exceptions_;
 };
 
 struct MpiOptions {
@@ -66,6 +77,10 @@ class MpiCommunicator final : public Communicator {
  public:
   // A duplicate of MPI_COMM_WORLD; calls init() if needed.
   static std::unique_ptr<MpiCommunicator> create_world(const MpiOptions& options = {});
+  // A duplicate of `comm`, an intracommunicator (the caller keeps and frees
+  // its own handle); calls init() if needed. For worlds that are not
+  // MPI_COMM_WORLD, e.g. processes joined without mpirun (mpi/join.h).
+  static std::unique_ptr<MpiCommunicator> create_from(MPI_Comm comm, const MpiOptions& options = {});
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -101,6 +116,7 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   Duration timeout_;
   std::shared_ptr<ScratchPool> pool_;
+  std::shared_ptr<arrivals::Group> arrivals_;  // who reached which collective
 };
 
 }  // namespace po::comm::mpi
