@@ -62,6 +62,7 @@ std::string tokenizer_root() {
     args.push_back(a);
   }
   args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(nproc)});
+  setenv("PAGEDOPTIM_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);  // see train/metrics.cc
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -27,7 +28,21 @@ void MetricsWriter::write(const nlohmann::json& record) {
     PO_THROW(core::IoError, path_, ": write failed: ", std::strerror(errno));
 }
 
-Progress::Progress() : tty_(isatty(STDOUT_FILENO) != 0) {}
+namespace {
+
+// Whether the user sees our stdout on a terminal. mpirun hands its ranks a
+// pseudo-terminal even when its own output goes to a file, so under mpirun
+// only our launcher's hint (PAGEDOPTIM_STDOUT_TTY, set by `--nproc` from its
+// own stdout) says yes; without it plain lines are the safe choice.
+bool stdout_is_terminal() {
+  if (const char* hint = std::getenv("PAGEDOPTIM_STDOUT_TTY")) return std::string(hint) == "1";
+  if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) return false;
+  return isatty(STDOUT_FILENO) != 0;
+}
+
+}  // namespace
+
+Progress::Progress() : tty_(stdout_is_terminal()) {}
 
 void Progress::step(int64_t step, int64_t total, double loss, double lr, double grad_norm,
                     double tokens_per_s, double eta_s) {
