@@ -2,6 +2,9 @@
 // token files and run directories.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +128,27 @@ inline void expect_same_curve(const std::vector<double>& a, const std::vector<do
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i]))
         << what << ": step " << i + 1 << " loss " << a[i] << " vs " << b[i];
+}
+
+// A TCP port that nobody listens on now, for a test's MASTER_PORT. Taken below
+// the kernel's ephemeral range (ip_local_port_range), so no outgoing
+// connection of a concurrent test can grab it between pick and use.
+inline int free_tcp_port() {
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);  // [20000, 32000)
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  ADD_FAILURE() << "no free TCP port in [20000, 32000)";
+  return 0;
 }
 
 }  // namespace po::test
