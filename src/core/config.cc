@@ -69,6 +69,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.schedule", Kind::kString, std::string("1f1b")},
       {"parallel.micro_batches", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.bucket_size", Kind::kSize, std::string("25MiB")},
+      {"parallel.overlap_comm", Kind::kBool, true},
       {"parallel.prefetch", Kind::kInt, int64_t{1}, 0, 1024},
       {"parallel.reduce_dtype", Kind::kString, std::string("fp32")},
       {"parallel.timeout", Kind::kFloat, 600.0, 0, kInf},

@@ -260,7 +260,8 @@ double GPT2::head_forward(const float* residual, const int32_t* targets, int64_t
 }
 
 float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
-                             const std::function<void(int unit)>& on_unit_ready) {
+                             const std::function<void(int unit)>& on_unit_ready,
+                             bool defer_embedding) {
   auto ready = [&](int unit) {
     if (on_unit_ready) on_unit_ready(unit);
   };
@@ -269,6 +270,7 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
   const float* out = forward_blocks(inputs, B_, T_);
   const double loss_sum = head_forward(out, targets, BT, grad_scale);
   ready(static_cast<int>(config_.n_layer + 1));  // final LayerNorm
+  if (defer_embedding) ready(0);  // all but this micro-batch's lookup rows
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
     if (config_.activation_checkpointing) {
@@ -281,9 +283,11 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
     }
     ready(static_cast<int>(l + 1));
   }
-  ops::embedding_backward(grads() + infos_[0].offset, grads() + infos_[1].offset, dres_, inputs,
-                          B_, T_, config_.n_embd);
-  ready(0);  // wte also collected the tied head's gradient
+  if (!defer_embedding) {
+    ops::embedding_backward(grads() + infos_[0].offset, grads() + infos_[1].offset, dres_, inputs,
+                            B_, T_, config_.n_embd);
+    ready(0);  // wte also collected the tied head's gradient
+  }
   return static_cast<float>(loss_sum / static_cast<double>(BT));
 }
 

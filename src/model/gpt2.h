@@ -66,8 +66,22 @@ class GPT2 {
   // that unit's gradients are final for this micro-batch (final LayerNorm,
   // blocks L..1, then embeddings), so their reduction can overlap the rest of
   // the backward.
+  //
+  // `defer_embedding` (for data parallel): the tied wte's gradient gets two
+  // kinds of contributions, the dense LM-head one (final right after the head,
+  // at the START of the backward) and the sparse embedding-lookup one (at the
+  // end, only the B*T rows of the batch's tokens). With it set, unit 0 is
+  // reported ready right after the head, holding everything but this
+  // micro-batch's lookup rows, and the lookup gradient is left in
+  // embedding_output_grad() ([B*T, C]) for the caller to add with
+  // ops::embedding_backward once unit 0 is reduced: so the largest tensor's
+  // reduction overlaps the whole backward instead of none of it.
   float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
-                         const std::function<void(int unit)>& on_unit_ready = {});
+                         const std::function<void(int unit)>& on_unit_ready = {},
+                         bool defer_embedding = false);
+  // The gradient w.r.t. the embedding output of the last forward_backward with
+  // defer_embedding ([B*T, C]); valid until the next forward.
+  const float* embedding_output_grad() const { return dres_; }
   // Mean loss over [B,T] without touching gradients.
   float evaluate(const int32_t* inputs, const int32_t* targets);
   // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T.

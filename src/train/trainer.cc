@@ -330,6 +330,14 @@ TrainResult train(const core::Config& cfg) {
   // backward finishes them (last unit first) up to parallel.bucket_size bytes.
   // A bucket is one contiguous slice of the flat gradient buffer, all-reduced
   // as soon as its lowest unit is final, while the backward goes on.
+  //
+  // parallel.overlap_comm = false holds every bucket back until the backward
+  // is done (to measure what overlapping hides, and as a fallback). With it
+  // on, the embedding lookup's rows of wte's gradient are deferred (see
+  // GPT2::forward_backward): unit 0 is reduced from the start of the backward,
+  // and each rank's [B*T, C] lookup gradient and tokens are all-gathered at the
+  // end and added on every rank in rank order.
+  const bool overlap = cfg.get_bool("parallel.overlap_comm");
   struct Bucket {
     int lo = 0;
     int64_t offset = 0, numel = 0;
@@ -342,12 +350,20 @@ TrainResult train(const core::Config& cfg) {
     while (hi >= 0) {
       int lo = hi;
       uint64_t bytes = model.unit_numel(lo) * sizeof(float);
-      while (lo > 0 && bytes < limit) bytes += model.unit_numel(--lo) * sizeof(float);
+      // With the embedding deferred, unit 0 is ready first and goes alone.
+      const int floor = overlap && hi > 0 ? 1 : 0;
+      while (lo > floor && bytes < limit) bytes += model.unit_numel(--lo) * sizeof(float);
       for (int u = lo; u <= hi; ++u) bucket_of[u] = static_cast<int>(buckets.size());
       buckets.push_back({lo, model.unit_offset(lo),
                          model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
       hi = lo - 1;
     }
+  }
+  std::vector<int32_t> lookup_tokens;  // all ranks' last micro-batch, when deferring
+  std::vector<float> lookup_grads;
+  if (world && overlap) {
+    lookup_tokens.resize(static_cast<size_t>(p.dp * p.micro * p.T));
+    lookup_grads.resize(lookup_tokens.size() * static_cast<size_t>(mcfg.n_embd));
   }
   std::vector<comm::Work> pending;
   auto on_unit_ready = [&](int unit) {
@@ -367,16 +383,32 @@ TrainResult train(const core::Config& cfg) {
       const int64_t first = (rank * p.accum + micro) * p.micro;
       sampler.fill(step, first, p.micro, inputs.data(), targets.data());
       // Gradients are final after the last micro-batch: reduce them as they come.
-      const bool reduce_now = world && micro == p.accum - 1;
+      const bool reduce_now = world && overlap && micro == p.accum - 1;
       loss += model.forward_backward(inputs.data(), targets.data(), grad_scale,
                                      reduce_now ? std::function<void(int)>(on_unit_ready)
-                                                : std::function<void(int)>());
+                                                : std::function<void(int)>(),
+                                     reduce_now);
+      if (reduce_now) {
+        const size_t rows = static_cast<size_t>(p.micro * p.T);
+        pending.push_back(world->iall_gather(inputs.data(), lookup_tokens.data(), rows,
+                                             tensor::DType::kI32));
+        pending.push_back(world->iall_gather(model.embedding_output_grad(), lookup_grads.data(),
+                                             rows * static_cast<size_t>(mcfg.n_embd),
+                                             tensor::DType::kF32));
+      }
     }
     double comm_wait_s = 0;
     if (world) {
       core::Timer wait_timer;
+      if (!overlap)  // every bucket after the backward: the comm time, unhidden
+        for (int u = model.num_units() - 1; u >= 0; --u) on_unit_ready(u);
       for (auto& w : pending) w.wait();
       pending.clear();
+      if (overlap)  // every rank adds every rank's lookup rows, in rank order
+        ops::embedding_backward(model.grads() + model.param("wte.weight").offset,
+                                model.grads() + model.param("wpe.weight").offset,
+                                lookup_grads.data(), lookup_tokens.data(), p.dp * p.micro, p.T,
+                                mcfg.n_embd);
       comm_wait_s = wait_timer.seconds();
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);

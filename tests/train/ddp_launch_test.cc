@@ -57,6 +57,9 @@ TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {
   // Small buckets: every unit reduced on its own while the backward goes on.
   expect_same_curve(one, losses(train("dp2b", 2, "--set parallel.bucket_size=4KiB")),
                     "dp=2 with 4 KiB buckets vs dp=1");
+  // Every bucket after the backward, the embedding's lookup rows not deferred.
+  expect_same_curve(one, losses(train("dp2n", 2, "--set parallel.overlap_comm=false")),
+                    "dp=2 without overlap vs dp=1");
 }
 
 TEST_F(Ddp, CheckpointFromTwoRanksResumesOnOne) {
