@@ -20,6 +20,7 @@
 #include "checkpoint/gpt2_io.h"
 #include "comm/env.h"
 #include "comm/mpi/communicator.h"
+#include "comm/mpi/join.h"
 #include "comm/mpi/topology.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -200,11 +201,12 @@ TrainResult train(const core::Config& cfg) {
   if (p.dp > 1) {
     const comm::LaunchEnv env = comm::detect_launch_env();
     check_launch(env, p.dp);
-    mpi_session.emplace();
     comm::mpi::MpiOptions mo;
     mo.timeout = std::chrono::milliseconds(
         static_cast<int64_t>(cfg.get_float("parallel.timeout") * 1000.0));
-    auto mpi_world = comm::mpi::MpiCommunicator::create_world(mo);
+    // mpirun / srun: MPI_COMM_WORLD; torchrun-style: the rendezvous and join.
+    auto mpi_world = comm::mpi::join_world_from_env(env, mo.timeout, mo);
+    mpi_session.emplace();  // MPI is up by now; the session finalizes it
     local_ranks = comm::mpi::ranks_on_this_node(mpi_world->handle());
     world = std::move(mpi_world);
     PO_CHECK(world->size() == p.dp, "parallel.dp = ", p.dp, " but ", world->size(),

@@ -98,6 +98,26 @@ TEST_F(Ddp, NprocLaunchesWorkersThatMatchOneRank) {
       << "only rank 0 reports:\n" << r.output;
 }
 
+// Two processes started on their own with torchrun's variables (no mpirun):
+// they meet at MASTER_ADDR:MASTER_PORT, form one MPI world and train as dp=2.
+TEST_F(Ddp, TorchrunStyleLaunchMatchesOneRank) {
+  const auto one = losses(train("dp1", 1));
+  const std::string port = std::to_string(po::test::free_tcp_port());
+  std::string cmd;
+  for (int r = 0; r < 2; ++r) {
+    cmd += "env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + kBin + " train -c " + config_ +
+           " --set run.dir=" + (dir_ / "tr") + " --set parallel.dp=2 --set train.batch_size=8" +
+           " --set train.micro_batch_size=2 > " + (dir_ / ("tr" + std::to_string(r) + ".log")) +
+           " 2>&1 & p" + std::to_string(r) + "=$!; ";
+  }
+  cmd += "wait $p0; e0=$?; wait $p1; e1=$?; exit $((e0 | e1))";
+  auto r = run_command("timeout 120 sh -c '" + cmd + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output << po::test::read_file(dir_ / "tr0.log")
+                            << po::test::read_file(dir_ / "tr1.log");
+  expect_same_curve(one, losses(dir_ / "tr"), "torchrun-style dp=2 vs dp=1");
+}
+
 // PID of the worker process whose environment says it is OpenMPI rank `rank`
 // and whose command line contains `marker`; -1 when there is none (yet).
 int find_rank_pid(int rank, const std::string& marker) {
