@@ -19,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "comm/env.h"
+#include "comm/mesh.h"
 #include "comm/mpi/check.h"
 #include "comm/mpi/communicator.h"
 #include "core/bf16.h"
@@ -288,6 +289,38 @@ TEST(CommTest, WorldMatchesLaunchEnvironment) {
   EXPECT_EQ(env.rank, g_world->rank());
   EXPECT_EQ(env.world_size, g_world->size());
   EXPECT_EQ(g_world->name(), "world");
+}
+
+// Every factorisation dp x tp x pp (x cp) of the world: the real groups made
+// by split(group_color, rank_in_group) have the mesh's members, in its order.
+// At 8 ranks this covers e.g. 2x2x2, 4x2x1, 1x2x4 and 2x1x2x2.
+TEST(CommTest, MeshGroupsOnRealCommunicators) {
+  const int n = g_world->size(), me = g_world->rank();
+  int layouts = 0;
+  for (int dp = 1; dp <= n; ++dp)
+    for (int tp = 1; dp * tp <= n; ++tp)
+      for (int pp = 1; dp * tp * pp <= n; ++pp) {
+        if (n % (dp * tp * pp) != 0) continue;
+        const int cp = n / (dp * tp * pp);
+        const DeviceMesh mesh(n, {.dp = dp, .tp = tp, .pp = pp, .cp = cp});
+        ++layouts;
+        for (Axis axis : kAllAxes) {
+          const std::string what = "dp" + std::to_string(dp) + " tp" + std::to_string(tp) +
+                                   " pp" + std::to_string(pp) + " cp" + std::to_string(cp) +
+                                   " axis " + axis_name(axis);
+          auto group = g_world->split(mesh.group_color(me, axis), mesh.rank_in_group(me, axis));
+          ASSERT_NE(group, nullptr) << what;
+          const std::vector<int> members = mesh.group(me, axis);
+          ASSERT_EQ(group->size(), static_cast<int>(members.size())) << what;
+          EXPECT_EQ(group->rank(), mesh.rank_in_group(me, axis)) << what;
+          std::vector<int32_t> got(members.size());
+          const int32_t mine = me;
+          group->all_gather(&mine, got.data(), 1, tensor::DType::kI32);
+          EXPECT_EQ(std::vector<int>(got.begin(), got.end()), members)
+              << what << ": world ranks gathered over the group differ from the mesh's";
+        }
+      }
+  EXPECT_GT(layouts, 0);
 }
 
 TEST(CommTest, ThreadLevelRecorded) {

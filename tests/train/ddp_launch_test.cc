@@ -75,6 +75,17 @@ TEST_F(Ddp, CheckpointFromTwoRanksResumesOnOne) {
                     "dp=2 checkpoint resumed at dp=1");
 }
 
+TEST_F(Ddp, WorldThatDoesNotDivideTheBatchIsAClearError) {
+  auto r = run_command(kBin + " train -c " + config_ + " --set run.dir=" + (dir_ / "x") +
+                       " --set train.batch_size=8 --set train.micro_batch_size=2 --nproc 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train.batch_size = 8 must be a multiple of parallel.dp × "
+                          "train.micro_batch_size = 3 × 2"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+}
+
 TEST_F(Ddp, DpWithoutLauncherIsAClearError) {
   auto r = run_command(kBin + " train -c " + config_ + " --set run.dir=" + (dir_ / "x") +
                        " --set parallel.dp=2");
