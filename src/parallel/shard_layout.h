@@ -1,0 +1,58 @@
+// How ZeRO cuts the flat per-unit buffers over the ranks of a data-parallel
+// group: the one layout that sharded optimizer state, gradients, parameters
+// and sharded checkpoints all agree on.
+//
+// Unit u (n_u elements) is cut into `ranks` shards of equal stride
+// S_u = ceil(n_u / ranks); rank r owns the global element range
+// [min(n_u, r·S_u), min(n_u, (r+1)·S_u)) of that unit, so the last shards may
+// be short or empty and every element has exactly one owner. A rank keeps its
+// shards of all units back to back in local buffers, each padded to S_u (so a
+// reduce-scatter or all-gather of unit u moves `ranks` equal blocks of S_u):
+// unit u's shard starts at local_offset(u) = Σ_{v<u} S_v.
+//
+// With ranks = 1 a shard is the whole unit and local offsets are the model's
+// unit offsets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace po::parallel {
+
+class ShardLayout {
+ public:
+  // unit_numel[u] = elements of unit u; 0 <= rank < ranks.
+  ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank);
+
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+  int num_units() const { return static_cast<int>(numel_.size()); }
+  int64_t unit_numel(int u) const { return numel_[static_cast<size_t>(u)]; }
+  // S_u: the padded size of every shard of unit u.
+  int64_t stride(int u) const { return stride_[static_cast<size_t>(u)]; }
+  // Global element range of unit u owned by rank r: [begin, end).
+  int64_t begin(int u, int r) const;
+  int64_t end(int u, int r) const;
+  int64_t begin(int u) const { return begin(u, rank_); }
+  int64_t end(int u) const { return end(u, rank_); }
+  // Elements of unit u this rank owns (end - begin; may be 0).
+  int64_t owned(int u) const { return end(u) - begin(u); }
+  // Where unit u's shard starts in this rank's local buffers.
+  int64_t local_offset(int u) const { return local_offset_[static_cast<size_t>(u)]; }
+  // Elements of a local buffer: Σ_u S_u (padding included).
+  int64_t local_numel() const { return local_offset_.back(); }
+  // Elements this rank owns over all units (padding excluded).
+  int64_t owned_numel() const;
+  // Σ_u n_u.
+  int64_t total_numel() const { return total_; }
+
+  std::string to_string() const;  // "4 ranks over 8 units, rank 1 owns ..."
+
+ private:
+  std::vector<int64_t> numel_, stride_, local_offset_;
+  int ranks_ = 1, rank_ = 0;
+  int64_t total_ = 0;
+};
+
+}  // namespace po::parallel

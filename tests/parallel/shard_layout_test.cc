@@ -1,0 +1,62 @@
+#include "parallel/shard_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/error.h"
+
+namespace po::parallel {
+namespace {
+
+// Every element of every unit has exactly one owner, shards are contiguous and
+// in rank order, and local offsets are the running sums of the strides.
+TEST(ShardLayout, EveryElementHasOneOwner) {
+  const std::vector<int64_t> units = {0, 1, 7, 8, 1000003, 64};
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const ShardLayout l(units, ranks, rank);
+      int64_t local = 0;
+      for (int u = 0; u < l.num_units(); ++u) {
+        EXPECT_EQ(l.local_offset(u), local) << "ranks " << ranks << " unit " << u;
+        local += l.stride(u);
+        int64_t covered = 0;
+        for (int r = 0; r < ranks; ++r) {
+          EXPECT_EQ(l.begin(u, r), covered) << "ranks " << ranks << " unit " << u << " rank " << r;
+          EXPECT_LE(l.end(u, r) - l.begin(u, r), l.stride(u));
+          covered = l.end(u, r);
+        }
+        EXPECT_EQ(covered, units[static_cast<size_t>(u)]) << "ranks " << ranks << " unit " << u;
+      }
+      EXPECT_EQ(l.local_numel(), local);
+    }
+  }
+}
+
+TEST(ShardLayout, OneRankIsTheWholeUnit) {
+  const ShardLayout l({5, 9}, 1, 0);
+  EXPECT_EQ(l.owned(0), 5);
+  EXPECT_EQ(l.owned(1), 9);
+  EXPECT_EQ(l.local_offset(1), 5);
+  EXPECT_EQ(l.owned_numel(), 14);
+}
+
+TEST(ShardLayout, ShortAndEmptyLastShards) {
+  // 7 elements over 4 ranks: stride 2 -> [0,2) [2,4) [4,6) [6,7)
+  const ShardLayout l({7}, 4, 3);
+  EXPECT_EQ(l.stride(0), 2);
+  EXPECT_EQ(l.begin(0), 6);
+  EXPECT_EQ(l.owned(0), 1);
+  // 1 element over 3 ranks: ranks 1 and 2 own nothing
+  const ShardLayout e({1}, 3, 2);
+  EXPECT_EQ(e.owned(0), 0);
+}
+
+TEST(ShardLayout, BadArgumentsAreErrors) {
+  EXPECT_THROW(ShardLayout({1}, 0, 0), core::InvalidArgument);
+  EXPECT_THROW(ShardLayout({1}, 2, 2), core::InvalidArgument);
+  EXPECT_THROW(ShardLayout({-1}, 1, 0), core::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace po::parallel
