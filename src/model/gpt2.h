@@ -41,6 +41,7 @@ class GPT2 {
 
   const GPT2Config& config() const { return config_; }
   int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
   int64_t seq() const { return T_; }
 
   float* params() { return params_.f32(); }

@@ -19,15 +19,20 @@ struct AdamWConfig {
   double grad_clip = 1.0;  // 0 disables clipping
 };
 
-// A contiguous range of the flat buffer that is one tensor.
+// A contiguous range of the flat buffer that is one tensor (or, sharded, the
+// part of one tensor this rank owns).
 struct ParamRange {
-  int64_t offset = 0;
+  int64_t offset = 0;        // in the parameter buffer
   int64_t numel = 0;
   bool decay = false;
+  int64_t state_offset = -1; // in m, v and sharded gradients; -1: same as offset
+  int64_t state() const { return state_offset < 0 ? offset : state_offset; }
 };
 
 class AdamW {
  public:
+  // `num_params` sizes the state (m, v): the whole model, or for a ZeRO shard
+  // the rank's local shard buffer (ranges then carry state_offset).
   AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t num_params);
 
   // Global L2 norm of grads (double accumulation).
@@ -36,6 +41,14 @@ class AdamW {
   // Clips (scale = clip / (norm + 1e-6) when below 1, as torch's clip_grad_norm_)
   // and applies one update at learning rate lr. Returns the pre-clip norm.
   double step(float* params, const float* grads, double lr);
+
+  // The pieces of step() for sharded state, where the norm is a sum over
+  // ranks: the squared L2 norm of grads[0, n) (double accumulation); the
+  // clipping factor for a global norm; one update at lr with gradients in
+  // STATE coordinates (grads[state_offset ...]) scaled by clip_scale.
+  static double sum_squares(const float* grads, int64_t n);
+  double clip_scale(double norm) const;
+  void apply(float* params, const float* grads_state, double lr, double clip_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }

@@ -30,6 +30,7 @@
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "parallel/data_parallel.h"
 #include "train/metrics.h"
 #include "train/run_state.h"
 
@@ -108,7 +109,7 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
                1,
            "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
-  PO_CHECK(cfg.get_int("parallel.zero_stage") == 0, "parallel.zero_stage > 0 is not built yet");
+  PO_CHECK(cfg.get_int("parallel.zero_stage") <= 2, "parallel.zero_stage = 3 is not built yet");
   return p;
 }
 
@@ -263,16 +264,21 @@ TrainResult train(const core::Config& cfg) {
   sched.validate();
 
   model::GPT2 model(mcfg, p.micro, p.T);
-  std::vector<optim::ParamRange> ranges;
-  for (const auto& info : model.param_infos())
-    ranges.push_back({info.offset, info.numel(), info.decay});
   optim::AdamWConfig ocfg;
   ocfg.beta1 = cfg.get_float("train.beta1");
   ocfg.beta2 = cfg.get_float("train.beta2");
   ocfg.eps = cfg.get_float("train.eps");
   ocfg.weight_decay = cfg.get_float("train.weight_decay");
   ocfg.grad_clip = cfg.get_float("train.grad_clip");
-  optim::AdamW opt(ocfg, ranges, model.num_params());
+  parallel::DataParallelOptions dpo;
+  dpo.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
+  dpo.overlap = cfg.get_bool("parallel.overlap_comm");
+  dpo.bucket_bytes = cfg.get_size("parallel.bucket_size");
+  parallel::DataParallel dp(model, ocfg, world.get(), dpo);
+  optim::AdamW& opt = dp.adam();
+  PO_CHECK(dpo.zero_stage == 0 || p.dp == 1 || p.ckpt_interval == 0, "parallel.zero_stage = ",
+           dpo.zero_stage, " at parallel.dp = ", p.dp,
+           ": sharded checkpoints are not wired yet; set train.checkpoint_interval = 0");
 
   TrainState state;
   state.seed = seed;
@@ -320,60 +326,12 @@ TrainResult train(const core::Config& cfg) {
   int64_t timed_steps = 0;
 
   auto save = [&]() {
-    if (!leader) return;
+    if (!leader || (dpo.zero_stage > 0 && p.dp > 1)) return;  // sharded: not wired yet
     core::Timer t;
     save_checkpoint(checkpoint_path(run_dir, state.step), model, opt, state, config_toml);
     prune_checkpoints(ckpt_dir, p.keep);
     progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
                                 static_cast<int>(t.seconds() * 1000), " ms"));
-  };
-
-  // Gradient buckets for data parallel: consecutive units, filled in the order
-  // backward finishes them (last unit first) up to parallel.bucket_size bytes.
-  // A bucket is one contiguous slice of the flat gradient buffer, all-reduced
-  // as soon as its lowest unit is final, while the backward goes on.
-  //
-  // parallel.overlap_comm = false holds every bucket back until the backward
-  // is done (to measure what overlapping hides, and as a fallback). With it
-  // on, the embedding lookup's rows of wte's gradient are deferred (see
-  // GPT2::forward_backward): unit 0 is reduced from the start of the backward,
-  // and each rank's [B*T, C] lookup gradient and tokens are all-gathered at the
-  // end and added on every rank in rank order.
-  const bool overlap = cfg.get_bool("parallel.overlap_comm");
-  struct Bucket {
-    int lo = 0;
-    int64_t offset = 0, numel = 0;
-  };
-  std::vector<Bucket> buckets;
-  std::vector<int> bucket_of(static_cast<size_t>(model.num_units()), 0);
-  if (world) {
-    const uint64_t limit = std::max<uint64_t>(1, cfg.get_size("parallel.bucket_size"));
-    int hi = model.num_units() - 1;
-    while (hi >= 0) {
-      int lo = hi;
-      uint64_t bytes = model.unit_numel(lo) * sizeof(float);
-      // With the embedding deferred, unit 0 is ready first and goes alone.
-      const int floor = overlap && hi > 0 ? 1 : 0;
-      while (lo > floor && bytes < limit) bytes += model.unit_numel(--lo) * sizeof(float);
-      for (int u = lo; u <= hi; ++u) bucket_of[u] = static_cast<int>(buckets.size());
-      buckets.push_back({lo, model.unit_offset(lo),
-                         model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
-      hi = lo - 1;
-    }
-  }
-  std::vector<int32_t> lookup_tokens;  // all ranks' last micro-batch, when deferring
-  std::vector<float> lookup_grads;
-  if (world && overlap) {
-    lookup_tokens.resize(static_cast<size_t>(p.dp * p.micro * p.T));
-    lookup_grads.resize(lookup_tokens.size() * static_cast<size_t>(mcfg.n_embd));
-  }
-  std::vector<comm::Work> pending;
-  auto on_unit_ready = [&](int unit) {
-    for (auto& w : pending) w.test();  // MPI progresses inside its calls
-    const Bucket& b = buckets[bucket_of[unit]];
-    if (unit == b.lo)
-      pending.push_back(world->iallreduce(model.grads() + b.offset, static_cast<size_t>(b.numel),
-                                          tensor::DType::kF32, comm::ReduceOp::kSum));
   };
 
   for (int64_t step = state.step; step < p.steps; ++step) {
@@ -385,40 +343,21 @@ TrainResult train(const core::Config& cfg) {
       const int64_t first = (rank * p.accum + micro) * p.micro;
       sampler.fill(step, first, p.micro, inputs.data(), targets.data());
       // Gradients are final after the last micro-batch: reduce them as they come.
-      const bool reduce_now = world && overlap && micro == p.accum - 1;
+      const bool last_micro = micro == p.accum - 1;
       loss += model.forward_backward(inputs.data(), targets.data(), grad_scale,
-                                     reduce_now ? std::function<void(int)>(on_unit_ready)
-                                                : std::function<void(int)>(),
-                                     reduce_now);
-      if (reduce_now) {
-        const size_t rows = static_cast<size_t>(p.micro * p.T);
-        pending.push_back(world->iall_gather(inputs.data(), lookup_tokens.data(), rows,
-                                             tensor::DType::kI32));
-        pending.push_back(world->iall_gather(model.embedding_output_grad(), lookup_grads.data(),
-                                             rows * static_cast<size_t>(mcfg.n_embd),
-                                             tensor::DType::kF32));
-      }
+                                     last_micro ? dp.unit_ready() : std::function<void(int)>(),
+                                     last_micro && dp.defer_embedding());
+      if (last_micro) dp.backward_done(inputs.data());
     }
-    double comm_wait_s = 0;
+    const double lr = sched.at(step);
+    const double norm = dp.step(lr);
+    const double comm_wait_s = dp.comm_wait_seconds();
     if (world) {
-      core::Timer wait_timer;
-      if (!overlap)  // every bucket after the backward: the comm time, unhidden
-        for (int u = model.num_units() - 1; u >= 0; --u) on_unit_ready(u);
-      for (auto& w : pending) w.wait();
-      pending.clear();
-      if (overlap)  // every rank adds every rank's lookup rows, in rank order
-        ops::embedding_backward(model.grads() + model.param("wte.weight").offset,
-                                model.grads() + model.param("wpe.weight").offset,
-                                lookup_grads.data(), lookup_tokens.data(), p.dp * p.micro, p.T,
-                                mcfg.n_embd);
-      comm_wait_s = wait_timer.seconds();
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
       loss = l;
     }
     loss /= static_cast<double>(p.accum * p.dp);
-    const double lr = sched.at(step);
-    const double norm = opt.step(model.params(), model.grads(), lr);
     const double dt = step_timer.seconds();
     state.step = step + 1;
     state.tokens += static_cast<uint64_t>(tokens_per_step);

@@ -1,0 +1,228 @@
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace po::parallel {
+namespace ops = po::backend::cpu;
+using tensor::DType;
+
+namespace {
+
+std::vector<int64_t> unit_sizes(const model::GPT2& m) {
+  std::vector<int64_t> n;
+  for (int u = 0; u < m.num_units(); ++u) n.push_back(m.unit_numel(u));
+  return n;
+}
+
+// AdamW ranges over this rank's shard: each tensor cut to the owned part of
+// its unit, parameters addressed in the model's flat buffer, state (m, v and
+// the gradient shard) in the rank's local buffers.
+std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLayout& l) {
+  std::vector<optim::ParamRange> ranges;
+  for (const auto& info : m.param_infos()) {
+    const int u = info.unit;
+    const int64_t unit_lo = m.unit_offset(u);
+    const int64_t lo = std::max(info.offset - unit_lo, l.begin(u));
+    const int64_t hi = std::min(info.offset + info.numel() - unit_lo, l.end(u));
+    if (lo >= hi) continue;
+    ranges.push_back({unit_lo + lo, hi - lo, info.decay, l.local_offset(u) + (lo - l.begin(u))});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
+                           comm::Communicator* group, const DataParallelOptions& options)
+    : model_(model),
+      group_(group),
+      options_(options),
+      layout_(unit_sizes(model), group ? group->size() : 1, group ? group->rank() : 0) {
+  PO_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, "parallel.zero_stage = ",
+           options.zero_stage, " is not built yet (stages 0, 1 and 2 are)");
+  const int units = model.num_units();
+  if (options_.zero_stage == 0) {
+    std::vector<optim::ParamRange> ranges;
+    for (const auto& info : model.param_infos())
+      ranges.push_back({info.offset, info.numel(), info.decay});
+    adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
+  } else {
+    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_),
+                                           layout_.local_numel());
+    grad_shard_.assign(static_cast<size_t>(layout_.local_numel()), 0.0f);
+  }
+  if (group_ == nullptr) return;
+
+  defer_embedding_ = options_.overlap && options_.zero_stage < 2;
+  if (options_.zero_stage < 2) {
+    // Buckets of consecutive units in the order the backward finishes them.
+    bucket_of_.assign(static_cast<size_t>(units), 0);
+    const uint64_t limit = std::max<uint64_t>(1, options_.bucket_bytes);
+    int hi = units - 1;
+    while (hi >= 0) {
+      int lo = hi;
+      uint64_t bytes = static_cast<uint64_t>(model.unit_numel(lo)) * sizeof(float);
+      const int floor = defer_embedding_ && hi > 0 ? 1 : 0;  // unit 0 goes alone, first
+      while (lo > floor && bytes < limit)
+        bytes += static_cast<uint64_t>(model.unit_numel(--lo)) * sizeof(float);
+      for (int u = lo; u <= hi; ++u) bucket_of_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size());
+      buckets_.push_back({lo, model.unit_offset(lo),
+                          model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
+      hi = lo - 1;
+    }
+  } else {
+    padded_.resize(static_cast<size_t>(units));
+    for (int u = 0; u < units; ++u)
+      if (layout_.stride(u) * layout_.ranks() != model.unit_numel(u))
+        padded_[static_cast<size_t>(u)].assign(
+            static_cast<size_t>(layout_.stride(u) * layout_.ranks()), 0.0f);
+  }
+  if (options_.zero_stage >= 1) {
+    int64_t max_stride = 0;
+    for (int u = 0; u < units; ++u) max_stride = std::max(max_stride, layout_.stride(u));
+    gather_send_.assign(static_cast<size_t>(2 * max_stride), 0.0f);
+    gather_recv_.assign(static_cast<size_t>(2 * max_stride * layout_.ranks()), 0.0f);
+  }
+  if (defer_embedding_) {
+    const size_t rows = static_cast<size_t>(model.batch() * model.seq_len());
+    lookup_tokens_.resize(rows * static_cast<size_t>(layout_.ranks()));
+    lookup_grads_.resize(lookup_tokens_.size() * static_cast<size_t>(model.config().n_embd));
+  }
+}
+
+std::function<void(int)> DataParallel::unit_ready() {
+  if (group_ == nullptr || !options_.overlap) return {};
+  return [this](int unit) { on_unit_ready(unit); };
+}
+
+void DataParallel::on_unit_ready(int unit) {
+  for (auto& w : pending_) w.test();  // MPI progresses inside its calls
+  if (options_.zero_stage >= 2)
+    issue_reduce_scatter(unit);
+  else if (unit == buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])].lo)
+    issue_allreduce(unit);
+}
+
+void DataParallel::issue_allreduce(int unit) {
+  const Bucket& b = buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])];
+  pending_.push_back(group_->iallreduce(model_.grads() + b.offset, static_cast<size_t>(b.numel),
+                                        DType::kF32, comm::ReduceOp::kSum));
+}
+
+void DataParallel::issue_reduce_scatter(int unit) {
+  const int64_t n = model_.unit_numel(unit);
+  float* send = model_.grads() + model_.unit_offset(unit);
+  auto& pad = padded_[static_cast<size_t>(unit)];
+  if (!pad.empty()) {  // zero padding up to ranks * stride
+    std::memcpy(pad.data(), send, static_cast<size_t>(n) * sizeof(float));
+    send = pad.data();
+  }
+  pending_.push_back(group_->ireduce_scatter(send, grad_shard_.data() + layout_.local_offset(unit),
+                                             static_cast<size_t>(layout_.stride(unit)),
+                                             DType::kF32, comm::ReduceOp::kSum));
+}
+
+void DataParallel::backward_done(const int32_t* tokens) {
+  if (group_ == nullptr) return;
+  if (!options_.overlap)  // every unit after the backward: the comm time, unhidden
+    for (int u = model_.num_units() - 1; u >= 0; --u) on_unit_ready(u);
+  if (defer_embedding_) {
+    const size_t rows = static_cast<size_t>(model_.batch() * model_.seq_len());
+    pending_.push_back(group_->iall_gather(tokens, lookup_tokens_.data(), rows, DType::kI32));
+    pending_.push_back(group_->iall_gather(model_.embedding_output_grad(), lookup_grads_.data(),
+                                           rows * static_cast<size_t>(model_.config().n_embd),
+                                           DType::kF32));
+  }
+}
+
+double DataParallel::step(double lr) {
+  comm_wait_s_ = 0;
+  if (group_ != nullptr) {
+    core::Timer wait;
+    for (auto& w : pending_) w.wait();
+    pending_.clear();
+    comm_wait_s_ = wait.seconds();
+    if (defer_embedding_)  // every rank adds every rank's lookup rows, in rank order
+      ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
+                              model_.grads() + model_.param("wpe.weight").offset,
+                              lookup_grads_.data(), lookup_tokens_.data(),
+                              model_.batch() * layout_.ranks(), model_.seq_len(),
+                              model_.config().n_embd);
+  }
+  if (options_.zero_stage == 0) return adam_->step(model_.params(), model_.grads(), lr);
+
+  double norm = 0;
+  if (options_.zero_stage == 1 || group_ == nullptr) {
+    // The full reduced gradient is here: its norm needs no communication, and
+    // this rank's shard of it feeds the update.
+    norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+    for (int u = 0; u < layout_.num_units(); ++u)
+      std::memcpy(grad_shard_.data() + layout_.local_offset(u),
+                  model_.grads() + model_.unit_offset(u) + layout_.begin(u),
+                  static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  } else {
+    double mine = optim::AdamW::sum_squares(grad_shard_.data(), layout_.local_numel());
+    if (group_ != nullptr) {
+      std::vector<double> all(static_cast<size_t>(layout_.ranks()));
+      group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
+      mine = 0;
+      for (double s : all) mine += s;  // rank order: the same sum on every rank
+    }
+    norm = std::sqrt(mine);
+  }
+  adam_->apply(model_.params(), grad_shard_.data(), lr, adam_->clip_scale(norm));
+  if (group_ != nullptr) gather_params();
+  return norm;
+}
+
+// Every unit's updated shards to every rank: two units in flight, each through
+// a padded send block and a receive buffer of ranks x stride.
+void DataParallel::gather_params() {
+  const int units = layout_.num_units();
+  const int64_t half_send = static_cast<int64_t>(gather_send_.size() / 2);
+  const int64_t half_recv = static_cast<int64_t>(gather_recv_.size() / 2);
+  comm::Work inflight[2];
+  int unit_in[2] = {-1, -1};
+  auto finish = [&](int slot) {
+    if (unit_in[slot] < 0) return;
+    inflight[slot].wait();
+    const int u = unit_in[slot];
+    std::memcpy(model_.params() + model_.unit_offset(u), gather_recv_.data() + slot * half_recv,
+                static_cast<size_t>(model_.unit_numel(u)) * sizeof(float));
+    unit_in[slot] = -1;
+  };
+  for (int u = 0; u < units; ++u) {
+    const int slot = u & 1;
+    finish(slot);
+    float* send = gather_send_.data() + slot * half_send;
+    const int64_t owned = layout_.owned(u), stride = layout_.stride(u);
+    std::memcpy(send, model_.params() + model_.unit_offset(u) + layout_.begin(u),
+                static_cast<size_t>(owned) * sizeof(float));
+    std::fill(send + owned, send + stride, 0.0f);
+    inflight[slot] = group_->iall_gather(send, gather_recv_.data() + slot * half_recv,
+                                         static_cast<size_t>(stride), DType::kF32);
+    unit_in[slot] = u;
+  }
+  finish(0);
+  finish(1);
+}
+
+MemoryReport DataParallel::memory() const {
+  MemoryReport r;
+  r.params = static_cast<size_t>(model_.num_params()) * sizeof(float);
+  r.grads = r.params + grad_shard_.size() * sizeof(float);
+  r.adam = adam_->state_bytes();
+  r.gathered = (gather_send_.size() + gather_recv_.size()) * sizeof(float);
+  for (const auto& p : padded_) r.buckets += p.size() * sizeof(float);
+  r.buckets += lookup_tokens_.size() * sizeof(int32_t) + lookup_grads_.size() * sizeof(float);
+  r.activations = model_.activation_bytes();
+  return r;
+}
+
+}  // namespace po::parallel

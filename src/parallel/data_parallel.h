@@ -1,0 +1,115 @@
+// Data parallel with ZeRO stages 0-2 on the flat per-unit buffers: what the
+// trainer does between "the backward of a step's last micro-batch starts" and
+// "the parameters are updated on every rank".
+//
+//   stage 0 (DDP): gradients are summed over the group in buckets of
+//     consecutive units (parallel.bucket_size), each all-reduced as soon as
+//     the backward has finished its lowest unit; every rank then takes the
+//     same AdamW step over the whole model.
+//   stage 1: the same all-reduce, but Adam m and v exist only for this rank's
+//     shard (ShardLayout): each rank updates its shard of the parameters and
+//     the updated shards are all-gathered, unit by unit.
+//   stage 2: each unit's gradient is reduce-scattered into this rank's
+//     gradient shard as soon as the unit is final (no all-reduce), then as
+//     stage 1.
+// fp32 parameters are their own master weights here (bf16 compute, with a
+// separate fp32 master, is a later step).
+//
+// Clipping uses the global norm: at stage 0 from the full reduced gradient,
+// at stages 1-2 from every rank's shard, the per-rank sums of squares
+// all-gathered as doubles and added in rank order (the same value on every
+// rank, equal to the unsharded norm up to the order of the f32 sums).
+//
+// The tied embedding (stages 0 and 1, with overlap on): the LM-head part of
+// wte's gradient is final at the START of the backward, so unit 0 is reduced
+// from there on, and each rank's embedding-lookup rows (its [B*T, C] gradient
+// and its tokens) are all-gathered at the end and added on every rank in rank
+// order (GPT2::forward_backward's defer_embedding).
+//
+// With no communicator (a single process) every stage is the plain step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "parallel/shard_layout.h"
+
+namespace po::parallel {
+
+struct DataParallelOptions {
+  int zero_stage = 0;
+  bool overlap = true;               // parallel.overlap_comm
+  uint64_t bucket_bytes = 25u << 20; // parallel.bucket_size (stage 0-1)
+};
+
+// Bytes this rank holds for model state and communication, by kind.
+struct MemoryReport {
+  size_t params = 0;      // model parameters (fp32: also the master weights)
+  size_t grads = 0;       // full gradient buffer + gradient shard
+  size_t master = 0;      // separate fp32 master weights (0 in fp32 training)
+  size_t adam = 0;        // Adam m + v
+  size_t gathered = 0;    // all-gather buffers for parameter shards
+  size_t buckets = 0;     // reduce-scatter padding and embedding-lookup gathers
+  size_t activations = 0;
+  size_t total() const { return params + grads + master + adam + gathered + buckets + activations; }
+};
+
+class DataParallel {
+ public:
+  // `group` may be null (one process). The model must outlive this object.
+  DataParallel(model::GPT2& model, const optim::AdamWConfig& adam, comm::Communicator* group,
+               const DataParallelOptions& options);
+
+  // Arguments for the model's forward_backward of a step's LAST micro-batch:
+  // the per-unit callback (empty when nothing overlaps) and defer_embedding.
+  std::function<void(int unit)> unit_ready();
+  bool defer_embedding() const { return defer_embedding_; }
+  // After that micro-batch's backward: `tokens` are its inputs [B*T].
+  void backward_done(const int32_t* tokens);
+  // Waits for the reductions, clips by the global norm, updates, and (stages
+  // 1-2) all-gathers the parameters. Returns the pre-clip global norm.
+  double step(double lr);
+
+  // Seconds the last step() waited for communication (the exposed part).
+  double comm_wait_seconds() const { return comm_wait_s_; }
+  optim::AdamW& adam() { return *adam_; }
+  const ShardLayout& layout() const { return layout_; }
+  int zero_stage() const { return options_.zero_stage; }
+  MemoryReport memory() const;
+
+ private:
+  void on_unit_ready(int unit);
+  void issue_allreduce(int unit);
+  void issue_reduce_scatter(int unit);
+  void gather_params();
+
+  model::GPT2& model_;
+  comm::Communicator* group_;
+  DataParallelOptions options_;
+  ShardLayout layout_;
+  std::unique_ptr<optim::AdamW> adam_;
+  bool defer_embedding_ = false;
+  double comm_wait_s_ = 0;
+
+  // stage 0-1 buckets: bucket_of_[u] -> index; buckets_[i] = {lowest unit, offset, numel}
+  struct Bucket {
+    int lo = 0;
+    int64_t offset = 0, numel = 0;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;
+  // stage 2: a padded copy of unit u's gradient when n_u is not ranks * S_u
+  std::vector<std::vector<float>> padded_;
+  std::vector<float> grad_shard_;      // stages 1-2: [layout.local_numel()]
+  std::vector<float> gather_send_, gather_recv_;
+  std::vector<int32_t> lookup_tokens_;  // deferred embedding rows of all ranks
+  std::vector<float> lookup_grads_;
+  std::vector<comm::Work> pending_;
+};
+
+}  // namespace po::parallel
