@@ -4,6 +4,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -182,6 +185,49 @@ int usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// What each rank holds, by kind (DataParallel's ledger plus the process's
+// peak RSS), gathered to every rank: one row per rank.
+constexpr const char* kMemoryKinds[] = {"params", "grads",       "master", "adam", "gathered",
+                                        "buckets", "activations", "total",  "peak_rss"};
+constexpr size_t kMemoryFields = std::size(kMemoryKinds);
+using MemoryRow = std::array<uint64_t, kMemoryFields>;
+
+std::vector<MemoryRow> gather_memory(comm::Communicator* world, const parallel::DataParallel& dp) {
+  const parallel::MemoryReport m = dp.memory();
+  const MemoryRow mine = {m.params,  m.grads,       m.master,  m.adam,          m.gathered,
+                          m.buckets, m.activations, m.total(), peak_rss_bytes()};
+  std::vector<MemoryRow> rows(world ? static_cast<size_t>(world->size()) : 1);
+  if (world)
+    world->all_gather(mine.data(), rows.data(), 2 * kMemoryFields, tensor::DType::kI32);
+  else
+    rows[0] = mine;
+  return rows;
+}
+
+nlohmann::json memory_json(const std::vector<MemoryRow>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const MemoryRow& r : rows) {
+    nlohmann::json j;
+    for (size_t k = 0; k < kMemoryFields; ++k) j[kMemoryKinds[k]] = r[k];
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::string memory_table(const std::vector<MemoryRow>& rows) {
+  std::string t = "memory per rank (MiB):\n  rank";
+  for (const char* k : kMemoryKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
+    for (uint64_t v : rows[r]) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(v) / (1 << 20));
+      t += buf;
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 void check_config(const core::Config& cfg) { (void)make_plan(cfg, resolve_model_config(cfg)); }
@@ -312,6 +358,11 @@ TrainResult train(const core::Config& cfg) {
               p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (sgemm peak ", static_cast<int>(peak_gflops), " GFLOP/s)");
 
+  {
+    const auto rows = gather_memory(world.get(), dp);
+    if (leader) PO_LOG_INFO(memory_table(rows));
+  }
+
   std::optional<MetricsWriter> metrics;
   if (leader) metrics.emplace((fs::path(run_dir) / "metrics.jsonl").string());
   Progress progress;
@@ -369,6 +420,7 @@ TrainResult train(const core::Config& cfg) {
     // Each rank measured the peak of its own share of the cores.
     const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9 * p.dp);
     result.last_loss = loss;
+    const auto memory = gather_memory(world.get(), dp);
     if (!leader) continue;
     metrics->write({{"step", state.step},
                    {"loss", loss},
@@ -380,7 +432,8 @@ TrainResult train(const core::Config& cfg) {
                    {"comm_wait_ms", comm_wait_s * 1000},
                    {"tokens", state.tokens},
                    {"peak_rss_bytes", peak_rss_bytes()},
-                   {"predicted_bytes", predicted}});
+                   {"predicted_bytes", predicted},
+                   {"memory_per_rank", memory_json(memory)}});
     const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tps,
