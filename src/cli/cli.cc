@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/gpt2_io.h"
+#include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
 #include "comm/env.h"
 #include "core/config.h"
@@ -102,7 +103,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
   return 0;
 }
 
-// A model holding the weights of a checkpoint file or run directory.
+// A model holding the weights of a checkpoint (any layout wrote it) or run directory.
 model::GPT2 load_model(const std::string& ckpt_or_run, int64_t batch) {
   const std::string path = train::resolve_checkpoint(ckpt_or_run);
   core::Config cfg = train::checkpoint_config(path);
@@ -175,18 +176,23 @@ int run(int argc, char** argv) {
 
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   std::string src, out;
-  ex->add_option("source", src, "Checkpoint file or run directory")->required();
+  ex->add_option("source", src, "Checkpoint directory or run directory")->required();
   ex->add_option("--out", out, "Output .safetensors")->required();
 
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   std::string prompt;
   train::SampleOptions so;
-  gen->add_option("source", src, "Checkpoint file or run directory")->required();
+  gen->add_option("source", src, "Checkpoint directory or run directory")->required();
   gen->add_option("--prompt", prompt, "Prompt text")->required();
   gen->add_option("--max-new-tokens", so.max_new_tokens)->check(CLI::NonNegativeNumber);
   gen->add_option("--temperature", so.temperature)->check(CLI::NonNegativeNumber);
   gen->add_option("--top-k", so.top_k)->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", so.seed);
+
+  auto* ck = app.add_subcommand("ckpt", "Inspect checkpoints");
+  ck->require_subcommand(1);
+  auto* ck_info = ck->add_subcommand("info", "Print a checkpoint's manifest: tensors, files, slices");
+  ck_info->add_option("source", src, "Checkpoint directory or run directory")->required();
 
   try {
     app.parse(argc, argv);
@@ -213,6 +219,10 @@ int run(int argc, char** argv) {
     }
     if (*ex) return cmd_export(src, out);
     if (*gen) return cmd_generate(src, prompt, so);
+    if (*ck_info) {
+      std::fputs(checkpoint::format_manifest(train::resolve_checkpoint(src)).c_str(), stdout);
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%spagedoptim: error: %s\n", rank_prefix().c_str(), e.what());
     return 1;

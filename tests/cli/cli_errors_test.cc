@@ -91,25 +91,50 @@ TEST_F(CliErrors, MissingCheckpoint) {
 
 TEST_F(CliErrors, CorruptAndTruncatedCheckpointsAreDetected) {
   ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
-  const std::string ckpt = run_ + "/checkpoints/step_00000003.ckpt";
-  const std::string good = po::test::read_file(ckpt);
+  const std::string ckpt = run_ + "/checkpoints/step_00000003";
+  const std::string good = po::test::read_file(ckpt + "/rank_00000.bin");
+  ASSERT_FALSE(good.empty());
+  // Copies of the checkpoint with its shard file replaced by `bytes`.
+  auto damaged = [&](const std::string& name, const std::string& bytes) {
+    const std::string dir = dir_ / name;
+    fs::copy(ckpt, dir, fs::copy_options::recursive);
+    po::test::write_file(dir + "/rank_00000.bin", bytes);
+    return dir;
+  };
   std::string flipped = good;
-  flipped[flipped.size() - 100] ^= 1;  // inside the last section's data
-  po::test::write_file(dir_ / "flipped.ckpt", flipped);
-  expect_clean_error(run_command(kBin + " export " + (dir_ / "flipped.ckpt") + " --out " +
-                                 (dir_ / "o.safetensors")),
-                     {"flipped.ckpt"});
-  po::test::write_file(dir_ / "short.ckpt", good.substr(0, good.size() / 2));
-  expect_clean_error(run_command(kBin + " export " + (dir_ / "short.ckpt") + " --out " +
-                                 (dir_ / "o.safetensors")),
-                     {"short.ckpt"});
+  flipped[4096 + 100] ^= 1;  // inside the first slice (params of unit 0), which export reads
+  const std::string export_to = " --out " + (dir_ / "o.safetensors");
+  expect_clean_error(run_command(kBin + " export " + damaged("flipped", flipped) + export_to),
+                     {"flipped/rank_00000.bin", "checksum mismatch"});
+  const std::string short_dir = damaged("short", good.substr(0, good.size() / 2));
+  expect_clean_error(run_command(kBin + " export " + short_dir + export_to),
+                     {"short/rank_00000.bin", "truncated"});
+  const std::string gone = damaged("gone", good);
+  fs::remove(gone + "/rank_00000.bin");
+  expect_clean_error(run_command(kBin + " export " + gone + export_to),
+                     {"gone/rank_00000.bin", "missing"});
+  po::test::write_file(damaged("badmanifest", good) + "/manifest.json", "{\"format\": ");
+  expect_clean_error(run_command(kBin + " export " + (dir_ / "badmanifest") + export_to),
+                     {"badmanifest/manifest.json", "not valid JSON"});
   EXPECT_FALSE(fs::exists(dir_ / "o.safetensors"));
   // Resuming from a corrupt newest checkpoint fails and destroys nothing.
-  po::test::write_file(ckpt, flipped);
+  po::test::write_file(ckpt + "/rank_00000.bin", flipped);
   const std::string metrics = po::test::read_file(run_ + "/metrics.jsonl");
-  expect_clean_error(run_command(train_cmd("--resume --set train.steps=5")), {"step_00000003.ckpt"});
-  EXPECT_EQ(po::test::read_file(ckpt), flipped);
+  expect_clean_error(run_command(train_cmd("--resume --set train.steps=5")),
+                     {"step_00000003/rank_00000.bin"});
+  EXPECT_EQ(po::test::read_file(ckpt + "/rank_00000.bin"), flipped);
   EXPECT_EQ(po::test::read_file(run_ + "/metrics.jsonl"), metrics);
+}
+
+TEST_F(CliErrors, CkptInfoPrintsTheManifest) {
+  ASSERT_EQ(run_command(train_cmd()).exit_code, 0);
+  auto r = run_command(kBin + " ckpt info " + run_);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"step_00000003", "step 3,", "written by 1 rank(s)", "wte.weight",
+                             "h.1.mlp.c_proj.bias", "rank_00000.bin", "adam_v"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << "lacks '" << needle << "':\n"
+                                                         << r.output;
+  expect_clean_error(run_command(kBin + " ckpt info " + (dir_ / "nope")), {"nope"});
 }
 
 TEST_F(CliErrors, ExistingRunIsNotOverwritten) {

@@ -67,7 +67,8 @@ TEST_F(Ddp, CheckpointFromTwoRanksResumesOnOne) {
   const std::string two = train("dp2", 2);
   const std::string resumed = dir_ / "resumed";
   fs::create_directories(resumed + "/checkpoints");
-  fs::copy_file(po::train::checkpoint_path(two, 9), po::train::checkpoint_path(resumed, 9));
+  fs::copy(po::train::checkpoint_path(two, 9), po::train::checkpoint_path(resumed, 9),
+           fs::copy_options::recursive);
   train("resumed", 1, "--resume");
   const auto tail = losses(resumed);
   ASSERT_EQ(tail.size(), 11u);
