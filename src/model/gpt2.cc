@@ -153,12 +153,50 @@ const ParamInfo& GPT2::param(const std::string& name) const {
   PO_THROW(core::InvalidArgument, "no parameter named '", name, "'");
 }
 
-GPT2::BlockParams GPT2::block_params(float* base, int64_t layer) const {
+GPT2::BlockParams GPT2::block_params(float* unit_base, int64_t layer) const {
   // Block tensors are laid out in build_layout() order, 12 per block after the 2 embeddings.
   const ParamInfo* p = &infos_[2 + 12 * layer];
-  auto at = [&](int i) { return base + p[i].offset; };
+  auto at = [&](int i) { return unit_base + unit_relative(p[i]); };
   return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
 }
+
+float* GPT2::params() {
+  PO_ASSERT(params_.data() != nullptr, "GPT2::params(): the flat parameters were released ",
+           "(ZeRO-3 keeps only shards)");
+  return params_.f32();
+}
+
+const float* GPT2::params() const {
+  PO_ASSERT(params_.data() != nullptr, "GPT2::params(): the flat parameters were released ",
+           "(ZeRO-3 keeps only shards)");
+  return params_.f32();
+}
+
+float* GPT2::grads() {
+  PO_ASSERT(grads_.data() != nullptr, "GPT2::grads(): the flat gradients were released ",
+           "(ZeRO-3 keeps only shards)");
+  return grads_.f32();
+}
+
+void GPT2::set_unit_hooks(UnitHooks hooks) {
+  PO_ASSERT(hooks.empty() || (hooks.params && hooks.done && hooks.grads && hooks.grads_ready),
+           "GPT2::set_unit_hooks: give all four hooks (params, done, grads, grads_ready) or none");
+  hooks_ = std::move(hooks);
+}
+
+void GPT2::release_params() { params_ = tensor::Storage(); }
+
+void GPT2::release_grads() { grads_ = tensor::Storage(); }
+
+float* GPT2::unit_params(int u) {
+  return hooks_.params ? hooks_.params(u) : params() + unit_offset(u);
+}
+
+void GPT2::unit_done(int u) {
+  if (hooks_.done) hooks_.done(u);
+}
+
+float* GPT2::unit_grads(int u) { return hooks_.grads ? hooks_.grads(u) : grads() + unit_offset(u); }
 
 void GPT2::init_random(uint64_t seed) {
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
@@ -181,11 +219,13 @@ void GPT2::init_random(uint64_t seed) {
   }
 }
 
-void GPT2::zero_grads() { std::memset(grads_.data(), 0, grads_.size()); }
+void GPT2::zero_grads() {
+  if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.size());
+}
 
-void GPT2::block_forward(int64_t l, const float* in, const LayerActs& a, int64_t b, int64_t t) {
+void GPT2::block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
+                         int64_t t) {
   const int64_t C = config_.n_embd, NH = config_.n_head, BT = b * t;
-  BlockParams P = block_params(params(), l);
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, BT, C);
   ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, BT, C, 3 * C);
   ops::attention_forward(a.atty, a.lse, a.qkv, b, t, C, NH);
@@ -199,10 +239,9 @@ void GPT2::block_forward(int64_t l, const float* in, const LayerActs& a, int64_t
 }
 
 // dres holds dL/d(block output) on entry and dL/d(block input) on return.
-void GPT2::block_backward(int64_t l, const float* in, const LayerActs& a, float* dres) {
+void GPT2::block_backward(const BlockParams& P, const BlockParams& G, const float* in,
+                          const LayerActs& a, float* dres) {
   const int64_t C = config_.n_embd, NH = config_.n_head, BT = B_ * T_;
-  BlockParams P = block_params(params(), l);
-  BlockParams G = block_params(grads(), l);
   ops::matmul_backward(dfch_, G.fcprojw, G.fcprojb, dres, a.fch_gelu, P.fcprojw, BT, 4 * C, C);
   ops::gelu_backward(dfch_, a.fch, dfch_, BT * 4 * C);
   ops::matmul_backward(dbuf_c_, G.fcw, G.fcb, dfch_, a.ln2, P.fcw, BT, C, 4 * C);
@@ -216,9 +255,10 @@ void GPT2::block_backward(int64_t l, const float* in, const LayerActs& a, float*
 }
 
 const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t) {
-  const float* w = params();
-  ops::embedding_forward(encoded_, inputs, w + infos_[0].offset, w + infos_[1].offset, b, t,
-                         config_.n_embd);
+  const float* w = unit_params(0);
+  ops::embedding_forward(encoded_, inputs, w + unit_relative(infos_[0]),
+                         w + unit_relative(infos_[1]), b, t, config_.n_embd);
+  unit_done(0);
   const float* in = encoded_;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     LayerActs a = layers_[l];
@@ -226,7 +266,9 @@ const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t) {
       a = scratch_;
       a.residual3 = layers_[l].residual3;
     }
-    block_forward(l, in, a, b, t);
+    const int u = static_cast<int>(l + 1);
+    block_forward(block_params(unit_params(u), l), in, a, b, t);
+    unit_done(u);
     in = a.residual3;
   }
   return in;
@@ -235,25 +277,30 @@ const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t) {
 double GPT2::head_forward(const float* residual, const int32_t* targets, int64_t rows,
                           float grad_scale) {
   const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int uf = static_cast<int>(config_.n_layer + 1);  // final LayerNorm's unit
   const ParamInfo& lnfw = infos_[infos_.size() - 2];
   const ParamInfo& lnfb = infos_[infos_.size() - 1];
-  const float* wte = params() + infos_[0].offset;
-  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, params() + lnfw.offset,
-                         params() + lnfb.offset, rows, C);
   const bool backward = grad_scale != 0.0f;
+  const float* wte = unit_params(0) + unit_relative(infos_[0]);
+  const float* pf = unit_params(uf);
+  float* dwte = backward ? unit_grads(0) + unit_relative(infos_[0]) : nullptr;
+  float* gf = backward ? unit_grads(uf) : nullptr;
+  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, pf + unit_relative(lnfw),
+                         pf + unit_relative(lnfb), rows, C);
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
     ops::matmul_forward(logits_, lnf_ + r0 * C, wte, nullptr, n, C, V);
     ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
     if (backward)
-      ops::matmul_backward(dlnf_ + r0 * C, grads() + infos_[0].offset, nullptr, logits_,
-                           lnf_ + r0 * C, wte, n, C, V);
+      ops::matmul_backward(dlnf_ + r0 * C, dwte, nullptr, logits_, lnf_ + r0 * C, wte, n, C, V);
   }
   if (backward) {
     std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
-    ops::layernorm_backward(dres_, grads() + lnfw.offset, grads() + lnfb.offset, dlnf_, residual,
-                            params() + lnfw.offset, lnf_mean_, lnf_rstd_, rows, C);
+    ops::layernorm_backward(dres_, gf + unit_relative(lnfw), gf + unit_relative(lnfb), dlnf_,
+                            residual, pf + unit_relative(lnfw), lnf_mean_, lnf_rstd_, rows, C);
   }
+  unit_done(uf);
+  unit_done(0);
   double sum = 0;
   for (int64_t i = 0; i < rows; ++i) sum += losses_[i];
   return sum;
@@ -263,9 +310,12 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
                              const std::function<void(int unit)>& on_unit_ready,
                              bool defer_embedding) {
   auto ready = [&](int unit) {
+    if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
   };
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
+  PO_CHECK(!defer_embedding || !hooks_.grads,
+           "forward_backward: defer_embedding needs the model's own gradient buffer, not hooks");
   const int64_t BT = B_ * T_;
   const float* out = forward_blocks(inputs, B_, T_);
   const double loss_sum = head_forward(out, targets, BT, grad_scale);
@@ -273,19 +323,24 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
   if (defer_embedding) ready(0);  // all but this micro-batch's lookup rows
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
+    const int u = static_cast<int>(l + 1);
+    const BlockParams P = block_params(unit_params(u), l);
+    const BlockParams G = block_params(unit_grads(u), l);
     if (config_.activation_checkpointing) {
       LayerActs a = scratch_;
       a.residual3 = layers_[l].residual3;  // recompute rewrites the same values
-      block_forward(l, in, a, B_, T_);
-      block_backward(l, in, a, dres_);
+      block_forward(P, in, a, B_, T_);
+      block_backward(P, G, in, a, dres_);
     } else {
-      block_backward(l, in, layers_[l], dres_);
+      block_backward(P, G, in, layers_[l], dres_);
     }
-    ready(static_cast<int>(l + 1));
+    unit_done(u);
+    ready(u);
   }
   if (!defer_embedding) {
-    ops::embedding_backward(grads() + infos_[0].offset, grads() + infos_[1].offset, dres_, inputs,
-                            B_, T_, config_.n_embd);
+    float* g0 = unit_grads(0);
+    ops::embedding_backward(g0 + unit_relative(infos_[0]), g0 + unit_relative(infos_[1]), dres_,
+                            inputs, B_, T_, config_.n_embd);
     ready(0);  // wte also collected the tied head's gradient
   }
   return static_cast<float>(loss_sum / static_cast<double>(BT));
@@ -301,12 +356,17 @@ void GPT2::next_token_logits(const int32_t* tokens, int64_t t_len, float* logits
   PO_CHECK(t_len >= 1 && t_len <= T_, "context of ", t_len, " tokens exceeds the model's ", T_);
   const int64_t C = config_.n_embd, V = config_.vocab_size;
   const float* out = forward_blocks(tokens, 1, t_len);
+  const int uf = static_cast<int>(config_.n_layer + 1);
   const ParamInfo& lnfw = infos_[infos_.size() - 2];
   const ParamInfo& lnfb = infos_[infos_.size() - 1];
   const float* last = out + (t_len - 1) * C;
-  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, last, params() + lnfw.offset,
-                         params() + lnfb.offset, 1, C);
-  ops::matmul_forward(logits, lnf_, params() + infos_[0].offset, nullptr, 1, C, V);
+  const float* wte = unit_params(0) + unit_relative(infos_[0]);  // the head's order: 0, then L+1
+  const float* pf = unit_params(uf);
+  ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, last, pf + unit_relative(lnfw),
+                         pf + unit_relative(lnfb), 1, C);
+  ops::matmul_forward(logits, lnf_, wte, nullptr, 1, C, V);
+  unit_done(uf);
+  unit_done(0);
 }
 
 }  // namespace po::model

@@ -8,7 +8,10 @@
 // a ZeRO shard or a page is a contiguous slice of one unit.
 //
 // Rules: parameter gradients accumulate (+=) across micro-batches until
-// zero_grads(); activation gradients are written. The LM head (tied to wte) and
+// zero_grads(); activation gradients are written. Every read of parameters and
+// every write of parameter gradients goes through one unit's base pointer
+// (UnitHooks), with offsets relative to unit_offset(unit), so a unit's
+// parameters need to exist only while that unit computes (ZeRO-3). The LM head (tied to wte) and
 // the loss run fused in row chunks so that the [BT, V] logits are never held
 // whole: each chunk's logits are turned into their gradient in place at once.
 #pragma once
@@ -34,6 +37,36 @@ struct ParamInfo {
   int64_t numel() const { return tensor::shape_numel(shape); }
 };
 
+// How the model reaches each unit's parameters and gradients. Empty (the
+// default): its own flat buffers. ZeRO-3 installs hooks that all-gather a
+// unit's parameters just before use and reduce its gradient once final. One
+// forward_backward asks, in this order (L = n_layer):
+//   params(0)  embedding forward           done(0)
+//   params(l)  block l forward             done(l)        l = 1..L
+//   params(0), params(L+1), grads(0), grads(L+1)  head + loss + head backward
+//              done(L+1), done(0), grads_ready(L+1)
+//   params(l), grads(l)  block l [recompute and] backward
+//              done(l), grads_ready(l)                     l = L..1
+//   grads(0)   embedding backward          grads_ready(0)
+// evaluate() asks for the forward part of the same order (up to the head's
+// params(0), params(L+1)), and so does next_token_logits(). params(u) is
+// called once per use and its pointer is not kept past done(u).
+struct UnitHooks {
+  // Unit u's parameters: unit_numel(u) floats in the unit's layout, valid
+  // until done(u).
+  std::function<float*(int u)> params;
+  // The model is finished with the pointer params(u) returned.
+  std::function<void(int u)> done;
+  // Unit u's gradient accumulator (unit_numel(u) floats; the model adds into
+  // it): the same buffer from the first grads(u) of a micro-batch until
+  // grads_ready(u).
+  std::function<float*(int u)> grads;
+  // Unit u's gradient of this micro-batch is complete. Called on every
+  // micro-batch, at the points forward_backward's on_unit_ready is called.
+  std::function<void(int u)> grads_ready;
+  bool empty() const { return !params && !done && !grads && !grads_ready; }
+};
+
 class GPT2 {
  public:
   // Allocates parameters, gradients and activations for micro-batch B at sequence T.
@@ -44,9 +77,11 @@ class GPT2 {
   int64_t seq_len() const { return T_; }
   int64_t seq() const { return T_; }
 
-  float* params() { return params_.f32(); }
-  const float* params() const { return params_.f32(); }
-  float* grads() { return grads_.f32(); }
+  // The flat parameter and gradient buffers [num_params()]: only while the
+  // model holds them (throws after release_params() / release_grads()).
+  float* params();
+  const float* params() const;
+  float* grads();
   int64_t num_params() const { return num_params_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const ParamInfo& param(const std::string& name) const;
@@ -58,7 +93,20 @@ class GPT2 {
   // projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1.
   // Element i of tensor k is a function of (seed, k, i) only.
   void init_random(uint64_t seed);
+  // Zeroes grads(); does nothing once they are released (the hooks' owner
+  // then keeps the gradients).
   void zero_grads();
+
+  // Routes every parameter and gradient access through `hooks` (all four
+  // set), or back to the model's own buffers (all empty).
+  void set_unit_hooks(UnitHooks hooks);
+  // Frees the flat parameter / gradient buffers, for a caller whose hooks keep
+  // the state elsewhere (ZeRO-3 keeps only shards). Irreversible.
+  void release_params();
+  void release_grads();
+  // Bytes of flat parameters / gradients the model holds now (0 once released).
+  size_t params_bytes() const { return params_.size(); }
+  size_t grads_bytes() const { return grads_.size(); }
 
   // One micro-batch: forward, loss, backward. inputs/targets [B,T].
   // Gradients of grad_scale * sum(per-token losses) accumulate into grads().
@@ -76,7 +124,8 @@ class GPT2 {
   // micro-batch's lookup rows, and the lookup gradient is left in
   // embedding_output_grad() ([B*T, C]) for the caller to add with
   // ops::embedding_backward once unit 0 is reduced: so the largest tensor's
-  // reduction overlaps the whole backward instead of none of it.
+  // reduction overlaps the whole backward instead of none of it. Not with
+  // gradient hooks (the lookup rows go to grads(0) as usual).
   float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
                          const std::function<void(int unit)>& on_unit_ready = {},
                          bool defer_embedding = false);
@@ -118,10 +167,19 @@ class GPT2 {
   // and predicted_bytes() both use it, so the ledger cannot drift.
   static size_t layout_activations(const GPT2Config& config, int64_t B, int64_t T, float* base,
                                    ActivationLayout& out);
-  BlockParams block_params(float* base, int64_t layer) const;
-  // Forward of block `l` at batch shape (b, t): reads `in`, writes a.
-  void block_forward(int64_t l, const float* in, const LayerActs& a, int64_t b, int64_t t);
-  void block_backward(int64_t l, const float* in, const LayerActs& a, float* dres);
+  // Views into unit `layer`+1's buffer `unit_base` (parameters or gradients).
+  BlockParams block_params(float* unit_base, int64_t layer) const;
+  // Offset of tensor `p` inside its unit.
+  int64_t unit_relative(const ParamInfo& p) const { return p.offset - unit_offset(p.unit); }
+  // Unit u's parameters / gradient accumulator: through the hooks or the flat buffers.
+  float* unit_params(int u);
+  void unit_done(int u);
+  float* unit_grads(int u);
+  // Forward of one block at batch shape (b, t) with parameters P: reads `in`, writes a.
+  void block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
+                     int64_t t);
+  void block_backward(const BlockParams& P, const BlockParams& G, const float* in,
+                      const LayerActs& a, float* dres);
   const float* forward_blocks(const int32_t* inputs, int64_t b, int64_t t);
   // Final LayerNorm + tied head + loss over row chunks; with grad_scale != 0
   // also backward through head and final LayerNorm into dres_.
@@ -135,6 +193,7 @@ class GPT2 {
   std::vector<ParamInfo> infos_;
   std::vector<int64_t> unit_offsets_;
   tensor::Storage params_, grads_, acts_;
+  UnitHooks hooks_;
 
   // Activation views (into acts_).
   float* encoded_ = nullptr;  // [BT,C]

@@ -7,6 +7,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "parallel/zero3.h"
 
 namespace po::parallel {
 namespace ops = po::backend::cpu;
@@ -21,9 +22,11 @@ std::vector<int64_t> unit_sizes(const model::GPT2& m) {
 }
 
 // AdamW ranges over this rank's shard: each tensor cut to the owned part of
-// its unit, parameters addressed in the model's flat buffer, state (m, v and
-// the gradient shard) in the rank's local buffers.
-std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLayout& l) {
+// its unit, state (m, v and the gradient shard) in the rank's local buffers,
+// parameters in the model's flat buffer (stages 1-2) or, with `local_params`
+// (stage 3), in the local parameter shard at the same offsets as the state.
+std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLayout& l,
+                                            bool local_params) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& info : m.param_infos()) {
     const int u = info.unit;
@@ -31,7 +34,8 @@ std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLay
     const int64_t lo = std::max(info.offset - unit_lo, l.begin(u));
     const int64_t hi = std::min(info.offset + info.numel() - unit_lo, l.end(u));
     if (lo >= hi) continue;
-    ranges.push_back({unit_lo + lo, hi - lo, info.decay, l.local_offset(u) + (lo - l.begin(u))});
+    const int64_t local = l.local_offset(u) + (lo - l.begin(u));
+    ranges.push_back({local_params ? local : unit_lo + lo, hi - lo, info.decay, local});
   }
   return ranges;
 }
@@ -44,8 +48,8 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
       group_(group),
       options_(options),
       layout_(unit_sizes(model), group ? group->size() : 1, group ? group->rank() : 0) {
-  PO_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2, "parallel.zero_stage = ",
-           options.zero_stage, " is not built yet (stages 0, 1 and 2 are)");
+  PO_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "parallel.zero_stage = ",
+           options.zero_stage, " is not one of 0, 1, 2, 3");
   const int units = model.num_units();
   if (options_.zero_stage == 0) {
     std::vector<optim::ParamRange> ranges;
@@ -53,9 +57,14 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
       ranges.push_back({info.offset, info.numel(), info.decay});
     adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
   } else {
-    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_),
-                                           layout_.local_numel());
+    adam_ = std::make_unique<optim::AdamW>(
+        adam, shard_ranges(model, layout_, options_.zero_stage == 3), layout_.local_numel());
     grad_shard_.assign(static_cast<size_t>(layout_.local_numel()), 0.0f);
+  }
+  if (options_.zero_stage == 3) {
+    zero3_ = std::make_unique<Zero3Units>(model, layout_, group_, grad_shard_.data(),
+                                          Zero3Units::Options{options_.prefetch, options_.overlap});
+    return;
   }
   if (group_ == nullptr) return;
 
@@ -96,8 +105,14 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
   }
 }
 
+DataParallel::~DataParallel() = default;
+
+void DataParallel::shard_params() {
+  if (zero3_) zero3_->shard_params();
+}
+
 std::function<void(int)> DataParallel::unit_ready() {
-  if (group_ == nullptr || !options_.overlap) return {};
+  if (group_ == nullptr || !options_.overlap || zero3_) return {};
   return [this](int unit) { on_unit_ready(unit); };
 }
 
@@ -129,7 +144,7 @@ void DataParallel::issue_reduce_scatter(int unit) {
 }
 
 void DataParallel::backward_done(const int32_t* tokens) {
-  if (group_ == nullptr) return;
+  if (group_ == nullptr || zero3_) return;
   if (!options_.overlap)  // every unit after the backward: the comm time, unhidden
     for (int u = model_.num_units() - 1; u >= 0; --u) on_unit_ready(u);
   if (defer_embedding_) {
@@ -143,6 +158,7 @@ void DataParallel::backward_done(const int32_t* tokens) {
 
 double DataParallel::step(double lr) {
   comm_wait_s_ = 0;
+  if (zero3_) return step_zero3(lr);
   if (group_ != nullptr) {
     core::Timer wait;
     for (auto& w : pending_) w.wait();
@@ -157,27 +173,49 @@ double DataParallel::step(double lr) {
   }
   if (options_.zero_stage == 0) return adam_->step(model_.params(), model_.grads(), lr);
 
-  double norm = 0;
   if (options_.zero_stage == 1 || group_ == nullptr) {
     // The full reduced gradient is here: its norm needs no communication, and
     // this rank's shard of it feeds the update.
-    norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+    const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
     for (int u = 0; u < layout_.num_units(); ++u)
       std::memcpy(grad_shard_.data() + layout_.local_offset(u),
                   model_.grads() + model_.unit_offset(u) + layout_.begin(u),
                   static_cast<size_t>(layout_.owned(u)) * sizeof(float));
-  } else {
-    double mine = optim::AdamW::sum_squares(grad_shard_.data(), layout_.local_numel());
-    if (group_ != nullptr) {
-      std::vector<double> all(static_cast<size_t>(layout_.ranks()));
-      group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
-      mine = 0;
-      for (double s : all) mine += s;  // rank order: the same sum on every rank
-    }
-    norm = std::sqrt(mine);
+    adam_->apply(model_.params(), grad_shard_.data(), lr, adam_->clip_scale(norm));
+    if (group_ != nullptr) gather_params();
+    return norm;
   }
+  const double norm = sharded_grad_norm();
   adam_->apply(model_.params(), grad_shard_.data(), lr, adam_->clip_scale(norm));
-  if (group_ != nullptr) gather_params();
+  gather_params();
+  return norm;
+}
+
+// The gradient shards' global norm: the per-rank sums of squares all-gathered
+// as doubles and added in rank order (the same value on every rank).
+double DataParallel::sharded_grad_norm() {
+  double mine = optim::AdamW::sum_squares(grad_shard_.data(), layout_.local_numel());
+  if (group_ != nullptr) {
+    std::vector<double> all(static_cast<size_t>(layout_.ranks()));
+    group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
+    mine = 0;
+    for (double s : all) mine += s;
+  }
+  return std::sqrt(mine);
+}
+
+// Stage 3: the micro-batches' reductions are all in the gradient shard once
+// the last ones are waited; the update writes only the local parameter shard
+// (no gather: the next forward gathers), and the gradient shard starts the
+// next step at zero.
+double DataParallel::step_zero3(double lr) {
+  zero3_->shard_params();
+  zero3_->finish_grads();
+  zero3_->drain_gathers();  // speculative ones read the shard about to change
+  comm_wait_s_ = zero3_->take_wait_seconds();
+  const double norm = sharded_grad_norm();
+  adam_->apply(zero3_->param_shard_base(), grad_shard_.data(), lr, adam_->clip_scale(norm));
+  std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
   return norm;
 }
 
@@ -213,8 +251,37 @@ void DataParallel::gather_params() {
   finish(1);
 }
 
+float* DataParallel::param_shard(int u) {
+  if (zero3_) return zero3_->param_shard(u);
+  return model_.params() + model_.unit_offset(u) + layout_.begin(u);
+}
+
+const float* DataParallel::param_shard(int u) const {
+  if (zero3_) return static_cast<const Zero3Units&>(*zero3_).param_shard(u);
+  return model_.params() + model_.unit_offset(u) + layout_.begin(u);
+}
+
+float* DataParallel::adam_m_shard(int u) {
+  if (options_.zero_stage == 0) return adam_->m() + model_.unit_offset(u) + layout_.begin(u);
+  return adam_->m() + layout_.local_offset(u);
+}
+
+float* DataParallel::adam_v_shard(int u) {
+  if (options_.zero_stage == 0) return adam_->v() + model_.unit_offset(u) + layout_.begin(u);
+  return adam_->v() + layout_.local_offset(u);
+}
+
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
+  if (zero3_) {  // what is held now: the model's buffers only until released
+    r.params = model_.params_bytes() + zero3_->param_shard_bytes();
+    r.grads = model_.grads_bytes() + grad_shard_.size() * sizeof(float) +
+              zero3_->accumulator_bytes();
+    r.adam = adam_->state_bytes();
+    r.gathered = zero3_->gathered_bytes();
+    r.activations = model_.activation_bytes();
+    return r;
+  }
   r.params = static_cast<size_t>(model_.num_params()) * sizeof(float);
   r.grads = r.params + grad_shard_.size() * sizeof(float);
   r.adam = adam_->state_bytes();

@@ -1,6 +1,7 @@
-// Data parallel with ZeRO stages 0-2 on the flat per-unit buffers: what the
+// Data parallel with ZeRO stages 0-3 on the flat per-unit buffers: what the
 // trainer does between "the backward of a step's last micro-batch starts" and
-// "the parameters are updated on every rank".
+// "the parameters are updated on every rank" (and, at stage 3, where the
+// parameters live in between).
 //
 //   stage 0 (DDP): gradients are summed over the group in buckets of
 //     consecutive units (parallel.bucket_size), each all-reduced as soon as
@@ -12,6 +13,12 @@
 //   stage 2: each unit's gradient is reduce-scattered into this rank's
 //     gradient shard as soon as the unit is final (no all-reduce), then as
 //     stage 1.
+//   stage 3: the parameters are sharded too (Zero3Units, parallel/zero3.h):
+//     the model reaches them through UnitHooks that all-gather each unit
+//     just before use (prefetching along the model's known order) and
+//     reduce-scatter each unit's gradient, on every micro-batch, as soon as
+//     it is final; the update touches only the local shards and nothing is
+//     gathered after it (the next forward gathers).
 // fp32 parameters are their own master weights here (bf16 compute, with a
 // separate fp32 master, is a later step).
 //
@@ -26,7 +33,8 @@
 // and its tokens) are all-gathered at the end and added on every rank in rank
 // order (GPT2::forward_backward's defer_embedding).
 //
-// With no communicator (a single process) every stage is the plain step.
+// With no communicator (a single process) stages 0-2 are the plain step;
+// stage 3 runs its hooks over the one shard (a gather is a copy).
 #pragma once
 
 #include <cstdint>
@@ -41,19 +49,22 @@
 
 namespace po::parallel {
 
+class Zero3Units;
+
 struct DataParallelOptions {
   int zero_stage = 0;
   bool overlap = true;               // parallel.overlap_comm
   uint64_t bucket_bytes = 25u << 20; // parallel.bucket_size (stage 0-1)
+  int prefetch = 1;                  // parallel.prefetch (stage 3): units gathered ahead
 };
 
 // Bytes this rank holds for model state and communication, by kind.
 struct MemoryReport {
-  size_t params = 0;      // model parameters (fp32: also the master weights)
-  size_t grads = 0;       // full gradient buffer + gradient shard
+  size_t params = 0;      // model parameters (fp32: also the master weights; stage 3: the shard)
+  size_t grads = 0;       // full gradient buffer + gradient shard (stage 3: + accumulators)
   size_t master = 0;      // separate fp32 master weights (0 in fp32 training)
   size_t adam = 0;        // Adam m + v
-  size_t gathered = 0;    // all-gather buffers for parameter shards
+  size_t gathered = 0;    // all-gather buffers for parameter shards (stage 3: the pool)
   size_t buckets = 0;     // reduce-scatter padding and embedding-lookup gathers
   size_t activations = 0;
   size_t total() const { return params + grads + master + adam + gathered + buckets + activations; }
@@ -62,11 +73,23 @@ struct MemoryReport {
 class DataParallel {
  public:
   // `group` may be null (one process). The model must outlive this object.
+  // Stage 3 installs its hooks into `model` and releases the model's
+  // gradients now, its parameters at shard_params().
   DataParallel(model::GPT2& model, const optim::AdamWConfig& adam, comm::Communicator* group,
                const DataParallelOptions& options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Stage 3: call once the model holds its initial (or loaded) parameters;
+  // from then on this rank keeps only its shard and the model's full buffer
+  // is freed (with one rank it stays: it is the shard). The first forward
+  // does it otherwise. Other stages: nothing.
+  void shard_params();
 
   // Arguments for the model's forward_backward of a step's LAST micro-batch:
-  // the per-unit callback (empty when nothing overlaps) and defer_embedding.
+  // the per-unit callback (empty when nothing overlaps; at stage 3 the hooks
+  // reduce every micro-batch themselves) and defer_embedding.
   std::function<void(int unit)> unit_ready();
   bool defer_embedding() const { return defer_embedding_; }
   // After that micro-batch's backward: `tokens` are its inputs [B*T].
@@ -82,11 +105,24 @@ class DataParallel {
   int zero_stage() const { return options_.zero_stage; }
   MemoryReport memory() const;
 
+  // What a sharded checkpoint reads and writes: this rank's elements
+  // [layout().begin(u), layout().end(u)) of unit u (layout().owned(u) floats),
+  // wherever the stage keeps them. Parameters: stages 0-2 in the model's
+  // flat buffer, stage 3 in the local shard (before shard_params(): still in
+  // the model's buffer). Adam m, v: stage 0 in the full state, stages 1-3 in
+  // the local state at layout().local_offset(u).
+  float* param_shard(int u);
+  const float* param_shard(int u) const;
+  float* adam_m_shard(int u);
+  float* adam_v_shard(int u);
+
  private:
   void on_unit_ready(int unit);
   void issue_allreduce(int unit);
   void issue_reduce_scatter(int unit);
   void gather_params();
+  double sharded_grad_norm();
+  double step_zero3(double lr);
 
   model::GPT2& model_;
   comm::Communicator* group_;
@@ -105,11 +141,12 @@ class DataParallel {
   std::vector<int> bucket_of_;
   // stage 2: a padded copy of unit u's gradient when n_u is not ranks * S_u
   std::vector<std::vector<float>> padded_;
-  std::vector<float> grad_shard_;      // stages 1-2: [layout.local_numel()]
+  std::vector<float> grad_shard_;      // stages 1-3: [layout.local_numel()]
   std::vector<float> gather_send_, gather_recv_;
   std::vector<int32_t> lookup_tokens_;  // deferred embedding rows of all ranks
   std::vector<float> lookup_grads_;
   std::vector<comm::Work> pending_;
+  std::unique_ptr<Zero3Units> zero3_;  // stage 3; after grad_shard_: destroyed first
 };
 
 }  // namespace po::parallel

@@ -29,6 +29,7 @@ class ShardLayout {
   int rank() const { return rank_; }
   int num_units() const { return static_cast<int>(numel_.size()); }
   int64_t unit_numel(int u) const { return numel_[static_cast<size_t>(u)]; }
+  const std::vector<int64_t>& unit_numels() const { return numel_; }
   // S_u: the padded size of every shard of unit u.
   int64_t stride(int u) const { return stride_[static_cast<size_t>(u)]; }
   // Global element range of unit u owned by rank r: [begin, end).

@@ -112,7 +112,6 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
                1,
            "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
-  PO_CHECK(cfg.get_int("parallel.zero_stage") <= 2, "parallel.zero_stage = 3 is not built yet");
   return p;
 }
 
@@ -125,14 +124,6 @@ void prepare_run_dir(const std::string& dir, bool resume) {
            "' already holds a run; pass --resume to continue it or choose another run.dir");
   fs::create_directories(fs::path(dir) / "checkpoints", ec);
   PO_CHECK(!ec, "run.dir '", dir, "': cannot create: ", ec.message());
-}
-
-void prune_checkpoints(const std::string& dir, int64_t keep) {
-  auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
-    std::error_code ec;
-    fs::remove(all[i], ec);
-  }
 }
 
 double evaluate(model::GPT2& model, const data::TokenFile& val, const Plan& p,
@@ -320,18 +311,24 @@ TrainResult train(const core::Config& cfg) {
   dpo.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   dpo.overlap = cfg.get_bool("parallel.overlap_comm");
   dpo.bucket_bytes = cfg.get_size("parallel.bucket_size");
+  dpo.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   parallel::DataParallel dp(model, ocfg, world.get(), dpo);
   optim::AdamW& opt = dp.adam();
-  PO_CHECK(dpo.zero_stage == 0 || p.dp == 1 || p.ckpt_interval == 0, "parallel.zero_stage = ",
-           dpo.zero_stage, " at parallel.dp = ", p.dp,
-           ": sharded checkpoints are not wired yet; set train.checkpoint_interval = 0");
 
   TrainState state;
   state.seed = seed;
   const std::string ckpt_dir = (fs::path(run_dir) / "checkpoints").string();
   auto existing = list_checkpoints(ckpt_dir);
-  if (resume && !existing.empty()) {
-    state = load_checkpoint(existing.back(), model, &opt);
+  // Checkpoints load into any layout: full parameters first (every stage
+  // starts from them; ZeRO-3 keeps its shard at shard_params()), then this
+  // rank's Adam state (stage 0: all of it).
+  const parallel::ShardLayout whole(dp.layout().unit_numels(), 1, 0);
+  const bool resuming = resume && !existing.empty();
+  if (resuming) {
+    state = load_checkpoint_sharded(
+        existing.back(), model, whole,
+        [&](checkpoint::StateKind, int u) { return model.params() + model.unit_offset(u); },
+        world.get(), {checkpoint::StateKind::kParams});
     PO_CHECK(state.seed == seed, existing.back(), ": written with train.seed = ", state.seed,
              ", but the config says ", seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
@@ -340,6 +337,19 @@ TrainResult train(const core::Config& cfg) {
       model.init_random(seed);
     else
       checkpoint::load_gpt2_safetensors(init, model);
+  }
+  dp.shard_params();  // ZeRO-3: from here on each rank holds only its shard
+  if (resuming) {
+    const bool full = dpo.zero_stage == 0;  // stage 0 keeps all of m and v on every rank
+    load_checkpoint_sharded(
+        existing.back(), model, full ? whole : dp.layout(),
+        [&](checkpoint::StateKind k, int u) -> float* {
+          if (full)
+            return (k == checkpoint::StateKind::kAdamM ? opt.m() : opt.v()) + model.unit_offset(u);
+          return k == checkpoint::StateKind::kAdamM ? dp.adam_m_shard(u) : dp.adam_v_shard(u);
+        },
+        world.get(), {checkpoint::StateKind::kAdamM, checkpoint::StateKind::kAdamV});
+    opt.set_steps_taken(state.adam_t);
   }
   const std::string config_toml = cfg.to_toml();
   if (leader) {
@@ -376,11 +386,24 @@ TrainResult train(const core::Config& cfg) {
   double timed_s = 0;
   int64_t timed_steps = 0;
 
+  // Every rank writes what it owns, in parallel (stage 0: a 1/N slice of the
+  // replicated state), and rank 0 commits the manifest.
   auto save = [&]() {
-    if (!leader || (dpo.zero_stage > 0 && p.dp > 1)) return;  // sharded: not wired yet
     core::Timer t;
-    save_checkpoint(checkpoint_path(run_dir, state.step), model, opt, state, config_toml);
-    prune_checkpoints(ckpt_dir, p.keep);
+    TrainState st = state;
+    st.adam_t = opt.steps_taken();
+    save_checkpoint_sharded(checkpoint_path(run_dir, state.step), model, dp.layout(),
+                            [&](checkpoint::StateKind k, int u) -> const float* {
+                              switch (k) {
+                                case checkpoint::StateKind::kParams: return dp.param_shard(u);
+                                case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
+                                case checkpoint::StateKind::kAdamV: return dp.adam_v_shard(u);
+                              }
+                              return nullptr;
+                            },
+                            st, config_toml, world.get());
+    if (!leader) return;
+    remove_old_checkpoints(ckpt_dir, p.keep);
     progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
                                 static_cast<int>(t.seconds() * 1000), " ms"));
   };
@@ -421,6 +444,14 @@ TrainResult train(const core::Config& cfg) {
     const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9 * p.dp);
     result.last_loss = loss;
     const auto memory = gather_memory(world.get(), dp);
+    // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
+    const bool eval_now =
+        val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) || state.step == p.steps);
+    const double vl = eval_now && (leader || dpo.zero_stage == 3)
+                          ? evaluate(model, *val_data, p, inputs, targets) : 0.0;
+    // Every rank saves its part (a collective), before the leader-only reporting.
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
+      save();
     if (!leader) continue;
     metrics->write({{"step", state.step},
                    {"loss", loss},
@@ -439,13 +470,11 @@ TrainResult train(const core::Config& cfg) {
       progress.step(state.step, p.steps, loss, lr, norm, tps,
                     avg * static_cast<double>(p.steps - state.step));
     const bool last = state.step == p.steps;
-    if (val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) || last)) {
-      const double vl = evaluate(model, *val_data, p, inputs, targets);
+    if (eval_now) {
       result.last_val_loss = vl;
       metrics->write({{"step", state.step}, {"val_loss", vl}});
       progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
     }
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last) save();
   }
   progress.finish();
   result.steps = state.step;
