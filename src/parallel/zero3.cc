@@ -15,8 +15,8 @@ float* Zero3Units::Pool::acquire(int64_t n) {
     if (!b.used && b.floats >= n && b.floats <= 2 * n && (!best || b.floats < best->floats))
       best = &b;
   if (best == nullptr) {
-    buffers_.push_back({tensor::Storage(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)),
-                        n, false});
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
+    buffers_.push_back({tensor::Storage(bytes), n, false});
     best = &buffers_.back();
   }
   best->used = true;
@@ -182,8 +182,8 @@ float* Zero3Units::grads(int u) {
   float*& acc = acc_[static_cast<size_t>(u)];
   if (acc != nullptr) return acc;
   // At most one accumulator per unit: the previous micro-batch's must be in.
-  while (std::any_of(pending_.begin(), pending_.end(), [u](const Reduction& r) { return r.unit == u; }))
-    complete_front();
+  auto reducing_u = [u](const Reduction& r) { return r.unit == u; };
+  while (std::any_of(pending_.begin(), pending_.end(), reducing_u)) complete_front();
   const int64_t padded = layout_.stride(u) * layout_.ranks();
   // The reduce-scatter's receive block sits after the padded send blocks.
   acc = acc_pool_.acquire(padded + (group_ != nullptr ? layout_.stride(u) : 0));

@@ -445,8 +445,8 @@ TrainResult train(const core::Config& cfg) {
     result.last_loss = loss;
     const auto memory = gather_memory(world.get(), dp);
     // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
-    const bool eval_now =
-        val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) || state.step == p.steps);
+    const bool eval_now = val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
+                                       state.step == p.steps);
     const double vl = eval_now && (leader || dpo.zero_stage == 3)
                           ? evaluate(model, *val_data, p, inputs, targets) : 0.0;
     // Every rank saves its part (a collective), before the leader-only reporting.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "model/gpt2.h"
 
@@ -99,6 +100,7 @@ void expect_identical(const float* a, const float* b, int64_t n, const std::stri
 }
 
 void check_hooks_match(bool checkpointing) {
+  po::backend::cpu::set_num_threads(1);  // tiny shapes: threads only contend
   const GPT2Config c = tiny(checkpointing);
   const int64_t B = 2, T = 16;
   GPT2 plain(c, B, T), hooked(c, B, T);
@@ -141,7 +143,8 @@ void check_hooks_match(bool checkpointing) {
   std::vector<float> lp_logits(c.vocab_size), lh_logits(c.vocab_size);
   plain.next_token_logits(b1.in.data(), 9, lp_logits.data());
   hooked.next_token_logits(b1.in.data(), 9, lh_logits.data());
-  expect_identical(lp_logits.data(), lh_logits.data(), c.vocab_size, "next-token logits with hooks");
+  expect_identical(lp_logits.data(), lh_logits.data(), c.vocab_size,
+                   "next-token logits with hooks");
 }
 
 TEST(GPT2Hooks, CopyingHooksGiveBitIdenticalLossAndGradients) { check_hooks_match(false); }
@@ -151,6 +154,7 @@ TEST(GPT2Hooks, SameWithActivationCheckpointing) { check_hooks_match(true); }
 // Hooks that return the model's own buffers are the model without hooks,
 // over several micro-batches too.
 TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
+  po::backend::cpu::set_num_threads(1);
   const GPT2Config c = tiny(false);
   const int64_t B = 2, T = 16;
   GPT2 plain(c, B, T), hooked(c, B, T);
@@ -168,7 +172,8 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
               hooked.forward_backward(b.in.data(), b.tg.data(), 0.01f))
         << "micro-batch " << m;
   }
-  EXPECT_EQ(ready, 3 * hooked.num_units()) << "grads_ready fires for every unit of every micro-batch";
+  EXPECT_EQ(ready, 3 * hooked.num_units())
+      << "grads_ready fires for every unit of every micro-batch";
   expect_identical(plain.grads(), hooked.grads(), plain.num_params(), "accumulated gradients");
 }
 

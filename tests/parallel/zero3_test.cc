@@ -77,7 +77,8 @@ Curve run(int stage, int prefetch, bool checkpointing = false) {
   return out;
 }
 
-void expect_close(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+void expect_close(const std::vector<double>& a, const std::vector<double>& b,
+                  const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_LE(std::fabs(a[i] - b[i]), 1e-6 * std::fabs(a[i]))

@@ -3,7 +3,7 @@
 // the gradient norm they report (clipping across shards) is the unsharded one.
 // Stage 3 also at every prefetch depth, with activation checkpointing and with
 // evaluations (val_loss of stage 0), holding a quarter of the parameters per
-// rank at dp = 4.
+// rank at dp = 4, and its checkpoints resume at other layouts.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -82,12 +82,14 @@ TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
   }
 }
 
-TEST_F(Zero, StageTwoWithoutOverlapAndWithAccumulation) {
+TEST_F(Zero, StagesTwoAndThreeWithoutOverlapAndWithAccumulation) {
   const auto base = losses(train("ref", 1, 0, "--set train.micro_batch_size=1"));
-  expect_same_curve(base,
-                    losses(train("s2n", 2, 2,
-                                 "--set train.micro_batch_size=1 --set parallel.overlap_comm=false")),
-                    "stage 2 dp 2, 4 micro-batches, no overlap");
+  const std::string micro1_no_overlap =
+      "--set train.micro_batch_size=1 --set parallel.overlap_comm=false";
+  for (int stage : {2, 3})
+    expect_same_curve(base,
+                      losses(train("s" + std::to_string(stage) + "n", 2, stage, micro1_no_overlap)),
+                      "stage " + std::to_string(stage) + " dp 2, 4 micro-batches, no overlap");
 }
 
 // The memory_per_rank rows of a run's last step.
@@ -118,7 +120,8 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
     const std::string what = "stage 3 dp " + std::to_string(c.dp) + " prefetch " +
                              std::to_string(c.prefetch) + (c.checkpointing ? " recompute" : "");
     const std::string run = train(
-        "s3dp" + std::to_string(c.dp) + "p" + std::to_string(c.prefetch) + (c.checkpointing ? "c" : ""),
+        "s3dp" + std::to_string(c.dp) + "p" + std::to_string(c.prefetch) +
+            (c.checkpointing ? "c" : ""),
         c.dp, 3,
         eval + " --set parallel.prefetch=" + std::to_string(c.prefetch) +
             " --set model.activation_checkpointing=" + (c.checkpointing ? "true" : "false"));
@@ -126,25 +129,34 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
     const auto norm = field(run, "grad_norm");
     ASSERT_EQ(norm.size(), base_norm.size()) << what;
     for (size_t i = 0; i < norm.size(); ++i)
-      EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i]) << what << ": grad_norm at step " << i + 1;
+      EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i])
+          << what << ": grad_norm at step " << i + 1;
     const auto val = field(run, "val_loss");
     ASSERT_EQ(val.size(), base_val.size()) << what;
     for (size_t i = 0; i < val.size(); ++i)
-      EXPECT_NEAR(val[i], base_val[i], 1e-5 * base_val[i]) << what << ": val_loss at step " << 2 * (i + 1);
+      EXPECT_NEAR(val[i], base_val[i], 1e-5 * base_val[i])
+          << what << ": val_loss at step " << 2 * (i + 1);
   }
-  // What each rank holds: a quarter of the parameters (padded shards) at dp 4,
-  // a gather pool smaller than the model, a gradient shard plus accumulators.
-  const auto full = memory_rows(ref), z = memory_rows(dir_ / "s3dp4p1");
-  ASSERT_EQ(full.size(), 1u);
-  ASSERT_EQ(z.size(), 4u);
-  const double params = full[0]["params"];
-  for (size_t r = 0; r < z.size(); ++r) {
-    const double p = z[r]["params"], g = z[r]["grads"], gathered = z[r]["gathered"];
-    EXPECT_GE(4 * p, params) << "rank " << r << " params";
-    EXPECT_LE(4 * p, params + 4 * 4 * 4) << "rank " << r << " params: shard of " << p << " bytes";
+  // What each rank holds, at 6 blocks (so that a few units are visibly less
+  // than the model); every unit divides by 4 ranks here, no padding:
+  // a quarter of the parameters, a gather pool of prefetch + 2 units (the
+  // head holds units 0 and L+1), a quarter of the gradients plus the
+  // accumulators in flight (unit 0 through the backward, the final
+  // LayerNorm's, at most 1 + kMaxReductionsInFlight blocks; each with its
+  // reduce-scatter's receive block).
+  const std::string mem = train("s3mem", 4, 3, "--set model.n_layer=6 --set train.steps=2");
+  const double C = 36, unit0 = (64 + 16) * C, block = 12 * C * C + 13 * C, lnf = 2 * C;
+  const double model = 4 * (unit0 + 6 * block + lnf);  // bytes
+  const auto rows = memory_rows(mem);
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double p = rows[r]["params"], g = rows[r]["grads"], gathered = rows[r]["gathered"];
+    EXPECT_EQ(p, model / 4) << "rank " << r << ": parameters held";
     EXPECT_GT(gathered, 0) << "rank " << r;
-    EXPECT_LT(gathered, params) << "rank " << r << ": the gather pool holds the whole model";
-    EXPECT_LT(g, params) << "rank " << r << ": gradient shard + accumulators";
+    EXPECT_LE(gathered, 4 * (unit0 + 2 * block + lnf)) << "rank " << r << ": gather pool bytes";
+    EXPECT_LE(g, model / 4 + 1.25 * 4 * (unit0 + lnf + 3 * block))
+        << "rank " << r << ": gradient shard + accumulators";
+    EXPECT_LT(g, model) << "rank " << r << ": less than one full gradient";
   }
 }
 
@@ -152,14 +164,16 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
 
 namespace {
 
-// A checkpoint written at (dp 4, stage S) resumes at (dp 2, stage 1) and at
-// (dp 1, stage 0): the continued curve is the uninterrupted one.
+// A checkpoint written at (dp 4, stage 3) — parameter, m and v shards
+// (param_shard, adam_m_shard, adam_v_shard) — resumes at (dp 2, stage 1),
+// (dp 1, stage 0), (dp 2, stage 3) and (dp 4, stage 2): the continued curve is
+// the uninterrupted one.
 TEST_F(Zero, CheckpointsReshardBetweenLayouts) {
   const auto base = losses(train("ref", 1, 0));
-  const int from_stage = 2;
-  const std::string src = train("src", 4, from_stage, "--set train.checkpoint_interval=3");
-  expect_same_curve(base, losses(src), "dp 4 stage 2 source run");
-  for (auto [dp, stage] : {std::pair{2, 1}, std::pair{1, 0}, std::pair{4, 2}}) {
+  const std::string src = train("src", 4, 3, "--set train.checkpoint_interval=3");
+  expect_same_curve(base, losses(src), "dp 4 stage 3 source run");
+  for (auto [dp, stage] :
+       {std::pair{2, 1}, std::pair{1, 0}, std::pair{2, 3}, std::pair{4, 2}}) {
     const std::string name = "to_dp" + std::to_string(dp) + "_s" + std::to_string(stage);
     const std::string run = dir_ / name;
     fs::create_directories(run + "/checkpoints");
@@ -169,7 +183,7 @@ TEST_F(Zero, CheckpointsReshardBetweenLayouts) {
     const auto tail = losses(run);
     ASSERT_EQ(tail.size(), 11u) << name;
     expect_same_curve(std::vector<double>(base.begin() + 9, base.end()), tail,
-                      "dp 4 stage 2 checkpoint resumed at dp " + std::to_string(dp) + " stage " +
+                      "dp 4 stage 3 checkpoint resumed at dp " + std::to_string(dp) + " stage " +
                           std::to_string(stage));
   }
 }
