@@ -1,5 +1,6 @@
-// MPI backend: non-blocking MPI collectives behind Work handles, with 16-bit
-// reductions widened to f32 in pooled scratch buffers (see communicator.h).
+// MPI backend: non-blocking MPI collectives behind Work handles (large f32
+// reductions as rings, ring.h), with 16-bit reductions widened to f32 in pooled
+// scratch buffers (see communicator.h).
 #include "comm/mpi/communicator.h"
 
 #include <climits>
@@ -10,6 +11,8 @@
 
 #include "comm/mpi/arrivals.h"
 #include "comm/mpi/check.h"
+#include "comm/mpi/progress.h"
+#include "comm/mpi/ring.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/f16.h"
@@ -90,6 +93,7 @@ void finalize() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
+    progress::stop();
     arrivals::stop();
     MPI_Finalize();
   }
@@ -180,11 +184,19 @@ void divide(float* x, size_t n, float divisor) {
 // and the scratch buffer (returned to its pool when the op is destroyed).
 class MpiPendingOp final : public PendingOp {
  public:
+  MpiPendingOp() { progress::op_started(); }
   ~MpiPendingOp() override {
+    progress::op_finished();
     if (pool_) pool_->release(std::move(scratch_));
   }
   bool poll() override {
     if ((++polls_ & 63) == 0) arrivals::service();  // peers diagnosing a timeout ask us
+    // Every ring operation in flight advances while we wait, ours or not (ring.h).
+    if (ring_) {
+      if (!ring_->progress()) return false;
+    } else {
+      ring::progress_all();
+    }
     int flag = 0;
     PO_MPI_CHECK(MPI_Testall(n_, requests_, &flag, MPI_STATUSES_IGNORE));
     if (!flag) return false;
@@ -205,6 +217,8 @@ class MpiPendingOp final : public PendingOp {
     return scratch_.data();
   }
   void set_finish(std::function<void()> f) { finish_ = std::move(f); }
+  // A large f32 reduction run as a ring (ring.h) instead of an MPI request.
+  void set_ring(std::unique_ptr<ring::RingOp> op) { ring_ = std::move(op); }
   // A collective: counted on its group, so a timeout can name who is missing.
   void track(std::shared_ptr<arrivals::Group> group, uint64_t seq) {
     group_ = std::move(group);
@@ -223,7 +237,13 @@ class MpiPendingOp final : public PendingOp {
   std::function<void()> finish_;
   std::shared_ptr<ScratchPool> pool_;
   std::vector<float> scratch_;
+  std::unique_ptr<ring::RingOp> ring_;
 };
+
+// Whether a reduction of `floats` f32 elements in total takes the ring.
+bool takes_ring(const std::shared_ptr<ring::Channel>& channel, size_t floats) {
+  return channel != nullptr && floats * sizeof(float) >= ring::kMinBytes;
+}
 
 // The Work of a collective, counted on its group's arrivals.
 Work tracked(std::unique_ptr<MpiPendingOp> pending, const std::shared_ptr<arrivals::Group>& group,
@@ -265,6 +285,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, Duration timeo
   if (flag) tag_ub_ = *static_cast<int*>(attr);
   arrivals::start(comm_);  // the first communicator (the world) opens the channel
   arrivals_ = std::make_shared<arrivals::Group>(comm_, name_);
+  if (size_ > 1) progress::start(comm_);  // the first multi-rank communicator (the world)
+  if (size_ > 1) ring_ = std::make_shared<ring::Channel>(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -288,16 +310,24 @@ Work MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp 
   auto pending = std::make_unique<MpiPendingOp>();
   const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f;
   if (dtype == DType::kF32) {
-    PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mpi_op(op), comm_,
-                                pending->add_request()));
+    if (takes_ring(ring_, count)) {
+      pending->set_ring(ring::RingOp::allreduce(ring_, static_cast<float*>(buf), count, op));
+    } else {
+      PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mpi_op(op), comm_,
+                                  pending->add_request()));
+    }
     if (op == ReduceOp::kAvg) {
       pending->set_finish([=] { divide(static_cast<float*>(buf), count, divisor); });
     }
   } else {
     float* s = pending->take_scratch(pool_, count);
     widen(buf, dtype, s, count);
-    PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, s, n, MPI_FLOAT, mpi_op(op), comm_,
-                                pending->add_request()));
+    if (takes_ring(ring_, count)) {
+      pending->set_ring(ring::RingOp::allreduce(ring_, s, count, op));
+    } else {
+      PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, s, n, MPI_FLOAT, mpi_op(op), comm_,
+                                  pending->add_request()));
+    }
     pending->set_finish([=] { narrow(s, dtype, buf, count, divisor); });
   }
   return tracked(std::move(pending), arrivals_,
@@ -312,19 +342,28 @@ Work MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_
   const int n = to_int(recv_count, "reduce_scatter");
   auto pending = std::make_unique<MpiPendingOp>();
   const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f;
+  const size_t total = recv_count * static_cast<size_t>(size_);
   if (dtype == DType::kF32) {
-    PO_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, mpi_op(op), comm_,
-                                           pending->add_request()));
+    if (takes_ring(ring_, total)) {
+      pending->set_ring(ring::RingOp::reduce_scatter(ring_, static_cast<const float*>(send),
+                                                     static_cast<float*>(recv), recv_count, op));
+    } else {
+      PO_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, mpi_op(op), comm_,
+                                             pending->add_request()));
+    }
     if (op == ReduceOp::kAvg) {
       pending->set_finish([=] { divide(static_cast<float*>(recv), recv_count, divisor); });
     }
   } else {
-    const size_t total = recv_count * static_cast<size_t>(size_);
     float* s = pending->take_scratch(pool_, total + recv_count);
     float* s_recv = s + total;
     widen(send, dtype, s, total);
-    PO_MPI_CHECK(MPI_Ireduce_scatter_block(s, s_recv, n, MPI_FLOAT, mpi_op(op), comm_,
-                                           pending->add_request()));
+    if (takes_ring(ring_, total)) {
+      pending->set_ring(ring::RingOp::reduce_scatter(ring_, s, s_recv, recv_count, op));
+    } else {
+      PO_MPI_CHECK(MPI_Ireduce_scatter_block(s, s_recv, n, MPI_FLOAT, mpi_op(op), comm_,
+                                             pending->add_request()));
+    }
     pending->set_finish([=] { narrow(s_recv, dtype, recv, recv_count, divisor); });
   }
   return tracked(std::move(pending), arrivals_,

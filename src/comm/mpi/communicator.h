@@ -11,6 +11,10 @@
 //
 // Every operation is a non-blocking MPI call (MPI_Iallreduce, ...) completed
 // by Work::wait(), so blocking calls get the same timeout as non-blocking ones.
+// Except: allreduce and reduce-scatter of >= 1 MiB (in f32, after widening)
+// run as a ring of point-to-point messages on a private duplicate of the
+// communicator (ring.h), because OpenMPI's non-blocking versions of those two
+// are 2.5-5x slower than its own blocking ones here (docs/comm.md).
 //
 // 16-bit reductions (bf16, f16): each rank widens its input into an f32 scratch
 // buffer, the f32 collective runs on the scratch, and the result is rounded
@@ -72,6 +76,9 @@ struct MpiOptions {
 };
 
 class ScratchPool;
+namespace ring {
+class Channel;
+}  // namespace ring
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -117,6 +124,7 @@ class MpiCommunicator final : public Communicator {
   Duration timeout_;
   std::shared_ptr<ScratchPool> pool_;
   std::shared_ptr<arrivals::Group> arrivals_;  // who reached which collective
+  std::shared_ptr<ring::Channel> ring_;  // large f32 reductions (ring.h); null on 1 rank
 };
 
 }  // namespace po::comm::mpi

@@ -1,0 +1,148 @@
+// Ring reduce-scatter and allreduce for large f32 messages: point-to-point
+// messages between ring neighbours on a private duplicate of the group's
+// communicator, advanced by polling like every other MPI operation here.
+//
+// Why not OpenMPI's non-blocking collectives (libnbc, all that MPI_I* reaches
+// in OpenMPI 4.1): MPI_Iallreduce with MPI_IN_PLACE always takes the binomial
+// tree (reduce to rank 0, then broadcast: twice the traffic, one rank doing
+// all the arithmetic) and mallocs a temporary as large as the message on every
+// call (fresh pages on every call above glibc's 32 MiB mmap threshold);
+// MPI_Ireduce_scatter_block is a binomial reduce of the WHOLE buffer to rank 0
+// followed by a scatter, with no algorithm to choose. Against OpenMPI's own
+// blocking collectives the engine went from 0.2-0.4x to typically 1.5x
+// (allreduce) and 2.4x (reduce-scatter) with the ring (docs/benchmarks.md,
+// "Collective bus bandwidth vs OpenMPI"; docs/comm.md).
+//
+// The ring moves the bandwidth-optimal volume, (n-1)/n of the buffer per rank
+// per phase, and reduces on every rank at once. Each reducing step receives in
+// segments of kSegmentBytes into kSlots reused scratch slots and reduces each
+// segment while it is still in cache; sends come straight from the caller's
+// buffer (or, for reduce-scatter on 3+ ranks, from a partial-sum buffer).
+// Scratch comes from the channel's pool (tensor::Storage: 2 MiB pages,
+// pre-faulted) and is reused, so the steady state allocates nothing.
+//
+// Every rank must issue the same ring operations in the same order (true of
+// collectives anyway): operations are numbered per channel, and the number and
+// the step choose the message tag, so several operations may be in flight.
+// An operation posts its first step when issued; later steps are posted by
+// progress_all(), which every wait of an MPI operation calls: it advances ALL
+// ring operations in flight, in issue order, whichever one is waited for (as
+// OpenMPI's progress engine does for its own non-blocking collectives), so
+// ranks may wait for their operations in different orders without deadlock.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "tensor/tensor.h"
+
+namespace po::comm::mpi::ring {
+
+// f32 messages of at least this many bytes in total take the ring; smaller
+// ones stay with OpenMPI, whose tree algorithms have less latency.
+inline constexpr size_t kMinBytes = size_t{1} << 20;
+// Receive segment and number of segments in flight per reducing step.
+inline constexpr size_t kSegmentBytes = size_t{1} << 20;
+inline constexpr int kSlots = 4;
+
+// The private communicator of one group, the operation counter and the
+// scratch pool that its ring operations share.
+class Channel {
+ public:
+  // Collective over `comm`: duplicates it (so ring messages never match the
+  // caller's own sends and receives on `comm`).
+  explicit Channel(MPI_Comm comm);
+  // Frees the duplicate unless MPI is already finalized.
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The base tag of the next operation (advances the counter).
+  int next_tag_base();
+  // Scratch of at least `floats` floats; give it back with release().
+  tensor::Storage acquire(size_t floats);
+  void release(tensor::Storage s);
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int tag_ub_ = 32767;
+  uint64_t ops_ = 0;
+  std::mutex mutex_;
+  std::vector<tensor::Storage> free_;
+};
+
+// Advances every ring operation in flight (of every channel, from any thread;
+// serialized by a lock). Cheap when there is none.
+void progress_all();
+
+// One ring collective in progress.
+class RingOp {
+ public:
+  // In place: buf (count floats) becomes the reduction over the group
+  // (reduce-scatter then all-gather, 2(n-1) steps).
+  static std::unique_ptr<RingOp> allreduce(std::shared_ptr<Channel> ch, float* buf, size_t count,
+                                           ReduceOp op);
+  // send holds size() blocks of recv_count floats; recv gets block rank()
+  // reduced over the group (n-1 steps). send and recv must not overlap.
+  static std::unique_ptr<RingOp> reduce_scatter(std::shared_ptr<Channel> ch, const float* send,
+                                                float* recv, size_t recv_count, ReduceOp op);
+  // Returns the scratch to the pool once complete; an incomplete operation
+  // (its owner gave up after a timeout) leaks it, since MPI may still write.
+  ~RingOp();
+  RingOp(const RingOp&) = delete;
+  RingOp& operator=(const RingOp&) = delete;
+
+  // progress_all(), then whether this operation is complete. kAvg reduces as
+  // kSum (the caller divides).
+  bool progress();
+
+ private:
+  friend void progress_all();
+  // One step: send to the right neighbour, receive from the left. With `own`
+  // set, dest = own (op) received, in segments through the scratch slots;
+  // without, the message lands in dest whole.
+  struct Step {
+    const float* send = nullptr;
+    size_t send_count = 0;
+    float* dest = nullptr;
+    const float* own = nullptr;
+    size_t recv_count = 0;
+  };
+
+  RingOp(std::shared_ptr<Channel> ch, ReduceOp op);
+  // Registers the operation and posts its first step.
+  static std::unique_ptr<RingOp> start(std::unique_ptr<RingOp> op);
+  // Posts and completes steps while it can; true once complete. Under the
+  // registry lock.
+  bool advance();
+  bool complete() const { return step_ == steps_.size(); }
+  void post_step();
+  bool advance_step();
+  void post_recv(size_t seg);
+
+  std::shared_ptr<Channel> ch_;
+  ReduceOp op_;
+  int tag_base_ = 0;
+  std::vector<Step> steps_;
+  size_t step_ = 0;
+  bool posted_ = false;
+  tensor::Storage scratch_;  // kSlots segments, then partial sums if any
+  std::vector<MPI_Request> sends_;
+  MPI_Request recvs_[kSlots] = {};
+  size_t segments_ = 0;      // of the current step's receive
+  size_t next_recv_ = 0;     // next segment to post a receive for
+  size_t reduced_ = 0;       // segments received and reduced, in order
+};
+
+}  // namespace po::comm::mpi::ring
