@@ -1,0 +1,102 @@
+#include "comm/mpi/progress.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "comm/mpi/check.h"
+#include "comm/mpi/communicator.h"
+#include "comm/mpi/ring.h"
+
+namespace po::comm::mpi::progress {
+namespace {
+
+constexpr auto kInterval = std::chrono::microseconds(50);
+
+std::mutex g_mutex;  // guards g_thread, g_stop, g_probe and the wake-up
+std::condition_variable g_wake;
+// Never destroyed: a run ending on an error exits without stop(), and a
+// joinable std::thread destroyed at exit would call std::terminate.
+std::thread* g_thread = nullptr;
+bool g_stop = false;
+bool g_started = false;
+MPI_Comm g_probe = MPI_COMM_NULL;
+std::atomic<int> g_in_flight{0};
+
+void loop() {
+  std::unique_lock lock(g_mutex);
+  while (!g_stop) {
+    if (g_in_flight.load(std::memory_order_acquire) == 0) {
+      g_wake.wait(lock, [] { return g_stop || g_in_flight.load() > 0; });
+      continue;
+    }
+    lock.unlock();
+    ring::progress_all();
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g_probe, &flag, MPI_STATUS_IGNORE);
+    std::this_thread::sleep_for(kInterval);
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+void start(MPI_Comm world) {
+  std::lock_guard lock(g_mutex);
+  if (g_started) return;
+  g_started = true;  // decided once per process, whatever the outcome
+  if (const char* env = std::getenv("PO_MPI_PROGRESS"); env && std::strcmp(env, "0") == 0) return;
+  if (thread_level() != ThreadLevel::kMultiple) return;
+  // Oversubscribed (more ranks on this node than CPUs to run them): a thread
+  // waking every few microseconds per rank costs more in context switches
+  // than it hides. Every rank of the node decides the same way.
+  MPI_Comm node = MPI_COMM_NULL;
+  PO_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0
+                       ? CPU_COUNT(&set)
+                       : static_cast<int>(std::thread::hardware_concurrency());
+  if (local > cpus) return;
+  PO_MPI_CHECK(MPI_Comm_dup(world, &g_probe));
+  g_stop = false;
+  g_thread = new std::thread(loop);
+}
+
+void stop() {
+  {
+    std::lock_guard lock(g_mutex);
+    g_stop = true;
+  }
+  g_wake.notify_all();
+  if (g_thread != nullptr && g_thread->joinable()) g_thread->join();
+  std::lock_guard lock(g_mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_probe != MPI_COMM_NULL && !finalized) MPI_Comm_free(&g_probe);
+  g_probe = MPI_COMM_NULL;
+}
+
+void op_started() {
+  if (g_in_flight.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    std::lock_guard lock(g_mutex);  // pairs with the wait's predicate check
+    g_wake.notify_one();
+  }
+}
+
+void op_finished() { g_in_flight.fetch_sub(1, std::memory_order_acq_rel); }
+
+bool running() {
+  std::lock_guard lock(g_mutex);
+  return g_thread != nullptr && g_thread->joinable();
+}
+
+}  // namespace po::comm::mpi::progress
