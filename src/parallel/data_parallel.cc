@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -77,7 +78,10 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     while (hi >= 0) {
       int lo = hi;
       uint64_t bytes = static_cast<uint64_t>(model.unit_numel(lo)) * sizeof(float);
-      const int floor = defer_embedding_ && hi > 0 ? 1 : 0;  // unit 0 goes alone, first
+      // With the embedding deferred, unit 0 goes alone (it is ready first),
+      // and so does unit 1: the backward finishes it last, so nothing can
+      // hide its reduction and it should be as short as possible.
+      const int floor = !defer_embedding_ || hi == 0 ? 0 : hi == 1 ? 1 : 2;
       while (lo > floor && bytes < limit)
         bytes += static_cast<uint64_t>(model.unit_numel(--lo)) * sizeof(float);
       for (int u = lo; u <= hi; ++u) bucket_of_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size());
@@ -143,7 +147,14 @@ void DataParallel::issue_reduce_scatter(int unit) {
                                              DType::kF32, comm::ReduceOp::kSum));
 }
 
+int64_t DataParallel::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void DataParallel::backward_done(const int32_t* tokens) {
+  backward_end_ns_ = now_ns();
   if (group_ == nullptr || zero3_) return;
   if (!options_.overlap)  // every unit after the backward: the comm time, unhidden
     for (int u = model_.num_units() - 1; u >= 0; --u) on_unit_ready(u);
@@ -164,6 +175,7 @@ double DataParallel::step(double lr) {
     for (auto& w : pending_) w.wait();
     pending_.clear();
     comm_wait_s_ = wait.seconds();
+    wait_end_ns_ = now_ns();
     if (defer_embedding_)  // every rank adds every rank's lookup rows, in rank order
       ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
                               model_.grads() + model_.param("wpe.weight").offset,
@@ -213,6 +225,7 @@ double DataParallel::step_zero3(double lr) {
   zero3_->finish_grads();
   zero3_->drain_gathers();  // speculative ones read the shard about to change
   comm_wait_s_ = zero3_->take_wait_seconds();
+  wait_end_ns_ = now_ns();
   const double norm = sharded_grad_norm();
   adam_->apply(zero3_->param_shard_base(), grad_shard_.data(), lr, adam_->clip_scale(norm));
   std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);

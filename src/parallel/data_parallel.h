@@ -100,6 +100,13 @@ class DataParallel {
 
   // Seconds the last step() waited for communication (the exposed part).
   double comm_wait_seconds() const { return comm_wait_s_; }
+  // steady_clock times (ns) of the last backward_done() and of the end of the
+  // last step()'s communication wait. The clock is shared by the processes of
+  // one node, so comparing them across ranks separates communication that
+  // outlasts every rank's backward (exposed) from waiting for a slower rank.
+  int64_t backward_end_ns() const { return backward_end_ns_; }
+  int64_t wait_end_ns() const { return wait_end_ns_; }
+  static int64_t now_ns();
   optim::AdamW& adam() { return *adam_; }
   const ShardLayout& layout() const { return layout_; }
   int zero_stage() const { return options_.zero_stage; }
@@ -131,6 +138,7 @@ class DataParallel {
   std::unique_ptr<optim::AdamW> adam_;
   bool defer_embedding_ = false;
   double comm_wait_s_ = 0;
+  int64_t backward_end_ns_ = 0, wait_end_ns_ = 0;
 
   // stage 0-1 buckets: bucket_of_[u] -> index; buckets_[i] = {lowest unit, offset, numel}
   struct Bucket {

@@ -426,6 +426,18 @@ TrainResult train(const core::Config& cfg) {
     const double lr = sched.at(step);
     const double norm = dp.step(lr);
     const double comm_wait_s = dp.comm_wait_seconds();
+    // Exposed communication: how long it ran on after the LAST rank finished
+    // its backward (waiting for a slower rank is imbalance, not communication;
+    // the steady clock is shared on one node, so this is exact there).
+    double exposed_ms = comm_wait_s * 1000, imbalance_ms = 0;
+    if (world) {
+      std::vector<int64_t> ends(static_cast<size_t>(world->size()));
+      const int64_t mine = dp.backward_end_ns();
+      world->all_gather(&mine, ends.data(), 2, tensor::DType::kI32);
+      const auto [lo, hi] = std::minmax_element(ends.begin(), ends.end());
+      exposed_ms = std::max<double>(0, static_cast<double>(dp.wait_end_ns() - *hi) / 1e6);
+      imbalance_ms = static_cast<double>(*hi - *lo) / 1e6;
+    }
     if (world) {
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
@@ -461,6 +473,8 @@ TrainResult train(const core::Config& cfg) {
                    {"mfu", mfu},
                    {"step_ms", dt * 1000},
                    {"comm_wait_ms", comm_wait_s * 1000},
+                   {"exposed_comm_ms", exposed_ms},
+                   {"imbalance_ms", imbalance_ms},
                    {"tokens", state.tokens},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted},

@@ -8,10 +8,9 @@
 // While any operation is in flight this thread calls ring::progress_all() and
 // MPI_Iprobe (which runs OpenMPI's progress engine) every `interval`, and
 // sleeps on a condition variable otherwise, so an idle run costs nothing.
-// Needs MPI_THREAD_MULTIPLE, and is not started when the node runs more ranks
-// than it has CPUs (measured: the collective tests at 8 ranks on 2 cores took
-// 80 s with it, 56 s without); PO_MPI_PROGRESS=0 in the environment disables
-// it (for measurements).
+// Needs MPI_THREAD_MULTIPLE, and starts only where every rank of the node has
+// a CPU to spare (2 x ranks <= CPUs; see progress.cc for the measurements);
+// PO_MPI_PROGRESS=0 in the environment disables it, =1 forces it on.
 #pragma once
 
 #include <mpi.h>
