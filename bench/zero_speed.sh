@@ -21,14 +21,7 @@ BIN="$BUILD/pagedoptim"
 [ -x "$BIN" ] || { echo "zero_speed.sh: $BIN not found; run scripts/setup first" >&2; exit 1; }
 OUT=$(mktemp -d /tmp/po_zero_speed.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
-/usr/bin/python3 - "$OUT/tokens.bin" <<'PY'
-import random, struct, sys
-random.seed(0); n = 2_000_000
-h = [0] * 256; h[0], h[1], h[2] = 20240520, 1, n
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *h))
-    f.write(struct.pack("<%dH" % n, *(random.randrange(50257) for _ in range(n))))
-PY
+/usr/bin/python3 bench/random_tokens.py "$OUT/tokens.bin"
 for s in $STAGES; do
   env -u OPENBLAS_CORETYPE "$BIN" train -c configs/bench-small.toml --set data.train="$OUT/tokens.bin" \
     --set train.steps="$STEPS" --set train.micro_batch_size=4 --set train.checkpoint_interval=0 \

@@ -151,4 +151,15 @@ inline int free_tcp_port() {
   return 0;
 }
 
+// The mpirun line of the multi-process tests (root allowed, oversubscribed on
+// 2 cores, idle ranks yield).
+inline const std::string kMpirun =
+    "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
+
+// `pagedoptim ARGS` as one process, or as `np` ranks under mpirun.
+inline std::string pagedoptim_command(int np, const std::string& args) {
+  return (np > 1 ? kMpirun + " -np " + std::to_string(np) + " " : std::string()) + PO_BINARY +
+         " " + args;
+}
+
 }  // namespace po::test

@@ -22,9 +22,6 @@ using po::test::expect_same_curve;
 using po::test::losses;
 using po::test::run_command;
 
-const std::string kBin = PO_BINARY;
-const std::string kMpirun =
-    "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
 
 std::vector<double> field(const std::string& run_dir, const std::string& name) {
   std::vector<double> out;
@@ -47,13 +44,12 @@ class Zero : public ::testing::Test {
     po::test::write_file(config_, cfg);
   }
   std::string train(const std::string& run, int dp, int stage, const std::string& extra = "") {
-    const std::string cmd = (dp > 1 ? kMpirun + " -np " + std::to_string(dp) + " " : "") + kBin +
-                            " train -c " + config_ + " --set run.dir=" + (dir_ / run) +
-                            " --set parallel.dp=" + std::to_string(dp) +
-                            " --set parallel.zero_stage=" + std::to_string(stage) +
-                            " --set model.n_embd=36 --set train.grad_clip=0.5" +
-                            " --set train.checkpoint_interval=0 --set train.eval_interval=0" +
-                            " --set train.batch_size=8 --set train.micro_batch_size=2 " + extra;
+    const std::string cmd = po::test::pagedoptim_command(
+        dp, "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
+                std::to_string(dp) + " --set parallel.zero_stage=" + std::to_string(stage) +
+                " --set model.n_embd=36 --set train.grad_clip=0.5" +
+                " --set train.checkpoint_interval=0 --set train.eval_interval=0" +
+                " --set train.batch_size=8 --set train.micro_batch_size=2 " + extra);
     auto r = run_command(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     return dir_ / run;

@@ -24,8 +24,7 @@ using po::test::run_command;
 namespace {
 
 const std::string kBin = PO_BINARY;
-const std::string kMpirun =
-    "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca mpi_yield_when_idle 1";
+using po::test::kMpirun;
 
 class Ddp : public ::testing::Test {
  protected:
@@ -37,10 +36,10 @@ class Ddp : public ::testing::Test {
     po::test::write_file(config_, cfg);
   }
   std::string train(const std::string& run, int dp, const std::string& extra = "") {
-    const std::string cmd = (dp > 1 ? kMpirun + " -np " + std::to_string(dp) + " " : "") + kBin +
-                            " train -c " + config_ + " --set run.dir=" + (dir_ / run) +
-                            " --set parallel.dp=" + std::to_string(dp) +
-                            " --set train.batch_size=8 --set train.micro_batch_size=2 " + extra;
+    const std::string cmd = po::test::pagedoptim_command(
+        dp, "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
+                std::to_string(dp) + " --set train.batch_size=8 --set train.micro_batch_size=2 " +
+                extra);
     auto r = run_command(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     return dir_ / run;

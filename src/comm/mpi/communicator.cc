@@ -11,6 +11,7 @@
 
 #include "comm/mpi/arrivals.h"
 #include "comm/mpi/check.h"
+#include "comm/mpi/topology.h"
 #include "comm/mpi/progress.h"
 #include "comm/mpi/ring.h"
 #include "core/bf16.h"
@@ -279,10 +280,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, Duration timeo
   PO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PO_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  void* attr = nullptr;
-  int flag = 0;
-  PO_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag));
-  if (flag) tag_ub_ = *static_cast<int*>(attr);
+  tag_ub_ = tag_upper_bound(comm_);
   arrivals::start(comm_);  // the first communicator (the world) opens the channel
   arrivals_ = std::make_shared<arrivals::Group>(comm_, name_);
   if (size_ > 1) progress::start(comm_);  // the first multi-rank communicator (the world)

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "comm/mpi/check.h"
+#include "comm/mpi/topology.h"
 #include "core/error.h"
 
 namespace po::comm::mpi::ring {
@@ -62,10 +63,7 @@ Channel::Channel(MPI_Comm comm) {
   PO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PO_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  void* attr = nullptr;
-  int flag = 0;
-  PO_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag));
-  if (flag) tag_ub_ = *static_cast<int*>(attr);
+  tag_ub_ = tag_upper_bound(comm_);
 }
 
 Channel::~Channel() {

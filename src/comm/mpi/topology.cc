@@ -14,4 +14,11 @@ int ranks_on_this_node(MPI_Comm comm) {
   return n;
 }
 
+int tag_upper_bound(MPI_Comm comm) {
+  void* attr = nullptr;
+  int flag = 0;
+  PO_MPI_CHECK(MPI_Comm_get_attr(comm, MPI_TAG_UB, &attr, &flag));
+  return flag ? *static_cast<int*>(attr) : 32767;
+}
+
 }  // namespace po::comm::mpi
