@@ -100,7 +100,12 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     int64_t max_stride = 0;
     for (int u = 0; u < units; ++u) max_stride = std::max(max_stride, layout_.stride(u));
     gather_send_.assign(static_cast<size_t>(2 * max_stride), 0.0f);
-    gather_recv_.assign(static_cast<size_t>(2 * max_stride * layout_.ranks()), 0.0f);
+    // Units that ranks x stride covers exactly are gathered straight into the
+    // parameter buffer; only the others (padded) need a receive buffer.
+    int64_t max_padded = 0;
+    for (int u = 0; u < units; ++u)
+      if (!gathers_in_place(u)) max_padded = std::max(max_padded, layout_.stride(u));
+    gather_recv_.assign(static_cast<size_t>(2 * max_padded * layout_.ranks()), 0.0f);
   }
   if (defer_embedding_) {
     const size_t rows = static_cast<size_t>(model.batch() * model.seq_len());
@@ -234,6 +239,10 @@ double DataParallel::step_zero3(double lr) {
 
 // Every unit's updated shards to every rank: two units in flight, each through
 // a padded send block and a receive buffer of ranks x stride.
+bool DataParallel::gathers_in_place(int u) const {
+  return layout_.stride(u) * layout_.ranks() == layout_.unit_numel(u);
+}
+
 void DataParallel::gather_params() {
   const int units = layout_.num_units();
   const int64_t half_send = static_cast<int64_t>(gather_send_.size() / 2);
@@ -244,8 +253,9 @@ void DataParallel::gather_params() {
     if (unit_in[slot] < 0) return;
     inflight[slot].wait();
     const int u = unit_in[slot];
-    std::memcpy(model_.params() + model_.unit_offset(u), gather_recv_.data() + slot * half_recv,
-                static_cast<size_t>(model_.unit_numel(u)) * sizeof(float));
+    if (!gathers_in_place(u))
+      std::memcpy(model_.params() + model_.unit_offset(u), gather_recv_.data() + slot * half_recv,
+                  static_cast<size_t>(model_.unit_numel(u)) * sizeof(float));
     unit_in[slot] = -1;
   };
   for (int u = 0; u < units; ++u) {
@@ -256,8 +266,11 @@ void DataParallel::gather_params() {
     std::memcpy(send, model_.params() + model_.unit_offset(u) + layout_.begin(u),
                 static_cast<size_t>(owned) * sizeof(float));
     std::fill(send + owned, send + stride, 0.0f);
-    inflight[slot] = group_->iall_gather(send, gather_recv_.data() + slot * half_recv,
-                                         static_cast<size_t>(stride), DType::kF32);
+    // In place: the send block is a copy of this rank's shard, so it does not
+    // overlap the receive region it is gathered into.
+    float* recv = gathers_in_place(u) ? model_.params() + model_.unit_offset(u)
+                                      : gather_recv_.data() + slot * half_recv;
+    inflight[slot] = group_->iall_gather(send, recv, static_cast<size_t>(stride), DType::kF32);
     unit_in[slot] = u;
   }
   finish(0);

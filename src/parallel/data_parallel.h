@@ -128,6 +128,7 @@ class DataParallel {
   void issue_allreduce(int unit);
   void issue_reduce_scatter(int unit);
   void gather_params();
+  bool gathers_in_place(int u) const;
   double sharded_grad_norm();
   double step_zero3(double lr);
 
