@@ -22,6 +22,17 @@ int num_threads();
 // Name of the BLAS the build links ("openblas", "blis", "dnnl").
 const char* blas_name();
 
+// Precision of gemm()'s products. kBF16 rounds A and B to bf16 (round to
+// nearest even) and multiplies them with f32 accumulation and an f32 C: with
+// oneDNN on a CPU with AVX512-BF16 that is dnnl_gemm_bf16bf16f32, 1.88x the
+// f32 sgemm on bench-small's shapes (docs/blas.md); elsewhere the rounded
+// operands go through the f32 GEMM (same numbers, no speed-up).
+enum class GemmPrecision { kF32, kBF16 };
+void set_gemm_precision(GemmPrecision p);
+GemmPrecision gemm_precision();
+// Whether kBF16 runs on native bf16 instructions here.
+bool native_bf16_gemm();
+
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,

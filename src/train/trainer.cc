@@ -107,8 +107,11 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   p.eval_batches = cfg.get_int("train.eval_batches");
   p.ckpt_interval = cfg.get_int("train.checkpoint_interval");
   p.keep = cfg.get_int("checkpoint.keep");
-  PO_CHECK(cfg.get_string("train.precision") == "fp32", "train.precision = \"",
-           cfg.get_string("train.precision"), "\" is not supported yet (only \"fp32\")");
+  const std::string& precision = cfg.get_string("train.precision");
+  PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
+           "\": choose \"fp32\" or \"bf16\"");
+  PO_CHECK(cfg.get_string("parallel.reduce_dtype") == "fp32", "parallel.reduce_dtype = \"",
+           cfg.get_string("parallel.reduce_dtype"), "\" is not built yet (only \"fp32\")");
   PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
                1,
            "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
@@ -263,6 +266,13 @@ TrainResult train(const core::Config& cfg) {
   int threads = static_cast<int>(cfg.get_int("train.threads"));
   if (threads == 0) threads = std::max(1, usable_cpus() / local_ranks);
   ops::set_num_threads(threads);
+  // bf16: the products of every linear layer (and the tied head) in bf16 with
+  // f32 accumulation; parameters, Adam state and the update stay fp32.
+  const bool bf16 = cfg.get_string("train.precision") == "bf16";
+  ops::set_gemm_precision(bf16 ? ops::GemmPrecision::kBF16 : ops::GemmPrecision::kF32);
+  if (bf16 && !ops::native_bf16_gemm())
+    PO_LOG_WARN("train.precision = \"bf16\": this CPU/BLAS has no native bf16 GEMM; products "
+                "are rounded to bf16 but run in f32 (no speed-up)");
 
   // Validate every input before touching run.dir.
   PO_CHECK(!cfg.get_string("data.train").empty(), "data.train is not set (a token file from ",

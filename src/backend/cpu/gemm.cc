@@ -3,7 +3,10 @@
 // OpenMP builds, so setting the OpenMP thread count sizes the one shared pool.
 #include <omp.h>
 
+#include <vector>
+
 #include "backend/ops.h"
+#include "core/bf16.h"
 #include "core/error.h"
 
 #if defined(PO_BLAS_OPENBLAS)
@@ -12,6 +15,13 @@
 #include <blis.h>
 #elif defined(PO_BLAS_DNNL)
 #include <dnnl.h>
+// Exported by libdnnl 2.x but not declared in its public dnnl.h (oneDNN's own
+// tests declare it the same way).
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
+                                               dnnl_dim_t N, dnnl_dim_t K, float alpha,
+                                               const uint16_t* A, dnnl_dim_t lda,
+                                               const uint16_t* B, dnnl_dim_t ldb, float beta,
+                                               float* C, dnnl_dim_t ldc);
 #else
 #error "one of PO_BLAS_OPENBLAS / PO_BLAS_BLIS / PO_BLAS_DNNL must be defined"
 #endif
@@ -41,10 +51,77 @@ const char* blas_name() {
 #endif
 }
 
+namespace {
+
+GemmPrecision g_precision = GemmPrecision::kF32;
+
+// Rows x ld floats rounded to bf16 bits into `out` (resized), in parallel.
+void round_to_bf16(const float* x, int64_t n, std::vector<uint16_t>& out) {
+  out.resize(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = core::f32_to_bf16(x[i]).bits;
+}
+
+// The same values as f32 (for BLAS builds without a bf16 GEMM).
+void round_in_f32(const float* x, int64_t n, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    out[static_cast<size_t>(i)] = core::bf16_to_f32(core::f32_to_bf16(x[i]));
+}
+
+void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc);
+
+}  // namespace
+
+void set_gemm_precision(GemmPrecision p) { g_precision = p; }
+GemmPrecision gemm_precision() { return g_precision; }
+
+bool native_bf16_gemm() {
+#if defined(PO_BLAS_DNNL)
+  return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
+#else
+  return false;
+#endif
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (g_precision == GemmPrecision::kF32 || K == 0) {
+    gemm_f32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // Operand extents in memory: rows of stride ld, the last one only as long as needed.
+  const int64_t a_elems = ((trans_a ? K : M) - 1) * lda + (trans_a ? M : K);
+  const int64_t b_elems = ((trans_b ? N : K) - 1) * ldb + (trans_b ? K : N);
+#if defined(PO_BLAS_DNNL)
+  if (native_bf16_gemm()) {
+    thread_local std::vector<uint16_t> a16, b16;
+    round_to_bf16(A, a_elems, a16);
+    round_to_bf16(B, b_elems, b16);
+    const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M,
+                                                   N, K, alpha, a16.data(), lda, b16.data(), ldb,
+                                                   beta, C, ldc);
+    PO_ASSERT(st == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
+              static_cast<int>(st));
+    return;
+  }
+#endif
+  thread_local std::vector<float> ar, br;
+  round_in_f32(A, a_elems, ar);
+  round_in_f32(B, b_elems, br);
+  gemm_f32(trans_a, trans_b, M, N, K, alpha, ar.data(), lda, br.data(), ldb, beta, C, ldc);
+}
+
+namespace {
+
+void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc) {
 #if defined(PO_BLAS_DNNL)
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
@@ -57,5 +134,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
               beta, C, static_cast<int>(ldc));
 #endif
 }
+
+}  // namespace
 
 }  // namespace po::backend::cpu
