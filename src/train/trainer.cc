@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <sched.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "comm/mpi/communicator.h"
 #include "comm/mpi/join.h"
 #include "comm/mpi/topology.h"
+#include "core/cpus.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -170,15 +170,6 @@ void check_launch(const comm::LaunchEnv& env, int64_t dp) {
            " started ", env.world_size, " processes");
 }
 
-// CPUs this process may run on (its affinity mask: Slurm's --cpus-per-task,
-// taskset), not the machine's count.
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 // What each rank holds, by kind (DataParallel's ledger plus the process's
 // peak RSS), gathered to every rank: one row per rank.
 constexpr const char* kMemoryKinds[] = {"params", "grads",       "master", "adam", "gathered",
@@ -186,34 +177,45 @@ constexpr const char* kMemoryKinds[] = {"params", "grads",       "master", "adam
 constexpr size_t kMemoryFields = std::size(kMemoryKinds);
 using MemoryRow = std::array<uint64_t, kMemoryFields>;
 
-std::vector<MemoryRow> gather_memory(comm::Communicator* world, const parallel::DataParallel& dp) {
+// What every rank reports after a step, gathered in one collective: its
+// memory and when its backward ended (for the exposed-communication split).
+struct RankRecord {
+  MemoryRow memory;
+  int64_t backward_end_ns;
+};
+static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
+
+std::vector<RankRecord> gather_records(comm::Communicator* world,
+                                       const parallel::DataParallel& dp) {
   const parallel::MemoryReport m = dp.memory();
-  const MemoryRow mine = {m.params,  m.grads,       m.master,  m.adam,          m.gathered,
-                          m.buckets, m.activations, m.total(), peak_rss_bytes()};
-  std::vector<MemoryRow> rows(world ? static_cast<size_t>(world->size()) : 1);
+  const RankRecord mine = {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets,
+                            m.activations, m.total(), peak_rss_bytes()},
+                           dp.backward_end_ns()};
+  std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
   if (world)
-    world->all_gather(mine.data(), rows.data(), 2 * kMemoryFields, tensor::DType::kI32);
+    world->all_gather(&mine, rows.data(), sizeof(RankRecord) / sizeof(int32_t),
+                      tensor::DType::kI32);
   else
     rows[0] = mine;
   return rows;
 }
 
-nlohmann::json memory_json(const std::vector<MemoryRow>& rows) {
+nlohmann::json memory_json(const std::vector<RankRecord>& rows) {
   nlohmann::json out = nlohmann::json::array();
-  for (const MemoryRow& r : rows) {
+  for (const RankRecord& r : rows) {
     nlohmann::json j;
-    for (size_t k = 0; k < kMemoryFields; ++k) j[kMemoryKinds[k]] = r[k];
+    for (size_t k = 0; k < kMemoryFields; ++k) j[kMemoryKinds[k]] = r.memory[k];
     out.push_back(j);
   }
   return out;
 }
 
-std::string memory_table(const std::vector<MemoryRow>& rows) {
+std::string memory_table(const std::vector<RankRecord>& rows) {
   std::string t = "memory per rank (MiB):\n  rank";
   for (const char* k : kMemoryKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
   for (size_t r = 0; r < rows.size(); ++r) {
     t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
-    for (uint64_t v : rows[r]) {
+    for (uint64_t v : rows[r].memory) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(v) / (1 << 20));
       t += buf;
@@ -264,7 +266,7 @@ TrainResult train(const core::Config& cfg) {
   }
 
   int threads = static_cast<int>(cfg.get_int("train.threads"));
-  if (threads == 0) threads = std::max(1, usable_cpus() / local_ranks);
+  if (threads == 0) threads = std::max(1, core::usable_cpus() / local_ranks);
   ops::set_num_threads(threads);
   // bf16: the products of every linear layer (and the tied head) in bf16 with
   // f32 accumulation; parameters, Adam state and the update stay fp32.
@@ -379,7 +381,7 @@ TrainResult train(const core::Config& cfg) {
               ops::blas_name(), " (sgemm peak ", static_cast<int>(peak_gflops), " GFLOP/s)");
 
   {
-    const auto rows = gather_memory(world.get(), dp);
+    const auto rows = gather_records(world.get(), dp);
     if (leader) PO_LOG_INFO(memory_table(rows));
   }
 
@@ -436,18 +438,6 @@ TrainResult train(const core::Config& cfg) {
     const double lr = sched.at(step);
     const double norm = dp.step(lr);
     const double comm_wait_s = dp.comm_wait_seconds();
-    // Exposed communication: how long it ran on after the LAST rank finished
-    // its backward (waiting for a slower rank is imbalance, not communication;
-    // the steady clock is shared on one node, so this is exact there).
-    double exposed_ms = comm_wait_s * 1000, imbalance_ms = 0;
-    if (world) {
-      std::vector<int64_t> ends(static_cast<size_t>(world->size()));
-      const int64_t mine = dp.backward_end_ns();
-      world->all_gather(&mine, ends.data(), 2, tensor::DType::kI32);
-      const auto [lo, hi] = std::minmax_element(ends.begin(), ends.end());
-      exposed_ms = std::max<double>(0, static_cast<double>(dp.wait_end_ns() - *hi) / 1e6);
-      imbalance_ms = static_cast<double>(*hi - *lo) / 1e6;
-    }
     if (world) {
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
@@ -465,7 +455,20 @@ TrainResult train(const core::Config& cfg) {
     // Each rank measured the peak of its own share of the cores.
     const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9 * p.dp);
     result.last_loss = loss;
-    const auto memory = gather_memory(world.get(), dp);
+    const auto records = gather_records(world.get(), dp);
+    // Exposed communication: how long it ran on after the LAST rank finished
+    // its backward (waiting for a slower rank is imbalance, not communication;
+    // the steady clock is shared on one node, so this is exact there).
+    double exposed_ms = comm_wait_s * 1000, imbalance_ms = 0;
+    if (world) {
+      const auto [lo, hi] = std::minmax_element(
+          records.begin(), records.end(), [](const RankRecord& a, const RankRecord& b) {
+            return a.backward_end_ns < b.backward_end_ns;
+          });
+      exposed_ms =
+          std::max<double>(0, static_cast<double>(dp.wait_end_ns() - hi->backward_end_ns) / 1e6);
+      imbalance_ms = static_cast<double>(hi->backward_end_ns - lo->backward_end_ns) / 1e6;
+    }
     // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
     const bool eval_now = val_data && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
                                        state.step == p.steps);
@@ -488,7 +491,7 @@ TrainResult train(const core::Config& cfg) {
                    {"tokens", state.tokens},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted},
-                   {"memory_per_rank", memory_json(memory)}});
+                   {"memory_per_rank", memory_json(records)}});
     const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tps,

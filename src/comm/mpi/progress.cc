@@ -1,7 +1,5 @@
 #include "comm/mpi/progress.h"
 
-#include <sched.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,6 +10,8 @@
 #include "comm/mpi/check.h"
 #include "comm/mpi/communicator.h"
 #include "comm/mpi/ring.h"
+#include "comm/mpi/topology.h"
+#include "core/cpus.h"
 
 namespace po::comm::mpi::progress {
 namespace {
@@ -60,17 +60,7 @@ void start(MPI_Comm world) {
   // 8 ranks on 2 cores: the collective tests 80 s instead of 56 s. So it runs
   // only where each rank has a CPU to spare. Every rank of the node decides
   // the same way.
-  MPI_Comm node = MPI_COMM_NULL;
-  PO_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0
-                       ? CPU_COUNT(&set)
-                       : static_cast<int>(std::thread::hardware_concurrency());
-  if (!forced && 2 * local > cpus) return;
+  if (!forced && 2 * ranks_on_this_node(world) > core::usable_cpus()) return;
   PO_MPI_CHECK(MPI_Comm_dup(world, &g_probe));
   g_stop = false;
   g_thread = new std::thread(loop);
