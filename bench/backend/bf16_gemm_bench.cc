@@ -4,7 +4,7 @@
 //   f32      dnnl_sgemm on f32 operands (what backend::cpu::gemm does today)
 //   bf16gemm dnnl_gemm_bf16bf16f32: bf16 A and B, f32 accumulate and C. Exported
 //            by libdnnl 2.6 but not declared in its public dnnl.h, so it is
-//            declared below exactly as oneDNN's own tests declare it.
+//            declared in backend/cpu/dnnl_bf16.h.
 //   bf16mm   oneDNN matmul primitive: bf16 src/weights, f32 dst (strides give the
 //            transposes; dW's "+=" is a sum post-op). Created once per shape,
 //            outside the timing, as an engine would cache it.
@@ -33,13 +33,7 @@
 #include "core/bf16.h"
 
 #if defined(PO_BLAS_DNNL)
-#include <dnnl.h>
-
-extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
-                                               dnnl_dim_t N, dnnl_dim_t K, float alpha,
-                                               const uint16_t* A, dnnl_dim_t lda,
-                                               const uint16_t* B, dnnl_dim_t ldb, float beta,
-                                               float* C, dnnl_dim_t ldc);
+#include "backend/cpu/dnnl_bf16.h"
 
 namespace cpu = po::backend::cpu;
 using po::core::bf16;

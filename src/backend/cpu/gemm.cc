@@ -14,14 +14,7 @@
 #elif defined(PO_BLAS_BLIS)
 #include <blis.h>
 #elif defined(PO_BLAS_DNNL)
-#include <dnnl.h>
-// Exported by libdnnl 2.x but not declared in its public dnnl.h (oneDNN's own
-// tests declare it the same way).
-extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
-                                               dnnl_dim_t N, dnnl_dim_t K, float alpha,
-                                               const uint16_t* A, dnnl_dim_t lda,
-                                               const uint16_t* B, dnnl_dim_t ldb, float beta,
-                                               float* C, dnnl_dim_t ldc);
+#include "backend/cpu/dnnl_bf16.h"
 #else
 #error "one of PO_BLAS_OPENBLAS / PO_BLAS_BLIS / PO_BLAS_DNNL must be defined"
 #endif
