@@ -109,17 +109,25 @@ inline std::string tiny_config(const std::string& train, const std::string& val,
   return os.str();
 }
 
-// The train losses of a run directory's metrics.jsonl, in step order.
-inline std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
+// Every record of a run directory's metrics.jsonl, in order.
+inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
   std::ifstream f(run_dir + "/metrics.jsonl");
   std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"]);
-  }
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
   return out;
 }
+
+// The values of one metric (e.g. "grad_norm", "val_loss") in record order.
+inline std::vector<double> metric(const std::string& run_dir, const std::string& name) {
+  std::vector<double> out;
+  for (const auto& j : read_metrics(run_dir))
+    if (j.contains(name)) out.push_back(j[name]);
+  return out;
+}
+
+// The train losses of a run directory's metrics.jsonl, in step order.
+inline std::vector<double> losses(const std::string& run_dir) { return metric(run_dir, "loss"); }
 
 // Two loss curves agree step by step to a relative 1e-5.
 inline void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b,

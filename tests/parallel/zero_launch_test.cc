@@ -20,19 +20,8 @@ namespace {
 
 using po::test::expect_same_curve;
 using po::test::losses;
+using po::test::metric;
 using po::test::run_command;
-
-
-std::vector<double> field(const std::string& run_dir, const std::string& name) {
-  std::vector<double> out;
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains(name)) out.push_back(j[name]);
-  }
-  return out;
-}
 
 class Zero : public ::testing::Test {
  protected:
@@ -62,14 +51,14 @@ TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
   const std::string ref = train("s0dp1", 1, 0);
   const auto base = losses(ref);
   ASSERT_EQ(base.size(), 20u);
-  const auto base_norm = field(ref, "grad_norm");
+  const auto base_norm = metric(ref, "grad_norm");
   for (int stage : {1, 2}) {
     for (int dp : {1, 2, 4}) {
       const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp);
       const std::string run = train("s" + std::to_string(stage) + "dp" + std::to_string(dp), dp,
                                     stage);
       expect_same_curve(base, losses(run), what + " vs stage 0 dp 1");
-      const auto norm = field(run, "grad_norm");
+      const auto norm = metric(run, "grad_norm");
       ASSERT_EQ(norm.size(), base_norm.size()) << what;
       for (size_t i = 0; i < norm.size(); ++i)
         EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i])
@@ -91,20 +80,16 @@ TEST_F(Zero, StagesTwoAndThreeWithoutOverlapAndWithAccumulation) {
 // The memory_per_rank rows of a run's last step.
 nlohmann::json memory_rows(const std::string& run_dir) {
   nlohmann::json last;
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : po::test::read_metrics(run_dir))
     if (j.contains("memory_per_rank")) last = j["memory_per_rank"];
-  }
   return last;
 }
 
 TEST_F(Zero, StageThreeMatchesStageZero) {
   const std::string eval = "--set train.eval_interval=2";
   const std::string ref = train("s0", 1, 0, eval);
-  const auto base = losses(ref), base_norm = field(ref, "grad_norm"),
-             base_val = field(ref, "val_loss");
+  const auto base = losses(ref), base_norm = metric(ref, "grad_norm"),
+             base_val = metric(ref, "val_loss");
   ASSERT_EQ(base.size(), 20u);
   ASSERT_EQ(base_val.size(), 10u);
   struct Case {
@@ -122,12 +107,12 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
         eval + " --set parallel.prefetch=" + std::to_string(c.prefetch) +
             " --set model.activation_checkpointing=" + (c.checkpointing ? "true" : "false"));
     expect_same_curve(base, losses(run), what + " vs stage 0 dp 1");
-    const auto norm = field(run, "grad_norm");
+    const auto norm = metric(run, "grad_norm");
     ASSERT_EQ(norm.size(), base_norm.size()) << what;
     for (size_t i = 0; i < norm.size(); ++i)
       EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i])
           << what << ": grad_norm at step " << i + 1;
-    const auto val = field(run, "val_loss");
+    const auto val = metric(run, "val_loss");
     ASSERT_EQ(val.size(), base_val.size()) << what;
     for (size_t i = 0; i < val.size(); ++i)
       EXPECT_NEAR(val[i], base_val[i], 1e-5 * base_val[i])

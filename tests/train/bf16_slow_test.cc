@@ -20,15 +20,10 @@ namespace {
 
 const std::string kBin = PO_BINARY;
 
+// The last validation loss of a run; -1 when it never evaluated.
 double last_val_loss(const std::string& run) {
-  double v = -1;
-  std::ifstream f(run + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("val_loss")) v = j["val_loss"];
-  }
-  return v;
+  const auto v = po::test::metric(run, "val_loss");
+  return v.empty() ? -1 : v.back();
 }
 
 TEST(Bf16, TracksFp32OnRealText) {

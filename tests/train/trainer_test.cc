@@ -19,13 +19,7 @@ using po::core::Config;
 
 namespace {
 
-std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using po::test::read_metrics;
 
 struct Data {
   po::test::TempDir dir;
