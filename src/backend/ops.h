@@ -93,6 +93,15 @@ double sum_squares(const float* x, int64_t n);
 // x[n] *= s
 void scale(float* x, float s, int64_t n);
 
+// bf16 storage (the bits of core::bf16): widen; round to nearest even;
+// dst = round(dst + src) (gradient accumulation into bf16); sum of squares in
+// double (the global norm of bf16 gradients).
+void bf16_to_f32(float* dst, const uint16_t* src, int64_t n);
+void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
+void bf16_add_f32(uint16_t* dst, const float* src, int64_t n);
+void bf16_add_bf16(uint16_t* dst, const uint16_t* src, int64_t n);
+double sum_squares_bf16(const uint16_t* x, int64_t n);
+
 // AdamW on n elements, nanoGPT/PyTorch semantics with bias correction:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   param *= 1 - lr * weight_decay            (decoupled decay first, as torch.optim.AdamW)
@@ -101,5 +110,11 @@ void scale(float* x, float s, int64_t n);
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                   int64_t t);
+
+// Mixed precision: the same update of the fp32 master weights from bf16
+// gradients, writing the rounded result to the bf16 parameters param_out[n].
+void adamw_update_mixed(float* master, const uint16_t* grad, float* m, float* v,
+                        uint16_t* param_out, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, float grad_scale, int64_t t);
 
 }  // namespace po::backend::cpu

@@ -314,8 +314,6 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
     if (on_unit_ready) on_unit_ready(unit);
   };
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
-  PO_CHECK(!defer_embedding || !hooks_.grads,
-           "forward_backward: defer_embedding needs the model's own gradient buffer, not hooks");
   const int64_t BT = B_ * T_;
   const float* out = forward_blocks(inputs, B_, T_);
   const double loss_sum = head_forward(out, targets, BT, grad_scale);

@@ -124,8 +124,9 @@ class GPT2 {
   // micro-batch's lookup rows, and the lookup gradient is left in
   // embedding_output_grad() ([B*T, C]) for the caller to add with
   // ops::embedding_backward once unit 0 is reduced: so the largest tensor's
-  // reduction overlaps the whole backward instead of none of it. Not with
-  // gradient hooks (the lookup rows go to grads(0) as usual).
+  // reduction overlaps the whole backward instead of none of it. With
+  // gradient hooks, grads_ready(0) comes right after the head and the lookup
+  // rows never reach grads(0).
   float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
                          const std::function<void(int unit)>& on_unit_ready = {},
                          bool defer_embedding = false);

@@ -42,6 +42,19 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
   }
 }
 
+void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_state,
+                        uint16_t* params_out, double lr, double scale) {
+  ++t_;
+  for (const auto& r : ranges_) {
+    ops::adamw_update_mixed(master + r.state(), grads + (grads_by_state ? r.state() : r.offset),
+                            m_.f32() + r.state(), v_.f32() + r.state(), params_out + r.offset,
+                            r.numel, static_cast<float>(lr), static_cast<float>(config_.beta1),
+                            static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
+                            r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
+                            static_cast<float>(scale), t_);
+  }
+}
+
 double AdamW::grad_norm(const float* grads, int64_t n) {
   return std::sqrt(ops::sum_squares(grads, n));
 }

@@ -49,6 +49,12 @@ class AdamW {
   static double sum_squares(const float* grads, int64_t n);
   double clip_scale(double norm) const;
   void apply(float* params, const float* grads_state, double lr, double clip_scale);
+  // Mixed precision: the fp32 master weights `master` (state coordinates)
+  // take the update from bf16 gradients (at state_offset when
+  // `grads_by_state`, else at offset) and the rounded result is written to
+  // the bf16 parameters `params_out` at offset.
+  void apply_mixed(float* master, const uint16_t* grads, bool grads_by_state,
+                   uint16_t* params_out, double lr, double clip_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }

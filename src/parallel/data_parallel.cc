@@ -8,7 +8,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "parallel/zero3.h"
+#include "parallel/units.h"
 
 namespace po::parallel {
 namespace ops = po::backend::cpu;
@@ -51,61 +51,74 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
       layout_(unit_sizes(model), group ? group->size() : 1, group ? group->rank() : 0) {
   PO_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "parallel.zero_stage = ",
            options.zero_stage, " is not one of 0, 1, 2, 3");
+  auto f32_or_bf16 = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };
+  PO_CHECK(f32_or_bf16(options.param_dtype) && f32_or_bf16(options.reduce_dtype),
+           "DataParallel: parameters and reductions are fp32 or bf16");
   const int units = model.num_units();
-  if (options_.zero_stage == 0) {
+  const int stage = options_.zero_stage;
+  if (stage == 0) {
     std::vector<optim::ParamRange> ranges;
     for (const auto& info : model.param_infos())
       ranges.push_back({info.offset, info.numel(), info.decay});
     adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
   } else {
-    adam_ = std::make_unique<optim::AdamW>(
-        adam, shard_ranges(model, layout_, options_.zero_stage == 3), layout_.local_numel());
-    grad_shard_.assign(static_cast<size_t>(layout_.local_numel()), 0.0f);
+    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3),
+                                           layout_.local_numel());
   }
-  if (options_.zero_stage == 3) {
-    zero3_ = std::make_unique<Zero3Units>(model, layout_, group_, grad_shard_.data(),
-                                          Zero3Units::Options{options_.prefetch, options_.overlap});
-    return;
+  const auto local = static_cast<size_t>(layout_.local_numel());
+  if (stage >= 2 && bf16())
+    grad_shard_bf16_.assign(local, 0);
+  else if (stage >= 1 && !bf16())
+    grad_shard_f32_.assign(local, 0.0f);
+  if (stage >= 2 || bf16()) {
+    UnitBuffers::Options o;
+    o.prefetch = options_.prefetch;
+    o.overlap = options_.overlap;
+    o.shard_params = stage == 3;
+    o.param_dtype = options_.param_dtype;
+    o.grads = stage >= 2 ? UnitBuffers::Grads::kReduceScatter : UnitBuffers::Grads::kFull;
+    o.grad_dtype = options_.param_dtype;
+    o.reduce_dtype = options_.reduce_dtype;
+    if (bf16()) o.before_shard = [this] { take_master(); };
+    void* shard = bf16() ? static_cast<void*>(grad_shard_bf16_.data())
+                         : static_cast<void*>(grad_shard_f32_.data());
+    units_ = std::make_unique<UnitBuffers>(model, layout_, group_, stage >= 2 ? shard : nullptr, o);
   }
-  if (group_ == nullptr) return;
+  if (group_ == nullptr || stage == 3) return;
 
-  defer_embedding_ = options_.overlap && options_.zero_stage < 2;
-  if (options_.zero_stage < 2) {
+  defer_embedding_ = options_.overlap && stage < 2;
+  if (stage < 2) {
     // Buckets of consecutive units in the order the backward finishes them.
     bucket_of_.assign(static_cast<size_t>(units), 0);
     const uint64_t limit = std::max<uint64_t>(1, options_.bucket_bytes);
+    const uint64_t esz = param_esz();
     int hi = units - 1;
     while (hi >= 0) {
       int lo = hi;
-      uint64_t bytes = static_cast<uint64_t>(model.unit_numel(lo)) * sizeof(float);
+      uint64_t bytes = static_cast<uint64_t>(model.unit_numel(lo)) * esz;
       // With the embedding deferred, unit 0 goes alone (it is ready first),
       // and so does unit 1: the backward finishes it last, so nothing can
       // hide its reduction and it should be as short as possible.
       const int floor = !defer_embedding_ || hi == 0 ? 0 : hi == 1 ? 1 : 2;
       while (lo > floor && bytes < limit)
-        bytes += static_cast<uint64_t>(model.unit_numel(--lo)) * sizeof(float);
+        bytes += static_cast<uint64_t>(model.unit_numel(--lo)) * esz;
       for (int u = lo; u <= hi; ++u) bucket_of_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size());
       buckets_.push_back({lo, model.unit_offset(lo),
                           model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
       hi = lo - 1;
     }
-  } else {
-    padded_.resize(static_cast<size_t>(units));
-    for (int u = 0; u < units; ++u)
-      if (layout_.stride(u) * layout_.ranks() != model.unit_numel(u))
-        padded_[static_cast<size_t>(u)].assign(
-            static_cast<size_t>(layout_.stride(u) * layout_.ranks()), 0.0f);
   }
-  if (options_.zero_stage >= 1) {
+  if (stage >= 1) {
     int64_t max_stride = 0;
     for (int u = 0; u < units; ++u) max_stride = std::max(max_stride, layout_.stride(u));
-    gather_send_.assign(static_cast<size_t>(2 * max_stride), 0.0f);
+    gather_send_ = tensor::Storage(static_cast<size_t>(2 * max_stride) * param_esz());
     // Units that ranks x stride covers exactly are gathered straight into the
     // parameter buffer; only the others (padded) need a receive buffer.
     int64_t max_padded = 0;
     for (int u = 0; u < units; ++u)
       if (!gathers_in_place(u)) max_padded = std::max(max_padded, layout_.stride(u));
-    gather_recv_.assign(static_cast<size_t>(2 * max_padded * layout_.ranks()), 0.0f);
+    gather_recv_ =
+        tensor::Storage(static_cast<size_t>(2 * max_padded * layout_.ranks()) * param_esz());
   }
   if (defer_embedding_) {
     const size_t rows = static_cast<size_t>(model.batch() * model.seq_len());
@@ -116,40 +129,88 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
 
 DataParallel::~DataParallel() = default;
 
+// bf16: the fp32 master weights from the model's fp32 parameters, before the
+// model's buffer gives way to bf16 storage (stage 0: all, else this rank's
+// shard at its local offsets, padding 0).
+void DataParallel::take_master() {
+  const float* full = model_.params();
+  if (options_.zero_stage == 0) {
+    master_.assign(full, full + model_.num_params());
+    return;
+  }
+  master_.assign(static_cast<size_t>(layout_.local_numel()), 0.0f);
+  for (int u = 0; u < layout_.num_units(); ++u)
+    std::memcpy(master_.data() + layout_.local_offset(u),
+                full + model_.unit_offset(u) + layout_.begin(u),
+                static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+}
+
 void DataParallel::shard_params() {
-  if (zero3_) zero3_->shard_params();
+  if (units_) units_->shard_params();
+}
+
+void* DataParallel::stored_params() {
+  if (units_) {
+    units_->shard_params();
+    return units_->stored_params();
+  }
+  return model_.params();
 }
 
 std::function<void(int)> DataParallel::unit_ready() {
-  if (group_ == nullptr || !options_.overlap || zero3_) return {};
+  if (group_ == nullptr || !options_.overlap || options_.zero_stage >= 2) return {};
   return [this](int unit) { on_unit_ready(unit); };
 }
 
 void DataParallel::on_unit_ready(int unit) {
-  for (auto& w : pending_) w.test();  // MPI progresses inside its calls
-  if (options_.zero_stage >= 2)
-    issue_reduce_scatter(unit);
-  else if (unit == buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])].lo)
+  for (auto& p : pending_) p.work.test();  // MPI progresses inside its calls
+  if (unit == buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])].lo)
     issue_allreduce(unit);
 }
 
 void DataParallel::issue_allreduce(int unit) {
-  const Bucket& b = buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])];
-  pending_.push_back(group_->iallreduce(model_.grads() + b.offset, static_cast<size_t>(b.numel),
-                                        DType::kF32, comm::ReduceOp::kSum));
+  const int index = bucket_of_[static_cast<size_t>(unit)];
+  const Bucket& b = buckets_[static_cast<size_t>(index)];
+  Pending p;
+  p.bucket = index;
+  if (!bf16()) {
+    p.work = group_->iallreduce(model_.grads() + b.offset, static_cast<size_t>(b.numel),
+                                DType::kF32, comm::ReduceOp::kSum);
+  } else if (options_.reduce_dtype == DType::kBF16) {
+    p.work = group_->iallreduce(units_->full_grads() + b.offset, static_cast<size_t>(b.numel),
+                                DType::kBF16, comm::ReduceOp::kSum);
+  } else {  // bf16 gradients summed in fp32: staged, a bounded number at once
+    size_t staged = 0;
+    for (const Pending& q : pending_) staged += q.staged.empty() ? 0 : 1;
+    for (auto it = pending_.begin(); staged >= kMaxStaged && it != pending_.end(); ++it)
+      if (!it->staged.empty()) {
+        const double before = comm_wait_s_;
+        finish(*it);
+        staged_wait_s_ += comm_wait_s_ - before;
+        --staged;
+      }
+    p.staged.resize(static_cast<size_t>(b.numel));
+    ops::bf16_to_f32(p.staged.data(), units_->full_grads() + b.offset, b.numel);
+    p.work = group_->iallreduce(p.staged.data(), p.staged.size(), DType::kF32,
+                                comm::ReduceOp::kSum);
+  }
+  pending_.push_back(std::move(p));
 }
 
-void DataParallel::issue_reduce_scatter(int unit) {
-  const int64_t n = model_.unit_numel(unit);
-  float* send = model_.grads() + model_.unit_offset(unit);
-  auto& pad = padded_[static_cast<size_t>(unit)];
-  if (!pad.empty()) {  // zero padding up to ranks * stride
-    std::memcpy(pad.data(), send, static_cast<size_t>(n) * sizeof(float));
-    send = pad.data();
+// Waits for one all-reduce (timed) and narrows a staged one back to bf16.
+void DataParallel::finish(Pending& p) {
+  if (p.bucket < 0) return;
+  if (!p.work.done()) {
+    core::Timer wait;
+    p.work.wait();
+    comm_wait_s_ += wait.seconds();
   }
-  pending_.push_back(group_->ireduce_scatter(send, grad_shard_.data() + layout_.local_offset(unit),
-                                             static_cast<size_t>(layout_.stride(unit)),
-                                             DType::kF32, comm::ReduceOp::kSum));
+  if (!p.staged.empty()) {
+    const Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+    ops::f32_to_bf16(units_->full_grads() + b.offset, p.staged.data(), b.numel);
+    std::vector<float>().swap(p.staged);
+  }
+  p.bucket = -1;
 }
 
 int64_t DataParallel::now_ns() {
@@ -160,58 +221,92 @@ int64_t DataParallel::now_ns() {
 
 void DataParallel::backward_done(const int32_t* tokens) {
   backward_end_ns_ = now_ns();
-  if (group_ == nullptr || zero3_) return;
+  if (group_ == nullptr || options_.zero_stage >= 2) return;
   if (!options_.overlap)  // every unit after the backward: the comm time, unhidden
     for (int u = model_.num_units() - 1; u >= 0; --u) on_unit_ready(u);
   if (defer_embedding_) {
     const size_t rows = static_cast<size_t>(model_.batch() * model_.seq_len());
-    pending_.push_back(group_->iall_gather(tokens, lookup_tokens_.data(), rows, DType::kI32));
-    pending_.push_back(group_->iall_gather(model_.embedding_output_grad(), lookup_grads_.data(),
-                                           rows * static_cast<size_t>(model_.config().n_embd),
-                                           DType::kF32));
+    Pending t, g;
+    t.work = group_->iall_gather(tokens, lookup_tokens_.data(), rows, DType::kI32);
+    g.work = group_->iall_gather(model_.embedding_output_grad(), lookup_grads_.data(),
+                                 rows * static_cast<size_t>(model_.config().n_embd), DType::kF32);
+    pending_.push_back(std::move(t));
+    pending_.push_back(std::move(g));
+  }
+}
+
+// Every rank adds every rank's lookup rows into the reduced bf16 gradient, in
+// rank order (as ops::embedding_backward does for fp32).
+void DataParallel::add_lookup_rows_bf16() {
+  const int64_t C = model_.config().n_embd, T = model_.seq_len();
+  uint16_t* wte = units_->full_grads() + model_.param("wte.weight").offset;
+  uint16_t* wpe = units_->full_grads() + model_.param("wpe.weight").offset;
+  const int64_t rows = static_cast<int64_t>(lookup_tokens_.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = lookup_grads_.data() + r * C;
+    ops::bf16_add_f32(wte + static_cast<int64_t>(lookup_tokens_[static_cast<size_t>(r)]) * C, g, C);
+    ops::bf16_add_f32(wpe + (r % T) * C, g, C);
   }
 }
 
 double DataParallel::step(double lr) {
   comm_wait_s_ = 0;
-  if (zero3_) return step_zero3(lr);
+  const int stage = options_.zero_stage;
+  if (stage >= 2) return step_sharded_grads(lr);
+  comm_wait_s_ = staged_wait_s_;  // the backward waited for staging buffers
+  staged_wait_s_ = 0;
   if (group_ != nullptr) {
-    core::Timer wait;
-    for (auto& w : pending_) w.wait();
+    for (auto& p : pending_) {
+      if (!p.work.done()) {
+        core::Timer wait;
+        p.work.wait();
+        comm_wait_s_ += wait.seconds();
+      }
+    }
+    for (auto& p : pending_) finish(p);
     pending_.clear();
-    comm_wait_s_ = wait.seconds();
     wait_end_ns_ = now_ns();
-    if (defer_embedding_)  // every rank adds every rank's lookup rows, in rank order
-      ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
-                              model_.grads() + model_.param("wpe.weight").offset,
-                              lookup_grads_.data(), lookup_tokens_.data(),
-                              model_.batch() * layout_.ranks(), model_.seq_len(),
-                              model_.config().n_embd);
+    if (defer_embedding_) {  // every rank adds every rank's lookup rows, in rank order
+      if (bf16()) {
+        add_lookup_rows_bf16();
+      } else {
+        ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
+                                model_.grads() + model_.param("wpe.weight").offset,
+                                lookup_grads_.data(), lookup_tokens_.data(),
+                                model_.batch() * layout_.ranks(), model_.seq_len(),
+                                model_.config().n_embd);
+      }
+    }
   }
-  if (options_.zero_stage == 0) return adam_->step(model_.params(), model_.grads(), lr);
-
-  if (options_.zero_stage == 1 || group_ == nullptr) {
-    // The full reduced gradient is here: its norm needs no communication, and
-    // this rank's shard of it feeds the update.
-    const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
-    for (int u = 0; u < layout_.num_units(); ++u)
-      std::memcpy(grad_shard_.data() + layout_.local_offset(u),
-                  model_.grads() + model_.unit_offset(u) + layout_.begin(u),
-                  static_cast<size_t>(layout_.owned(u)) * sizeof(float));
-    adam_->apply(model_.params(), grad_shard_.data(), lr, adam_->clip_scale(norm));
-    if (group_ != nullptr) gather_params();
+  if (bf16()) {
+    // The whole reduced bf16 gradient is here: its norm needs no communication.
+    uint16_t* grads = units_->full_grads();
+    const double norm = std::sqrt(ops::sum_squares_bf16(grads, model_.num_params()));
+    auto* params = static_cast<uint16_t*>(stored_params());
+    adam_->apply_mixed(master_.data(), grads, false, params, lr, adam_->clip_scale(norm));
+    units_->zero_full_grads();
+    if (stage == 1 && group_ != nullptr) gather_params();
     return norm;
   }
-  const double norm = sharded_grad_norm();
-  adam_->apply(model_.params(), grad_shard_.data(), lr, adam_->clip_scale(norm));
-  gather_params();
+  if (stage == 0) return adam_->step(model_.params(), model_.grads(), lr);
+
+  // The full reduced gradient is here: its norm needs no communication, and
+  // this rank's shard of it feeds the update.
+  const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+  for (int u = 0; u < layout_.num_units(); ++u)
+    std::memcpy(grad_shard_f32_.data() + layout_.local_offset(u),
+                model_.grads() + model_.unit_offset(u) + layout_.begin(u),
+                static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  adam_->apply(model_.params(), grad_shard_f32_.data(), lr, adam_->clip_scale(norm));
+  if (group_ != nullptr) gather_params();
   return norm;
 }
 
 // The gradient shards' global norm: the per-rank sums of squares all-gathered
 // as doubles and added in rank order (the same value on every rank).
 double DataParallel::sharded_grad_norm() {
-  double mine = optim::AdamW::sum_squares(grad_shard_.data(), layout_.local_numel());
+  double mine = bf16() ? ops::sum_squares_bf16(grad_shard_bf16_.data(), layout_.local_numel())
+                       : optim::AdamW::sum_squares(grad_shard_f32_.data(), layout_.local_numel());
   if (group_ != nullptr) {
     std::vector<double> all(static_cast<size_t>(layout_.ranks()));
     group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
@@ -221,19 +316,28 @@ double DataParallel::sharded_grad_norm() {
   return std::sqrt(mine);
 }
 
-// Stage 3: the micro-batches' reductions are all in the gradient shard once
-// the last ones are waited; the update writes only the local parameter shard
-// (no gather: the next forward gathers), and the gradient shard starts the
-// next step at zero.
-double DataParallel::step_zero3(double lr) {
-  zero3_->shard_params();
-  zero3_->finish_grads();
-  zero3_->drain_gathers();  // speculative ones read the shard about to change
-  comm_wait_s_ = zero3_->take_wait_seconds();
+// Stages 2-3: the micro-batches' reductions are all in the gradient shard once
+// the last ones are waited. Stage 3's update writes only the local parameter
+// shard (no gather: the next forward gathers); stage 2 gathers the updated
+// shards into the whole parameters. The gradient shard starts the next step
+// at zero.
+double DataParallel::step_sharded_grads(double lr) {
+  units_->shard_params();
+  units_->finish_grads();
+  units_->drain_gathers();  // speculative ones read the shard about to change
+  comm_wait_s_ = units_->take_wait_seconds();
   wait_end_ns_ = now_ns();
   const double norm = sharded_grad_norm();
-  adam_->apply(zero3_->param_shard_base(), grad_shard_.data(), lr, adam_->clip_scale(norm));
-  std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+  const double clip = adam_->clip_scale(norm);
+  if (bf16()) {
+    adam_->apply_mixed(master_.data(), grad_shard_bf16_.data(), true,
+                       static_cast<uint16_t*>(stored_params()), lr, clip);
+    std::fill(grad_shard_bf16_.begin(), grad_shard_bf16_.end(), uint16_t{0});
+  } else {
+    adam_->apply(static_cast<float*>(stored_params()), grad_shard_f32_.data(), lr, clip);
+    std::fill(grad_shard_f32_.begin(), grad_shard_f32_.end(), 0.0f);
+  }
+  if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
   return norm;
 }
 
@@ -245,46 +349,54 @@ bool DataParallel::gathers_in_place(int u) const {
 
 void DataParallel::gather_params() {
   const int units = layout_.num_units();
-  const int64_t half_send = static_cast<int64_t>(gather_send_.size() / 2);
-  const int64_t half_recv = static_cast<int64_t>(gather_recv_.size() / 2);
+  const size_t esz = param_esz();
+  const size_t half_send = gather_send_.size() / 2, half_recv = gather_recv_.size() / 2;
+  char* params = static_cast<char*>(stored_params());  // whole, in the model's layout
+  char* send_base = static_cast<char*>(gather_send_.data());
+  char* recv_base = static_cast<char*>(gather_recv_.data());
+  const DType dtype = bf16() ? DType::kBF16 : DType::kF32;
   comm::Work inflight[2];
   int unit_in[2] = {-1, -1};
-  auto finish = [&](int slot) {
+  auto unit_at = [&](int u) { return params + static_cast<size_t>(model_.unit_offset(u)) * esz; };
+  auto finish_slot = [&](int slot) {
     if (unit_in[slot] < 0) return;
     inflight[slot].wait();
     const int u = unit_in[slot];
     if (!gathers_in_place(u))
-      std::memcpy(model_.params() + model_.unit_offset(u), gather_recv_.data() + slot * half_recv,
-                  static_cast<size_t>(model_.unit_numel(u)) * sizeof(float));
+      std::memcpy(unit_at(u), recv_base + slot * half_recv,
+                  static_cast<size_t>(model_.unit_numel(u)) * esz);
     unit_in[slot] = -1;
   };
   for (int u = 0; u < units; ++u) {
     const int slot = u & 1;
-    finish(slot);
-    float* send = gather_send_.data() + slot * half_send;
-    const int64_t owned = layout_.owned(u), stride = layout_.stride(u);
-    std::memcpy(send, model_.params() + model_.unit_offset(u) + layout_.begin(u),
-                static_cast<size_t>(owned) * sizeof(float));
-    std::fill(send + owned, send + stride, 0.0f);
+    finish_slot(slot);
+    char* send = send_base + slot * half_send;
+    const auto owned = static_cast<size_t>(layout_.owned(u));
+    const auto stride = static_cast<size_t>(layout_.stride(u));
+    std::memcpy(send, unit_at(u) + static_cast<size_t>(layout_.begin(u)) * esz, owned * esz);
+    std::memset(send + owned * esz, 0, (stride - owned) * esz);
     // In place: the send block is a copy of this rank's shard, so it does not
     // overlap the receive region it is gathered into.
-    float* recv = gathers_in_place(u) ? model_.params() + model_.unit_offset(u)
-                                      : gather_recv_.data() + slot * half_recv;
-    inflight[slot] = group_->iall_gather(send, recv, static_cast<size_t>(stride), DType::kF32);
+    char* recv = gathers_in_place(u) ? unit_at(u) : recv_base + slot * half_recv;
+    inflight[slot] = group_->iall_gather(send, recv, stride, dtype);
     unit_in[slot] = u;
   }
-  finish(0);
-  finish(1);
+  finish_slot(0);
+  finish_slot(1);
 }
 
+// Checkpoints hold fp32: the parameters themselves, or a bf16 run's master.
 float* DataParallel::param_shard(int u) {
-  if (zero3_) return zero3_->param_shard(u);
+  if (bf16() && !master_.empty()) {
+    if (options_.zero_stage == 0) return master_.data() + model_.unit_offset(u) + layout_.begin(u);
+    return master_.data() + layout_.local_offset(u);
+  }
+  if (units_) return units_->param_shard(u);
   return model_.params() + model_.unit_offset(u) + layout_.begin(u);
 }
 
 const float* DataParallel::param_shard(int u) const {
-  if (zero3_) return static_cast<const Zero3Units&>(*zero3_).param_shard(u);
-  return model_.params() + model_.unit_offset(u) + layout_.begin(u);
+  return const_cast<DataParallel*>(this)->param_shard(u);
 }
 
 float* DataParallel::adam_m_shard(int u) {
@@ -299,20 +411,20 @@ float* DataParallel::adam_v_shard(int u) {
 
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
-  if (zero3_) {  // what is held now: the model's buffers only until released
-    r.params = model_.params_bytes() + zero3_->param_shard_bytes();
-    r.grads = model_.grads_bytes() + grad_shard_.size() * sizeof(float) +
-              zero3_->accumulator_bytes();
-    r.adam = adam_->state_bytes();
-    r.gathered = zero3_->gathered_bytes();
-    r.activations = model_.activation_bytes();
-    return r;
-  }
-  r.params = static_cast<size_t>(model_.num_params()) * sizeof(float);
-  r.grads = r.params + grad_shard_.size() * sizeof(float);
+  r.params = model_.params_bytes();
+  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() * sizeof(uint16_t);
+  // fp32 stage 1 copies its shard of the whole gradient for the update.
+  r.grads += grad_shard_f32_.size() * sizeof(float);
+  r.master = master_.size() * sizeof(float);
   r.adam = adam_->state_bytes();
-  r.gathered = (gather_send_.size() + gather_recv_.size()) * sizeof(float);
-  for (const auto& p : padded_) r.buckets += p.size() * sizeof(float);
+  r.gathered = gather_send_.size() + gather_recv_.size();
+  if (units_) {
+    r.params += units_->stored_bytes();
+    r.grads += units_->full_grad_bytes();
+    r.gathered += units_->gathered_bytes();
+    r.buckets += units_->accumulator_bytes();
+  }
+  for (const auto& p : pending_) r.buckets += p.staged.size() * sizeof(float);
   r.buckets += lookup_tokens_.size() * sizeof(int32_t) + lookup_grads_.size() * sizeof(float);
   r.activations = model_.activation_bytes();
   return r;

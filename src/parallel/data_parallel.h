@@ -11,17 +11,25 @@
 //     shard (ShardLayout): each rank updates its shard of the parameters and
 //     the updated shards are all-gathered, unit by unit.
 //   stage 2: each unit's gradient is reduce-scattered into this rank's
-//     gradient shard as soon as the unit is final (no all-reduce), then as
-//     stage 1.
-//   stage 3: the parameters are sharded too (Zero3Units, parallel/zero3.h):
-//     the model reaches them through UnitHooks that all-gather each unit
-//     just before use (prefetching along the model's known order) and
-//     reduce-scatter each unit's gradient, on every micro-batch, as soon as
-//     it is final; the update touches only the local shards and nothing is
-//     gathered after it (the next forward gathers).
-// fp32 parameters are their own master weights here (bf16 compute, with a
-// separate fp32 master, is a later step).
+//     gradient shard as soon as the unit is final, on every micro-batch, from
+//     a per-unit accumulator (UnitBuffers, parallel/units.h): the full
+//     gradient is never held. Then as stage 1.
+//   stage 3: the parameters are sharded too (UnitBuffers): the model reaches
+//     them through UnitHooks that all-gather each unit just before use
+//     (prefetching along the model's known order); the update touches only
+//     the local shards and nothing is gathered after it (the next forward
+//     gathers).
 //
+// Precision (DataParallelOptions::param_dtype). fp32: the parameters are
+// their own master weights. bf16: parameters and gradients are stored in bf16
+// (whole, or the shards the stage keeps), widened per unit for compute, and
+// the update runs on fp32 master weights and Adam moments that exist for this
+// rank's shard only (stage 0: all of them); the updated master is rounded
+// into the bf16 parameters. Per rank that is DESIGN.md's ledger: 16Ψ at stage
+// 0, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N at stages 1-3. Gradients are reduced in
+// reduce_dtype: fp32 (bf16 gradients widened into f32 staging buffers, at most
+// kMaxStaged buckets at once) or bf16 (2 bytes per element on the wire).
+
 // Clipping uses the global norm: at stage 0 from the full reduced gradient,
 // at stages 1-2 from every rank's shard, the per-rank sums of squares
 // all-gathered as doubles and added in rank order (the same value on every
@@ -38,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -49,25 +58,30 @@
 
 namespace po::parallel {
 
-class Zero3Units;
+class UnitBuffers;
 
 struct DataParallelOptions {
   int zero_stage = 0;
   bool overlap = true;               // parallel.overlap_comm
   uint64_t bucket_bytes = 25u << 20; // parallel.bucket_size (stage 0-1)
   int prefetch = 1;                  // parallel.prefetch (stage 3): units gathered ahead
+  tensor::DType param_dtype = tensor::DType::kF32;   // train.precision: kF32 or kBF16 storage
+  tensor::DType reduce_dtype = tensor::DType::kF32;  // parallel.reduce_dtype
 };
 
 // Bytes this rank holds for model state and communication, by kind.
 struct MemoryReport {
-  size_t params = 0;      // model parameters (fp32: also the master weights; stage 3: the shard)
-  size_t grads = 0;       // full gradient buffer + gradient shard (stage 3: + accumulators)
-  size_t master = 0;      // separate fp32 master weights (0 in fp32 training)
+  size_t params = 0;      // model parameters as stored (fp32: also the master; stage 3: the shard)
+  size_t grads = 0;       // gradients as stored: the whole buffer or this rank's shard
+  size_t master = 0;      // fp32 master weights of a bf16 run (this rank's shard)
   size_t adam = 0;        // Adam m + v
-  size_t gathered = 0;    // all-gather buffers for parameter shards (stage 3: the pool)
-  size_t buckets = 0;     // reduce-scatter padding and embedding-lookup gathers
+  size_t gathered = 0;    // all-gather buffers and per-unit f32 parameter buffers
+  size_t buckets = 0;     // per-unit gradient accumulators, reduction staging and padding,
+                          // embedding-lookup gathers
   size_t activations = 0;
-  size_t total() const { return params + grads + master + adam + gathered + buckets + activations; }
+  // DESIGN.md's model states: what the ledger formulas count.
+  size_t model_states() const { return params + grads + master + adam; }
+  size_t total() const { return model_states() + gathered + buckets + activations; }
 };
 
 class DataParallel {
@@ -81,10 +95,12 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Stage 3: call once the model holds its initial (or loaded) parameters;
-  // from then on this rank keeps only its shard and the model's full buffer
-  // is freed (with one rank it stays: it is the shard). The first forward
-  // does it otherwise. Other stages: nothing.
+  // Call once the model holds its initial (or loaded) fp32 parameters. Stage
+  // 3: from then on this rank keeps only its shard and the model's full
+  // buffer is freed (with one rank in fp32 it stays: it is the shard). bf16:
+  // the fp32 master weights are taken from them and the model's buffer is
+  // replaced by bf16 storage. The first forward does it otherwise (stage 3
+  // fp32 only; bf16 needs the call). Other cases: nothing.
   void shard_params();
 
   // Arguments for the model's forward_backward of a step's LAST micro-batch:
@@ -126,11 +142,18 @@ class DataParallel {
  private:
   void on_unit_ready(int unit);
   void issue_allreduce(int unit);
-  void issue_reduce_scatter(int unit);
   void gather_params();
   bool gathers_in_place(int u) const;
   double sharded_grad_norm();
-  double step_zero3(double lr);
+  double step_sharded_grads(double lr);
+  void take_master();
+  void add_lookup_rows_bf16();
+  bool bf16() const { return options_.param_dtype == tensor::DType::kBF16; }
+  size_t param_esz() const { return bf16() ? 2 : 4; }
+  void* stored_params();  // the parameters as the update writes them (see step())
+
+  // Buckets of reduced bf16 gradients staged in f32 at once (reduce_dtype fp32).
+  static constexpr size_t kMaxStaged = 2;
 
   model::GPT2& model_;
   comm::Communicator* group_;
@@ -138,7 +161,7 @@ class DataParallel {
   ShardLayout layout_;
   std::unique_ptr<optim::AdamW> adam_;
   bool defer_embedding_ = false;
-  double comm_wait_s_ = 0;
+  double comm_wait_s_ = 0, staged_wait_s_ = 0;
   int64_t backward_end_ns_ = 0, wait_end_ns_ = 0;
 
   // stage 0-1 buckets: bucket_of_[u] -> index; buckets_[i] = {lowest unit, offset, numel}
@@ -148,14 +171,22 @@ class DataParallel {
   };
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;
-  // stage 2: a padded copy of unit u's gradient when n_u is not ranks * S_u
-  std::vector<std::vector<float>> padded_;
-  std::vector<float> grad_shard_;      // stages 1-3: [layout.local_numel()]
-  std::vector<float> gather_send_, gather_recv_;
+  // An all-reduce in flight; `staged` (bf16 gradients reduced in fp32) holds
+  // the bucket widened to f32, narrowed back into the gradient when done.
+  struct Pending {
+    comm::Work work;
+    std::vector<float> staged;
+    int bucket = -1;
+  };
+  void finish(Pending& p);
+  std::vector<float> grad_shard_f32_;    // fp32 stages 1-3: [layout.local_numel()]
+  std::vector<uint16_t> grad_shard_bf16_;  // bf16 stages 2-3
+  std::vector<float> master_;            // bf16: fp32 master (stage 0 whole, else the shard)
+  tensor::Storage gather_send_, gather_recv_;  // param_dtype elements
   std::vector<int32_t> lookup_tokens_;  // deferred embedding rows of all ranks
   std::vector<float> lookup_grads_;
-  std::vector<comm::Work> pending_;
-  std::unique_ptr<Zero3Units> zero3_;  // stage 3; after grad_shard_: destroyed first
+  std::deque<Pending> pending_;
+  std::unique_ptr<UnitBuffers> units_;  // after the gradient shards: destroyed first
 };
 
 }  // namespace po::parallel

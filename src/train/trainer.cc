@@ -110,8 +110,9 @@ Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
            "\": choose \"fp32\" or \"bf16\"");
-  PO_CHECK(cfg.get_string("parallel.reduce_dtype") == "fp32", "parallel.reduce_dtype = \"",
-           cfg.get_string("parallel.reduce_dtype"), "\" is not built yet (only \"fp32\")");
+  const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
+  PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
+           "\": choose \"fp32\" or \"bf16\"");
   PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
                1,
            "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
@@ -268,8 +269,9 @@ TrainResult train(const core::Config& cfg) {
   int threads = static_cast<int>(cfg.get_int("train.threads"));
   if (threads == 0) threads = std::max(1, core::usable_cpus() / local_ranks);
   ops::set_num_threads(threads);
-  // bf16: the products of every linear layer (and the tied head) in bf16 with
-  // f32 accumulation; parameters, Adam state and the update stay fp32.
+  // bf16: parameters and gradients stored in bf16 (DataParallel), the
+  // products of every linear layer (and the tied head) in bf16 with f32
+  // accumulation; fp32 master weights and Adam state for the update.
   const bool bf16 = cfg.get_string("train.precision") == "bf16";
   ops::set_gemm_precision(bf16 ? ops::GemmPrecision::kBF16 : ops::GemmPrecision::kF32);
   if (bf16 && !ops::native_bf16_gemm())
@@ -324,6 +326,9 @@ TrainResult train(const core::Config& cfg) {
   dpo.overlap = cfg.get_bool("parallel.overlap_comm");
   dpo.bucket_bytes = cfg.get_size("parallel.bucket_size");
   dpo.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
+  dpo.param_dtype = bf16 ? tensor::DType::kBF16 : tensor::DType::kF32;
+  dpo.reduce_dtype = cfg.get_string("parallel.reduce_dtype") == "bf16" ? tensor::DType::kBF16
+                                                                         : tensor::DType::kF32;
   parallel::DataParallel dp(model, ocfg, world.get(), dpo);
   optim::AdamW& opt = dp.adam();
 

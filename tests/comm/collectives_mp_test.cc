@@ -7,10 +7,18 @@
 // when a check fails (EXPECT, never an early return), so one failing rank
 // fails its test without hanging the others; a rank that does hang is ended by
 // the communicator's timeout. Ranks other than 0 print only failures.
+//
+// 16-bit reductions carry 16 bits on the wire and round at every combining
+// step (as NCCL does), which is exact for these small integers; the
+// Inexact16Test cases use random inputs in [-1, 1] and check the result
+// against the exact sum of the same 16-bit inputs within one 16-bit rounding
+// per hop, and that every rank holds the same bits after an allreduce.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -247,8 +255,8 @@ TEST_P(CollectivesTest, AllToAll) {
   EXPECT_TRUE(matches(recv, [&](size_t i) { return value(static_cast<int>(i / n), rank * n + i % n); }));
 }
 
-// Three operations in flight at once (three scratch buffers for 16-bit),
-// completed in a different order than started.
+// Three operations in flight at once, completed in a different order than
+// started.
 TEST_P(CollectivesTest, NonBlockingOverlap) {
   const int rank = world().rank(), size = world().size();
   const size_t n = block();
@@ -283,6 +291,146 @@ std::vector<Case> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, CollectivesTest, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- 16-bit reductions with rounding ----------------------------------------
+
+// Rank k's input for inexact sums: uniform in [-1, 1) (24 random bits), rounded
+// to the dtype by Buf::set / round_to.
+float random_value(int rank, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(rank) << 48) + i + 0x9e3779b97f4a7c15ull;  // splitmix64
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<float>(x >> 40) * 0x1p-23f - 1.0f;
+}
+
+// Exact reference over all ranks of the 16-bit inputs at global index i (in
+// double: sums of at most 8 such values are exact).
+struct Exact {
+  double sum = 0, abs_sum = 0, max = -1e30;
+};
+Exact exact_at(DType d, int size, size_t i) {
+  Exact e;
+  for (int r = 0; r < size; ++r) {
+    const double x = round_to(d, random_value(r, i));
+    e.sum += x;
+    e.abs_sum += std::fabs(x);
+    e.max = std::max(e.max, x);
+  }
+  return e;
+}
+
+// The largest |result - exact| allowed: a sum over n ranks is rounded to 16
+// bits once per hop (n-1 times), each time off by at most u = 2^-8 (bf16) or
+// 2^-11 (f16) of a partial sum, whose magnitude is at most sum|x| (grown by
+// the earlier roundings), plus half the smallest subnormal per rounding. avg
+// divides that sum by n in f32 and rounds once more; max is exact.
+double allowed_error(DType d, ReduceOp op, int n, const Exact& e) {
+  if (op == ReduceOp::kMax) return 0;
+  const double u = d == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+  const double tiny = d == DType::kBF16 ? 0x1p-134 : 0x1p-25;
+  const int hops = n - 1;
+  const double sum_err = hops * (u * e.abs_sum * std::pow(1 + u, hops) + tiny);
+  if (op == ReduceOp::kSum) return sum_err;
+  const double avg = (std::fabs(e.sum) + sum_err) / n;
+  return sum_err / n + (u + 0x1p-23) * avg + tiny;
+}
+
+double expected(ReduceOp op, int n, const Exact& e) {
+  switch (op) {
+    case ReduceOp::kSum: return e.sum;
+    case ReduceOp::kAvg: return e.sum / n;
+    case ReduceOp::kMax: return e.max;
+  }
+  return 0;
+}
+
+// buf[i] against the exact reduction of global index first + i, within
+// allowed_error(); reports the count and the first mismatches with the rank,
+// index, values and bound.
+::testing::AssertionResult within_rounding(const Buf& buf, DType d, ReduceOp op, size_t first) {
+  const int rank = g_world->rank(), size = g_world->size();
+  size_t bad = 0;
+  std::string detail;
+  for (size_t i = 0; i < buf.size(); ++i) {
+    const Exact e = exact_at(d, size, first + i);
+    const double want = expected(op, size, e), got = buf.get(i);
+    const double bound = allowed_error(d, op, size, e);
+    if (!(std::fabs(got - want) <= bound)) {
+      if (++bad <= 3) {
+        detail += core::str_cat(" [", first + i, "] got ", got, " want ", want, " (off by ",
+                                std::fabs(got - want), ", allowed ", bound, ", sum|x| ",
+                                e.abs_sum, ");");
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rank " << rank << ": " << bad << " of " << buf.size()
+                                       << " elements beyond one rounding per hop:" << detail;
+}
+
+// Whether every rank holds rank 0's bits (which are broadcast for the check).
+::testing::AssertionResult same_bits_everywhere(Buf& buf, DType d) {
+  const size_t n = buf.size();
+  Buf root(d, n);
+  std::memcpy(root.data(), buf.data(), n * tensor::dtype_size(d));
+  g_world->broadcast(root.data(), n, DType::kU16, 0);
+  const uint16_t* mine = static_cast<const uint16_t*>(buf.data());
+  const uint16_t* theirs = static_cast<const uint16_t*>(root.data());
+  size_t bad = 0;
+  std::string detail;
+  for (size_t i = 0; i < n; ++i) {
+    if (mine[i] != theirs[i] && ++bad <= 3) {
+      detail += core::str_cat(" [", i, "] here ", buf.get(i), " (bits ", mine[i], "), rank 0 ",
+                              root.get(i), " (bits ", theirs[i], ");");
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rank " << g_world->rank() << ": " << bad << " of " << n
+                                       << " elements differ from rank 0's after allreduce:"
+                                       << detail;
+}
+
+class Inexact16Test : public ::testing::TestWithParam<Case> {
+ protected:
+  DType dtype() const { return GetParam().dtype; }
+  size_t count() const { return GetParam().count; }
+};
+
+TEST_P(Inexact16Test, Allreduce) {
+  const int rank = g_world->rank();
+  for (ReduceOp op : kOps) {
+    SCOPED_TRACE(reduce_op_name(op));
+    Buf buf(dtype(), count());
+    buf.fill([&](size_t i) { return random_value(rank, i); });
+    g_world->allreduce(buf.data(), count(), dtype(), op);
+    EXPECT_TRUE(within_rounding(buf, dtype(), op, 0));
+    EXPECT_TRUE(same_bits_everywhere(buf, dtype()));
+  }
+}
+
+TEST_P(Inexact16Test, ReduceScatter) {
+  const int rank = g_world->rank(), size = g_world->size();
+  const size_t n = count() / static_cast<size_t>(size);  // the total is count()
+  for (ReduceOp op : kOps) {
+    SCOPED_TRACE(reduce_op_name(op));
+    Buf send(dtype(), n * size), recv(dtype(), n);
+    send.fill([&](size_t i) { return random_value(rank, i); });
+    g_world->reduce_scatter(send.data(), recv.data(), n, dtype(), op);
+    EXPECT_TRUE(within_rounding(recv, dtype(), op, static_cast<size_t>(rank) * n));
+  }
+}
+
+// 2M elements (4 MiB) take the ring; 1000 stay with MPI and our user op.
+std::vector<Case> inexact_cases() {
+  std::vector<Case> cases;
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    for (size_t n : {size_t{1000}, size_t{2} << 20}) cases.push_back({d, n});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rounded, Inexact16Test, ::testing::ValuesIn(inexact_cases()), case_name);
 
 TEST(CommTest, WorldMatchesLaunchEnvironment) {
   const LaunchEnv env = detect_launch_env();

@@ -3,8 +3,11 @@
 // formed in double as Python does, then applied in f32 in the same order:
 // decay, moment updates, addcdiv(m, sqrt(v)/sqrt(bc2) + eps, -lr/bc1).
 #include <cmath>
+#include <cstddef>
+#include <type_traits>
 
 #include "backend/ops.h"
+#include "core/bf16.h"
 
 namespace po::backend::cpu {
 
@@ -23,9 +26,14 @@ void scale(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                  int64_t t) {
+namespace {
+
+// One AdamW update; Grad is float or uint16_t (bf16 bits), Out is std::nullptr_t
+// (the master is the parameter) or uint16_t* (bf16 parameters written too).
+template <typename Grad, typename Out>
+void adamw_kernel(float* param, const Grad* grad, float* m, float* v, Out out, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int64_t t) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
   const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
@@ -35,7 +43,13 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float omb2 = static_cast<float>(1.0 - static_cast<double>(beta2));
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const float g = grad[i] * grad_scale;
+    float gi;
+    if constexpr (std::is_same_v<Grad, float>) {
+      gi = grad[i];
+    } else {
+      gi = core::bf16_to_f32(core::bf16{grad[i]});
+    }
+    const float g = gi * grad_scale;
     const float p = param[i] * decay;
     const float mi = m[i] * beta1 + g * omb1;
     const float vi = v[i] * beta2 + omb2 * g * g;
@@ -43,7 +57,23 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
     param[i] = p + neg_step * mi / denom;
     m[i] = mi;
     v[i] = vi;
+    if constexpr (!std::is_same_v<Out, std::nullptr_t>) out[i] = core::f32_to_bf16(param[i]).bits;
   }
+}
+
+}  // namespace
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                  int64_t t) {
+  adamw_kernel(param, grad, m, v, nullptr, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+}
+
+void adamw_update_mixed(float* master, const uint16_t* grad, float* m, float* v,
+                        uint16_t* param_out, int64_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, float grad_scale, int64_t t) {
+  adamw_kernel(master, grad, m, v, param_out, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
+               t);
 }
 
 }  // namespace po::backend::cpu

@@ -1,13 +1,12 @@
-// MPI backend: non-blocking MPI collectives behind Work handles (large f32
-// reductions as rings, ring.h), with 16-bit reductions widened to f32 in pooled
-// scratch buffers (see communicator.h).
+// MPI backend: non-blocking MPI collectives behind Work handles (large
+// reductions as rings, ring.h), with 16-bit reductions on a 16-bit wire: each
+// combining step sums (or maxes) in f32 and rounds back (see communicator.h).
 #include "comm/mpi/communicator.h"
 
 #include <climits>
 #include <cstdio>
 #include <functional>
 #include <mutex>
-#include <vector>
 
 #include "comm/mpi/arrivals.h"
 #include "comm/mpi/check.h"
@@ -88,6 +87,63 @@ ThreadLevel thread_level() {
   return g_level;
 }
 
+// ---- user-defined reductions of 16-bit floats --------------------------------
+//
+// MPI has no bf16 or f16 type: below the ring's threshold, 16-bit reductions
+// run as MPI_Iallreduce / MPI_Ireduce_scatter_block on MPI_UINT16_T with one
+// of these commutative user ops, which combine pairs in f32 and round back to
+// nearest even (as each ring step does). One op per (dtype, op), created on
+// first use (MPI is initialized by then) and freed by finalize().
+
+namespace {
+
+std::mutex g_ops_mutex;
+MPI_Op g_ops16[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};  // [bf16?][max?]
+
+template <typename T, float (*Widen)(T), T (*Narrow)(float), bool kIsMax>
+void combine16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  const size_t n = static_cast<size_t>(*len);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = Widen(T{a[i]}), y = Widen(T{b[i]});
+    if constexpr (kIsMax) {
+      if (x > y) b[i] = a[i];
+    } else {
+      b[i] = Narrow(x + y).bits;
+    }
+  }
+}
+
+// The op combining dtype (kBF16 or kF16) elements by op (kAvg sums).
+MPI_Op op16(DType dtype, ReduceOp op) {
+  const int bf = dtype == DType::kBF16 ? 1 : 0, max = op == ReduceOp::kMax ? 1 : 0;
+  std::lock_guard lock(g_ops_mutex);
+  MPI_Op& slot = g_ops16[bf][max];
+  if (slot == MPI_OP_NULL) {
+    MPI_User_function* fn =
+        bf ? (max ? combine16<core::bf16, core::bf16_to_f32, core::f32_to_bf16, true>
+                  : combine16<core::bf16, core::bf16_to_f32, core::f32_to_bf16, false>)
+           : (max ? combine16<core::f16, core::f16_to_f32, core::f32_to_f16, true>
+                  : combine16<core::f16, core::f16_to_f32, core::f32_to_f16, false>);
+    PO_MPI_CHECK(MPI_Op_create(fn, /*commute=*/1, &slot));
+  }
+  return slot;
+}
+
+// Before MPI_Finalize. Operations still in flight keep an op alive (MPI frees
+// it once they complete).
+void free_ops16() {
+  std::lock_guard lock(g_ops_mutex);
+  for (auto& row : g_ops16) {
+    for (MPI_Op& op : row) {
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    }
+  }
+}
+
+}  // namespace
+
 void finalize() {
   std::lock_guard lock(g_init_mutex);
   if (!g_we_initialized) return;
@@ -96,41 +152,11 @@ void finalize() {
   if (!finalized) {
     progress::stop();
     arrivals::stop();
+    free_ops16();
     MPI_Finalize();
   }
   g_we_initialized = false;
 }
-
-// ---- scratch buffers for 16-bit reductions ---------------------------------
-
-class ScratchPool {
- public:
-  // A buffer of at least n floats: a free one large enough, else the largest
-  // free one grown (so the pool converges to a few buffers of the peak size).
-  std::vector<float> acquire(size_t n) {
-    std::lock_guard lock(mutex_);
-    size_t pick = free_.size();
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].size() >= n) { pick = i; break; }
-      if (pick == free_.size() || free_[i].size() > free_[pick].size()) pick = i;
-    }
-    std::vector<float> v;
-    if (pick < free_.size()) {
-      v = std::move(free_[pick]);
-      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));
-    }
-    if (v.size() < n) v.resize(n);
-    return v;
-  }
-  void release(std::vector<float> v) {
-    std::lock_guard lock(mutex_);
-    free_.push_back(std::move(v));
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::vector<float>> free_;
-};
 
 namespace {
 
@@ -158,38 +184,36 @@ void check_reducible(DType d, const char* what) {
            tensor::dtype_name(d));
 }
 
-void widen(const void* src, DType d, float* dst, size_t n) {
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (d == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = core::bf16_to_f32(core::bf16{s[i]});
+// The reduction op of an MPI call on dtype: built-in for f32, ours for 16 bits.
+MPI_Op mpi_op(DType dtype, ReduceOp op) {
+  return dtype == DType::kF32 ? mpi_op(op) : op16(dtype, op);
+}
+
+// kAvg's last step: x /= divisor in f32, rounded back to dtype once more for
+// 16-bit types.
+void divide(void* buf, DType d, size_t n, float divisor) {
+  if (d == DType::kF32) {
+    float* x = static_cast<float*>(buf);
+    for (size_t i = 0; i < n; ++i) x[i] /= divisor;
+  } else if (d == DType::kBF16) {
+    uint16_t* x = static_cast<uint16_t*>(buf);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = core::f32_to_bf16(core::bf16_to_f32(core::bf16{x[i]}) / divisor).bits;
+    }
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = core::f16_to_f32(core::f16{s[i]});
+    uint16_t* x = static_cast<uint16_t*>(buf);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = core::f32_to_f16(core::f16_to_f32(core::f16{x[i]}) / divisor).bits;
+    }
   }
 }
 
-// Rounds back to 16 bits once; divisor > 1 for avg.
-void narrow(const float* src, DType d, void* dst, size_t n, float divisor) {
-  uint16_t* o = static_cast<uint16_t*>(dst);
-  if (d == DType::kBF16) {
-    for (size_t i = 0; i < n; ++i) o[i] = core::f32_to_bf16(src[i] / divisor).bits;
-  } else {
-    for (size_t i = 0; i < n; ++i) o[i] = core::f32_to_f16(src[i] / divisor).bits;
-  }
-}
-
-void divide(float* x, size_t n, float divisor) {
-  for (size_t i = 0; i < n; ++i) x[i] /= divisor;
-}
-
-// One or two MPI requests, an optional finishing step run once on completion,
-// and the scratch buffer (returned to its pool when the op is destroyed).
+// One or two MPI requests (or a ring operation) and an optional finishing step
+// run once on completion.
 class MpiPendingOp final : public PendingOp {
  public:
   MpiPendingOp() { progress::op_started(); }
-  ~MpiPendingOp() override {
-    progress::op_finished();
-    if (pool_) pool_->release(std::move(scratch_));
-  }
+  ~MpiPendingOp() override { progress::op_finished(); }
   bool poll() override {
     if ((++polls_ & 63) == 0) arrivals::service();  // peers diagnosing a timeout ask us
     // Every ring operation in flight advances while we wait, ours or not (ring.h).
@@ -212,13 +236,8 @@ class MpiPendingOp final : public PendingOp {
     PO_ASSERT(n_ < 2);
     return &requests_[n_++];
   }
-  float* take_scratch(std::shared_ptr<ScratchPool> pool, size_t n) {
-    pool_ = std::move(pool);
-    scratch_ = pool_->acquire(n);
-    return scratch_.data();
-  }
   void set_finish(std::function<void()> f) { finish_ = std::move(f); }
-  // A large f32 reduction run as a ring (ring.h) instead of an MPI request.
+  // A large reduction run as a ring (ring.h) instead of an MPI request.
   void set_ring(std::unique_ptr<ring::RingOp> op) { ring_ = std::move(op); }
   // A collective: counted on its group, so a timeout can name who is missing.
   void track(std::shared_ptr<arrivals::Group> group, uint64_t seq) {
@@ -236,14 +255,13 @@ class MpiPendingOp final : public PendingOp {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int n_ = 0;
   std::function<void()> finish_;
-  std::shared_ptr<ScratchPool> pool_;
-  std::vector<float> scratch_;
   std::unique_ptr<ring::RingOp> ring_;
 };
 
-// Whether a reduction of `floats` f32 elements in total takes the ring.
-bool takes_ring(const std::shared_ptr<ring::Channel>& channel, size_t floats) {
-  return channel != nullptr && floats * sizeof(float) >= ring::kMinBytes;
+// Whether a reduction of `count` elements of dtype in total takes the ring
+// (the threshold is in bytes as sent: 16-bit types count 2 bytes an element).
+bool takes_ring(const std::shared_ptr<ring::Channel>& channel, size_t count, DType dtype) {
+  return channel != nullptr && count * tensor::dtype_size(dtype) >= ring::kMinBytes;
 }
 
 // The Work of a collective, counted on its group's arrivals.
@@ -276,7 +294,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::create_from(MPI_Comm comm, con
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, Duration timeout)
-    : comm_(comm), name_(std::move(name)), timeout_(timeout), pool_(std::make_shared<ScratchPool>()) {
+    : comm_(comm), name_(std::move(name)), timeout_(timeout) {
   PO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PO_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -306,27 +324,16 @@ Work MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp 
   check_reducible(dtype, "allreduce");
   const int n = to_int(count, "allreduce");
   auto pending = std::make_unique<MpiPendingOp>();
-  const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f;
-  if (dtype == DType::kF32) {
-    if (takes_ring(ring_, count)) {
-      pending->set_ring(ring::RingOp::allreduce(ring_, static_cast<float*>(buf), count, op));
-    } else {
-      PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mpi_op(op), comm_,
-                                  pending->add_request()));
-    }
-    if (op == ReduceOp::kAvg) {
-      pending->set_finish([=] { divide(static_cast<float*>(buf), count, divisor); });
-    }
+  // 16-bit types reduce on the caller's buffer too, 16 bits on the wire.
+  if (takes_ring(ring_, count, dtype)) {
+    pending->set_ring(ring::RingOp::allreduce(ring_, buf, count, dtype, op));
   } else {
-    float* s = pending->take_scratch(pool_, count);
-    widen(buf, dtype, s, count);
-    if (takes_ring(ring_, count)) {
-      pending->set_ring(ring::RingOp::allreduce(ring_, s, count, op));
-    } else {
-      PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, s, n, MPI_FLOAT, mpi_op(op), comm_,
-                                  pending->add_request()));
-    }
-    pending->set_finish([=] { narrow(s, dtype, buf, count, divisor); });
+    PO_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dtype), mpi_op(dtype, op), comm_,
+                                pending->add_request()));
+  }
+  if (op == ReduceOp::kAvg) {
+    const float divisor = static_cast<float>(size_);
+    pending->set_finish([=] { divide(buf, dtype, count, divisor); });
   }
   return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("allreduce(", reduce_op_name(op), ", ", tensor::dtype_name(dtype),
@@ -339,30 +346,16 @@ Work MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_
   check_reducible(dtype, "reduce_scatter");
   const int n = to_int(recv_count, "reduce_scatter");
   auto pending = std::make_unique<MpiPendingOp>();
-  const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f;
   const size_t total = recv_count * static_cast<size_t>(size_);
-  if (dtype == DType::kF32) {
-    if (takes_ring(ring_, total)) {
-      pending->set_ring(ring::RingOp::reduce_scatter(ring_, static_cast<const float*>(send),
-                                                     static_cast<float*>(recv), recv_count, op));
-    } else {
-      PO_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, mpi_op(op), comm_,
-                                             pending->add_request()));
-    }
-    if (op == ReduceOp::kAvg) {
-      pending->set_finish([=] { divide(static_cast<float*>(recv), recv_count, divisor); });
-    }
+  if (takes_ring(ring_, total, dtype)) {
+    pending->set_ring(ring::RingOp::reduce_scatter(ring_, send, recv, recv_count, dtype, op));
   } else {
-    float* s = pending->take_scratch(pool_, total + recv_count);
-    float* s_recv = s + total;
-    widen(send, dtype, s, total);
-    if (takes_ring(ring_, total)) {
-      pending->set_ring(ring::RingOp::reduce_scatter(ring_, s, s_recv, recv_count, op));
-    } else {
-      PO_MPI_CHECK(MPI_Ireduce_scatter_block(s, s_recv, n, MPI_FLOAT, mpi_op(op), comm_,
-                                             pending->add_request()));
-    }
-    pending->set_finish([=] { narrow(s_recv, dtype, recv, recv_count, divisor); });
+    PO_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(dtype, op), comm_,
+                                           pending->add_request()));
+  }
+  if (op == ReduceOp::kAvg) {
+    const float divisor = static_cast<float>(size_);
+    pending->set_finish([=] { divide(recv, dtype, recv_count, divisor); });
   }
   return tracked(std::move(pending), arrivals_,
               describe(core::str_cat("reduce_scatter(", reduce_op_name(op), ", ",

@@ -11,20 +11,22 @@
 //
 // Every operation is a non-blocking MPI call (MPI_Iallreduce, ...) completed
 // by Work::wait(), so blocking calls get the same timeout as non-blocking ones.
-// Except: allreduce and reduce-scatter of >= 1 MiB (in f32, after widening)
-// run as a ring of point-to-point messages on a private duplicate of the
+// Except: allreduce and reduce-scatter of >= 1 MiB (as sent: 2 bytes an
+// element for bf16/f16) run as a ring of point-to-point messages on a private duplicate of the
 // communicator (ring.h), because OpenMPI's non-blocking versions of those two
 // are 2.5-5x slower than its own blocking ones here (docs/comm.md).
 //
-// 16-bit reductions (bf16, f16): each rank widens its input into an f32 scratch
-// buffer, the f32 collective runs on the scratch, and the result is rounded
-// back once (after dividing by size() for avg). We chose this over a
-// user-defined MPI_Op on 16-bit data because a user op would round every
-// partial sum to 16 bits (so the result would depend on the reduction order
-// and lose precision with more ranks) and would bypass OpenMPI's vectorized
-// built-in reductions. Scratch buffers come from a per-communicator pool that
-// grows to the largest request and is reused, one buffer per operation in
-// flight.
+// 16-bit reductions (bf16, f16) keep 16 bits on the wire, as NCCL does: every
+// step that combines two partial results widens both to f32, sums (or maxes)
+// and rounds back to 16 bits (nearest even). Large messages take the 16-bit
+// ring on the caller's buffers; small ones MPI_Iallreduce /
+// MPI_Ireduce_scatter_block on MPI_UINT16_T with a user-defined commutative
+// MPI_Op per (dtype, op), created on first use and freed by finalize(). avg
+// sums, then divides by size() in f32 and rounds once more. This halves the
+// traffic of widening to f32 first, at the price of one rounding per hop: a
+// sum over n ranks is within about (n-1) * 2^-8 (bf16; 2^-11 for f16) of the
+// sum of |x| from the exact sum, and may depend on the reduction order (the
+// ring gives every rank the same bits). Max is exact. docs/comm.md.
 //
 // Thread safety: one thread at a time per communicator (FUNNELED is enough);
 // different communicators may be used from different threads only when
@@ -75,7 +77,6 @@ struct MpiOptions {
   Duration timeout = std::chrono::minutes(10);  // parallel.timeout default
 };
 
-class ScratchPool;
 namespace ring {
 class Channel;
 }  // namespace ring
@@ -122,9 +123,8 @@ class MpiCommunicator final : public Communicator {
   int tag_ub_ = 32767;  // MPI guarantees at least this
   std::string name_;
   Duration timeout_;
-  std::shared_ptr<ScratchPool> pool_;
   std::shared_ptr<arrivals::Group> arrivals_;  // who reached which collective
-  std::shared_ptr<ring::Channel> ring_;  // large f32 reductions (ring.h); null on 1 rank
+  std::shared_ptr<ring::Channel> ring_;  // large reductions (ring.h); null on 1 rank
 };
 
 }  // namespace po::comm::mpi

@@ -1,6 +1,7 @@
-// Ring reduce-scatter and allreduce for large f32 messages: point-to-point
-// messages between ring neighbours on a private duplicate of the group's
-// communicator, advanced by polling like every other MPI operation here.
+// Ring reduce-scatter and allreduce for large messages of f32, bf16 or f16:
+// point-to-point messages between ring neighbours on a private duplicate of
+// the group's communicator, advanced by polling like every other MPI
+// operation here.
 //
 // Why not OpenMPI's non-blocking collectives (libnbc, all that MPI_I* reaches
 // in OpenMPI 4.1): MPI_Iallreduce with MPI_IN_PLACE always takes the binomial
@@ -20,6 +21,13 @@
 // buffer (or, for reduce-scatter on 3+ ranks, from a partial-sum buffer).
 // Scratch comes from the channel's pool (tensor::Storage: 2 MiB pages,
 // pre-faulted) and is reused, so the steady state allocates nothing.
+//
+// Element types: f32 travels as MPI_FLOAT and is reduced in f32. bf16 and f16
+// travel as 16-bit MPI_UINT16_T (2 bytes per element, half the traffic of
+// widening to f32): each reducing step widens the received values and its own
+// to f32, combines them (sum or max) and rounds back to 16 bits (round to
+// nearest even), as NCCL does. So a sum is rounded once per hop, n-1 times in
+// all; max is exact. Segments and slots are sized in bytes whatever the type.
 //
 // Every rank must issue the same ring operations in the same order (true of
 // collectives anyway): operations are numbered per channel, and the number and
@@ -44,10 +52,11 @@
 
 namespace po::comm::mpi::ring {
 
-// f32 messages of at least this many bytes in total take the ring; smaller
-// ones stay with OpenMPI, whose tree algorithms have less latency.
+// Messages of at least this many bytes in total (f32, or 16-bit as sent) take
+// the ring; smaller ones stay with OpenMPI, whose tree algorithms have less
+// latency.
 inline constexpr size_t kMinBytes = size_t{1} << 20;
-// Receive segment and number of segments in flight per reducing step.
+// Receive segment (bytes) and number of segments in flight per reducing step.
 inline constexpr size_t kSegmentBytes = size_t{1} << 20;
 inline constexpr int kSlots = 4;
 
@@ -68,8 +77,8 @@ class Channel {
   int size() const { return size_; }
   // The base tag of the next operation (advances the counter).
   int next_tag_base();
-  // Scratch of at least `floats` floats; give it back with release().
-  tensor::Storage acquire(size_t floats);
+  // Scratch of at least `bytes` bytes; give it back with release().
+  tensor::Storage acquire(size_t bytes);
   void release(tensor::Storage s);
 
  private:
@@ -89,14 +98,17 @@ void progress_all();
 // One ring collective in progress.
 class RingOp {
  public:
-  // In place: buf (count floats) becomes the reduction over the group
-  // (reduce-scatter then all-gather, 2(n-1) steps).
-  static std::unique_ptr<RingOp> allreduce(std::shared_ptr<Channel> ch, float* buf, size_t count,
-                                           ReduceOp op);
-  // send holds size() blocks of recv_count floats; recv gets block rank()
+  // Whether the ring reduces this element type (f32, bf16, f16).
+  static bool supports(tensor::DType dtype);
+  // In place: buf (count elements of dtype) becomes the reduction over the
+  // group (reduce-scatter then all-gather, 2(n-1) steps).
+  static std::unique_ptr<RingOp> allreduce(std::shared_ptr<Channel> ch, void* buf, size_t count,
+                                           tensor::DType dtype, ReduceOp op);
+  // send holds size() blocks of recv_count elements; recv gets block rank()
   // reduced over the group (n-1 steps). send and recv must not overlap.
-  static std::unique_ptr<RingOp> reduce_scatter(std::shared_ptr<Channel> ch, const float* send,
-                                                float* recv, size_t recv_count, ReduceOp op);
+  static std::unique_ptr<RingOp> reduce_scatter(std::shared_ptr<Channel> ch, const void* send,
+                                                void* recv, size_t recv_count,
+                                                tensor::DType dtype, ReduceOp op);
   // Returns the scratch to the pool once complete; an incomplete operation
   // (its owner gave up after a timeout) leaks it, since MPI may still write.
   ~RingOp();
@@ -111,16 +123,16 @@ class RingOp {
   friend void progress_all();
   // One step: send to the right neighbour, receive from the left. With `own`
   // set, dest = own (op) received, in segments through the scratch slots;
-  // without, the message lands in dest whole.
+  // without, the message lands in dest whole. Counts are in elements.
   struct Step {
-    const float* send = nullptr;
+    const std::byte* send = nullptr;
     size_t send_count = 0;
-    float* dest = nullptr;
-    const float* own = nullptr;
+    std::byte* dest = nullptr;
+    const std::byte* own = nullptr;
     size_t recv_count = 0;
   };
 
-  RingOp(std::shared_ptr<Channel> ch, ReduceOp op);
+  RingOp(std::shared_ptr<Channel> ch, tensor::DType dtype, ReduceOp op);
   // Registers the operation and posts its first step.
   static std::unique_ptr<RingOp> start(std::unique_ptr<RingOp> op);
   // Posts and completes steps while it can; true once complete. Under the
@@ -130,8 +142,14 @@ class RingOp {
   void post_step();
   bool advance_step();
   void post_recv(size_t seg);
+  // The scratch slot of receive segment `seg`.
+  std::byte* slot(size_t seg) const;
 
   std::shared_ptr<Channel> ch_;
+  tensor::DType dtype_;
+  size_t elem_ = 4;          // bytes per element
+  size_t segment_ = 0;       // elements per segment (kSegmentBytes / elem_)
+  MPI_Datatype mpi_type_ = MPI_FLOAT;
   ReduceOp op_;
   int tag_base_ = 0;
   std::vector<Step> steps_;

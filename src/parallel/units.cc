@@ -1,0 +1,352 @@
+#include "parallel/units.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace po::parallel {
+namespace ops = po::backend::cpu;
+using tensor::DType;
+
+void* UnitBuffers::Pool::acquire(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 4);
+  Buffer* best = nullptr;
+  for (Buffer& b : buffers_)  // its size class: [bytes, 2 bytes]
+    if (!b.used && b.bytes >= bytes && b.bytes <= 2 * bytes && (!best || b.bytes < best->bytes))
+      best = &b;
+  if (best == nullptr) {
+    buffers_.push_back({tensor::Storage(bytes), bytes, false});
+    best = &buffers_.back();
+  }
+  best->used = true;
+  return best->storage.data();
+}
+
+void UnitBuffers::Pool::release(void* p) {
+  for (Buffer& b : buffers_)
+    if (b.storage.data() == p) {
+      PO_ASSERT(b.used, "UnitBuffers: a pool buffer released twice");
+      b.used = false;
+      return;
+    }
+  PO_ASSERT(false, "UnitBuffers: released a buffer the pool does not hold");
+}
+
+size_t UnitBuffers::Pool::bytes() const {
+  size_t n = 0;
+  for (const Buffer& b : buffers_) n += b.storage.size();
+  return n;
+}
+
+UnitBuffers::UnitBuffers(model::GPT2& model, const ShardLayout& layout, comm::Communicator* group,
+                         void* grad_shard, const Options& options)
+    : model_(model), layout_(layout), group_(group), grad_shard_(grad_shard), options_(options) {
+  PO_CHECK(layout.num_units() == model.num_units(), "UnitBuffers: the layout has ",
+           layout.num_units(), " units, the model ", model.num_units());
+  PO_CHECK(group != nullptr || layout.ranks() == 1, "UnitBuffers: ", layout.ranks(),
+           " ranks need a communicator");
+  PO_CHECK(options.prefetch >= 0, "parallel.prefetch = ", options.prefetch, " must be >= 0");
+  auto f32_or_bf16 = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };
+  PO_CHECK(f32_or_bf16(options.param_dtype) && f32_or_bf16(options.grad_dtype) &&
+               f32_or_bf16(options.reduce_dtype),
+           "UnitBuffers: parameters, gradients and reductions are f32 or bf16");
+  PO_CHECK(options.grads == Grads::kReduceScatter || options.grad_dtype == DType::kBF16,
+           "UnitBuffers: a whole gradient is kept here only in bf16");
+  PO_CHECK(options.grads == Grads::kReduceScatter || !options.shard_params,
+           "UnitBuffers: sharded parameters need sharded gradients (ZeRO-3)");
+  const int units = model.num_units(), L = units - 2;
+  order_.push_back(0);                                  // embedding forward
+  for (int u = 1; u <= L; ++u) order_.push_back(u);     // block forwards
+  order_.push_back(0);                                  // the tied head ...
+  order_.push_back(L + 1);                              // ... and the final LayerNorm
+  for (int u = L; u >= 1; --u) order_.push_back(u);     // block backwards
+  next_ = issued_ = static_cast<int>(order_.size());    // nothing expected before a pass starts
+  active_.assign(static_cast<size_t>(units), nullptr);
+  acc_.assign(static_cast<size_t>(units), nullptr);
+  if (options_.grads == Grads::kFull) {
+    full_grads_ = tensor::Storage(static_cast<size_t>(model.num_params()) * sizeof(uint16_t));
+  }
+  model_.release_grads();
+  model_.set_unit_hooks({[this](int u) { return params(u); }, [this](int u) { done(u); },
+                         [this](int u) { return grads(u); }, [this](int u) { grads_ready(u); }});
+}
+
+UnitBuffers::~UnitBuffers() {
+  model_.set_unit_hooks({});
+  // inflight_ and pending_ are destroyed before the pools: each Work waits first.
+}
+
+void UnitBuffers::zero_full_grads() {
+  if (full_grads_.data() != nullptr) std::memset(full_grads_.data(), 0, full_grads_.size());
+}
+
+void UnitBuffers::shard_params() {
+  if (stored_ != nullptr) return;
+  if (options_.before_shard) options_.before_shard();
+  const bool bf16 = options_.param_dtype == DType::kBF16;
+  if (!options_.shard_params) {
+    if (!bf16) {  // fp32, whole: the model's own buffer
+      stored_ = model_.params();
+      return;
+    }
+    own_ = tensor::Storage(static_cast<size_t>(model_.num_params()) * sizeof(uint16_t));
+    ops::f32_to_bf16(static_cast<uint16_t*>(own_.data()), model_.params(), model_.num_params());
+    stored_ = own_.data();
+    model_.release_params();
+    return;
+  }
+  if (layout_.ranks() == 1 && !bf16) {  // stride(u) = n_u, local_offset(u) = unit_offset(u)
+    stored_ = model_.params();
+    return;
+  }
+  own_ = tensor::Storage(static_cast<size_t>(layout_.local_numel()) * param_esz());
+  stored_ = own_.data();  // zero-filled: the padding stays 0
+  const float* full = model_.params();
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+    if (bf16)
+      ops::f32_to_bf16(static_cast<uint16_t*>(stored_) + layout_.local_offset(u), src,
+                       layout_.owned(u));
+    else
+      std::memcpy(static_cast<float*>(stored_) + layout_.local_offset(u), src,
+                  static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  }
+  model_.release_params();
+}
+
+float* UnitBuffers::param_shard(int u) {
+  PO_ASSERT(options_.param_dtype == DType::kF32 || stored_ == nullptr,
+            "UnitBuffers::param_shard: the parameters are stored in bf16");
+  if (stored_ == nullptr || !options_.shard_params)
+    return model_.params() + model_.unit_offset(u) + layout_.begin(u);
+  return static_cast<float*>(stored_) + layout_.local_offset(u);
+}
+
+const float* UnitBuffers::param_shard(int u) const {
+  return const_cast<UnitBuffers*>(this)->param_shard(u);
+}
+
+void UnitBuffers::wait(comm::Work& w) {
+  if (w.done()) return;
+  core::Timer t;
+  w.wait();
+  wait_s_ += t.seconds();
+}
+
+double UnitBuffers::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+comm::Work UnitBuffers::start_gather(int u, void* buf) {
+  const int64_t stride = layout_.stride(u);
+  const char* mine = static_cast<const char*>(stored_) +
+                     static_cast<size_t>(layout_.local_offset(u)) * param_esz();
+  if (group_ != nullptr)
+    return group_->iall_gather(mine, buf, static_cast<size_t>(stride), options_.param_dtype);
+  std::memcpy(buf, mine, static_cast<size_t>(stride) * param_esz());
+  return {};
+}
+
+// Rank r's block of a gathered unit is its padded shard [r·S, r·S + S), and
+// only the last ranks' blocks are short: the buffer starts with the unit's
+// n_u elements in order.
+float* UnitBuffers::serve(int u, void* gathered) {
+  if (options_.param_dtype == DType::kF32) return static_cast<float*>(gathered);
+  float* f = static_cast<float*>(
+      work_pool_.acquire(static_cast<size_t>(model_.unit_numel(u)) * sizeof(float)));
+  ops::bf16_to_f32(f, static_cast<const uint16_t*>(gathered), model_.unit_numel(u));
+  gather_pool_.release(gathered);
+  return f;
+}
+
+void UnitBuffers::issue_gather(int pos) {
+  PO_ASSERT(pos == issued_, "UnitBuffers: gathers must be issued in order");
+  const int u = order_[static_cast<size_t>(pos)];
+  void* buf = gather_pool_.acquire(
+      static_cast<size_t>(layout_.stride(u) * layout_.ranks()) * param_esz());
+  inflight_.push_back({pos, buf, start_gather(u, buf)});
+  ++issued_;
+}
+
+void UnitBuffers::drain_gathers() {
+  for (Gather& g : inflight_) {
+    wait(g.work);
+    gather_pool_.release(g.buf);
+  }
+  inflight_.clear();
+  issued_ = next_;
+}
+
+float* UnitBuffers::params(int u) {
+  shard_params();
+  progress();
+  PO_ASSERT(active_[static_cast<size_t>(u)] == nullptr, "UnitBuffers: unit ", u,
+            " requested twice without done()");
+  float* out = nullptr;
+  if (!options_.shard_params) {  // whole on this rank
+    if (options_.param_dtype == DType::kF32) {
+      out = model_.params() + model_.unit_offset(u);
+    } else {
+      out = static_cast<float*>(
+          work_pool_.acquire(static_cast<size_t>(model_.unit_numel(u)) * sizeof(float)));
+      ops::bf16_to_f32(out, static_cast<const uint16_t*>(stored_) + model_.unit_offset(u),
+                       model_.unit_numel(u));
+    }
+  } else {
+    const int n = static_cast<int>(order_.size());
+    if (next_ >= n || order_[static_cast<size_t>(next_)] != u) {
+      drain_gathers();  // what was prefetched is not what is asked for
+      next_ = issued_ = order_[0] == u ? 0 : n;
+    }
+    if (next_ < n) {
+      if (inflight_.empty()) issue_gather(next_);
+      Gather& g = inflight_.front();
+      PO_ASSERT(g.pos == next_, "UnitBuffers: in-flight gathers out of order");
+      wait(g.work);
+      void* buf = g.buf;
+      inflight_.pop_front();
+      ++next_;
+      // The next units' gathers run while this one computes.
+      const int ahead = static_cast<int>(std::min<int64_t>(n, next_ + int64_t{options_.prefetch}));
+      while (issued_ < ahead) issue_gather(issued_);
+      out = serve(u, buf);
+    } else {  // off the order: served alone
+      void* buf = gather_pool_.acquire(
+          static_cast<size_t>(layout_.stride(u) * layout_.ranks()) * param_esz());
+      comm::Work w = start_gather(u, buf);
+      wait(w);
+      out = serve(u, buf);
+    }
+  }
+  active_[static_cast<size_t>(u)] = out;
+  return out;
+}
+
+void UnitBuffers::done(int u) {
+  float*& buf = active_[static_cast<size_t>(u)];
+  PO_ASSERT(buf != nullptr, "UnitBuffers: done(", u, ") without params(", u, ")");
+  if (options_.param_dtype == DType::kBF16)
+    work_pool_.release(buf);
+  else if (options_.shard_params)
+    gather_pool_.release(buf);
+  buf = nullptr;
+  progress();
+}
+
+// An accumulator: the f32 gradient padded to ranks x stride, then (bf16 on
+// the wire) its bf16 copy, then the reduce-scatter's receive block.
+size_t UnitBuffers::acc_bytes(int u) const {
+  const size_t padded = static_cast<size_t>(layout_.stride(u) * layout_.ranks());
+  size_t bytes = padded * sizeof(float);
+  if (options_.grads == Grads::kFull || group_ == nullptr) return bytes;
+  const size_t wire = tensor::dtype_size(options_.reduce_dtype);
+  if (options_.reduce_dtype != DType::kF32) bytes += padded * wire;
+  return bytes + static_cast<size_t>(layout_.stride(u)) * wire;
+}
+
+const void* UnitBuffers::reduce_send(int u, float* acc) const {
+  if (options_.reduce_dtype == DType::kF32) return acc;
+  return acc + layout_.stride(u) * layout_.ranks();
+}
+
+void* UnitBuffers::reduce_recv(int u, float* acc) const {
+  const size_t padded = static_cast<size_t>(layout_.stride(u) * layout_.ranks());
+  char* end = reinterpret_cast<char*>(acc) + padded * sizeof(float);
+  if (options_.reduce_dtype != DType::kF32) end += padded * tensor::dtype_size(options_.reduce_dtype);
+  return end;
+}
+
+float* UnitBuffers::grads(int u) {
+  float*& acc = acc_[static_cast<size_t>(u)];
+  if (acc != nullptr) return acc;
+  // At most one accumulator per unit: the previous micro-batch's must be in.
+  auto reducing_u = [u](const Reduction& r) { return r.unit == u; };
+  while (std::any_of(pending_.begin(), pending_.end(), reducing_u)) complete_front();
+  const int64_t padded = layout_.stride(u) * layout_.ranks();
+  acc = static_cast<float*>(acc_pool_.acquire(acc_bytes(u)));
+  std::memset(acc, 0, static_cast<size_t>(padded) * sizeof(float));
+  return acc;
+}
+
+void UnitBuffers::grads_ready(int u) {
+  float* acc = acc_[static_cast<size_t>(u)];
+  if (acc == nullptr) return;  // no gradient this micro-batch
+  acc_[static_cast<size_t>(u)] = nullptr;
+  if (options_.grads == Grads::kFull) {  // into the whole bf16 gradient
+    ops::bf16_add_f32(full_grads() + model_.unit_offset(u), acc, model_.unit_numel(u));
+    acc_pool_.release(acc);
+    return;
+  }
+  if (group_ == nullptr) {  // one rank: the sum is the accumulator
+    add_reduced(u, acc);
+    acc_pool_.release(acc);
+    return;
+  }
+  const int64_t stride = layout_.stride(u);
+  if (options_.reduce_dtype == DType::kBF16)
+    ops::f32_to_bf16(static_cast<uint16_t*>(const_cast<void*>(reduce_send(u, acc))), acc,
+                     stride * layout_.ranks());
+  Reduction r{u, acc, {}};
+  r.work = group_->ireduce_scatter(reduce_send(u, acc), reduce_recv(u, acc),
+                                   static_cast<size_t>(stride), options_.reduce_dtype,
+                                   comm::ReduceOp::kSum);
+  pending_.push_back(std::move(r));
+  if (!options_.overlap) {
+    finish_grads();
+    return;
+  }
+  while (pending_.size() > kMaxReductionsInFlight) complete_front();
+  progress();
+}
+
+// block: the unit's reduced block (one rank: the f32 accumulator itself).
+void UnitBuffers::add_reduced(int u, const void* block) {
+  const int64_t off = layout_.local_offset(u);
+  const int64_t n = layout_.stride(u);  // the padding adds zeros to zeros
+  const bool block_bf16 = group_ != nullptr && options_.reduce_dtype == DType::kBF16;
+  if (options_.grad_dtype == DType::kF32) {
+    float* dst = static_cast<float*>(grad_shard_) + off;
+    if (block_bf16) {
+      const auto* b = static_cast<const uint16_t*>(block);
+      for (int64_t i = 0; i < n; ++i) dst[i] += core::bf16_to_f32(core::bf16{b[i]});
+    } else {
+      const auto* b = static_cast<const float*>(block);
+      for (int64_t i = 0; i < n; ++i) dst[i] += b[i];
+    }
+    return;
+  }
+  uint16_t* dst = static_cast<uint16_t*>(grad_shard_) + off;
+  if (block_bf16)
+    ops::bf16_add_bf16(dst, static_cast<const uint16_t*>(block), n);
+  else
+    ops::bf16_add_f32(dst, static_cast<const float*>(block), n);
+}
+
+void UnitBuffers::complete_front() {
+  Reduction& r = pending_.front();
+  wait(r.work);
+  add_reduced(r.unit, reduce_recv(r.unit, r.acc));
+  acc_pool_.release(r.acc);
+  pending_.pop_front();
+}
+
+void UnitBuffers::finish_grads() {
+  while (!pending_.empty()) complete_front();
+}
+
+// MPI progresses inside its calls: poll everything in flight at each hook.
+// Reductions are taken only from the front, so the additions into the
+// gradient shard keep their order whatever completes first.
+void UnitBuffers::progress() {
+  for (Gather& g : inflight_) g.work.test();
+  for (Reduction& r : pending_) r.work.test();
+  while (!pending_.empty() && pending_.front().work.done()) complete_front();
+}
+
+}  // namespace po::parallel
