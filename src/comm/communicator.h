@@ -8,10 +8,12 @@
 // overlap. Every rank of the group calls a collective with the same
 // arguments (counts, dtype, op, root) in the same order.
 //
-// Reductions accept f32, bf16 and f16. 16-bit sums and averages accumulate in
-// f32 (each rank's contribution is widened, reduced in f32, rounded once at the
-// end); avg divides the f32 sum by size() before that single rounding. Data
-// movement (all_gather, broadcast, send/recv, all_to_all) accepts every DType.
+// Reductions accept f32, bf16 and f16. 16-bit reductions move 16-bit elements
+// (2 bytes each on the wire, as NCCL does): every reducing step widens both
+// operands to f32, combines them and rounds back, so a sum over n ranks carries
+// up to n-1 roundings; avg divides the sum at the end (one more rounding). The
+// NCCL backend is the exception for now: it widens to f32 and rounds once.
+// Data movement (all_gather, broadcast, send/recv, all_to_all) accepts every DType.
 //
 // Blocking calls wait at most timeout() and then throw core::Timeout naming the
 // operation and group; the operation stays pending (a collective cannot be
