@@ -501,7 +501,6 @@ TrainResult train(const core::Config& cfg) {
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tps,
                     avg * static_cast<double>(p.steps - state.step));
-    const bool last = state.step == p.steps;
     if (eval_now) {
       result.last_val_loss = vl;
       metrics->write({{"step", state.step}, {"val_loss", vl}});

@@ -47,6 +47,14 @@ class Zero : public ::testing::Test {
   std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
+// The memory_per_rank rows of a run's last step.
+nlohmann::json memory_rows(const std::string& run_dir) {
+  nlohmann::json last;
+  for (const auto& j : po::test::read_metrics(run_dir))
+    if (j.contains("memory_per_rank")) last = j["memory_per_rank"];
+  return last;
+}
+
 TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
   const std::string ref = train("s0dp1", 1, 0);
   const auto base = losses(ref);
@@ -63,6 +71,13 @@ TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
       for (size_t i = 0; i < norm.size(); ++i)
         EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i])
             << what << ": grad_norm at step " << i + 1 << " (clipping across shards)";
+      if (stage == 2) {  // the full gradient is never held: only the shard (padded to 4 ranks)
+        const auto rows = memory_rows(run);
+        ASSERT_EQ(rows.size(), static_cast<size_t>(dp)) << what;
+        for (size_t r = 0; r < rows.size(); ++r)
+          EXPECT_LE(rows[r]["grads"].get<double>(), 1.01 * rows[r]["params"].get<double>() / dp)
+              << what << " rank " << r << ": gradient bytes vs the whole parameters'";
+      }
     }
   }
 }
@@ -75,14 +90,6 @@ TEST_F(Zero, StagesTwoAndThreeWithoutOverlapAndWithAccumulation) {
     expect_same_curve(base,
                       losses(train("s" + std::to_string(stage) + "n", 2, stage, micro1_no_overlap)),
                       "stage " + std::to_string(stage) + " dp 2, 4 micro-batches, no overlap");
-}
-
-// The memory_per_rank rows of a run's last step.
-nlohmann::json memory_rows(const std::string& run_dir) {
-  nlohmann::json last;
-  for (const auto& j : po::test::read_metrics(run_dir))
-    if (j.contains("memory_per_rank")) last = j["memory_per_rank"];
-  return last;
 }
 
 TEST_F(Zero, StageThreeMatchesStageZero) {
@@ -121,8 +128,8 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
   // What each rank holds, at 6 blocks (so that a few units are visibly less
   // than the model); every unit divides by 4 ranks here, no padding:
   // a quarter of the parameters, a gather pool of prefetch + 2 units (the
-  // head holds units 0 and L+1), a quarter of the gradients plus the
-  // accumulators in flight (unit 0 through the backward, the final
+  // head holds units 0 and L+1), a quarter of the gradients, and (buckets)
+  // the accumulators in flight (unit 0 through the backward, the final
   // LayerNorm's, at most 1 + kMaxReductionsInFlight blocks; each with its
   // reduce-scatter's receive block).
   const std::string mem =
@@ -132,13 +139,14 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
   const auto rows = memory_rows(mem);
   ASSERT_EQ(rows.size(), 4u);
   for (size_t r = 0; r < rows.size(); ++r) {
-    const double p = rows[r]["params"], g = rows[r]["grads"], gathered = rows[r]["gathered"];
+    const double p = rows[r]["params"], g = rows[r]["grads"], gathered = rows[r]["gathered"],
+                 acc = rows[r]["buckets"];
     EXPECT_EQ(p, model / 4) << "rank " << r << ": parameters held";
     EXPECT_GT(gathered, 0) << "rank " << r;
     EXPECT_LE(gathered, 4 * (unit0 + 2 * block + lnf)) << "rank " << r << ": gather pool bytes";
-    EXPECT_LE(g, model / 4 + 1.25 * 4 * (unit0 + lnf + 3 * block))
-        << "rank " << r << ": gradient shard + accumulators";
-    EXPECT_LT(g, model) << "rank " << r << ": less than one full gradient";
+    EXPECT_EQ(g, model / 4) << "rank " << r << ": gradient shard";
+    EXPECT_GT(acc, 0) << "rank " << r;
+    EXPECT_LE(acc, 1.25 * 4 * (unit0 + lnf + 3 * block)) << "rank " << r << ": accumulators";
   }
 }
 
