@@ -109,6 +109,7 @@ model::GPT2 load_model(const std::string& ckpt_or_run, int64_t batch) {
   core::Config cfg = train::checkpoint_config(path);
   model::GPT2Config m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
+  m.bf16_activations = false;  // inference saves nothing
   model::GPT2 model(m, batch, m.seq_len);
   train::load_checkpoint(path, model, nullptr);
   return model;

@@ -36,6 +36,10 @@ GPT2::GPT2(const GPT2Config& config, int64_t B, int64_t T) : config_(config), B_
   layout_activations(config_, B_, T_, acts_.f32(), v);
   encoded_ = v.encoded;
   layers_ = std::move(v.layers);
+  layers16_ = std::move(v.layers16);
+  stream_[0] = v.stream[0];
+  stream_[1] = v.stream[1];
+  in_buf_ = v.in_buf;
   scratch_ = v.scratch;
   lnf_ = v.lnf;
   lnf_mean_ = v.lnf_mean;
@@ -102,6 +106,9 @@ size_t GPT2::layout_activations(const GPT2Config& config, int64_t B, int64_t T, 
     used += align_up(n);
     return p;
   };
+  auto take16 = [&](int64_t n) -> uint16_t* {  // n bf16 values
+    return reinterpret_cast<uint16_t*>(take((n + 1) / 2));
+  };
   auto full_layer = [&](LayerActs& a, bool with_residual3) {
     a.ln1 = take(BT * C);
     a.ln1_mean = take(BT);
@@ -119,14 +126,43 @@ size_t GPT2::layout_activations(const GPT2Config& config, int64_t B, int64_t T, 
   };
   out.encoded = take(BT * C);
   out.layers.assign(config.n_layer, LayerActs{});
-  for (auto& a : out.layers) {
-    if (config.activation_checkpointing)
-      a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
-    else
-      full_layer(a, true);
-  }
+  out.layers16.assign(config.bf16_activations ? config.n_layer : 0, LayerActs16{});
   out.scratch = LayerActs{};
-  if (config.activation_checkpointing) full_layer(out.scratch, false);
+  if (config.bf16_activations) {
+    // Saved in bf16, computed in the f32 scratch layer; the block outputs
+    // (the residual stream) run on in f32 through two alternating buffers.
+    for (int64_t l = 0; l < config.n_layer; ++l) {
+      LayerActs16& h = out.layers16[static_cast<size_t>(l)];
+      LayerActs& a = out.layers[static_cast<size_t>(l)];
+      h = LayerActs16{};
+      h.residual3 = take16(BT * C);
+      if (config.activation_checkpointing) continue;
+      h.ln1 = take16(BT * C);
+      h.qkv = take16(BT * 3 * C);
+      h.atty = take16(BT * C);
+      h.residual2 = take16(BT * C);
+      h.ln2 = take16(BT * C);
+      h.fch = take16(BT * 4 * C);
+      h.fch_gelu = take16(BT * 4 * C);
+      a.ln1_mean = take(BT);
+      a.ln1_rstd = take(BT);
+      a.lse = take(B * NH * T);
+      a.ln2_mean = take(BT);
+      a.ln2_rstd = take(BT);
+    }
+    full_layer(out.scratch, false);
+    out.stream[0] = take(BT * C);
+    out.stream[1] = take(BT * C);
+    out.in_buf = take(BT * C);
+  } else {
+    for (auto& a : out.layers) {
+      if (config.activation_checkpointing)
+        a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
+      else
+        full_layer(a, true);
+    }
+    if (config.activation_checkpointing) full_layer(out.scratch, false);
+  }
   out.lnf = take(BT * C);
   out.lnf_mean = take(BT);
   out.lnf_rstd = take(BT);
@@ -254,24 +290,75 @@ void GPT2::block_backward(const BlockParams& P, const BlockParams& G, const floa
                           BT, C);
 }
 
-const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t) {
+const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t, bool save) {
+  const int64_t C = config_.n_embd, bt = b * t;
   const float* w = unit_params(0);
   ops::embedding_forward(encoded_, inputs, w + unit_relative(infos_[0]),
-                         w + unit_relative(infos_[1]), b, t, config_.n_embd);
+                         w + unit_relative(infos_[1]), b, t, C);
   unit_done(0);
   const float* in = encoded_;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     LayerActs a = layers_[l];
-    if (config_.activation_checkpointing) {
+    if (config_.bf16_activations) {
+      const LayerActs stats = layers_[l];
+      a = scratch_;
+      a.residual3 = stream_[l % 2];
+      if (!config_.activation_checkpointing) {
+        a.ln1_mean = stats.ln1_mean;
+        a.ln1_rstd = stats.ln1_rstd;
+        a.lse = stats.lse;
+        a.ln2_mean = stats.ln2_mean;
+        a.ln2_rstd = stats.ln2_rstd;
+      }
+    } else if (config_.activation_checkpointing) {
       a = scratch_;
       a.residual3 = layers_[l].residual3;
     }
     const int u = static_cast<int>(l + 1);
     block_forward(block_params(unit_params(u), l), in, a, b, t);
     unit_done(u);
+    if (config_.bf16_activations && save) {
+      const LayerActs16& h = layers16_[l];
+      ops::f32_to_bf16(h.residual3, a.residual3, bt * C);
+      if (!config_.activation_checkpointing) {
+        ops::f32_to_bf16(h.ln1, a.ln1, bt * C);
+        ops::f32_to_bf16(h.qkv, a.qkv, bt * 3 * C);
+        ops::f32_to_bf16(h.atty, a.atty, bt * C);
+        ops::f32_to_bf16(h.residual2, a.residual2, bt * C);
+        ops::f32_to_bf16(h.ln2, a.ln2, bt * C);
+        ops::f32_to_bf16(h.fch, a.fch, bt * 4 * C);
+        ops::f32_to_bf16(h.fch_gelu, a.fch_gelu, bt * 4 * C);
+      }
+    }
     in = a.residual3;
   }
   return in;
+}
+
+const float* GPT2::block_input(int64_t l) {
+  if (l == 0) return encoded_;
+  ops::bf16_to_f32(in_buf_, layers16_[l - 1].residual3, B_ * T_ * config_.n_embd);
+  return in_buf_;
+}
+
+GPT2::LayerActs GPT2::load_saved(int64_t l) {
+  const int64_t C = config_.n_embd, BT = B_ * T_;
+  const LayerActs16& h = layers16_[l];
+  LayerActs a = scratch_;
+  ops::bf16_to_f32(a.ln1, h.ln1, BT * C);
+  ops::bf16_to_f32(a.qkv, h.qkv, BT * 3 * C);
+  ops::bf16_to_f32(a.atty, h.atty, BT * C);
+  ops::bf16_to_f32(a.residual2, h.residual2, BT * C);
+  ops::bf16_to_f32(a.ln2, h.ln2, BT * C);
+  ops::bf16_to_f32(a.fch, h.fch, BT * 4 * C);
+  ops::bf16_to_f32(a.fch_gelu, h.fch_gelu, BT * 4 * C);
+  const LayerActs& stats = layers_[l];
+  a.ln1_mean = stats.ln1_mean;
+  a.ln1_rstd = stats.ln1_rstd;
+  a.lse = stats.lse;
+  a.ln2_mean = stats.ln2_mean;
+  a.ln2_rstd = stats.ln2_rstd;
+  return a;
 }
 
 double GPT2::head_forward(const float* residual, const int32_t* targets, int64_t rows,
@@ -315,15 +402,29 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
   };
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
   const int64_t BT = B_ * T_;
-  const float* out = forward_blocks(inputs, B_, T_);
+  const float* out = forward_blocks(inputs, B_, T_, true);
   const double loss_sum = head_forward(out, targets, BT, grad_scale);
   ready(static_cast<int>(config_.n_layer + 1));  // final LayerNorm
   if (defer_embedding) ready(0);  // all but this micro-batch's lookup rows
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
-    const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
     const int u = static_cast<int>(l + 1);
     const BlockParams P = block_params(unit_params(u), l);
     const BlockParams G = block_params(unit_grads(u), l);
+    if (config_.bf16_activations) {
+      const float* in = block_input(l);
+      if (config_.activation_checkpointing) {
+        LayerActs a = scratch_;
+        a.residual3 = stream_[0];  // recomputed, unused by the backward
+        block_forward(P, in, a, B_, T_);
+        block_backward(P, G, in, a, dres_);
+      } else {
+        block_backward(P, G, in, load_saved(l), dres_);
+      }
+      unit_done(u);
+      ready(u);
+      continue;
+    }
+    const float* in = l == 0 ? encoded_ : layers_[l - 1].residual3;
     if (config_.activation_checkpointing) {
       LayerActs a = scratch_;
       a.residual3 = layers_[l].residual3;  // recompute rewrites the same values
@@ -345,7 +446,7 @@ float GPT2::forward_backward(const int32_t* inputs, const int32_t* targets, floa
 }
 
 float GPT2::evaluate(const int32_t* inputs, const int32_t* targets) {
-  const float* out = forward_blocks(inputs, B_, T_);
+  const float* out = forward_blocks(inputs, B_, T_, false);
   const double loss_sum = head_forward(out, targets, B_ * T_, 0.0f);
   return static_cast<float>(loss_sum / static_cast<double>(B_ * T_));
 }
@@ -353,7 +454,7 @@ float GPT2::evaluate(const int32_t* inputs, const int32_t* targets) {
 void GPT2::next_token_logits(const int32_t* tokens, int64_t t_len, float* logits) {
   PO_CHECK(t_len >= 1 && t_len <= T_, "context of ", t_len, " tokens exceeds the model's ", T_);
   const int64_t C = config_.n_embd, V = config_.vocab_size;
-  const float* out = forward_blocks(tokens, 1, t_len);
+  const float* out = forward_blocks(tokens, 1, t_len, false);
   const int uf = static_cast<int>(config_.n_layer + 1);
   const ParamInfo& lnfw = infos_[infos_.size() - 2];
   const ParamInfo& lnfb = infos_[infos_.size() - 1];

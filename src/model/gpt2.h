@@ -148,6 +148,12 @@ class GPT2 {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
   };
+  // bf16_activations: the bf16 copies of a layer's large saved tensors (its
+  // LayerActs keeps only the f32 statistics: means, rstds, lse). With
+  // activation checkpointing only residual3 (the block output) is kept.
+  struct LayerActs16 {
+    uint16_t *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+  };
   struct BlockParams {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
@@ -158,6 +164,9 @@ class GPT2 {
   struct ActivationLayout {
     float* encoded = nullptr;
     std::vector<LayerActs> layers;
+    std::vector<LayerActs16> layers16;
+    float* stream[2] = {nullptr, nullptr};  // bf16_activations: f32 block outputs, alternating
+    float* in_buf = nullptr;                // bf16_activations: a widened block input
     LayerActs scratch{};
     float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
     float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
@@ -181,7 +190,14 @@ class GPT2 {
                      int64_t t);
   void block_backward(const BlockParams& P, const BlockParams& G, const float* in,
                       const LayerActs& a, float* dres);
-  const float* forward_blocks(const int32_t* inputs, int64_t b, int64_t t);
+  // Forward through the blocks at (b, t); returns the last block's output.
+  // `save`: keep what the backward needs (bf16_activations: round it into
+  // layers16_; otherwise the f32 activations are kept anyway).
+  const float* forward_blocks(const int32_t* inputs, int64_t b, int64_t t, bool save);
+  // bf16_activations: block l's saved tensors widened into scratch_ (its
+  // statistics from layers_[l]), and its f32 input.
+  LayerActs load_saved(int64_t l);
+  const float* block_input(int64_t l);
   // Final LayerNorm + tied head + loss over row chunks; with grad_scale != 0
   // also backward through head and final LayerNorm into dres_.
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,
@@ -199,6 +215,9 @@ class GPT2 {
   // Activation views (into acts_).
   float* encoded_ = nullptr;  // [BT,C]
   std::vector<LayerActs> layers_;
+  std::vector<LayerActs16> layers16_;
+  float* stream_[2] = {nullptr, nullptr};
+  float* in_buf_ = nullptr;
   LayerActs scratch_{};  // recompute target with activation checkpointing
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
   float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]

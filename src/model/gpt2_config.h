@@ -15,6 +15,9 @@ struct GPT2Config {
   int64_t vocab_size = 0;
   int64_t seq_len = 0;  // maximum sequence length (rows of wpe)
   bool activation_checkpointing = false;
+  // Activations saved for the backward are stored in bf16 (train.precision =
+  // "bf16"): half the bytes; the kernels still compute in f32 (gpt2.h).
+  bool bf16_activations = false;
 
   // Shapes of a named preset; throws InvalidArgument listing the known names.
   static GPT2Config preset(const std::string& name);

@@ -71,6 +71,7 @@ model::GPT2Config resolve_model_config(const core::Config& config) {
   over("model.vocab_size", m.vocab_size);
   over("model.seq_len", m.seq_len);
   m.activation_checkpointing = config.get_bool("model.activation_checkpointing");
+  m.bf16_activations = config.get_string("train.precision") == "bf16";
   m.validate();
   return m;
 }
