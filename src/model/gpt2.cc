@@ -176,11 +176,15 @@ size_t GPT2::layout_activations(const GPT2Config& config, int64_t B, int64_t T, 
   return static_cast<size_t>(used);
 }
 
-size_t GPT2::predicted_bytes(const GPT2Config& config, int64_t B, int64_t T) {
+size_t GPT2::predicted_activation_bytes(const GPT2Config& config, int64_t B, int64_t T) {
   config.validate();
   ActivationLayout counted;
-  const size_t floats = layout_activations(config, B, T, nullptr, counted);
-  return (floats + 2 * static_cast<size_t>(config.num_params())) * sizeof(float);
+  return layout_activations(config, B, T, nullptr, counted) * sizeof(float);
+}
+
+size_t GPT2::predicted_bytes(const GPT2Config& config, int64_t B, int64_t T) {
+  return predicted_activation_bytes(config, B, T) +
+         2 * static_cast<size_t>(config.num_params()) * sizeof(float);
 }
 
 const ParamInfo& GPT2::param(const std::string& name) const {

@@ -142,6 +142,8 @@ class GPT2 {
   size_t activation_bytes() const { return acts_.size(); }
   // Bytes the model would hold: params + grads + activations (no optimizer).
   static size_t predicted_bytes(const GPT2Config& config, int64_t B, int64_t T);
+  // Bytes of activations and scratch alone (what activation_bytes() will be).
+  static size_t predicted_activation_bytes(const GPT2Config& config, int64_t B, int64_t T);
 
  private:
   struct LayerActs {

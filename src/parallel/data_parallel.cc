@@ -409,6 +409,17 @@ float* DataParallel::adam_v_shard(int u) {
   return adam_->v() + layout_.local_offset(u);
 }
 
+size_t DataParallel::predicted_model_state_bytes() const {
+  const auto whole = static_cast<double>(model_.num_params());
+  const auto shard = static_cast<double>(layout_.local_numel());
+  const int s = options_.zero_stage;
+  const double p = bf16() ? 2 : 4;  // parameter and gradient bytes
+  double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
+  bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
+  if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
+  return static_cast<size_t>(bytes);
+}
+
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();

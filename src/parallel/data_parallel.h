@@ -127,6 +127,11 @@ class DataParallel {
   const ShardLayout& layout() const { return layout_; }
   int zero_stage() const { return options_.zero_stage; }
   MemoryReport memory() const;
+  // What this rank's model states should take by DESIGN.md's ledger, from
+  // the stage, the precision and the shard layout alone (padding included):
+  // fp32 4 + 4 + 8 bytes per element, bf16 2 + 2 + 4 + 8, each sharded as
+  // the stage says. memory() must agree (tests/parallel/zero_bf16_launch_test).
+  size_t predicted_model_state_bytes() const;
 
   // What a sharded checkpoint reads and writes: this rank's elements
   // [layout().begin(u), layout().end(u)) of unit u (layout().owned(u) floats),

@@ -378,8 +378,11 @@ TrainResult train(const core::Config& cfg) {
   const double peak_gflops = cfg.get_float("train.peak_gflops") > 0
                                  ? cfg.get_float("train.peak_gflops")
                                  : measure_gemm_peak_gflops();
-  // The memory ledger: params + grads + activations (model) + AdamW m, v.
-  const size_t predicted = model::GPT2::predicted_bytes(mcfg, p.micro, p.T) + opt.state_bytes();
+  // The memory ledger: this rank's model states (DESIGN.md's formulas for the
+  // stage and precision) + activations. Working buffers (gathers,
+  // accumulators, buckets) are not predicted here; the planner does that.
+  const size_t predicted = dp.predicted_model_state_bytes() +
+                           model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
   PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
               mcfg.vocab_size, " seq ", p.T, ": ", model.num_params(), " parameters; batch ",
               p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",

@@ -130,6 +130,12 @@ TEST_F(ZeroBf16, EachRankHoldsTheLedger) {
       EXPECT_EQ(rows[r]["master"].get<double>(), master) << what << ": fp32 master";
       EXPECT_EQ(rows[r]["adam"].get<double>(), adam) << what << ": Adam m + v";
     }
+    // metrics' predicted_bytes (rank 0): the ledger plus the activations.
+    double predicted = -1;
+    for (const auto& j : po::test::read_metrics(run))
+      if (j.contains("predicted_bytes")) predicted = j["predicted_bytes"].get<double>();
+    EXPECT_EQ(predicted, params + grads + master + adam + rows[0]["activations"].get<double>())
+        << "stage " << stage << ": predicted_bytes in metrics.jsonl";
   }
 }
 

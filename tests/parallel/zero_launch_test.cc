@@ -148,6 +148,11 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
     EXPECT_GT(acc, 0) << "rank " << r;
     EXPECT_LE(acc, 1.25 * 4 * (unit0 + lnf + 3 * block)) << "rank " << r << ": accumulators";
   }
+  double predicted = -1;
+  for (const auto& j : po::test::read_metrics(mem))
+    if (j.contains("predicted_bytes")) predicted = j["predicted_bytes"].get<double>();
+  EXPECT_EQ(predicted, 4 * model / 4 + rows[0]["activations"].get<double>())
+      << "predicted_bytes: 16 bytes per parameter over 4 ranks + activations";
 }
 
 }  // namespace
