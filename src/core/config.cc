@@ -77,6 +77,11 @@ const std::vector<KeySpec>& schema() {
       {"memory.host_budget", Kind::kSize, std::string("0")},
       {"memory.nvme_dir", Kind::kString, std::string("")},
       {"memory.page_size", Kind::kSize, std::string("8MiB")},
+      {"memory.prefetch", Kind::kInt, int64_t{2}, 0, 1024},
+      {"memory.alternate", Kind::kBool, true},
+      {"memory.queue_depth", Kind::kInt, int64_t{8}, 1, 4096},
+      {"memory.block_size", Kind::kSize, std::string("1MiB")},
+      {"memory.io", Kind::kString, std::string("auto")},
   };
   return specs;
 }

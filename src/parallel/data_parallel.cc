@@ -67,9 +67,9 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
   }
   const auto local = static_cast<size_t>(layout_.local_numel());
   if (stage >= 2 && bf16())
-    grad_shard_bf16_.assign(local, 0);
+    grad_shard_bf16_ = tensor::Storage(local * sizeof(uint16_t));
   else if (stage >= 1 && !bf16())
-    grad_shard_f32_.assign(local, 0.0f);
+    grad_shard_f32_ = tensor::Storage(local * sizeof(float));
   if (stage >= 2 || bf16()) {
     UnitBuffers::Options o;
     o.prefetch = options_.prefetch;
@@ -80,8 +80,7 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     o.grad_dtype = options_.param_dtype;
     o.reduce_dtype = options_.reduce_dtype;
     if (bf16()) o.before_shard = [this] { take_master(); };
-    void* shard = bf16() ? static_cast<void*>(grad_shard_bf16_.data())
-                         : static_cast<void*>(grad_shard_f32_.data());
+    void* shard = bf16() ? grad_shard_bf16_.data() : grad_shard_f32_.data();
     units_ = std::make_unique<UnitBuffers>(model, layout_, group_, stage >= 2 ? shard : nullptr, o);
   }
   if (group_ == nullptr || stage == 3) return;
@@ -134,15 +133,59 @@ DataParallel::~DataParallel() = default;
 // shard at its local offsets, padding 0).
 void DataParallel::take_master() {
   const float* full = model_.params();
-  if (options_.zero_stage == 0) {
-    master_.assign(full, full + model_.num_params());
+  if (adam_->paged()) {  // into the pages, unit by unit
+    for (int u = 0; u < layout_.num_units(); ++u)
+      adam_->paged_state()->copy_in(optim::PagedAdamState::Field::kMaster, state_offset(u),
+                                    layout_.owned(u),
+                                    full + model_.unit_offset(u) + layout_.begin(u));
     return;
   }
-  master_.assign(static_cast<size_t>(layout_.local_numel()), 0.0f);
+  const int64_t n = options_.zero_stage == 0 ? model_.num_params() : layout_.local_numel();
+  master_ = tensor::Storage(static_cast<size_t>(n) * sizeof(float));
   for (int u = 0; u < layout_.num_units(); ++u)
-    std::memcpy(master_.data() + layout_.local_offset(u),
-                full + model_.unit_offset(u) + layout_.begin(u),
+    std::memcpy(master_.f32() + state_offset(u), full + model_.unit_offset(u) + layout_.begin(u),
                 static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+}
+
+int64_t DataParallel::state_offset(int u) const {
+  if (options_.zero_stage == 0) return model_.unit_offset(u) + layout_.begin(u);
+  return layout_.local_offset(u);
+}
+
+void DataParallel::enable_paging(const memory::PagerOptions& options) {
+  PO_CHECK(master_.data() == nullptr && (!units_ || !units_->sharded()),
+           "DataParallel::enable_paging after shard_params()");
+  adam_->enable_paging(options, bf16());
+}
+
+void DataParallel::read_shard(Shard kind, int u, float* dst) {
+  const auto n = static_cast<size_t>(layout_.owned(u));
+  if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
+    std::memcpy(dst, param_shard(u), n * sizeof(float));
+    return;
+  }
+  if (!adam_->paged()) {
+    std::memcpy(dst, kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u), n * sizeof(float));
+    return;
+  }
+  using F = optim::PagedAdamState::Field;
+  const F f = kind == Shard::kParams ? F::kMaster : kind == Shard::kAdamM ? F::kM : F::kV;
+  adam_->paged_state()->copy_out(f, state_offset(u), layout_.owned(u), dst);
+}
+
+void DataParallel::write_shard(Shard kind, int u, const float* src) {
+  const auto n = static_cast<size_t>(layout_.owned(u));
+  if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
+    std::memcpy(param_shard(u), src, n * sizeof(float));
+    return;
+  }
+  if (!adam_->paged()) {
+    std::memcpy(kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u), src, n * sizeof(float));
+    return;
+  }
+  using F = optim::PagedAdamState::Field;
+  const F f = kind == Shard::kParams ? F::kMaster : kind == Shard::kAdamM ? F::kM : F::kV;
+  adam_->paged_state()->copy_in(f, state_offset(u), layout_.owned(u), src);
 }
 
 void DataParallel::shard_params() {
@@ -283,7 +326,7 @@ double DataParallel::step(double lr) {
     uint16_t* grads = units_->full_grads();
     const double norm = std::sqrt(ops::sum_squares_bf16(grads, model_.num_params()));
     auto* params = static_cast<uint16_t*>(stored_params());
-    adam_->apply_mixed(master_.data(), grads, false, params, lr, adam_->clip_scale(norm));
+    adam_->apply_mixed(master_.f32(), grads, false, params, lr, adam_->clip_scale(norm));
     units_->zero_full_grads();
     if (stage == 1 && group_ != nullptr) gather_params();
     return norm;
@@ -294,10 +337,10 @@ double DataParallel::step(double lr) {
   // this rank's shard of it feeds the update.
   const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
   for (int u = 0; u < layout_.num_units(); ++u)
-    std::memcpy(grad_shard_f32_.data() + layout_.local_offset(u),
+    std::memcpy(grad_f32() + layout_.local_offset(u),
                 model_.grads() + model_.unit_offset(u) + layout_.begin(u),
                 static_cast<size_t>(layout_.owned(u)) * sizeof(float));
-  adam_->apply(model_.params(), grad_shard_f32_.data(), lr, adam_->clip_scale(norm));
+  adam_->apply(model_.params(), grad_f32(), lr, adam_->clip_scale(norm));
   if (group_ != nullptr) gather_params();
   return norm;
 }
@@ -305,8 +348,8 @@ double DataParallel::step(double lr) {
 // The gradient shards' global norm: the per-rank sums of squares all-gathered
 // as doubles and added in rank order (the same value on every rank).
 double DataParallel::sharded_grad_norm() {
-  double mine = bf16() ? ops::sum_squares_bf16(grad_shard_bf16_.data(), layout_.local_numel())
-                       : optim::AdamW::sum_squares(grad_shard_f32_.data(), layout_.local_numel());
+  double mine = bf16() ? ops::sum_squares_bf16(grad_bf16(), layout_.local_numel())
+                       : optim::AdamW::sum_squares(grad_f32(), layout_.local_numel());
   if (group_ != nullptr) {
     std::vector<double> all(static_cast<size_t>(layout_.ranks()));
     group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
@@ -330,12 +373,12 @@ double DataParallel::step_sharded_grads(double lr) {
   const double norm = sharded_grad_norm();
   const double clip = adam_->clip_scale(norm);
   if (bf16()) {
-    adam_->apply_mixed(master_.data(), grad_shard_bf16_.data(), true,
+    adam_->apply_mixed(master_.f32(), grad_bf16(), true,
                        static_cast<uint16_t*>(stored_params()), lr, clip);
-    std::fill(grad_shard_bf16_.begin(), grad_shard_bf16_.end(), uint16_t{0});
+    std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
   } else {
-    adam_->apply(static_cast<float*>(stored_params()), grad_shard_f32_.data(), lr, clip);
-    std::fill(grad_shard_f32_.begin(), grad_shard_f32_.end(), 0.0f);
+    adam_->apply(static_cast<float*>(stored_params()), grad_f32(), lr, clip);
+    std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
   }
   if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
   return norm;
@@ -387,10 +430,9 @@ void DataParallel::gather_params() {
 
 // Checkpoints hold fp32: the parameters themselves, or a bf16 run's master.
 float* DataParallel::param_shard(int u) {
-  if (bf16() && !master_.empty()) {
-    if (options_.zero_stage == 0) return master_.data() + model_.unit_offset(u) + layout_.begin(u);
-    return master_.data() + layout_.local_offset(u);
-  }
+  if (bf16() && master_.data() != nullptr) return master_.f32() + state_offset(u);
+  PO_ASSERT(!(bf16() && adam_->paged() && units_ && units_->sharded()),
+            "DataParallel::param_shard: the master weights are paged (use read_shard)");
   if (units_) return units_->param_shard(u);
   return model_.params() + model_.unit_offset(u) + layout_.begin(u);
 }
@@ -400,11 +442,13 @@ const float* DataParallel::param_shard(int u) const {
 }
 
 float* DataParallel::adam_m_shard(int u) {
+  PO_ASSERT(!adam_->paged(), "DataParallel::adam_m_shard: Adam state is paged (use read_shard)");
   if (options_.zero_stage == 0) return adam_->m() + model_.unit_offset(u) + layout_.begin(u);
   return adam_->m() + layout_.local_offset(u);
 }
 
 float* DataParallel::adam_v_shard(int u) {
+  PO_ASSERT(!adam_->paged(), "DataParallel::adam_v_shard: Adam state is paged (use read_shard)");
   if (options_.zero_stage == 0) return adam_->v() + model_.unit_offset(u) + layout_.begin(u);
   return adam_->v() + layout_.local_offset(u);
 }
@@ -420,14 +464,38 @@ size_t DataParallel::predicted_model_state_bytes() const {
   return static_cast<size_t>(bytes);
 }
 
+size_t DataParallel::working_buffer_bytes_bound() const {
+  int64_t max_n = 0, max_padded = 0, max_bucket = 0;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    max_n = std::max(max_n, layout_.unit_numel(u));
+    max_padded = std::max(max_padded, layout_.stride(u) * layout_.ranks());
+  }
+  for (const Bucket& b : buckets_) max_bucket = std::max(max_bucket, b.numel);
+  const int s = options_.zero_stage;
+  double bytes = 16.0 * (1 << 20);  // the ring's scratch, MPI's own
+  if (units_) {
+    const double acc = 4.0 * static_cast<double>(max_padded) * 1.75;  // f32 + wire copy + receive
+    bytes += (3 + UnitBuffers::kMaxReductionsInFlight) * acc;
+    if (s == 3) bytes += (options_.prefetch + 3) * static_cast<double>(param_esz() * max_padded);
+    if (bf16()) bytes += (options_.prefetch + 3) * 4.0 * static_cast<double>(max_n);
+  }
+  if (bf16() && options_.reduce_dtype == DType::kF32)
+    bytes += kMaxStaged * 4.0 * static_cast<double>(max_bucket);
+  return static_cast<size_t>(bytes);
+}
+
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();
-  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() * sizeof(uint16_t);
-  // fp32 stage 1 copies its shard of the whole gradient for the update.
-  r.grads += grad_shard_f32_.size() * sizeof(float);
-  r.master = master_.size() * sizeof(float);
+  // (fp32 stage 1 also holds a copy of its shard of the whole gradient.)
+  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size();
+  r.master = master_.size();
   r.adam = adam_->state_bytes();
+  if (adam_->paged()) {
+    const memory::Pager& pg = adam_->paged_state()->pager();
+    r.pages = pg.options().compute_frames * pg.page_bytes();
+    r.host = pg.options().host_frames * pg.page_bytes();
+  }
   r.gathered = gather_send_.size() + gather_recv_.size();
   if (units_) {
     r.params += units_->stored_bytes();

@@ -79,9 +79,12 @@ struct MemoryReport {
   size_t buckets = 0;     // per-unit gradient accumulators, reduction staging and padding,
                           // embedding-lookup gathers
   size_t activations = 0;
+  size_t pages = 0;       // paged optimizer state: the pager's compute-tier frames
+  size_t host = 0;        // paged optimizer state: the pager's host-tier frames (not in total)
   // DESIGN.md's model states: what the ledger formulas count.
   size_t model_states() const { return params + grads + master + adam; }
-  size_t total() const { return model_states() + gathered + buckets + activations; }
+  // Everything in the compute tier.
+  size_t total() const { return model_states() + gathered + buckets + activations + pages; }
 };
 
 class DataParallel {
@@ -132,6 +135,11 @@ class DataParallel {
   // fp32 4 + 4 + 8 bytes per element, bf16 2 + 2 + 4 + 8, each sharded as
   // the stage says. memory() must agree (tests/parallel/zero_bf16_launch_test).
   size_t predicted_model_state_bytes() const;
+  // An upper bound on the working buffers the first steps will still
+  // allocate in the compute tier (gather, work and accumulator pools, fp32
+  // staging, ring scratch): what a compute budget must leave free besides
+  // what is allocated at construction.
+  size_t working_buffer_bytes_bound() const;
 
   // What a sharded checkpoint reads and writes: this rank's elements
   // [layout().begin(u), layout().end(u)) of unit u (layout().owned(u) floats),
@@ -143,6 +151,18 @@ class DataParallel {
   const float* param_shard(int u) const;
   float* adam_m_shard(int u);
   float* adam_v_shard(int u);
+
+  // Optimizer state in pages (memory/pager.h): Adam m, v and, with bf16
+  // storage, the fp32 master. Call before shard_params() and the first step.
+  // The pointers above then do not exist for what is paged: read_shard /
+  // write_shard copy unit u's shard (layout().owned(u) floats) out and in,
+  // wherever it lives.
+  void enable_paging(const memory::PagerOptions& options);
+  bool paged() const { return adam_->paged(); }
+  memory::Pager* pager() { return paged() ? &adam_->paged_state()->pager() : nullptr; }
+  enum class Shard { kParams, kAdamM, kAdamV };
+  void read_shard(Shard kind, int u, float* dst);
+  void write_shard(Shard kind, int u, const float* src);
 
  private:
   void on_unit_ready(int unit);
@@ -184,9 +204,14 @@ class DataParallel {
     int bucket = -1;
   };
   void finish(Pending& p);
-  std::vector<float> grad_shard_f32_;    // fp32 stages 1-3: [layout.local_numel()]
-  std::vector<uint16_t> grad_shard_bf16_;  // bf16 stages 2-3
-  std::vector<float> master_;            // bf16: fp32 master (stage 0 whole, else the shard)
+  // Local shards as tensor::Storage (counted in the compute tier's budget).
+  tensor::Storage grad_shard_f32_;   // fp32 stages 1-3: [layout.local_numel()] floats
+  tensor::Storage grad_shard_bf16_;  // bf16 stages 2-3: bf16
+  tensor::Storage master_;           // bf16, not paged: fp32 master (stage 0 whole, else the shard)
+  float* grad_f32() { return grad_shard_f32_.f32(); }
+  uint16_t* grad_bf16() { return static_cast<uint16_t*>(grad_shard_bf16_.data()); }
+  // Offset of unit u's shard in the Adam state / master (stage 0: the model's offsets).
+  int64_t state_offset(int u) const;
   tensor::Storage gather_send_, gather_recv_;  // param_dtype elements
   std::vector<int32_t> lookup_tokens_;  // deferred embedding rows of all ranks
   std::vector<float> lookup_grads_;

@@ -14,6 +14,16 @@ namespace po::tensor {
 namespace {
 std::atomic<size_t> g_live{0};
 std::atomic<size_t> g_peak{0};
+struct PoolCounters {
+  std::atomic<size_t> live{0}, peak{0}, budget{0};
+};
+PoolCounters g_pools[2];
+PoolCounters& counters(Pool p) { return g_pools[static_cast<int>(p)]; }
+
+void raise_peak(std::atomic<size_t>& peak, size_t live) {
+  size_t seen = peak.load();
+  while (live > seen && !peak.compare_exchange_weak(seen, live)) {}
+}
 constexpr size_t kHuge = size_t{2} << 20;
 }  // namespace
 
@@ -50,27 +60,43 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
-Storage::Storage(size_t bytes) : bytes_(bytes) {
+const char* pool_name(Pool p) { return p == Pool::kCompute ? "compute" : "host"; }
+
+Storage::Storage(size_t bytes, Pool pool) : bytes_(bytes), pool_(pool) {
   if (bytes == 0) return;
+  PoolCounters& c = counters(pool);
+  const size_t budget = c.budget.load();
+  const size_t now = c.live.fetch_add(bytes) + bytes;
+  if (budget != 0 && now > budget) {
+    c.live.fetch_sub(bytes);
+    bytes_ = 0;
+    PO_THROW(core::OutOfMemory, "the ", pool_name(pool), " tier's budget of ", budget,
+             " bytes (memory.", pool == Pool::kCompute ? "compute" : "host", "_budget) is exceeded: ",
+             now - bytes, " bytes held, ", bytes, " more asked for");
+  }
+  raise_peak(c.peak, now);
   size_t align = bytes >= kHuge ? kHuge : 64;
   size_t rounded = (bytes + align - 1) / align * align;
   data_ = std::aligned_alloc(align, rounded);
-  if (data_ == nullptr) PO_THROW(core::OutOfMemory, "cannot allocate ", bytes, " bytes");
+  if (data_ == nullptr) {
+    c.live.fetch_sub(bytes);
+    bytes_ = 0;
+    PO_THROW(core::OutOfMemory, "cannot allocate ", bytes, " bytes");
+  }
   if (align == kHuge) madvise(data_, rounded, MADV_HUGEPAGE);
   std::memset(data_, 0, bytes);  // pre-fault now, not in the first step
-  size_t live = g_live.fetch_add(bytes) + bytes;
-  size_t peak = g_peak.load();
-  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {}
+  raise_peak(g_peak, g_live.fetch_add(bytes) + bytes);
 }
 
 Storage::~Storage() {
   if (data_ != nullptr) {
     g_live.fetch_sub(bytes_);
+    counters(pool_).live.fetch_sub(bytes_);
     std::free(data_);
   }
 }
 
-Storage::Storage(Storage&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+Storage::Storage(Storage&& o) noexcept : data_(o.data_), bytes_(o.bytes_), pool_(o.pool_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
@@ -79,10 +105,12 @@ Storage& Storage::operator=(Storage&& o) noexcept {
   if (this != &o) {
     if (data_ != nullptr) {
       g_live.fetch_sub(bytes_);
+      counters(pool_).live.fetch_sub(bytes_);
       std::free(data_);
     }
     data_ = o.data_;
     bytes_ = o.bytes_;
+    pool_ = o.pool_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }
@@ -91,5 +119,10 @@ Storage& Storage::operator=(Storage&& o) noexcept {
 
 size_t storage_bytes_live() { return g_live.load(); }
 size_t storage_bytes_peak() { return g_peak.load(); }
+
+size_t pool_bytes_live(Pool p) { return counters(p).live.load(); }
+size_t pool_bytes_peak(Pool p) { return counters(p).peak.load(); }
+void set_pool_budget(Pool p, size_t bytes) { counters(p).budget.store(bytes); }
+size_t pool_budget(Pool p) { return counters(p).budget.load(); }
 
 }  // namespace po::tensor

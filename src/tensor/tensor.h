@@ -33,11 +33,18 @@ struct Tensor {
   float* f32() const { return static_cast<float*>(data); }
 };
 
+// Accounting pools of Storage: the compute tier (everything kernels touch:
+// the default) and the host tier (the pager's host cache, memory/pager.h).
+// On a CPU build both are RAM; each may have a hard budget.
+enum class Pool : uint8_t { kCompute, kHost };
+const char* pool_name(Pool p);
+
 // Owning, 64-byte (large: 2 MiB) aligned, zero-filled host buffer. Move-only.
 class Storage {
  public:
   Storage() = default;
-  explicit Storage(size_t bytes);
+  // Throws core::OutOfMemory when `pool` has a budget that `bytes` would exceed.
+  explicit Storage(size_t bytes, Pool pool = Pool::kCompute);
   ~Storage();
   Storage(Storage&& o) noexcept;
   Storage& operator=(Storage&& o) noexcept;
@@ -51,10 +58,17 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  Pool pool_ = Pool::kCompute;
 };
 
 // Bytes currently held by all live Storage objects, and the high-water mark.
 size_t storage_bytes_live();
 size_t storage_bytes_peak();
+// The same per pool, and the pool's hard budget (0: none). Setting a budget
+// below what the pool holds now is allowed; the next allocation then fails.
+size_t pool_bytes_live(Pool p);
+size_t pool_bytes_peak(Pool p);
+void set_pool_budget(Pool p, size_t bytes);
+size_t pool_budget(Pool p);
 
 }  // namespace po::tensor

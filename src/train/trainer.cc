@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
@@ -28,6 +30,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "memory/pager.h"
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "model/gpt2.h"
@@ -173,8 +176,8 @@ void check_launch(const comm::LaunchEnv& env, int64_t dp) {
 
 // What each rank holds, by kind (DataParallel's ledger plus the process's
 // peak RSS), gathered to every rank: one row per rank.
-constexpr const char* kMemoryKinds[] = {"params", "grads",       "master", "adam", "gathered",
-                                        "buckets", "activations", "total",  "peak_rss"};
+constexpr const char* kMemoryKinds[] = {"params",      "grads", "master", "adam",  "gathered", "buckets",
+                                        "activations", "pages", "host",   "total", "peak_rss"};
 constexpr size_t kMemoryFields = std::size(kMemoryKinds);
 using MemoryRow = std::array<uint64_t, kMemoryFields>;
 
@@ -190,7 +193,7 @@ std::vector<RankRecord> gather_records(comm::Communicator* world,
                                        const parallel::DataParallel& dp) {
   const parallel::MemoryReport m = dp.memory();
   const RankRecord mine = {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets,
-                            m.activations, m.total(), peak_rss_bytes()},
+                            m.activations, m.pages, m.host, m.total(), peak_rss_bytes()},
                            dp.backward_end_ns()};
   std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
   if (world)
@@ -223,6 +226,107 @@ std::string memory_table(const std::vector<RankRecord>& rows) {
     }
   }
   return t;
+}
+
+// memory.*: with memory.host_budget or memory.nvme_dir set, Adam state (and
+// a bf16 run's fp32 master) lives in pages. The compute tier keeps as many
+// pages as memory.compute_budget leaves room for after the rest of this
+// rank's compute-tier state (parameters, gradients, activations, the working
+// buffers' bound); 0 means no compute budget (every page resident). Returns
+// whether paging is on. Its one-screen table goes to the log at start-up.
+bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
+                  const model::GPT2Config& mcfg, const Plan& p, int rank) {
+  const size_t compute_budget = cfg.get_size("memory.compute_budget");
+  const size_t host_budget = cfg.get_size("memory.host_budget");
+  const std::string& nvme_dir = cfg.get_string("memory.nvme_dir");
+  const std::string& io = cfg.get_string("memory.io");
+  PO_CHECK(io == "auto" || io == "fallback", "memory.io = \"", io,
+           "\": choose \"auto\" (io_uring where allowed) or \"fallback\" (pread/pwrite threads)");
+  if (host_budget == 0 && nvme_dir.empty()) {
+    if (compute_budget > 0) tensor::set_pool_budget(tensor::Pool::kCompute, compute_budget);
+    return false;
+  }
+  memory::PagerOptions o;
+  o.page_bytes = cfg.get_size("memory.page_size");
+  o.prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
+  o.alternate = cfg.get_bool("memory.alternate");
+  o.nvme_dir = nvme_dir;
+  o.file_name = core::str_cat("pagedoptim-rank", rank, "-pid", static_cast<long>(getpid()), ".swap");
+  o.nvme.queue_depth = static_cast<int>(cfg.get_int("memory.queue_depth"));
+  o.nvme.block_bytes = cfg.get_size("memory.block_size");
+  o.nvme.force_fallback = io == "fallback";
+  PO_CHECK(o.page_bytes >= 4096 && o.page_bytes % 4096 == 0, "memory.page_size = ", o.page_bytes,
+           " bytes: must be a multiple of 4096");
+  const bool bf16 = cfg.get_string("train.precision") == "bf16";
+  const auto e = optim::PagedAdamState::page_elements(o.page_bytes, bf16);
+  const int64_t numel = dp.adam().num_params();
+  const auto pages = static_cast<size_t>((numel + e - 1) / e);
+  const size_t paged_bytes = static_cast<size_t>(numel) * (bf16 ? 12 : 8);
+  // What the compute tier holds besides pages: the larger of the ledger's
+  // count and what is allocated now (the model is still whole and fp32 until
+  // shard_params(); token files, etc.; Adam's m and v, about to move into the
+  // pages, excluded), plus the working buffers to come.
+  const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
+                           model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
+  const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute) - dp.adam().state_bytes();
+  const size_t fixed = std::max(predicted, live) + dp.working_buffer_bytes_bound();
+  const size_t min_frames = std::min(pages, memory::Pager::min_compute_frames(o.prefetch));
+  if (compute_budget == 0) {
+    o.compute_frames = pages;
+  } else {
+    const size_t need = fixed + min_frames * o.page_bytes;
+    PO_CHECK(compute_budget >= need, "memory.compute_budget = ", compute_budget,
+             " bytes is too small for rank ", rank, "'s working set: at least ", need,
+             " bytes (", fixed, " for parameters, gradients, activations and working buffers + ",
+             min_frames, " pages of ", o.page_bytes, ")");
+    o.compute_frames = std::min(pages, (compute_budget - fixed) / o.page_bytes);
+  }
+  o.host_frames = host_budget / o.page_bytes;
+  if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
+  dp.enable_paging(o);
+  const memory::Pager& pg = *dp.pager();
+  const auto mib = [](double b) { return b / (1 << 20); };
+  char line[256];
+  std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
+  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s), %.1f MiB in all",
+                pages, mib(static_cast<double>(o.page_bytes)), static_cast<long long>(e),
+                bf16 ? ", fp32 master" : "", mib(static_cast<double>(pages * o.page_bytes)));
+  t += line;
+  std::snprintf(line, sizeof line, "\n  compute tier: %zu pages (%.1f MiB) + %.1f MiB other state%s",
+                pg.options().compute_frames, mib(static_cast<double>(pg.options().compute_frames * o.page_bytes)),
+                mib(static_cast<double>(fixed)), compute_budget ? "" : " (no budget)");
+  t += line;
+  std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.options().host_frames,
+                mib(static_cast<double>(pg.options().host_frames * o.page_bytes)));
+  t += line;
+  if (pg.store()) {
+    std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
+                  pages, pg.store()->path().c_str(), pg.store()->uses_io_uring() ? "io_uring" : "pread/pwrite threads",
+                  pg.store()->direct() ? "O_DIRECT" : "buffered", o.nvme.queue_depth,
+                  mib(static_cast<double>(o.nvme.block_bytes)));
+    t += line;
+  }
+  std::snprintf(line, sizeof line, "\n  prefetch %d pages, direction %s", o.prefetch,
+                o.alternate ? "alternating every step" : "always forward");
+  t += line;
+  if (rank == 0) PO_LOG_INFO(t);
+  return true;
+}
+
+nlohmann::json paging_json(int64_t step, parallel::DataParallel& dp, const memory::PagerStats& s) {
+  const memory::Pager& pg = *dp.pager();
+  const auto page = static_cast<double>(pg.page_bytes());
+  return {{"step", step},
+          {"paging",
+           {{"resident_compute_bytes", pg.resident(memory::Tier::kCompute) * page},
+            {"resident_host_bytes", pg.resident(memory::Tier::kHost) * page},
+            {"resident_nvme_bytes", pg.resident(memory::Tier::kNvme) * page},
+            {"nvme_read_bytes", s.nvme_read_bytes},
+            {"nvme_written_bytes", s.nvme_written_bytes},
+            {"host_read_bytes", s.host_read_bytes},
+            {"host_written_bytes", s.host_written_bytes},
+            {"prefetch_hit_rate", s.hit_rate()},
+            {"io_wait_ms", s.wait_s * 1000}}}};
 }
 
 }  // namespace
@@ -331,6 +435,7 @@ TrainResult train(const core::Config& cfg) {
                                                                          : tensor::DType::kF32;
   parallel::DataParallel dp(model, ocfg, world.get(), dpo);
   optim::AdamW& opt = dp.adam();
+  const bool paging = setup_paging(cfg, dp, mcfg, p, rank);
 
   TrainState state;
   state.seed = seed;
@@ -358,14 +463,33 @@ TrainResult train(const core::Config& cfg) {
   dp.shard_params();  // ZeRO-3: from here on each rank holds only its shard
   if (resuming) {
     const bool full = dpo.zero_stage == 0;  // stage 0 keeps all of m and v on every rank
+    // Paged state is not addressable: each unit's shard is loaded into a
+    // staging buffer and copied into the pages when the next one is asked for.
+    std::vector<float> staged;
+    std::optional<std::pair<checkpoint::StateKind, int>> pending;
+    auto flush = [&] {
+      if (!pending) return;
+      dp.write_shard(pending->first == checkpoint::StateKind::kAdamM
+                         ? parallel::DataParallel::Shard::kAdamM
+                         : parallel::DataParallel::Shard::kAdamV,
+                     pending->second, staged.data());
+      pending.reset();
+    };
     load_checkpoint_sharded(
         existing.back(), model, full ? whole : dp.layout(),
         [&](checkpoint::StateKind k, int u) -> float* {
+          if (paging) {
+            flush();
+            staged.assign(static_cast<size_t>(dp.layout().owned(u)), 0.0f);
+            pending = std::make_pair(k, u);
+            return staged.data();
+          }
           if (full)
             return (k == checkpoint::StateKind::kAdamM ? opt.m() : opt.v()) + model.unit_offset(u);
           return k == checkpoint::StateKind::kAdamM ? dp.adam_m_shard(u) : dp.adam_v_shard(u);
         },
         world.get(), {checkpoint::StateKind::kAdamM, checkpoint::StateKind::kAdamV});
+    flush();
     opt.set_steps_taken(state.adam_t);
   }
   const std::string config_toml = cfg.to_toml();
@@ -378,6 +502,9 @@ TrainResult train(const core::Config& cfg) {
   const double peak_gflops = cfg.get_float("train.peak_gflops") > 0
                                  ? cfg.get_float("train.peak_gflops")
                                  : measure_gemm_peak_gflops();
+  // The compute budget holds from here on (set up is done: the whole fp32
+  // model has given way to shards, the GEMM probe's matrices are freed).
+  if (paging) tensor::set_pool_budget(tensor::Pool::kCompute, cfg.get_size("memory.compute_budget"));
   // The memory ledger: this rank's model states (DESIGN.md's formulas for the
   // stage and precision) + activations. Working buffers (gathers,
   // accumulators, buckets) are not predicted here; the planner does that.
@@ -412,8 +539,19 @@ TrainResult train(const core::Config& cfg) {
     core::Timer t;
     TrainState st = state;
     st.adam_t = opt.steps_taken();
+    std::vector<float> staged;
     save_checkpoint_sharded(checkpoint_path(run_dir, state.step), model, dp.layout(),
                             [&](checkpoint::StateKind k, int u) -> const float* {
+                              if (paging) {  // copied out of the pages, one slice at a time
+                                staged.resize(static_cast<size_t>(dp.layout().owned(u)));
+                                dp.read_shard(k == checkpoint::StateKind::kParams
+                                                  ? parallel::DataParallel::Shard::kParams
+                                                  : k == checkpoint::StateKind::kAdamM
+                                                        ? parallel::DataParallel::Shard::kAdamM
+                                                        : parallel::DataParallel::Shard::kAdamV,
+                                              u, staged.data());
+                                return staged.data();
+                              }
                               switch (k) {
                                 case checkpoint::StateKind::kParams: return dp.param_shard(u);
                                 case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
@@ -446,6 +584,7 @@ TrainResult train(const core::Config& cfg) {
     const double lr = sched.at(step);
     const double norm = dp.step(lr);
     const double comm_wait_s = dp.comm_wait_seconds();
+    const memory::PagerStats paging_stats = paging ? dp.pager()->take_stats() : memory::PagerStats{};
     if (world) {
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
@@ -500,6 +639,7 @@ TrainResult train(const core::Config& cfg) {
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted},
                    {"memory_per_rank", memory_json(records)}});
+    if (paging) metrics->write(paging_json(state.step, dp, paging_stats));
     const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tps,

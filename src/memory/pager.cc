@@ -1,0 +1,346 @@
+#include "memory/pager.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace po::memory {
+namespace {
+
+// Frames of one pool in one allocation, 2 MiB aligned (so every frame is
+// 4096-aligned for O_DIRECT).
+tensor::Storage frames(size_t count, size_t page_bytes, tensor::Pool pool) {
+  if (count == 0) return {};
+  return tensor::Storage(std::max(count * page_bytes, size_t{2} << 20), pool);
+}
+
+}  // namespace
+
+Pager::Pager(size_t pages, const PagerOptions& options) : options_(options) {
+  PO_CHECK(options.page_bytes > 0 && options.page_bytes % 4096 == 0, "memory.page_size = ",
+           options.page_bytes, " bytes: must be a positive multiple of 4096");
+  PO_CHECK(options.prefetch >= 0, "memory.prefetch = ", options.prefetch, " must be >= 0");
+  const size_t need = std::min(pages, min_compute_frames(options.prefetch));
+  PO_CHECK(options.compute_frames >= need, "the compute tier holds ", options.compute_frames,
+           " pages; the pager needs at least ", need, " (the page in use, ", options.prefetch,
+           " read ahead, one written back) = ", need * options.page_bytes, " bytes");
+  const size_t cf = std::min(options.compute_frames, pages);
+  const size_t hf = std::min(options.host_frames, pages > cf ? pages - cf : 0);
+  options_.compute_frames = cf;
+  options_.host_frames = hf;
+  compute_storage_ = frames(cf, options.page_bytes, tensor::Pool::kCompute);
+  host_storage_ = frames(hf, options.page_bytes, tensor::Pool::kHost);
+  compute_ = static_cast<char*>(compute_storage_.data());
+  host_ = static_cast<char*>(host_storage_.data());
+  cframes_.assign(cf, {});
+  hframes_.assign(hf, {});
+  tier_.assign(pages, Tier::kNvme);
+  frame_.assign(pages, -1);
+  zero_.assign(pages, true);
+  checksum_.assign(pages, 0);
+  on_nvme_.assign(pages, false);
+  pos_.assign(pages, -1);
+  if (pages > cf + hf) {
+    PO_CHECK(!options.nvme_dir.empty(), pages * options.page_bytes,
+             " bytes of paged state exceed the compute and host tiers (",
+             (cf + hf) * options.page_bytes, " bytes): set memory.nvme_dir");
+    store_ = std::make_unique<NvmeStore>(options.nvme_dir, options.file_name, pages,
+                                         options.page_bytes, options.nvme);
+  }
+}
+
+Pager::~Pager() {
+  // Writes in flight read the frames: finish them before the frames go.
+  if (store_) {
+    for (auto& f : cframes_)
+      if (f.state == Frame::kWriting || f.state == Frame::kReading) {
+        try {
+          store_->wait(f.ticket);
+        } catch (...) {
+        }
+      }
+    for (auto& f : hframes_)
+      if (f.state == Frame::kWriting) {
+        try {
+          store_->wait(f.ticket);
+        } catch (...) {
+        }
+      }
+  }
+}
+
+NvmeStore& Pager::store() {
+  PO_ASSERT(store_ != nullptr, "Pager: no NVMe tier");
+  return *store_;
+}
+
+size_t Pager::resident(Tier t) const {
+  size_t n = 0;
+  for (size_t p = 0; p < tier_.size(); ++p) {
+    if (t == Tier::kNvme) {
+      n += tier_[p] == Tier::kNvme && !zero_[p] ? 1 : 0;
+    } else {
+      n += tier_[p] == t ? 1 : 0;
+    }
+  }
+  return n;
+}
+
+// Distance, in page uses, from `now` (the position in the current pass; -1
+// between passes) to page p's next use.
+int64_t Pager::next_use(size_t p, int64_t now) const {
+  const auto n = static_cast<int64_t>(tier_.size());
+  auto pos_in = [&](bool forward) { return forward ? static_cast<int64_t>(p) : n - 1 - static_cast<int64_t>(p); };
+  if (!in_pass_) return pos_in(forward_) + 1;
+  const int64_t here = pos_in(forward_);
+  if (here >= now) return here - now;
+  const bool next_forward = options_.alternate ? !forward_ : forward_;
+  return n - now + pos_in(next_forward);
+}
+
+void Pager::wait_ticket(NvmeStore::Ticket t) {
+  if (store().done(t)) {
+    store().wait(t);  // collects its error, if any
+    return;
+  }
+  core::Timer timer;
+  store().wait(t);
+  stats_.wait_s += timer.seconds();
+}
+
+void Pager::write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket) {
+  checksum_[p] = XXH3_64bits(data, options_.page_bytes);
+  *ticket = store().write(p, data);
+  on_nvme_[p] = true;
+}
+
+void Pager::check_read(size_t p, const char* data) {
+  const uint64_t h = XXH3_64bits(data, options_.page_bytes);
+  if (h != checksum_[p])
+    PO_THROW(core::IoError, "page ", p, " read from ", store().path(), " (nvme tier, slot ", p,
+             ", ", options_.page_bytes, " bytes at offset ", p * options_.page_bytes,
+             ") fails its checksum: the swap file was changed or the disk returned bad data");
+}
+
+int64_t Pager::take_host_frame(int64_t now, int64_t limit) {
+  for (size_t f = 0; f < hframes_.size(); ++f)
+    if (hframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
+  for (size_t f = 0; f < hframes_.size(); ++f)
+    if (hframes_[f].state == Frame::kWriting) {
+      wait_ticket(hframes_[f].ticket);
+      hframes_[f].state = Frame::kFree;
+      return static_cast<int64_t>(f);
+    }
+  int64_t victim = -1, far = limit;
+  for (size_t f = 0; f < hframes_.size(); ++f) {
+    const int64_t d = next_use(hframes_[f].page, now);
+    if (hframes_[f].state == Frame::kPage && d > far) {
+      far = d;
+      victim = static_cast<int64_t>(f);
+    }
+  }
+  if (victim < 0) return -1;
+  FrameState& h = hframes_[static_cast<size_t>(victim)];
+  const size_t p = h.page;
+  tier_[p] = Tier::kNvme;
+  frame_[p] = -1;
+  if (!on_nvme_[p]) {
+    write_to_nvme(p, host_frame(static_cast<size_t>(victim)), &h.ticket);
+    wait_ticket(h.ticket);
+  }
+  h.state = Frame::kFree;
+  return victim;
+}
+
+// Page p leaves compute frame f: to the host tier if it has room for a page
+// used sooner than what it holds, else to NVMe (asynchronously: the frame is
+// kWriting until the write completes).
+void Pager::evict_compute(size_t f, int64_t now) {
+  FrameState& c = cframes_[f];
+  const size_t p = c.page;
+  if (!hframes_.empty()) {
+    const int64_t h = take_host_frame(now, next_use(p, now));
+    if (h >= 0) {
+      std::memcpy(host_frame(static_cast<size_t>(h)), compute_frame(f), options_.page_bytes);
+      stats_.host_written_bytes += options_.page_bytes;
+      hframes_[static_cast<size_t>(h)] = {Frame::kPage, p, 0};
+      tier_[p] = Tier::kHost;
+      frame_[p] = h;
+      c.state = Frame::kFree;
+      return;
+    }
+  }
+  tier_[p] = Tier::kNvme;
+  frame_[p] = -1;
+  if (zero_[p] || on_nvme_[p]) {  // nothing new to write
+    c.state = Frame::kFree;
+    return;
+  }
+  write_to_nvme(p, compute_frame(f), &c.ticket);
+  c.state = Frame::kWriting;
+}
+
+int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
+  for (size_t f = 0; f < cframes_.size(); ++f)
+    if (cframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
+  for (size_t f = 0; f < cframes_.size(); ++f)
+    if (cframes_[f].state == Frame::kWriting && store().done(cframes_[f].ticket)) {
+      store().wait(cframes_[f].ticket);
+      cframes_[f].state = Frame::kFree;
+      return static_cast<int64_t>(f);
+    }
+  int64_t victim = -1, far = limit;
+  for (size_t f = 0; f < cframes_.size(); ++f) {
+    if (cframes_[f].state != Frame::kPage) continue;
+    const int64_t d = next_use(cframes_[f].page, now);
+    if (d > far) {
+      far = d;
+      victim = static_cast<int64_t>(f);
+    }
+  }
+  if (victim >= 0) {
+    evict_compute(static_cast<size_t>(victim), now);
+    if (cframes_[static_cast<size_t>(victim)].state == Frame::kFree) return victim;
+  }
+  // The oldest write back frees a frame.
+  for (size_t f = 0; f < cframes_.size(); ++f)
+    if (cframes_[f].state == Frame::kWriting) {
+      wait_ticket(cframes_[f].ticket);
+      cframes_[f].state = Frame::kFree;
+      return static_cast<int64_t>(f);
+    }
+  return -1;
+}
+
+bool Pager::bring_in(size_t p, int64_t now, bool demand) {
+  if (tier_[p] == Tier::kCompute) return true;
+  // Still being written back from a compute frame: take it back.
+  for (auto& c : cframes_)
+    if (c.state == Frame::kWriting && c.page == p) {
+      wait_ticket(c.ticket);
+      c.state = Frame::kPage;
+      tier_[p] = Tier::kCompute;
+      frame_[p] = &c - cframes_.data();
+      return true;
+    }
+  // Read ahead only over pages needed later; a page needed now takes any frame.
+  const int64_t f = take_compute_frame(now, demand ? -1 : next_use(p, now));
+  if (f < 0) return false;
+  FrameState& c = cframes_[static_cast<size_t>(f)];
+  char* dst = compute_frame(static_cast<size_t>(f));
+  if (tier_[p] == Tier::kHost) {
+    const auto h = static_cast<size_t>(frame_[p]);
+    std::memcpy(dst, host_frame(h), options_.page_bytes);
+    stats_.host_read_bytes += options_.page_bytes;
+    hframes_[h].state = Frame::kFree;
+    c = {Frame::kPage, p, 0};
+  } else if (zero_[p]) {
+    std::memset(dst, 0, options_.page_bytes);
+    c = {Frame::kPage, p, 0};
+  } else {
+    // A write of p from a host frame may still be in flight: it completes first.
+    for (auto& h : hframes_)
+      if (h.state == Frame::kWriting && h.page == p) {
+        wait_ticket(h.ticket);
+        h.state = Frame::kFree;
+      }
+    c = {Frame::kReading, p, store().read(p, dst)};
+  }
+  tier_[p] = Tier::kCompute;
+  frame_[p] = f;
+  return true;
+}
+
+size_t Pager::make_resident(size_t p) {
+  const int64_t now = in_pass_ ? pos_[p] : -1;
+  if (tier_[p] != Tier::kCompute) {
+    ++stats_.accesses;
+    PO_ASSERT(bring_in(p, now, true), "Pager: no compute frame for page ", p);
+  } else {
+    ++stats_.accesses;
+    const FrameState& c = cframes_[static_cast<size_t>(frame_[p])];
+    if (c.state == Frame::kPage || store().done(c.ticket)) ++stats_.hits;
+  }
+  const auto f = static_cast<size_t>(frame_[p]);
+  FrameState& c = cframes_[f];
+  if (c.state == Frame::kReading) {
+    wait_ticket(c.ticket);
+    check_read(p, compute_frame(f));
+    c.state = Frame::kPage;
+  }
+  return f;
+}
+
+void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
+  const auto n = static_cast<int64_t>(tier_.size());
+  in_pass_ = true;
+  for (int64_t k = 0; k < n; ++k) pos_[static_cast<size_t>(forward_ ? k : n - 1 - k)] = k;
+  auto page_at = [&](int64_t k) { return static_cast<size_t>(forward_ ? k : n - 1 - k); };
+  // Frames kept free or being written back, ahead of the reads.
+  const int64_t spare = std::max<int64_t>(
+      1, std::min<int64_t>(options_.prefetch + 1,
+                           static_cast<int64_t>(cframes_.size()) - options_.prefetch - 1));
+  for (int64_t k = 0; k < n; ++k) {
+    const size_t p = page_at(k);
+    if (tier_[p] != Tier::kCompute) bring_in(p, k, true);
+    for (int64_t j = 1; j <= options_.prefetch && k + j < n; ++j)
+      if (!bring_in(page_at(k + j), k)) break;
+    const size_t f = make_resident(p);
+    fn(p, compute_frame(f));
+    zero_[p] = false;
+    on_nvme_[p] = false;
+    // Write back behind: start evicting the pages used furthest ahead so the
+    // next reads find frames.
+    if (n > static_cast<int64_t>(cframes_.size())) {
+      int64_t ready = 0;
+      for (const auto& c : cframes_) ready += c.state == Frame::kFree || c.state == Frame::kWriting;
+      while (ready < spare) {
+        int64_t victim = -1, far = options_.prefetch;
+        for (size_t g = 0; g < cframes_.size(); ++g) {
+          if (cframes_[g].state != Frame::kPage) continue;
+          const int64_t d = next_use(cframes_[g].page, k);
+          if (d > far) {
+            far = d;
+            victim = static_cast<int64_t>(g);
+          }
+        }
+        if (victim < 0) break;
+        evict_compute(static_cast<size_t>(victim), k);
+        ++ready;
+      }
+    }
+  }
+  in_pass_ = false;
+  std::fill(pos_.begin(), pos_.end(), -1);
+  if (options_.alternate) forward_ = !forward_;
+}
+
+void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dirty) {
+  PO_ASSERT(!in_pass_, "Pager::access inside a pass");
+  PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
+  const size_t f = make_resident(p);
+  fn(compute_frame(f));
+  if (dirty) {
+    zero_[p] = false;
+    on_nvme_[p] = false;
+  }
+}
+
+PagerStats Pager::take_stats() {
+  PagerStats s = stats_;
+  if (store_) {
+    s.nvme_read_bytes = store_->bytes_read() - nvme_read_seen_;
+    s.nvme_written_bytes = store_->bytes_written() - nvme_written_seen_;
+    nvme_read_seen_ = store_->bytes_read();
+    nvme_written_seen_ = store_->bytes_written();
+  }
+  stats_ = {};
+  return s;
+}
+
+}  // namespace po::memory

@@ -1,0 +1,131 @@
+// The pager: N fixed-size pages that live in one of three tiers — a frame of
+// the compute tier (where the optimizer reads and writes them), a frame of
+// the host tier (a RAM cache below it), or a slot of the NVMe swap file — and
+// move between them along an access order that is known in advance.
+//
+// A pass (for_each) visits every page once, forward on even passes and in
+// reverse on odd ones (`alternate`), so the pages a pass touched last are the
+// first the next one needs and are still resident. Around the page being
+// used:
+//   - prefetch: the next `prefetch` pages of the pass are brought into free
+//     compute frames ahead of use (NVMe reads in flight, host copies done);
+//   - eviction: when a frame is needed the victim is the resident page whose
+//     next use is furthest away (Belady's choice, exact here because the
+//     order of this pass and the next is known);
+//   - write-back behind: a page leaving the compute tier goes to a free host
+//     frame (a copy) or is written to its NVMe slot asynchronously; its frame
+//     is reused once the write completes. A page leaving the host tier goes
+//     to NVMe the same way.
+// Pages start as zeros without any I/O. Each page written to NVMe carries an
+// XXH3 checksum, verified when it is read back; a mismatch, a short read, EIO
+// or ENOSPC stops with core::IoError naming the page, the file and the tier.
+//
+// Frames are tensor::Storage of the compute and host pools, so the budgets
+// set on those pools (memory.compute_budget, memory.host_budget) bound them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory/nvme_store.h"
+#include "tensor/tensor.h"
+
+namespace po::memory {
+
+struct PagerOptions {
+  size_t page_bytes = size_t{8} << 20;  // a multiple of 4096
+  size_t compute_frames = 0;            // pages resident in the compute tier at once
+  size_t host_frames = 0;               // pages the host tier caches
+  int prefetch = 2;                     // pages brought in ahead of use
+  bool alternate = true;                // reverse the order every pass
+  std::string nvme_dir;                 // needed when pages > compute + host frames
+  std::string file_name = "pagedoptim.swap";
+  NvmeOptions nvme;
+};
+
+// Traffic and waiting since the last take_stats().
+struct PagerStats {
+  uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
+  uint64_t host_read_bytes = 0, host_written_bytes = 0;  // copies host -> compute, compute -> host
+  uint64_t accesses = 0, hits = 0;  // hits: the page was resident (or its read done) when needed
+  double wait_s = 0;                // waiting for reads and writes
+  double hit_rate() const { return accesses ? static_cast<double>(hits) / accesses : 1.0; }
+};
+
+class Pager {
+ public:
+  // The fewest compute frames a pager with `prefetch` works with: the page in
+  // use, the ones read ahead, and one to write back from.
+  static size_t min_compute_frames(int prefetch) { return static_cast<size_t>(prefetch) + 2; }
+
+  Pager(size_t pages, const PagerOptions& options);
+  ~Pager();
+  Pager(const Pager&) = delete;
+  Pager& operator=(const Pager&) = delete;
+
+  size_t pages() const { return tier_.size(); }
+  size_t page_bytes() const { return options_.page_bytes; }
+  // fn(page, data) for every page with the page in the compute tier; every
+  // page is written back afterwards (dirty).
+  void for_each(const std::function<void(size_t page, char* data)>& fn);
+  // One page, outside the passes (checkpoints, initialisation): resident while
+  // fn runs; `dirty` when fn changes it.
+  void access(size_t page, const std::function<void(char* data)>& fn, bool dirty);
+
+  PagerStats take_stats();
+  // Pages in each tier now, and where the NVMe tier lives.
+  size_t resident(Tier t) const;
+  const NvmeStore* store() const { return store_.get(); }
+  const PagerOptions& options() const { return options_; }
+
+ private:
+  enum class Frame : uint8_t { kFree, kPage, kReading, kWriting };
+  struct FrameState {
+    Frame state = Frame::kFree;
+    size_t page = 0;
+    NvmeStore::Ticket ticket = 0;
+  };
+  char* compute_frame(size_t f) { return compute_ + f * options_.page_bytes; }
+  char* host_frame(size_t f) { return host_ + f * options_.page_bytes; }
+  // Brings page p into a compute frame (starting a read when it is on NVMe);
+  // false when no frame can be had without evicting a page needed sooner
+  // (unless `demand`: needed now, any page but those in use may go).
+  bool bring_in(size_t p, int64_t now, bool demand = false);
+  // Waits for page p's read, verifies it; returns its frame.
+  size_t make_resident(size_t p);
+  int64_t next_use(size_t p, int64_t now) const;
+  // A compute frame to use: a free one, one whose write completed, or one
+  // freed by evicting the page used furthest in the future (not before
+  // `limit`); -1 when none.
+  int64_t take_compute_frame(int64_t now, int64_t limit);
+  void evict_compute(size_t f, int64_t now);
+  int64_t take_host_frame(int64_t now, int64_t limit);
+  void write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket);
+  void wait_ticket(NvmeStore::Ticket t);
+  void check_read(size_t p, const char* data);
+  NvmeStore& store();
+
+  PagerOptions options_;
+  tensor::Storage compute_storage_, host_storage_;
+  char* compute_ = nullptr;
+  char* host_ = nullptr;
+  std::vector<FrameState> cframes_, hframes_;
+  std::vector<Tier> tier_;            // per page
+  std::vector<int64_t> frame_;        // per page: its compute or host frame, or -1
+  std::vector<bool> zero_;            // per page: never written (all zeros)
+  std::vector<uint64_t> checksum_;    // per page: of its NVMe copy
+  std::vector<bool> on_nvme_;         // per page: its NVMe copy is current
+  std::unique_ptr<NvmeStore> store_;
+  // The current pass: position of each page, and the direction of the next.
+  std::vector<int64_t> pos_;          // position in the current pass, or -1 outside passes
+  bool forward_ = true;               // direction of the current / next pass
+  bool in_pass_ = false;
+  PagerStats stats_;
+  uint64_t nvme_read_seen_ = 0, nvme_written_seen_ = 0;  // store counters at the last take_stats()
+};
+
+}  // namespace po::memory
