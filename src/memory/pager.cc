@@ -74,7 +74,7 @@ Pager::~Pager() {
   }
 }
 
-NvmeStore& Pager::store() {
+NvmeStore& Pager::io() {
   PO_ASSERT(store_ != nullptr, "Pager: no NVMe tier");
   return *store_;
 }
@@ -104,25 +104,25 @@ int64_t Pager::next_use(size_t p, int64_t now) const {
 }
 
 void Pager::wait_ticket(NvmeStore::Ticket t) {
-  if (store().done(t)) {
-    store().wait(t);  // collects its error, if any
+  if (io().done(t)) {
+    io().wait(t);  // collects its error, if any
     return;
   }
   core::Timer timer;
-  store().wait(t);
+  io().wait(t);
   stats_.wait_s += timer.seconds();
 }
 
 void Pager::write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket) {
   checksum_[p] = XXH3_64bits(data, options_.page_bytes);
-  *ticket = store().write(p, data);
+  *ticket = io().write(p, data);
   on_nvme_[p] = true;
 }
 
 void Pager::check_read(size_t p, const char* data) {
   const uint64_t h = XXH3_64bits(data, options_.page_bytes);
   if (h != checksum_[p])
-    PO_THROW(core::IoError, "page ", p, " read from ", store().path(), " (nvme tier, slot ", p,
+    PO_THROW(core::IoError, "page ", p, " read from ", io().path(), " (nvme tier, slot ", p,
              ", ", options_.page_bytes, " bytes at offset ", p * options_.page_bytes,
              ") fails its checksum: the swap file was changed or the disk returned bad data");
 }
@@ -189,8 +189,8 @@ int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
   for (size_t f = 0; f < cframes_.size(); ++f)
     if (cframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
   for (size_t f = 0; f < cframes_.size(); ++f)
-    if (cframes_[f].state == Frame::kWriting && store().done(cframes_[f].ticket)) {
-      store().wait(cframes_[f].ticket);
+    if (cframes_[f].state == Frame::kWriting && io().done(cframes_[f].ticket)) {
+      io().wait(cframes_[f].ticket);
       cframes_[f].state = Frame::kFree;
       return static_cast<int64_t>(f);
     }
@@ -249,7 +249,7 @@ bool Pager::bring_in(size_t p, int64_t now, bool demand) {
         wait_ticket(h.ticket);
         h.state = Frame::kFree;
       }
-    c = {Frame::kReading, p, store().read(p, dst)};
+    c = {Frame::kReading, p, io().read(p, dst)};
   }
   tier_[p] = Tier::kCompute;
   frame_[p] = f;
@@ -264,7 +264,7 @@ size_t Pager::make_resident(size_t p) {
   } else {
     ++stats_.accesses;
     const FrameState& c = cframes_[static_cast<size_t>(frame_[p])];
-    if (c.state == Frame::kPage || store().done(c.ticket)) ++stats_.hits;
+    if (c.state == Frame::kPage || io().done(c.ticket)) ++stats_.hits;
   }
   const auto f = static_cast<size_t>(frame_[p]);
   FrameState& c = cframes_[f];

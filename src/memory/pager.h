@@ -107,7 +107,7 @@ class Pager {
   void write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket);
   void wait_ticket(NvmeStore::Ticket t);
   void check_read(size_t p, const char* data);
-  NvmeStore& store();
+  NvmeStore& io();
 
   PagerOptions options_;
   tensor::Storage compute_storage_, host_storage_;
