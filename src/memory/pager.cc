@@ -12,11 +12,12 @@
 namespace po::memory {
 namespace {
 
-// Frames of one pool in one allocation, 2 MiB aligned (so every frame is
-// 4096-aligned for O_DIRECT).
+// Frames of one pool in one allocation, every frame 4096-aligned for
+// O_DIRECT (2 MiB aligned when large, for huge pages).
 tensor::Storage frames(size_t count, size_t page_bytes, tensor::Pool pool) {
   if (count == 0) return {};
-  return tensor::Storage(std::max(count * page_bytes, size_t{2} << 20), pool);
+  const size_t bytes = count * page_bytes;
+  return tensor::Storage(bytes, pool, bytes >= (size_t{2} << 20) ? (size_t{2} << 20) : 4096);
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ std::string shape_str(const Shape& s) {
 
 const char* pool_name(Pool p) { return p == Pool::kCompute ? "compute" : "host"; }
 
-Storage::Storage(size_t bytes, Pool pool) : bytes_(bytes), pool_(pool) {
+Storage::Storage(size_t bytes, Pool pool, size_t align_override) : bytes_(bytes), pool_(pool) {
   if (bytes == 0) return;
   PoolCounters& c = counters(pool);
   const size_t budget = c.budget.load();
@@ -75,7 +75,7 @@ Storage::Storage(size_t bytes, Pool pool) : bytes_(bytes), pool_(pool) {
              now - bytes, " bytes held, ", bytes, " more asked for");
   }
   raise_peak(c.peak, now);
-  size_t align = bytes >= kHuge ? kHuge : 64;
+  size_t align = align_override ? align_override : bytes >= kHuge ? kHuge : 64;
   size_t rounded = (bytes + align - 1) / align * align;
   data_ = std::aligned_alloc(align, rounded);
   if (data_ == nullptr) {

@@ -44,7 +44,9 @@ class Storage {
  public:
   Storage() = default;
   // Throws core::OutOfMemory when `pool` has a budget that `bytes` would exceed.
-  explicit Storage(size_t bytes, Pool pool = Pool::kCompute);
+  // `align` (a power of two) overrides the default alignment (64 bytes, or
+  // 2 MiB from 2 MiB up).
+  explicit Storage(size_t bytes, Pool pool = Pool::kCompute, size_t align = 0);
   ~Storage();
   Storage(Storage&& o) noexcept;
   Storage& operator=(Storage&& o) noexcept;

@@ -1,0 +1,212 @@
+// Paged optimizer state in real training runs (memory.*): with a compute
+// budget that keeps only a few pages resident (every page evicted to the NVMe
+// swap file every step), training is bit for bit the in-memory run — losses
+// and every byte of the checkpoint (parameters, Adam m, v) — at dp 1 and 2,
+// ZeRO stages 1 and 3, in bf16 (the fp32 master paged too), through the
+// thread-pool I/O fallback and with a host tier. Swap files are gone after a
+// normal exit and after SIGTERM; a paged run's checkpoint resumes unpaged
+// with the same curve; a budget below the working set is refused with the
+// minimum.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+#include "train/run_state.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using po::test::losses;
+using po::test::run_command;
+
+constexpr const char* kPage = "16KiB";
+
+class Paging : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    po::test::write_tokens(train_, 30000, 64);
+    po::test::write_tokens(val_, 3000, 64, 2);
+    po::test::write_file(config_, po::test::tiny_config(train_, val_, dir_ / "unused", 10));
+  }
+  std::string args(const std::string& run, int dp, int stage, const std::string& extra) const {
+    return "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
+           std::to_string(dp) + " --set parallel.zero_stage=" + std::to_string(stage) +
+           " --set model.n_embd=36 --set model.n_layer=4 --set train.grad_clip=0.5" +
+           " --set train.checkpoint_interval=5 --set train.eval_interval=0" +
+           " --set train.batch_size=8 --set train.micro_batch_size=2 --set train.threads=1" +
+           " --set train.peak_gflops=1 " + extra;
+  }
+  po::test::CommandResult run(const std::string& name, int dp, int stage, const std::string& extra) {
+    return run_command(po::test::pagedoptim_command(dp, args(name, dp, stage, extra)));
+  }
+  std::string train(const std::string& name, int dp, int stage, const std::string& extra = "") {
+    auto r = run(name, dp, stage, extra);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    return dir_ / name;
+  }
+  // The compute budget that leaves `pages` frames: the minimum the engine
+  // names for a budget of 1 byte (its 4 minimum frames included), plus the rest.
+  std::string budget(int dp, int stage, const std::string& extra, int pages) {
+    auto r = run("probe", dp, stage, extra + " --set memory.compute_budget=1");
+    EXPECT_NE(r.exit_code, 0) << "a 1-byte compute budget was accepted";
+    std::smatch m;
+    const std::regex at_least("at least ([0-9]+) bytes");
+    if (!std::regex_search(r.output, m, at_least)) {
+      ADD_FAILURE() << "no minimum named:\n" << r.output;
+      return "0";
+    }
+    fs::remove_all(dir_ / "probe");
+    return std::to_string(std::stoll(m[1]) + (pages - 4) * 16384);
+  }
+  std::string paged(const std::string& swap) const {
+    return std::string(" --set memory.page_size=") + kPage + " --set memory.nvme_dir=" + swap;
+  }
+  po::test::TempDir dir_;
+  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
+};
+
+std::vector<nlohmann::json> paging_records(const std::string& run) {
+  std::vector<nlohmann::json> out;
+  for (const auto& j : po::test::read_metrics(run))
+    if (j.contains("paging")) out.push_back(j["paging"]);
+  return out;
+}
+
+// Every rank file and the manifest of the last checkpoint, byte for byte.
+void expect_same_checkpoint(const std::string& a, const std::string& b, const std::string& what) {
+  const std::string ca = po::train::checkpoint_path(a, 10), cb = po::train::checkpoint_path(b, 10);
+  ASSERT_TRUE(fs::exists(ca)) << ca;
+  ASSERT_TRUE(fs::exists(cb)) << cb;
+  for (const auto& e : fs::directory_iterator(ca)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".json")) continue;  // records carry the config (memory.* differs)
+    EXPECT_EQ(po::test::read_file(e.path().string()), po::test::read_file(cb + "/" + name))
+        << what << ": " << name << " differs from the in-memory run's";
+  }
+}
+
+TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
+  struct Case {
+    int dp, stage;
+    std::string extra;
+  };
+  const std::vector<Case> cases = {
+      {1, 1, ""},
+      {1, 3, ""},
+      {2, 1, ""},
+      {2, 3, ""},
+      {2, 3, "--set train.precision=bf16"},
+      {1, 1, "--set memory.io=fallback"},
+      {2, 1, "--set memory.host_budget=160KiB"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = "dp " + std::to_string(c.dp) + " stage " + std::to_string(c.stage) +
+                             " " + c.extra;
+    // The memory.io / host settings do not change the in-memory reference.
+    const std::string ref_extra = c.extra.find("precision") != std::string::npos ? c.extra : "";
+    const std::string tag = std::to_string(c.dp) + std::to_string(c.stage) +
+                            std::to_string(&c - cases.data());
+    const std::string ref = train("ref" + tag, c.dp, c.stage, ref_extra);
+    const std::string swap = dir_ / ("swap" + tag);
+    const std::string extra = c.extra + paged(swap);
+    const std::string run = train("paged" + tag, c.dp, c.stage,
+                                  extra + " --set memory.compute_budget=" +
+                                      budget(c.dp, c.stage, extra, 6));
+    const auto a = losses(ref), b = losses(run);
+    ASSERT_EQ(a.size(), 10u) << what;
+    ASSERT_EQ(b.size(), 10u) << what;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i], b[i]) << what << ": loss at step " << i + 1 << " paged vs in memory";
+    expect_same_checkpoint(ref, run, what);
+    const auto rec = paging_records(run);
+    ASSERT_EQ(rec.size(), 10u) << what << ": paging metrics per step";
+    for (size_t i = 1; i < rec.size(); ++i) {
+      if (c.extra.find("host_budget") != std::string::npos) {
+        EXPECT_GT(rec[i]["host_read_bytes"].get<double>(), 0) << what << ": step " << i + 1;
+      } else {
+        EXPECT_GT(rec[i]["nvme_read_bytes"].get<double>(), 0) << what << ": step " << i + 1;
+        EXPECT_GT(rec[i]["nvme_written_bytes"].get<double>(), 0) << what << ": step " << i + 1;
+      }
+    }
+    EXPECT_TRUE(fs::is_empty(swap)) << what << ": swap files left in " << swap;
+  }
+}
+
+// The checkpoint of a paged run (the pages copied out) resumes in memory:
+// the continued curve is the paged run's own.
+TEST_F(Paging, CheckpointOfAPagedRunResumesUnpaged) {
+  const std::string swap = dir_ / "swap";
+  const std::string extra = paged(swap);
+  const std::string src =
+      train("src", 2, 3, extra + " --set memory.compute_budget=" + budget(2, 3, extra, 6));
+  const auto full = losses(src);
+  ASSERT_EQ(full.size(), 10u);
+  const std::string run = dir_ / "resumed";
+  fs::create_directories(run + "/checkpoints");
+  fs::copy(po::train::checkpoint_path(src, 5), po::train::checkpoint_path(run, 5),
+           fs::copy_options::recursive);
+  train("resumed", 2, 1, "--resume");
+  const auto tail = losses(run);
+  ASSERT_EQ(tail.size(), 5u);
+  for (size_t i = 0; i < tail.size(); ++i)
+    EXPECT_NEAR(tail[i], full[5 + i], 1e-5 * full[5 + i])
+        << "step " << i + 6 << ": resumed unpaged (dp 2 stage 1) vs the paged run (dp 2 stage 3)";
+}
+
+// SIGTERM (to the process, and to the --nproc launcher, which passes it on)
+// removes the swap files before the process ends.
+TEST_F(Paging, SwapFilesAreRemovedOnSigterm) {
+  for (int dp : {1, 2}) {
+    const std::string swap = dir_ / ("sigswap" + std::to_string(dp));
+    const std::string log = dir_ / ("sig" + std::to_string(dp) + ".log");
+    const std::string extra =
+        paged(swap) + " --set train.steps=100000 --set train.checkpoint_interval=0";
+    std::string cmd = std::string(PO_BINARY) + " " +
+                      args("sig" + std::to_string(dp), dp, 1,
+                           extra + " --set memory.compute_budget=" + budget(dp, 1, extra, 6)) +
+                      (dp > 1 ? " --nproc 2" : "") + " > " + log + " 2>&1 & echo $!";
+    auto r = run_command(cmd);
+    const int pid = std::stoi(r.output);
+    bool seen = false;
+    for (int i = 0; i < 300 && !seen; ++i) {
+      usleep(100000);
+      std::error_code ec;
+      seen = fs::exists(swap, ec) && !fs::is_empty(swap, ec);
+    }
+    ASSERT_TRUE(seen) << "dp " << dp << ": no swap file appeared:\n" << po::test::read_file(log);
+    kill(pid, SIGTERM);
+    bool gone = false;
+    for (int i = 0; i < 150 && !gone; ++i) {
+      usleep(100000);
+      gone = kill(pid, 0) != 0;
+    }
+    if (!gone) kill(pid, SIGKILL);
+    EXPECT_TRUE(gone) << "dp " << dp << ": still running 15 s after SIGTERM";
+    usleep(300000);
+    EXPECT_TRUE(fs::is_empty(swap)) << "dp " << dp << ": swap files left after SIGTERM in " << swap;
+  }
+}
+
+TEST_F(Paging, ABudgetBelowTheWorkingSetNamesTheMinimum) {
+  auto r = run("small", 1, 1, paged(dir_ / "s") + " --set memory.compute_budget=1MiB");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("memory.compute_budget = 1048576 bytes is too small"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("at least"), std::string::npos) << r.output;
+  // Pages beyond the compute and host tiers need a swap directory.
+  const std::string extra = " --set memory.page_size=16KiB --set memory.host_budget=64KiB";
+  r = run("nodir", 1, 1, extra + " --set memory.compute_budget=" + budget(1, 1, extra, 6));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("memory.nvme_dir"), std::string::npos) << r.output;
+}
+
+}  // namespace
