@@ -278,6 +278,7 @@ size_t Pager::make_resident(size_t p) {
 }
 
 void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
+  core::Timer pass;
   const auto n = static_cast<int64_t>(tier_.size());
   in_pass_ = true;
   for (int64_t k = 0; k < n; ++k) pos_[static_cast<size_t>(forward_ ? k : n - 1 - k)] = k;
@@ -319,6 +320,7 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
   in_pass_ = false;
   std::fill(pos_.begin(), pos_.end(), -1);
   if (options_.alternate) forward_ = !forward_;
+  stats_.pass_s += pass.seconds();
 }
 
 void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dirty) {

@@ -53,6 +53,7 @@ struct PagerStats {
   uint64_t host_read_bytes = 0, host_written_bytes = 0;  // copies host -> compute, compute -> host
   uint64_t accesses = 0, hits = 0;  // hits: the page was resident (or its read done) when needed
   double wait_s = 0;                // waiting for reads and writes
+  double pass_s = 0;                // inside for_each (the optimizer's sweep over the pages)
   double hit_rate() const { return accesses ? static_cast<double>(hits) / accesses : 1.0; }
 };
 

@@ -12,9 +12,7 @@ namespace ops = po::backend::cpu;
 AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t num_params)
     : config_(config),
       ranges_(std::move(ranges)),
-      n_(num_params),
-      m_(static_cast<size_t>(num_params) * sizeof(float)),
-      v_(static_cast<size_t>(num_params) * sizeof(float)) {
+      n_(num_params) {
   for (const auto& r : ranges_)
     PO_ASSERT(r.state() >= 0 && r.state() + r.numel <= n_, "range outside the state buffer");
   by_state_ = ranges_;
@@ -67,6 +65,22 @@ void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const float
   }
 }
 
+void AdamW::allocate_state() {
+  if (paged_ || m_.data() != nullptr || n_ == 0) return;
+  m_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
+  v_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
+}
+
+float* AdamW::m() {
+  allocate_state();
+  return m_.f32();
+}
+
+float* AdamW::v() {
+  allocate_state();
+  return v_.f32();
+}
+
 void AdamW::enable_paging(const memory::PagerOptions& options, bool with_master) {
   PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
   paged_ = std::make_unique<PagedAdamState>(n_, with_master, options);
@@ -103,6 +117,7 @@ double AdamW::clip_scale(double norm) const {
 }
 
 void AdamW::apply(float* params, const float* grads_state, double lr, double scale) {
+  allocate_state();
   ++t_;
   if (paged_) {
     for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
@@ -127,6 +142,7 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
 
 void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_state,
                         uint16_t* params_out, double lr, double scale) {
+  allocate_state();
   ++t_;
   if (paged_) {
     PO_ASSERT(paged_->with_master(), "AdamW::apply_mixed: the pages hold no master weights");

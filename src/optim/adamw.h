@@ -99,9 +99,12 @@ class AdamW {
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  // In memory only (null once paged).
-  float* m() { return m_.f32(); }
-  float* v() { return v_.f32(); }
+  // In memory only (null once paged). m and v are allocated at the first
+  // use (or allocate_state()), so that a run that pages them never holds
+  // them whole.
+  float* m();
+  float* v();
+  void allocate_state();
   int64_t num_params() const { return n_; }
   size_t state_bytes() const { return m_.size() + v_.size(); }
 

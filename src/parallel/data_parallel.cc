@@ -133,18 +133,27 @@ DataParallel::~DataParallel() = default;
 // shard at its local offsets, padding 0).
 void DataParallel::take_master() {
   const float* full = model_.params();
-  if (adam_->paged()) {  // into the pages, unit by unit
-    for (int u = 0; u < layout_.num_units(); ++u)
-      adam_->paged_state()->copy_in(optim::PagedAdamState::Field::kMaster, state_offset(u),
-                                    layout_.owned(u),
-                                    full + model_.unit_offset(u) + layout_.begin(u));
+  const bool whole = options_.zero_stage == 0;  // every rank updates everything
+  using F = optim::PagedAdamState::Field;
+  if (whole) {
+    if (adam_->paged()) {
+      adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full);
+    } else {
+      master_ = tensor::Storage(static_cast<size_t>(model_.num_params()) * sizeof(float));
+      std::memcpy(master_.f32(), full, static_cast<size_t>(model_.num_params()) * sizeof(float));
+    }
     return;
   }
-  const int64_t n = options_.zero_stage == 0 ? model_.num_params() : layout_.local_numel();
-  master_ = tensor::Storage(static_cast<size_t>(n) * sizeof(float));
-  for (int u = 0; u < layout_.num_units(); ++u)
-    std::memcpy(master_.f32() + state_offset(u), full + model_.unit_offset(u) + layout_.begin(u),
-                static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  if (!adam_->paged())
+    master_ = tensor::Storage(static_cast<size_t>(layout_.local_numel()) * sizeof(float));
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+    if (adam_->paged())
+      adam_->paged_state()->copy_in(F::kMaster, state_offset(u), layout_.owned(u), src);
+    else
+      std::memcpy(master_.f32() + state_offset(u), src,
+                  static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  }
 }
 
 int64_t DataParallel::state_offset(int u) const {
@@ -190,6 +199,7 @@ void DataParallel::write_shard(Shard kind, int u, const float* src) {
 
 void DataParallel::shard_params() {
   if (units_) units_->shard_params();
+  adam_->allocate_state();  // in memory unless paged: set up is done
 }
 
 void* DataParallel::stored_params() {

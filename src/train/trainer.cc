@@ -264,11 +264,10 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const size_t paged_bytes = static_cast<size_t>(numel) * (bf16 ? 12 : 8);
   // What the compute tier holds besides pages: the larger of the ledger's
   // count and what is allocated now (the model is still whole and fp32 until
-  // shard_params(); token files, etc.; Adam's m and v, about to move into the
-  // pages, excluded), plus the working buffers to come.
+  // shard_params(); token files, etc.), plus the working buffers to come.
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
                            model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
-  const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute) - dp.adam().state_bytes();
+  const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t fixed = std::max(predicted, live) + dp.working_buffer_bytes_bound();
   const size_t min_frames = std::min(pages, memory::Pager::min_compute_frames(o.prefetch));
   if (compute_budget == 0) {
@@ -326,7 +325,8 @@ nlohmann::json paging_json(int64_t step, parallel::DataParallel& dp, const memor
             {"host_read_bytes", s.host_read_bytes},
             {"host_written_bytes", s.host_written_bytes},
             {"prefetch_hit_rate", s.hit_rate()},
-            {"io_wait_ms", s.wait_s * 1000}}}};
+            {"io_wait_ms", s.wait_s * 1000},
+            {"pass_ms", s.pass_s * 1000}}}};
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // budget that keeps only a few pages resident (every page evicted to the NVMe
 // swap file every step), training is bit for bit the in-memory run — losses
 // and every byte of the checkpoint (parameters, Adam m, v) — at dp 1 and 2,
-// ZeRO stages 1 and 3, in bf16 (the fp32 master paged too), through the
+// ZeRO stages 1 and 3, in bf16 at stages 3 and 0 (the fp32 master paged too,
+// sharded and whole), through the
 // thread-pool I/O fallback and with a host tier. Swap files are gone after a
 // normal exit and after SIGTERM; a paged run's checkpoint resumes unpaged
 // with the same curve; a budget below the working set is refused with the
@@ -105,6 +106,7 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
       {2, 1, ""},
       {2, 3, ""},
       {2, 3, "--set train.precision=bf16"},
+      {2, 0, "--set train.precision=bf16"},
       {1, 1, "--set memory.io=fallback"},
       {2, 1, "--set memory.host_budget=160KiB"},
   };
