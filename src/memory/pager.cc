@@ -334,6 +334,12 @@ void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dir
   }
 }
 
+void Pager::prefetch(size_t p) {
+  PO_ASSERT(!in_pass_, "Pager::prefetch inside a pass");
+  PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
+  bring_in(p, -1);
+}
+
 PagerStats Pager::take_stats() {
   PagerStats s = stats_;
   if (store_) {

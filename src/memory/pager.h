@@ -77,6 +77,11 @@ class Pager {
   // fn runs; `dirty` when fn changes it.
   void access(size_t page, const std::function<void(char* data)>& fn, bool dirty);
 
+  // Outside passes: start bringing page p into the compute tier (a read from
+  // NVMe runs on while the caller goes on) if a frame can be had without
+  // evicting a page the next pass needs sooner. A hint: access() waits.
+  void prefetch(size_t p);
+
   PagerStats take_stats();
   // Pages in each tier now, and where the NVMe tier lives.
   size_t resident(Tier t) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/ops.h"
 #include "core/error.h"
@@ -20,50 +21,132 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
             [](const ParamRange& a, const ParamRange& b) { return a.state() < b.state(); });
 }
 
-PagedAdamState::PagedAdamState(int64_t numel, bool with_master,
+int64_t PagedAdamState::page_elements(size_t page_bytes, const Layout& l) {
+  const size_t per = 8 + (l.master ? 4 : 0) + l.param_bytes + l.grad_bytes;
+  return static_cast<int64_t>(page_bytes / per / 16 * 16);
+}
+
+PagedAdamState::PagedAdamState(int64_t numel, const Layout& layout,
                                const memory::PagerOptions& options)
-    : n_(numel), e_(page_elements(options.page_bytes, with_master)), fields_(with_master ? 3 : 2) {
-  PO_CHECK(e_ >= 1, "memory.page_size = ", options.page_bytes, " bytes holds no element");
+    : n_(numel), e_(page_elements(options.page_bytes, layout)), layout_(layout) {
+  PO_CHECK(e_ >= 16, "memory.page_size = ", options.page_bytes, " bytes is too small a page");
   const auto pages = static_cast<size_t>((n_ + e_ - 1) / e_);
   pager_ = std::make_unique<memory::Pager>(pages, options);
 }
 
+size_t PagedAdamState::field_bytes(Field f) const {
+  switch (f) {
+    case Field::kM: case Field::kV: return 4;
+    case Field::kMaster: return layout_.master ? 4 : 0;
+    case Field::kParam: return layout_.param_bytes;
+    case Field::kGrad: return layout_.grad_bytes;
+  }
+  return 0;
+}
+
+size_t PagedAdamState::field_offset(Field f) const {
+  const auto e = static_cast<size_t>(e_);
+  size_t off = 0;
+  for (Field g : {Field::kM, Field::kV, Field::kMaster, Field::kParam, Field::kGrad}) {
+    if (g == f) return off;
+    off += e * field_bytes(g);
+  }
+  return off;
+}
+
 void PagedAdamState::for_each_page(
-    const std::function<void(int64_t, int64_t, float*, float*, float*)>& fn) {
+    const std::function<void(int64_t, int64_t, const View&)>& fn) {
+  const size_t pm = field_offset(Field::kMaster), pp = field_offset(Field::kParam),
+               pg = field_offset(Field::kGrad), pv = field_offset(Field::kV);
   pager_->for_each([&](size_t page, char* data) {
-    auto* f = reinterpret_cast<float*>(data);
     const int64_t lo = static_cast<int64_t>(page) * e_, hi = std::min(n_, lo + e_);
-    fn(lo, hi, f, f + e_, fields_ == 3 ? f + 2 * e_ : nullptr);
+    View v;
+    v.m = reinterpret_cast<float*>(data);
+    v.v = reinterpret_cast<float*>(data + pv);
+    if (layout_.master) v.master = reinterpret_cast<float*>(data + pm);
+    if (layout_.param_bytes) v.param = data + pp;
+    if (layout_.grad_bytes) v.grad = data + pg;
+    fn(lo, hi, v);
   });
 }
 
-void PagedAdamState::copy_out(Field field, int64_t offset, int64_t n, float* dst) {
-  PO_ASSERT(static_cast<int>(field) < fields_, "PagedAdamState: no such field");
-  while (n > 0) {
-    const int64_t page = offset / e_, in = offset % e_, len = std::min(n, e_ - in);
+void PagedAdamState::update(Field field, int64_t offset, int64_t n,
+                            const std::function<void(void*, int64_t, int64_t)>& fn) {
+  const size_t bytes = field_bytes(field), base = field_offset(field);
+  PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t at = offset + done, page = at / e_, in = at % e_, len = std::min(n - done, e_ - in);
     pager_->access(static_cast<size_t>(page), [&](char* data) {
-      const float* f = reinterpret_cast<const float*>(data) + static_cast<int64_t>(field) * e_;
-      std::copy(f + in, f + in + len, dst);
-    }, false);
-    offset += len;
-    dst += len;
-    n -= len;
+      fn(data + base + static_cast<size_t>(in) * bytes, done, len);
+    }, true);
+    done += len;
   }
 }
 
-void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const float* src) {
-  PO_ASSERT(static_cast<int>(field) < fields_, "PagedAdamState: no such field");
-  while (n > 0) {
-    const int64_t page = offset / e_, in = offset % e_, len = std::min(n, e_ - in);
+void PagedAdamState::copy_out(Field field, int64_t offset, int64_t n, void* dst) {
+  const size_t bytes = field_bytes(field), base = field_offset(field);
+  PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t at = offset + done, page = at / e_, in = at % e_, len = std::min(n - done, e_ - in);
     pager_->access(static_cast<size_t>(page), [&](char* data) {
-      float* f = reinterpret_cast<float*>(data) + static_cast<int64_t>(field) * e_;
-      std::copy(src, src + len, f + in);
-    }, true);
-    offset += len;
-    src += len;
-    n -= len;
+      std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(done) * bytes,
+                  data + base + static_cast<size_t>(in) * bytes, static_cast<size_t>(len) * bytes);
+    }, false);
+    done += len;
   }
 }
+
+void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const void* src) {
+  update(field, offset, n, [&](void* ptr, int64_t first, int64_t count) {
+    const size_t bytes = field_bytes(field);
+    std::memcpy(ptr, static_cast<const char*>(src) + static_cast<size_t>(first) * bytes,
+                static_cast<size_t>(count) * bytes);
+  });
+}
+
+void PagedAdamState::prefetch(int64_t offset, int64_t n) {
+  if (n <= 0) return;
+  const int64_t first = offset / e_, last = (offset + n - 1) / e_;
+  for (int64_t p = first; p <= last; ++p) pager_->prefetch(static_cast<size_t>(p));
+}
+
+void AdamW::enable_paging(const memory::PagerOptions& options,
+                          const PagedAdamState::Layout& layout) {
+  PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
+  paged_ = std::make_unique<PagedAdamState>(n_, layout, options);
+  m_ = tensor::Storage();
+  v_ = tensor::Storage();
+}
+
+// The paged update: every page in the pager's order, every range cut to it;
+// fn(range, first element, count, view at that element).
+namespace {
+template <typename Fn>
+void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
+  const size_t pb = state.field_bytes(PagedAdamState::Field::kParam);
+  const size_t gb = state.field_bytes(PagedAdamState::Field::kGrad);
+  state.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
+    auto it = std::lower_bound(by_state.begin(), by_state.end(), lo,
+                               [](const ParamRange& r, int64_t x) { return r.state() + r.numel <= x; });
+    for (; it != by_state.end() && it->state() < hi; ++it) {
+      const int64_t a = std::max(lo, it->state()), b = std::min(hi, it->state() + it->numel);
+      if (a >= b) continue;
+      const auto k = static_cast<size_t>(a - lo);
+      PagedAdamState::View at;
+      at.m = view.m + k;
+      at.v = view.v + k;
+      at.master = view.master ? view.master + k : nullptr;
+      at.param = view.param ? static_cast<char*>(view.param) + k * pb : nullptr;
+      at.grad = view.grad ? static_cast<char*>(view.grad) + k * gb : nullptr;
+      fn(*it, a, b - a, at);
+    }
+    // The gradient shard in the pages starts the next step at zero.
+    if (view.grad) std::memset(view.grad, 0, static_cast<size_t>(hi - lo) * gb);
+  });
+}
+}  // namespace
 
 void AdamW::allocate_state() {
   if (paged_ || m_.data() != nullptr || n_ == 0) return;
@@ -80,29 +163,6 @@ float* AdamW::v() {
   allocate_state();
   return v_.f32();
 }
-
-void AdamW::enable_paging(const memory::PagerOptions& options, bool with_master) {
-  PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
-  paged_ = std::make_unique<PagedAdamState>(n_, with_master, options);
-  m_ = tensor::Storage();
-  v_ = tensor::Storage();
-}
-
-// The paged update: every page in the pager's order, every range cut to it.
-namespace {
-template <typename Fn>
-void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
-  state.for_each_page([&](int64_t lo, int64_t hi, float* m, float* v, float* master) {
-    auto it = std::lower_bound(by_state.begin(), by_state.end(), lo,
-                               [](const ParamRange& r, int64_t x) { return r.state() + r.numel <= x; });
-    for (; it != by_state.end() && it->state() < hi; ++it) {
-      const int64_t a = std::max(lo, it->state()), b = std::min(hi, it->state() + it->numel);
-      if (a >= b) continue;
-      fn(*it, a, b - a, m + (a - lo), v + (a - lo), master ? master + (a - lo) : nullptr);
-    }
-  });
-}
-}  // namespace
 
 double AdamW::sum_squares(const float* grads, int64_t n) { return ops::sum_squares(grads, n); }
 
@@ -121,8 +181,10 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
   ++t_;
   if (paged_) {
     for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
-                                                 float* m, float* v, float*) {
-      ops::adamw_update(params + r.offset + (a - r.state()), grads_state + a, m, v, n,
+                                                 const PagedAdamState::View& at) {
+      float* p = at.param ? static_cast<float*>(at.param) : params + r.offset + (a - r.state());
+      const float* g = at.grad ? static_cast<const float*>(at.grad) : grads_state + a;
+      ops::adamw_update(p, g, at.m, at.v, n,
                         static_cast<float>(lr), static_cast<float>(config_.beta1),
                         static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
                         r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
@@ -147,10 +209,12 @@ void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_stat
   if (paged_) {
     PO_ASSERT(paged_->with_master(), "AdamW::apply_mixed: the pages hold no master weights");
     for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
-                                                 float* m, float* v, float* pm) {
+                                                 const PagedAdamState::View& at) {
       const int64_t rel = a - r.state();
-      ops::adamw_update_mixed(pm, grads + (grads_by_state ? a : r.offset + rel), m, v,
-                              params_out + r.offset + rel, n, static_cast<float>(lr),
+      const uint16_t* g = at.grad ? static_cast<const uint16_t*>(at.grad)
+                                  : grads + (grads_by_state ? a : r.offset + rel);
+      uint16_t* out = at.param ? static_cast<uint16_t*>(at.param) : params_out + r.offset + rel;
+      ops::adamw_update_mixed(at.master, g, at.m, at.v, out, n, static_cast<float>(lr),
                               static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
                               static_cast<float>(config_.eps),
                               r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,

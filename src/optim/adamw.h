@@ -33,33 +33,55 @@ struct ParamRange {
 };
 
 // Adam state in pages (memory/pager.h): page k holds, for the state elements
-// [k·E, (k+1)·E), Adam m, then v, then (mixed precision) the fp32 master,
-// E floats each — so one page is everything the update of those elements
-// reads and writes, and the update is the same computation cut at page
-// boundaries (it is element-wise).
+// [k·E, (k+1)·E), Adam m, then v, then (mixed precision) the fp32 master and,
+// for ZeRO-3 with parameters in pages (ZeRO-Infinity), this rank's parameter
+// shard and gradient shard, E elements each — so one page is everything the
+// update of those elements reads and writes, and the update is the same
+// computation cut at page boundaries (it is element-wise).
 class PagedAdamState {
  public:
-  enum class Field { kM = 0, kV = 1, kMaster = 2 };
-  PagedAdamState(int64_t numel, bool with_master, const memory::PagerOptions& options);
+  enum class Field { kM = 0, kV = 1, kMaster = 2, kParam = 3, kGrad = 4 };
+  struct Layout {
+    bool master = false;     // fp32 master weights (bf16 runs)
+    size_t param_bytes = 0;  // parameter shard: 0 (not paged), 4 (fp32) or 2 (bf16)
+    size_t grad_bytes = 0;   // gradient shard: likewise
+  };
+  // A page's fields at element lo (null where the layout has none).
+  struct View {
+    float* m = nullptr;
+    float* v = nullptr;
+    float* master = nullptr;
+    void* param = nullptr;
+    void* grad = nullptr;
+  };
+  PagedAdamState(int64_t numel, const Layout& layout, const memory::PagerOptions& options);
   int64_t numel() const { return n_; }
   int64_t elements_per_page() const { return e_; }
-  bool with_master() const { return fields_ == 3; }
-  // fn(lo, hi, m, v, master) for every page in the pager's order; the
-  // pointers address element lo (master null without one).
-  void for_each_page(const std::function<void(int64_t lo, int64_t hi, float* m, float* v,
-                                              float* master)>& fn);
-  void copy_out(Field f, int64_t offset, int64_t n, float* dst);
-  void copy_in(Field f, int64_t offset, int64_t n, const float* src);
+  const Layout& layout() const { return layout_; }
+  bool with_master() const { return layout_.master; }
+  size_t field_bytes(Field f) const;
+  // fn(lo, hi, view) for every page in the pager's order.
+  void for_each_page(const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
+  // Elements [offset, offset + n) of a field, out of / into the pages
+  // (field_bytes(f) each).
+  void copy_out(Field f, int64_t offset, int64_t n, void* dst);
+  void copy_in(Field f, int64_t offset, int64_t n, const void* src);
+  // fn(ptr, first, count) on each page-resident piece of [offset, offset + n)
+  // of a field, in order, the piece written back (read-modify-write).
+  void update(Field f, int64_t offset, int64_t n,
+              const std::function<void(void* ptr, int64_t first, int64_t count)>& fn);
+  // Starts bringing the pages of [offset, offset + n) into the compute tier.
+  void prefetch(int64_t offset, int64_t n);
   memory::Pager& pager() { return *pager_; }
   const memory::Pager& pager() const { return *pager_; }
-  // Bytes of one page for `with_master` state, elements per page.
-  static int64_t page_elements(size_t page_bytes, bool with_master) {
-    return static_cast<int64_t>(page_bytes / (sizeof(float) * (with_master ? 3 : 2)));
-  }
+  // Elements per page of `layout` in pages of `page_bytes` (a multiple of 16,
+  // so that every field starts 64-byte aligned).
+  static int64_t page_elements(size_t page_bytes, const Layout& layout);
 
  private:
+  size_t field_offset(Field f) const;  // bytes from the page start
   int64_t n_, e_;
-  int fields_;
+  Layout layout_;
   std::unique_ptr<memory::Pager> pager_;
 };
 
@@ -91,9 +113,11 @@ class AdamW {
   void apply_mixed(float* master, const uint16_t* grads, bool grads_by_state,
                    uint16_t* params_out, double lr, double clip_scale);
 
-  // Moves m and v (and, `with_master`, the fp32 master of apply_mixed) into
-  // pages; m and v must still be zero (before the first step or a load).
-  void enable_paging(const memory::PagerOptions& options, bool with_master);
+  // Moves m and v (and what `layout` adds: the fp32 master of apply_mixed,
+  // the parameter and gradient shards) into pages; before the first step.
+  // With parameters (gradients) in the pages, apply*() ignore their params
+  // (grads) argument and use the pages' fields.
+  void enable_paging(const memory::PagerOptions& options, const PagedAdamState::Layout& layout);
   bool paged() const { return paged_ != nullptr; }
   PagedAdamState* paged_state() { return paged_.get(); }
 

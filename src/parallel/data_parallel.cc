@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "parallel/units.h"
@@ -79,7 +80,9 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     o.grads = stage >= 2 ? UnitBuffers::Grads::kReduceScatter : UnitBuffers::Grads::kFull;
     o.grad_dtype = options_.param_dtype;
     o.reduce_dtype = options_.reduce_dtype;
-    if (bf16()) o.before_shard = [this] { take_master(); };
+    o.before_shard = [this] {
+      if (bf16() || paged_shards_) take_master();
+    };
     void* shard = bf16() ? grad_shard_bf16_.data() : grad_shard_f32_.data();
     units_ = std::make_unique<UnitBuffers>(model, layout_, group_, stage >= 2 ? shard : nullptr, o);
   }
@@ -133,8 +136,25 @@ DataParallel::~DataParallel() = default;
 // shard at its local offsets, padding 0).
 void DataParallel::take_master() {
   const float* full = model_.params();
-  const bool whole = options_.zero_stage == 0;  // every rank updates everything
   using F = optim::PagedAdamState::Field;
+  if (paged_shards_) {  // parameter shard (and bf16 master) into the pages, padding 0
+    optim::PagedAdamState& st = *adam_->paged_state();
+    std::vector<uint16_t> h;
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+      const int64_t n = layout_.owned(u);
+      if (bf16()) {
+        h.resize(static_cast<size_t>(n));
+        ops::f32_to_bf16(h.data(), src, n);
+        st.copy_in(F::kParam, state_offset(u), n, h.data());
+        st.copy_in(F::kMaster, state_offset(u), n, src);
+      } else {
+        st.copy_in(F::kParam, state_offset(u), n, src);
+      }
+    }
+    return;
+  }
+  const bool whole = options_.zero_stage == 0;  // every rank updates everything
   if (whole) {
     if (adam_->paged()) {
       adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full);
@@ -164,11 +184,83 @@ int64_t DataParallel::state_offset(int u) const {
 void DataParallel::enable_paging(const memory::PagerOptions& options) {
   PO_CHECK(master_.data() == nullptr && (!units_ || !units_->sharded()),
            "DataParallel::enable_paging after shard_params()");
-  adam_->enable_paging(options, bf16());
+  optim::PagedAdamState::Layout layout;
+  layout.master = bf16();
+  paged_shards_ = options_.zero_stage == 3;
+  if (paged_shards_) {
+    layout.param_bytes = layout.grad_bytes = param_esz();
+    grad_shard_f32_ = tensor::Storage();
+    grad_shard_bf16_ = tensor::Storage();
+    unit_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
+  }
+  adam_->enable_paging(options, layout);
+  if (!paged_shards_) return;
+  optim::PagedAdamState* st = adam_->paged_state();
+  units_->use_paged_shards(
+      {[this, st](int u, void* dst) {
+         st->copy_out(optim::PagedAdamState::Field::kParam, layout_.local_offset(u),
+                      layout_.stride(u), dst);
+       },
+       [this](int u, const void* block, DType dtype, bool final) {
+         add_paged_grad(u, block, dtype, final);
+       },
+       [this, st](int u) { st->prefetch(layout_.local_offset(u), layout_.stride(u)); }});
+}
+
+namespace {
+// Sequential sum of squares in double, continuing `acc`: the same value
+// however the range is cut into pieces (the norm of paged and unpaged shards
+// must agree bit for bit).
+double seq_sum_squares(const float* x, int64_t n, double acc) {
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+  return acc;
+}
+double seq_sum_squares(const uint16_t* x, int64_t n, double acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = core::bf16_to_f32(core::bf16{x[i]});
+    acc += d * d;
+  }
+  return acc;
+}
+}  // namespace
+
+void DataParallel::start_micro_batch(bool last) {
+  if (units_) units_->set_final_micro_batch(last);
+}
+
+void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool final) {
+  double& sq = unit_sq_[static_cast<size_t>(u)];
+  adam_->paged_state()->update(
+      optim::PagedAdamState::Field::kGrad, layout_.local_offset(u), layout_.stride(u),
+      [&](void* ptr, int64_t first, int64_t count) {
+        if (bf16()) {
+          auto* g = static_cast<uint16_t*>(ptr);
+          if (dtype == DType::kBF16)
+            ops::bf16_add_bf16(g, static_cast<const uint16_t*>(block) + first, count);
+          else
+            ops::bf16_add_f32(g, static_cast<const float*>(block) + first, count);
+          if (final) sq = seq_sum_squares(g, count, sq);
+        } else {
+          auto* g = static_cast<float*>(ptr);
+          if (dtype == DType::kBF16) {
+            const auto* b = static_cast<const uint16_t*>(block) + first;
+            for (int64_t i = 0; i < count; ++i) g[i] += core::bf16_to_f32(core::bf16{b[i]});
+          } else {
+            const auto* b = static_cast<const float*>(block) + first;
+            for (int64_t i = 0; i < count; ++i) g[i] += b[i];
+          }
+          if (final) sq = seq_sum_squares(g, count, sq);
+        }
+      });
 }
 
 void DataParallel::read_shard(Shard kind, int u, float* dst) {
   const auto n = static_cast<size_t>(layout_.owned(u));
+  if (kind == Shard::kParams && paged_shards_ && !bf16() && units_->sharded()) {
+    adam_->paged_state()->copy_out(optim::PagedAdamState::Field::kParam, state_offset(u),
+                                   layout_.owned(u), dst);
+    return;
+  }
   if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
     std::memcpy(dst, param_shard(u), n * sizeof(float));
     return;
@@ -184,6 +276,8 @@ void DataParallel::read_shard(Shard kind, int u, float* dst) {
 
 void DataParallel::write_shard(Shard kind, int u, const float* src) {
   const auto n = static_cast<size_t>(layout_.owned(u));
+  PO_CHECK(!(kind == Shard::kParams && paged_shards_ && units_->sharded()),
+           "DataParallel::write_shard: parameters are loaded before shard_params()");
   if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
     std::memcpy(param_shard(u), src, n * sizeof(float));
     return;
@@ -358,8 +452,21 @@ double DataParallel::step(double lr) {
 // The gradient shards' global norm: the per-rank sums of squares all-gathered
 // as doubles and added in rank order (the same value on every rank).
 double DataParallel::sharded_grad_norm() {
-  double mine = bf16() ? ops::sum_squares_bf16(grad_bf16(), layout_.local_numel())
-                       : optim::AdamW::sum_squares(grad_f32(), layout_.local_numel());
+  // Per unit in unit order, each sequentially in double (paged shards add up
+  // the same sums as their last gradients land).
+  double mine = 0;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    double sq = 0;
+    if (paged_shards_) {
+      sq = unit_sq_[static_cast<size_t>(u)];
+      unit_sq_[static_cast<size_t>(u)] = 0;
+    } else if (bf16()) {
+      sq = seq_sum_squares(grad_bf16() + layout_.local_offset(u), layout_.stride(u), 0.0);
+    } else {
+      sq = seq_sum_squares(grad_f32() + layout_.local_offset(u), layout_.stride(u), 0.0);
+    }
+    mine += sq;
+  }
   if (group_ != nullptr) {
     std::vector<double> all(static_cast<size_t>(layout_.ranks()));
     group_->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
@@ -385,10 +492,10 @@ double DataParallel::step_sharded_grads(double lr) {
   if (bf16()) {
     adam_->apply_mixed(master_.f32(), grad_bf16(), true,
                        static_cast<uint16_t*>(stored_params()), lr, clip);
-    std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
+    if (grad_shard_bf16_.size() > 0) std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
   } else {
     adam_->apply(static_cast<float*>(stored_params()), grad_f32(), lr, clip);
-    std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
+    if (grad_shard_f32_.size() > 0) std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
   }
   if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
   return norm;

@@ -157,7 +157,13 @@ class DataParallel {
   // The pointers above then do not exist for what is paged: read_shard /
   // write_shard copy unit u's shard (layout().owned(u) floats) out and in,
   // wherever it lives.
+  // At stage 3 the parameter and gradient shards go into the same pages
+  // (ZeRO-Infinity): the gathers read each unit's shard out of them, the
+  // reduce-scatters add into them, the update finds everything in one page.
   void enable_paging(const memory::PagerOptions& options);
+  // Before each micro-batch's forward_backward: whether it is the step's
+  // last (paged shards take the gradient norm as the last additions land).
+  void start_micro_batch(bool last);
   bool paged() const { return adam_->paged(); }
   memory::Pager* pager() { return paged() ? &adam_->paged_state()->pager() : nullptr; }
   enum class Shard { kParams, kAdamM, kAdamV };
@@ -176,6 +182,10 @@ class DataParallel {
   bool bf16() const { return options_.param_dtype == tensor::DType::kBF16; }
   size_t param_esz() const { return bf16() ? 2 : 4; }
   void* stored_params();  // the parameters as the update writes them (see step())
+
+  void add_paged_grad(int u, const void* block, tensor::DType dtype, bool final);
+  bool paged_shards_ = false;
+  std::vector<double> unit_sq_;  // paged shards: per unit, sum of squares of its final gradient
 
   // Buckets of reduced bf16 gradients staged in f32 at once (reduce_dtype fp32).
   static constexpr size_t kMaxStaged = 2;

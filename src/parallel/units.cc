@@ -84,9 +84,20 @@ void UnitBuffers::zero_full_grads() {
   if (full_grads_.data() != nullptr) std::memset(full_grads_.data(), 0, full_grads_.size());
 }
 
+void UnitBuffers::use_paged_shards(PagedShards shards) {
+  PO_CHECK(!sharded_ && options_.shard_params && options_.grads == Grads::kReduceScatter,
+           "UnitBuffers: paged shards are for ZeRO-3, before shard_params()");
+  paged_ = std::move(shards);
+}
+
 void UnitBuffers::shard_params() {
-  if (stored_ != nullptr) return;
+  if (sharded_) return;
+  sharded_ = true;
   if (options_.before_shard) options_.before_shard();
+  if (paged_.read) {  // before_shard moved them into the pages
+    model_.release_params();
+    return;
+  }
   const bool bf16 = options_.param_dtype == DType::kBF16;
   if (!options_.shard_params) {
     if (!bf16) {  // fp32, whole: the model's own buffer
@@ -119,9 +130,10 @@ void UnitBuffers::shard_params() {
 }
 
 float* UnitBuffers::param_shard(int u) {
-  PO_ASSERT(options_.param_dtype == DType::kF32 || stored_ == nullptr,
+  PO_ASSERT(options_.param_dtype == DType::kF32 || !sharded_,
             "UnitBuffers::param_shard: the parameters are stored in bf16");
-  if (stored_ == nullptr || !options_.shard_params)
+  PO_ASSERT(!(sharded_ && paged_.read), "UnitBuffers::param_shard: the shards are paged");
+  if (!sharded_ || !options_.shard_params)
     return model_.params() + model_.unit_offset(u) + layout_.begin(u);
   return static_cast<float*>(stored_) + layout_.local_offset(u);
 }
@@ -145,6 +157,15 @@ double UnitBuffers::take_wait_seconds() {
 
 comm::Work UnitBuffers::start_gather(int u, void* buf) {
   const int64_t stride = layout_.stride(u);
+  if (paged_.read) {
+    // The shard comes out of the pages into the block after the gathered
+    // unit (the buffer has room for it), or straight into place on one rank.
+    char* send = static_cast<char*>(buf) +
+                 (group_ != nullptr ? static_cast<size_t>(stride * layout_.ranks()) * param_esz() : 0);
+    paged_.read(u, send);
+    if (group_ == nullptr) return {};
+    return group_->iall_gather(send, buf, static_cast<size_t>(stride), options_.param_dtype);
+  }
   const char* mine = static_cast<const char*>(stored_) +
                      static_cast<size_t>(layout_.local_offset(u)) * param_esz();
   if (group_ != nullptr)
@@ -156,6 +177,12 @@ comm::Work UnitBuffers::start_gather(int u, void* buf) {
 // Rank r's block of a gathered unit is its padded shard [r·S, r·S + S), and
 // only the last ranks' blocks are short: the buffer starts with the unit's
 // n_u elements in order.
+size_t UnitBuffers::gather_bytes(int u) const {
+  const auto padded = static_cast<size_t>(layout_.stride(u) * layout_.ranks());
+  const size_t send = paged_.read && group_ != nullptr ? static_cast<size_t>(layout_.stride(u)) : 0;
+  return (padded + send) * param_esz();
+}
+
 float* UnitBuffers::serve(int u, void* gathered) {
   if (options_.param_dtype == DType::kF32) return static_cast<float*>(gathered);
   float* f = static_cast<float*>(
@@ -168,8 +195,7 @@ float* UnitBuffers::serve(int u, void* gathered) {
 void UnitBuffers::issue_gather(int pos) {
   PO_ASSERT(pos == issued_, "UnitBuffers: gathers must be issued in order");
   const int u = order_[static_cast<size_t>(pos)];
-  void* buf = gather_pool_.acquire(
-      static_cast<size_t>(layout_.stride(u) * layout_.ranks()) * param_esz());
+  void* buf = gather_pool_.acquire(gather_bytes(u));
   inflight_.push_back({pos, buf, start_gather(u, buf)});
   ++issued_;
 }
@@ -215,10 +241,11 @@ float* UnitBuffers::params(int u) {
       // The next units' gathers run while this one computes.
       const int ahead = static_cast<int>(std::min<int64_t>(n, next_ + int64_t{options_.prefetch}));
       while (issued_ < ahead) issue_gather(issued_);
+      // Paged shards: the pages of the gather after those start coming in.
+      if (paged_.prefetch && issued_ < n) paged_.prefetch(order_[static_cast<size_t>(issued_)]);
       out = serve(u, buf);
     } else {  // off the order: served alone
-      void* buf = gather_pool_.acquire(
-          static_cast<size_t>(layout_.stride(u) * layout_.ranks()) * param_esz());
+      void* buf = gather_pool_.acquire(gather_bytes(u));
       comm::Work w = start_gather(u, buf);
       wait(w);
       out = serve(u, buf);
@@ -284,7 +311,7 @@ void UnitBuffers::grads_ready(int u) {
     return;
   }
   if (group_ == nullptr) {  // one rank: the sum is the accumulator
-    add_reduced(u, acc);
+    add_reduced(u, acc, final_micro_);
     acc_pool_.release(acc);
     return;
   }
@@ -292,7 +319,7 @@ void UnitBuffers::grads_ready(int u) {
   if (options_.reduce_dtype == DType::kBF16)
     ops::f32_to_bf16(static_cast<uint16_t*>(const_cast<void*>(reduce_send(u, acc))), acc,
                      stride * layout_.ranks());
-  Reduction r{u, acc, {}};
+  Reduction r{u, acc, {}, final_micro_};
   r.work = group_->ireduce_scatter(reduce_send(u, acc), reduce_recv(u, acc),
                                    static_cast<size_t>(stride), options_.reduce_dtype,
                                    comm::ReduceOp::kSum);
@@ -306,10 +333,14 @@ void UnitBuffers::grads_ready(int u) {
 }
 
 // block: the unit's reduced block (one rank: the f32 accumulator itself).
-void UnitBuffers::add_reduced(int u, const void* block) {
+void UnitBuffers::add_reduced(int u, const void* block, bool final) {
   const int64_t off = layout_.local_offset(u);
   const int64_t n = layout_.stride(u);  // the padding adds zeros to zeros
   const bool block_bf16 = group_ != nullptr && options_.reduce_dtype == DType::kBF16;
+  if (paged_.add) {
+    paged_.add(u, block, block_bf16 ? DType::kBF16 : DType::kF32, final);
+    return;
+  }
   if (options_.grad_dtype == DType::kF32) {
     float* dst = static_cast<float*>(grad_shard_) + off;
     if (block_bf16) {
@@ -331,7 +362,7 @@ void UnitBuffers::add_reduced(int u, const void* block) {
 void UnitBuffers::complete_front() {
   Reduction& r = pending_.front();
   wait(r.work);
-  add_reduced(r.unit, reduce_recv(r.unit, r.acc));
+  add_reduced(r.unit, reduce_recv(r.unit, r.acc), r.final);
   acc_pool_.release(r.acc);
   pending_.pop_front();
 }

@@ -103,7 +103,7 @@ class UnitBuffers {
   // its initial parameters; the first params() request does it otherwise.
   // Idempotent.
   void shard_params();
-  bool sharded() const { return stored_ != nullptr; }
+  bool sharded() const { return sharded_; }
   // The stored parameters (after shard_params()): param_dtype elements, the
   // local shard [layout.local_numel()] with shard_params, else the whole
   // model [num_params] at the model's unit offsets.
@@ -118,6 +118,23 @@ class UnitBuffers {
   // kFull: the whole bf16 gradient [num_params] at the model's unit offsets.
   uint16_t* full_grads() { return static_cast<uint16_t*>(full_grads_.data()); }
   void zero_full_grads();
+
+  // ZeRO-Infinity: the parameter and gradient shards live elsewhere (pages,
+  // memory/pager.h) and are reached through these; set before
+  // shard_params(). read(u, dst): unit u's padded shard (stride(u) elements
+  // of param_dtype) into dst; add(u, block, dtype): a reduced block of
+  // stride(u) elements into unit u's gradient shard; prefetch(u): a hint
+  // that unit u's shard is read next.
+  struct PagedShards {
+    std::function<void(int u, void* dst)> read;
+    // `final`: the block is the step's last micro-batch's (the shard is final after it).
+    std::function<void(int u, const void* block, tensor::DType dtype, bool final)> add;
+    std::function<void(int u)> prefetch;
+  };
+  void use_paged_shards(PagedShards shards);
+  // Whether the gradients about to be produced are the step's last
+  // micro-batch's (reductions carry it to PagedShards::add).
+  void set_final_micro_batch(bool final) { final_micro_ = final; }
 
   // Waits for every reduce-scatter and adds it into the gradient shard.
   void finish_grads();
@@ -163,6 +180,7 @@ class UnitBuffers {
     int unit = 0;
     float* acc = nullptr;
     comm::Work work;
+    bool final = true;
   };
 
   float* params(int u);
@@ -171,6 +189,8 @@ class UnitBuffers {
   void grads_ready(int u);
 
   size_t param_esz() const { return tensor::dtype_size(options_.param_dtype); }
+  // Bytes of a gather buffer for unit u (ranks x stride, + a send block when paged).
+  size_t gather_bytes(int u) const;
   // Unit u's gathered block (ranks x stride, param_dtype) into `buf`.
   comm::Work start_gather(int u, void* buf);
   // f32 parameters of unit u from a gathered block (fp32: the block itself).
@@ -179,7 +199,7 @@ class UnitBuffers {
   void wait(comm::Work& w);    // timed
   void progress();             // polls everything in flight; takes completed reductions
   void complete_front();       // waits for the oldest reduction and adds it in
-  void add_reduced(int u, const void* block);
+  void add_reduced(int u, const void* block, bool final);
   // Byte offsets inside an accumulator of unit u: the reduce-scatter's send
   // (f32 accumulator, or its bf16 copy) and receive block.
   size_t acc_bytes(int u) const;
@@ -192,6 +212,9 @@ class UnitBuffers {
   void* grad_shard_;
   Options options_;
   std::vector<int> order_;  // unit of each request position of one pass
+  PagedShards paged_;        // set: the shards are not stored here
+  bool final_micro_ = true;
+  bool sharded_ = false;     // shard_params() has run
   tensor::Storage own_;      // stored parameters this object owns
   void* stored_ = nullptr;   // own_, or the model's buffer (fp32 shard of one rank)
   tensor::Storage full_grads_;   // kFull

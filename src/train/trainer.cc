@@ -258,17 +258,24 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   PO_CHECK(o.page_bytes >= 4096 && o.page_bytes % 4096 == 0, "memory.page_size = ", o.page_bytes,
            " bytes: must be a multiple of 4096");
   const bool bf16 = cfg.get_string("train.precision") == "bf16";
-  const auto e = optim::PagedAdamState::page_elements(o.page_bytes, bf16);
+  // What a page holds: m, v [, master] [, ZeRO-3: parameter and gradient shards].
+  optim::PagedAdamState::Layout layout;
+  layout.master = bf16;
+  if (dp.zero_stage() == 3) layout.param_bytes = layout.grad_bytes = bf16 ? 2 : 4;
+  const auto e = optim::PagedAdamState::page_elements(o.page_bytes, layout);
+  PO_CHECK(e >= 16, "memory.page_size = ", o.page_bytes, " bytes is too small a page");
   const int64_t numel = dp.adam().num_params();
   const auto pages = static_cast<size_t>((numel + e - 1) / e);
-  const size_t paged_bytes = static_cast<size_t>(numel) * (bf16 ? 12 : 8);
-  // What the compute tier holds besides pages: the larger of the ledger's
-  // count and what is allocated now (the model is still whole and fp32 until
-  // shard_params(); token files, etc.), plus the working buffers to come.
+  const size_t paged_bytes = static_cast<size_t>(numel) *
+                             (8 + (bf16 ? 4 : 0) + layout.param_bytes + layout.grad_bytes);
+  // What the compute tier holds besides pages once set up: the ledger's count
+  // of what is not paged, what else is allocated, the working buffers to come.
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
                            model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
+  // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
-  const size_t fixed = std::max(predicted, live) + dp.working_buffer_bytes_bound();
+  const size_t known = dp.memory().total();
+  const size_t fixed = predicted + (live > known ? live - known : 0) + dp.working_buffer_bytes_bound();
   const size_t min_frames = std::min(pages, memory::Pager::min_compute_frames(o.prefetch));
   if (compute_budget == 0) {
     o.compute_frames = pages;
@@ -287,9 +294,11 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const auto mib = [](double b) { return b / (1 << 20); };
   char line[256];
   std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
-  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s), %.1f MiB in all",
+  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s%s), %.1f MiB in all",
                 pages, mib(static_cast<double>(o.page_bytes)), static_cast<long long>(e),
-                bf16 ? ", fp32 master" : "", mib(static_cast<double>(pages * o.page_bytes)));
+                bf16 ? ", fp32 master" : "",
+                layout.param_bytes ? ", parameter and gradient shards" : "",
+                mib(static_cast<double>(pages * o.page_bytes)));
   t += line;
   std::snprintf(line, sizeof line, "\n  compute tier: %zu pages (%.1f MiB) + %.1f MiB other state%s",
                 pg.options().compute_frames, mib(static_cast<double>(pg.options().compute_frames * o.page_bytes)),
@@ -576,6 +585,7 @@ TrainResult train(const core::Config& cfg) {
       sampler.fill(step, first, p.micro, inputs.data(), targets.data());
       // Gradients are final after the last micro-batch: reduce them as they come.
       const bool last_micro = micro == p.accum - 1;
+      dp.start_micro_batch(last_micro);
       loss += model.forward_backward(inputs.data(), targets.data(), grad_scale,
                                      last_micro ? dp.unit_ready() : std::function<void(int)>(),
                                      last_micro && dp.defer_embedding());
