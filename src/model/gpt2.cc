@@ -28,8 +28,6 @@ GPT2::GPT2(const GPT2Config& config, int64_t B, int64_t T) : config_(config), B_
   PO_CHECK(T >= 1 && T <= config_.seq_len, "sequence length ", T, " must be in [1, model.seq_len = ",
            config_.seq_len, "]");
   build_layout();
-  params_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
-  grads_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
   head_chunk_ = head_chunk_rows(B_, T_);
   ActivationLayout v;
   acts_ = tensor::Storage(layout_activations(config_, B_, T_, nullptr, v) * sizeof(float));
@@ -200,21 +198,23 @@ GPT2::BlockParams GPT2::block_params(float* unit_base, int64_t layer) const {
   return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
 }
 
+// The flat buffers are allocated at first use: a model whose state lives
+// elsewhere (ZeRO-3 initialised unit by unit, hooks) never holds them whole.
 float* GPT2::params() {
-  PO_ASSERT(params_.data() != nullptr, "GPT2::params(): the flat parameters were released ",
-           "(ZeRO-3 keeps only shards)");
+  PO_ASSERT(!params_released_, "GPT2::params(): the flat parameters were released ",
+            "(ZeRO-3 keeps only shards)");
+  if (params_.data() == nullptr)
+    params_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
   return params_.f32();
 }
 
-const float* GPT2::params() const {
-  PO_ASSERT(params_.data() != nullptr, "GPT2::params(): the flat parameters were released ",
-           "(ZeRO-3 keeps only shards)");
-  return params_.f32();
-}
+const float* GPT2::params() const { return const_cast<GPT2*>(this)->params(); }
 
 float* GPT2::grads() {
-  PO_ASSERT(grads_.data() != nullptr, "GPT2::grads(): the flat gradients were released ",
-           "(ZeRO-3 keeps only shards)");
+  PO_ASSERT(!grads_released_, "GPT2::grads(): the flat gradients were released ",
+            "(ZeRO-3 keeps only shards)");
+  if (grads_.data() == nullptr)
+    grads_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
   return grads_.f32();
 }
 
@@ -224,9 +224,15 @@ void GPT2::set_unit_hooks(UnitHooks hooks) {
   hooks_ = std::move(hooks);
 }
 
-void GPT2::release_params() { params_ = tensor::Storage(); }
+void GPT2::release_params() {
+  params_ = tensor::Storage();
+  params_released_ = true;
+}
 
-void GPT2::release_grads() { grads_ = tensor::Storage(); }
+void GPT2::release_grads() {
+  grads_ = tensor::Storage();
+  grads_released_ = true;
+}
 
 float* GPT2::unit_params(int u) {
   return hooks_.params ? hooks_.params(u) : params() + unit_offset(u);
@@ -239,11 +245,16 @@ void GPT2::unit_done(int u) {
 float* GPT2::unit_grads(int u) { return hooks_.grads ? hooks_.grads(u) : grads() + unit_offset(u); }
 
 void GPT2::init_random(uint64_t seed) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   float* w = params();
+  for (int u = 0; u < num_units(); ++u) init_random_unit(seed, u, w + unit_offset(u));
+}
+
+void GPT2::init_random_unit(uint64_t seed, int u, float* unit) const {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   for (size_t k = 0; k < infos_.size(); ++k) {
     const ParamInfo& p = infos_[k];
-    float* dst = w + p.offset;
+    if (p.unit != u) continue;
+    float* dst = unit + unit_relative(p);
     const int64_t n = p.numel();
     const bool is_ln_weight = p.name.find("ln_") != std::string::npos &&
                               p.name.ends_with(".weight");

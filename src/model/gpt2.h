@@ -93,6 +93,8 @@ class GPT2 {
   // projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1.
   // Element i of tensor k is a function of (seed, k, i) only.
   void init_random(uint64_t seed);
+  // The same values for unit u alone, into `unit` (unit_numel(u) floats).
+  void init_random_unit(uint64_t seed, int u, float* unit) const;
   // Zeroes grads(); does nothing once they are released (the hooks' owner
   // then keeps the gradients).
   void zero_grads();
@@ -211,7 +213,9 @@ class GPT2 {
   int64_t head_chunk_ = 0;  // rows of logits processed at once
   std::vector<ParamInfo> infos_;
   std::vector<int64_t> unit_offsets_;
-  tensor::Storage params_, grads_, acts_;
+  mutable tensor::Storage params_, grads_;  // allocated at first use
+  tensor::Storage acts_;
+  bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;
 
   // Activation views (into acts_).

@@ -134,14 +134,36 @@ DataParallel::~DataParallel() = default;
 // bf16: the fp32 master weights from the model's fp32 parameters, before the
 // model's buffer gives way to bf16 storage (stage 0: all, else this rank's
 // shard at its local offsets, padding 0).
+const float* DataParallel::unit_values(int u) {
+  if (unit_source_) return unit_source_(u);
+  return model_.params() + model_.unit_offset(u);
+}
+
+void DataParallel::shard_params_from(const std::function<void(int u, float* dst)>& init) {
+  PO_CHECK(options_.zero_stage == 3, "DataParallel::shard_params_from is for ZeRO-3");
+  tensor::Storage buf;
+  int held = -1;
+  unit_source_ = [&](int u) -> const float* {
+    if (held != u) {
+      const auto bytes = static_cast<size_t>(model_.unit_numel(u)) * sizeof(float);
+      if (buf.size() < bytes) buf = tensor::Storage(bytes);
+      init(u, buf.f32());
+      held = u;
+    }
+    return buf.f32();
+  };
+  units_->shard_params([this](int u) { return unit_values(u); });
+  unit_source_ = {};
+  adam_->allocate_state();
+}
+
 void DataParallel::take_master() {
-  const float* full = model_.params();
   using F = optim::PagedAdamState::Field;
   if (paged_shards_) {  // parameter shard (and bf16 master) into the pages, padding 0
     optim::PagedAdamState& st = *adam_->paged_state();
     std::vector<uint16_t> h;
     for (int u = 0; u < layout_.num_units(); ++u) {
-      const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+      const float* src = unit_values(u) + layout_.begin(u);
       const int64_t n = layout_.owned(u);
       if (bf16()) {
         h.resize(static_cast<size_t>(n));
@@ -156,6 +178,7 @@ void DataParallel::take_master() {
   }
   const bool whole = options_.zero_stage == 0;  // every rank updates everything
   if (whole) {
+    const float* full = model_.params();
     if (adam_->paged()) {
       adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full);
     } else {
@@ -167,7 +190,7 @@ void DataParallel::take_master() {
   if (!adam_->paged())
     master_ = tensor::Storage(static_cast<size_t>(layout_.local_numel()) * sizeof(float));
   for (int u = 0; u < layout_.num_units(); ++u) {
-    const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+    const float* src = unit_values(u) + layout_.begin(u);
     if (adam_->paged())
       adam_->paged_state()->copy_in(F::kMaster, state_offset(u), layout_.owned(u), src);
     else

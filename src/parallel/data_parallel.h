@@ -105,6 +105,9 @@ class DataParallel {
   // replaced by bf16 storage. The first forward does it otherwise (stage 3
   // fp32 only; bf16 needs the call). Other cases: nothing.
   void shard_params();
+  // Stage 3: the same from a per-unit initialiser (init(u, dst) writes unit
+  // u's unit_numel(u) fp32 values), so the whole fp32 model never exists.
+  void shard_params_from(const std::function<void(int u, float* dst)>& init);
 
   // Arguments for the model's forward_backward of a step's LAST micro-batch:
   // the per-unit callback (empty when nothing overlaps; at stage 3 the hooks
@@ -185,6 +188,9 @@ class DataParallel {
 
   void add_paged_grad(int u, const void* block, tensor::DType dtype, bool final);
   bool paged_shards_ = false;
+  // During shard_params_from(): unit u's full fp32 values.
+  std::function<const float*(int u)> unit_source_;
+  const float* unit_values(int u);
   std::vector<double> unit_sq_;  // paged shards: per unit, sum of squares of its final gradient
 
   // Buckets of reduced bf16 gradients staged in f32 at once (reduce_dtype fp32).

@@ -90,14 +90,20 @@ void UnitBuffers::use_paged_shards(PagedShards shards) {
   paged_ = std::move(shards);
 }
 
-void UnitBuffers::shard_params() {
+void UnitBuffers::shard_params() { shard_params({}); }
+
+void UnitBuffers::shard_params(const std::function<const float*(int u)>& given) {
   if (sharded_) return;
+  PO_CHECK(!given || options_.shard_params, "UnitBuffers: unit-by-unit sharding is ZeRO-3's");
   sharded_ = true;
   if (options_.before_shard) options_.before_shard();
   if (paged_.read) {  // before_shard moved them into the pages
     model_.release_params();
     return;
   }
+  auto source = [&](int u) -> const float* {
+    return given ? given(u) : model_.params() + model_.unit_offset(u);
+  };
   const bool bf16 = options_.param_dtype == DType::kBF16;
   if (!options_.shard_params) {
     if (!bf16) {  // fp32, whole: the model's own buffer
@@ -110,15 +116,14 @@ void UnitBuffers::shard_params() {
     model_.release_params();
     return;
   }
-  if (layout_.ranks() == 1 && !bf16) {  // stride(u) = n_u, local_offset(u) = unit_offset(u)
+  if (layout_.ranks() == 1 && !bf16 && !given) {  // stride(u) = n_u, local_offset(u) = unit_offset(u)
     stored_ = model_.params();
     return;
   }
   own_ = tensor::Storage(static_cast<size_t>(layout_.local_numel()) * param_esz());
   stored_ = own_.data();  // zero-filled: the padding stays 0
-  const float* full = model_.params();
   for (int u = 0; u < layout_.num_units(); ++u) {
-    const float* src = full + model_.unit_offset(u) + layout_.begin(u);
+    const float* src = source(u) + layout_.begin(u);
     if (bf16)
       ops::f32_to_bf16(static_cast<uint16_t*>(stored_) + layout_.local_offset(u), src,
                        layout_.owned(u));

@@ -103,6 +103,10 @@ class UnitBuffers {
   // its initial parameters; the first params() request does it otherwise.
   // Idempotent.
   void shard_params();
+  // The same, ZeRO-3, with unit u's full fp32 values from source(u) (valid
+  // until the next call) instead of the model's flat buffer, which is then
+  // never allocated: a model initialised unit by unit.
+  void shard_params(const std::function<const float*(int u)>& source);
   bool sharded() const { return sharded_; }
   // The stored parameters (after shard_params()): param_dtype elements, the
   // local shard [layout.local_numel()] with shard_params, else the whole

@@ -463,7 +463,11 @@ TrainResult train(const core::Config& cfg) {
     PO_CHECK(state.seed == seed, existing.back(), ": written with train.seed = ", state.seed,
              ", but the config says ", seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
-  } else {
+  }
+  if (!resuming && init == "random" && dpo.zero_stage == 3) {
+    // Unit by unit into the shards: the whole fp32 model never exists.
+    dp.shard_params_from([&](int u, float* dst) { model.init_random_unit(seed, u, dst); });
+  } else if (!resuming) {
     if (init == "random")
       model.init_random(seed);
     else
