@@ -215,6 +215,27 @@ int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
       cframes_[f].state = Frame::kFree;
       return static_cast<int64_t>(f);
     }
+  // Needed now (limit < 0) and every frame is a read ahead in flight: finish
+  // the one used last and let it go (it is clean: its copy is on NVMe).
+  if (limit < 0) {
+    int64_t victim = -1, far = -1;
+    for (size_t f = 0; f < cframes_.size(); ++f) {
+      const int64_t d = next_use(cframes_[f].page, now);
+      if (cframes_[f].state == Frame::kReading && d > far) {
+        far = d;
+        victim = static_cast<int64_t>(f);
+      }
+    }
+    if (victim >= 0) {
+      FrameState& c = cframes_[static_cast<size_t>(victim)];
+      wait_ticket(c.ticket);
+      check_read(c.page, compute_frame(static_cast<size_t>(victim)));
+      tier_[c.page] = Tier::kNvme;
+      frame_[c.page] = -1;
+      c.state = Frame::kFree;
+      return victim;
+    }
+  }
   return -1;
 }
 
@@ -337,7 +358,12 @@ void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dir
 void Pager::prefetch(size_t p) {
   PO_ASSERT(!in_pass_, "Pager::prefetch inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
-  bring_in(p, -1);
+  if (tier_[p] == Tier::kCompute) return;
+  // Only into a frame that is free now: a hint never evicts, and leaves one
+  // frame for the pages needed at once.
+  size_t free = 0;
+  for (const auto& c : cframes_) free += c.state == Frame::kFree ? 1 : 0;
+  if (free >= 2) bring_in(p, -1);
 }
 
 PagerStats Pager::take_stats() {

@@ -66,11 +66,6 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3),
                                            layout_.local_numel());
   }
-  const auto local = static_cast<size_t>(layout_.local_numel());
-  if (stage >= 2 && bf16())
-    grad_shard_bf16_ = tensor::Storage(local * sizeof(uint16_t));
-  else if (stage >= 1 && !bf16())
-    grad_shard_f32_ = tensor::Storage(local * sizeof(float));
   if (stage >= 2 || bf16()) {
     UnitBuffers::Options o;
     o.prefetch = options_.prefetch;
@@ -82,9 +77,9 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
     o.reduce_dtype = options_.reduce_dtype;
     o.before_shard = [this] {
       if (bf16() || paged_shards_) take_master();
+      allocate_unpaged();
     };
-    void* shard = bf16() ? grad_shard_bf16_.data() : grad_shard_f32_.data();
-    units_ = std::make_unique<UnitBuffers>(model, layout_, group_, stage >= 2 ? shard : nullptr, o);
+    units_ = std::make_unique<UnitBuffers>(model, layout_, group_, nullptr, o);
   }
   if (group_ == nullptr || stage == 3) return;
 
@@ -154,7 +149,7 @@ void DataParallel::shard_params_from(const std::function<void(int u, float* dst)
   };
   units_->shard_params([this](int u) { return unit_values(u); });
   unit_source_ = {};
-  adam_->allocate_state();
+  allocate_unpaged();
 }
 
 void DataParallel::take_master() {
@@ -212,8 +207,6 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   paged_shards_ = options_.zero_stage == 3;
   if (paged_shards_) {
     layout.param_bytes = layout.grad_bytes = param_esz();
-    grad_shard_f32_ = tensor::Storage();
-    grad_shard_bf16_ = tensor::Storage();
     unit_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
   }
   adam_->enable_paging(options, layout);
@@ -314,9 +307,24 @@ void DataParallel::write_shard(Shard kind, int u, const float* src) {
   adam_->paged_state()->copy_in(f, state_offset(u), layout_.owned(u), src);
 }
 
+// The end of set-up: state that was not paged is allocated now (not in the
+// constructor, so that a paged run never holds it, even briefly).
+void DataParallel::allocate_unpaged() {
+  const auto local = static_cast<size_t>(layout_.local_numel());
+  const int stage = options_.zero_stage;
+  if (!paged_shards_ && grad_shard_f32_.size() + grad_shard_bf16_.size() == 0) {
+    if (stage >= 2 && bf16())
+      grad_shard_bf16_ = tensor::Storage(local * sizeof(uint16_t));
+    else if (stage >= 1 && !bf16())
+      grad_shard_f32_ = tensor::Storage(local * sizeof(float));
+    if (stage >= 2) units_->set_grad_shard(bf16() ? grad_shard_bf16_.data() : grad_shard_f32_.data());
+  }
+  adam_->allocate_state();  // in memory unless paged
+}
+
 void DataParallel::shard_params() {
   if (units_) units_->shard_params();
-  adam_->allocate_state();  // in memory unless paged: set up is done
+  allocate_unpaged();
 }
 
 void* DataParallel::stored_params() {
@@ -420,6 +428,7 @@ void DataParallel::add_lookup_rows_bf16() {
 }
 
 double DataParallel::step(double lr) {
+  allocate_unpaged();  // for callers that never called shard_params() (stages 0-1)
   comm_wait_s_ = 0;
   const int stage = options_.zero_stage;
   if (stage >= 2) return step_sharded_grads(lr);

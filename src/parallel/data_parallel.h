@@ -181,6 +181,7 @@ class DataParallel {
   double sharded_grad_norm();
   double step_sharded_grads(double lr);
   void take_master();
+  void allocate_unpaged();
   void add_lookup_rows_bf16();
   bool bf16() const { return options_.param_dtype == tensor::DType::kBF16; }
   size_t param_esz() const { return bf16() ? 2 : 4; }

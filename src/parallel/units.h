@@ -136,6 +136,10 @@ class UnitBuffers {
     std::function<void(int u)> prefetch;
   };
   void use_paged_shards(PagedShards shards);
+  // Where reduce-scattered gradients go (kReduceScatter without paged shards):
+  // set once, before the first backward (DataParallel allocates it at the
+  // end of set-up, so that a paged run never holds it).
+  void set_grad_shard(void* grad_shard) { grad_shard_ = grad_shard; }
   // Whether the gradients about to be produced are the step's last
   // micro-batch's (reductions carry it to PagedShards::add).
   void set_final_micro_batch(bool final) { final_micro_ = final; }
