@@ -143,9 +143,10 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
   }
 }
 
-// The checkpoint of a paged run (the pages copied out) resumes in memory:
-// the continued curve is the paged run's own.
-TEST_F(Paging, CheckpointOfAPagedRunResumesUnpaged) {
+// The checkpoint of a paged run (the pages copied out) resumes in memory,
+// and an in-memory run's checkpoint resumes paged: the continued curves are
+// the uninterrupted runs'.
+TEST_F(Paging, CheckpointsMoveBetweenPagedAndUnpagedRuns) {
   const std::string swap = dir_ / "swap";
   const std::string extra = paged(swap);
   const std::string src =
@@ -162,6 +163,20 @@ TEST_F(Paging, CheckpointOfAPagedRunResumesUnpaged) {
   for (size_t i = 0; i < tail.size(); ++i)
     EXPECT_NEAR(tail[i], full[5 + i], 1e-5 * full[5 + i])
         << "step " << i + 6 << ": resumed unpaged (dp 2 stage 1) vs the paged run (dp 2 stage 3)";
+  // And back: an unpaged checkpoint resumes paged (stage 1, Adam state loaded into the pages).
+  const std::string plain = train("plain", 1, 1);
+  const auto want = losses(plain);
+  const std::string again = dir_ / "repaged";
+  fs::create_directories(again + "/checkpoints");
+  fs::copy(po::train::checkpoint_path(plain, 5), po::train::checkpoint_path(again, 5),
+           fs::copy_options::recursive);
+  const std::string extra1 = paged(dir_ / "swap1");
+  train("repaged", 1, 1,
+        "--resume" + extra1 + " --set memory.compute_budget=" + budget(1, 1, extra1, 6));
+  const auto tail2 = losses(again);
+  ASSERT_EQ(tail2.size(), 5u);
+  for (size_t i = 0; i < tail2.size(); ++i)
+    EXPECT_EQ(tail2[i], want[5 + i]) << "step " << i + 6 << ": unpaged checkpoint resumed paged";
 }
 
 // SIGTERM (to the process, and to the --nproc launcher, which passes it on)
