@@ -3,7 +3,7 @@
 #  (a) fio: sequential O_DIRECT read and write, 1 MiB blocks, queue depth 8,
 #      on the file system of the swap directory (io_uring engine);
 #  (b) gpt2-124M (fp32, B4 x T256, 1 process x 2 threads), Adam m and v (1 GB)
-#      in 8 MiB pages with a compute budget that keeps only a handful resident,
+#      in 4 MiB pages with a compute budget that keeps only a handful resident,
 #      the rest on NVMe: the page traffic's read and write bandwidth during the
 #      optimizer's sweep against fio's, the prefetch hit rate, the I/O wait,
 #      peak RSS against the compute budget;
@@ -44,12 +44,12 @@ COMMON=(train -c configs/gpt2-124M-bench.toml --set data.train="$OUT/tokens.bin"
         --set train.steps="$STEPS" --set train.threads=2 --set train.checkpoint_interval=0)
 "$BIN" "${COMMON[@]}" --set run.dir="$OUT/ram" > "$OUT/ram.log" 2>&1 \
   || { echo "in-RAM run failed:"; tail -5 "$OUT/ram.log"; exit 1; }
-PAGED=(--set memory.nvme_dir="$OUT/swap" --set memory.page_size=8MiB)
+PAGED=(--set memory.nvme_dir="$OUT/swap" --set memory.page_size=4MiB)
 # The smallest compute budget the engine accepts (it names it), plus 4 pages.
 MIN=$("$BIN" "${COMMON[@]}" "${PAGED[@]}" --set memory.compute_budget=1 --set run.dir="$OUT/probe" 2>&1 \
       | sed -n 's/.*at least \([0-9]*\) bytes.*/\1/p' | head -1 || true)
 [ -n "$MIN" ] || { echo "no minimum compute budget named"; exit 1; }
-BUDGET=$((MIN + 4 * 8388608))
+BUDGET=$((MIN + 8 * 4194304))
 "$BIN" "${COMMON[@]}" "${PAGED[@]}" --set memory.compute_budget="$BUDGET" --set run.dir="$OUT/paged" \
   > "$OUT/paged.log" 2>&1 || { echo "paged run failed:"; tail -5 "$OUT/paged.log"; exit 1; }
 grep -A6 "paged optimizer state" "$OUT/paged.log" | sed 's/^/  /'
@@ -62,11 +62,11 @@ if [ "$BIG" = 1 ]; then
           --set model.vocab_size=8192 --set model.seq_len=256 --set train.batch_size=1
           --set train.micro_batch_size=1 --set train.steps=2 --set train.threads=2
           --set train.checkpoint_interval=0 --set model.activation_checkpointing=true
-          --set parallel.zero_stage=3 --set memory.nvme_dir="$OUT/swapbig" --set memory.page_size=8MiB)
+          --set parallel.zero_stage=3 --set memory.nvme_dir="$OUT/swapbig" --set memory.page_size=4MiB)
   BMIN=$("$BIN" "${BIGCMD[@]}" --set memory.compute_budget=1 --set run.dir="$OUT/bprobe" 2>&1 \
          | sed -n 's/.*at least \([0-9]*\) bytes.*/\1/p' | head -1 || true)
   [ -n "$BMIN" ] || { echo "no minimum compute budget named (big model)"; exit 1; }
-  BIG_BUDGET=$((BMIN + 4 * 8388608))
+  BIG_BUDGET=$((BMIN + 8 * 4194304))
   "$BIN" "${BIGCMD[@]}" --set memory.compute_budget="$BIG_BUDGET" --set run.dir="$OUT/big" \
     > "$OUT/big.log" 2>&1 || { echo "big paged run failed:"; tail -5 "$OUT/big.log"; exit 1; }
   grep -A6 "paged optimizer state" "$OUT/big.log" | sed 's/^/  /'

@@ -76,7 +76,7 @@ const std::vector<KeySpec>& schema() {
       {"memory.compute_budget", Kind::kSize, std::string("0")},
       {"memory.host_budget", Kind::kSize, std::string("0")},
       {"memory.nvme_dir", Kind::kString, std::string("")},
-      {"memory.page_size", Kind::kSize, std::string("8MiB")},
+      {"memory.page_size", Kind::kSize, std::string("4MiB")},  // docs/benchmarks.md, page size
       {"memory.prefetch", Kind::kInt, int64_t{2}, 0, 1024},
       {"memory.alternate", Kind::kBool, true},
       {"memory.queue_depth", Kind::kInt, int64_t{8}, 1, 4096},

@@ -37,7 +37,7 @@
 namespace po::memory {
 
 struct PagerOptions {
-  size_t page_bytes = size_t{8} << 20;  // a multiple of 4096
+  size_t page_bytes = size_t{4} << 20;  // a multiple of 4096 (memory.page_size)
   size_t compute_frames = 0;            // pages resident in the compute tier at once
   size_t host_frames = 0;               // pages the host tier caches
   int prefetch = 2;                     // pages brought in ahead of use
