@@ -126,6 +126,15 @@ inline std::vector<double> metric(const std::string& run_dir, const std::string&
   return out;
 }
 
+// The value of `name` in the last record that has it (null when none), e.g.
+// "memory_per_rank" (one row per rank) or "predicted_bytes".
+inline nlohmann::json last_metric(const std::string& run_dir, const std::string& name) {
+  nlohmann::json last;
+  for (const auto& j : read_metrics(run_dir))
+    if (j.contains(name)) last = j[name];
+  return last;
+}
+
 // The train losses of a run directory's metrics.jsonl, in step order.
 inline std::vector<double> losses(const std::string& run_dir) { return metric(run_dir, "loss"); }
 

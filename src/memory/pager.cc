@@ -186,15 +186,23 @@ void Pager::evict_compute(size_t f, int64_t now) {
   c.state = Frame::kWriting;
 }
 
+// Decisions depend only on the sequence of requests, never on when I/O
+// completes: the same run moves the same pages (so its traffic and hit rate
+// are reproducible). Order: a free frame; the frame of the oldest write back
+// (waited for); a victim evicted by next use; a read ahead (demand only).
 int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
   for (size_t f = 0; f < cframes_.size(); ++f)
     if (cframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
+  int64_t oldest = -1;
   for (size_t f = 0; f < cframes_.size(); ++f)
-    if (cframes_[f].state == Frame::kWriting && io().done(cframes_[f].ticket)) {
-      io().wait(cframes_[f].ticket);
-      cframes_[f].state = Frame::kFree;
-      return static_cast<int64_t>(f);
-    }
+    if (cframes_[f].state == Frame::kWriting &&
+        (oldest < 0 || cframes_[f].ticket < cframes_[static_cast<size_t>(oldest)].ticket))
+      oldest = static_cast<int64_t>(f);
+  if (oldest >= 0) {
+    wait_ticket(cframes_[static_cast<size_t>(oldest)].ticket);
+    cframes_[static_cast<size_t>(oldest)].state = Frame::kFree;
+    return oldest;
+  }
   int64_t victim = -1, far = limit;
   for (size_t f = 0; f < cframes_.size(); ++f) {
     if (cframes_[f].state != Frame::kPage) continue;
@@ -206,15 +214,12 @@ int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
   }
   if (victim >= 0) {
     evict_compute(static_cast<size_t>(victim), now);
-    if (cframes_[static_cast<size_t>(victim)].state == Frame::kFree) return victim;
-  }
-  // The oldest write back frees a frame.
-  for (size_t f = 0; f < cframes_.size(); ++f)
-    if (cframes_[f].state == Frame::kWriting) {
-      wait_ticket(cframes_[f].ticket);
-      cframes_[f].state = Frame::kFree;
-      return static_cast<int64_t>(f);
+    if (cframes_[static_cast<size_t>(victim)].state == Frame::kWriting) {
+      wait_ticket(cframes_[static_cast<size_t>(victim)].ticket);
+      cframes_[static_cast<size_t>(victim)].state = Frame::kFree;
     }
+    return victim;
+  }
   // Needed now (limit < 0) and every frame is a read ahead in flight: finish
   // the one used last and let it go (it is clean: its copy is on NVMe).
   if (limit < 0) {
@@ -278,16 +283,17 @@ bool Pager::bring_in(size_t p, int64_t now, bool demand) {
   return true;
 }
 
+// A hit: the page is in a compute frame and its read (if any) is complete.
+bool Pager::ready(size_t p) {
+  if (tier_[p] != Tier::kCompute) return false;
+  const FrameState& c = cframes_[static_cast<size_t>(frame_[p])];
+  return c.state == Frame::kPage || io().done(c.ticket);
+}
+
 size_t Pager::make_resident(size_t p) {
   const int64_t now = in_pass_ ? pos_[p] : -1;
-  if (tier_[p] != Tier::kCompute) {
-    ++stats_.accesses;
+  if (tier_[p] != Tier::kCompute)
     PO_ASSERT(bring_in(p, now, true), "Pager: no compute frame for page ", p);
-  } else {
-    ++stats_.accesses;
-    const FrameState& c = cframes_[static_cast<size_t>(frame_[p])];
-    if (c.state == Frame::kPage || io().done(c.ticket)) ++stats_.hits;
-  }
   const auto f = static_cast<size_t>(frame_[p]);
   FrameState& c = cframes_[f];
   if (c.state == Frame::kReading) {
@@ -310,6 +316,8 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
                            static_cast<int64_t>(cframes_.size()) - options_.prefetch - 1));
   for (int64_t k = 0; k < n; ++k) {
     const size_t p = page_at(k);
+    ++stats_.accesses;
+    if (ready(p)) ++stats_.hits;
     if (tier_[p] != Tier::kCompute) bring_in(p, k, true);
     for (int64_t j = 1; j <= options_.prefetch && k + j < n; ++j)
       if (!bring_in(page_at(k + j), k)) break;
@@ -347,6 +355,8 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
 void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dirty) {
   PO_ASSERT(!in_pass_, "Pager::access inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
+  ++stats_.accesses;
+  if (ready(p)) ++stats_.hits;
   const size_t f = make_resident(p);
   fn(compute_frame(f));
   if (dirty) {

@@ -101,6 +101,7 @@ class Pager {
   // false when no frame can be had without evicting a page needed sooner
   // (unless `demand`: needed now, any page but those in use may go).
   bool bring_in(size_t p, int64_t now, bool demand = false);
+  bool ready(size_t p);
   // Waits for page p's read, verifies it; returns its frame.
   size_t make_resident(size_t p);
   int64_t next_use(size_t p, int64_t now) const;

@@ -1,6 +1,7 @@
 #include "model/gpt2.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -335,19 +336,19 @@ const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t, b
     if (config_.bf16_activations && save) {
       const LayerActs16& h = layers16_[l];
       ops::f32_to_bf16(h.residual3, a.residual3, bt * C);
-      if (!config_.activation_checkpointing) {
-        ops::f32_to_bf16(h.ln1, a.ln1, bt * C);
-        ops::f32_to_bf16(h.qkv, a.qkv, bt * 3 * C);
-        ops::f32_to_bf16(h.atty, a.atty, bt * C);
-        ops::f32_to_bf16(h.residual2, a.residual2, bt * C);
-        ops::f32_to_bf16(h.ln2, a.ln2, bt * C);
-        ops::f32_to_bf16(h.fch, a.fch, bt * 4 * C);
-        ops::f32_to_bf16(h.fch_gelu, a.fch_gelu, bt * 4 * C);
-      }
+      if (!config_.activation_checkpointing)
+        for (const SavedPair& s : saved_pairs(a, h)) ops::f32_to_bf16(s.h, s.f, bt * C * s.width);
     }
     in = a.residual3;
   }
   return in;
+}
+
+// The seven large tensors a block saves besides its output, f32 view and
+// bf16 copy side by side, with their width in units of [B·T, C].
+std::array<GPT2::SavedPair, 7> GPT2::saved_pairs(const LayerActs& a, const LayerActs16& h) {
+  return {{{a.ln1, h.ln1, 1}, {a.qkv, h.qkv, 3}, {a.atty, h.atty, 1}, {a.residual2, h.residual2, 1},
+           {a.ln2, h.ln2, 1}, {a.fch, h.fch, 4}, {a.fch_gelu, h.fch_gelu, 4}}};
 }
 
 const float* GPT2::block_input(int64_t l) {
@@ -360,13 +361,7 @@ GPT2::LayerActs GPT2::load_saved(int64_t l) {
   const int64_t C = config_.n_embd, BT = B_ * T_;
   const LayerActs16& h = layers16_[l];
   LayerActs a = scratch_;
-  ops::bf16_to_f32(a.ln1, h.ln1, BT * C);
-  ops::bf16_to_f32(a.qkv, h.qkv, BT * 3 * C);
-  ops::bf16_to_f32(a.atty, h.atty, BT * C);
-  ops::bf16_to_f32(a.residual2, h.residual2, BT * C);
-  ops::bf16_to_f32(a.ln2, h.ln2, BT * C);
-  ops::bf16_to_f32(a.fch, h.fch, BT * 4 * C);
-  ops::bf16_to_f32(a.fch_gelu, h.fch_gelu, BT * 4 * C);
+  for (const SavedPair& s : saved_pairs(a, h)) ops::bf16_to_f32(s.f, s.h, BT * C * s.width);
   const LayerActs& stats = layers_[l];
   a.ln1_mean = stats.ln1_mean;
   a.ln1_rstd = stats.ln1_rstd;

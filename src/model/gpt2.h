@@ -16,6 +16,7 @@
 // whole: each chunk's logits are turned into their gradient in place at once.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -158,6 +159,12 @@ class GPT2 {
   struct LayerActs16 {
     uint16_t *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
   };
+  struct SavedPair {
+    float* f;
+    uint16_t* h;
+    int64_t width;
+  };
+  static std::array<SavedPair, 7> saved_pairs(const LayerActs& a, const LayerActs16& h);
   struct BlockParams {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;

@@ -70,8 +70,8 @@ void PagedAdamState::for_each_page(
   });
 }
 
-void PagedAdamState::update(Field field, int64_t offset, int64_t n,
-                            const std::function<void(void*, int64_t, int64_t)>& fn) {
+void PagedAdamState::for_each_piece(Field field, int64_t offset, int64_t n, bool dirty,
+                                    const std::function<void(char*, int64_t, int64_t)>& fn) {
   const size_t bytes = field_bytes(field), base = field_offset(field);
   PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
   int64_t done = 0;
@@ -79,23 +79,23 @@ void PagedAdamState::update(Field field, int64_t offset, int64_t n,
     const int64_t at = offset + done, page = at / e_, in = at % e_, len = std::min(n - done, e_ - in);
     pager_->access(static_cast<size_t>(page), [&](char* data) {
       fn(data + base + static_cast<size_t>(in) * bytes, done, len);
-    }, true);
+    }, dirty);
     done += len;
   }
 }
 
+void PagedAdamState::update(Field field, int64_t offset, int64_t n,
+                            const std::function<void(void*, int64_t, int64_t)>& fn) {
+  for_each_piece(field, offset, n, true,
+                 [&](char* ptr, int64_t first, int64_t count) { fn(ptr, first, count); });
+}
+
 void PagedAdamState::copy_out(Field field, int64_t offset, int64_t n, void* dst) {
-  const size_t bytes = field_bytes(field), base = field_offset(field);
-  PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
-  int64_t done = 0;
-  while (done < n) {
-    const int64_t at = offset + done, page = at / e_, in = at % e_, len = std::min(n - done, e_ - in);
-    pager_->access(static_cast<size_t>(page), [&](char* data) {
-      std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(done) * bytes,
-                  data + base + static_cast<size_t>(in) * bytes, static_cast<size_t>(len) * bytes);
-    }, false);
-    done += len;
-  }
+  const size_t bytes = field_bytes(field);
+  for_each_piece(field, offset, n, false, [&](char* ptr, int64_t first, int64_t count) {
+    std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(first) * bytes, ptr,
+                static_cast<size_t>(count) * bytes);
+  });
 }
 
 void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const void* src) {

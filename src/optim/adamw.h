@@ -80,6 +80,10 @@ class PagedAdamState {
 
  private:
   size_t field_offset(Field f) const;  // bytes from the page start
+  // fn(ptr, first, count) on each page-resident piece of a field's range;
+  // `dirty`: the pieces are written back.
+  void for_each_piece(Field f, int64_t offset, int64_t n, bool dirty,
+                      const std::function<void(char* ptr, int64_t first, int64_t count)>& fn);
   int64_t n_, e_;
   Layout layout_;
   std::unique_ptr<memory::Pager> pager_;

@@ -69,14 +69,6 @@ class ZeroBf16 : public ::testing::Test {
   std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
-// The memory_per_rank rows of a run's last step.
-nlohmann::json memory_rows(const std::string& run_dir) {
-  nlohmann::json last;
-  for (const auto& j : po::test::read_metrics(run_dir))
-    if (j.contains("memory_per_rank")) last = j["memory_per_rank"];
-  return last;
-}
-
 TEST_F(ZeroBf16, EveryStageAtDpOneIsStageZeroBitForBit) {
   const auto base = losses(train("s0", 1, 0));
   ASSERT_EQ(base.size(), 20u);
@@ -117,7 +109,7 @@ TEST_F(ZeroBf16, EachRankHoldsTheLedger) {
   const int N = 4;
   for (int stage : {0, 1, 2, 3}) {
     const std::string run = train("mem" + std::to_string(stage), N, stage, "--set train.steps=2");
-    const auto rows = memory_rows(run);
+    const auto rows = po::test::last_metric(run, "memory_per_rank");
     ASSERT_EQ(rows.size(), static_cast<size_t>(N));
     const double params = stage == 3 ? 2 * psi / N : 2 * psi;
     const double grads = stage >= 2 ? 2 * psi / N : 2 * psi;
@@ -131,9 +123,7 @@ TEST_F(ZeroBf16, EachRankHoldsTheLedger) {
       EXPECT_EQ(rows[r]["adam"].get<double>(), adam) << what << ": Adam m + v";
     }
     // metrics' predicted_bytes (rank 0): the ledger plus the activations.
-    double predicted = -1;
-    for (const auto& j : po::test::read_metrics(run))
-      if (j.contains("predicted_bytes")) predicted = j["predicted_bytes"].get<double>();
+    const double predicted = po::test::last_metric(run, "predicted_bytes").get<double>();
     EXPECT_EQ(predicted, params + grads + master + adam + rows[0]["activations"].get<double>())
         << "stage " << stage << ": predicted_bytes in metrics.jsonl";
   }

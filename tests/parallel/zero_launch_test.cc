@@ -47,14 +47,6 @@ class Zero : public ::testing::Test {
   std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
-// The memory_per_rank rows of a run's last step.
-nlohmann::json memory_rows(const std::string& run_dir) {
-  nlohmann::json last;
-  for (const auto& j : po::test::read_metrics(run_dir))
-    if (j.contains("memory_per_rank")) last = j["memory_per_rank"];
-  return last;
-}
-
 TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
   const std::string ref = train("s0dp1", 1, 0);
   const auto base = losses(ref);
@@ -72,7 +64,7 @@ TEST_F(Zero, StagesOneAndTwoMatchStageZero) {
         EXPECT_NEAR(norm[i], base_norm[i], 1e-5 * base_norm[i])
             << what << ": grad_norm at step " << i + 1 << " (clipping across shards)";
       if (stage == 2) {  // the full gradient is never held: only the shard (padded to 4 ranks)
-        const auto rows = memory_rows(run);
+        const auto rows = po::test::last_metric(run, "memory_per_rank");
         ASSERT_EQ(rows.size(), static_cast<size_t>(dp)) << what;
         for (size_t r = 0; r < rows.size(); ++r)
           EXPECT_LE(rows[r]["grads"].get<double>(), 1.01 * rows[r]["params"].get<double>() / dp)
@@ -136,7 +128,7 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
       train("s3mem", 4, 3, "--set model.n_layer=6 --set model.n_embd=36 --set train.steps=2");
   const double C = 36, unit0 = (64 + 16) * C, block = 12 * C * C + 13 * C, lnf = 2 * C;
   const double model = 4 * (unit0 + 6 * block + lnf);  // bytes
-  const auto rows = memory_rows(mem);
+  const auto rows = po::test::last_metric(mem, "memory_per_rank");
   ASSERT_EQ(rows.size(), 4u);
   for (size_t r = 0; r < rows.size(); ++r) {
     const double p = rows[r]["params"], g = rows[r]["grads"], gathered = rows[r]["gathered"],
@@ -148,9 +140,7 @@ TEST_F(Zero, StageThreeMatchesStageZero) {
     EXPECT_GT(acc, 0) << "rank " << r;
     EXPECT_LE(acc, 1.25 * 4 * (unit0 + lnf + 3 * block)) << "rank " << r << ": accumulators";
   }
-  double predicted = -1;
-  for (const auto& j : po::test::read_metrics(mem))
-    if (j.contains("predicted_bytes")) predicted = j["predicted_bytes"].get<double>();
+  const double predicted = po::test::last_metric(mem, "predicted_bytes").get<double>();
   EXPECT_EQ(predicted, 4 * model / 4 + rows[0]["activations"].get<double>())
       << "predicted_bytes: 16 bytes per parameter over 4 ranks + activations";
 }
