@@ -183,18 +183,39 @@ using MemoryRow = std::array<uint64_t, kMemoryFields>;
 
 // What every rank reports after a step, gathered in one collective: its
 // memory and when its backward ended (for the exposed-communication split).
+// Paging, per rank (all zero without): see paging_json().
+constexpr const char* kPagingKinds[] = {
+    "resident_compute_bytes", "resident_host_bytes", "resident_nvme_bytes",
+    "nvme_read_bytes",        "nvme_written_bytes",  "host_read_bytes",
+    "host_written_bytes",     "accesses",            "hits",
+    "io_wait_us",             "pass_us"};
+using PagingRow = std::array<uint64_t, std::size(kPagingKinds)>;
+
 struct RankRecord {
   MemoryRow memory;
   int64_t backward_end_ns;
+  PagingRow paging;
 };
 static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
 
-std::vector<RankRecord> gather_records(comm::Communicator* world,
-                                       const parallel::DataParallel& dp) {
+PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
+  memory::Pager* pg = dp.pager();
+  if (pg == nullptr) return {};
+  const uint64_t page = pg->page_bytes();
+  return {pg->resident(memory::Tier::kCompute) * page, pg->resident(memory::Tier::kHost) * page,
+          pg->resident(memory::Tier::kNvme) * page,    s.nvme_read_bytes,
+          s.nvme_written_bytes,                         s.host_read_bytes,
+          s.host_written_bytes,                         s.accesses,
+          s.hits,                                       static_cast<uint64_t>(s.wait_s * 1e6),
+          static_cast<uint64_t>(s.pass_s * 1e6)};
+}
+
+std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
+                                       const memory::PagerStats& paging = {}) {
   const parallel::MemoryReport m = dp.memory();
   const RankRecord mine = {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets,
                             m.activations, m.pages, m.host, m.total(), peak_rss_bytes()},
-                           dp.backward_end_ns()};
+                           dp.backward_end_ns(), paging_row(dp, paging)};
   std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
   if (world)
     world->all_gather(&mine, rows.data(), sizeof(RankRecord) / sizeof(int32_t),
@@ -321,21 +342,22 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   return true;
 }
 
-nlohmann::json paging_json(int64_t step, parallel::DataParallel& dp, const memory::PagerStats& s) {
-  const memory::Pager& pg = *dp.pager();
-  const auto page = static_cast<double>(pg.page_bytes());
-  return {{"step", step},
-          {"paging",
-           {{"resident_compute_bytes", pg.resident(memory::Tier::kCompute) * page},
-            {"resident_host_bytes", pg.resident(memory::Tier::kHost) * page},
-            {"resident_nvme_bytes", pg.resident(memory::Tier::kNvme) * page},
-            {"nvme_read_bytes", s.nvme_read_bytes},
-            {"nvme_written_bytes", s.nvme_written_bytes},
-            {"host_read_bytes", s.host_read_bytes},
-            {"host_written_bytes", s.host_written_bytes},
-            {"prefetch_hit_rate", s.hit_rate()},
-            {"io_wait_ms", s.wait_s * 1000},
-            {"pass_ms", s.pass_s * 1000}}}};
+// One rank's paging row as metrics: the same keys as the row, with the
+// derived prefetch_hit_rate, io_wait_ms and pass_ms.
+nlohmann::json paging_object(const PagingRow& r) {
+  nlohmann::json j;
+  for (size_t k = 0; k < 7; ++k) j[kPagingKinds[k]] = r[k];
+  j["prefetch_hit_rate"] = r[7] ? static_cast<double>(r[8]) / static_cast<double>(r[7]) : 1.0;
+  j["io_wait_ms"] = static_cast<double>(r[9]) / 1000;
+  j["pass_ms"] = static_cast<double>(r[10]) / 1000;
+  return j;
+}
+
+// `paging`: rank 0's traffic this step; `paging_per_rank`: every rank's.
+nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const RankRecord& r : rows) all.push_back(paging_object(r.paging));
+  return {{"step", step}, {"paging", all[0]}, {"paging_per_rank", all}};
 }
 
 }  // namespace
@@ -616,7 +638,7 @@ TrainResult train(const core::Config& cfg) {
     // Each rank measured the peak of its own share of the cores.
     const double mfu = tps * mcfg.flops_per_token(p.T) / (peak_gflops * 1e9 * p.dp);
     result.last_loss = loss;
-    const auto records = gather_records(world.get(), dp);
+    const auto records = gather_records(world.get(), dp, paging_stats);
     // Exposed communication: how long it ran on after the LAST rank finished
     // its backward (waiting for a slower rank is imbalance, not communication;
     // the steady clock is shared on one node, so this is exact there).
@@ -653,7 +675,7 @@ TrainResult train(const core::Config& cfg) {
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted},
                    {"memory_per_rank", memory_json(records)}});
-    if (paging) metrics->write(paging_json(state.step, dp, paging_stats));
+    if (paging) metrics->write(paging_json(state.step, records));
     const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tps,

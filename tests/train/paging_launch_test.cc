@@ -139,6 +139,13 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
         EXPECT_GT(rec[i]["nvme_written_bytes"].get<double>(), 0) << what << ": step " << i + 1;
       }
     }
+    const auto per_rank = po::test::last_metric(run, "paging_per_rank");
+    ASSERT_EQ(per_rank.size(), static_cast<size_t>(c.dp)) << what << ": paging_per_rank";
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      const char* key = c.extra.find("host_budget") != std::string::npos ? "host_read_bytes"
+                                                                         : "nvme_read_bytes";
+      EXPECT_GT(per_rank[r][key].get<double>(), 0) << what << ": rank " << r << " " << key;
+    }
     EXPECT_TRUE(fs::is_empty(swap)) << what << ": swap files left in " << swap;
   }
 }
