@@ -54,20 +54,30 @@ size_t PagedAdamState::field_offset(Field f) const {
   return off;
 }
 
+PagedAdamState::View PagedAdamState::view_of(char* data) const {
+  View v;
+  v.m = reinterpret_cast<float*>(data);
+  v.v = reinterpret_cast<float*>(data + field_offset(Field::kV));
+  if (layout_.master) v.master = reinterpret_cast<float*>(data + field_offset(Field::kMaster));
+  if (layout_.param_bytes) v.param = data + field_offset(Field::kParam);
+  if (layout_.grad_bytes) v.grad = data + field_offset(Field::kGrad);
+  return v;
+}
+
 void PagedAdamState::for_each_page(
     const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  const size_t pm = field_offset(Field::kMaster), pp = field_offset(Field::kParam),
-               pg = field_offset(Field::kGrad), pv = field_offset(Field::kV);
   pager_->for_each([&](size_t page, char* data) {
     const int64_t lo = static_cast<int64_t>(page) * e_, hi = std::min(n_, lo + e_);
-    View v;
-    v.m = reinterpret_cast<float*>(data);
-    v.v = reinterpret_cast<float*>(data + pv);
-    if (layout_.master) v.master = reinterpret_cast<float*>(data + pm);
-    if (layout_.param_bytes) v.param = data + pp;
-    if (layout_.grad_bytes) v.grad = data + pg;
-    fn(lo, hi, v);
+    fn(lo, hi, view_of(data));
   });
+}
+
+void PagedAdamState::visit_page(size_t page,
+                                const std::function<void(int64_t, int64_t, const View&)>& fn) {
+  pager_->access(page, [&](char* data) {
+    const int64_t lo = static_cast<int64_t>(page) * e_, hi = std::min(n_, lo + e_);
+    fn(lo, hi, view_of(data));
+  }, true);
 }
 
 void PagedAdamState::for_each_piece(Field field, int64_t offset, int64_t n, bool dirty,
@@ -123,11 +133,15 @@ void AdamW::enable_paging(const memory::PagerOptions& options,
 // The paged update: every page in the pager's order, every range cut to it;
 // fn(range, first element, count, view at that element).
 namespace {
+// fn(range, first element, count, view at that element) for every range
+// piece inside page [lo, hi); then the page's gradient field is zeroed (the
+// shard starts the next step at zero).
 template <typename Fn>
-void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
+void page_pieces(const PagedAdamState& state, const std::vector<ParamRange>& by_state, int64_t lo,
+                 int64_t hi, const PagedAdamState::View& view, Fn fn) {
   const size_t pb = state.field_bytes(PagedAdamState::Field::kParam);
   const size_t gb = state.field_bytes(PagedAdamState::Field::kGrad);
-  state.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
+  {
     auto it = std::lower_bound(by_state.begin(), by_state.end(), lo,
                                [](const ParamRange& r, int64_t x) { return r.state() + r.numel <= x; });
     for (; it != by_state.end() && it->state() < hi; ++it) {
@@ -142,11 +156,48 @@ void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& 
       at.grad = view.grad ? static_cast<char*>(view.grad) + k * gb : nullptr;
       fn(*it, a, b - a, at);
     }
-    // The gradient shard in the pages starts the next step at zero.
     if (view.grad) std::memset(view.grad, 0, static_cast<size_t>(hi - lo) * gb);
+  }
+}
+
+template <typename Fn>
+void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
+  state.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
+    page_pieces(state, by_state, lo, hi, view, fn);
   });
 }
 }  // namespace
+
+void AdamW::begin_paged_step() {
+  PO_ASSERT(paged_ != nullptr, "AdamW::begin_paged_step without pages");
+  ++t_;
+}
+
+void AdamW::update_page(size_t page, double lr, double scale) {
+  PO_ASSERT(paged_ && paged_->layout().param_bytes && paged_->layout().grad_bytes,
+            "AdamW::update_page: the pages hold no parameters and gradients");
+  const bool mixed = paged_->with_master();
+  paged_->visit_page(page, [&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
+    page_pieces(*paged_, by_state_, lo, hi, view,
+                [&](const ParamRange& r, int64_t, int64_t n, const PagedAdamState::View& at) {
+                  const float decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+                  if (mixed)
+                    ops::adamw_update_mixed(at.master, static_cast<const uint16_t*>(at.grad), at.m,
+                                            at.v, static_cast<uint16_t*>(at.param), n,
+                                            static_cast<float>(lr), static_cast<float>(config_.beta1),
+                                            static_cast<float>(config_.beta2),
+                                            static_cast<float>(config_.eps), decay,
+                                            static_cast<float>(scale), t_);
+                  else
+                    ops::adamw_update(static_cast<float*>(at.param), static_cast<const float*>(at.grad),
+                                      at.m, at.v, n, static_cast<float>(lr),
+                                      static_cast<float>(config_.beta1),
+                                      static_cast<float>(config_.beta2),
+                                      static_cast<float>(config_.eps), decay,
+                                      static_cast<float>(scale), t_);
+                });
+  });
+}
 
 void AdamW::allocate_state() {
   if (paged_ || m_.data() != nullptr || n_ == 0) return;

@@ -62,6 +62,9 @@ class PagedAdamState {
   size_t field_bytes(Field f) const;
   // fn(lo, hi, view) for every page in the pager's order.
   void for_each_page(const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
+  // The same for one page, outside the sweep (written back).
+  void visit_page(size_t page, const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
+  size_t pages() const { return pager_->pages(); }
   // Elements [offset, offset + n) of a field, out of / into the pages
   // (field_bytes(f) each).
   void copy_out(Field f, int64_t offset, int64_t n, void* dst);
@@ -80,6 +83,7 @@ class PagedAdamState {
 
  private:
   size_t field_offset(Field f) const;  // bytes from the page start
+  View view_of(char* data) const;
   // fn(ptr, first, count) on each page-resident piece of a field's range;
   // `dirty`: the pieces are written back.
   void for_each_piece(Field f, int64_t offset, int64_t n, bool dirty,
@@ -123,6 +127,12 @@ class AdamW {
   // (grads) argument and use the pages' fields.
   void enable_paging(const memory::PagerOptions& options, const PagedAdamState::Layout& layout);
   bool paged() const { return paged_ != nullptr; }
+  // Pages holding parameters and gradients (ZeRO-3) can be updated one at a
+  // time as their gradients become final (no clipping: the scale is known):
+  // begin_paged_step() once per step, then update_page() for every page.
+  void begin_paged_step();
+  void update_page(size_t page, double lr, double clip_scale);
+  const AdamWConfig& config() const { return config_; }
   PagedAdamState* paged_state() { return paged_.get(); }
 
   int64_t steps_taken() const { return t_; }

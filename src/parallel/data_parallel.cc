@@ -212,6 +212,18 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   adam_->enable_paging(options, layout);
   if (!paged_shards_) return;
   optim::PagedAdamState* st = adam_->paged_state();
+  early_ = adam_->config().grad_clip <= 0 && options_.overlap;
+  if (early_) {  // which units' gradients each page holds
+    const int64_t e = st->elements_per_page();
+    page_units_.assign(st->pages(), 0);
+    for (int u = 0; u < layout_.num_units(); ++u) {
+      const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
+      if (n == 0) continue;
+      for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) ++page_units_[static_cast<size_t>(p)];
+    }
+    page_waiting_ = page_units_;
+    page_done_.assign(st->pages(), false);
+  }
   units_->use_paged_shards(
       {[this, st](int u, void* dst) {
          st->copy_out(optim::PagedAdamState::Field::kParam, layout_.local_offset(u),
@@ -268,6 +280,40 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
           if (final) sq = seq_sum_squares(g, count, sq);
         }
       });
+  if (final && early_ && lr_known_) update_final_pages(u);
+}
+
+// Unit u's gradient shard is final: the pages that now wait for no unit are
+// updated at once (no clipping, so the scale is 1), their I/O overlapping the
+// rest of the backward.
+void DataParallel::update_final_pages(int u) {
+  const int64_t e = adam_->paged_state()->elements_per_page();
+  const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
+  if (n == 0) return;
+  for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) {
+    const auto i = static_cast<size_t>(p);
+    if (--page_waiting_[i] > 0) continue;
+    if (!step_begun_) {
+      adam_->begin_paged_step();
+      step_begun_ = true;
+    }
+    adam_->update_page(i, step_lr_, 1.0);
+    page_done_[i] = true;
+    if (!in_step_) ++early_count_;  // (finish_grads() in step() lands the last ones)
+  }
+}
+
+// The pages the backward did not update (none when every unit's last
+// reduction landed in time), then the counters start over.
+void DataParallel::finish_early_step(double lr) {
+  if (!step_begun_) adam_->begin_paged_step();
+  for (size_t p = 0; p < page_done_.size(); ++p)
+    if (!page_done_[p]) adam_->update_page(p, lr, 1.0);
+  page_waiting_ = page_units_;
+  std::fill(page_done_.begin(), page_done_.end(), false);
+  step_begun_ = false;
+  early_last_ = early_count_;
+  early_count_ = 0;
 }
 
 void DataParallel::read_shard(Shard kind, int u, float* dst) {
@@ -514,6 +560,11 @@ double DataParallel::sharded_grad_norm() {
 // shards into the whole parameters. The gradient shard starts the next step
 // at zero.
 double DataParallel::step_sharded_grads(double lr) {
+  in_step_ = true;
+  struct Leave {
+    bool& flag;
+    ~Leave() { flag = false; }
+  } leave{in_step_};
   units_->shard_params();
   units_->finish_grads();
   units_->drain_gathers();  // speculative ones read the shard about to change
@@ -521,6 +572,12 @@ double DataParallel::step_sharded_grads(double lr) {
   wait_end_ns_ = now_ns();
   const double norm = sharded_grad_norm();
   const double clip = adam_->clip_scale(norm);
+  if (early_ && lr_known_) {
+    PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
+    finish_early_step(lr);
+    lr_known_ = false;
+    return norm;
+  }
   if (bf16()) {
     adam_->apply_mixed(master_.f32(), grad_bf16(), true,
                        static_cast<uint16_t*>(stored_params()), lr, clip);

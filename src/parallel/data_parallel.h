@@ -167,6 +167,15 @@ class DataParallel {
   // Before each micro-batch's forward_backward: whether it is the step's
   // last (paged shards take the gradient norm as the last additions land).
   void start_micro_batch(bool last);
+  // The learning rate of the step about to run (before its first micro-batch):
+  // with parameters in pages and no clipping (train.grad_clip = 0) each page
+  // is updated as soon as its gradients are final, during the backward.
+  void set_step_lr(double lr) {
+    step_lr_ = lr;
+    lr_known_ = true;
+  }
+  // Pages updated during the last step's backward (early updates).
+  int64_t pages_updated_in_backward() const { return early_last_; }
   bool paged() const { return adam_->paged(); }
   memory::Pager* pager() { return paged() ? &adam_->paged_state()->pager() : nullptr; }
   enum class Shard { kParams, kAdamM, kAdamV };
@@ -189,6 +198,15 @@ class DataParallel {
 
   void add_paged_grad(int u, const void* block, tensor::DType dtype, bool final);
   bool paged_shards_ = false;
+  // Early updates (paged shards, no clipping): per page, the units whose
+  // final gradients it still waits for, and whether it was updated.
+  void update_final_pages(int u);
+  void finish_early_step(double lr);
+  bool early_ = false, lr_known_ = false, step_begun_ = false, in_step_ = false;
+  double step_lr_ = 0;
+  std::vector<int> page_units_, page_waiting_;
+  std::vector<bool> page_done_;
+  int64_t early_count_ = 0, early_last_ = 0;
   // During shard_params_from(): unit u's full fp32 values.
   std::function<const float*(int u)> unit_source_;
   const float* unit_values(int u);

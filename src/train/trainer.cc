@@ -188,7 +188,7 @@ constexpr const char* kPagingKinds[] = {
     "resident_compute_bytes", "resident_host_bytes", "resident_nvme_bytes",
     "nvme_read_bytes",        "nvme_written_bytes",  "host_read_bytes",
     "host_written_bytes",     "accesses",            "hits",
-    "io_wait_us",             "pass_us"};
+    "io_wait_us",             "pass_us",             "pages_updated_in_backward"};
 using PagingRow = std::array<uint64_t, std::size(kPagingKinds)>;
 
 struct RankRecord {
@@ -207,7 +207,8 @@ PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
           s.nvme_written_bytes,                         s.host_read_bytes,
           s.host_written_bytes,                         s.accesses,
           s.hits,                                       static_cast<uint64_t>(s.wait_s * 1e6),
-          static_cast<uint64_t>(s.pass_s * 1e6)};
+          static_cast<uint64_t>(s.pass_s * 1e6),
+          static_cast<uint64_t>(dp.pages_updated_in_backward())};
 }
 
 std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
@@ -350,6 +351,7 @@ nlohmann::json paging_object(const PagingRow& r) {
   j["prefetch_hit_rate"] = r[7] ? static_cast<double>(r[8]) / static_cast<double>(r[7]) : 1.0;
   j["io_wait_ms"] = static_cast<double>(r[9]) / 1000;
   j["pass_ms"] = static_cast<double>(r[10]) / 1000;
+  j["pages_updated_in_backward"] = r[11];
   return j;
 }
 
@@ -604,6 +606,7 @@ TrainResult train(const core::Config& cfg) {
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
     model.zero_grads();
+    dp.set_step_lr(sched.at(step));  // paged, unclipped: pages update during the backward
     double loss = 0;
     for (int64_t micro = 0; micro < p.accum; ++micro) {
       // This rank's slice of the step's global batch: layout-independent data.
