@@ -5,7 +5,8 @@
 #                                cgroups or munge), waits until the node is idle
 #   local_cluster.sh stop DIR    stops both daemons
 # Clients find the cluster with SLURM_CONF=DIR/slurm.conf.
-# Ports are picked at random in 20000-59999 so parallel runs do not collide.
+# Ports (and the first job id) are picked at random so parallel runs do not
+# collide.
 set -euo pipefail
 cmd=${1:?usage: local_cluster.sh start|stop DIR}
 dir=$(realpath -m "${2:?usage: local_cluster.sh start|stop DIR}")
@@ -68,8 +69,16 @@ SlurmdParameters=config_overrides
 InactiveLimit=0
 KillWait=5
 MinJobAge=60
+FirstJobId=$((base * 100))
 NodeName=localhost CPUs=8 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+CONF
+# Job ids and PMIx's per-step files differ between clusters started side by
+# side (ctest -j runs two test processes, each with its own cluster, whose
+# first jobs would otherwise both be job 1 and share /tmp/pmix.1.0).
+mkdir -p "$dir/pmix"
+cat > "$dir/mpi.conf" <<CONF
+PMIxCliTmpDirBase=$dir/pmix
 CONF
 export SLURM_CONF=$dir/slurm.conf
 slurmctld -c -f "$dir/slurm.conf" >"$dir/log/slurmctld.out" 2>&1
