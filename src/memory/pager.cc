@@ -65,13 +65,6 @@ Pager::~Pager() {
         } catch (...) {
         }
       }
-    for (auto& f : hframes_)
-      if (f.state == Frame::kWriting) {
-        try {
-          store_->wait(f.ticket);
-        } catch (...) {
-        }
-      }
   }
 }
 
@@ -128,31 +121,35 @@ void Pager::check_read(size_t p, const char* data) {
              ") fails its checksum: the swap file was changed or the disk returned bad data");
 }
 
-int64_t Pager::take_host_frame(int64_t now, int64_t limit) {
-  for (size_t f = 0; f < hframes_.size(); ++f)
-    if (hframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
-  for (size_t f = 0; f < hframes_.size(); ++f)
-    if (hframes_[f].state == Frame::kWriting) {
-      wait_ticket(hframes_[f].ticket);
-      hframes_[f].state = Frame::kFree;
-      return static_cast<int64_t>(f);
-    }
+int64_t Pager::furthest(const std::vector<FrameState>& frames, int64_t now, int64_t limit) const {
   int64_t victim = -1, far = limit;
-  for (size_t f = 0; f < hframes_.size(); ++f) {
-    const int64_t d = next_use(hframes_[f].page, now);
-    if (hframes_[f].state == Frame::kPage && d > far) {
+  for (size_t f = 0; f < frames.size(); ++f) {
+    if (frames[f].state != Frame::kPage) continue;
+    const int64_t d = next_use(frames[f].page, now);
+    if (d > far) {
       far = d;
       victim = static_cast<int64_t>(f);
     }
   }
+  return victim;
+}
+
+// A host frame is never left writing: its page goes to NVMe synchronously
+// (the host tier is the fast one; the compute tier's writes are the ones
+// that overlap).
+int64_t Pager::take_host_frame(int64_t now, int64_t limit) {
+  for (size_t f = 0; f < hframes_.size(); ++f)
+    if (hframes_[f].state == Frame::kFree) return static_cast<int64_t>(f);
+  const int64_t victim = furthest(hframes_, now, limit);
   if (victim < 0) return -1;
   FrameState& h = hframes_[static_cast<size_t>(victim)];
   const size_t p = h.page;
   tier_[p] = Tier::kNvme;
   frame_[p] = -1;
   if (!on_nvme_[p]) {
-    write_to_nvme(p, host_frame(static_cast<size_t>(victim)), &h.ticket);
-    wait_ticket(h.ticket);
+    NvmeStore::Ticket t;
+    write_to_nvme(p, host_frame(static_cast<size_t>(victim)), &t);
+    wait_ticket(t);
   }
   h.state = Frame::kFree;
   return victim;
@@ -203,15 +200,7 @@ int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
     cframes_[static_cast<size_t>(oldest)].state = Frame::kFree;
     return oldest;
   }
-  int64_t victim = -1, far = limit;
-  for (size_t f = 0; f < cframes_.size(); ++f) {
-    if (cframes_[f].state != Frame::kPage) continue;
-    const int64_t d = next_use(cframes_[f].page, now);
-    if (d > far) {
-      far = d;
-      victim = static_cast<int64_t>(f);
-    }
-  }
+  const int64_t victim = furthest(cframes_, now, limit);
   if (victim >= 0) {
     evict_compute(static_cast<size_t>(victim), now);
     if (cframes_[static_cast<size_t>(victim)].state == Frame::kWriting) {
@@ -270,12 +259,6 @@ bool Pager::bring_in(size_t p, int64_t now, bool demand) {
     std::memset(dst, 0, options_.page_bytes);
     c = {Frame::kPage, p, 0};
   } else {
-    // A write of p from a host frame may still be in flight: it completes first.
-    for (auto& h : hframes_)
-      if (h.state == Frame::kWriting && h.page == p) {
-        wait_ticket(h.ticket);
-        h.state = Frame::kFree;
-      }
     c = {Frame::kReading, p, io().read(p, dst)};
   }
   tier_[p] = Tier::kCompute;
@@ -331,15 +314,7 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
       int64_t ready = 0;
       for (const auto& c : cframes_) ready += c.state == Frame::kFree || c.state == Frame::kWriting;
       while (ready < spare) {
-        int64_t victim = -1, far = options_.prefetch;
-        for (size_t g = 0; g < cframes_.size(); ++g) {
-          if (cframes_[g].state != Frame::kPage) continue;
-          const int64_t d = next_use(cframes_[g].page, k);
-          if (d > far) {
-            far = d;
-            victim = static_cast<int64_t>(g);
-          }
-        }
+        const int64_t victim = furthest(cframes_, k, options_.prefetch);
         if (victim < 0) break;
         evict_compute(static_cast<size_t>(victim), k);
         ++ready;

@@ -14,8 +14,8 @@
 //     order of this pass and the next is known);
 //   - write-back behind: a page leaving the compute tier goes to a free host
 //     frame (a copy) or is written to its NVMe slot asynchronously; its frame
-//     is reused once the write completes. A page leaving the host tier goes
-//     to NVMe the same way.
+//     is reused once the write completes. A page leaving the host tier is
+//     written to NVMe at once (the slow write stays off the compute side).
 // Pages start as zeros without any I/O. Each page written to NVMe carries an
 // XXH3 checksum, verified when it is read back; a mismatch, a short read, EIO
 // or ENOSPC stops with core::IoError naming the page, the file and the tier.
@@ -111,6 +111,9 @@ class Pager {
   int64_t take_compute_frame(int64_t now, int64_t limit);
   void evict_compute(size_t f, int64_t now);
   int64_t take_host_frame(int64_t now, int64_t limit);
+  // The frame of `frames` holding the page used furthest ahead, if its next
+  // use is after `limit`; -1 when none.
+  int64_t furthest(const std::vector<FrameState>& frames, int64_t now, int64_t limit) const;
   void write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket);
   void wait_ticket(NvmeStore::Ticket t);
   void check_read(size_t p, const char* data);
