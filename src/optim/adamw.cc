@@ -22,8 +22,7 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
 }
 
 int64_t PagedAdamState::page_elements(size_t page_bytes, const Layout& l) {
-  const size_t per = 8 + (l.master ? 4 : 0) + l.param_bytes + l.grad_bytes;
-  return static_cast<int64_t>(page_bytes / per / 16 * 16);
+  return static_cast<int64_t>(page_bytes / l.element_bytes() / 16 * 16);
 }
 
 PagedAdamState::PagedAdamState(int64_t numel, const Layout& layout,

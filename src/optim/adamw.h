@@ -45,6 +45,7 @@ class PagedAdamState {
     bool master = false;     // fp32 master weights (bf16 runs)
     size_t param_bytes = 0;  // parameter shard: 0 (not paged), 4 (fp32) or 2 (bf16)
     size_t grad_bytes = 0;   // gradient shard: likewise
+    size_t element_bytes() const { return 8 + (master ? 4 : 0) + param_bytes + grad_bytes; }
   };
   // A page's fields at element lo (null where the layout has none).
   struct View {

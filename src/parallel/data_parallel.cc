@@ -199,17 +199,19 @@ int64_t DataParallel::state_offset(int u) const {
   return layout_.local_offset(u);
 }
 
+optim::PagedAdamState::Layout DataParallel::paging_layout() const {
+  optim::PagedAdamState::Layout layout;
+  layout.master = bf16();
+  if (options_.zero_stage == 3) layout.param_bytes = layout.grad_bytes = param_esz();
+  return layout;
+}
+
 void DataParallel::enable_paging(const memory::PagerOptions& options) {
   PO_CHECK(master_.data() == nullptr && (!units_ || !units_->sharded()),
            "DataParallel::enable_paging after shard_params()");
-  optim::PagedAdamState::Layout layout;
-  layout.master = bf16();
   paged_shards_ = options_.zero_stage == 3;
-  if (paged_shards_) {
-    layout.param_bytes = layout.grad_bytes = param_esz();
-    unit_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
-  }
-  adam_->enable_paging(options, layout);
+  if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
+  adam_->enable_paging(options, paging_layout());
   if (!paged_shards_) return;
   optim::PagedAdamState* st = adam_->paged_state();
   early_ = adam_->config().grad_clip <= 0 && options_.overlap;

@@ -164,6 +164,9 @@ class DataParallel {
   // (ZeRO-Infinity): the gathers read each unit's shard out of them, the
   // reduce-scatters add into them, the update finds everything in one page.
   void enable_paging(const memory::PagerOptions& options);
+  // What each paged element holds: m, v [, fp32 master] [, stage 3: the
+  // parameter and gradient shards].
+  optim::PagedAdamState::Layout paging_layout() const;
   // Before each micro-batch's forward_backward: whether it is the step's
   // last (paged shards take the gradient norm as the last additions land).
   void start_micro_batch(bool last);

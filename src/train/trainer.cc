@@ -279,17 +279,12 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   o.nvme.force_fallback = io == "fallback";
   PO_CHECK(o.page_bytes >= 4096 && o.page_bytes % 4096 == 0, "memory.page_size = ", o.page_bytes,
            " bytes: must be a multiple of 4096");
-  const bool bf16 = cfg.get_string("train.precision") == "bf16";
-  // What a page holds: m, v [, master] [, ZeRO-3: parameter and gradient shards].
-  optim::PagedAdamState::Layout layout;
-  layout.master = bf16;
-  if (dp.zero_stage() == 3) layout.param_bytes = layout.grad_bytes = bf16 ? 2 : 4;
+  const optim::PagedAdamState::Layout layout = dp.paging_layout();
   const auto e = optim::PagedAdamState::page_elements(o.page_bytes, layout);
   PO_CHECK(e >= 16, "memory.page_size = ", o.page_bytes, " bytes is too small a page");
   const int64_t numel = dp.adam().num_params();
   const auto pages = static_cast<size_t>((numel + e - 1) / e);
-  const size_t paged_bytes = static_cast<size_t>(numel) *
-                             (8 + (bf16 ? 4 : 0) + layout.param_bytes + layout.grad_bytes);
+  const size_t paged_bytes = static_cast<size_t>(numel) * layout.element_bytes();
   // What the compute tier holds besides pages once set up: the ledger's count
   // of what is not paged, what else is allocated, the working buffers to come.
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
@@ -318,7 +313,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
   std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s%s), %.1f MiB in all",
                 pages, mib(static_cast<double>(o.page_bytes)), static_cast<long long>(e),
-                bf16 ? ", fp32 master" : "",
+                layout.master ? ", fp32 master" : "",
                 layout.param_bytes ? ", parameter and gradient shards" : "",
                 mib(static_cast<double>(pages * o.page_bytes)));
   t += line;
