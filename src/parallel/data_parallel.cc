@@ -318,41 +318,39 @@ void DataParallel::finish_early_step(double lr) {
   early_count_ = 0;
 }
 
-void DataParallel::read_shard(Shard kind, int u, float* dst) {
-  const auto n = static_cast<size_t>(layout_.owned(u));
-  if (kind == Shard::kParams && paged_shards_ && !bf16() && units_->sharded()) {
-    adam_->paged_state()->copy_out(optim::PagedAdamState::Field::kParam, state_offset(u),
-                                   layout_.owned(u), dst);
-    return;
-  }
-  if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
-    std::memcpy(dst, param_shard(u), n * sizeof(float));
-    return;
-  }
-  if (!adam_->paged()) {
-    std::memcpy(dst, kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u), n * sizeof(float));
-    return;
-  }
+// Where this rank's shard of `kind` lives when it is not addressable: the
+// pages' field (none: param_shard / adam_m_shard / adam_v_shard point at it).
+std::optional<optim::PagedAdamState::Field> DataParallel::paged_field(Shard kind) const {
   using F = optim::PagedAdamState::Field;
-  const F f = kind == Shard::kParams ? F::kMaster : kind == Shard::kAdamM ? F::kM : F::kV;
-  adam_->paged_state()->copy_out(f, state_offset(u), layout_.owned(u), dst);
+  if (!adam_->paged()) return std::nullopt;
+  if (kind == Shard::kAdamM) return F::kM;
+  if (kind == Shard::kAdamV) return F::kV;
+  if (bf16()) return F::kMaster;  // a bf16 run's parameters are its fp32 master
+  if (paged_shards_ && units_->sharded()) return F::kParam;
+  return std::nullopt;
+}
+
+float* DataParallel::shard_pointer(Shard kind, int u) {
+  if (kind == Shard::kParams) return param_shard(u);
+  return kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u);
+}
+
+void DataParallel::read_shard(Shard kind, int u, float* dst) {
+  if (const auto f = paged_field(kind)) {
+    adam_->paged_state()->copy_out(*f, state_offset(u), layout_.owned(u), dst);
+    return;
+  }
+  std::memcpy(dst, shard_pointer(kind, u), static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }
 
 void DataParallel::write_shard(Shard kind, int u, const float* src) {
-  const auto n = static_cast<size_t>(layout_.owned(u));
   PO_CHECK(!(kind == Shard::kParams && paged_shards_ && units_->sharded()),
            "DataParallel::write_shard: parameters are loaded before shard_params()");
-  if (kind == Shard::kParams && !(bf16() && adam_->paged())) {
-    std::memcpy(param_shard(u), src, n * sizeof(float));
+  if (const auto f = paged_field(kind)) {
+    adam_->paged_state()->copy_in(*f, state_offset(u), layout_.owned(u), src);
     return;
   }
-  if (!adam_->paged()) {
-    std::memcpy(kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u), src, n * sizeof(float));
-    return;
-  }
-  using F = optim::PagedAdamState::Field;
-  const F f = kind == Shard::kParams ? F::kMaster : kind == Shard::kAdamM ? F::kM : F::kV;
-  adam_->paged_state()->copy_in(f, state_offset(u), layout_.owned(u), src);
+  std::memcpy(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }
 
 // The end of set-up: state that was not paged is allocated now (not in the

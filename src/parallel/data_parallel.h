@@ -49,6 +49,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -200,6 +201,8 @@ class DataParallel {
   void* stored_params();  // the parameters as the update writes them (see step())
 
   void add_paged_grad(int u, const void* block, tensor::DType dtype, bool final);
+  std::optional<optim::PagedAdamState::Field> paged_field(Shard kind) const;
+  float* shard_pointer(Shard kind, int u);
   bool paged_shards_ = false;
   // Early updates (paged shards, no clipping): per page, the units whose
   // final gradients it still waits for, and whether it was updated.

@@ -250,6 +250,16 @@ std::string memory_table(const std::vector<RankRecord>& rows) {
   return t;
 }
 
+// A checkpoint's state kind as DataParallel names it.
+parallel::DataParallel::Shard shard_of(checkpoint::StateKind k) {
+  switch (k) {
+    case checkpoint::StateKind::kParams: return parallel::DataParallel::Shard::kParams;
+    case checkpoint::StateKind::kAdamM: return parallel::DataParallel::Shard::kAdamM;
+    case checkpoint::StateKind::kAdamV: return parallel::DataParallel::Shard::kAdamV;
+  }
+  PO_THROW(core::Internal, "unknown checkpoint state kind");
+}
+
 // memory.*: with memory.host_budget or memory.nvme_dir set, Adam state (and
 // a bf16 run's fp32 master) lives in pages. The compute tier keeps as many
 // pages as memory.compute_budget leaves room for after the rest of this
@@ -501,10 +511,7 @@ TrainResult train(const core::Config& cfg) {
     std::optional<std::pair<checkpoint::StateKind, int>> pending;
     auto flush = [&] {
       if (!pending) return;
-      dp.write_shard(pending->first == checkpoint::StateKind::kAdamM
-                         ? parallel::DataParallel::Shard::kAdamM
-                         : parallel::DataParallel::Shard::kAdamV,
-                     pending->second, staged.data());
+      dp.write_shard(shard_of(pending->first), pending->second, staged.data());
       pending.reset();
     };
     load_checkpoint_sharded(
@@ -576,12 +583,7 @@ TrainResult train(const core::Config& cfg) {
                             [&](checkpoint::StateKind k, int u) -> const float* {
                               if (paging) {  // copied out of the pages, one slice at a time
                                 staged.resize(static_cast<size_t>(dp.layout().owned(u)));
-                                dp.read_shard(k == checkpoint::StateKind::kParams
-                                                  ? parallel::DataParallel::Shard::kParams
-                                                  : k == checkpoint::StateKind::kAdamM
-                                                        ? parallel::DataParallel::Shard::kAdamM
-                                                        : parallel::DataParallel::Shard::kAdamV,
-                                              u, staged.data());
+                                dp.read_shard(shard_of(k), u, staged.data());
                                 return staged.data();
                               }
                               switch (k) {
