@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -22,9 +23,33 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "data/token_file.h"
+#include "model/gpt2_config.h"
 
 namespace po::test {
+
+// The message of the po error `fn` throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const core::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A 3-block GPT-2 small enough for unit tests (32 wide, vocab 97, seq 16).
+inline model::GPT2Config tiny_model(bool activation_checkpointing = false) {
+  model::GPT2Config c;
+  c.n_layer = 3;
+  c.n_embd = 32;
+  c.n_head = 2;
+  c.vocab_size = 97;
+  c.seq_len = 16;
+  c.activation_checkpointing = activation_checkpointing;
+  return c;
+}
 
 struct CommandResult {
   int exit_code = -1;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "checkpoint/sharded.h"
 #include "comm/mpi/communicator.h"
 #include "core/error.h"
@@ -133,14 +134,11 @@ TEST(ShardedMp, OneFailingRankFailsEveryRankAndLeavesNoCheckpoint) {
   const int n = g_world->size(), rank = g_world->rank();
   ShardLayout layout(kUnits, n, rank);
   std::vector<float> big(400000, 1.0f);
-  std::string error;
-  try {
+  const std::string error = po::test::error_of([&] {
     save_sharded(
         dir, meta(), layout, [&](StateKind, int) { return rank == n - 1 ? nullptr : big.data(); },
         g_world);
-  } catch (const core::Error& e) {
-    error = e.what();
-  }
+  });
   if (rank == n - 1)
     EXPECT_NE(error.find("no source for params"), std::string::npos) << error;
   else

@@ -14,10 +14,13 @@
 #include <functional>
 #include <vector>
 
+#include "../test_util.h"
 #include "core/error.h"
 #include "parallel/shard_layout.h"
 #include "test_dir.h"
 #include "train/run_state.h"
+
+using po::test::error_of;
 
 namespace po::checkpoint {
 namespace {
@@ -115,16 +118,6 @@ void expect_loads_as(const std::string& dir, const FakeState& want, int ranks,
       }
     }
   }
-}
-
-// The error message of `fn`, or "" when it does not throw a po error.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const core::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 void load_all_as_one(const std::string& dir) {

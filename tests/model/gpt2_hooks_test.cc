@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/gpt2.h"
@@ -17,17 +18,6 @@ namespace {
 using po::model::GPT2;
 using po::model::GPT2Config;
 using po::model::UnitHooks;
-
-GPT2Config tiny(bool checkpointing) {
-  GPT2Config c;
-  c.n_layer = 3;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.vocab_size = 97;
-  c.seq_len = 16;
-  c.activation_checkpointing = checkpointing;
-  return c;
-}
 
 struct Batch {
   std::vector<int32_t> in, tg;
@@ -101,7 +91,7 @@ void expect_identical(const float* a, const float* b, int64_t n, const std::stri
 
 void check_hooks_match(bool checkpointing) {
   po::backend::cpu::set_num_threads(1);  // tiny shapes: threads only contend
-  const GPT2Config c = tiny(checkpointing);
+  const GPT2Config c = po::test::tiny_model(checkpointing);
   const int64_t B = 2, T = 16;
   GPT2 plain(c, B, T), hooked(c, B, T);
   plain.init_random(11);
@@ -155,7 +145,7 @@ TEST(GPT2Hooks, SameWithActivationCheckpointing) { check_hooks_match(true); }
 // over several micro-batches too.
 TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
   po::backend::cpu::set_num_threads(1);
-  const GPT2Config c = tiny(false);
+  const GPT2Config c = po::test::tiny_model(false);
   const int64_t B = 2, T = 16;
   GPT2 plain(c, B, T), hooked(c, B, T);
   plain.init_random(3);
@@ -178,7 +168,7 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
 }
 
 TEST(GPT2Hooks, ReleasedBuffersAreAnErrorAndHooksComeWhole) {
-  GPT2 m(tiny(false), 1, 16);
+  GPT2 m(po::test::tiny_model(false), 1, 16);
   m.release_params();
   EXPECT_THROW(m.params(), po::core::Error);
   EXPECT_EQ(m.params_bytes(), 0u);

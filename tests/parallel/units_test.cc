@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.h"
 #include "backend/ops.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
@@ -21,16 +22,6 @@ using po::model::GPT2Config;
 using po::parallel::DataParallel;
 using po::parallel::DataParallelOptions;
 
-GPT2Config tiny() {
-  GPT2Config c;
-  c.n_layer = 3;
-  c.n_embd = 32;
-  c.n_head = 2;
-  c.vocab_size = 97;
-  c.seq_len = 16;
-  return c;
-}
-
 struct Curve {
   std::vector<double> loss, norm, val;
   std::vector<float> final_params;
@@ -39,7 +30,7 @@ struct Curve {
 // 4 steps of 2 micro-batches, an evaluation after each step.
 Curve run(int stage, int prefetch, bool checkpointing = false) {
   po::backend::cpu::set_num_threads(1);  // tiny shapes: threads only contend
-  GPT2Config c = tiny();
+  GPT2Config c = po::test::tiny_model();
   c.activation_checkpointing = checkpointing;
   const int64_t B = 2, T = 16, n = B * T;
   GPT2 model(c, B, T);
@@ -119,7 +110,7 @@ TEST(Zero3, OneProcessMatchesStageZeroAtEveryPrefetch) {
 }
 
 TEST(Zero3, MemoryReportHoldsShardsAndPools) {
-  const GPT2Config c = tiny();
+  const GPT2Config c = po::test::tiny_model();
   GPT2 model(c, 2, 16);
   DataParallelOptions o;
   o.zero_stage = 3;

@@ -15,6 +15,8 @@
 #include "core/error.h"
 #include "parallel/shard_layout.h"
 
+using po::test::error_of;
+
 namespace po::train {
 namespace {
 
@@ -47,15 +49,6 @@ std::vector<int64_t> units_of(const model::GPT2& model) {
   std::vector<int64_t> u;
   for (int i = 0; i < model.num_units(); ++i) u.push_back(model.unit_numel(i));
   return u;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const core::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 struct Saved {
