@@ -204,4 +204,31 @@ inline std::string pagedoptim_command(int np, const std::string& args) {
          " " + args;
 }
 
+// A fixture for tests that train the tiny model through the binary: token
+// files and a tiny_config() of steps() steps in a fresh directory per test.
+class TinyTraining : public ::testing::Test {
+ protected:
+  virtual int steps() const { return 20; }
+  void SetUp() override {
+    write_tokens(train_, 30000, 64);
+    write_tokens(val_, 3000, 64, 2);
+    write_file(config_, tiny_config(train_, val_, dir_ / "unused", steps()) + "\n");
+  }
+  // `pagedoptim train -c CONFIG` with run.dir = dir_/name and parallel.dp =
+  // dp (as dp ranks under mpirun), then `args`.
+  CommandResult run_train(const std::string& name, int dp, const std::string& args) const {
+    return run_command(pagedoptim_command(dp, "train -c " + config_ + " --set run.dir=" +
+                                                  (dir_ / name) + " --set parallel.dp=" +
+                                                  std::to_string(dp) + " " + args));
+  }
+  // The same, expected to succeed; returns the run directory.
+  std::string train_ok(const std::string& name, int dp, const std::string& args) const {
+    const CommandResult r = run_train(name, dp, args);
+    EXPECT_EQ(r.exit_code, 0) << name << ": train " << args << "\n" << r.output;
+    return dir_ / name;
+  }
+  TempDir dir_;
+  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
+};
+
 }  // namespace po::test

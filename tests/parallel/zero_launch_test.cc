@@ -23,28 +23,17 @@ using po::test::losses;
 using po::test::metric;
 using po::test::run_command;
 
-class Zero : public ::testing::Test {
+// n_embd 34: blocks of 14314 elements, which 2 ranks split evenly (gathered
+// in place) and 4 do not (padded shards).
+class Zero : public po::test::TinyTraining {
  protected:
-  void SetUp() override {
-    po::test::write_tokens(train_, 30000, 64);
-    po::test::write_tokens(val_, 3000, 64, 2);
-    // n_embd 34: blocks of 14314 elements, which 2 ranks split evenly (gathered in place) and 4 do not (padded shards).
-    std::string cfg = po::test::tiny_config(train_, val_, dir_ / "unused", 20);
-    po::test::write_file(config_, cfg);
-  }
   std::string train(const std::string& run, int dp, int stage, const std::string& extra = "") {
-    const std::string cmd = po::test::pagedoptim_command(
-        dp, "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
-                std::to_string(dp) + " --set parallel.zero_stage=" + std::to_string(stage) +
-                " --set model.n_embd=34 --set train.grad_clip=0.5" +
-                " --set train.checkpoint_interval=0 --set train.eval_interval=0" +
-                " --set train.batch_size=8 --set train.micro_batch_size=2 " + extra);
-    auto r = run_command(cmd);
-    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-    return dir_ / run;
+    return train_ok(run, dp,
+                    "--set parallel.zero_stage=" + std::to_string(stage) +
+                        " --set model.n_embd=34 --set train.grad_clip=0.5" +
+                        " --set train.checkpoint_interval=0 --set train.eval_interval=0" +
+                        " --set train.batch_size=8 --set train.micro_batch_size=2 " + extra);
   }
-  po::test::TempDir dir_;
-  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
 TEST_F(Zero, StagesOneAndTwoMatchStageZero) {

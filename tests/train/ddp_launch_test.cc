@@ -27,26 +27,11 @@ namespace {
 const std::string kBin = PO_BINARY;
 using po::test::kMpirun;
 
-class Ddp : public ::testing::Test {
+class Ddp : public po::test::TinyTraining {
  protected:
-  void SetUp() override {
-    po::test::write_tokens(train_, 30000, 64);
-    po::test::write_tokens(val_, 3000, 64, 2);
-    std::string cfg = po::test::tiny_config(train_, val_, dir_ / "unused", 20);
-    cfg += "\n";
-    po::test::write_file(config_, cfg);
-  }
   std::string train(const std::string& run, int dp, const std::string& extra = "") {
-    const std::string cmd = po::test::pagedoptim_command(
-        dp, "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
-                std::to_string(dp) + " --set train.batch_size=8 --set train.micro_batch_size=2 " +
-                extra);
-    auto r = run_command(cmd);
-    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-    return dir_ / run;
+    return train_ok(run, dp, "--set train.batch_size=8 --set train.micro_batch_size=2 " + extra);
   }
-  po::test::TempDir dir_;
-  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
 TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {

@@ -31,28 +31,22 @@ using po::test::run_command;
 
 constexpr const char* kPage = "16KiB";
 
-class Paging : public ::testing::Test {
+class Paging : public po::test::TinyTraining {
  protected:
-  void SetUp() override {
-    po::test::write_tokens(train_, 30000, 64);
-    po::test::write_tokens(val_, 3000, 64, 2);
-    po::test::write_file(config_, po::test::tiny_config(train_, val_, dir_ / "unused", 10));
-  }
-  std::string args(const std::string& run, int dp, int stage, const std::string& extra) const {
-    return "train -c " + config_ + " --set run.dir=" + (dir_ / run) + " --set parallel.dp=" +
-           std::to_string(dp) + " --set parallel.zero_stage=" + std::to_string(stage) +
+  int steps() const override { return 10; }
+  // The flags every run here takes, after run.dir and parallel.dp.
+  static std::string args(int stage, const std::string& extra) {
+    return "--set parallel.zero_stage=" + std::to_string(stage) +
            " --set model.n_embd=36 --set model.n_layer=4 --set train.grad_clip=0.5" +
            " --set train.checkpoint_interval=5 --set train.eval_interval=0" +
            " --set train.batch_size=8 --set train.micro_batch_size=2 --set train.threads=1" +
            " --set train.peak_gflops=1 " + extra;
   }
   po::test::CommandResult run(const std::string& name, int dp, int stage, const std::string& extra) {
-    return run_command(po::test::pagedoptim_command(dp, args(name, dp, stage, extra)));
+    return run_train(name, dp, args(stage, extra));
   }
   std::string train(const std::string& name, int dp, int stage, const std::string& extra = "") {
-    auto r = run(name, dp, stage, extra);
-    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
-    return dir_ / name;
+    return train_ok(name, dp, args(stage, extra));
   }
   // The compute budget that leaves `pages` frames: the minimum the engine
   // names for a budget of 1 byte (its 4 minimum frames included), plus the rest.
@@ -71,8 +65,6 @@ class Paging : public ::testing::Test {
   std::string paged(const std::string& swap) const {
     return std::string(" --set memory.page_size=") + kPage + " --set memory.nvme_dir=" + swap;
   }
-  po::test::TempDir dir_;
-  std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
 
 std::vector<nlohmann::json> paging_records(const std::string& run) {
@@ -198,10 +190,12 @@ TEST_F(Paging, SwapFilesAreRemovedOnSigterm) {
     const std::string log = dir_ / ("sig" + std::to_string(dp) + ".log");
     const std::string extra =
         paged(swap) + " --set train.steps=100000 --set train.checkpoint_interval=0";
-    std::string cmd = std::string(PO_BINARY) + " " +
-                      args("sig" + std::to_string(dp), dp, 1,
-                           extra + " --set memory.compute_budget=" + budget(dp, 1, extra, 6)) +
-                      (dp > 1 ? " --nproc 2" : "") + " > " + log + " 2>&1 & echo $!";
+    const std::string cmd = std::string(PO_BINARY) + " train -c " + config_ +
+                            " --set run.dir=" + (dir_ / ("sig" + std::to_string(dp))) +
+                            " --set parallel.dp=" + std::to_string(dp) + " " +
+                            args(1, extra + " --set memory.compute_budget=" +
+                                        budget(dp, 1, extra, 6)) +
+                            (dp > 1 ? " --nproc 2" : "") + " > " + log + " 2>&1 & echo $!";
     auto r = run_command(cmd);
     const int pid = std::stoi(r.output);
     bool seen = false;
