@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "data/token_file.h"
 #include "model/gpt2_config.h"
+#include "train/run_state.h"
 
 namespace po::test {
 
@@ -226,6 +227,15 @@ class TinyTraining : public ::testing::Test {
     const CommandResult r = run_train(name, dp, args);
     EXPECT_EQ(r.exit_code, 0) << name << ": train " << args << "\n" << r.output;
     return dir_ / name;
+  }
+  // A new run directory dir_/name holding a copy of run `src`'s checkpoint
+  // of `step` (to --resume from); returns its path.
+  std::string copy_checkpoint(const std::string& src, int64_t step, const std::string& name) const {
+    const std::string run = dir_ / name;
+    std::filesystem::create_directories(run + "/checkpoints");
+    std::filesystem::copy(train::checkpoint_path(src, step), train::checkpoint_path(run, step),
+                          std::filesystem::copy_options::recursive);
+    return run;
   }
   TempDir dir_;
   std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";

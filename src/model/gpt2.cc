@@ -316,16 +316,8 @@ const float* GPT2::forward_blocks(const int32_t* inputs, int64_t b, int64_t t, b
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     LayerActs a = layers_[l];
     if (config_.bf16_activations) {
-      const LayerActs stats = layers_[l];
-      a = scratch_;
+      a = config_.activation_checkpointing ? scratch_ : scratch_with_stats(l);
       a.residual3 = stream_[l % 2];
-      if (!config_.activation_checkpointing) {
-        a.ln1_mean = stats.ln1_mean;
-        a.ln1_rstd = stats.ln1_rstd;
-        a.lse = stats.lse;
-        a.ln2_mean = stats.ln2_mean;
-        a.ln2_rstd = stats.ln2_rstd;
-      }
     } else if (config_.activation_checkpointing) {
       a = scratch_;
       a.residual3 = layers_[l].residual3;
@@ -357,17 +349,21 @@ const float* GPT2::block_input(int64_t l) {
   return in_buf_;
 }
 
-GPT2::LayerActs GPT2::load_saved(int64_t l) {
-  const int64_t C = config_.n_embd, BT = B_ * T_;
-  const LayerActs16& h = layers16_[l];
+GPT2::LayerActs GPT2::scratch_with_stats(int64_t l) const {
   LayerActs a = scratch_;
-  for (const SavedPair& s : saved_pairs(a, h)) ops::bf16_to_f32(s.f, s.h, BT * C * s.width);
   const LayerActs& stats = layers_[l];
   a.ln1_mean = stats.ln1_mean;
   a.ln1_rstd = stats.ln1_rstd;
   a.lse = stats.lse;
   a.ln2_mean = stats.ln2_mean;
   a.ln2_rstd = stats.ln2_rstd;
+  return a;
+}
+
+GPT2::LayerActs GPT2::load_saved(int64_t l) {
+  const int64_t C = config_.n_embd, BT = B_ * T_;
+  const LayerActs a = scratch_with_stats(l);
+  for (const SavedPair& s : saved_pairs(a, layers16_[l])) ops::bf16_to_f32(s.f, s.h, BT * C * s.width);
   return a;
 }
 

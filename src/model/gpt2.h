@@ -208,6 +208,8 @@ class GPT2 {
   // bf16_activations: block l's saved tensors widened into scratch_ (its
   // statistics from layers_[l]), and its f32 input.
   LayerActs load_saved(int64_t l);
+  // bf16_activations: the f32 scratch layer with block l's saved statistics.
+  LayerActs scratch_with_stats(int64_t l) const;
   const float* block_input(int64_t l);
   // Final LayerNorm + tied head + loss over row chunks; with grad_scale != 0
   // also backward through head and final LayerNorm into dres_.

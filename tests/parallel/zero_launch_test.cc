@@ -149,10 +149,7 @@ TEST_F(Zero, CheckpointsReshardBetweenLayouts) {
   for (auto [dp, stage] :
        {std::pair{2, 1}, std::pair{1, 0}, std::pair{2, 3}, std::pair{4, 2}}) {
     const std::string name = "to_dp" + std::to_string(dp) + "_s" + std::to_string(stage);
-    const std::string run = dir_ / name;
-    fs::create_directories(run + "/checkpoints");
-    fs::copy(po::train::checkpoint_path(src, 9), po::train::checkpoint_path(run, 9),
-             fs::copy_options::recursive);
+    const std::string run = copy_checkpoint(src, 9, name);
     train(name, dp, stage, "--resume");
     const auto tail = losses(run);
     ASSERT_EQ(tail.size(), 11u) << name;

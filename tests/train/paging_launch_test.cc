@@ -156,10 +156,7 @@ TEST_F(Paging, CheckpointsMoveBetweenPagedAndUnpagedRuns) {
       train("src", 2, 3, extra + " --set memory.compute_budget=" + budget(2, 3, extra, 6));
   const auto full = losses(src);
   ASSERT_EQ(full.size(), 10u);
-  const std::string run = dir_ / "resumed";
-  fs::create_directories(run + "/checkpoints");
-  fs::copy(po::train::checkpoint_path(src, 5), po::train::checkpoint_path(run, 5),
-           fs::copy_options::recursive);
+  const std::string run = copy_checkpoint(src, 5, "resumed");
   train("resumed", 2, 1, "--resume");
   const auto tail = losses(run);
   ASSERT_EQ(tail.size(), 5u);
@@ -169,10 +166,7 @@ TEST_F(Paging, CheckpointsMoveBetweenPagedAndUnpagedRuns) {
   // And back: an unpaged checkpoint resumes paged (stage 1, Adam state loaded into the pages).
   const std::string plain = train("plain", 1, 1);
   const auto want = losses(plain);
-  const std::string again = dir_ / "repaged";
-  fs::create_directories(again + "/checkpoints");
-  fs::copy(po::train::checkpoint_path(plain, 5), po::train::checkpoint_path(again, 5),
-           fs::copy_options::recursive);
+  const std::string again = copy_checkpoint(plain, 5, "repaged");
   const std::string extra1 = paged(dir_ / "swap1");
   train("repaged", 1, 1,
         "--resume" + extra1 + " --set memory.compute_budget=" + budget(1, 1, extra1, 6));
