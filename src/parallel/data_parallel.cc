@@ -210,7 +210,7 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   PO_CHECK(master_.data() == nullptr && (!units_ || !units_->sharded()),
            "DataParallel::enable_paging after shard_params()");
   paged_shards_ = options_.zero_stage == 3;
-  if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
+  if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), {});
   adam_->enable_paging(options, paging_layout());
   if (!paged_shards_) return;
   optim::PagedAdamState* st = adam_->paged_state();
@@ -238,28 +238,37 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
 }
 
 namespace {
-// Sequential sum of squares in double, continuing `acc`: the same value
-// however the range is cut into pieces (the norm of paged and unpaged shards
-// must agree bit for bit).
-double seq_sum_squares(const float* x, int64_t n, double acc) {
-  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
-  return acc;
-}
-double seq_sum_squares(const uint16_t* x, int64_t n, double acc) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = core::bf16_to_f32(core::bf16{x[i]});
-    acc += d * d;
-  }
-  return acc;
+inline double square(float x) { return static_cast<double>(x) * x; }
+inline double square(uint16_t b) {
+  const double d = core::bf16_to_f32(core::bf16{b});
+  return d * d;
 }
 }  // namespace
+
+// Element i of the range goes to lane i % kLanes: the lanes vectorise, and
+// the sum is the same however the range arrives in pieces (paged and unpaged
+// shards must agree bit for bit).
+template <typename T>
+void DataParallel::SumOfSquares::add(const T* x, int64_t n) {
+  int64_t i = 0;
+  for (; i < n && pos % kLanes != 0; ++i, ++pos) lane[pos % kLanes] += square(x[i]);
+  for (; i + kLanes <= n; i += kLanes, pos += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += square(x[i + j]);
+  for (; i < n; ++i, ++pos) lane[pos % kLanes] += square(x[i]);
+}
+
+double DataParallel::SumOfSquares::total() const {
+  double t = 0;
+  for (double v : lane) t += v;
+  return t;
+}
 
 void DataParallel::start_micro_batch(bool last) {
   if (units_) units_->set_final_micro_batch(last);
 }
 
 void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool final) {
-  double& sq = unit_sq_[static_cast<size_t>(u)];
+  SumOfSquares& sq = unit_sq_[static_cast<size_t>(u)];
   adam_->paged_state()->update(
       optim::PagedAdamState::Field::kGrad, layout_.local_offset(u), layout_.stride(u),
       [&](void* ptr, int64_t first, int64_t count) {
@@ -269,7 +278,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
             ops::bf16_add_bf16(g, static_cast<const uint16_t*>(block) + first, count);
           else
             ops::bf16_add_f32(g, static_cast<const float*>(block) + first, count);
-          if (final) sq = seq_sum_squares(g, count, sq);
+          if (final) sq.add(g, count);
         } else {
           auto* g = static_cast<float*>(ptr);
           if (dtype == DType::kBF16) {
@@ -279,7 +288,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
             const auto* b = static_cast<const float*>(block) + first;
             for (int64_t i = 0; i < count; ++i) g[i] += b[i];
           }
-          if (final) sq = seq_sum_squares(g, count, sq);
+          if (final) sq.add(g, count);
         }
       });
   if (final && early_ && lr_known_) update_final_pages(u);
@@ -530,18 +539,22 @@ double DataParallel::step(double lr) {
 // The gradient shards' global norm: the per-rank sums of squares all-gathered
 // as doubles and added in rank order (the same value on every rank).
 double DataParallel::sharded_grad_norm() {
-  // Per unit in unit order, each sequentially in double (paged shards add up
-  // the same sums as their last gradients land).
+  // Per unit in unit order, each a SumOfSquares (paged shards add up the
+  // same sums as their last gradients land).
   double mine = 0;
   for (int u = 0; u < layout_.num_units(); ++u) {
     double sq = 0;
     if (paged_shards_) {
-      sq = unit_sq_[static_cast<size_t>(u)];
-      unit_sq_[static_cast<size_t>(u)] = 0;
+      sq = unit_sq_[static_cast<size_t>(u)].total();
+      unit_sq_[static_cast<size_t>(u)] = {};
     } else if (bf16()) {
-      sq = seq_sum_squares(grad_bf16() + layout_.local_offset(u), layout_.stride(u), 0.0);
+      SumOfSquares acc;
+      acc.add(grad_bf16() + layout_.local_offset(u), layout_.stride(u));
+      sq = acc.total();
     } else {
-      sq = seq_sum_squares(grad_f32() + layout_.local_offset(u), layout_.stride(u), 0.0);
+      SumOfSquares acc;
+      acc.add(grad_f32() + layout_.local_offset(u), layout_.stride(u));
+      sq = acc.total();
     }
     mine += sq;
   }

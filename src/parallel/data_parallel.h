@@ -216,7 +216,16 @@ class DataParallel {
   // During shard_params_from(): unit u's full fp32 values.
   std::function<const float*(int u)> unit_source_;
   const float* unit_values(int u);
-  std::vector<double> unit_sq_;  // paged shards: per unit, sum of squares of its final gradient
+  // A sum of squares in double that a range may be fed in pieces.
+  struct SumOfSquares {
+    static constexpr int kLanes = 8;
+    double lane[kLanes] = {};
+    int64_t pos = 0;
+    template <typename T>
+    void add(const T* x, int64_t n);
+    double total() const;
+  };
+  std::vector<SumOfSquares> unit_sq_;  // paged shards: per unit, its final gradient's
 
   // Buckets of reduced bf16 gradients staged in f32 at once (reduce_dtype fp32).
   static constexpr size_t kMaxStaged = 2;
