@@ -603,7 +603,8 @@ TrainResult train(const core::Config& cfg) {
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
     model.zero_grads();
-    dp.set_step_lr(sched.at(step));  // paged, unclipped: pages update during the backward
+    const double lr = sched.at(step);
+    dp.set_step_lr(lr);  // paged, unclipped: pages update during the backward
     double loss = 0;
     for (int64_t micro = 0; micro < p.accum; ++micro) {
       // This rank's slice of the step's global batch: layout-independent data.
@@ -617,7 +618,6 @@ TrainResult train(const core::Config& cfg) {
                                      last_micro && dp.defer_embedding());
       if (last_micro) dp.backward_done(inputs.data());
     }
-    const double lr = sched.at(step);
     const double norm = dp.step(lr);
     const double comm_wait_s = dp.comm_wait_seconds();
     const memory::PagerStats paging_stats = paging ? dp.pager()->take_stats() : memory::PagerStats{};
