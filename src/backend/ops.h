@@ -21,6 +21,10 @@ void set_num_threads(int n);
 int num_threads();
 // Name of the BLAS the build links ("openblas", "blis", "dnnl").
 const char* blas_name();
+// Measured single-precision GEMM peak of this machine with the engine's BLAS
+// (GFLOP/s, on the calling thread's OpenMP threads): the denominator of MFU on
+// a CPU build, and the planner's "local" peak. ~0.3 s on 2 cores.
+double measure_gemm_peak_gflops();
 
 // Precision of gemm()'s products. kBF16 rounds A and B to bf16 (round to
 // nearest even) and multiplies them with f32 accumulation and an f32 C: with

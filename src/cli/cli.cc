@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "model/gpt2.h"
+#include "plan/planner.h"
 #include "train/generate.h"
 #include "train/run_state.h"
 #include "train/trainer.h"
@@ -133,6 +135,61 @@ int cmd_generate(const std::string& src, const std::string& prompt, train::Sampl
   return 0;
 }
 
+struct PlanOptions {
+  std::string config_path;
+  std::vector<std::string> sets;
+  std::string cluster = "local";
+  int nodes = 0;
+  int devices = 0;
+  bool json = false;
+  bool search = false;
+  int top = 10;
+};
+
+// `pagedoptim plan`: the config's layout (or, with --search, every layout of
+// the cluster's devices) planned on a cluster preset or file.
+int cmd_plan(const PlanOptions& o) {
+  const core::Config cfg = core::Config::load(o.config_path, o.sets);
+  const plan::ModelSpec model = plan::model_from_config(cfg);
+  plan::Layout layout = plan::layout_from_config(cfg, model);
+  // A preset's node count follows the layout unless --nodes says otherwise;
+  // a cluster file's is its own.
+  const auto presets = plan::cluster_preset_names();
+  const bool preset = std::find(presets.begin(), presets.end(), o.cluster) != presets.end();
+  int nodes = o.nodes;
+  if (nodes == 0 && preset && o.cluster != "local" && !o.search) {
+    const int per_node = plan::cluster_preset(o.cluster).devices_per_node;
+    nodes = std::max(1, (layout.devices() + per_node - 1) / per_node);
+  }
+  const plan::ClusterSpec cluster = plan::cluster_preset(o.cluster, nodes);
+  if (o.search) {
+    const int devices = o.devices > 0 ? o.devices : cluster.devices();
+    const plan::SearchResult r = plan::search(model, cluster, layout, devices);
+    if (o.json) {
+      nlohmann::json j = nlohmann::json::array();
+      for (size_t i = 0; i < std::min<size_t>(static_cast<size_t>(o.top), r.fitting.size()); ++i)
+        j.push_back(plan::plan_json(r.fitting[i]));
+      std::printf("%s\n", nlohmann::json{{"devices", devices}, {"fitting", r.fitting.size()},
+                                          {"rejected", r.rejected.size()}, {"invalid", r.invalid},
+                                          {"best", j}}.dump(2).c_str());
+    } else {
+      std::printf("search: %s on %s, %d devices, batch %lld × %lld tokens, %s\n", model.name.c_str(),
+                  cluster.name.c_str(), devices, static_cast<long long>(layout.batch),
+                  static_cast<long long>(layout.seq), layout.bf16 ? "bf16" : "fp32");
+      std::fputs(plan::format_search(r, static_cast<size_t>(o.top)).c_str(), stdout);
+    }
+    return 0;
+  }
+  // On a GPU cluster the layout takes whole nodes; locally ranks are processes.
+  if (o.cluster != "local") plan::check_layout(model, layout, cluster.devices());
+  const plan::Plan p = plan::make_plan(model, cluster, layout);
+  if (o.json)
+    std::printf("%s\n", plan::plan_json(p).dump(2).c_str());
+  else
+    std::fputs(plan::format_plan(p).c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -174,6 +231,20 @@ int run(int argc, char** argv) {
   sb->add_option("--partition", sbo.partition, "Slurm partition");
   sb->add_option("--time", sbo.time, "Slurm time limit, e.g. 2:00:00");
   sb->add_option("--job-name", sbo.job_name, "Slurm job name (default pagedoptim-<run name>)");
+
+  auto* pl = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
+  PlanOptions plo;
+  pl->add_option("-c,--config", plo.config_path, "Config TOML")->required();
+  pl->add_option("--set", plo.sets, "Override: section.key=value (repeatable)");
+  pl->add_option("--cluster", plo.cluster,
+                 "local (this machine, measured), a100-80gb-ib200|ib400, h100-80gb-ib200|ib400, or a TOML file");
+  pl->add_option("--nodes", plo.nodes, "Nodes of the cluster (default: enough for the layout)")
+      ->check(CLI::PositiveNumber);
+  pl->add_option("--devices", plo.devices, "--search: devices to lay out (default: the cluster's)")
+      ->check(CLI::PositiveNumber);
+  pl->add_flag("--json", plo.json, "Print JSON");
+  pl->add_flag("--search", plo.search, "Rank every layout that fits by predicted tokens/s");
+  pl->add_option("--top", plo.top, "--search: layouts to print")->check(CLI::PositiveNumber);
 
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   std::string src, out;
@@ -218,6 +289,7 @@ int run(int argc, char** argv) {
       std::fputs(make_sbatch_script(sbo, self, fs::current_path().string()).c_str(), stdout);
       return 0;
     }
+    if (*pl) return cmd_plan(plo);
     if (*ex) return cmd_export(src, out);
     if (*gen) return cmd_generate(src, prompt, so);
     if (*ck_info) {

@@ -19,6 +19,29 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::kAllReduce: return "allreduce";
+    case CommOp::kReduceScatter: return "reduce_scatter";
+    case CommOp::kAllGather: return "all_gather";
+    case CommOp::kBroadcast: return "broadcast";
+    case CommOp::kSend: return "send";
+    case CommOp::kRecv: return "recv";
+    case CommOp::kAllToAll: return "all_to_all";
+    case CommOp::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+Traffic Traffic::since(const Traffic& earlier) const {
+  Traffic d;
+  for (int i = 0; i < kNumCommOps; ++i) {
+    d.calls[i] = calls[i] - earlier.calls[i];
+    d.bytes[i] = bytes[i] - earlier.bytes[i];
+  }
+  return d;
+}
+
 Work::Work(std::unique_ptr<PendingOp> op, std::string what, Duration default_timeout)
     : op_(std::move(op)), what_(std::move(what)), default_timeout_(default_timeout) {}
 

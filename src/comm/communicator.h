@@ -38,6 +38,31 @@ inline constexpr Duration kNoTimeout = Duration::max();
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 
+// The operations a Communicator counts (Traffic).
+enum class CommOp : uint8_t {
+  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kAllToAll, kBarrier
+};
+inline constexpr int kNumCommOps = 8;
+const char* comm_op_name(CommOp op);  // "allreduce", "reduce_scatter", ...
+
+// What a communicator was asked to move since it was made: per operation the
+// calls and the payload bytes, counted when an operation is issued, as
+// nccl-tests sizes them (the buffer, not what a ring puts on the wire):
+// allreduce and broadcast count·esize, reduce_scatter the whole input
+// (size()·recv_count·esize), all_gather the whole output
+// (size()·send_count·esize), all_to_all size()·count_per_rank·esize,
+// send/recv count·esize. Wire bytes per rank follow from the algorithm:
+// a ring moves 2(n-1)/n of an allreduce's payload, (n-1)/n of the others'.
+// The planner (plan/planner.h) predicts these counters exactly.
+struct Traffic {
+  uint64_t calls[kNumCommOps] = {};
+  uint64_t bytes[kNumCommOps] = {};
+  uint64_t calls_of(CommOp op) const { return calls[static_cast<int>(op)]; }
+  uint64_t bytes_of(CommOp op) const { return bytes[static_cast<int>(op)]; }
+  // This minus an earlier snapshot.
+  Traffic since(const Traffic& earlier) const;
+};
+
 // Backend half of a pending operation; only backends implement it.
 class PendingOp {
  public:
@@ -116,6 +141,9 @@ class Communicator {
                            tensor::DType dtype) = 0;
   virtual Work ibarrier() = 0;
 
+  // Every operation issued on this communicator so far (not on its splits).
+  const Traffic& traffic() const { return traffic_; }
+
   // Collective over this group: ranks with the same color form a new group,
   // ordered by (key, rank). Ranks passing kNoColor get nullptr. `name` is the
   // new group's name (default: "<parent>/<color>").
@@ -145,6 +173,16 @@ class Communicator {
     iall_to_all(send, recv, count_per_rank, dtype).wait();
   }
   void barrier() { ibarrier().wait(); }
+
+ protected:
+  // Backends call this once per issued operation.
+  void count_op(CommOp op, size_t count, tensor::DType dtype) {
+    traffic_.calls[static_cast<int>(op)] += 1;
+    traffic_.bytes[static_cast<int>(op)] += count * tensor::dtype_size(dtype);
+  }
+
+ private:
+  Traffic traffic_;
 };
 
 }  // namespace po::comm

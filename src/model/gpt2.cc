@@ -93,6 +93,10 @@ void GPT2::build_layout() {
   num_params_ = offset;
   PO_ASSERT(num_params_ == config_.num_params(), "layout and formula disagree: ", num_params_,
             " vs ", config_.num_params());
+  const std::vector<int64_t> units = config_.unit_numels();
+  for (int u = 0; u < num_units(); ++u)
+    PO_ASSERT(unit_numel(u) == units[static_cast<size_t>(u)], "unit ", u, ": layout ",
+              unit_numel(u), " elements, GPT2Config::unit_numels ", units[static_cast<size_t>(u)]);
 }
 
 size_t GPT2::layout_activations(const GPT2Config& config, int64_t B, int64_t T, float* base,
@@ -179,6 +183,10 @@ size_t GPT2::predicted_activation_bytes(const GPT2Config& config, int64_t B, int
   config.validate();
   ActivationLayout counted;
   return layout_activations(config, B, T, nullptr, counted) * sizeof(float);
+}
+
+size_t GPT2::predicted_logits_bytes(const GPT2Config& config, int64_t B, int64_t T) {
+  return static_cast<size_t>(head_chunk_rows(B, T) * config.vocab_size + B * T) * sizeof(float);
 }
 
 size_t GPT2::predicted_bytes(const GPT2Config& config, int64_t B, int64_t T) {

@@ -147,6 +147,9 @@ class GPT2 {
   static size_t predicted_bytes(const GPT2Config& config, int64_t B, int64_t T);
   // Bytes of activations and scratch alone (what activation_bytes() will be).
   static size_t predicted_activation_bytes(const GPT2Config& config, int64_t B, int64_t T);
+  // The part of those that is the head's: one chunk of logits [rows, V] and
+  // the per-token losses [B·T].
+  static size_t predicted_logits_bytes(const GPT2Config& config, int64_t B, int64_t T);
 
  private:
   struct LayerActs {

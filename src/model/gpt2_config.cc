@@ -67,6 +67,14 @@ int64_t GPT2Config::num_params() const {
   return vocab_size * C + seq_len * C + n_layer * per_block + 2 * C;
 }
 
+std::vector<int64_t> GPT2Config::unit_numels() const {
+  const int64_t C = n_embd;
+  std::vector<int64_t> n = {vocab_size * C + seq_len * C};
+  for (int64_t l = 0; l < n_layer; ++l) n.push_back(12 * C * C + 13 * C);
+  n.push_back(2 * C);
+  return n;
+}
+
 double GPT2Config::flops_per_token(int64_t T) const {
   return 6.0 * static_cast<double>(num_params()) +
          12.0 * static_cast<double>(n_layer * n_embd * T);

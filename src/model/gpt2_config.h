@@ -28,6 +28,9 @@ struct GPT2Config {
 
   // Total parameters (tied head counted once).
   int64_t num_params() const;
+  // Elements of each unit in GPT2's flat layout: embeddings (wte, wpe),
+  // the L blocks, the final LayerNorm (the planner sizes shards from it).
+  std::vector<int64_t> unit_numels() const;
   // Training FLOPs per token: 6·Ψ + 12·L·C·T (REFERENCE.md, PaLM appendix B), at sequence T.
   double flops_per_token(int64_t T) const;
 };

@@ -85,24 +85,12 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
 
   defer_embedding_ = options_.overlap && stage < 2;
   if (stage < 2) {
-    // Buckets of consecutive units in the order the backward finishes them.
     bucket_of_.assign(static_cast<size_t>(units), 0);
-    const uint64_t limit = std::max<uint64_t>(1, options_.bucket_bytes);
-    const uint64_t esz = param_esz();
-    int hi = units - 1;
-    while (hi >= 0) {
-      int lo = hi;
-      uint64_t bytes = static_cast<uint64_t>(model.unit_numel(lo)) * esz;
-      // With the embedding deferred, unit 0 goes alone (it is ready first),
-      // and so does unit 1: the backward finishes it last, so nothing can
-      // hide its reduction and it should be as short as possible.
-      const int floor = !defer_embedding_ || hi == 0 ? 0 : hi == 1 ? 1 : 2;
-      while (lo > floor && bytes < limit)
-        bytes += static_cast<uint64_t>(model.unit_numel(--lo)) * esz;
+    for (const auto& [lo, hi] : bucket_units(unit_sizes(model), param_esz(), options_.bucket_bytes,
+                                             defer_embedding_)) {
       for (int u = lo; u <= hi; ++u) bucket_of_[static_cast<size_t>(u)] = static_cast<int>(buckets_.size());
       buckets_.push_back({lo, model.unit_offset(lo),
                           model.unit_offset(hi) + model.unit_numel(hi) - model.unit_offset(lo)});
-      hi = lo - 1;
     }
   }
   if (stage >= 1) {
@@ -119,12 +107,35 @@ DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
   }
   if (defer_embedding_) {
     const size_t rows = static_cast<size_t>(model.batch() * model.seq_len());
-    lookup_tokens_.resize(rows * static_cast<size_t>(layout_.ranks()));
-    lookup_grads_.resize(lookup_tokens_.size() * static_cast<size_t>(model.config().n_embd));
+    lookup_rows_ = rows * static_cast<size_t>(layout_.ranks());
+    lookup_tokens_ = tensor::Storage(lookup_rows_ * sizeof(int32_t));
+    lookup_grads_ = tensor::Storage(lookup_rows_ * static_cast<size_t>(model.config().n_embd) * sizeof(float));
   }
 }
 
 DataParallel::~DataParallel() = default;
+
+// Buckets of consecutive units in the order the backward finishes them.
+std::vector<std::pair<int, int>> DataParallel::bucket_units(const std::vector<int64_t>& unit_numel,
+                                                            size_t esz, uint64_t bucket_bytes,
+                                                            bool defer) {
+  std::vector<std::pair<int, int>> out;
+  const uint64_t limit = std::max<uint64_t>(1, bucket_bytes);
+  int hi = static_cast<int>(unit_numel.size()) - 1;
+  while (hi >= 0) {
+    int lo = hi;
+    uint64_t bytes = static_cast<uint64_t>(unit_numel[static_cast<size_t>(lo)]) * esz;
+    // With the embedding deferred, unit 0 goes alone (it is ready first),
+    // and so does unit 1: the backward finishes it last, so nothing can
+    // hide its reduction and it should be as short as possible.
+    const int floor = !defer || hi == 0 ? 0 : hi == 1 ? 1 : 2;
+    while (lo > floor && bytes < limit)
+      bytes += static_cast<uint64_t>(unit_numel[static_cast<size_t>(--lo)]) * esz;
+    out.emplace_back(lo, hi);
+    hi = lo - 1;
+  }
+  return out;
+}
 
 // bf16: the fp32 master weights from the model's fp32 parameters, before the
 // model's buffer gives way to bf16 storage (stage 0: all, else this rank's
@@ -414,17 +425,17 @@ void DataParallel::issue_allreduce(int unit) {
                                 DType::kBF16, comm::ReduceOp::kSum);
   } else {  // bf16 gradients summed in fp32: staged, a bounded number at once
     size_t staged = 0;
-    for (const Pending& q : pending_) staged += q.staged.empty() ? 0 : 1;
+    for (const Pending& q : pending_) staged += q.staged.size() == 0 ? 0 : 1;
     for (auto it = pending_.begin(); staged >= kMaxStaged && it != pending_.end(); ++it)
-      if (!it->staged.empty()) {
+      if (it->staged.size() != 0) {
         const double before = comm_wait_s_;
         finish(*it);
         staged_wait_s_ += comm_wait_s_ - before;
         --staged;
       }
-    p.staged.resize(static_cast<size_t>(b.numel));
-    ops::bf16_to_f32(p.staged.data(), units_->full_grads() + b.offset, b.numel);
-    p.work = group_->iallreduce(p.staged.data(), p.staged.size(), DType::kF32,
+    p.staged = tensor::Storage(static_cast<size_t>(b.numel) * sizeof(float));
+    ops::bf16_to_f32(p.staged.f32(), units_->full_grads() + b.offset, b.numel);
+    p.work = group_->iallreduce(p.staged.f32(), static_cast<size_t>(b.numel), DType::kF32,
                                 comm::ReduceOp::kSum);
   }
   pending_.push_back(std::move(p));
@@ -438,10 +449,10 @@ void DataParallel::finish(Pending& p) {
     p.work.wait();
     comm_wait_s_ += wait.seconds();
   }
-  if (!p.staged.empty()) {
+  if (p.staged.size() != 0) {
     const Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
-    ops::f32_to_bf16(units_->full_grads() + b.offset, p.staged.data(), b.numel);
-    std::vector<float>().swap(p.staged);
+    ops::f32_to_bf16(units_->full_grads() + b.offset, p.staged.f32(), b.numel);
+    p.staged = tensor::Storage();
   }
   p.bucket = -1;
 }
@@ -461,7 +472,7 @@ void DataParallel::backward_done(const int32_t* tokens) {
     const size_t rows = static_cast<size_t>(model_.batch() * model_.seq_len());
     Pending t, g;
     t.work = group_->iall_gather(tokens, lookup_tokens_.data(), rows, DType::kI32);
-    g.work = group_->iall_gather(model_.embedding_output_grad(), lookup_grads_.data(),
+    g.work = group_->iall_gather(model_.embedding_output_grad(), lookup_grads_.f32(),
                                  rows * static_cast<size_t>(model_.config().n_embd), DType::kF32);
     pending_.push_back(std::move(t));
     pending_.push_back(std::move(g));
@@ -474,10 +485,11 @@ void DataParallel::add_lookup_rows_bf16() {
   const int64_t C = model_.config().n_embd, T = model_.seq_len();
   uint16_t* wte = units_->full_grads() + model_.param("wte.weight").offset;
   uint16_t* wpe = units_->full_grads() + model_.param("wpe.weight").offset;
-  const int64_t rows = static_cast<int64_t>(lookup_tokens_.size());
+  const auto rows = static_cast<int64_t>(lookup_rows_);
+  const auto* tokens = static_cast<const int32_t*>(lookup_tokens_.data());
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = lookup_grads_.data() + r * C;
-    ops::bf16_add_f32(wte + static_cast<int64_t>(lookup_tokens_[static_cast<size_t>(r)]) * C, g, C);
+    const float* g = lookup_grads_.f32() + r * C;
+    ops::bf16_add_f32(wte + static_cast<int64_t>(tokens[r]) * C, g, C);
     ops::bf16_add_f32(wpe + (r % T) * C, g, C);
   }
 }
@@ -506,7 +518,7 @@ double DataParallel::step(double lr) {
       } else {
         ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
                                 model_.grads() + model_.param("wpe.weight").offset,
-                                lookup_grads_.data(), lookup_tokens_.data(),
+                                lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
                                 model_.batch() * layout_.ranks(), model_.seq_len(),
                                 model_.config().n_embd);
       }
@@ -684,21 +696,30 @@ size_t DataParallel::predicted_model_state_bytes() const {
 }
 
 size_t DataParallel::working_buffer_bytes_bound() const {
-  int64_t max_n = 0, max_padded = 0, max_bucket = 0;
-  for (int u = 0; u < layout_.num_units(); ++u) {
-    max_n = std::max(max_n, layout_.unit_numel(u));
-    max_padded = std::max(max_padded, layout_.stride(u) * layout_.ranks());
-  }
+  int64_t max_bucket = 0;
   for (const Bucket& b : buckets_) max_bucket = std::max(max_bucket, b.numel);
-  const int s = options_.zero_stage;
+  return working_buffer_bytes_bound(layout_, options_, max_bucket);
+}
+
+size_t DataParallel::working_buffer_bytes_bound(const ShardLayout& layout,
+                                                const DataParallelOptions& options,
+                                                int64_t max_bucket) {
+  int64_t max_n = 0, max_padded = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    max_n = std::max(max_n, layout.unit_numel(u));
+    max_padded = std::max(max_padded, layout.stride(u) * layout.ranks());
+  }
+  const int s = options.zero_stage;
+  const bool bf16 = options.param_dtype == DType::kBF16;
+  const double esz = bf16 ? 2 : 4;
   double bytes = 16.0 * (1 << 20);  // the ring's scratch, MPI's own
-  if (units_) {
+  if (s >= 2 || bf16) {             // UnitBuffers' pools
     const double acc = 4.0 * static_cast<double>(max_padded) * 1.75;  // f32 + wire copy + receive
     bytes += (3 + UnitBuffers::kMaxReductionsInFlight) * acc;
-    if (s == 3) bytes += (options_.prefetch + 3) * static_cast<double>(param_esz() * max_padded);
-    if (bf16()) bytes += (options_.prefetch + 3) * 4.0 * static_cast<double>(max_n);
+    if (s == 3) bytes += (options.prefetch + 3) * esz * static_cast<double>(max_padded);
+    if (bf16) bytes += (options.prefetch + 3) * 4.0 * static_cast<double>(max_n);
   }
-  if (bf16() && options_.reduce_dtype == DType::kF32)
+  if (bf16 && options.reduce_dtype == DType::kF32)
     bytes += kMaxStaged * 4.0 * static_cast<double>(max_bucket);
   return static_cast<size_t>(bytes);
 }
@@ -722,8 +743,8 @@ MemoryReport DataParallel::memory() const {
     r.gathered += units_->gathered_bytes();
     r.buckets += units_->accumulator_bytes();
   }
-  for (const auto& p : pending_) r.buckets += p.staged.size() * sizeof(float);
-  r.buckets += lookup_tokens_.size() * sizeof(int32_t) + lookup_grads_.size() * sizeof(float);
+  for (const auto& p : pending_) r.buckets += p.staged.size();
+  r.buckets += lookup_tokens_.size() + lookup_grads_.size();
   r.activations = model_.activation_bytes();
   return r;
 }

@@ -144,6 +144,21 @@ class DataParallel {
   // staging, ring scratch): what a compute budget must leave free besides
   // what is allocated at construction.
   size_t working_buffer_bytes_bound() const;
+  // The same from the layout and options alone (the planner's and this
+  // object's one formula): `max_bucket` = elements of the largest stage 0-1
+  // bucket (0 without buckets).
+  static size_t working_buffer_bytes_bound(const ShardLayout& layout,
+                                           const DataParallelOptions& options,
+                                           int64_t max_bucket);
+  // Stages 0-1: the all-reduce buckets over units of `unit_numel` elements
+  // (esz bytes each) as {lowest unit, highest unit}, in the order the
+  // backward finishes them (the highest units first). With the embedding
+  // deferred (`defer`), units 0 and 1 go alone (see the constructor).
+  static std::vector<std::pair<int, int>> bucket_units(const std::vector<int64_t>& unit_numel,
+                                                       size_t esz, uint64_t bucket_bytes,
+                                                       bool defer);
+  // At most this many bf16 buckets are staged in f32 at once (reduce_dtype fp32).
+  static constexpr size_t kMaxStaged = 2;
 
   // What a sharded checkpoint reads and writes: this rank's elements
   // [layout().begin(u), layout().end(u)) of unit u (layout().owned(u) floats),
@@ -227,9 +242,6 @@ class DataParallel {
   };
   std::vector<SumOfSquares> unit_sq_;  // paged shards: per unit, its final gradient's
 
-  // Buckets of reduced bf16 gradients staged in f32 at once (reduce_dtype fp32).
-  static constexpr size_t kMaxStaged = 2;
-
   model::GPT2& model_;
   comm::Communicator* group_;
   DataParallelOptions options_;
@@ -250,7 +262,7 @@ class DataParallel {
   // the bucket widened to f32, narrowed back into the gradient when done.
   struct Pending {
     comm::Work work;
-    std::vector<float> staged;
+    tensor::Storage staged;  // f32, the bucket's elements (compute pool: counted)
     int bucket = -1;
   };
   void finish(Pending& p);
@@ -263,8 +275,10 @@ class DataParallel {
   // Offset of unit u's shard in the Adam state / master (stage 0: the model's offsets).
   int64_t state_offset(int u) const;
   tensor::Storage gather_send_, gather_recv_;  // param_dtype elements
-  std::vector<int32_t> lookup_tokens_;  // deferred embedding rows of all ranks
-  std::vector<float> lookup_grads_;
+  // Deferred embedding rows of all ranks: their tokens (i32) and gradients
+  // ([rows, C] f32), in the compute pool like every other buffer.
+  size_t lookup_rows_ = 0;
+  tensor::Storage lookup_tokens_, lookup_grads_;
   std::deque<Pending> pending_;
   std::unique_ptr<UnitBuffers> units_;  // after the gradient shards: destroyed first
 };

@@ -122,6 +122,7 @@ size_t storage_bytes_peak() { return g_peak.load(); }
 
 size_t pool_bytes_live(Pool p) { return counters(p).live.load(); }
 size_t pool_bytes_peak(Pool p) { return counters(p).peak.load(); }
+void reset_pool_peak(Pool p) { counters(p).peak.store(counters(p).live.load()); }
 void set_pool_budget(Pool p, size_t bytes) { counters(p).budget.store(bytes); }
 size_t pool_budget(Pool p) { return counters(p).budget.load(); }
 

@@ -70,6 +70,8 @@ size_t storage_bytes_peak();
 // below what the pool holds now is allowed; the next allocation then fails.
 size_t pool_bytes_live(Pool p);
 size_t pool_bytes_peak(Pool p);
+// Starts the pool's high-water mark over from what it holds now.
+void reset_pool_peak(Pool p);
 void set_pool_budget(Pool p, size_t bytes);
 size_t pool_budget(Pool p);
 

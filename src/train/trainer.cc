@@ -45,22 +45,6 @@ namespace fs = std::filesystem;
 namespace ops = po::backend::cpu;
 namespace {
 
-// Measured single-precision GEMM peak of this machine with the engine's BLAS
-// (GFLOP/s), the denominator of MFU on a CPU build.
-// One warm-up (oneDNN JIT-compiles its kernel on first use), then best of 3.
-double measure_gemm_peak_gflops() {
-  const int64_t n = 2048;
-  tensor::Storage a(n * n * 4), b(n * n * 4), c(n * n * 4);
-  for (int64_t i = 0; i < n * n; ++i) a.f32()[i] = b.f32()[i] = 1e-3f * static_cast<float>(i % 97);
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {  // ~0.3 s in all on 2 cores
-    core::Timer t;
-    ops::gemm(false, true, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(), n);
-    if (rep > 0) best = std::min(best, t.seconds());
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
-
 // XXH3 of this process's executable: ranks must run the same build.
 uint64_t binary_hash() {
   std::ifstream f("/proc/self/exe", std::ios::binary);
@@ -176,8 +160,12 @@ void check_launch(const comm::LaunchEnv& env, int64_t dp) {
 
 // What each rank holds, by kind (DataParallel's ledger plus the process's
 // peak RSS), gathered to every rank: one row per rank.
+// "peak": the compute pool's high-water mark (every tensor::Storage the
+// engine allocates, transient ones included) since set-up ended; in the
+// set-up table, the peak of set-up itself.
 constexpr const char* kMemoryKinds[] = {"params",      "grads", "master", "adam",  "gathered", "buckets",
-                                        "activations", "pages", "host",   "total", "peak_rss"};
+                                        "activations", "pages", "host",   "total", "peak",
+                                        "peak_rss"};
 constexpr size_t kMemoryFields = std::size(kMemoryKinds);
 using MemoryRow = std::array<uint64_t, kMemoryFields>;
 
@@ -215,7 +203,8 @@ std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::Data
                                        const memory::PagerStats& paging = {}) {
   const parallel::MemoryReport m = dp.memory();
   const RankRecord mine = {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets,
-                            m.activations, m.pages, m.host, m.total(), peak_rss_bytes()},
+                            m.activations, m.pages, m.host, m.total(),
+                            tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
                            dp.backward_end_ns(), paging_row(dp, paging)};
   std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
   if (world)
@@ -232,6 +221,18 @@ nlohmann::json memory_json(const std::vector<RankRecord>& rows) {
     nlohmann::json j;
     for (size_t k = 0; k < kMemoryFields; ++k) j[kMemoryKinds[k]] = r.memory[k];
     out.push_back(j);
+  }
+  return out;
+}
+
+// The step's collectives on the data-parallel group: {"allreduce": {"calls":
+// c, "bytes": b}, ...}, operations that ran only (payload bytes: comm::Traffic).
+nlohmann::json traffic_json(const comm::Traffic& t) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int i = 0; i < comm::kNumCommOps; ++i) {
+    if (t.calls[i] == 0) continue;
+    out[comm::comm_op_name(static_cast<comm::CommOp>(i))] = {{"calls", t.calls[i]},
+                                                             {"bytes", t.bytes[i]}};
   }
   return out;
 }
@@ -540,7 +541,7 @@ TrainResult train(const core::Config& cfg) {
 
   const double peak_gflops = cfg.get_float("train.peak_gflops") > 0
                                  ? cfg.get_float("train.peak_gflops")
-                                 : measure_gemm_peak_gflops();
+                                 : ops::measure_gemm_peak_gflops();
   // The compute budget holds from here on (set up is done: the whole fp32
   // model has given way to shards, the GEMM probe's matrices are freed).
   if (paging) tensor::set_pool_budget(tensor::Pool::kCompute, cfg.get_size("memory.compute_budget"));
@@ -558,6 +559,8 @@ TrainResult train(const core::Config& cfg) {
     const auto rows = gather_records(world.get(), dp);
     if (leader) PO_LOG_INFO(memory_table(rows));
   }
+  // From here "peak" is the training steps' own (the planner's prediction).
+  tensor::reset_pool_peak(tensor::Pool::kCompute);
 
   std::optional<MetricsWriter> metrics;
   if (leader) metrics.emplace((fs::path(run_dir) / "metrics.jsonl").string());
@@ -602,6 +605,7 @@ TrainResult train(const core::Config& cfg) {
 
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
+    const comm::Traffic traffic_before = world ? world->traffic() : comm::Traffic{};
     model.zero_grads();
     const double lr = sched.at(step);
     dp.set_step_lr(lr);  // paged, unclipped: pages update during the backward
@@ -619,6 +623,9 @@ TrainResult train(const core::Config& cfg) {
       if (last_micro) dp.backward_done(inputs.data());
     }
     const double norm = dp.step(lr);
+    // What this step's training moved (not the reporting below).
+    const comm::Traffic traffic =
+        world ? world->traffic().since(traffic_before) : comm::Traffic{};
     const double comm_wait_s = dp.comm_wait_seconds();
     const memory::PagerStats paging_stats = paging ? dp.pager()->take_stats() : memory::PagerStats{};
     if (world) {
@@ -674,6 +681,7 @@ TrainResult train(const core::Config& cfg) {
                    {"tokens", state.tokens},
                    {"peak_rss_bytes", peak_rss_bytes()},
                    {"predicted_bytes", predicted},
+                   {"comm", traffic_json(traffic)},
                    {"memory_per_rank", memory_json(records)}});
     if (paging) metrics->write(paging_json(state.step, records));
     const double avg = timed_steps > 0 ? timed_s / timed_steps : dt;

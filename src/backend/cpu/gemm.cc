@@ -3,11 +3,15 @@
 // OpenMP builds, so setting the OpenMP thread count sizes the one shared pool.
 #include <omp.h>
 
+#include <algorithm>
+
 #include <vector>
 
 #include "backend/ops.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/timer.h"
+#include "tensor/tensor.h"
 
 #if defined(PO_BLAS_OPENBLAS)
 #include <cblas.h>
@@ -129,5 +133,19 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 }
 
 }  // namespace
+
+// One warm-up (oneDNN JIT-compiles its kernel on first use), then best of 3.
+double measure_gemm_peak_gflops() {
+  const int64_t n = 2048;
+  tensor::Storage a(n * n * 4), b(n * n * 4), c(n * n * 4);
+  for (int64_t i = 0; i < n * n; ++i) a.f32()[i] = b.f32()[i] = 1e-3f * static_cast<float>(i % 97);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    core::Timer t;
+    gemm(false, true, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(), n);
+    if (rep > 0) best = std::min(best, t.seconds());
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
 
 }  // namespace po::backend::cpu

@@ -321,6 +321,7 @@ void MpiCommunicator::check_peer(int peer, const char* what) const {
 }
 
 Work MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  count_op(CommOp::kAllReduce, count, dtype);
   check_reducible(dtype, "allreduce");
   const int n = to_int(count, "allreduce");
   auto pending = std::make_unique<MpiPendingOp>();
@@ -343,6 +344,7 @@ Work MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp 
 
 Work MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                       ReduceOp op) {
+  count_op(CommOp::kReduceScatter, recv_count * static_cast<size_t>(size()), dtype);
   check_reducible(dtype, "reduce_scatter");
   const int n = to_int(recv_count, "reduce_scatter");
   auto pending = std::make_unique<MpiPendingOp>();
@@ -365,6 +367,7 @@ Work MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_
 }
 
 Work MpiCommunicator::iall_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+  count_op(CommOp::kAllGather, send_count * static_cast<size_t>(size()), dtype);
   const int n = to_int(send_count, "all_gather");
   auto pending = std::make_unique<MpiPendingOp>();
   const MPI_Datatype t = mpi_type(dtype);
@@ -376,6 +379,7 @@ Work MpiCommunicator::iall_gather(const void* send, void* recv, size_t send_coun
 }
 
 Work MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+  count_op(CommOp::kBroadcast, count, dtype);
   check_peer(root, "broadcast root");
   const int n = to_int(count, "broadcast");
   auto pending = std::make_unique<MpiPendingOp>();
@@ -387,6 +391,7 @@ Work MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root)
 }
 
 Work MpiCommunicator::isend(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  count_op(CommOp::kSend, count, dtype);
   check_peer(peer, "send");
   PO_CHECK(tag >= 0 && tag <= tag_ub_, "send: tag ", tag, " is not in [0, ", tag_ub_, "]");
   const int n = to_int(count, "send");
@@ -399,6 +404,7 @@ Work MpiCommunicator::isend(const void* buf, size_t count, DType dtype, int peer
 }
 
 Work MpiCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
+  count_op(CommOp::kRecv, count, dtype);
   check_peer(peer, "recv");
   PO_CHECK(tag >= 0 && tag <= tag_ub_, "recv: tag ", tag, " is not in [0, ", tag_ub_, "]");
   const int n = to_int(count, "recv");
@@ -412,6 +418,7 @@ Work MpiCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int 
 
 Work MpiCommunicator::iall_to_all(const void* send, void* recv, size_t count_per_rank,
                                   DType dtype) {
+  count_op(CommOp::kAllToAll, count_per_rank * static_cast<size_t>(size()), dtype);
   const int n = to_int(count_per_rank, "all_to_all");
   auto pending = std::make_unique<MpiPendingOp>();
   const MPI_Datatype t = mpi_type(dtype);
@@ -423,6 +430,7 @@ Work MpiCommunicator::iall_to_all(const void* send, void* recv, size_t count_per
 }
 
 Work MpiCommunicator::ibarrier() {
+  count_op(CommOp::kBarrier, 0, DType::kF32);
   auto pending = std::make_unique<MpiPendingOp>();
   PO_MPI_CHECK(MPI_Ibarrier(comm_, pending->add_request()));
   return tracked(std::move(pending), arrivals_, describe("barrier"), timeout_);

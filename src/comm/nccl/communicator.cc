@@ -403,6 +403,7 @@ Work NcclCommunicator::launch(const std::string& op, Body&& body) {
 // ---- collectives -----------------------------------------------------------
 
 Work NcclCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  count_op(CommOp::kAllReduce, count, dtype);
   check_reducible(dtype, "allreduce");
   const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size()) : 1.0f;
   const std::string what = core::str_cat("allreduce(", reduce_op_name(op), ", ",
@@ -428,6 +429,7 @@ Work NcclCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp
 
 Work NcclCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
                                        ReduceOp op) {
+  count_op(CommOp::kReduceScatter, recv_count * static_cast<size_t>(size()), dtype);
   check_reducible(dtype, "reduce_scatter");
   const float divisor = op == ReduceOp::kAvg ? static_cast<float>(size()) : 1.0f;
   const std::string what =
@@ -458,6 +460,7 @@ Work NcclCommunicator::ireduce_scatter(const void* send, void* recv, size_t recv
 
 // Data movement is typeless: every DType moves as bytes.
 Work NcclCommunicator::iall_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+  count_op(CommOp::kAllGather, send_count * static_cast<size_t>(size()), dtype);
   const size_t bytes = send_count * tensor::dtype_size(dtype);
   const std::string what = core::str_cat("all_gather(", tensor::dtype_name(dtype), ", ", send_count,
                                          " elements per rank)");
@@ -468,6 +471,7 @@ Work NcclCommunicator::iall_gather(const void* send, void* recv, size_t send_cou
 }
 
 Work NcclCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+  count_op(CommOp::kBroadcast, count, dtype);
   check_peer(root, "broadcast root");
   const size_t bytes = count * tensor::dtype_size(dtype);
   const std::string what = core::str_cat("broadcast(", tensor::dtype_name(dtype), ", ", count,
@@ -480,6 +484,7 @@ Work NcclCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root
 
 Work NcclCommunicator::iall_to_all(const void* send, void* recv, size_t count_per_rank,
                                    DType dtype) {
+  count_op(CommOp::kAllToAll, count_per_rank * static_cast<size_t>(size()), dtype);
   const size_t bytes = count_per_rank * tensor::dtype_size(dtype);
   const std::string what = core::str_cat("all_to_all(", tensor::dtype_name(dtype), ", ",
                                          count_per_rank, " elements per rank)");
@@ -503,6 +508,7 @@ Work NcclCommunicator::iall_to_all(const void* send, void* recv, size_t count_pe
 }
 
 Work NcclCommunicator::ibarrier() {
+  count_op(CommOp::kBarrier, 0, DType::kF32);
   return launch("barrier", [&](NcclState& s) {
     // max of zeros stays zero: the buffer never needs resetting.
     PO_NCCL_CHECK(s.where, ncclAllReduce(s.barrier_buf, s.barrier_buf, 1, ncclFloat32, ncclMax,
@@ -526,12 +532,14 @@ Work NcclCommunicator::queue_p2p(bool is_send, const void* buf, size_t count, DT
 }
 
 Work NcclCommunicator::isend(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  count_op(CommOp::kSend, count, dtype);
   return queue_p2p(true, buf, count, dtype, peer, tag,
                    core::str_cat("send(", tensor::dtype_name(dtype), ", ", count,
                                  " elements, to rank ", peer, ", tag ", tag, ")"));
 }
 
 Work NcclCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
+  count_op(CommOp::kRecv, count, dtype);
   return queue_p2p(false, buf, count, dtype, peer, tag,
                    core::str_cat("recv(", tensor::dtype_name(dtype), ", ", count,
                                  " elements, from rank ", peer, ", tag ", tag, ")"));

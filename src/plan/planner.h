@@ -1,0 +1,138 @@
+// `pagedoptim plan`: memory, communication and step time of a layout,
+// predicted before a job starts (DESIGN.md "Memory accounting").
+//
+// Two models, one report:
+//   * engine-exact: a GPT-2 shape with data parallel only (what the engine
+//     runs today). Sizes come from the engine's own rules — the shard layout,
+//     the all-reduce buckets, the activation layout, the pools' size classes
+//     replayed along the hooks' order, the pager's frames — so the predicted
+//     compute-tier peak is what the engine's compute pool reaches, and the
+//     predicted collectives (calls and payload bytes) are what its
+//     Communicator counts (tests/plan/plan_vs_engine_launch_test).
+//   * analytic: everything else (Llama shapes, tensor / pipeline / context
+//     parallel). Model states by the ZeRO ledger, activations by Korthikanti
+//     et al.'s formula, communication by the collectives Megatron-style
+//     layouts issue. Marked "not yet trainable" with the reason.
+// Times come from the cluster: compute = FLOPs / (peak · efficiency),
+// a collective = latency + wire bytes / bus bandwidth of the link its group
+// spans, with the part that can hide behind compute shown as such.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "plan/presets.h"
+
+namespace po::plan {
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int zero_stage = 0;
+  bool bf16 = false;         // train.precision
+  bool reduce_bf16 = false;  // parallel.reduce_dtype
+  int64_t batch = 8;         // global sequences per step (train.batch_size)
+  int64_t micro = 8;         // sequences per micro-batch per rank
+  int64_t seq = 0;           // tokens per sequence
+  bool checkpointing = false;
+  bool sequence_parallel = true;  // with tp > 1 (Megatron-SP)
+  bool overlap = true;
+  uint64_t bucket_bytes = 25u << 20;
+  int prefetch = 1;
+  // Paging (memory.*): on when a compute budget or an NVMe directory is set.
+  bool paging = false;
+  uint64_t compute_budget = 0, host_budget = 0;
+  bool nvme = false;
+  uint64_t page_bytes = 4u << 20;
+  int page_prefetch = 2;
+
+  int devices() const { return dp * tp * pp * cp; }
+  // Micro-batches per step on each rank (gradient accumulation).
+  int64_t accum() const { return batch / (static_cast<int64_t>(dp) * micro); }
+  std::string describe() const;  // "dp 4 × tp 2 × pp 1 × cp 1, ZeRO-1, bf16, micro 2, ckpt"
+};
+
+// The model of a config: model.preset (model_preset's names) with
+// model.n_layer / n_embd / n_head / vocab_size / seq_len overrides.
+ModelSpec model_from_config(const core::Config& cfg);
+// The layout a config asks for.
+Layout layout_from_config(const core::Config& cfg, const ModelSpec& model);
+// Throws core::InvalidArgument naming the violated constraint (tp dividing
+// the heads, pp at most the layers, the batch splitting over dp × micro ...);
+// `devices` > 0: dp·tp·pp·cp must equal it.
+void check_layout(const ModelSpec& model, const Layout& layout, int devices = 0);
+
+enum class Tier { kCompute, kHost, kNvme };
+const char* tier_name(Tier t);
+
+struct MemoryItem {
+  std::string name;
+  double bytes = 0;
+  Tier tier = Tier::kCompute;
+  std::string note;
+};
+
+struct CommItem {
+  std::string dim;   // "dp", "tp", "pp", "cp"
+  std::string op;    // comm::comm_op_name's names, "send" for pipeline p2p
+  std::string what;  // "gradient buckets", "parameter gathers", ...
+  uint64_t calls = 0;
+  double bytes = 0;       // payload, as comm::Traffic counts it
+  double wire_bytes = 0;  // what each rank sends (ring algorithms)
+  double seconds = 0;
+  bool overlaps = false;  // can hide behind compute
+};
+
+struct Plan {
+  ModelSpec model;
+  ClusterSpec cluster;
+  Layout layout;
+  bool engine_exact = false;
+  std::vector<std::string> not_trainable;  // empty: the engine runs it today
+
+  std::vector<MemoryItem> memory;  // per rank (the busiest: rank 0 / first stage)
+  double compute_peak = 0;   // Σ compute-tier items: the engine's compute-pool peak
+  double device_peak = 0;    // + the framework's overhead
+  double host_bytes = 0, nvme_bytes = 0;
+  double activations_no_ckpt = 0, activations_ckpt = 0;  // per rank, for comparison
+  double min_compute_budget = 0;  // paging: the smallest memory.compute_budget the engine accepts
+
+  std::vector<CommItem> comm;  // per rank per step
+  double model_flops = 0;      // per step, all devices
+  double compute_s = 0, bubble_s = 0, comm_s = 0, exposed_comm_s = 0, io_s = 0, step_s = 0;
+  double tokens_per_s = 0, mfu = 0;
+
+  bool fits = true;
+  std::vector<std::string> rejections;  // why it does not fit
+};
+
+Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout);
+
+// Every layout of `devices` devices (dp × tp × pp × cp, ZeRO stage, paging,
+// micro-batch, checkpointing) for the base's batch, precision and sequence;
+// fitting plans ranked by tokens/s, then the rejected ones.
+struct SearchResult {
+  std::vector<Plan> fitting, rejected;
+  size_t invalid = 0;  // combinations that break a constraint (not planned)
+};
+SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const Layout& base,
+                    int devices);
+
+std::string format_plan(const Plan& plan);
+std::string format_search(const SearchResult& result, size_t top = 10);
+nlohmann::json plan_json(const Plan& plan);
+
+// Formulas the plans use, exposed for tests against the literature.
+// Korthikanti et al. 2022, 16-bit activations of one transformer layer, bytes:
+// s·b·h·(34 + 5as/h) alone, s·b·h·(10 + 24/t + 5as/(ht)) with tp t,
+// s·b·h/t·(34 + 5as/h) with tp + sequence parallel, 2·s·b·h with full
+// recompute; `flash` drops the 5as/h terms (no s×s scores kept).
+double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
+                               bool recompute, bool flash = false);
+// ZeRO (Rajbhandari et al. 2020) mixed-precision Adam model states per rank:
+// 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+double zero_model_state_bytes(double psi, int ranks, int stage);
+
+}  // namespace po::plan

@@ -1,0 +1,295 @@
+#include "plan/presets.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+#include <toml++/toml.h>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/config.h"
+#include "core/error.h"
+
+namespace po::plan {
+
+std::vector<int64_t> ModelSpec::unit_numels() const {
+  if (arch == Arch::kGPT2) return gpt2().unit_numels();
+  const int64_t C = n_embd, hd = n_embd / n_head;
+  // Llama: token embedding; per block RMSNorm ×2, q, k, v (GQA), o, SwiGLU
+  // (gate, up, down), no biases; final RMSNorm and the untied head.
+  std::vector<int64_t> n = {vocab * C};
+  const int64_t block = 2 * C + C * C + 2 * C * n_kv_head * hd + C * C + 3 * C * ffn;
+  for (int64_t l = 0; l < n_layer; ++l) n.push_back(block);
+  n.push_back(C + (tied_head ? 0 : vocab * C));
+  return n;
+}
+
+int64_t ModelSpec::num_params() const {
+  int64_t total = 0;
+  for (int64_t n : unit_numels()) total += n;
+  return total;
+}
+
+double ModelSpec::flops_per_token(int64_t T) const {
+  return 6.0 * static_cast<double>(num_params()) + 12.0 * static_cast<double>(n_layer * n_embd * T);
+}
+
+model::GPT2Config ModelSpec::gpt2() const {
+  model::GPT2Config c;
+  c.n_layer = n_layer;
+  c.n_embd = n_embd;
+  c.n_head = n_head;
+  c.vocab_size = vocab;
+  c.seq_len = seq_len;
+  return c;
+}
+
+namespace {
+
+ModelSpec llama(const char* name, int64_t L, int64_t C, int64_t heads, int64_t kv, int64_t ffn,
+                int64_t vocab, int64_t seq) {
+  ModelSpec m;
+  m.name = name;
+  m.arch = Arch::kLlama;
+  m.n_layer = L;
+  m.n_embd = C;
+  m.n_head = heads;
+  m.n_kv_head = kv;
+  m.ffn = ffn;
+  m.vocab = vocab;
+  m.seq_len = seq;
+  m.tied_head = false;
+  return m;
+}
+
+ModelSpec gpt2_shape(const std::string& name, const model::GPT2Config& c) {
+  ModelSpec m;
+  m.name = name;
+  m.n_layer = c.n_layer;
+  m.n_embd = c.n_embd;
+  m.n_head = m.n_kv_head = c.n_head;
+  m.ffn = 4 * c.n_embd;
+  m.vocab = c.vocab_size;
+  m.seq_len = c.seq_len;
+  return m;
+}
+
+// Published shapes (Touvron et al. 2023 for Llama 2; Meta's Llama 3 model
+// card; Brown et al. 2020 Table 2.1 for GPT-3 175B).
+const std::map<std::string, ModelSpec>& other_presets() {
+  static const std::map<std::string, ModelSpec> p = [] {
+    std::map<std::string, ModelSpec> m;
+    m["llama2-7b"] = llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096);
+    m["llama2-13b"] = llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096);
+    m["llama2-70b"] = llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096);
+    m["llama3-8b"] = llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192);
+    m["llama3-70b"] = llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192);
+    model::GPT2Config g;
+    g.n_layer = 96;
+    g.n_embd = 12288;
+    g.n_head = 96;
+    g.vocab_size = 50257;
+    g.seq_len = 2048;
+    m["gpt3-175b"] = gpt2_shape("gpt3-175b", g);
+    return m;
+  }();
+  return p;
+}
+
+}  // namespace
+
+ModelSpec model_preset(const std::string& name) {
+  const auto& others = other_presets();
+  if (auto it = others.find(name); it != others.end()) return it->second;
+  const auto gpt2 = model::GPT2Config::preset_names();
+  if (std::find(gpt2.begin(), gpt2.end(), name) != gpt2.end())
+    return gpt2_shape(name, model::GPT2Config::preset(name));
+  std::string known;
+  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  PO_THROW(core::InvalidArgument, "model.preset: unknown preset '", name, "' (known: ", known, ")");
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> out = model::GPT2Config::preset_names();
+  for (const auto& [k, v] : other_presets()) out.push_back(k);
+  return out;
+}
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// DGX-class nodes: 8 GPUs on NVLink, one InfiniBand NIC per GPU. Peaks are
+// the datasheets' dense numbers; bus bandwidths are what nccl-tests reaches
+// on such nodes (about 230 GB/s all-reduce busbw on A100 NVLink 3, 450 on
+// H100 NVLink 4; about 90% of the NIC's line rate between nodes).
+ClusterSpec dgx(const std::string& name, bool h100, int ib_gbps) {
+  ClusterSpec c;
+  c.name = name;
+  c.source = h100 ? "H100 SXM 80GB datasheet, NVLink 4, " : "A100 SXM 80GB datasheet, NVLink 3, ";
+  c.source += std::to_string(ib_gbps) + " Gb/s InfiniBand per GPU";
+  c.devices_per_node = 8;
+  c.device_memory = 80 * kGiB;
+  c.host_memory = (h100 ? 2048 : 1024) * kGiB;
+  c.peak_flops_bf16 = h100 ? 989e12 : 312e12;
+  c.peak_flops_fp32 = h100 ? 67e12 : 19.5e12;
+  c.efficiency = 0.55;
+  c.intra_bw = h100 ? 450e9 : 230e9;
+  c.inter_bw = 0.9 * ib_gbps / 8.0 * 1e9;
+  c.latency = 15e-6;
+  c.nvme_read_bw = h100 ? 25e9 : 12e9;
+  c.nvme_write_bw = h100 ? 12e9 : 6e9;
+  c.host_bw = h100 ? 50e9 : 25e9;
+  c.overhead = 1.5 * kGiB;  // CUDA context, NCCL channels, cuBLAS workspace
+  return c;
+}
+
+double mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// Best of 3 copies of 64 MiB: the bandwidth of one core's memcpy.
+double measure_memcpy_bw() {
+  const size_t n = size_t{64} << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, s);
+  }
+  return static_cast<double>(n) / best;
+}
+
+// This machine: one "device" per core (the engine runs one rank per core),
+// each with its share of the measured GEMM peak and of the available RAM.
+// Ranks exchange data through shared memory: an all-reduce's bus bandwidth
+// is about half a memcpy's (each byte is copied in and out). NVMe numbers are
+// this VM's fio results (docs/benchmarks.md).
+ClusterSpec local() {
+  ClusterSpec c;
+  c.name = "local";
+  c.devices_per_node = std::max(1u, std::thread::hardware_concurrency());
+  const double gemm = backend::cpu::measure_gemm_peak_gflops() * 1e9;
+  c.peak_flops_fp32 = gemm / c.devices_per_node;
+  c.peak_flops_bf16 = c.peak_flops_fp32;  // the kernels compute in f32 (bf16 is storage)
+  c.efficiency = 0.5;                     // docs/benchmarks.md: MFU 0.37-0.54 here
+  c.host_memory = mem_available_bytes();
+  c.device_memory = c.host_memory / c.devices_per_node;
+  c.intra_bw = measure_memcpy_bw() / 2;
+  c.inter_bw = c.intra_bw;
+  c.latency = 20e-6;
+  c.nvme_read_bw = 1.16e9;
+  c.nvme_write_bw = 1.79e9;
+  c.host_bw = c.intra_bw;
+  c.overhead = 0.19 * kGiB;  // code, BLAS/oneDNN, C++ runtime (docs/paging.md)
+  c.source = "measured now: sgemm " + std::to_string(static_cast<int>(gemm / 1e9)) +
+             " GFLOP/s on all cores; memcpy; RAM available";
+  return c;
+}
+
+double get_number(const toml::table& t, const std::string& file, const char* key, double dflt,
+                  bool required) {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    PO_CHECK(!required, file, ": [cluster] ", key, " is missing");
+    return dflt;
+  }
+  if (auto v = n->value<double>()) return *v;
+  PO_THROW(core::InvalidArgument, file, ": [cluster] ", key, " must be a number");
+}
+
+double get_size(const toml::table& t, const std::string& file, const char* key, double dflt,
+                bool required) {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    PO_CHECK(!required, file, ": [cluster] ", key, " is missing");
+    return dflt;
+  }
+  if (auto s = n->value<std::string>())
+    return static_cast<double>(core::parse_size(*s, file + ": [cluster] " + key));
+  if (auto v = n->value<double>()) return *v;
+  PO_THROW(core::InvalidArgument, file, ": [cluster] ", key, " must be a size such as \"80GiB\"");
+}
+
+ClusterSpec from_file(const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    PO_THROW(core::InvalidArgument, path, ":", e.source().begin.line, ": ", e.description());
+  }
+  const toml::table* t = root["cluster"].as_table();
+  PO_CHECK(t != nullptr, path, ": no [cluster] table");
+  static const char* kKeys[] = {"name",           "nodes",          "devices_per_node",
+                                "device_memory",  "host_memory",    "peak_tflops_bf16",
+                                "peak_tflops_fp32", "efficiency",   "intra_node_GBps",
+                                "inter_node_GBps", "latency_us",    "nvme_read_GBps",
+                                "nvme_write_GBps", "host_GBps",     "overhead"};
+  for (const auto& [k, v] : *t) {
+    const auto key = std::string(k.str());
+    PO_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys), path,
+             ": [cluster] unknown key '", key, "'");
+  }
+  ClusterSpec c;
+  c.name = t->get("name") ? t->get("name")->value_or(std::string(path)) : path;
+  c.source = path;
+  c.nodes = static_cast<int>(get_number(*t, path, "nodes", 1, false));
+  c.devices_per_node = static_cast<int>(get_number(*t, path, "devices_per_node", 0, true));
+  c.device_memory = get_size(*t, path, "device_memory", 0, true);
+  c.host_memory = get_size(*t, path, "host_memory", 0, false);
+  c.peak_flops_bf16 = get_number(*t, path, "peak_tflops_bf16", 0, true) * 1e12;
+  c.peak_flops_fp32 = get_number(*t, path, "peak_tflops_fp32", c.peak_flops_bf16 / 1e12 / 16, false) * 1e12;
+  c.efficiency = get_number(*t, path, "efficiency", 0.5, false);
+  c.intra_bw = get_number(*t, path, "intra_node_GBps", 0, true) * 1e9;
+  c.inter_bw = get_number(*t, path, "inter_node_GBps", c.intra_bw / 1e9, false) * 1e9;
+  c.latency = get_number(*t, path, "latency_us", 15, false) * 1e-6;
+  c.nvme_read_bw = get_number(*t, path, "nvme_read_GBps", 0, false) * 1e9;
+  c.nvme_write_bw = get_number(*t, path, "nvme_write_GBps", c.nvme_read_bw / 1e9, false) * 1e9;
+  c.host_bw = get_number(*t, path, "host_GBps", 25, false) * 1e9;
+  c.overhead = get_size(*t, path, "overhead", 1.5 * kGiB, false);
+  PO_CHECK(c.nodes >= 1 && c.devices_per_node >= 1, path,
+           ": [cluster] nodes and devices_per_node must be >= 1");
+  PO_CHECK(c.device_memory > 0 && c.peak_flops_bf16 > 0 && c.intra_bw > 0, path,
+           ": [cluster] device_memory, peak_tflops_bf16 and intra_node_GBps must be > 0");
+  PO_CHECK(c.efficiency > 0 && c.efficiency <= 1, path, ": [cluster] efficiency must be in (0, 1]");
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> cluster_preset_names() {
+  return {"local", "a100-80gb-ib200", "a100-80gb-ib400", "h100-80gb-ib200", "h100-80gb-ib400"};
+}
+
+ClusterSpec cluster_preset(const std::string& name, int nodes) {
+  ClusterSpec c;
+  if (name == "local") {
+    c = local();
+  } else if (name.starts_with("a100-80gb-ib") || name.starts_with("h100-80gb-ib")) {
+    const std::string ib = name.substr(std::strlen("a100-80gb-ib"));
+    PO_CHECK(ib == "200" || ib == "400", "--cluster ", name, ": InfiniBand is ib200 or ib400");
+    c = dgx(name, name[0] == 'h', std::stoi(ib));
+  } else if (name.find('/') != std::string::npos || name.ends_with(".toml")) {
+    c = from_file(name);
+  } else {
+    std::string known;
+    for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
+    PO_THROW(core::InvalidArgument, "--cluster: unknown preset '", name, "' (known: ", known,
+             "; or a TOML file)");
+  }
+  if (nodes > 0) c.nodes = nodes;
+  return c;
+}
+
+}  // namespace po::plan

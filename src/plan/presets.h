@@ -1,0 +1,69 @@
+// What the planner plans for: model shapes and clusters, by preset name or
+// from a file. Models the engine cannot train yet (Llama's RMSNorm, SwiGLU,
+// grouped-query attention, untied head; GPT-3 175B's size is fine, its shape
+// is GPT-2's) are modelled all the same and marked "not yet trainable".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt2_config.h"
+
+namespace po::plan {
+
+enum class Arch { kGPT2, kLlama };
+
+struct ModelSpec {
+  std::string name;
+  Arch arch = Arch::kGPT2;
+  int64_t n_layer = 0, n_embd = 0, n_head = 0;
+  int64_t n_kv_head = 0;  // grouped-query attention (Llama); = n_head otherwise
+  int64_t ffn = 0;        // MLP hidden width: 4C for GPT-2, SwiGLU's for Llama
+  int64_t vocab = 0;
+  int64_t seq_len = 0;    // the sequence length trained at
+  bool tied_head = true;  // GPT-2 ties the LM head to wte; Llama does not
+
+  // Parameters: each unit's (embeddings [+ untied head], blocks, final norm).
+  std::vector<int64_t> unit_numels() const;
+  int64_t num_params() const;
+  // Training FLOPs per token at sequence T: 6Ψ + 12·L·C·T (REFERENCE.md).
+  double flops_per_token(int64_t T) const;
+  // The engine trains this architecture (GPT-2 only, for now).
+  bool engine_trainable() const { return arch == Arch::kGPT2; }
+  // The engine's own config of a GPT-2 shape.
+  model::GPT2Config gpt2() const;
+};
+
+// A preset by name: the engine's GPT-2 presets, llama2-7b, llama2-13b,
+// llama2-70b, llama3-8b, llama3-70b, gpt3-175b. Throws naming the known ones.
+ModelSpec model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+// Per device ("device": a GPU, or one rank of a CPU build) and per link.
+struct ClusterSpec {
+  std::string name;
+  std::string source;       // where the numbers come from (datasheet, measured ...)
+  int nodes = 1;
+  int devices_per_node = 1;
+  double device_memory = 0;      // bytes of compute-tier memory per device
+  double host_memory = 0;        // bytes of host RAM per node
+  double peak_flops_bf16 = 0;    // dense, per device
+  double peak_flops_fp32 = 0;
+  double efficiency = 0.5;       // fraction of peak the kernels reach in a step
+  double intra_bw = 0;           // bytes/s bus bandwidth per device inside a node
+  double inter_bw = 0;           // bytes/s bus bandwidth per device between nodes
+  double latency = 0;            // seconds per collective call
+  double nvme_read_bw = 0, nvme_write_bw = 0;  // bytes/s per node (0: no NVMe)
+  double host_bw = 0;            // bytes/s between device and host memory
+  double overhead = 0;           // bytes per device the framework holds (context, code, libraries)
+  int devices() const { return nodes * devices_per_node; }
+};
+
+// "local" (this machine, peaks measured now), "a100-80gb-ib200",
+// "a100-80gb-ib400", "h100-80gb-ib200", "h100-80gb-ib400", or a TOML file
+// (see docs/planning.md). `nodes` > 0 overrides the node count.
+ClusterSpec cluster_preset(const std::string& name_or_file, int nodes = 0);
+std::vector<std::string> cluster_preset_names();
+
+}  // namespace po::plan
