@@ -615,8 +615,9 @@ void analytic_plan(Plan& p) {
     add_memory(p, "gathered-unit buffers", (l.prefetch + 2) * std::max(block, first) / l.tp * esz);
   if (stage < 3) add_memory(p, "communication buckets", std::min(2.0 * static_cast<double>(l.bucket_bytes), grads));
 
-  // Activations, Korthikanti et al. (16-bit; fp32 doubles them), flash-style
-  // attention (no s×s scores), sequence split by cp; 1F1B keeps min(pp, m)
+  // Activations, Korthikanti et al. (16-bit; fp32 doubles them), with
+  // flash-style attention (no s×s scores) unless flash_attention is off,
+  // the sequence split by cp; 1F1B keeps min(pp, m)
   // micro-batches in flight on the first stage.
   const double s = static_cast<double>(l.seq) / l.cp, b = static_cast<double>(l.micro);
   const double h = static_cast<double>(m.n_embd), a = static_cast<double>(m.n_head);
@@ -624,8 +625,8 @@ void analytic_plan(Plan& p) {
   const double layers = std::ceil(static_cast<double>(L) / l.pp);
   const double in_flight = std::min<double>(l.pp, static_cast<double>(l.accum()));
   const bool sp = l.tp > 1 && l.sequence_parallel;
-  const double full = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, false, true) * scale;
-  const double ckpt = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, true, true) * scale / (sp ? l.tp : 1);
+  const double full = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, false, l.flash_attention) * scale;
+  const double ckpt = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, true, l.flash_attention) * scale / (sp ? l.tp : 1);
   p.activations_no_ckpt = full * layers * in_flight;
   p.activations_ckpt = ckpt * layers * in_flight + full;  // + one layer recomputed
   add_memory(p, "activations", l.checkpointing ? p.activations_ckpt : p.activations_no_ckpt,
@@ -654,13 +655,15 @@ void analytic_plan(Plan& p) {
   }
   if (l.tp > 1) {
     const bool inter = spans_nodes(p.cluster, 1, l.tp);
-    const double per_layer = l.checkpointing ? 6 : 4;  // 2 forward + 2 backward (+2 recompute)
-    const double calls = per_layer * layers * mb;
+    // Per layer and micro-batch 2 all-reduces forward, 2 backward, 2 more in
+    // the recompute; with sequence parallel each is an all-gather +
+    // reduce-scatter pair of the same volume (REFERENCE.md).
+    const double calls = (l.checkpointing ? 6 : 4) * layers * mb;
     if (sp) {
-      add_comm(p, "tp", "all_gather", "sequence-parallel gathers", static_cast<uint64_t>(calls / 2),
-               calls / 2 * act_bytes, l.tp, inter, false);
-      add_comm(p, "tp", "reduce_scatter", "sequence-parallel reductions", static_cast<uint64_t>(calls / 2),
-               calls / 2 * act_bytes, l.tp, inter, false);
+      add_comm(p, "tp", "all_gather", "sequence-parallel gathers", static_cast<uint64_t>(calls),
+               calls * act_bytes, l.tp, inter, false);
+      add_comm(p, "tp", "reduce_scatter", "sequence-parallel reductions", static_cast<uint64_t>(calls),
+               calls * act_bytes, l.tp, inter, false);
     } else {
       add_comm(p, "tp", "allreduce", "row-parallel outputs", static_cast<uint64_t>(calls),
                calls * act_bytes, l.tp, inter, false);
@@ -708,15 +711,17 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   }
   p.device_peak = p.compute_peak + cluster.overhead;
 
-  // Fit.
-  if (p.device_peak > cluster.device_memory) {
+  // Fit. (A CPU build's ranks share the node's memory.)
+  if (cluster.shared_cores)
+    p.cluster.device_memory = cluster.host_memory / std::min(layout.devices(), cluster.devices_per_node);
+  if (p.device_peak > p.cluster.device_memory) {
     const auto largest = std::max_element(p.memory.begin(), p.memory.end(), [](const auto& a, const auto& b) {
       return (a.tier == Tier::kCompute ? a.bytes : 0) < (b.tier == Tier::kCompute ? b.bytes : 0);
     });
     p.fits = false;
     p.rejections.push_back(core::str_cat("needs ", gib(p.device_peak), " per device, has ",
-                                         gib(cluster.device_memory), ": over by ",
-                                         gib(p.device_peak - cluster.device_memory), " (largest: ",
+                                         gib(p.cluster.device_memory), ": over by ",
+                                         gib(p.device_peak - p.cluster.device_memory), " (largest: ",
                                          largest->name, " ", gib(largest->bytes), ")"));
   }
   const double host_per_device = cluster.host_memory / cluster.devices_per_node;
@@ -734,7 +739,10 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   const double tokens = static_cast<double>(layout.batch * layout.seq);
   p.model_flops = model.flops_per_token(layout.seq) * tokens;
   const double hw_flops = p.model_flops * (layout.checkpointing ? 4.0 / 3.0 : 1.0);
-  const double peak = layout.bf16 ? cluster.peak_flops_bf16 : cluster.peak_flops_fp32;
+  double peak = layout.bf16 ? cluster.peak_flops_bf16 : cluster.peak_flops_fp32;
+  if (cluster.shared_cores)  // a node's cores split over the ranks on it
+    peak *= static_cast<double>(cluster.devices_per_node) /
+            std::min(layout.devices(), cluster.devices_per_node);
   p.compute_s = hw_flops / layout.devices() / (peak * cluster.efficiency);
   const double mb = static_cast<double>(layout.accum());
   if (layout.pp > 1) p.bubble_s = p.compute_s * (layout.pp - 1) / mb;  // 1F1B

@@ -38,6 +38,7 @@ struct Layout {
   int64_t seq = 0;           // tokens per sequence
   bool checkpointing = false;
   bool sequence_parallel = true;  // with tp > 1 (Megatron-SP)
+  bool flash_attention = true;    // analytic model: no s×s attention scores kept
   bool overlap = true;
   uint64_t bucket_bytes = 25u << 20;
   int prefetch = 1;

@@ -1,0 +1,200 @@
+// The planner against the literature (ZeRO's example, Korthikanti et al.'s
+// activation formula, published parameter counts), its constraints, its
+// search and its cluster files. What it predicts for the engine's own runs
+// is held to measurements in plan_vs_engine_launch_test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../test_util.h"
+#include "plan/planner.h"
+
+namespace po::test {
+namespace {
+
+plan::ClusterSpec h100(int nodes) { return plan::cluster_preset("h100-80gb-ib400", nodes); }
+
+// ZeRO (Rajbhandari et al. 2020), section 5: Ψ = 7.5B, N = 64, mixed-precision
+// Adam: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU at stages 0-3.
+TEST(Planner, ZeroPaperExample) {
+  const double paper[] = {120, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const double gb = plan::zero_model_state_bytes(7.5e9, 64, stage) / 1e9;
+    EXPECT_DOUBLE_EQ(std::round(gb * 10) / 10, paper[stage]) << "stage " << stage << ": " << gb << " GB";
+  }
+  EXPECT_DOUBLE_EQ(plan::zero_model_state_bytes(7.5e9, 64, 1), 31.40625e9);
+  EXPECT_DOUBLE_EQ(plan::zero_model_state_bytes(7.5e9, 64, 2), 16.640625e9);
+  EXPECT_DOUBLE_EQ(plan::zero_model_state_bytes(7.5e9, 64, 3), 1.875e9);
+}
+
+// The planner's own model-state items for a 64-way data-parallel bf16 run
+// add up to the same ledger (a Llama-shaped model: the analytic path).
+TEST(Planner, ModelStatesFollowTheZeroLedger) {
+  const plan::ModelSpec m = plan::model_preset("llama2-7b");
+  const double psi = static_cast<double>(m.num_params());
+  for (int stage = 0; stage <= 3; ++stage) {
+    plan::Layout l;
+    l.dp = 64;
+    l.zero_stage = stage;
+    l.bf16 = true;
+    l.batch = 64;
+    l.micro = 1;
+    l.seq = m.seq_len;
+    const plan::Plan p = plan::make_plan(m, h100(8), l);
+    double states = 0;
+    for (const auto& item : p.memory)
+      if (item.name == "parameters" || item.name == "gradients" || item.name == "fp32 master weights" ||
+          item.name == "Adam m, v")
+        states += item.bytes;
+    EXPECT_NEAR(states / plan::zero_model_state_bytes(psi, 64, stage), 1.0, 1e-12) << "stage " << stage;
+  }
+}
+
+// Korthikanti et al. 2022 for GPT-3 175B (s 2048, b 1, h 12288, a 96) at
+// tensor parallel 8, by the formula: sbh = 25,165,824.
+TEST(Planner, KorthikantiActivationsGpt3) {
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  EXPECT_DOUBLE_EQ(plan::korthikanti_layer_bytes(s, b, h, a, 1, false, false), 2868903936.0);  // ·(34 + 80)
+  EXPECT_DOUBLE_EQ(plan::korthikanti_layer_bytes(s, b, h, a, 8, false, false), 578813952.0);   // ·(10 + 3 + 10)
+  EXPECT_DOUBLE_EQ(plan::korthikanti_layer_bytes(s, b, h, a, 8, true, false), 358612992.0);    // /8 · 114
+  EXPECT_DOUBLE_EQ(plan::korthikanti_layer_bytes(s, b, h, a, 8, true, true), 50331648.0);     // 2sbh
+  EXPECT_DOUBLE_EQ(plan::korthikanti_layer_bytes(s, b, h, a, 8, true, false, true), 25165824.0 / 8 * 34);
+
+  // The planner uses it: 96 layers at tp 8 with sequence parallel, one
+  // micro-batch in flight, bf16, scores kept (Megatron as published).
+  plan::Layout l;
+  l.dp = 1;
+  l.tp = 8;
+  l.bf16 = true;
+  l.batch = 1;
+  l.micro = 1;
+  l.seq = 2048;
+  l.flash_attention = false;
+  const plan::Plan p = plan::make_plan(plan::model_preset("gpt3-175b"), h100(1), l);
+  EXPECT_DOUBLE_EQ(p.activations_no_ckpt, 96 * 358612992.0);
+  EXPECT_FALSE(p.engine_exact);
+  EXPECT_FALSE(p.not_trainable.empty()) << "tensor parallel is not trainable yet";
+}
+
+TEST(Planner, PresetParameterCounts) {
+  EXPECT_EQ(plan::model_preset("gpt2-124M").num_params(), 124439808);
+  EXPECT_EQ(plan::model_preset("llama2-7b").num_params(), 6738415616);
+  EXPECT_EQ(plan::model_preset("llama2-70b").num_params(), 68976648192);
+  EXPECT_EQ(plan::model_preset("llama3-8b").num_params(), 8030261248);
+  EXPECT_EQ(plan::model_preset("llama3-70b").num_params(), 70553706496);
+  EXPECT_NEAR(static_cast<double>(plan::model_preset("gpt3-175b").num_params()) / 175e9, 1.0, 0.01);
+  EXPECT_TRUE(plan::model_preset("gpt2-xl").engine_trainable());
+  EXPECT_FALSE(plan::model_preset("llama3-8b").engine_trainable());
+  const std::string e = error_of([] { plan::model_preset("llama9"); });
+  EXPECT_NE(e.find("unknown preset 'llama9'"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama2-70b"), std::string::npos) << e;
+}
+
+TEST(Planner, InvalidLayoutsNameTheConstraint) {
+  const plan::ModelSpec m = plan::model_preset("llama2-7b");
+  auto err = [&](auto edit, int devices = 0) {
+    plan::Layout l;
+    l.batch = 64;
+    l.micro = 1;
+    l.seq = m.seq_len;
+    edit(l);
+    return error_of([&] { plan::check_layout(m, l, devices); });
+  };
+  EXPECT_NE(err([](auto& l) { l.tp = 3; }).find("parallel.tp = 3 must divide the 32 attention heads"),
+            std::string::npos);
+  EXPECT_NE(err([](auto& l) { l.pp = 40; }).find("parallel.pp = 40 exceeds the 32 layers"), std::string::npos);
+  EXPECT_NE(err([](auto& l) { l.cp = 3; }).find("parallel.cp = 3 must divide the sequence of 4096"),
+            std::string::npos);
+  EXPECT_NE(err([](auto& l) { l.dp = 2; l.tp = 2; }, 8).find("= 4 but the cluster has 8 devices"),
+            std::string::npos);
+  EXPECT_NE(err([](auto& l) { l.dp = 3; }).find("train.batch_size = 64 must be a multiple of parallel.dp"),
+            std::string::npos);
+  EXPECT_EQ(err([](auto& l) { l.dp = 4; l.tp = 2; }, 8), "");
+}
+
+// Llama-2 7B on one H100 node: the fitting layouts come ranked by tokens/s
+// and fit; the rejected ones say by how much they do not.
+TEST(Planner, SearchRanksFittingLayouts) {
+  plan::Layout base;
+  base.bf16 = true;
+  base.batch = 64;
+  base.micro = 1;
+  base.seq = 4096;
+  const plan::SearchResult r = plan::search(plan::model_preset("llama2-7b"), h100(1), base, 8);
+  ASSERT_FALSE(r.fitting.empty());
+  ASSERT_FALSE(r.rejected.empty());
+  EXPECT_GT(r.invalid, 0u);
+  for (size_t i = 0; i < r.fitting.size(); ++i) {
+    EXPECT_LE(r.fitting[i].device_peak, 80.0 * (1 << 30)) << r.fitting[i].layout.describe();
+    EXPECT_EQ(r.fitting[i].layout.devices(), 8);
+    if (i > 0) EXPECT_GE(r.fitting[i - 1].tokens_per_s, r.fitting[i].tokens_per_s);
+  }
+  for (const plan::Plan& p : r.rejected) {
+    ASSERT_FALSE(p.rejections.empty()) << p.layout.describe();
+  }
+  // Plain DDP of a 7B model in bf16 needs 16 bytes per parameter: ~100 GiB.
+  bool ddp_rejected = false;
+  for (const plan::Plan& p : r.rejected)
+    if (p.layout.dp == 8 && p.layout.zero_stage == 0 && !p.layout.paging) {
+      ddp_rejected = true;
+      EXPECT_NE(p.rejections.front().find("over by"), std::string::npos) << p.rejections.front();
+    }
+  EXPECT_TRUE(ddp_rejected);
+  const std::string table = plan::format_search(r);
+  EXPECT_NE(table.find("tokens/s"), std::string::npos) << table;
+}
+
+TEST(Planner, ClusterFile) {
+  TempDir dir;
+  write_file(dir / "c.toml",
+             "[cluster]\nname = \"lab\"\nnodes = 2\ndevices_per_node = 4\ndevice_memory = \"24GiB\"\n"
+             "peak_tflops_bf16 = 165\nintra_node_GBps = 25\ninter_node_GBps = 12.5\n");
+  const plan::ClusterSpec c = plan::cluster_preset(dir / "c.toml");
+  EXPECT_EQ(c.name, "lab");
+  EXPECT_EQ(c.devices(), 8);
+  EXPECT_DOUBLE_EQ(c.device_memory, 24.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(c.peak_flops_bf16, 165e12);
+  EXPECT_DOUBLE_EQ(c.inter_bw, 12.5e9);
+  EXPECT_EQ(plan::cluster_preset(dir / "c.toml", 3).nodes, 3);
+
+  write_file(dir / "bad.toml", "[cluster]\ndevices_per_node = 4\ndevice_memory = \"24GiB\"\nspeed = 1\n");
+  std::string e = error_of([&] { plan::cluster_preset(dir / "bad.toml"); });
+  EXPECT_NE(e.find("bad.toml: [cluster] unknown key 'speed'"), std::string::npos) << e;
+  write_file(dir / "short.toml", "[cluster]\ndevices_per_node = 4\ndevice_memory = \"24GiB\"\n");
+  e = error_of([&] { plan::cluster_preset(dir / "short.toml"); });
+  EXPECT_NE(e.find("short.toml: [cluster] peak_tflops_bf16 is missing"), std::string::npos) << e;
+  e = error_of([] { plan::cluster_preset("tpu-v5"); });
+  EXPECT_NE(e.find("unknown preset 'tpu-v5'"), std::string::npos) << e;
+}
+
+// The command line: a plan for a model the engine cannot train yet is
+// printed and marked; an impossible layout is a one-line error.
+TEST(Planner, Command) {
+  TempDir dir;
+  write_file(dir / "c.toml", "[model]\npreset = \"llama2-70b\"\nactivation_checkpointing = true\n"
+                             "[train]\nbatch_size = 64\nmicro_batch_size = 1\nprecision = \"bf16\"\n"
+                             "[parallel]\ndp = 8\ntp = 8\nzero_stage = 1\n");
+  CommandResult r =
+      run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") + " --cluster h100-80gb-ib400");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("NOT YET TRAINABLE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("8 × 8 devices"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
+                  " --cluster h100-80gb-ib400 --set parallel.tp=3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("parallel.tp = 3 must divide the 64 attention heads"), std::string::npos) << r.output;
+  r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
+                  " --cluster h100-80gb-ib400 --nodes 4");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("but the cluster has 32 devices"), std::string::npos) << r.output;
+  r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
+                  " --cluster h100-80gb-ib400 --nodes 8 --search --json --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j.at("devices"), 64);
+  EXPECT_EQ(j.at("best").size(), 3u);
+}
+
+}  // namespace
+}  // namespace po::test
