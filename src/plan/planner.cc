@@ -29,15 +29,6 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-const char* tier_name(Tier t) {
-  switch (t) {
-    case Tier::kCompute: return "compute";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
-  }
-  return "?";
-}
-
 std::string Layout::describe() const {
   std::string s = core::str_cat("dp ", dp, " × tp ", tp, " × pp ", pp, " × cp ", cp, ", ZeRO-",
                                 zero_stage, ", ", bf16 ? "bf16" : "fp32", ", micro ", micro);
@@ -853,7 +844,7 @@ std::string format_plan(const Plan& p) {
   t += "\nmemory per rank\n";
   for (const MemoryItem& m : p.memory) {
     std::snprintf(line, sizeof line, "  %-24s %12s  %-8s %s\n", m.name.c_str(), human_bytes(m.bytes).c_str(),
-                  tier_name(m.tier), m.note.c_str());
+                  memory::tier_name(m.tier), m.note.c_str());
     t += line;
   }
   std::snprintf(line, sizeof line, "  %-24s %12s\n", "framework overhead", human_bytes(p.cluster.overhead).c_str());
@@ -932,7 +923,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["not_trainable"] = p.not_trainable;
   nlohmann::json mem = nlohmann::json::array();
   for (const MemoryItem& m : p.memory)
-    mem.push_back({{"name", m.name}, {"bytes", m.bytes}, {"tier", tier_name(m.tier)}, {"note", m.note}});
+    mem.push_back({{"name", m.name}, {"bytes", m.bytes}, {"tier", memory::tier_name(m.tier)}, {"note", m.note}});
   j["memory"] = mem;
   j["compute_peak_bytes"] = p.compute_peak;
   j["device_peak_bytes"] = p.device_peak;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "memory/nvme_store.h"
 #include "plan/presets.h"
 
 namespace po::plan {
@@ -65,8 +66,7 @@ Layout layout_from_config(const core::Config& cfg, const ModelSpec& model);
 // `devices` > 0: dp·tp·pp·cp must equal it.
 void check_layout(const ModelSpec& model, const Layout& layout, int devices = 0);
 
-enum class Tier { kCompute, kHost, kNvme };
-const char* tier_name(Tier t);
+using memory::Tier;  // compute, host, NVMe (memory/nvme_store.h)
 
 struct MemoryItem {
   std::string name;
