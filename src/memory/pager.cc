@@ -90,6 +90,11 @@ size_t Pager::resident(Tier t) const {
 int64_t Pager::next_use(size_t p, int64_t now) const {
   const auto n = static_cast<int64_t>(tier_.size());
   auto pos_in = [&](bool forward) { return forward ? static_cast<int64_t>(p) : n - 1 - static_cast<int64_t>(p); };
+  if (!in_pass_ && options_.order == PagerOptions::Order::kFollowAccesses) {
+    const int64_t d = ascending_ ? static_cast<int64_t>(p) - static_cast<int64_t>(cursor_)
+                                 : static_cast<int64_t>(cursor_) - static_cast<int64_t>(p);
+    return (d % n + n) % n + 1;
+  }
   if (!in_pass_) return pos_in(forward_) + 1;
   const int64_t here = pos_in(forward_);
   if (here >= now) return here - now;
@@ -332,6 +337,8 @@ void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dir
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
   ++stats_.accesses;
   if (ready(p)) ++stats_.hits;
+  if (p != cursor_) ascending_ = p > cursor_;
+  cursor_ = p;
   const size_t f = make_resident(p);
   fn(compute_frame(f));
   if (dirty) {

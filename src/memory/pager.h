@@ -45,6 +45,14 @@ struct PagerOptions {
   std::string nvme_dir;                 // needed when pages > compute + host frames
   std::string file_name = "pagedoptim.swap";
   NvmeOptions nvme;
+  // What "next use" means outside passes. kPasses: the next pass (the
+  // optimizer's state pages: between sweeps they wait for the next one).
+  // kFollowAccesses: pages with no passes of their own, walked up or down
+  // (ZeRO-Infinity's parameter and gradient shards: gathers ascend in the
+  // forward and descend in the backward): the pages just behind the last
+  // access, in the direction it moved, are used furthest ahead.
+  enum class Order : uint8_t { kPasses, kFollowAccesses };
+  Order order = Order::kPasses;
 };
 
 // Traffic and waiting since the last take_stats().
@@ -134,6 +142,8 @@ class Pager {
   std::vector<int64_t> pos_;          // position in the current pass, or -1 outside passes
   bool forward_ = true;               // direction of the current / next pass
   bool in_pass_ = false;
+  size_t cursor_ = 0;      // kFollowAccesses: the page accessed last
+  bool ascending_ = true;  //   and the direction accesses moved in
   PagerStats stats_;
   uint64_t nvme_read_seen_ = 0, nvme_written_seen_ = 0;  // store counters at the last take_stats()
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "backend/ops.h"
 #include "core/error.h"
@@ -22,15 +23,67 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
 }
 
 int64_t PagedAdamState::page_elements(size_t page_bytes, const Layout& l) {
-  return static_cast<int64_t>(page_bytes / l.element_bytes() / 16 * 16);
+  return static_cast<int64_t>(page_bytes / l.state_bytes() / 16 * 16);
 }
+
+PagedAdamState::Geometry PagedAdamState::geometry(int64_t numel, size_t page_bytes,
+                                                  const Layout& layout) {
+  Geometry g;
+  g.state_elements = page_elements(page_bytes, layout);
+  PO_CHECK(g.state_elements >= 16, "memory.page_size = ", page_bytes, " bytes is too small a page");
+  g.state_pages = static_cast<size_t>((numel + g.state_elements - 1) / g.state_elements);
+  if (layout.shard_bytes() > 0) {
+    // A multiple of E (shard bytes <= state bytes, so at least E fit).
+    const auto per_page = static_cast<int64_t>(page_bytes / layout.shard_bytes());
+    g.shard_elements = std::max<int64_t>(1, per_page / g.state_elements) * g.state_elements;
+    g.shard_pages = static_cast<size_t>((numel + g.shard_elements - 1) / g.shard_elements);
+  }
+  return g;
+}
+
+size_t PagedAdamState::min_compute_frames(const Geometry& g, int prefetch) {
+  const size_t m = memory::Pager::min_compute_frames(prefetch);
+  return std::min(g.state_pages, m) + std::min(g.shard_pages, m);
+}
+
+namespace {
+
+// The shard pages' share of `frames`: in proportion to their number, each
+// pager keeping at least its minimum; all it needs when everything fits.
+size_t shard_share(size_t frames, const PagedAdamState::Geometry& g, size_t min_state,
+                   size_t min_shard) {
+  if (frames >= g.pages()) return g.shard_pages;
+  size_t s = (frames * g.shard_pages + g.pages() / 2) / g.pages();
+  s = std::max(s, min_shard);
+  return std::min(s, frames > min_state ? frames - min_state : 0);
+}
+
+std::string shard_file_name(const std::string& name) {
+  const std::string ext = ".swap";
+  if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
+    return name.substr(0, name.size() - ext.size()) + "-shards" + ext;
+  return name + "-shards";
+}
+
+}  // namespace
 
 PagedAdamState::PagedAdamState(int64_t numel, const Layout& layout,
                                const memory::PagerOptions& options)
-    : n_(numel), e_(page_elements(options.page_bytes, layout)), layout_(layout) {
-  PO_CHECK(e_ >= 16, "memory.page_size = ", options.page_bytes, " bytes is too small a page");
-  const auto pages = static_cast<size_t>((n_ + e_ - 1) / e_);
-  pager_ = std::make_unique<memory::Pager>(pages, options);
+    : n_(numel), layout_(layout), geo_(geometry(numel, options.page_bytes, layout)) {
+  memory::PagerOptions state = options;
+  if (geo_.shard_pages > 0) {
+    memory::PagerOptions shards = options;
+    const size_t m = memory::Pager::min_compute_frames(options.prefetch);
+    shards.compute_frames = shard_share(options.compute_frames, geo_, std::min(geo_.state_pages, m),
+                                        std::min(geo_.shard_pages, m));
+    shards.host_frames = shard_share(options.host_frames, geo_, 0, 0);
+    shards.file_name = shard_file_name(options.file_name);
+    shards.order = memory::PagerOptions::Order::kFollowAccesses;  // gathers, reductions, the sweep
+    state.compute_frames -= shards.compute_frames;
+    state.host_frames -= shards.host_frames;
+    shards_ = std::make_unique<memory::Pager>(geo_.shard_pages, shards);
+  }
+  pager_ = std::make_unique<memory::Pager>(geo_.state_pages, state);
 }
 
 size_t PagedAdamState::field_bytes(Field f) const {
@@ -44,9 +97,11 @@ size_t PagedAdamState::field_bytes(Field f) const {
 }
 
 size_t PagedAdamState::field_offset(Field f) const {
-  const auto e = static_cast<size_t>(e_);
+  if (in_shards(f))
+    return f == Field::kParam ? 0 : static_cast<size_t>(geo_.shard_elements) * layout_.param_bytes;
+  const auto e = static_cast<size_t>(geo_.state_elements);
   size_t off = 0;
-  for (Field g : {Field::kM, Field::kV, Field::kMaster, Field::kParam, Field::kGrad}) {
+  for (Field g : {Field::kM, Field::kV, Field::kMaster}) {
     if (g == f) return off;
     off += e * field_bytes(g);
   }
@@ -58,35 +113,46 @@ PagedAdamState::View PagedAdamState::view_of(char* data) const {
   v.m = reinterpret_cast<float*>(data);
   v.v = reinterpret_cast<float*>(data + field_offset(Field::kV));
   if (layout_.master) v.master = reinterpret_cast<float*>(data + field_offset(Field::kMaster));
-  if (layout_.param_bytes) v.param = data + field_offset(Field::kParam);
-  if (layout_.grad_bytes) v.grad = data + field_offset(Field::kGrad);
   return v;
+}
+
+void PagedAdamState::with_shards(size_t page, char* data,
+                                 const std::function<void(int64_t, int64_t, const View&)>& fn) {
+  View v = view_of(data);
+  const int64_t lo = static_cast<int64_t>(page) * geo_.state_elements;
+  const int64_t hi = std::min(n_, lo + geo_.state_elements);
+  if (!shards_) {
+    fn(lo, hi, v);
+    return;
+  }
+  const int64_t j = lo / geo_.shard_elements, in = lo - j * geo_.shard_elements;
+  shards_->access(static_cast<size_t>(j), [&](char* sd) {
+    v.param = sd + field_offset(Field::kParam) + static_cast<size_t>(in) * layout_.param_bytes;
+    v.grad = sd + field_offset(Field::kGrad) + static_cast<size_t>(in) * layout_.grad_bytes;
+    fn(lo, hi, v);
+  }, true);
 }
 
 void PagedAdamState::for_each_page(
     const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  pager_->for_each([&](size_t page, char* data) {
-    const int64_t lo = static_cast<int64_t>(page) * e_, hi = std::min(n_, lo + e_);
-    fn(lo, hi, view_of(data));
-  });
+  pager_->for_each([&](size_t page, char* data) { with_shards(page, data, fn); });
 }
 
 void PagedAdamState::visit_page(size_t page,
                                 const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  pager_->access(page, [&](char* data) {
-    const int64_t lo = static_cast<int64_t>(page) * e_, hi = std::min(n_, lo + e_);
-    fn(lo, hi, view_of(data));
-  }, true);
+  pager_->access(page, [&](char* data) { with_shards(page, data, fn); }, true);
 }
 
 void PagedAdamState::for_each_piece(Field field, int64_t offset, int64_t n, bool dirty,
                                     const std::function<void(char*, int64_t, int64_t)>& fn) {
   const size_t bytes = field_bytes(field), base = field_offset(field);
   PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
+  memory::Pager& pager = in_shards(field) ? *shards_ : *pager_;
+  const int64_t e = in_shards(field) ? geo_.shard_elements : geo_.state_elements;
   int64_t done = 0;
   while (done < n) {
-    const int64_t at = offset + done, page = at / e_, in = at % e_, len = std::min(n - done, e_ - in);
-    pager_->access(static_cast<size_t>(page), [&](char* data) {
+    const int64_t at = offset + done, page = at / e, in = at % e, len = std::min(n - done, e - in);
+    pager.access(static_cast<size_t>(page), [&](char* data) {
       fn(data + base + static_cast<size_t>(in) * bytes, done, len);
     }, dirty);
     done += len;
@@ -115,10 +181,38 @@ void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const void*
   });
 }
 
-void PagedAdamState::prefetch(int64_t offset, int64_t n) {
+void PagedAdamState::prefetch(Field field, int64_t offset, int64_t n) {
   if (n <= 0) return;
-  const int64_t first = offset / e_, last = (offset + n - 1) / e_;
-  for (int64_t p = first; p <= last; ++p) pager_->prefetch(static_cast<size_t>(p));
+  memory::Pager& pager = in_shards(field) ? *shards_ : *pager_;
+  const int64_t e = in_shards(field) ? geo_.shard_elements : geo_.state_elements;
+  for (int64_t p = offset / e; p <= (offset + n - 1) / e; ++p) pager.prefetch(static_cast<size_t>(p));
+}
+
+memory::PagerStats PagedAdamState::take_stats() {
+  memory::PagerStats s = pager_->take_stats();
+  if (shards_) {
+    const memory::PagerStats t = shards_->take_stats();
+    s.nvme_read_bytes += t.nvme_read_bytes;
+    s.nvme_written_bytes += t.nvme_written_bytes;
+    s.host_read_bytes += t.host_read_bytes;
+    s.host_written_bytes += t.host_written_bytes;
+    s.accesses += t.accesses;
+    s.hits += t.hits;
+    s.wait_s += t.wait_s;  // (pass_s: the sweep is the state pager's)
+  }
+  return s;
+}
+
+size_t PagedAdamState::resident(memory::Tier t) const {
+  return pager_->resident(t) + (shards_ ? shards_->resident(t) : 0);
+}
+
+size_t PagedAdamState::compute_frames() const {
+  return pager_->options().compute_frames + (shards_ ? shards_->options().compute_frames : 0);
+}
+
+size_t PagedAdamState::host_frames() const {
+  return pager_->options().host_frames + (shards_ ? shards_->options().host_frames : 0);
 }
 
 void AdamW::enable_paging(const memory::PagerOptions& options,

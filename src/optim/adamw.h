@@ -32,11 +32,14 @@ struct ParamRange {
   int64_t state() const { return state_offset < 0 ? offset : state_offset; }
 };
 
-// Adam state in pages (memory/pager.h): page k holds, for the state elements
-// [k·E, (k+1)·E), Adam m, then v, then (mixed precision) the fp32 master and,
-// for ZeRO-3 with parameters in pages (ZeRO-Infinity), this rank's parameter
-// shard and gradient shard, E elements each — so one page is everything the
-// update of those elements reads and writes, and the update is the same
+// Adam state in pages (memory/pager.h): state page k holds, for the state
+// elements [k·E, (k+1)·E), Adam m, then v, then (mixed precision) the fp32
+// master. For ZeRO-3 with parameters in pages (ZeRO-Infinity), this rank's
+// parameter and gradient shards live in shard pages of their own (a second
+// pager, its own swap file): shard page j holds the parameter shard, then the
+// gradient shard, of [j·E2, (j+1)·E2), with E2 a multiple of E so that every
+// state page's elements lie in one shard page. A gather then reads
+// parameters only, not the moments beside them. The update is the same
 // computation cut at page boundaries (it is element-wise).
 class PagedAdamState {
  public:
@@ -45,7 +48,9 @@ class PagedAdamState {
     bool master = false;     // fp32 master weights (bf16 runs)
     size_t param_bytes = 0;  // parameter shard: 0 (not paged), 4 (fp32) or 2 (bf16)
     size_t grad_bytes = 0;   // gradient shard: likewise
-    size_t element_bytes() const { return 8 + (master ? 4 : 0) + param_bytes + grad_bytes; }
+    size_t state_bytes() const { return 8 + (master ? 4 : 0); }
+    size_t shard_bytes() const { return param_bytes + grad_bytes; }
+    size_t element_bytes() const { return state_bytes() + shard_bytes(); }
   };
   // A page's fields at element lo (null where the layout has none).
   struct View {
@@ -55,17 +60,32 @@ class PagedAdamState {
     void* param = nullptr;
     void* grad = nullptr;
   };
+  // How `numel` elements are cut into pages of `page_bytes`.
+  struct Geometry {
+    int64_t state_elements = 0, shard_elements = 0;  // E and E2 (0: no shard pages)
+    size_t state_pages = 0, shard_pages = 0;
+    size_t pages() const { return state_pages + shard_pages; }
+  };
+  static Geometry geometry(int64_t numel, size_t page_bytes, const Layout& layout);
+  // The fewest compute frames both pagers work with together.
+  static size_t min_compute_frames(const Geometry& g, int prefetch);
+
+  // options.compute_frames and host_frames are for all pages: they are split
+  // between the state and the shard pages in proportion to their numbers
+  // (each keeps its minimum).
   PagedAdamState(int64_t numel, const Layout& layout, const memory::PagerOptions& options);
   int64_t numel() const { return n_; }
-  int64_t elements_per_page() const { return e_; }
+  int64_t elements_per_page() const { return geo_.state_elements; }
+  const Geometry& geometry() const { return geo_; }
   const Layout& layout() const { return layout_; }
   bool with_master() const { return layout_.master; }
   size_t field_bytes(Field f) const;
-  // fn(lo, hi, view) for every page in the pager's order.
+  // fn(lo, hi, view) for every state page in the pager's order (its shard
+  // page resident alongside).
   void for_each_page(const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
-  // The same for one page, outside the sweep (written back).
+  // The same for one state page, outside the sweep (written back).
   void visit_page(size_t page, const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
-  size_t pages() const { return pager_->pages(); }
+  size_t state_pages() const { return geo_.state_pages; }
   // Elements [offset, offset + n) of a field, out of / into the pages
   // (field_bytes(f) each).
   void copy_out(Field f, int64_t offset, int64_t n, void* dst);
@@ -74,24 +94,40 @@ class PagedAdamState {
   // of a field, in order, the piece written back (read-modify-write).
   void update(Field f, int64_t offset, int64_t n,
               const std::function<void(void* ptr, int64_t first, int64_t count)>& fn);
-  // Starts bringing the pages of [offset, offset + n) into the compute tier.
-  void prefetch(int64_t offset, int64_t n);
-  memory::Pager& pager() { return *pager_; }
-  const memory::Pager& pager() const { return *pager_; }
-  // Elements per page of `layout` in pages of `page_bytes` (a multiple of 16,
-  // so that every field starts 64-byte aligned).
+  // Starts bringing the pages holding [offset, offset + n) of field f into
+  // the compute tier.
+  void prefetch(Field f, int64_t offset, int64_t n);
+
+  // Both pagers together: traffic since the last call, pages per tier, frames.
+  memory::PagerStats take_stats();
+  size_t resident(memory::Tier t) const;
+  size_t page_bytes() const { return pager_->page_bytes(); }
+  size_t compute_frames() const;
+  size_t host_frames() const;
+  // The swap files of the state and of the shard pages (null: none).
+  const memory::NvmeStore* state_store() const { return pager_->store(); }
+  const memory::NvmeStore* shard_store() const { return shards_ ? shards_->store() : nullptr; }
+  memory::Pager& pager() { return *pager_; }  // the state pages'
+  // Elements per state page of `layout` in pages of `page_bytes` (a multiple
+  // of 16, so that every field starts 64-byte aligned).
   static int64_t page_elements(size_t page_bytes, const Layout& layout);
 
  private:
-  size_t field_offset(Field f) const;  // bytes from the page start
+  bool in_shards(Field f) const { return shards_ && (f == Field::kParam || f == Field::kGrad); }
+  size_t field_offset(Field f) const;  // bytes from its page's start
   View view_of(char* data) const;
+  // Runs fn with state page `page`'s view, its shard fields from the shard
+  // page holding it (made resident, written back).
+  void with_shards(size_t page, char* data, const std::function<void(int64_t, int64_t, const View&)>& fn);
   // fn(ptr, first, count) on each page-resident piece of a field's range;
   // `dirty`: the pieces are written back.
   void for_each_piece(Field f, int64_t offset, int64_t n, bool dirty,
                       const std::function<void(char* ptr, int64_t first, int64_t count)>& fn);
-  int64_t n_, e_;
+  int64_t n_;
   Layout layout_;
-  std::unique_ptr<memory::Pager> pager_;
+  Geometry geo_;
+  std::unique_ptr<memory::Pager> pager_;   // state pages (all fields without shard pages)
+  std::unique_ptr<memory::Pager> shards_;  // shard pages (ZeRO-Infinity), or null
 };
 
 class AdamW {

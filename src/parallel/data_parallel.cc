@@ -228,14 +228,14 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   early_ = adam_->config().grad_clip <= 0 && options_.overlap;
   if (early_) {  // which units' gradients each page holds
     const int64_t e = st->elements_per_page();
-    page_units_.assign(st->pages(), 0);
+    page_units_.assign(st->state_pages(), 0);
     for (int u = 0; u < layout_.num_units(); ++u) {
       const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
       if (n == 0) continue;
       for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) ++page_units_[static_cast<size_t>(p)];
     }
     page_waiting_ = page_units_;
-    page_done_.assign(st->pages(), false);
+    page_done_.assign(st->state_pages(), false);
   }
   units_->use_paged_shards(
       {[this, st](int u, void* dst) {
@@ -245,7 +245,9 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
        [this](int u, const void* block, DType dtype, bool final) {
          add_paged_grad(u, block, dtype, final);
        },
-       [this, st](int u) { st->prefetch(layout_.local_offset(u), layout_.stride(u)); }});
+       [this, st](int u) {
+         st->prefetch(optim::PagedAdamState::Field::kParam, layout_.local_offset(u), layout_.stride(u));
+       }});
 }
 
 namespace {
@@ -732,9 +734,9 @@ MemoryReport DataParallel::memory() const {
   r.master = master_.size();
   r.adam = adam_->state_bytes();
   if (adam_->paged()) {
-    const memory::Pager& pg = adam_->paged_state()->pager();
-    r.pages = pg.options().compute_frames * pg.page_bytes();
-    r.host = pg.options().host_frames * pg.page_bytes();
+    const optim::PagedAdamState& st = *adam_->paged_state();
+    r.pages = st.compute_frames() * st.page_bytes();
+    r.host = st.host_frames() * st.page_bytes();
   }
   r.gathered = gather_send_.size() + gather_recv_.size();
   if (units_) {

@@ -196,7 +196,8 @@ class DataParallel {
   // Pages updated during the last step's backward (early updates).
   int64_t pages_updated_in_backward() const { return early_last_; }
   bool paged() const { return adam_->paged(); }
-  memory::Pager* pager() { return paged() ? &adam_->paged_state()->pager() : nullptr; }
+  // The pages (state and, at ZeRO-3, shard pages), or null.
+  optim::PagedAdamState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }
   enum class Shard { kParams, kAdamM, kAdamV };
   void read_shard(Shard kind, int u, float* dst);
   void write_shard(Shard kind, int u, const float* src);

@@ -527,8 +527,9 @@ void engine_plan(Plan& p) {
 
   // Pages: the trainer's frame count for the budgets.
   if (paged) {
-    const auto e = optim::PagedAdamState::page_elements(l.page_bytes, pl);
-    const double pages = std::ceil(state_numel / static_cast<double>(e));
+    const optim::PagedAdamState::Geometry geo =
+        optim::PagedAdamState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
+    const auto pages = static_cast<double>(geo.pages());
     const double page = static_cast<double>(l.page_bytes);
     const double bound = static_cast<double>(parallel::DataParallel::working_buffer_bytes_bound(
         layout,
@@ -537,7 +538,7 @@ void engine_plan(Plan& p) {
                                       l.reduce_bf16 ? tensor::DType::kBF16 : tensor::DType::kF32},
         max_bucket));
     const double fixed = unpaged_states - paged_bytes + acts + bound;
-    const double min_frames = std::min(pages, static_cast<double>(memory::Pager::min_compute_frames(l.page_prefetch)));
+    const auto min_frames = static_cast<double>(optim::PagedAdamState::min_compute_frames(geo, l.page_prefetch));
     double frames = pages;
     p.min_compute_budget = fixed + min_frames * page;
     if (l.compute_budget > 0) {

@@ -187,7 +187,7 @@ struct RankRecord {
 static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
 
 PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
-  memory::Pager* pg = dp.pager();
+  optim::PagedAdamState* pg = dp.paged_state();
   if (pg == nullptr) return {};
   const uint64_t page = pg->page_bytes();
   return {pg->resident(memory::Tier::kCompute) * page, pg->resident(memory::Tier::kHost) * page,
@@ -291,10 +291,10 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   PO_CHECK(o.page_bytes >= 4096 && o.page_bytes % 4096 == 0, "memory.page_size = ", o.page_bytes,
            " bytes: must be a multiple of 4096");
   const optim::PagedAdamState::Layout layout = dp.paging_layout();
-  const auto e = optim::PagedAdamState::page_elements(o.page_bytes, layout);
-  PO_CHECK(e >= 16, "memory.page_size = ", o.page_bytes, " bytes is too small a page");
   const int64_t numel = dp.adam().num_params();
-  const auto pages = static_cast<size_t>((numel + e - 1) / e);
+  const optim::PagedAdamState::Geometry geo =
+      optim::PagedAdamState::geometry(numel, o.page_bytes, layout);
+  const size_t pages = geo.pages();
   const size_t paged_bytes = static_cast<size_t>(numel) * layout.element_bytes();
   // What the compute tier holds besides pages once set up: the ledger's count
   // of what is not paged, what else is allocated, the working buffers to come.
@@ -304,7 +304,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
   const size_t fixed = predicted + (live > known ? live - known : 0) + dp.working_buffer_bytes_bound();
-  const size_t min_frames = std::min(pages, memory::Pager::min_compute_frames(o.prefetch));
+  const size_t min_frames = optim::PagedAdamState::min_compute_frames(geo, o.prefetch);
   if (compute_budget == 0) {
     o.compute_frames = pages;
   } else {
@@ -318,27 +318,35 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   o.host_frames = host_budget / o.page_bytes;
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
   dp.enable_paging(o);
-  const memory::Pager& pg = *dp.pager();
+  const optim::PagedAdamState& pg = *dp.paged_state();
   const auto mib = [](double b) { return b / (1 << 20); };
   char line[256];
   std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
-  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s%s), %.1f MiB in all",
-                pages, mib(static_cast<double>(o.page_bytes)), static_cast<long long>(e),
-                layout.master ? ", fp32 master" : "",
-                layout.param_bytes ? ", parameter and gradient shards" : "",
-                mib(static_cast<double>(pages * o.page_bytes)));
+  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s)",
+                geo.state_pages, mib(static_cast<double>(o.page_bytes)),
+                static_cast<long long>(geo.state_elements), layout.master ? ", fp32 master" : "");
+  t += line;
+  if (geo.shard_pages > 0) {
+    std::snprintf(line, sizeof line, "\n  + %zu shard pages (%lld elements: parameter and gradient shards)",
+                  geo.shard_pages, static_cast<long long>(geo.shard_elements));
+    t += line;
+  }
+  std::snprintf(line, sizeof line, ", %.1f MiB in all", mib(static_cast<double>(pages * o.page_bytes)));
   t += line;
   std::snprintf(line, sizeof line, "\n  compute tier: %zu pages (%.1f MiB) + %.1f MiB other state%s",
-                pg.options().compute_frames, mib(static_cast<double>(pg.options().compute_frames * o.page_bytes)),
+                pg.compute_frames(), mib(static_cast<double>(pg.compute_frames() * o.page_bytes)),
                 mib(static_cast<double>(fixed)), compute_budget ? "" : " (no budget)");
   t += line;
-  std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.options().host_frames,
-                mib(static_cast<double>(pg.options().host_frames * o.page_bytes)));
+  std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.host_frames(),
+                mib(static_cast<double>(pg.host_frames() * o.page_bytes)));
   t += line;
-  if (pg.store()) {
+  for (const auto& [store, n] : {std::pair{pg.state_store(), geo.state_pages},
+                                 std::pair{pg.shard_store(), geo.shard_pages}}) {
+    if (store == nullptr) continue;
     std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
-                  pages, pg.store()->path().c_str(), pg.store()->uses_io_uring() ? "io_uring" : "pread/pwrite threads",
-                  pg.store()->direct() ? "O_DIRECT" : "buffered", o.nvme.queue_depth,
+                  n, store->path().c_str(),
+                  store->uses_io_uring() ? "io_uring" : "pread/pwrite threads",
+                  store->direct() ? "O_DIRECT" : "buffered", o.nvme.queue_depth,
                   mib(static_cast<double>(o.nvme.block_bytes)));
     t += line;
   }
@@ -627,7 +635,7 @@ TrainResult train(const core::Config& cfg) {
     const comm::Traffic traffic =
         world ? world->traffic().since(traffic_before) : comm::Traffic{};
     const double comm_wait_s = dp.comm_wait_seconds();
-    const memory::PagerStats paging_stats = paging ? dp.pager()->take_stats() : memory::PagerStats{};
+    const memory::PagerStats paging_stats = paging ? dp.paged_state()->take_stats() : memory::PagerStats{};
     if (world) {
       float l = static_cast<float>(loss);
       world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
