@@ -1,0 +1,113 @@
+// PagedAdamState: where each field lives. With parameter and gradient shards
+// paged (ZeRO-Infinity) they have shard pages of their own, so reading the
+// parameters moves parameter (and gradient) bytes only, not the Adam moments
+// beside them; every field keeps its values through evictions; the frames
+// are split between the two kinds of pages.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "../test_util.h"
+#include "optim/adamw.h"
+
+namespace po::test {
+namespace {
+
+using optim::PagedAdamState;
+using F = PagedAdamState::Field;
+constexpr size_t kPage = 16384;
+
+memory::PagerOptions options(const std::string& dir, size_t compute_frames) {
+  memory::PagerOptions o;
+  o.page_bytes = kPage;
+  o.compute_frames = compute_frames;
+  o.prefetch = 1;
+  o.nvme_dir = dir;
+  o.file_name = "t.swap";
+  return o;
+}
+
+TEST(PagedAdamState, ShardPagesOfTheirOwn) {
+  PagedAdamState::Layout fp32{false, 4, 4};
+  auto g = PagedAdamState::geometry(100000, kPage, fp32);
+  EXPECT_EQ(g.state_elements, 2048);  // 16 KiB / (4 + 4) bytes
+  EXPECT_EQ(g.shard_elements, 2048);  // 16 KiB / (4 + 4), a multiple of E
+  EXPECT_EQ(g.state_pages, 49u);
+  EXPECT_EQ(g.shard_pages, 49u);
+  PagedAdamState::Layout bf16{true, 2, 2};
+  g = PagedAdamState::geometry(100000, kPage, bf16);
+  EXPECT_EQ(g.state_elements, 1360);      // 16 KiB / 12 bytes, down to a multiple of 16
+  EXPECT_EQ(g.shard_elements, 3 * 1360);  // 16 KiB / 4 bytes holds 3 state pages' elements
+  EXPECT_EQ(PagedAdamState::geometry(100000, kPage, {false, 0, 0}).shard_pages, 0u);
+  EXPECT_EQ(PagedAdamState::min_compute_frames(g, 1), 6u);  // 3 per pager
+}
+
+// Reading every parameter of a cold state moves the shard pages only.
+TEST(PagedAdamState, ParametersAreReadWithoutTheMoments) {
+  TempDir dir;
+  const int64_t n = 64 * 2048;  // 64 state pages and 64 shard pages (fp32)
+  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 8));
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
+  st.copy_in(F::kParam, 0, n, values.data());
+  std::vector<float> m(static_cast<size_t>(n), 1.0f);
+  st.copy_in(F::kM, 0, n, m.data());
+  // Push everything out: walk the moments (their pages evict the parameters').
+  std::vector<float> out(static_cast<size_t>(n));
+  st.copy_out(F::kV, 0, n, out.data());
+  st.copy_out(F::kGrad, 0, n, out.data());
+  (void)st.take_stats();
+  st.copy_out(F::kParam, 0, n, out.data());
+  const memory::PagerStats s = st.take_stats();
+  EXPECT_EQ(out, values);
+  // At most the 64 shard pages (of 4-byte parameters and gradients) are read;
+  // shared pages would have read 16 bytes per element.
+  EXPECT_LE(s.nvme_read_bytes, 64 * kPage) << "parameters read with their moments";
+  EXPECT_GT(s.nvme_read_bytes, 0u) << "the parameters were not evicted: the test proves nothing";
+  EXPECT_NE(st.shard_store(), nullptr);
+  EXPECT_NE(st.state_store()->path(), st.shard_store()->path());
+}
+
+// The sweep sees every field of its elements, and what it writes stays.
+TEST(PagedAdamState, SweepSeesStateAndShardsTogether) {
+  TempDir dir;
+  const int64_t n = 40 * 1360 + 77;
+  PagedAdamState st(n, {true, 2, 2}, options(dir.path().string(), 7));
+  std::vector<uint16_t> p(static_cast<size_t>(n)), gr(static_cast<size_t>(n));
+  std::vector<float> master(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    p[static_cast<size_t>(i)] = static_cast<uint16_t>(i & 0x7fff);
+    gr[static_cast<size_t>(i)] = static_cast<uint16_t>((i * 7) & 0x7fff);
+    master[static_cast<size_t>(i)] = static_cast<float>(i);
+  }
+  st.copy_in(F::kParam, 0, n, p.data());
+  st.copy_in(F::kGrad, 0, n, gr.data());
+  st.copy_in(F::kMaster, 0, n, master.data());
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t seen = 0;
+    st.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& v) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const auto k = static_cast<size_t>(i - lo);
+        ASSERT_EQ(static_cast<uint16_t*>(v.param)[k], p[static_cast<size_t>(i)]) << "element " << i;
+        ASSERT_EQ(static_cast<uint16_t*>(v.grad)[k], gr[static_cast<size_t>(i)]) << "element " << i;
+        ASSERT_EQ(v.master[k], master[static_cast<size_t>(i)]) << "element " << i;
+        v.m[k] += 1.0f;
+        static_cast<uint16_t*>(v.param)[k] ^= 1;
+      }
+      seen += hi - lo;
+    });
+    EXPECT_EQ(seen, n);
+    for (auto& x : p) x ^= 1;
+  }
+  std::vector<float> m(static_cast<size_t>(n));
+  st.copy_out(F::kM, 0, n, m.data());
+  for (float x : m) ASSERT_EQ(x, 2.0f);
+  std::vector<uint16_t> back(static_cast<size_t>(n));
+  st.copy_out(F::kParam, 0, n, back.data());
+  EXPECT_EQ(back, p);
+}
+
+}  // namespace
+}  // namespace po::test
