@@ -347,6 +347,22 @@ void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dir
   }
 }
 
+void Pager::discard(size_t p) {
+  PO_ASSERT(!in_pass_, "Pager::discard inside a pass");
+  PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
+  for (auto& c : cframes_)  // a write back or a read of it in flight: let it land, then drop it
+    if ((c.state == Frame::kWriting || c.state == Frame::kReading) && c.page == p) {
+      wait_ticket(c.ticket);
+      c.state = c.state == Frame::kWriting ? Frame::kFree : Frame::kPage;
+    }
+  if (tier_[p] == Tier::kCompute)
+    std::memset(compute_frame(static_cast<size_t>(frame_[p])), 0, options_.page_bytes);
+  else if (tier_[p] == Tier::kHost)
+    std::memset(host_frame(static_cast<size_t>(frame_[p])), 0, options_.page_bytes);
+  zero_[p] = true;
+  on_nvme_[p] = false;
+}
+
 void Pager::prefetch(size_t p) {
   PO_ASSERT(!in_pass_, "Pager::prefetch inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");

@@ -85,6 +85,11 @@ class Pager {
   // fn runs; `dirty` when fn changes it.
   void access(size_t page, const std::function<void(char* data)>& fn, bool dirty);
 
+  // Outside passes: page p is all zeros from now on, wherever it is: it is
+  // zeroed where resident and its stale copies are dropped, so neither
+  // keeping nor bringing it back costs I/O (gradients once consumed).
+  void discard(size_t p);
+
   // Outside passes: start bringing page p into the compute tier (a read from
   // NVMe runs on while the caller goes on) if a frame can be had without
   // evicting a page the next pass needs sooner. A hint: access() waits.

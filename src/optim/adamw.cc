@@ -31,38 +31,60 @@ PagedAdamState::Geometry PagedAdamState::geometry(int64_t numel, size_t page_byt
   Geometry g;
   g.state_elements = page_elements(page_bytes, layout);
   PO_CHECK(g.state_elements >= 16, "memory.page_size = ", page_bytes, " bytes is too small a page");
-  g.state_pages = static_cast<size_t>((numel + g.state_elements - 1) / g.state_elements);
-  if (layout.shard_bytes() > 0) {
-    // A multiple of E (shard bytes <= state bytes, so at least E fit).
-    const auto per_page = static_cast<int64_t>(page_bytes / layout.shard_bytes());
-    g.shard_elements = std::max<int64_t>(1, per_page / g.state_elements) * g.state_elements;
-    g.shard_pages = static_cast<size_t>((numel + g.shard_elements - 1) / g.shard_elements);
+  const int64_t e = g.state_elements;
+  auto pages = [numel](int64_t per) { return static_cast<size_t>((numel + per - 1) / per); };
+  g.state_pages = pages(e);
+  // A multiple of E (a field is at most 4 bytes, a state element at least 8).
+  auto per_page = [&](size_t bytes) { return std::max<int64_t>(1, static_cast<int64_t>(page_bytes / bytes) / e) * e; };
+  if (layout.param_bytes > 0) {
+    g.param_elements = per_page(layout.param_bytes);
+    g.param_pages = pages(g.param_elements);
+  }
+  if (layout.grad_bytes > 0) {
+    g.grad_elements = per_page(layout.grad_bytes);
+    g.grad_pages = pages(g.grad_elements);
   }
   return g;
 }
 
 size_t PagedAdamState::min_compute_frames(const Geometry& g, int prefetch) {
   const size_t m = memory::Pager::min_compute_frames(prefetch);
-  return std::min(g.state_pages, m) + std::min(g.shard_pages, m);
+  return std::min(g.state_pages, m) + std::min(g.param_pages, m) + std::min(g.grad_pages, m);
 }
 
 namespace {
 
-// The shard pages' share of `frames`: in proportion to their number, each
-// pager keeping at least its minimum; all it needs when everything fits.
-size_t shard_share(size_t frames, const PagedAdamState::Geometry& g, size_t min_state,
-                   size_t min_shard) {
-  if (frames >= g.pages()) return g.shard_pages;
-  size_t s = (frames * g.shard_pages + g.pages() / 2) / g.pages();
-  s = std::max(s, min_shard);
-  return std::min(s, frames > min_state ? frames - min_state : 0);
+// `frames` split over pagers of `pages` pages: each keeps min(its pages,
+// `least`), the rest goes out in proportion to their pages, none gets more
+// than its pages (all of them when everything fits).
+std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least) {
+  size_t total = 0, kept = 0;
+  for (size_t p : pages) {
+    total += p;
+    kept += std::min(p, least);
+  }
+  if (frames >= total) return pages;
+  const size_t spare = frames > kept ? frames - kept : 0;
+  std::vector<size_t> out(pages.size());
+  size_t given = 0;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    out[i] = std::min(pages[i], std::min(pages[i], least) + spare * pages[i] / total);
+    given += out[i];
+  }
+  // Rounding leftovers to whoever has room, in order.
+  for (size_t i = 0; i < pages.size() && given < frames; ++i) {
+    const size_t more = std::min(pages[i] - out[i], frames - given);
+    out[i] += more;
+    given += more;
+  }
+  return out;
 }
 
-std::string shard_file_name(const std::string& name) {
+std::string suffixed(const std::string& name, const char* what) {
   const std::string ext = ".swap";
   if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
-    return name.substr(0, name.size() - ext.size()) + "-shards" + ext;
-  return name + "-shards";
+    return name.substr(0, name.size() - ext.size()) + "-" + what + ext;
+  return name + "-" + what;
 }
 
 }  // namespace
@@ -70,20 +92,38 @@ std::string shard_file_name(const std::string& name) {
 PagedAdamState::PagedAdamState(int64_t numel, const Layout& layout,
                                const memory::PagerOptions& options)
     : n_(numel), layout_(layout), geo_(geometry(numel, options.page_bytes, layout)) {
-  memory::PagerOptions state = options;
-  if (geo_.shard_pages > 0) {
-    memory::PagerOptions shards = options;
-    const size_t m = memory::Pager::min_compute_frames(options.prefetch);
-    shards.compute_frames = shard_share(options.compute_frames, geo_, std::min(geo_.state_pages, m),
-                                        std::min(geo_.shard_pages, m));
-    shards.host_frames = shard_share(options.host_frames, geo_, 0, 0);
-    shards.file_name = shard_file_name(options.file_name);
-    shards.order = memory::PagerOptions::Order::kFollowAccesses;  // gathers, reductions, the sweep
-    state.compute_frames -= shards.compute_frames;
-    state.host_frames -= shards.host_frames;
-    shards_ = std::make_unique<memory::Pager>(geo_.shard_pages, shards);
+  const std::vector<size_t> pages = {geo_.state_pages, geo_.param_pages, geo_.grad_pages};
+  const size_t least = memory::Pager::min_compute_frames(options.prefetch);
+  const std::vector<size_t> compute = split_frames(options.compute_frames, pages, least);
+  const std::vector<size_t> host = split_frames(options.host_frames, pages, 0);
+  auto make = [&](size_t i, const char* what) {
+    memory::PagerOptions o = options;
+    o.compute_frames = compute[i];
+    o.host_frames = host[i];
+    if (what != nullptr) {
+      o.file_name = suffixed(options.file_name, what);
+      o.order = memory::PagerOptions::Order::kFollowAccesses;  // gathers, reductions, the sweep
+    }
+    return std::make_unique<memory::Pager>(pages[i], o);
+  };
+  state_ = make(0, nullptr);
+  if (geo_.param_pages > 0) params_ = make(1, "params");
+  if (geo_.grad_pages > 0) {
+    grads_ = make(2, "grads");
+    consumed_.assign(geo_.grad_pages, 0);
   }
-  pager_ = std::make_unique<memory::Pager>(geo_.state_pages, state);
+}
+
+const memory::Pager& PagedAdamState::pager_of(Field f) const {
+  if (f == Field::kParam && params_) return *params_;
+  if (f == Field::kGrad && grads_) return *grads_;
+  return *state_;
+}
+
+int64_t PagedAdamState::elements_of(Field f) const {
+  if (f == Field::kParam && params_) return geo_.param_elements;
+  if (f == Field::kGrad && grads_) return geo_.grad_elements;
+  return geo_.state_elements;
 }
 
 size_t PagedAdamState::field_bytes(Field f) const {
@@ -97,58 +137,66 @@ size_t PagedAdamState::field_bytes(Field f) const {
 }
 
 size_t PagedAdamState::field_offset(Field f) const {
-  if (in_shards(f))
-    return f == Field::kParam ? 0 : static_cast<size_t>(geo_.shard_elements) * layout_.param_bytes;
+  if (f == Field::kParam || f == Field::kGrad) return 0;  // alone in their pages
   const auto e = static_cast<size_t>(geo_.state_elements);
-  size_t off = 0;
-  for (Field g : {Field::kM, Field::kV, Field::kMaster}) {
-    if (g == f) return off;
-    off += e * field_bytes(g);
-  }
-  return off;
+  return f == Field::kM ? 0 : f == Field::kV ? 4 * e : 8 * e;
 }
 
-PagedAdamState::View PagedAdamState::view_of(char* data) const {
+void PagedAdamState::with_shards(size_t page, char* data, bool consumes_grads,
+                                 const std::function<void(int64_t, int64_t, const View&)>& fn) {
   View v;
   v.m = reinterpret_cast<float*>(data);
   v.v = reinterpret_cast<float*>(data + field_offset(Field::kV));
   if (layout_.master) v.master = reinterpret_cast<float*>(data + field_offset(Field::kMaster));
-  return v;
-}
-
-void PagedAdamState::with_shards(size_t page, char* data,
-                                 const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  View v = view_of(data);
   const int64_t lo = static_cast<int64_t>(page) * geo_.state_elements;
   const int64_t hi = std::min(n_, lo + geo_.state_elements);
-  if (!shards_) {
-    fn(lo, hi, v);
+  auto with_grads = [&] {
+    if (!grads_) {
+      fn(lo, hi, v);
+      return;
+    }
+    const int64_t j = lo / geo_.grad_elements;
+    grads_->access(static_cast<size_t>(j), [&](char* g) {
+      v.grad = g + static_cast<size_t>(lo - j * geo_.grad_elements) * layout_.grad_bytes;
+      fn(lo, hi, v);
+    }, true);
+    if (!consumes_grads) return;
+    const int64_t first = j * geo_.grad_elements;
+    const int64_t size = std::min(n_, first + geo_.grad_elements) - first;
+    auto& done = consumed_[static_cast<size_t>(j)];
+    if ((done += hi - lo) == size) {  // every element's gradient is used: zeros from here
+      grads_->discard(static_cast<size_t>(j));
+      done = 0;
+    }
+  };
+  if (!params_) {
+    with_grads();
     return;
   }
-  const int64_t j = lo / geo_.shard_elements, in = lo - j * geo_.shard_elements;
-  shards_->access(static_cast<size_t>(j), [&](char* sd) {
-    v.param = sd + field_offset(Field::kParam) + static_cast<size_t>(in) * layout_.param_bytes;
-    v.grad = sd + field_offset(Field::kGrad) + static_cast<size_t>(in) * layout_.grad_bytes;
-    fn(lo, hi, v);
+  const int64_t j = lo / geo_.param_elements;
+  params_->access(static_cast<size_t>(j), [&](char* p) {
+    v.param = p + static_cast<size_t>(lo - j * geo_.param_elements) * layout_.param_bytes;
+    with_grads();
   }, true);
 }
 
 void PagedAdamState::for_each_page(
-    const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  pager_->for_each([&](size_t page, char* data) { with_shards(page, data, fn); });
+    const std::function<void(int64_t, int64_t, const View&)>& fn, bool consumes_grads) {
+  state_->for_each([&](size_t page, char* data) { with_shards(page, data, consumes_grads, fn); });
 }
 
 void PagedAdamState::visit_page(size_t page,
-                                const std::function<void(int64_t, int64_t, const View&)>& fn) {
-  pager_->access(page, [&](char* data) { with_shards(page, data, fn); }, true);
+                                const std::function<void(int64_t, int64_t, const View&)>& fn,
+                                bool consumes_grads) {
+  state_->access(page, [&](char* data) { with_shards(page, data, consumes_grads, fn); }, true);
 }
 
 void PagedAdamState::for_each_piece(Field field, int64_t offset, int64_t n, bool dirty,
                                     const std::function<void(char*, int64_t, int64_t)>& fn) {
   const size_t bytes = field_bytes(field), base = field_offset(field);
   PO_ASSERT(bytes > 0, "PagedAdamState: the pages hold no such field");
-  memory::Pager& pager = in_shards(field) ? *shards_ : *pager_;
-  const int64_t e = in_shards(field) ? geo_.shard_elements : geo_.state_elements;
+  memory::Pager& pager = pager_of(field);
+  const int64_t e = elements_of(field);
   int64_t done = 0;
   while (done < n) {
     const int64_t at = offset + done, page = at / e, in = at % e, len = std::min(n - done, e - in);
@@ -183,15 +231,16 @@ void PagedAdamState::copy_in(Field field, int64_t offset, int64_t n, const void*
 
 void PagedAdamState::prefetch(Field field, int64_t offset, int64_t n) {
   if (n <= 0) return;
-  memory::Pager& pager = in_shards(field) ? *shards_ : *pager_;
-  const int64_t e = in_shards(field) ? geo_.shard_elements : geo_.state_elements;
+  memory::Pager& pager = pager_of(field);
+  const int64_t e = elements_of(field);
   for (int64_t p = offset / e; p <= (offset + n - 1) / e; ++p) pager.prefetch(static_cast<size_t>(p));
 }
 
 memory::PagerStats PagedAdamState::take_stats() {
-  memory::PagerStats s = pager_->take_stats();
-  if (shards_) {
-    const memory::PagerStats t = shards_->take_stats();
+  memory::PagerStats s = state_->take_stats();
+  for (memory::Pager* pg : {params_.get(), grads_.get()}) {
+    if (pg == nullptr) continue;
+    const memory::PagerStats t = pg->take_stats();
     s.nvme_read_bytes += t.nvme_read_bytes;
     s.nvme_written_bytes += t.nvme_written_bytes;
     s.host_read_bytes += t.host_read_bytes;
@@ -204,15 +253,24 @@ memory::PagerStats PagedAdamState::take_stats() {
 }
 
 size_t PagedAdamState::resident(memory::Tier t) const {
-  return pager_->resident(t) + (shards_ ? shards_->resident(t) : 0);
+  size_t n = state_->resident(t);
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->resident(t);
+  return n;
 }
 
 size_t PagedAdamState::compute_frames() const {
-  return pager_->options().compute_frames + (shards_ ? shards_->options().compute_frames : 0);
+  size_t n = state_->options().compute_frames;
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->options().compute_frames;
+  return n;
 }
 
 size_t PagedAdamState::host_frames() const {
-  return pager_->options().host_frames + (shards_ ? shards_->options().host_frames : 0);
+  size_t n = state_->options().host_frames;
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->options().host_frames;
+  return n;
 }
 
 void AdamW::enable_paging(const memory::PagerOptions& options,
@@ -257,7 +315,7 @@ template <typename Fn>
 void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
   state.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
     page_pieces(state, by_state, lo, hi, view, fn);
-  });
+  }, true);
 }
 }  // namespace
 
@@ -289,7 +347,7 @@ void AdamW::update_page(size_t page, double lr, double scale) {
                                       static_cast<float>(config_.eps), decay,
                                       static_cast<float>(scale), t_);
                 });
-  });
+  }, true);
 }
 
 void AdamW::allocate_state() {

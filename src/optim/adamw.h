@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "memory/pager.h"
@@ -35,12 +36,13 @@ struct ParamRange {
 // Adam state in pages (memory/pager.h): state page k holds, for the state
 // elements [k·E, (k+1)·E), Adam m, then v, then (mixed precision) the fp32
 // master. For ZeRO-3 with parameters in pages (ZeRO-Infinity), this rank's
-// parameter and gradient shards live in shard pages of their own (a second
-// pager, its own swap file): shard page j holds the parameter shard, then the
-// gradient shard, of [j·E2, (j+1)·E2), with E2 a multiple of E so that every
-// state page's elements lie in one shard page. A gather then reads
-// parameters only, not the moments beside them. The update is the same
-// computation cut at page boundaries (it is element-wise).
+// parameter shard and its gradient shard live in pages of their own (one
+// pager and swap file each): parameter page j holds [j·Ep, (j+1)·Ep), gradient
+// page j [j·Eg, (j+1)·Eg), Ep and Eg multiples of E, so every state page's
+// elements lie in one page of each. A gather then reads parameters only,
+// gradients start every step as pages of zeros that cost no I/O (the update
+// discards them once consumed), and the update is the same computation cut
+// at page boundaries (it is element-wise).
 class PagedAdamState {
  public:
   enum class Field { kM = 0, kV = 1, kMaster = 2, kParam = 3, kGrad = 4 };
@@ -49,8 +51,7 @@ class PagedAdamState {
     size_t param_bytes = 0;  // parameter shard: 0 (not paged), 4 (fp32) or 2 (bf16)
     size_t grad_bytes = 0;   // gradient shard: likewise
     size_t state_bytes() const { return 8 + (master ? 4 : 0); }
-    size_t shard_bytes() const { return param_bytes + grad_bytes; }
-    size_t element_bytes() const { return state_bytes() + shard_bytes(); }
+    size_t element_bytes() const { return state_bytes() + param_bytes + grad_bytes; }
   };
   // A page's fields at element lo (null where the layout has none).
   struct View {
@@ -60,19 +61,20 @@ class PagedAdamState {
     void* param = nullptr;
     void* grad = nullptr;
   };
-  // How `numel` elements are cut into pages of `page_bytes`.
+  // How `numel` elements are cut into pages of `page_bytes`: the state pages,
+  // then (when paged) the parameter and the gradient pages.
   struct Geometry {
-    int64_t state_elements = 0, shard_elements = 0;  // E and E2 (0: no shard pages)
-    size_t state_pages = 0, shard_pages = 0;
-    size_t pages() const { return state_pages + shard_pages; }
+    int64_t state_elements = 0, param_elements = 0, grad_elements = 0;  // per page (0: none)
+    size_t state_pages = 0, param_pages = 0, grad_pages = 0;
+    size_t pages() const { return state_pages + param_pages + grad_pages; }
   };
   static Geometry geometry(int64_t numel, size_t page_bytes, const Layout& layout);
-  // The fewest compute frames both pagers work with together.
+  // The fewest compute frames the pagers work with together.
   static size_t min_compute_frames(const Geometry& g, int prefetch);
 
   // options.compute_frames and host_frames are for all pages: they are split
-  // between the state and the shard pages in proportion to their numbers
-  // (each keeps its minimum).
+  // between the kinds of pages in proportion to their numbers (each keeping
+  // its minimum).
   PagedAdamState(int64_t numel, const Layout& layout, const memory::PagerOptions& options);
   int64_t numel() const { return n_; }
   int64_t elements_per_page() const { return geo_.state_elements; }
@@ -80,11 +82,15 @@ class PagedAdamState {
   const Layout& layout() const { return layout_; }
   bool with_master() const { return layout_.master; }
   size_t field_bytes(Field f) const;
-  // fn(lo, hi, view) for every state page in the pager's order (its shard
-  // page resident alongside).
-  void for_each_page(const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
+  // fn(lo, hi, view) for every state page in the pager's order, its
+  // parameter and gradient pieces resident alongside. `consumes_grads`: fn
+  // zeroes the page's gradients (an update); a gradient page all of whose
+  // elements were consumed is discarded (zeros, no I/O).
+  void for_each_page(const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn,
+                     bool consumes_grads = false);
   // The same for one state page, outside the sweep (written back).
-  void visit_page(size_t page, const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn);
+  void visit_page(size_t page, const std::function<void(int64_t lo, int64_t hi, const View& view)>& fn,
+                  bool consumes_grads = false);
   size_t state_pages() const { return geo_.state_pages; }
   // Elements [offset, offset + n) of a field, out of / into the pages
   // (field_bytes(f) each).
@@ -98,27 +104,28 @@ class PagedAdamState {
   // the compute tier.
   void prefetch(Field f, int64_t offset, int64_t n);
 
-  // Both pagers together: traffic since the last call, pages per tier, frames.
+  // All pagers together: traffic since the last call, pages per tier, frames.
   memory::PagerStats take_stats();
   size_t resident(memory::Tier t) const;
-  size_t page_bytes() const { return pager_->page_bytes(); }
+  size_t page_bytes() const { return state_->page_bytes(); }
   size_t compute_frames() const;
   size_t host_frames() const;
-  // The swap files of the state and of the shard pages (null: none).
-  const memory::NvmeStore* state_store() const { return pager_->store(); }
-  const memory::NvmeStore* shard_store() const { return shards_ ? shards_->store() : nullptr; }
-  memory::Pager& pager() { return *pager_; }  // the state pages'
+  // The swap file of the state, parameter or gradient pages (null: none).
+  const memory::NvmeStore* store(Field f) const { return pager_of(f).store(); }
+  memory::Pager& pager() { return *state_; }  // the state pages'
   // Elements per state page of `layout` in pages of `page_bytes` (a multiple
   // of 16, so that every field starts 64-byte aligned).
   static int64_t page_elements(size_t page_bytes, const Layout& layout);
 
  private:
-  bool in_shards(Field f) const { return shards_ && (f == Field::kParam || f == Field::kGrad); }
+  const memory::Pager& pager_of(Field f) const;
+  memory::Pager& pager_of(Field f) { return const_cast<memory::Pager&>(std::as_const(*this).pager_of(f)); }
+  int64_t elements_of(Field f) const;  // per page of f's pager
   size_t field_offset(Field f) const;  // bytes from its page's start
-  View view_of(char* data) const;
-  // Runs fn with state page `page`'s view, its shard fields from the shard
-  // page holding it (made resident, written back).
-  void with_shards(size_t page, char* data, const std::function<void(int64_t, int64_t, const View&)>& fn);
+  // Runs fn with state page `page`'s view, its parameter and gradient fields
+  // from the pages holding them (made resident, written back).
+  void with_shards(size_t page, char* data, bool consumes_grads,
+                   const std::function<void(int64_t, int64_t, const View&)>& fn);
   // fn(ptr, first, count) on each page-resident piece of a field's range;
   // `dirty`: the pieces are written back.
   void for_each_piece(Field f, int64_t offset, int64_t n, bool dirty,
@@ -126,8 +133,9 @@ class PagedAdamState {
   int64_t n_;
   Layout layout_;
   Geometry geo_;
-  std::unique_ptr<memory::Pager> pager_;   // state pages (all fields without shard pages)
-  std::unique_ptr<memory::Pager> shards_;  // shard pages (ZeRO-Infinity), or null
+  std::unique_ptr<memory::Pager> state_;          // m, v [, master]
+  std::unique_ptr<memory::Pager> params_, grads_; // ZeRO-Infinity's shards, or null
+  std::vector<int64_t> consumed_;                 // per gradient page: elements consumed this step
 };
 
 class AdamW {

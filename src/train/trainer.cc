@@ -326,9 +326,11 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
                 geo.state_pages, mib(static_cast<double>(o.page_bytes)),
                 static_cast<long long>(geo.state_elements), layout.master ? ", fp32 master" : "");
   t += line;
-  if (geo.shard_pages > 0) {
-    std::snprintf(line, sizeof line, "\n  + %zu shard pages (%lld elements: parameter and gradient shards)",
-                  geo.shard_pages, static_cast<long long>(geo.shard_elements));
+  if (geo.param_pages > 0) {
+    std::snprintf(line, sizeof line,
+                  "\n  + %zu parameter-shard pages (%lld elements) + %zu gradient-shard pages (%lld elements)",
+                  geo.param_pages, static_cast<long long>(geo.param_elements), geo.grad_pages,
+                  static_cast<long long>(geo.grad_elements));
     t += line;
   }
   std::snprintf(line, sizeof line, ", %.1f MiB in all", mib(static_cast<double>(pages * o.page_bytes)));
@@ -340,8 +342,10 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.host_frames(),
                 mib(static_cast<double>(pg.host_frames() * o.page_bytes)));
   t += line;
-  for (const auto& [store, n] : {std::pair{pg.state_store(), geo.state_pages},
-                                 std::pair{pg.shard_store(), geo.shard_pages}}) {
+  using F = optim::PagedAdamState::Field;
+  for (const auto& [store, n] : {std::pair{pg.store(F::kM), geo.state_pages},
+                                 std::pair{pg.store(F::kParam), geo.param_pages},
+                                 std::pair{pg.store(F::kGrad), geo.grad_pages}}) {
     if (store == nullptr) continue;
     std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
                   n, store->path().c_str(),

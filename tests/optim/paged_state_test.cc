@@ -1,8 +1,8 @@
 // PagedAdamState: where each field lives. With parameter and gradient shards
-// paged (ZeRO-Infinity) they have shard pages of their own, so reading the
-// parameters moves parameter (and gradient) bytes only, not the Adam moments
-// beside them; every field keeps its values through evictions; the frames
-// are split between the two kinds of pages.
+// paged (ZeRO-Infinity) each has pages of its own, so reading the parameters
+// moves parameter bytes only, not the Adam moments or gradients beside them;
+// every field keeps its values through evictions; gradients consumed by an
+// update come back as zeros without I/O.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -29,26 +29,28 @@ memory::PagerOptions options(const std::string& dir, size_t compute_frames) {
   return o;
 }
 
-TEST(PagedAdamState, ShardPagesOfTheirOwn) {
+TEST(PagedAdamState, ParameterAndGradientPagesOfTheirOwn) {
   PagedAdamState::Layout fp32{false, 4, 4};
   auto g = PagedAdamState::geometry(100000, kPage, fp32);
   EXPECT_EQ(g.state_elements, 2048);  // 16 KiB / (4 + 4) bytes
-  EXPECT_EQ(g.shard_elements, 2048);  // 16 KiB / (4 + 4), a multiple of E
+  EXPECT_EQ(g.param_elements, 4096);  // 16 KiB / 4, a multiple of E
+  EXPECT_EQ(g.grad_elements, 4096);
   EXPECT_EQ(g.state_pages, 49u);
-  EXPECT_EQ(g.shard_pages, 49u);
+  EXPECT_EQ(g.param_pages, 25u);
+  EXPECT_EQ(g.grad_pages, 25u);
   PagedAdamState::Layout bf16{true, 2, 2};
   g = PagedAdamState::geometry(100000, kPage, bf16);
   EXPECT_EQ(g.state_elements, 1360);      // 16 KiB / 12 bytes, down to a multiple of 16
-  EXPECT_EQ(g.shard_elements, 3 * 1360);  // 16 KiB / 4 bytes holds 3 state pages' elements
-  EXPECT_EQ(PagedAdamState::geometry(100000, kPage, {false, 0, 0}).shard_pages, 0u);
-  EXPECT_EQ(PagedAdamState::min_compute_frames(g, 1), 6u);  // 3 per pager
+  EXPECT_EQ(g.param_elements, 6 * 1360);  // 16 KiB / 2 bytes holds 6 state pages' elements
+  EXPECT_EQ(PagedAdamState::geometry(100000, kPage, {false, 0, 0}).param_pages, 0u);
+  EXPECT_EQ(PagedAdamState::min_compute_frames(g, 1), 9u);  // 3 per pager
 }
 
 // Reading every parameter of a cold state moves the shard pages only.
 TEST(PagedAdamState, ParametersAreReadWithoutTheMoments) {
   TempDir dir;
-  const int64_t n = 64 * 2048;  // 64 state pages and 64 shard pages (fp32)
-  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 8));
+  const int64_t n = 64 * 2048;  // 64 state pages, 32 parameter and 32 gradient pages (fp32)
+  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 12));
   std::vector<float> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
   st.copy_in(F::kParam, 0, n, values.data());
@@ -62,12 +64,29 @@ TEST(PagedAdamState, ParametersAreReadWithoutTheMoments) {
   st.copy_out(F::kParam, 0, n, out.data());
   const memory::PagerStats s = st.take_stats();
   EXPECT_EQ(out, values);
-  // At most the 64 shard pages (of 4-byte parameters and gradients) are read;
-  // shared pages would have read 16 bytes per element.
-  EXPECT_LE(s.nvme_read_bytes, 64 * kPage) << "parameters read with their moments";
+  // At most the 32 parameter pages are read; pages shared with the moments
+  // would have read 16 bytes per element.
+  EXPECT_LE(s.nvme_read_bytes, 32 * kPage) << "parameters read with more than themselves";
   EXPECT_GT(s.nvme_read_bytes, 0u) << "the parameters were not evicted: the test proves nothing";
-  EXPECT_NE(st.shard_store(), nullptr);
-  EXPECT_NE(st.state_store()->path(), st.shard_store()->path());
+  ASSERT_NE(st.store(F::kParam), nullptr);
+  EXPECT_NE(st.store(F::kM)->path(), st.store(F::kParam)->path());
+}
+
+// An update consumes the gradients: their pages come back as zeros, and
+// the next step's first additions read nothing from NVMe.
+TEST(PagedAdamState, ConsumedGradientsCostNoReads) {
+  TempDir dir;
+  const int64_t n = 64 * 2048;
+  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 12));
+  std::vector<float> g(static_cast<size_t>(n), 0.25f), out(static_cast<size_t>(n));
+  st.copy_in(F::kGrad, 0, n, g.data());
+  st.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& v) {
+    std::memset(v.grad, 0, static_cast<size_t>(hi - lo) * 4);  // what an update does
+  }, true);
+  (void)st.take_stats();
+  st.copy_out(F::kGrad, 0, n, out.data());
+  for (float x : out) ASSERT_EQ(x, 0.0f);
+  EXPECT_EQ(st.take_stats().nvme_read_bytes, 0u) << "consumed gradients were read back";
 }
 
 // The sweep sees every field of its elements, and what it writes stays.
