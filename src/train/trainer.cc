@@ -346,7 +346,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   for (const auto& [store, n] : {std::pair{pg.store(F::kM), geo.state_pages},
                                  std::pair{pg.store(F::kParam), geo.param_pages},
                                  std::pair{pg.store(F::kGrad), geo.grad_pages}}) {
-    if (store == nullptr) continue;
+    if (store == nullptr || n == 0) continue;
     std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
                   n, store->path().c_str(),
                   store->uses_io_uring() ? "io_uring" : "pread/pwrite threads",
