@@ -367,6 +367,11 @@ void Pager::prefetch(size_t p) {
   PO_ASSERT(!in_pass_, "Pager::prefetch inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
   if (tier_[p] == Tier::kCompute) return;
+  // Following accesses, a page needed later than p may make room for it.
+  if (options_.order == PagerOptions::Order::kFollowAccesses) {
+    bring_in(p, -1);
+    return;
+  }
   // Only into a frame that is free now: a hint never evicts, and leaves one
   // frame for the pages needed at once.
   size_t free = 0;

@@ -92,7 +92,9 @@ class Pager {
 
   // Outside passes: start bringing page p into the compute tier (a read from
   // NVMe runs on while the caller goes on) if a frame can be had without
-  // evicting a page the next pass needs sooner. A hint: access() waits.
+  // evicting a page needed sooner — kPasses: only a free frame (the next
+  // pass's pages stay); kFollowAccesses: a page the walk needs later may go.
+  // A hint: access() waits.
   void prefetch(size_t p);
 
   PagerStats take_stats();

@@ -222,10 +222,15 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
            "DataParallel::enable_paging after shard_params()");
   paged_shards_ = options_.zero_stage == 3;
   if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), {});
-  adam_->enable_paging(options, paging_layout());
+  early_ = paged_shards_ && adam_->config().grad_clip <= 0 && options_.overlap &&
+           options_.update_in_backward;
+  memory::PagerOptions o = options;
+  // Early updates walk the state pages down with the backward (no sweeps):
+  // evict and read ahead by that walk.
+  if (early_) o.order = memory::PagerOptions::Order::kFollowAccesses;
+  adam_->enable_paging(o, paging_layout());
   if (!paged_shards_) return;
   optim::PagedAdamState* st = adam_->paged_state();
-  early_ = adam_->config().grad_clip <= 0 && options_.overlap;
   if (early_) {  // which units' gradients each page holds
     const int64_t e = st->elements_per_page();
     page_units_.assign(st->state_pages(), 0);
@@ -308,13 +313,15 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
 }
 
 // Unit u's gradient shard is final: the pages that now wait for no unit are
-// updated at once (no clipping, so the scale is 1), their I/O overlapping the
-// rest of the backward.
+// updated at once (no clipping, so the scale is 1), from the top down as the
+// backward walks, and the pages of the unit final next start coming in, so
+// their reads overlap that unit's backward.
 void DataParallel::update_final_pages(int u) {
-  const int64_t e = adam_->paged_state()->elements_per_page();
+  optim::PagedAdamState& st = *adam_->paged_state();
+  const int64_t e = st.elements_per_page();
   const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
   if (n == 0) return;
-  for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) {
+  for (int64_t p = (lo + n - 1) / e; p >= lo / e; --p) {
     const auto i = static_cast<size_t>(p);
     if (--page_waiting_[i] > 0) continue;
     if (!step_begun_) {
@@ -325,6 +332,15 @@ void DataParallel::update_final_pages(int u) {
     page_done_[i] = true;
     if (!in_step_) ++early_count_;  // (finish_grads() in step() lands the last ones)
   }
+  // The backward finishes L+1, then L, ..., 1, then 0.
+  const int last = layout_.num_units() - 1;
+  const int next = u == last ? last - 1 : u - 1;
+  if (next < 0 || layout_.stride(next) == 0) return;
+  const int64_t top = (layout_.local_offset(next) + layout_.stride(next) - 1) / e;
+  const int64_t bottom = layout_.local_offset(next) / e;
+  const auto ahead = static_cast<int64_t>(st.pager().options().compute_frames / 2);
+  for (int64_t p = top; p >= std::max(bottom, top - ahead + 1); --p)
+    if (!page_done_[static_cast<size_t>(p)]) st.pager().prefetch(static_cast<size_t>(p));
 }
 
 // The pages the backward did not update (none when every unit's last

@@ -481,6 +481,7 @@ TrainResult train(const core::Config& cfg) {
   dpo.overlap = cfg.get_bool("parallel.overlap_comm");
   dpo.bucket_bytes = cfg.get_size("parallel.bucket_size");
   dpo.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
+  dpo.update_in_backward = cfg.get_bool("memory.update_in_backward");
   dpo.param_dtype = bf16 ? tensor::DType::kBF16 : tensor::DType::kF32;
   dpo.reduce_dtype = cfg.get_string("parallel.reduce_dtype") == "bf16" ? tensor::DType::kBF16
                                                                          : tensor::DType::kF32;
