@@ -713,35 +713,6 @@ size_t DataParallel::predicted_model_state_bytes() const {
   return static_cast<size_t>(bytes);
 }
 
-size_t DataParallel::working_buffer_bytes_bound() const {
-  int64_t max_bucket = 0;
-  for (const Bucket& b : buckets_) max_bucket = std::max(max_bucket, b.numel);
-  return working_buffer_bytes_bound(layout_, options_, max_bucket);
-}
-
-size_t DataParallel::working_buffer_bytes_bound(const ShardLayout& layout,
-                                                const DataParallelOptions& options,
-                                                int64_t max_bucket) {
-  int64_t max_n = 0, max_padded = 0;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    max_n = std::max(max_n, layout.unit_numel(u));
-    max_padded = std::max(max_padded, layout.stride(u) * layout.ranks());
-  }
-  const int s = options.zero_stage;
-  const bool bf16 = options.param_dtype == DType::kBF16;
-  const double esz = bf16 ? 2 : 4;
-  double bytes = 16.0 * (1 << 20);  // the ring's scratch, MPI's own
-  if (s >= 2 || bf16) {             // UnitBuffers' pools
-    const double acc = 4.0 * static_cast<double>(max_padded) * 1.75;  // f32 + wire copy + receive
-    bytes += (3 + UnitBuffers::kMaxReductionsInFlight) * acc;
-    if (s == 3) bytes += (options.prefetch + 3) * esz * static_cast<double>(max_padded);
-    if (bf16) bytes += (options.prefetch + 3) * 4.0 * static_cast<double>(max_n);
-  }
-  if (bf16 && options.reduce_dtype == DType::kF32)
-    bytes += kMaxStaged * 4.0 * static_cast<double>(max_bucket);
-  return static_cast<size_t>(bytes);
-}
-
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();

@@ -142,17 +142,6 @@ class DataParallel {
   // fp32 4 + 4 + 8 bytes per element, bf16 2 + 2 + 4 + 8, each sharded as
   // the stage says. memory() must agree (tests/parallel/zero_bf16_launch_test).
   size_t predicted_model_state_bytes() const;
-  // An upper bound on the working buffers the first steps will still
-  // allocate in the compute tier (gather, work and accumulator pools, fp32
-  // staging, ring scratch): what a compute budget must leave free besides
-  // what is allocated at construction.
-  size_t working_buffer_bytes_bound() const;
-  // The same from the layout and options alone (the planner's and this
-  // object's one formula): `max_bucket` = elements of the largest stage 0-1
-  // bucket (0 without buckets).
-  static size_t working_buffer_bytes_bound(const ShardLayout& layout,
-                                           const DataParallelOptions& options,
-                                           int64_t max_bucket);
   // Stages 0-1: the all-reduce buckets over units of `unit_numel` elements
   // (esz bytes each) as {lowest unit, highest unit}, in the order the
   // backward finishes them (the highest units first). With the embedding

@@ -102,7 +102,7 @@ Layout layout_from_config(const core::Config& cfg, const ModelSpec& model) {
   l.compute_budget = cfg.get_size("memory.compute_budget");
   l.host_budget = cfg.get_size("memory.host_budget");
   l.nvme = !cfg.get_string("memory.nvme_dir").empty();
-  l.paging = l.compute_budget > 0 || l.nvme;
+  l.paging = l.host_budget > 0 || l.nvme;  // as the trainer decides (train/trainer.cc)
   l.page_bytes = cfg.get_size("memory.page_size");
   l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
   return l;
@@ -367,11 +367,11 @@ struct UnitReplay {
 
 // The ring all-reduce / reduce-scatter's scratch per operation in flight
 // (comm/mpi/ring.h), for collectives large enough to take it.
-double ring_scratch(const std::string& op, double payload, int n, bool bf16_wire) {
+double ring_scratch(const std::string& op, double payload, int n) {
   if (n <= 1 || payload < static_cast<double>(comm::mpi::ring::kMinBytes)) return 0;
   if (op != "allreduce" && op != "reduce_scatter") return 0;
   double b = comm::mpi::ring::kSlots * static_cast<double>(comm::mpi::ring::kSegmentBytes);
-  if (bf16_wire) b += payload / n;  // 16-bit partial sums (approximately one block)
+  if (op == "reduce_scatter") b += std::min(n - 2, 2) * payload / n;  // partial sums, one block each
   return b;
 }
 
@@ -479,28 +479,38 @@ void engine_plan(Plan& p) {
   p.activations_ckpt = l.checkpointing ? acts : acts_other;
 
   // Collectives per step (what comm::Traffic counts on the data-parallel group).
+  // Ring scratch, at most: one per ring operation that can be in flight at
+  // once (every eligible bucket at stages 0-1; kMaxReductionsInFlight + 1
+  // reduce-scatters at stages 2-3), each the largest such operation's.
   double ring = 0;
   if (grouped) {
     const bool inter = spans_nodes(p.cluster, 1, N);
     if (stage < 2) {
-      double total = 0;
+      double total = 0, largest = 0;
+      int eligible = 0;
       for (double n : bucket_numel) {
         total += n * resz;
-        ring = std::max(ring, ring_scratch("allreduce", n * resz, N, resz == 2));
+        const double r = ring_scratch("allreduce", n * resz, N);
+        eligible += r > 0 ? 1 : 0;
+        largest = std::max(largest, r);
       }
-      ring *= static_cast<double>(std::min<size_t>(buckets.size(), 2));
+      ring = eligible * largest;
       add_comm(p, "dp", "allreduce", "gradient buckets", buckets.size(), total, N, inter, l.overlap);
       if (defer)
         add_comm(p, "dp", "all_gather", "embedding-lookup rows", 2,
                  static_cast<double>(rows * N) * (4 + 4.0 * static_cast<double>(cfg.n_embd)), N,
                  inter, false);
     } else {
-      double rs = 0;
+      double rs = 0, largest = 0;
+      int eligible = 0;
       for (int u = 0; u < U; ++u) {
-        rs += static_cast<double>(layout.stride(u) * N) * resz;
-        ring = std::max(ring, ring_scratch("reduce_scatter", static_cast<double>(layout.stride(u) * N) * resz, N, resz == 2));
+        const double payload = static_cast<double>(layout.stride(u) * N) * resz;
+        rs += payload;
+        const double r = ring_scratch("reduce_scatter", payload, N);
+        eligible += r > 0 ? 1 : 0;
+        largest = std::max(largest, r);
       }
-      ring *= 1 + parallel::UnitBuffers::kMaxReductionsInFlight;
+      ring = std::min<double>(eligible, parallel::UnitBuffers::kMaxReductionsInFlight + 1) * largest;
       add_comm(p, "dp", "reduce_scatter", "gradient shards, per unit and micro-batch",
                static_cast<uint64_t>(U * accum), rs * static_cast<double>(accum), N, inter, l.overlap);
       add_comm(p, "dp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * N, N, inter, false);
@@ -523,7 +533,8 @@ void engine_plan(Plan& p) {
                static_cast<uint64_t>(n * accum), ag * static_cast<double>(accum), N, inter, true);
     }
   }
-  add_memory(p, "ring scratch", ring);
+  add_memory(p, "ring scratch", ring, Tier::kCompute, ring > 0 ? "at most" : "");
+  p.working_bytes = gathered + buckets_bytes + staged + ring;
 
   // Pages: the trainer's frame count for the budgets.
   if (paged) {
@@ -531,13 +542,7 @@ void engine_plan(Plan& p) {
         optim::PagedAdamState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
     const auto pages = static_cast<double>(geo.pages());
     const double page = static_cast<double>(l.page_bytes);
-    const double bound = static_cast<double>(parallel::DataParallel::working_buffer_bytes_bound(
-        layout,
-        parallel::DataParallelOptions{stage, l.overlap, l.bucket_bytes, l.prefetch,
-                                      l.bf16 ? tensor::DType::kBF16 : tensor::DType::kF32,
-                                      l.reduce_bf16 ? tensor::DType::kBF16 : tensor::DType::kF32},
-        max_bucket));
-    const double fixed = unpaged_states - paged_bytes + acts + bound;
+    const double fixed = unpaged_states - paged_bytes + acts + p.working_bytes;
     const auto min_frames = static_cast<double>(optim::PagedAdamState::min_compute_frames(geo, l.page_prefetch));
     double frames = pages;
     p.min_compute_budget = fixed + min_frames * page;
@@ -678,6 +683,16 @@ void analytic_plan(Plan& p) {
 }
 
 }  // namespace
+
+double engine_working_bytes(const ModelSpec& model, const Layout& layout) {
+  PO_CHECK(model.arch == Arch::kGPT2 && layout.tp == 1 && layout.pp == 1 && layout.cp == 1,
+           "engine_working_bytes: a layout the engine runs (GPT-2, data parallel)");
+  Plan p;
+  p.model = model;
+  p.layout = layout;
+  engine_plan(p);
+  return p.working_bytes;
+}
 
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout) {
   check_layout(model, layout);

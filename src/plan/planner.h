@@ -99,6 +99,7 @@ struct Plan {
   double host_bytes = 0, nvme_bytes = 0;
   double activations_no_ckpt = 0, activations_ckpt = 0;  // per rank, for comparison
   double min_compute_budget = 0;  // paging: the smallest memory.compute_budget the engine accepts
+  double working_bytes = 0;       // engine-exact: gathers, accumulators, buckets, staging, ring scratch
 
   std::vector<CommItem> comm;  // per rank per step
   double model_flops = 0;      // per step, all devices
@@ -110,6 +111,10 @@ struct Plan {
 };
 
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout);
+// The engine's working buffers for a layout it runs (Plan::working_bytes):
+// what a compute budget must leave free besides model states, activations
+// and pages. The trainer's minimum budget is built on it.
+double engine_working_bytes(const ModelSpec& model, const Layout& layout);
 
 // Every layout of `devices` devices (dp × tp × pp × cp, ZeRO stage, paging,
 // micro-batch, checkpointing) for the base's batch, precision and sequence;

@@ -37,6 +37,7 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
+#include "plan/planner.h"
 #include "train/metrics.h"
 #include "train/run_state.h"
 
@@ -303,7 +304,12 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
-  const size_t fixed = predicted + (live > known ? live - known : 0) + dp.working_buffer_bytes_bound();
+  // The working buffers to come, as the planner replays them (gathers,
+  // accumulators, buckets, staging, ring scratch at most: plan/planner.h).
+  const plan::ModelSpec spec = plan::model_from_config(cfg);
+  const auto working =
+      static_cast<size_t>(plan::engine_working_bytes(spec, plan::layout_from_config(cfg, spec)));
+  const size_t fixed = predicted + (live > known ? live - known : 0) + working;
   const size_t min_frames = optim::PagedAdamState::min_compute_frames(geo, o.prefetch);
   if (compute_budget == 0) {
     o.compute_frames = pages;
