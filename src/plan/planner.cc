@@ -477,6 +477,11 @@ void engine_plan(Plan& p) {
   const double acts_other = static_cast<double>(model::GPT2::predicted_activation_bytes(other, l.micro, l.seq));
   p.activations_no_ckpt = l.checkpointing ? acts_other : acts;
   p.activations_ckpt = l.checkpointing ? acts : acts_other;
+  p.activations_formula = static_cast<double>(cfg.n_layer) *
+                          korthikanti_layer_bytes(static_cast<double>(l.seq), static_cast<double>(l.micro),
+                                                  static_cast<double>(cfg.n_embd),
+                                                  static_cast<double>(cfg.n_head), 1, false,
+                                                  l.checkpointing, true);
 
   // Collectives per step (what comm::Traffic counts on the data-parallel group).
   // Ring scratch, at most: one per ring operation that can be in flight at
@@ -872,6 +877,13 @@ std::string format_plan(const Plan& p) {
   std::snprintf(line, sizeof line, "  activations: %s without checkpointing, %s with\n",
                 human_bytes(p.activations_no_ckpt).c_str(), human_bytes(p.activations_ckpt).c_str());
   t += line;
+  if (p.engine_exact) {
+    std::snprintf(line, sizeof line,
+                  "  (Korthikanti et al., 16-bit, flash-style attention, this layout: %s; the engine's kernels\n"
+                  "   save %s activations and keep one layer's f32 working set)\n",
+                  human_bytes(p.activations_formula).c_str(), p.layout.bf16 ? "bf16" : "f32");
+    t += line;
+  }
   t += "\ncommunication per rank per step\n";
   if (p.comm.empty()) t += "  none (one rank)\n";
   for (const CommItem& c : p.comm) {
@@ -948,6 +960,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["min_compute_budget"] = p.min_compute_budget;
   j["activations_no_ckpt_bytes"] = p.activations_no_ckpt;
   j["activations_ckpt_bytes"] = p.activations_ckpt;
+  if (p.engine_exact) j["activations_formula_bytes"] = p.activations_formula;
   nlohmann::json comm = nlohmann::json::array();
   for (const CommItem& c : p.comm)
     comm.push_back({{"dim", c.dim}, {"op", c.op}, {"what", c.what}, {"calls", c.calls}, {"bytes", c.bytes},

@@ -98,6 +98,9 @@ struct Plan {
   double device_peak = 0;    // + the framework's overhead
   double host_bytes = 0, nvme_bytes = 0;
   double activations_no_ckpt = 0, activations_ckpt = 0;  // per rank, for comparison
+  // Korthikanti et al.'s 16-bit count for the same layers and micro-batch
+  // (flash-style attention), next to the engine's own layout.
+  double activations_formula = 0;
   double min_compute_budget = 0;  // paging: the smallest memory.compute_budget the engine accepts
   double working_bytes = 0;       // engine-exact: gathers, accumulators, buckets, staging, ring scratch
 
