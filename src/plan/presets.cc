@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
-#include <toml++/toml.h>
 #include <vector>
 
 #include "backend/ops.h"
@@ -199,74 +199,6 @@ ClusterSpec local() {
   return c;
 }
 
-double get_number(const toml::table& t, const std::string& file, const char* key, double dflt,
-                  bool required) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) {
-    PO_CHECK(!required, file, ": [cluster] ", key, " is missing");
-    return dflt;
-  }
-  if (auto v = n->value<double>()) return *v;
-  PO_THROW(core::InvalidArgument, file, ": [cluster] ", key, " must be a number");
-}
-
-double get_size(const toml::table& t, const std::string& file, const char* key, double dflt,
-                bool required) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) {
-    PO_CHECK(!required, file, ": [cluster] ", key, " is missing");
-    return dflt;
-  }
-  if (auto s = n->value<std::string>())
-    return static_cast<double>(core::parse_size(*s, file + ": [cluster] " + key));
-  if (auto v = n->value<double>()) return *v;
-  PO_THROW(core::InvalidArgument, file, ": [cluster] ", key, " must be a size such as \"80GiB\"");
-}
-
-ClusterSpec from_file(const std::string& path) {
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    PO_THROW(core::InvalidArgument, path, ":", e.source().begin.line, ": ", e.description());
-  }
-  const toml::table* t = root["cluster"].as_table();
-  PO_CHECK(t != nullptr, path, ": no [cluster] table");
-  static const char* kKeys[] = {"name",           "nodes",          "devices_per_node",
-                                "device_memory",  "host_memory",    "peak_tflops_bf16",
-                                "peak_tflops_fp32", "efficiency",   "intra_node_GBps",
-                                "inter_node_GBps", "latency_us",    "nvme_read_GBps",
-                                "nvme_write_GBps", "host_GBps",     "overhead"};
-  for (const auto& [k, v] : *t) {
-    const auto key = std::string(k.str());
-    PO_CHECK(std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys), path,
-             ": [cluster] unknown key '", key, "'");
-  }
-  ClusterSpec c;
-  c.name = t->get("name") ? t->get("name")->value_or(std::string(path)) : path;
-  c.source = path;
-  c.nodes = static_cast<int>(get_number(*t, path, "nodes", 1, false));
-  c.devices_per_node = static_cast<int>(get_number(*t, path, "devices_per_node", 0, true));
-  c.device_memory = get_size(*t, path, "device_memory", 0, true);
-  c.host_memory = get_size(*t, path, "host_memory", 0, false);
-  c.peak_flops_bf16 = get_number(*t, path, "peak_tflops_bf16", 0, true) * 1e12;
-  c.peak_flops_fp32 = get_number(*t, path, "peak_tflops_fp32", c.peak_flops_bf16 / 1e12 / 16, false) * 1e12;
-  c.efficiency = get_number(*t, path, "efficiency", 0.5, false);
-  c.intra_bw = get_number(*t, path, "intra_node_GBps", 0, true) * 1e9;
-  c.inter_bw = get_number(*t, path, "inter_node_GBps", c.intra_bw / 1e9, false) * 1e9;
-  c.latency = get_number(*t, path, "latency_us", 15, false) * 1e-6;
-  c.nvme_read_bw = get_number(*t, path, "nvme_read_GBps", 0, false) * 1e9;
-  c.nvme_write_bw = get_number(*t, path, "nvme_write_GBps", c.nvme_read_bw / 1e9, false) * 1e9;
-  c.host_bw = get_number(*t, path, "host_GBps", 25, false) * 1e9;
-  c.overhead = get_size(*t, path, "overhead", 1.5 * kGiB, false);
-  PO_CHECK(c.nodes >= 1 && c.devices_per_node >= 1, path,
-           ": [cluster] nodes and devices_per_node must be >= 1");
-  PO_CHECK(c.device_memory > 0 && c.peak_flops_bf16 > 0 && c.intra_bw > 0, path,
-           ": [cluster] device_memory, peak_tflops_bf16 and intra_node_GBps must be > 0");
-  PO_CHECK(c.efficiency > 0 && c.efficiency <= 1, path, ": [cluster] efficiency must be in (0, 1]");
-  return c;
-}
-
 }  // namespace
 
 std::vector<std::string> cluster_preset_names() {
@@ -282,7 +214,10 @@ ClusterSpec cluster_preset(const std::string& name, int nodes) {
     PO_CHECK(ib == "200" || ib == "400", "--cluster ", name, ": InfiniBand is ib200 or ib400");
     c = dgx(name, name[0] == 'h', std::stoi(ib));
   } else if (name.find('/') != std::string::npos || name.ends_with(".toml")) {
-    c = from_file(name);
+    std::ifstream f(name, std::ios::binary);
+    PO_CHECK(f.good(), "--cluster ", name, ": cannot read the file");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    c = parse_cluster(text, name);
   } else {
     std::string known;
     for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;

@@ -67,6 +67,9 @@ struct ClusterSpec {
 // "a100-80gb-ib400", "h100-80gb-ib200", "h100-80gb-ib400", or a TOML file
 // (see docs/planning.md). `nodes` > 0 overrides the node count.
 ClusterSpec cluster_preset(const std::string& name_or_file, int nodes = 0);
+// A cluster file's text (docs/planning.md); `origin` names it in errors,
+// which are core::InvalidArgument naming the key (plan/cluster_file.cc).
+ClusterSpec parse_cluster(const std::string& text, const std::string& origin);
 std::vector<std::string> cluster_preset_names();
 
 }  // namespace po::plan

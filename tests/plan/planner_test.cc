@@ -163,6 +163,10 @@ TEST(Planner, ClusterFile) {
   write_file(dir / "short.toml", "[cluster]\ndevices_per_node = 4\ndevice_memory = \"24GiB\"\n");
   e = error_of([&] { plan::cluster_preset(dir / "short.toml"); });
   EXPECT_NE(e.find("short.toml: [cluster] peak_tflops_bf16 is missing"), std::string::npos) << e;
+  e = error_of([] { plan::parse_cluster("[cluster]\ndevices_per_node = 1e30\n", "huge.toml"); });
+  EXPECT_NE(e.find("huge.toml: [cluster] devices_per_node = 1e+30 is out of range"), std::string::npos) << e;
+  e = error_of([] { plan::parse_cluster("[cluster\n", "broken.toml"); });
+  EXPECT_NE(e.find("broken.toml:1:"), std::string::npos) << e;
   e = error_of([] { plan::cluster_preset("tpu-v5"); });
   EXPECT_NE(e.find("unknown preset 'tpu-v5'"), std::string::npos) << e;
 }
