@@ -324,28 +324,32 @@ void AdamW::begin_paged_step() {
   ++t_;
 }
 
-void AdamW::update_page(size_t page, double lr, double scale) {
-  PO_ASSERT(paged_ && paged_->layout().param_bytes && paged_->layout().grad_bytes,
-            "AdamW::update_page: the pages hold no parameters and gradients");
-  const bool mixed = paged_->with_master();
+void AdamW::update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedAdamState::View& at,
+                         const OutsidePages& out, double lr, double scale) {
+  const int64_t rel = a - r.state();
+  const float decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+  if (paged_->with_master()) {
+    const auto* g = at.grad ? static_cast<const uint16_t*>(at.grad)
+                            : out.grads_bf16 + (out.grads_by_state ? a : r.offset + rel);
+    auto* dst = at.param ? static_cast<uint16_t*>(at.param) : out.params_out + r.offset + rel;
+    ops::adamw_update_mixed(at.master, g, at.m, at.v, dst, n, static_cast<float>(lr),
+                            static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
+                            static_cast<float>(config_.eps), decay, static_cast<float>(scale), t_);
+    return;
+  }
+  float* p = at.param ? static_cast<float*>(at.param) : out.params + r.offset + rel;
+  const float* g = at.grad ? static_cast<const float*>(at.grad) : out.grads_state + a;
+  ops::adamw_update(p, g, at.m, at.v, n, static_cast<float>(lr), static_cast<float>(config_.beta1),
+                    static_cast<float>(config_.beta2), static_cast<float>(config_.eps), decay,
+                    static_cast<float>(scale), t_);
+}
+
+void AdamW::update_page(size_t page, double lr, double scale, const OutsidePages& outside) {
+  PO_ASSERT(paged_ != nullptr, "AdamW::update_page without pages");
   paged_->visit_page(page, [&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
     page_pieces(*paged_, by_state_, lo, hi, view,
-                [&](const ParamRange& r, int64_t, int64_t n, const PagedAdamState::View& at) {
-                  const float decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-                  if (mixed)
-                    ops::adamw_update_mixed(at.master, static_cast<const uint16_t*>(at.grad), at.m,
-                                            at.v, static_cast<uint16_t*>(at.param), n,
-                                            static_cast<float>(lr), static_cast<float>(config_.beta1),
-                                            static_cast<float>(config_.beta2),
-                                            static_cast<float>(config_.eps), decay,
-                                            static_cast<float>(scale), t_);
-                  else
-                    ops::adamw_update(static_cast<float*>(at.param), static_cast<const float*>(at.grad),
-                                      at.m, at.v, n, static_cast<float>(lr),
-                                      static_cast<float>(config_.beta1),
-                                      static_cast<float>(config_.beta2),
-                                      static_cast<float>(config_.eps), decay,
-                                      static_cast<float>(scale), t_);
+                [&](const ParamRange& r, int64_t a, int64_t n, const PagedAdamState::View& at) {
+                  update_piece(r, a, n, at, outside, lr, scale);
                 });
   }, true);
 }
@@ -382,15 +386,12 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
   allocate_state();
   ++t_;
   if (paged_) {
+    OutsidePages out;
+    out.params = params;
+    out.grads_state = grads_state;
     for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
                                                  const PagedAdamState::View& at) {
-      float* p = at.param ? static_cast<float*>(at.param) : params + r.offset + (a - r.state());
-      const float* g = at.grad ? static_cast<const float*>(at.grad) : grads_state + a;
-      ops::adamw_update(p, g, at.m, at.v, n,
-                        static_cast<float>(lr), static_cast<float>(config_.beta1),
-                        static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
-                        r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                        static_cast<float>(scale), t_);
+      update_piece(r, a, n, at, out, lr, scale);
     });
     return;
   }
@@ -410,17 +411,13 @@ void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_stat
   ++t_;
   if (paged_) {
     PO_ASSERT(paged_->with_master(), "AdamW::apply_mixed: the pages hold no master weights");
+    OutsidePages out;
+    out.grads_bf16 = grads;
+    out.grads_by_state = grads_by_state;
+    out.params_out = params_out;
     for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
                                                  const PagedAdamState::View& at) {
-      const int64_t rel = a - r.state();
-      const uint16_t* g = at.grad ? static_cast<const uint16_t*>(at.grad)
-                                  : grads + (grads_by_state ? a : r.offset + rel);
-      uint16_t* out = at.param ? static_cast<uint16_t*>(at.param) : params_out + r.offset + rel;
-      ops::adamw_update_mixed(at.master, g, at.m, at.v, out, n, static_cast<float>(lr),
-                              static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
-                              static_cast<float>(config_.eps),
-                              r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                              static_cast<float>(scale), t_);
+      update_piece(r, a, n, at, out, lr, scale);
     });
     return;
   }

@@ -138,6 +138,18 @@ class PagedAdamState {
   std::vector<int64_t> consumed_;                 // per gradient page: elements consumed this step
 };
 
+// Where a paged update finds what the pages do not hold, as apply() and
+// apply_mixed() take it: fp32 parameters (by range offset) and gradients
+// (by state offset), or bf16 gradients (by state or range offset) and the
+// bf16 parameters written from the master (by range offset).
+struct OutsidePages {
+  float* params = nullptr;
+  const float* grads_state = nullptr;
+  const uint16_t* grads_bf16 = nullptr;
+  bool grads_by_state = false;
+  uint16_t* params_out = nullptr;
+};
+
 class AdamW {
  public:
   // `num_params` sizes the state (m, v): the whole model, or for a ZeRO shard
@@ -172,11 +184,12 @@ class AdamW {
   // (grads) argument and use the pages' fields.
   void enable_paging(const memory::PagerOptions& options, const PagedAdamState::Layout& layout);
   bool paged() const { return paged_ != nullptr; }
-  // Pages holding parameters and gradients (ZeRO-3) can be updated one at a
-  // time as their gradients become final (no clipping: the scale is known):
-  // begin_paged_step() once per step, then update_page() for every page.
+  using OutsidePages = optim::OutsidePages;
+  // Pages can be updated one at a time as their gradients become final (no
+  // clipping: the scale is known): begin_paged_step() once per step, then
+  // update_page() for every page.
   void begin_paged_step();
-  void update_page(size_t page, double lr, double clip_scale);
+  void update_page(size_t page, double lr, double clip_scale, const OutsidePages& outside = {});
   const AdamWConfig& config() const { return config_; }
   PagedAdamState* paged_state() { return paged_.get(); }
 
@@ -198,6 +211,10 @@ class AdamW {
   int64_t t_ = 0;
   // Ranges sorted by state offset (the paged update walks pages in order).
   std::vector<ParamRange> by_state_;
+  // One piece [a, a + n) of range r inside a page (view `at`), the rest
+  // found `outside`: the paged update's arithmetic.
+  void update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedAdamState::View& at,
+                    const OutsidePages& outside, double lr, double scale);
   tensor::Storage m_, v_;
   std::unique_ptr<PagedAdamState> paged_;
 };

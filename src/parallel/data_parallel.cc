@@ -222,26 +222,27 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
            "DataParallel::enable_paging after shard_params()");
   paged_shards_ = options_.zero_stage == 3;
   if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), {});
-  early_ = paged_shards_ && adam_->config().grad_clip <= 0 && options_.overlap &&
-           options_.update_in_backward;
+  early_ = adam_->config().grad_clip <= 0 && options_.overlap && options_.update_in_backward;
   memory::PagerOptions o = options;
   // Early updates walk the state pages down with the backward (no sweeps):
   // evict and read ahead by that walk.
   if (early_) o.order = memory::PagerOptions::Order::kFollowAccesses;
   adam_->enable_paging(o, paging_layout());
-  if (!paged_shards_) return;
   optim::PagedAdamState* st = adam_->paged_state();
   if (early_) {  // which units' gradients each page holds
     const int64_t e = st->elements_per_page();
     page_units_.assign(st->state_pages(), 0);
     for (int u = 0; u < layout_.num_units(); ++u) {
-      const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
+      const auto [lo, n] = state_range(u);
       if (n == 0) continue;
       for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) ++page_units_[static_cast<size_t>(p)];
     }
     page_waiting_ = page_units_;
     page_done_.assign(st->state_pages(), false);
+    // Stage 2: a unit is final once its last micro-batch's reduce-scatter is in.
+    if (options_.zero_stage == 2) units_->set_on_final([this](int u) { unit_final(u); });
   }
+  if (!paged_shards_) return;
   units_->use_paged_shards(
       {[this, st](int u, void* dst) {
          st->copy_out(optim::PagedAdamState::Field::kParam, layout_.local_offset(u),
@@ -319,8 +320,9 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
 void DataParallel::update_final_pages(int u) {
   optim::PagedAdamState& st = *adam_->paged_state();
   const int64_t e = st.elements_per_page();
-  const int64_t lo = layout_.local_offset(u), n = layout_.stride(u);
+  const auto [lo, n] = state_range(u);
   if (n == 0) return;
+  const optim::OutsidePages outside = outside_pages();
   for (int64_t p = (lo + n - 1) / e; p >= lo / e; --p) {
     const auto i = static_cast<size_t>(p);
     if (--page_waiting_[i] > 0) continue;
@@ -328,16 +330,17 @@ void DataParallel::update_final_pages(int u) {
       adam_->begin_paged_step();
       step_begun_ = true;
     }
-    adam_->update_page(i, step_lr_, 1.0);
+    adam_->update_page(i, step_lr_, 1.0, outside);
     page_done_[i] = true;
     if (!in_step_) ++early_count_;  // (finish_grads() in step() lands the last ones)
   }
   // The backward finishes L+1, then L, ..., 1, then 0.
   const int last = layout_.num_units() - 1;
   const int next = u == last ? last - 1 : u - 1;
-  if (next < 0 || layout_.stride(next) == 0) return;
-  const int64_t top = (layout_.local_offset(next) + layout_.stride(next) - 1) / e;
-  const int64_t bottom = layout_.local_offset(next) / e;
+  if (next < 0) return;
+  const auto [next_lo, next_n] = state_range(next);
+  if (next_n == 0) return;
+  const int64_t top = (next_lo + next_n - 1) / e, bottom = next_lo / e;
   const auto ahead = static_cast<int64_t>(st.pager().options().compute_frames / 2);
   for (int64_t p = top; p >= std::max(bottom, top - ahead + 1); --p)
     if (!page_done_[static_cast<size_t>(p)]) st.pager().prefetch(static_cast<size_t>(p));
@@ -347,13 +350,64 @@ void DataParallel::update_final_pages(int u) {
 // reduction landed in time), then the counters start over.
 void DataParallel::finish_early_step(double lr) {
   if (!step_begun_) adam_->begin_paged_step();
+  const optim::OutsidePages outside = outside_pages();
   for (size_t p = 0; p < page_done_.size(); ++p)
-    if (!page_done_[p]) adam_->update_page(p, lr, 1.0);
+    if (!page_done_[p]) adam_->update_page(p, lr, 1.0, outside);
   page_waiting_ = page_units_;
   std::fill(page_done_.begin(), page_done_.end(), false);
   step_begun_ = false;
   early_last_ = early_count_;
   early_count_ = 0;
+}
+
+// Unit u's elements in state coordinates (Adam's m, v and the pages): the
+// whole model's layout at stage 0, the rank's local shards above.
+std::pair<int64_t, int64_t> DataParallel::state_range(int u) const {
+  if (options_.zero_stage == 0) return {model_.unit_offset(u), model_.unit_numel(u)};
+  return {layout_.local_offset(u), layout_.stride(u)};
+}
+
+// Where a page's update finds what the pages do not hold, by stage and
+// precision: the arguments step() gives apply() / apply_mixed().
+optim::OutsidePages DataParallel::outside_pages() {
+  optim::OutsidePages o;
+  if (paged_shards_) return o;  // all in the pages
+  if (!bf16()) {
+    o.params = model_.params();
+    o.grads_state = options_.zero_stage == 0 ? model_.grads() : grad_f32();
+    return o;
+  }
+  o.params_out = static_cast<uint16_t*>(stored_params());
+  o.grads_by_state = options_.zero_stage >= 2;
+  o.grads_bf16 = o.grads_by_state ? grad_bf16() : units_->full_grads();
+  return o;
+}
+
+// Stage 1 (fp32): this rank's shard of unit u's reduced gradient, into the
+// gradient shard the update reads.
+void DataParallel::copy_grad_shard(int u) {
+  std::memcpy(grad_f32() + layout_.local_offset(u),
+              model_.grads() + model_.unit_offset(u) + layout_.begin(u),
+              static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+}
+
+// Unit u's gradient is final (stages 0-2): its pages may go.
+void DataParallel::unit_final(int u) {
+  if (!early_ || !lr_known_) return;
+  if (options_.zero_stage == 1 && !bf16()) copy_grad_shard(u);
+  update_final_pages(u);
+}
+
+// Stages 0-1: the buckets whose all-reduce has landed make their units final
+// (the deferred embedding's waits for its lookup rows, added in step()).
+void DataParallel::fire_reduced_buckets() {
+  for (Pending& p : pending_) {
+    if (p.bucket < 0 || !p.work.test()) continue;
+    const int index = p.bucket;
+    finish(p);  // (a staged bf16 bucket is narrowed back first)
+    for (int u = 0; u < model_.num_units(); ++u)
+      if (bucket_of_[static_cast<size_t>(u)] == index && !(u == 0 && defer_embedding_)) unit_final(u);
+  }
 }
 
 // Where this rank's shard of `kind` lives when it is not addressable: the
@@ -420,7 +474,12 @@ void* DataParallel::stored_params() {
 }
 
 std::function<void(int)> DataParallel::unit_ready() {
-  if (group_ == nullptr || !options_.overlap || options_.zero_stage >= 2) return {};
+  if (options_.zero_stage >= 2) return {};
+  if (group_ == nullptr) {  // one rank: a unit is final when its backward ends
+    if (!early_) return {};
+    return [this](int unit) { unit_final(unit); };
+  }
+  if (!options_.overlap) return {};
   return [this](int unit) { on_unit_ready(unit); };
 }
 
@@ -428,6 +487,7 @@ void DataParallel::on_unit_ready(int unit) {
   for (auto& p : pending_) p.work.test();  // MPI progresses inside its calls
   if (unit == buckets_[static_cast<size_t>(bucket_of_[static_cast<size_t>(unit)])].lo)
     issue_allreduce(unit);
+  if (early_) fire_reduced_buckets();
 }
 
 void DataParallel::issue_allreduce(int unit) {
@@ -495,6 +555,7 @@ void DataParallel::backward_done(const int32_t* tokens) {
     pending_.push_back(std::move(t));
     pending_.push_back(std::move(g));
   }
+  if (early_) fire_reduced_buckets();
 }
 
 // Every rank adds every rank's lookup rows into the reduced bf16 gradient, in
@@ -541,6 +602,20 @@ double DataParallel::step(double lr) {
                                 model_.config().n_embd);
       }
     }
+  }
+  if (early_ && lr_known_) {  // the pages not updated in the backward (at least unit 0's)
+    PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
+    const double norm =
+        std::sqrt(bf16() ? ops::sum_squares_bf16(units_->full_grads(), model_.num_params())
+                         : optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+    (void)adam_->clip_scale(norm);  // (no clipping; stops on a non-finite norm)
+    if (stage == 1 && !bf16())
+      for (int u = 0; u < layout_.num_units(); ++u) copy_grad_shard(u);
+    finish_early_step(lr);
+    lr_known_ = false;
+    if (bf16()) units_->zero_full_grads();
+    if (stage == 1 && group_ != nullptr) gather_params();
+    return norm;
   }
   if (bf16()) {
     // The whole reduced bf16 gradient is here: its norm needs no communication.
@@ -619,6 +694,9 @@ double DataParallel::step_sharded_grads(double lr) {
     PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
     finish_early_step(lr);
     lr_known_ = false;
+    if (grad_shard_bf16_.size() > 0) std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
+    if (grad_shard_f32_.size() > 0) std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
+    if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
     return norm;
   }
   if (bf16()) {

@@ -216,6 +216,11 @@ class DataParallel {
   // final gradients it still waits for, and whether it was updated.
   void update_final_pages(int u);
   void finish_early_step(double lr);
+  std::pair<int64_t, int64_t> state_range(int u) const;  // {first, count} in state coordinates
+  optim::OutsidePages outside_pages();
+  void copy_grad_shard(int u);
+  void unit_final(int u);
+  void fire_reduced_buckets();
   bool early_ = false, lr_known_ = false, step_begun_ = false, in_step_ = false;
   double step_lr_ = 0;
   std::vector<int> page_units_, page_waiting_;

@@ -318,6 +318,7 @@ void UnitBuffers::grads_ready(int u) {
   if (group_ == nullptr) {  // one rank: the sum is the accumulator
     add_reduced(u, acc, final_micro_);
     acc_pool_.release(acc);
+    if (final_micro_ && on_final_) on_final_(u);
     return;
   }
   const int64_t stride = layout_.stride(u);
@@ -369,7 +370,10 @@ void UnitBuffers::complete_front() {
   wait(r.work);
   add_reduced(r.unit, reduce_recv(r.unit, r.acc), r.final);
   acc_pool_.release(r.acc);
+  const int u = r.unit;
+  const bool final = r.final;
   pending_.pop_front();
+  if (final && on_final_) on_final_(u);
 }
 
 void UnitBuffers::finish_grads() {

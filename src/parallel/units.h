@@ -140,6 +140,9 @@ class UnitBuffers {
   // set once, before the first backward (DataParallel allocates it at the
   // end of set-up, so that a paged run never holds it).
   void set_grad_shard(void* grad_shard) { grad_shard_ = grad_shard; }
+  // Called with u once unit u's gradient shard is final (its last
+  // micro-batch's reduction added), for updates that start in the backward.
+  void set_on_final(std::function<void(int u)> fn) { on_final_ = std::move(fn); }
   // Whether the gradients about to be produced are the step's last
   // micro-batch's (reductions carry it to PagedShards::add).
   void set_final_micro_batch(bool final) { final_micro_ = final; }
@@ -221,6 +224,7 @@ class UnitBuffers {
   Options options_;
   std::vector<int> order_;  // unit of each request position of one pass
   PagedShards paged_;        // set: the shards are not stored here
+  std::function<void(int)> on_final_;
   bool final_micro_ = true;
   bool sharded_ = false;     // shard_params() has run
   tensor::Storage own_;      // stored parameters this object owns

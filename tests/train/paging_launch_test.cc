@@ -101,7 +101,15 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
       {2, 0, "--set train.precision=bf16"},
       {1, 1, "--set memory.io=fallback"},
       {2, 1, "--set memory.host_budget=160KiB"},
-      {2, 3, "--set train.grad_clip=0"},  // pages updated during the backward
+      // Pages updated during the backward, as their units' gradients land
+      // (bit for bit the sweep; at stages 0-1 with several ranks a bucket's
+      // pages go early only if its all-reduce is seen landed in time, so the
+      // count is checked where it cannot depend on timing):
+      {2, 3, "--set train.grad_clip=0"},
+      {1, 0, "--set train.grad_clip=0"},
+      {2, 1, "--set train.grad_clip=0"},
+      {2, 2, "--set train.grad_clip=0 --set train.precision=bf16"},
+      {2, 0, "--set train.grad_clip=0 --set train.precision=bf16"},
   };
   for (const Case& c : cases) {
     const std::string what = "dp " + std::to_string(c.dp) + " stage " + std::to_string(c.stage) +
@@ -138,9 +146,10 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
       const char* key = c.extra.find("host_budget") != std::string::npos ? "host_read_bytes"
                                                                          : "nvme_read_bytes";
       EXPECT_GT(per_rank[r][key].get<double>(), 0) << what << ": rank " << r << " " << key;
-      if (c.extra.find("grad_clip=0") != std::string::npos)
+      if (c.extra.find("grad_clip=0") != std::string::npos && (c.dp == 1 || c.stage >= 2)) {
         EXPECT_GT(per_rank[r]["pages_updated_in_backward"].get<double>(), 0)
             << what << ": rank " << r << ": no page was updated during the backward";
+      }
     }
     EXPECT_TRUE(fs::is_empty(swap)) << what << ": swap files left in " << swap;
   }
