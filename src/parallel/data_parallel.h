@@ -68,9 +68,10 @@ struct DataParallelOptions {
   int prefetch = 1;                  // parallel.prefetch (stage 3): units gathered ahead
   tensor::DType param_dtype = tensor::DType::kF32;   // train.precision: kF32 or kBF16 storage
   tensor::DType reduce_dtype = tensor::DType::kF32;  // parallel.reduce_dtype
-  // Paged ZeRO-3 without clipping: update each page as soon as its gradients
-  // are final, during the backward (memory.update_in_backward).
-  bool update_in_backward = true;
+  // Paged, without clipping: update each page as soon as its gradients are
+  // final, during the backward (memory.update_in_backward; off by default:
+  // on this machine the sweep after the backward is faster).
+  bool update_in_backward = false;
 };
 
 // Bytes this rank holds for model state and communication, by kind.

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -105,17 +106,22 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
       // (bit for bit the sweep; at stages 0-1 with several ranks a bucket's
       // pages go early only if its all-reduce is seen landed in time, so the
       // count is checked where it cannot depend on timing):
-      {2, 3, "--set train.grad_clip=0"},
-      {1, 0, "--set train.grad_clip=0"},
-      {2, 1, "--set train.grad_clip=0"},
-      {2, 2, "--set train.grad_clip=0 --set train.precision=bf16"},
-      {2, 0, "--set train.grad_clip=0 --set train.precision=bf16"},
+      {2, 3, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
+      {1, 0, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
+      {2, 1, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
+      {2, 2, "--set train.grad_clip=0 --set memory.update_in_backward=true --set train.precision=bf16"},
+      {2, 0, "--set train.grad_clip=0 --set memory.update_in_backward=true --set train.precision=bf16"},
   };
   for (const Case& c : cases) {
     const std::string what = "dp " + std::to_string(c.dp) + " stage " + std::to_string(c.stage) +
                              " " + c.extra;
     // The memory.io / host settings do not change the in-memory reference.
-    const std::string ref_extra = c.extra.find("memory.") == std::string::npos ? c.extra : "";
+    std::string ref_extra;  // c.extra without its memory.* settings
+    {
+      std::istringstream in(c.extra);
+      for (std::string flag, kv; in >> flag >> kv;)
+        if (!kv.starts_with("memory.")) ref_extra += " " + flag + " " + kv;
+    }
     const std::string tag = std::to_string(c.dp) + std::to_string(c.stage) +
                             std::to_string(&c - cases.data());
     const std::string ref = train("ref" + tag, c.dp, c.stage, ref_extra);
