@@ -143,6 +143,7 @@ struct PlanOptions {
   int devices = 0;
   bool json = false;
   bool search = false;
+  bool trainable = false;
   int top = 10;
 };
 
@@ -164,7 +165,7 @@ int cmd_plan(const PlanOptions& o) {
   const plan::ClusterSpec cluster = plan::cluster_preset(o.cluster, nodes);
   if (o.search) {
     const int devices = o.devices > 0 ? o.devices : cluster.devices();
-    const plan::SearchResult r = plan::search(model, cluster, layout, devices);
+    const plan::SearchResult r = plan::search(model, cluster, layout, devices, o.trainable);
     if (o.json) {
       nlohmann::json j = nlohmann::json::array();
       for (size_t i = 0; i < std::min<size_t>(static_cast<size_t>(o.top), r.fitting.size()); ++i)
@@ -245,6 +246,7 @@ int run(int argc, char** argv) {
   pl->add_flag("--json", plo.json, "Print JSON");
   pl->add_flag("--search", plo.search, "Rank every layout that fits by predicted tokens/s");
   pl->add_option("--top", plo.top, "--search: layouts to print")->check(CLI::PositiveNumber);
+  pl->add_flag("--trainable", plo.trainable, "--search: only layouts the engine trains today");
 
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   std::string src, out;

@@ -770,7 +770,8 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   return p;
 }
 
-SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const Layout& base, int devices) {
+SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const Layout& base, int devices,
+                    bool trainable_only) {
   SearchResult r;
   auto divisors = [](int n) {
     std::vector<int> d;
@@ -787,6 +788,7 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
         for (int stage = 0; stage <= 3; ++stage) {
           for (int64_t micro : {1, 2, 4, 8, 16}) {
             for (bool ckpt : {false, true}) {
+              bool unpaged_fits = false;
               for (int paging = 0; paging < 2; ++paging) {
                 Layout l = base;
                 l.dp = dp;
@@ -798,10 +800,21 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
                 l.checkpointing = ckpt;
                 l.paging = paging == 1;
                 l.compute_budget = 0;
+                l.host_budget = 0;
                 l.nvme = false;
-                if (l.paging && model.engine_trainable() && tp * pp * cp == 1) {
-                  // The engine pages to a host tier the size of the whole state.
-                  l.host_budget = static_cast<uint64_t>(cluster.host_memory / cluster.devices_per_node);
+                if (l.paging) {
+                  if (unpaged_fits) continue;  // paging only where the state does not fit otherwise
+                  if (model.engine_trainable() && tp * pp * cp == 1) {
+                    // The engine's pages: the device keeps what its memory
+                    // holds; the rest goes to host RAM (a GPU node) or NVMe
+                    // (a CPU node, whose host RAM is its device memory).
+                    const double device = cluster.shared_cores
+                                              ? cluster.host_memory / std::min(devices, cluster.devices_per_node)
+                                              : cluster.device_memory;
+                    l.compute_budget = static_cast<uint64_t>(std::max(0.0, device - cluster.overhead));
+                    if (cluster.shared_cores) l.nvme = cluster.nvme_read_bw > 0;
+                    else l.host_budget = static_cast<uint64_t>(cluster.host_memory / cluster.devices_per_node);
+                  }
                 }
                 try {
                   check_layout(model, l, devices);
@@ -810,6 +823,8 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
                   continue;
                 }
                 Plan p = make_plan(model, cluster, l);
+                if (!l.paging) unpaged_fits = p.fits;
+                if (trainable_only && !p.not_trainable.empty()) continue;
                 (p.fits ? r.fitting : r.rejected).push_back(std::move(p));
               }
             }
@@ -914,12 +929,12 @@ std::string format_search(const SearchResult& r, size_t top) {
   std::snprintf(line, sizeof line, "%zu layouts fit, %zu do not, %zu break a constraint\n\n", r.fitting.size(),
                 r.rejected.size(), r.invalid);
   t += line;
-  std::snprintf(line, sizeof line, "  %-3s %-52s %12s %10s %7s %11s  %s\n", "#", "layout", "peak/device",
+  std::snprintf(line, sizeof line, "  %-3s %-66s %12s %10s %7s %11s  %s\n", "#", "layout", "peak/device",
                 "step", "MFU", "tokens/s", "trainable");
   t += line;
   for (size_t i = 0; i < std::min(top, r.fitting.size()); ++i) {
     const Plan& p = r.fitting[i];
-    std::snprintf(line, sizeof line, "  %-3zu %-52s %12s %10s %6.1f%% %11.0f  %s\n", i + 1,
+    std::snprintf(line, sizeof line, "  %-3zu %-66s %12s %10s %6.1f%% %11.0f  %s\n", i + 1,
                   p.layout.describe().c_str(), human_bytes(p.device_peak).c_str(), human_time(p.step_s).c_str(),
                   p.mfu * 100, p.tokens_per_s, p.not_trainable.empty() ? "yes" : "not yet");
     t += line;

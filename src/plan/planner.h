@@ -126,8 +126,9 @@ struct SearchResult {
   std::vector<Plan> fitting, rejected;
   size_t invalid = 0;  // combinations that break a constraint (not planned)
 };
+// `trainable_only`: only layouts the engine trains today.
 SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const Layout& base,
-                    int devices);
+                    int devices, bool trainable_only = false);
 
 std::string format_plan(const Plan& plan);
 std::string format_search(const SearchResult& result, size_t top = 10);

@@ -144,6 +144,23 @@ TEST(Planner, SearchRanksFittingLayouts) {
   EXPECT_NE(table.find("tokens/s"), std::string::npos) << table;
 }
 
+// --trainable keeps what the engine runs today: GPT-2 shapes, data parallel,
+// each planned by the engine-exact model.
+TEST(Planner, SearchTrainableOnly) {
+  plan::Layout base;
+  base.batch = 16;
+  base.micro = 1;
+  base.seq = 1024;
+  const plan::SearchResult r =
+      plan::search(plan::model_preset("gpt2-124M"), h100(1), base, 8, /*trainable_only=*/true);
+  ASSERT_FALSE(r.fitting.empty());
+  for (const plan::Plan& p : r.fitting) {
+    EXPECT_TRUE(p.not_trainable.empty()) << p.layout.describe();
+    EXPECT_TRUE(p.engine_exact) << p.layout.describe();
+    EXPECT_EQ(p.layout.dp, 8);
+  }
+}
+
 TEST(Planner, ClusterFile) {
   TempDir dir;
   write_file(dir / "c.toml",
