@@ -21,11 +21,6 @@ void set_num_threads(int n);
 int num_threads();
 // Name of the BLAS the build links ("openblas", "blis", "dnnl").
 const char* blas_name();
-// Measured single-precision GEMM peak of this machine with the engine's BLAS
-// (GFLOP/s, on the calling thread's OpenMP threads): the denominator of MFU on
-// a CPU build, and the planner's "local" peak. ~0.3 s on 2 cores.
-double measure_gemm_peak_gflops();
-
 // Precision of gemm()'s products. kBF16 rounds A and B to bf16 (round to
 // nearest even) and multiplies them with f32 accumulation and an f32 C: with
 // oneDNN on a CPU with AVX512-BF16 that is dnnl_gemm_bf16bf16f32, 1.88x the
@@ -36,6 +31,10 @@ void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
 // Whether kBF16 runs on native bf16 instructions here.
 bool native_bf16_gemm();
+// Measured GEMM peak of this machine with the engine's BLAS at `precision`
+// (GFLOP/s, on the calling thread's OpenMP threads): the denominator of MFU on
+// a CPU build, and the planner's "local" peaks. ~0.3 s on 2 cores.
+double measure_gemm_peak_gflops(GemmPrecision precision = GemmPrecision::kF32);
 
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

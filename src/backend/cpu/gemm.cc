@@ -135,7 +135,9 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 }  // namespace
 
 // One warm-up (oneDNN JIT-compiles its kernel on first use), then best of 3.
-double measure_gemm_peak_gflops() {
+double measure_gemm_peak_gflops(GemmPrecision precision) {
+  const GemmPrecision before = gemm_precision();
+  set_gemm_precision(precision);
   const int64_t n = 2048;
   tensor::Storage a(n * n * 4), b(n * n * 4), c(n * n * 4);
   for (int64_t i = 0; i < n * n; ++i) a.f32()[i] = b.f32()[i] = 1e-3f * static_cast<float>(i % 97);
@@ -145,6 +147,7 @@ double measure_gemm_peak_gflops() {
     gemm(false, true, n, n, n, 1.0f, a.f32(), n, b.f32(), n, 0.0f, c.f32(), n);
     if (rep > 0) best = std::min(best, t.seconds());
   }
+  set_gemm_precision(before);
   return 2.0 * n * n * n / best / 1e9;
 }
 
