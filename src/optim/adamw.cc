@@ -311,12 +311,6 @@ void page_pieces(const PagedAdamState& state, const std::vector<ParamRange>& by_
   }
 }
 
-template <typename Fn>
-void for_each_range_piece(PagedAdamState& state, const std::vector<ParamRange>& by_state, Fn fn) {
-  state.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
-    page_pieces(state, by_state, lo, hi, view, fn);
-  }, true);
-}
 }  // namespace
 
 void AdamW::begin_paged_step() {
@@ -342,6 +336,16 @@ void AdamW::update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedA
   ops::adamw_update(p, g, at.m, at.v, n, static_cast<float>(lr), static_cast<float>(config_.beta1),
                     static_cast<float>(config_.beta2), static_cast<float>(config_.eps), decay,
                     static_cast<float>(scale), t_);
+}
+
+// Every state page in the pager's order (a sweep), each range piece updated.
+void AdamW::apply_paged(const OutsidePages& outside, double lr, double scale) {
+  paged_->for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& view) {
+    page_pieces(*paged_, by_state_, lo, hi, view,
+                [&](const ParamRange& r, int64_t a, int64_t n, const PagedAdamState::View& at) {
+                  update_piece(r, a, n, at, outside, lr, scale);
+                });
+  }, true);
 }
 
 void AdamW::update_page(size_t page, double lr, double scale, const OutsidePages& outside) {
@@ -389,10 +393,7 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
     OutsidePages out;
     out.params = params;
     out.grads_state = grads_state;
-    for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
-                                                 const PagedAdamState::View& at) {
-      update_piece(r, a, n, at, out, lr, scale);
-    });
+    apply_paged(out, lr, scale);
     return;
   }
   for (const auto& r : ranges_) {
@@ -415,10 +416,7 @@ void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_stat
     out.grads_bf16 = grads;
     out.grads_by_state = grads_by_state;
     out.params_out = params_out;
-    for_each_range_piece(*paged_, by_state_, [&](const ParamRange& r, int64_t a, int64_t n,
-                                                 const PagedAdamState::View& at) {
-      update_piece(r, a, n, at, out, lr, scale);
-    });
+    apply_paged(out, lr, scale);
     return;
   }
   for (const auto& r : ranges_) {

@@ -215,6 +215,8 @@ class AdamW {
   // found `outside`: the paged update's arithmetic.
   void update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedAdamState::View& at,
                     const OutsidePages& outside, double lr, double scale);
+  // The paged apply()/apply_mixed(): a sweep over every state page.
+  void apply_paged(const OutsidePages& outside, double lr, double scale);
   tensor::Storage m_, v_;
   std::unique_ptr<PagedAdamState> paged_;
 };

@@ -632,10 +632,7 @@ double DataParallel::step(double lr) {
   // The full reduced gradient is here: its norm needs no communication, and
   // this rank's shard of it feeds the update.
   const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
-  for (int u = 0; u < layout_.num_units(); ++u)
-    std::memcpy(grad_f32() + layout_.local_offset(u),
-                model_.grads() + model_.unit_offset(u) + layout_.begin(u),
-                static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  for (int u = 0; u < layout_.num_units(); ++u) copy_grad_shard(u);
   adam_->apply(model_.params(), grad_f32(), lr, adam_->clip_scale(norm));
   if (group_ != nullptr) gather_params();
   return norm;

@@ -13,11 +13,10 @@ namespace ops = po::backend::cpu;
 using tensor::DType;
 
 void* UnitBuffers::Pool::acquire(size_t bytes) {
-  bytes = std::max<size_t>(bytes, 4);
+  bytes = pool_request(bytes);
   Buffer* best = nullptr;
-  for (Buffer& b : buffers_)  // its size class: [bytes, 2 bytes]
-    if (!b.used && b.bytes >= bytes && b.bytes <= 2 * bytes && (!best || b.bytes < best->bytes))
-      best = &b;
+  for (Buffer& b : buffers_)
+    if (!b.used && pool_serves(b.bytes, bytes) && (!best || b.bytes < best->bytes)) best = &b;
   if (best == nullptr) {
     buffers_.push_back({tensor::Storage(bytes), bytes, false});
     best = &buffers_.back();
@@ -42,6 +41,16 @@ size_t UnitBuffers::Pool::bytes() const {
   return n;
 }
 
+std::vector<int> UnitBuffers::gather_order(int units) {
+  const int L = units - 2;
+  std::vector<int> order = {0};                      // embedding forward
+  for (int u = 1; u <= L; ++u) order.push_back(u);   // block forwards
+  order.push_back(0);                                // the tied head ...
+  order.push_back(L + 1);                            // ... and the final LayerNorm
+  for (int u = L; u >= 1; --u) order.push_back(u);   // block backwards
+  return order;
+}
+
 UnitBuffers::UnitBuffers(model::GPT2& model, const ShardLayout& layout, comm::Communicator* group,
                          void* grad_shard, const Options& options)
     : model_(model), layout_(layout), group_(group), grad_shard_(grad_shard), options_(options) {
@@ -58,12 +67,8 @@ UnitBuffers::UnitBuffers(model::GPT2& model, const ShardLayout& layout, comm::Co
            "UnitBuffers: a whole gradient is kept here only in bf16");
   PO_CHECK(options.grads == Grads::kReduceScatter || !options.shard_params,
            "UnitBuffers: sharded parameters need sharded gradients (ZeRO-3)");
-  const int units = model.num_units(), L = units - 2;
-  order_.push_back(0);                                  // embedding forward
-  for (int u = 1; u <= L; ++u) order_.push_back(u);     // block forwards
-  order_.push_back(0);                                  // the tied head ...
-  order_.push_back(L + 1);                              // ... and the final LayerNorm
-  for (int u = L; u >= 1; --u) order_.push_back(u);     // block backwards
+  const int units = model.num_units();
+  order_ = gather_order(units);
   next_ = issued_ = static_cast<int>(order_.size());    // nothing expected before a pass starts
   active_.assign(static_cast<size_t>(units), nullptr);
   acc_.assign(static_cast<size_t>(units), nullptr);

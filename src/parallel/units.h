@@ -53,6 +53,7 @@
 // a reduce-scatter the accumulator itself.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -165,6 +166,16 @@ class UnitBuffers {
   // Reduce-scatters pending at once beyond which grads_ready() waits for the
   // oldest (bounds the accumulators held).
   static constexpr size_t kMaxReductionsInFlight = 2;
+
+  // The units a forward_backward gathers, in order (model/gpt2.h's hooks):
+  // 0, 1..L, 0, L+1, L..1 for `units` = L + 2.
+  static std::vector<int> gather_order(int units);
+  // The pools' size class: a free buffer of `buffer` bytes serves a request
+  // of `request` bytes (at least 4) when request <= buffer <= 2 * request.
+  static size_t pool_request(size_t bytes) { return std::max<size_t>(bytes, 4); }
+  static bool pool_serves(size_t buffer, size_t request) {
+    return buffer >= request && buffer <= 2 * request;
+  }
 
  private:
   // Recycled byte buffers (see the file comment).

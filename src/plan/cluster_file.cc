@@ -12,8 +12,6 @@
 namespace po::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
-
 class Reader {
  public:
   Reader(const toml::table& t, const std::string& origin) : t_(t), origin_(origin) {}

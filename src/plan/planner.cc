@@ -19,8 +19,6 @@
 namespace po::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
-
 std::string gib(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f GiB", bytes / kGiB);
@@ -172,15 +170,15 @@ void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier
 // ---- engine-exact: the engine's own rules -------------------------------------
 
 // UnitBuffers::Pool's size classes: a request takes the smallest free buffer
-// of [bytes, 2·bytes], else a new one; buffers are kept.
+// that serves it (UnitBuffers::pool_serves), else a new one; buffers are kept.
 class PoolReplay {
  public:
-  int acquire(double bytes) {
-    bytes = std::max(bytes, 4.0);
+  int acquire(double request) {
+    const size_t bytes = parallel::UnitBuffers::pool_request(static_cast<size_t>(request));
     int best = -1;
     for (size_t i = 0; i < buffers_.size(); ++i) {
       const Buffer& b = buffers_[i];
-      if (!b.used && b.bytes >= bytes && b.bytes <= 2 * bytes &&
+      if (!b.used && parallel::UnitBuffers::pool_serves(b.bytes, bytes) &&
           (best < 0 || b.bytes < buffers_[static_cast<size_t>(best)].bytes))
         best = static_cast<int>(i);
     }
@@ -194,13 +192,13 @@ class PoolReplay {
   void release(int i) { buffers_[static_cast<size_t>(i)].used = false; }
   double bytes() const {
     double n = 0;
-    for (const Buffer& b : buffers_) n += b.bytes;
+    for (const Buffer& b : buffers_) n += static_cast<double>(b.bytes);
     return n;
   }
 
  private:
   struct Buffer {
-    double bytes;
+    size_t bytes;
     bool used;
   };
   std::vector<Buffer> buffers_;
@@ -250,12 +248,7 @@ struct UnitReplay {
     return b + static_cast<double>(layout.stride(u)) * wire;
   }
   void init() {
-    const int L = layout.num_units() - 2;
-    order.push_back(0);
-    for (int u = 1; u <= L; ++u) order.push_back(u);
-    order.push_back(0);
-    order.push_back(L + 1);
-    for (int u = L; u >= 1; --u) order.push_back(u);
+    order = parallel::UnitBuffers::gather_order(layout.num_units());
     next = issued = static_cast<int>(order.size());
     active.assign(static_cast<size_t>(layout.num_units()), {0, -1});
     acc_of.assign(static_cast<size_t>(layout.num_units()), -1);
@@ -528,12 +521,9 @@ void engine_plan(Plan& p) {
     }
     if (stage == 3) {
       double ag = 0;
-      int n = 0;
-      for (int u = 0; u < U; ++u) {  // the hook order: 0, 1..L, 0, L+1, L..1
-        const int uses = (u == 0) ? 2 : (u == U - 1 ? 1 : 2);
-        ag += uses * static_cast<double>(layout.stride(u) * N) * esz;
-        n += uses;
-      }
+      const std::vector<int> order = parallel::UnitBuffers::gather_order(U);
+      const auto n = static_cast<int>(order.size());
+      for (int u : order) ag += static_cast<double>(layout.stride(u) * N) * esz;
       add_comm(p, "dp", "all_gather", "parameter gathers, per unit use and micro-batch",
                static_cast<uint64_t>(n * accum), ag * static_cast<double>(accum), N, inter, true);
     }
@@ -724,8 +714,7 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   p.device_peak = p.compute_peak + cluster.overhead;
 
   // Fit. (A CPU build's ranks share the node's memory.)
-  if (cluster.shared_cores)
-    p.cluster.device_memory = cluster.host_memory / std::min(layout.devices(), cluster.devices_per_node);
+  p.cluster.device_memory = cluster.memory_per_rank(layout.devices());
   if (p.device_peak > p.cluster.device_memory) {
     const auto largest = std::max_element(p.memory.begin(), p.memory.end(), [](const auto& a, const auto& b) {
       return (a.tier == Tier::kCompute ? a.bytes : 0) < (b.tier == Tier::kCompute ? b.bytes : 0);
@@ -808,9 +797,7 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
                     // The engine's pages: the device keeps what its memory
                     // holds; the rest goes to host RAM (a GPU node) or NVMe
                     // (a CPU node, whose host RAM is its device memory).
-                    const double device = cluster.shared_cores
-                                              ? cluster.host_memory / std::min(devices, cluster.devices_per_node)
-                                              : cluster.device_memory;
+                    const double device = cluster.memory_per_rank(devices);
                     l.compute_budget = static_cast<uint64_t>(std::max(0.0, device - cluster.overhead));
                     if (cluster.shared_cores) l.nvme = cluster.nvme_read_bw > 0;
                     else l.host_budget = static_cast<uint64_t>(cluster.host_memory / cluster.devices_per_node);

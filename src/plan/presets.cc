@@ -120,8 +120,6 @@ std::vector<std::string> model_preset_names() {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
-
 // DGX-class nodes: 8 GPUs on NVLink, one InfiniBand NIC per GPU. Peaks are
 // the datasheets' dense numbers; bus bandwidths are what nccl-tests reaches
 // on such nodes (about 230 GB/s all-reduce busbw on A100 NVLink 3, 450 on

@@ -4,6 +4,7 @@
 // is GPT-2's) are modelled all the same and marked "not yet trainable".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "model/gpt2_config.h"
 
 namespace po::plan {
+
+inline constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 enum class Arch { kGPT2, kLlama };
 
@@ -61,6 +64,11 @@ struct ClusterSpec {
   // so fewer ranks get more each. The peaks above are per core.
   bool shared_cores = false;
   int devices() const { return nodes * devices_per_node; }
+  // Compute-tier bytes each of `ranks` ranks has: device_memory, or with
+  // shared cores the node's RAM split over the ranks on it.
+  double memory_per_rank(int ranks) const {
+    return shared_cores ? host_memory / std::min(ranks, devices_per_node) : device_memory;
+  }
 };
 
 // "local" (this machine, peaks measured now), "a100-80gb-ib200",

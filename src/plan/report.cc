@@ -9,8 +9,6 @@
 namespace po::plan {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
-
 std::string human_bytes(double b) {
   char buf[32];
   if (b >= kGiB) std::snprintf(buf, sizeof buf, "%.2f GiB", b / kGiB);
