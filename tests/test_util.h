@@ -25,7 +25,7 @@
 
 #include "core/error.h"
 #include "data/token_file.h"
-#include "model/gpt2_config.h"
+#include "model/config.h"
 #include "train/run_state.h"
 
 namespace po::test {
@@ -41,8 +41,8 @@ inline std::string error_of(const std::function<void()>& fn) {
 }
 
 // A 3-block GPT-2 small enough for unit tests (32 wide, vocab 97, seq 16).
-inline model::GPT2Config tiny_model(bool activation_checkpointing = false) {
-  model::GPT2Config c;
+inline model::TransformerConfig tiny_model(bool activation_checkpointing = false) {
+  model::TransformerConfig c;
   c.n_layer = 3;
   c.n_embd = 32;
   c.n_head = 2;

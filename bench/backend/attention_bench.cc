@@ -32,7 +32,7 @@ bool validate() {
   const int64_t T = 37, C = 64, NH = 1, hs = 64;
   std::vector<float> qkv(T * 3 * C), out(T * C), lse(T);
   for (size_t i = 0; i < qkv.size(); i++) qkv[i] = std::sin(0.37 * i);
-  cpu::attention_forward(out.data(), lse.data(), qkv.data(), 1, T, C, NH);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), 1, T, NH, NH, C / NH);
   for (int64_t i = 0; i < T; i++) {
     std::vector<double> p(i + 1);
     double mx = -1e300, sum = 0;
@@ -63,10 +63,10 @@ void bench_shape(int threads, int64_t B, int64_t T, int64_t C, int64_t NH) {
   for (size_t i = 0; i < qkv.size(); i++) qkv[i] = std::sin(0.001 * i);
   for (size_t i = 0; i < dout.size(); i++) dout[i] = std::cos(0.003 * i);
   const double t_f =
-      best_time([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH); });
+      best_time([&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, hs); });
   const double t_b = best_time([&] {
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C,
-                            NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
+                            NH, hs);
   });
   const double pairs = static_cast<double>(B) * NH * T * (T + 1) / 2.0;
   const double f_fl = 2.0 * 2 * pairs * hs, b_fl = 5.0 * 2 * pairs * hs;

@@ -46,18 +46,52 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int64_t BT, int64_t C, int64_t OC);
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
-// dinp may be null (skip).
+// dinp, dweight and dbias may each be null (skipped): the input-gradient and
+// weight-gradient halves of a backward can run apart (pipeline schedules).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
                      bool accumulate_dinp = false);
 
-// out[BT,C] = (inp - mean) * rstd * weight + bias; saves mean[BT], rstd[BT]. eps = 1e-5.
+// out[BT,C] = (inp - mean) * rstd * weight + bias; saves mean[BT], rstd[BT].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t BT, int64_t C);
+                       const float* weight, const float* bias, int64_t BT, int64_t C,
+                       double eps = 1e-5);
 // dinp[BT,C] += ...; dweight[C] += ...; dbias[C] += ...
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C);
+
+// RMSNorm (Llama): out[BT,C] = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps);
+// saves rstd[BT].
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t BT,
+                     int64_t C, double eps);
+// dinp[BT,C] += ...; dweight[C] += ...
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t BT, int64_t C);
+
+// SwiGLU: inp[BT,2F] holds gate | up; out[BT,F] = silu(gate) * up.
+void swiglu_forward(float* out, const float* inp, int64_t BT, int64_t F);
+// dinp[BT,2F] written (d gate | d up).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F);
+
+// Rotary embedding frequencies: inv_freq[i] = theta^(-2i/hs), i < hs/2, with
+// Llama-3.1's scaling when factor > 0 (long wavelengths divided by factor,
+// short ones kept, a smooth blend between).
+struct RopeScaling {
+  double theta = 10000.0;
+  double factor = 0.0;  // 0: no scaling
+  double low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 8192.0;
+};
+void rope_inv_freq(double* inv_freq, int64_t hs, const RopeScaling& scaling);
+// cos_t, sin_t [T, hs/2]: the angle of position t, pair i.
+void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeScaling& scaling);
+// In place on x[B*T rows of `stride` floats]: the first n_heads heads of hs
+// channels of each row rotated by position pos0 + t (rotate-half: channel i
+// pairs with i + hs/2). The backward rotates the gradient back.
+void rope_forward(float* x, int64_t B, int64_t T, int64_t stride, int64_t n_heads, int64_t hs,
+                  const float* cos_t, const float* sin_t, int64_t pos0 = 0);
+void rope_backward(float* dx, int64_t B, int64_t T, int64_t stride, int64_t n_heads, int64_t hs,
+                   const float* cos_t, const float* sin_t, int64_t pos0 = 0);
 
 // GELU, tanh approximation: out[n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, int64_t n);
@@ -68,19 +102,29 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void residual_forward(float* out, const float* a, const float* b, int64_t n);
 
 // Causal self-attention, flash style: scores are never stored; the backward
-// recomputes them from q, k and the saved log-sum-exp.
-// qkv[B,T,3C] holds q | k | v along the last axis, each split into NH heads of hs.
-// out[B,T,C] (heads concatenated); lse[B,NH,T] = log sum_j exp(q·k_j / sqrt(hs)).
+// recomputes them from q, k and the saved log-sum-exp. Grouped-query: NH query
+// heads share NKV key/value heads (NKV = NH multi-head, 1 multi-query), query
+// head h reading kv head h / (NH/NKV); k and v are never repeated in memory.
+// qkv[B,T,(NH+2·NKV)·hs] holds q (NH heads) | k (NKV heads) | v (NKV heads).
+// out[B,T,NH·hs] (heads concatenated); lse[B,NH,T] = log sum_j exp(q·k_j / sqrt(hs)).
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                       int64_t C, int64_t NH);
-// dqkv[B,T,3C] written. Needs the forward's out and lse.
+                       int64_t NH, int64_t NKV, int64_t hs);
+// dqkv[B,T,(NH+2·NKV)·hs] written. Needs the forward's out and lse.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH);
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t hs);
 
-// out[B,T,C] = wte[tokens[b,t]] + wpe[t]
+// Generation: n new queries q[n rows of q_stride; NH heads of hs first] at
+// positions pos0 .. pos0+n-1 against k_cache, v_cache [pos0+n, NKV·hs]
+// (already holding the new keys and values); out[n, NH·hs].
+void attention_cached_forward(float* out, const float* q, int64_t q_stride, const float* k_cache,
+                              const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
+                              int64_t NKV, int64_t hs);
+
+// out[B,T,C] = wte[tokens[b,t]] + wpe[t]  (wpe null: no learned positions)
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);
-// dwte[V,C] += scatter of dout rows; dwpe[T,C] += sum over b.
+// dwte[V,C] += scatter of dout rows; dwpe[T,C] += sum over b (dwpe may be null).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C);
 

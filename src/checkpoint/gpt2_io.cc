@@ -16,7 +16,7 @@ void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-void load_gpt2_safetensors(const std::string& path, model::GPT2& model) {
+void load_gpt2_safetensors(const std::string& path, model::Transformer& model) {
   SafetensorsReader file = SafetensorsReader::open(path);
   // Hugging Face checkpoints come with or without the "transformer." prefix.
   const std::string prefix = file.has("wte.weight") ? ""
@@ -35,7 +35,7 @@ void load_gpt2_safetensors(const std::string& path, model::GPT2& model) {
   }
 }
 
-void save_gpt2_safetensors(const std::string& path, const model::GPT2& model) {
+void save_gpt2_safetensors(const std::string& path, const model::Transformer& model) {
   std::vector<StTensorRef> refs;
   std::vector<std::vector<float>> transposed;
   transposed.reserve(model.param_infos().size());

@@ -5,17 +5,17 @@
 
 #include <string>
 
-#include "model/gpt2.h"
+#include "model/transformer.h"
 
 namespace po::checkpoint {
 
 // Loads every parameter of `model` from `path`. A missing tensor, wrong shape
 // or dtype is an InvalidArgument naming the file and the tensor. F16/BF16 are
 // converted to f32. "lm_head.weight", if present, must equal wte (tied).
-void load_gpt2_safetensors(const std::string& path, model::GPT2& model);
+void load_gpt2_safetensors(const std::string& path, model::Transformer& model);
 
 // Writes the model's parameters as f32 safetensors under the Hugging Face
 // names, atomically; metadata records the shapes.
-void save_gpt2_safetensors(const std::string& path, const model::GPT2& model);
+void save_gpt2_safetensors(const std::string& path, const model::Transformer& model);
 
 }  // namespace po::checkpoint

@@ -4,7 +4,7 @@
 // file I/O, no layout), so parsers of untrusted bytes (fuzz/manifest_fuzz.cc)
 // can use it alone.
 //
-// The state of a model is one flat f32 buffer per unit (model/gpt2.h) for
+// The state of a model is one flat f32 buffer per unit (model/transformer.h) for
 // each state kind (params, adam_m, adam_v). A slice is a contiguous element
 // range [lo, hi) of one unit of one kind, written by one rank to one file at a
 // byte offset; its bytes are checksummed in chunks of `chunk_bytes` counted

@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "plan/planner.h"
 #include "train/generate.h"
 #include "train/run_state.h"
@@ -106,19 +106,19 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
 }
 
 // A model holding the weights of a checkpoint (any layout wrote it) or run directory.
-model::GPT2 load_model(const std::string& ckpt_or_run, int64_t batch) {
+model::Transformer load_model(const std::string& ckpt_or_run, int64_t batch) {
   const std::string path = train::resolve_checkpoint(ckpt_or_run);
   core::Config cfg = train::checkpoint_config(path);
-  model::GPT2Config m = train::resolve_model_config(cfg);
+  model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
   m.bf16_activations = false;  // inference saves nothing
-  model::GPT2 model(m, batch, m.seq_len);
+  model::Transformer model(m, batch, m.seq_len);
   train::load_checkpoint(path, model, nullptr);
   return model;
 }
 
 int cmd_export(const std::string& src, const std::string& out) {
-  model::GPT2 model = load_model(src, 1);
+  model::Transformer model = load_model(src, 1);
   checkpoint::save_gpt2_safetensors(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
               static_cast<long long>(model.num_params()));
@@ -126,7 +126,7 @@ int cmd_export(const std::string& src, const std::string& out) {
 }
 
 int cmd_generate(const std::string& src, const std::string& prompt, train::SampleOptions o) {
-  model::GPT2 model = load_model(src, 1);
+  model::Transformer model = load_model(src, 1);
   data::Tokenizer tok = data::Tokenizer::load(tokenizer_root());
   std::vector<int32_t> ids = tok.encode(prompt, "--prompt");
   if (ids.empty()) ids.push_back(data::Tokenizer::kEndOfText);

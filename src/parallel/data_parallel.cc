@@ -17,7 +17,7 @@ using tensor::DType;
 
 namespace {
 
-std::vector<int64_t> unit_sizes(const model::GPT2& m) {
+std::vector<int64_t> unit_sizes(const model::Transformer& m) {
   std::vector<int64_t> n;
   for (int u = 0; u < m.num_units(); ++u) n.push_back(m.unit_numel(u));
   return n;
@@ -27,7 +27,7 @@ std::vector<int64_t> unit_sizes(const model::GPT2& m) {
 // its unit, state (m, v and the gradient shard) in the rank's local buffers,
 // parameters in the model's flat buffer (stages 1-2) or, with `local_params`
 // (stage 3), in the local parameter shard at the same offsets as the state.
-std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLayout& l,
+std::vector<optim::ParamRange> shard_ranges(const model::Transformer& m, const ShardLayout& l,
                                             bool local_params) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& info : m.param_infos()) {
@@ -44,7 +44,7 @@ std::vector<optim::ParamRange> shard_ranges(const model::GPT2& m, const ShardLay
 
 }  // namespace
 
-DataParallel::DataParallel(model::GPT2& model, const optim::AdamWConfig& adam,
+DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& adam,
                            comm::Communicator* group, const DataParallelOptions& options)
     : model_(model),
       group_(group),

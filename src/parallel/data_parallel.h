@@ -53,7 +53,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/shard_layout.h"
 
@@ -97,7 +97,7 @@ class DataParallel {
   // `group` may be null (one process). The model must outlive this object.
   // Stage 3 installs its hooks into `model` and releases the model's
   // gradients now, its parameters at shard_params().
-  DataParallel(model::GPT2& model, const optim::AdamWConfig& adam, comm::Communicator* group,
+  DataParallel(model::Transformer& model, const optim::AdamWConfig& adam, comm::Communicator* group,
                const DataParallelOptions& options);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -241,7 +241,7 @@ class DataParallel {
   };
   std::vector<SumOfSquares> unit_sq_;  // paged shards: per unit, its final gradient's
 
-  model::GPT2& model_;
+  model::Transformer& model_;
   comm::Communicator* group_;
   DataParallelOptions options_;
   ShardLayout layout_;

@@ -51,7 +51,7 @@ std::vector<int> UnitBuffers::gather_order(int units) {
   return order;
 }
 
-UnitBuffers::UnitBuffers(model::GPT2& model, const ShardLayout& layout, comm::Communicator* group,
+UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, comm::Communicator* group,
                          void* grad_shard, const Options& options)
     : model_(model), layout_(layout), group_(group), grad_shard_(grad_shard), options_(options) {
   PO_CHECK(layout.num_units() == model.num_units(), "UnitBuffers: the layout has ",

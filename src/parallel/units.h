@@ -1,5 +1,5 @@
 // Where each unit's parameters and gradients live between uses, behind the
-// model's UnitHooks (model/gpt2.h). DataParallel installs a UnitBuffers when
+// model's UnitHooks (model/transformer.h). DataParallel installs a UnitBuffers when
 // the model's own flat fp32 buffers are not what a step needs:
 //
 //   ZeRO-3 (shard_params): each rank keeps only its shard of every unit
@@ -60,7 +60,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "parallel/shard_layout.h"
 #include "tensor/tensor.h"
 
@@ -89,7 +89,7 @@ class UnitBuffers {
   // grad_dtype receive the reduced gradients (+=). The model keeps its full
   // fp32 parameters until shard_params(). `group` may be null when
   // layout.ranks() == 1. All must outlive this object.
-  UnitBuffers(model::GPT2& model, const ShardLayout& layout, comm::Communicator* group,
+  UnitBuffers(model::Transformer& model, const ShardLayout& layout, comm::Communicator* group,
               void* grad_shard, const Options& options);
   // Uninstalls the hooks and waits for communication in flight. With more
   // than one rank the model is left without parameters.
@@ -167,7 +167,7 @@ class UnitBuffers {
   // oldest (bounds the accumulators held).
   static constexpr size_t kMaxReductionsInFlight = 2;
 
-  // The units a forward_backward gathers, in order (model/gpt2.h's hooks):
+  // The units a forward_backward gathers, in order (model/transformer.h's hooks):
   // 0, 1..L, 0, L+1, L..1 for `units` = L + 2.
   static std::vector<int> gather_order(int units);
   // The pools' size class: a free buffer of `buffer` bytes serves a request
@@ -228,7 +228,7 @@ class UnitBuffers {
   const void* reduce_send(int u, float* acc) const;
   void* reduce_recv(int u, float* acc) const;
 
-  model::GPT2& model_;
+  model::Transformer& model_;
   const ShardLayout& layout_;
   comm::Communicator* group_;
   void* grad_shard_;

@@ -10,7 +10,7 @@
 #include "comm/mpi/ring.h"
 #include "core/error.h"
 #include "memory/pager.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/shard_layout.h"
@@ -205,7 +205,7 @@ class PoolReplay {
 };
 
 // UnitBuffers (parallel/units.cc) replayed along GPT2's hook order
-// (model/gpt2.h) for `steps` steps of `accum` micro-batches: the pools'
+// (model/transformer.h) for `steps` steps of `accum` micro-batches: the pools'
 // sizes once every buffer they will keep exists. Reductions are assumed to
 // complete only when waited for (the most buffers they can hold).
 struct UnitReplay {
@@ -323,7 +323,7 @@ struct UnitReplay {
     }
     while (pending.size() > parallel::UnitBuffers::kMaxReductionsInFlight) complete_front();
   }
-  // One forward_backward in GPT2's hook order (model/gpt2.h).
+  // One forward_backward in GPT2's hook order (model/transformer.h).
   void micro_batch(bool last) {
     const int L = layout.num_units() - 2;
     const bool deferred = defer && last;
@@ -371,7 +371,7 @@ double ring_scratch(const std::string& op, double payload, int n) {
 void engine_plan(Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  model::GPT2Config cfg = m.gpt2();
+  model::TransformerConfig cfg = m.gpt2();
   cfg.seq_len = std::max(cfg.seq_len, l.seq);
   cfg.activation_checkpointing = l.checkpointing;
   cfg.bf16_activations = l.bf16;
@@ -461,13 +461,13 @@ void engine_plan(Plan& p) {
              staged > 0 ? "incl. f32 staging of bf16 buckets" : "");
 
   // Activations: the engine's layout (model/gpt2.cc layout_activations).
-  const double logits = static_cast<double>(model::GPT2::predicted_logits_bytes(cfg, l.micro, l.seq));
-  const double acts = static_cast<double>(model::GPT2::predicted_activation_bytes(cfg, l.micro, l.seq));
+  const double logits = static_cast<double>(model::Transformer::predicted_logits_bytes(cfg, l.micro, l.seq));
+  const double acts = static_cast<double>(model::Transformer::predicted_activation_bytes(cfg, l.micro, l.seq));
   add_memory(p, "activations", acts - logits, Tier::kCompute, l.checkpointing ? "checkpointed" : "");
   add_memory(p, "logits / loss buffers", logits);
-  model::GPT2Config other = cfg;
+  model::TransformerConfig other = cfg;
   other.activation_checkpointing = !l.checkpointing;
-  const double acts_other = static_cast<double>(model::GPT2::predicted_activation_bytes(other, l.micro, l.seq));
+  const double acts_other = static_cast<double>(model::Transformer::predicted_activation_bytes(other, l.micro, l.seq));
   p.activations_no_ckpt = l.checkpointing ? acts_other : acts;
   p.activations_ckpt = l.checkpointing ? acts : acts_other;
   p.activations_formula = static_cast<double>(cfg.n_layer) *

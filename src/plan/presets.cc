@@ -37,8 +37,8 @@ double ModelSpec::flops_per_token(int64_t T) const {
   return 6.0 * static_cast<double>(num_params()) + 12.0 * static_cast<double>(n_layer * n_embd * T);
 }
 
-model::GPT2Config ModelSpec::gpt2() const {
-  model::GPT2Config c;
+model::TransformerConfig ModelSpec::gpt2() const {
+  model::TransformerConfig c;
   c.n_layer = n_layer;
   c.n_embd = n_embd;
   c.n_head = n_head;
@@ -65,7 +65,7 @@ ModelSpec llama(const char* name, int64_t L, int64_t C, int64_t heads, int64_t k
   return m;
 }
 
-ModelSpec gpt2_shape(const std::string& name, const model::GPT2Config& c) {
+ModelSpec gpt2_shape(const std::string& name, const model::TransformerConfig& c) {
   ModelSpec m;
   m.name = name;
   m.n_layer = c.n_layer;
@@ -87,7 +87,7 @@ const std::map<std::string, ModelSpec>& other_presets() {
     m["llama2-70b"] = llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096);
     m["llama3-8b"] = llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192);
     m["llama3-70b"] = llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192);
-    model::GPT2Config g;
+    model::TransformerConfig g;
     g.n_layer = 96;
     g.n_embd = 12288;
     g.n_head = 96;
@@ -104,16 +104,16 @@ const std::map<std::string, ModelSpec>& other_presets() {
 ModelSpec model_preset(const std::string& name) {
   const auto& others = other_presets();
   if (auto it = others.find(name); it != others.end()) return it->second;
-  const auto gpt2 = model::GPT2Config::preset_names();
+  const auto gpt2 = model::TransformerConfig::preset_names();
   if (std::find(gpt2.begin(), gpt2.end(), name) != gpt2.end())
-    return gpt2_shape(name, model::GPT2Config::preset(name));
+    return gpt2_shape(name, model::TransformerConfig::preset(name));
   std::string known;
   for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
   PO_THROW(core::InvalidArgument, "model.preset: unknown preset '", name, "' (known: ", known, ")");
 }
 
 std::vector<std::string> model_preset_names() {
-  std::vector<std::string> out = model::GPT2Config::preset_names();
+  std::vector<std::string> out = model::TransformerConfig::preset_names();
   for (const auto& [k, v] : other_presets()) out.push_back(k);
   return out;
 }

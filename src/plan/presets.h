@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/gpt2_config.h"
+#include "model/config.h"
 
 namespace po::plan {
 
@@ -35,7 +35,7 @@ struct ModelSpec {
   // The engine trains this architecture (GPT-2 only, for now).
   bool engine_trainable() const { return arch == Arch::kGPT2; }
   // The engine's own config of a GPT-2 shape.
-  model::GPT2Config gpt2() const;
+  model::TransformerConfig gpt2() const;
 };
 
 // A preset by name: the engine's GPT-2 presets, llama2-7b, llama2-13b,

@@ -9,7 +9,7 @@
 
 namespace po::train {
 
-std::vector<int32_t> sample(model::GPT2& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
                             const SampleOptions& o) {
   PO_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   PO_CHECK(o.temperature >= 0, "generate: --temperature must be >= 0, got ", o.temperature);

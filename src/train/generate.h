@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/gpt2.h"
+#include "model/transformer.h"
 
 namespace po::train {
 
@@ -19,7 +19,7 @@ struct SampleOptions {
 };
 
 // Returns the new tokens (prompt excluded). `model` must have batch 1.
-std::vector<int32_t> sample(model::GPT2& model, const std::vector<int32_t>& prompt,
+std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
                             const SampleOptions& options);
 
 }  // namespace po::train

@@ -33,7 +33,7 @@ bool is_staging(const std::string& name) {
          checkpoint_step(name.substr(0, name.size() - 4)).has_value();
 }
 
-std::vector<int64_t> unit_numels(const model::GPT2& model) {
+std::vector<int64_t> unit_numels(const model::Transformer& model) {
   std::vector<int64_t> out;
   for (int u = 0; u < model.num_units(); ++u) out.push_back(model.unit_numel(u));
   return out;
@@ -53,15 +53,15 @@ void remove_stale_staging(const std::string& dir) {
 // The whole flat buffers of one process as a ShardSource/ShardDest under a
 // one-rank layout: unit u starts at the model's unit offset.
 template <typename Ptr>
-Ptr* flat_unit(const model::GPT2& model, Ptr* params, Ptr* m, Ptr* v, StateKind k, int u) {
+Ptr* flat_unit(const model::Transformer& model, Ptr* params, Ptr* m, Ptr* v, StateKind k, int u) {
   Ptr* base = k == StateKind::kParams ? params : k == StateKind::kAdamM ? m : v;
   return base == nullptr ? nullptr : base + model.unit_offset(u);
 }
 
 }  // namespace
 
-model::GPT2Config resolve_model_config(const core::Config& config) {
-  model::GPT2Config m = model::GPT2Config::preset(config.get_string("model.preset"));
+model::TransformerConfig resolve_model_config(const core::Config& config) {
+  model::TransformerConfig m = model::TransformerConfig::preset(config.get_string("model.preset"));
   auto over = [&](const char* key, int64_t& field) {
     if (config.is_set(key) && config.get_int(key) > 0) field = config.get_int(key);
   };
@@ -125,14 +125,14 @@ std::string resolve_checkpoint(const std::string& ckpt_or_run) {
            "directory (no checkpoints/)");
 }
 
-std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::GPT2& model) {
+std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Transformer& model) {
   std::vector<checkpoint::TensorRecord> out;
   for (const auto& info : model.param_infos())
     out.push_back({info.name, info.shape, info.unit, info.offset - model.unit_offset(info.unit)});
   return out;
 }
 
-void save_checkpoint_sharded(const std::string& path, const model::GPT2& model,
+void save_checkpoint_sharded(const std::string& path, const model::Transformer& model,
                              const parallel::ShardLayout& layout,
                              const checkpoint::ShardSource& source, const TrainState& state,
                              const std::string& config_toml, comm::Communicator* comm,
@@ -163,7 +163,7 @@ void save_checkpoint_sharded(const std::string& path, const model::GPT2& model,
   checkpoint::save_sharded(path, meta, layout, source, comm, options);
 }
 
-TrainState load_checkpoint_sharded(const std::string& path, const model::GPT2& model,
+TrainState load_checkpoint_sharded(const std::string& path, const model::Transformer& model,
                                    const parallel::ShardLayout& layout,
                                    const checkpoint::ShardDest& dest, comm::Communicator* comm,
                                    const std::vector<checkpoint::StateKind>& kinds) {
@@ -189,7 +189,7 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::GPT2& m
   return s;
 }
 
-void save_checkpoint(const std::string& path, const model::GPT2& model, optim::AdamW& opt,
+void save_checkpoint(const std::string& path, const model::Transformer& model, optim::AdamW& opt,
                      const TrainState& state, const std::string& config_toml) {
   const parallel::ShardLayout layout(unit_numels(model), 1, 0);
   TrainState s = state;
@@ -207,7 +207,7 @@ core::Config checkpoint_config(const std::string& path) {
                              path + " (stored config)");
 }
 
-TrainState load_checkpoint(const std::string& path, model::GPT2& model, optim::AdamW* opt) {
+TrainState load_checkpoint(const std::string& path, model::Transformer& model, optim::AdamW* opt) {
   const parallel::ShardLayout layout(unit_numels(model), 1, 0);
   float* m = opt != nullptr ? opt->m() : nullptr;
   float* v = opt != nullptr ? opt->v() : nullptr;

@@ -14,7 +14,7 @@
 
 #include "checkpoint/sharded.h"
 #include "core/config.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 
 namespace po::comm {
@@ -27,7 +27,7 @@ class ShardLayout;
 namespace po::train {
 
 // Model shapes from model.preset plus any explicitly set model.* keys.
-model::GPT2Config resolve_model_config(const core::Config& config);
+model::TransformerConfig resolve_model_config(const core::Config& config);
 
 struct TrainState {
   int64_t step = 0;     // optimizer steps completed
@@ -38,13 +38,13 @@ struct TrainState {
 
 // Writes checkpoint directory `path` from one process holding the whole state
 // (atomic; the previous checkpoints survive a crash). state.adam_t is taken from `opt`.
-void save_checkpoint(const std::string& path, const model::GPT2& model, optim::AdamW& opt,
+void save_checkpoint(const std::string& path, const model::Transformer& model, optim::AdamW& opt,
                      const TrainState& state, const std::string& config_toml);
 
 // Loads a checkpoint written by any layout into a model of the same shape;
 // `opt` may be null (export, generate: only params are read). Errors name the
 // checkpoint and file.
-TrainState load_checkpoint(const std::string& path, model::GPT2& model, optim::AdamW* opt);
+TrainState load_checkpoint(const std::string& path, model::Transformer& model, optim::AdamW* opt);
 
 // ZeRO: every rank of `layout` (a collective over `comm`; nullptr when
 // layout.ranks() == 1) writes the shards `source` gives (checkpoint/sharded.h)
@@ -52,7 +52,7 @@ TrainState load_checkpoint(const std::string& path, model::GPT2& model, optim::A
 // must be the model's. Rank 0 records parallel.dp and parallel.zero_stage
 // from `config_toml`. Every rank returns once the directory is complete, or
 // every rank throws.
-void save_checkpoint_sharded(const std::string& path, const model::GPT2& model,
+void save_checkpoint_sharded(const std::string& path, const model::Transformer& model,
                              const parallel::ShardLayout& layout,
                              const checkpoint::ShardSource& source, const TrainState& state,
                              const std::string& config_toml, comm::Communicator* comm,
@@ -64,7 +64,7 @@ void save_checkpoint_sharded(const std::string& path, const model::GPT2& model,
 // layout wrote the checkpoint) through `dest`, for `kinds`; checks the stored
 // tensors against `model`'s. With `comm`, every rank succeeds or every rank
 // throws. Returns step, seed, tokens and adam_t.
-TrainState load_checkpoint_sharded(const std::string& path, const model::GPT2& model,
+TrainState load_checkpoint_sharded(const std::string& path, const model::Transformer& model,
                                    const parallel::ShardLayout& layout,
                                    const checkpoint::ShardDest& dest, comm::Communicator* comm,
                                    const std::vector<checkpoint::StateKind>& kinds = {
@@ -72,7 +72,7 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::GPT2& m
                                        checkpoint::kAllStateKinds.end()});
 
 // The tensors of `model` as a checkpoint records them (offsets within units).
-std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::GPT2& model);
+std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Transformer& model);
 
 // The resolved config stored in a checkpoint.
 core::Config checkpoint_config(const std::string& path);

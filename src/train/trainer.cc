@@ -33,7 +33,7 @@
 #include "memory/pager.h"
 #include "data/loader.h"
 #include "data/token_file.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
@@ -77,7 +77,7 @@ struct Plan {
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
-Plan make_plan(const core::Config& cfg, const model::GPT2Config& m) {
+Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   Plan p;
   p.batch = cfg.get_int("train.batch_size");
   p.micro = cfg.get_int("train.micro_batch_size");
@@ -118,7 +118,7 @@ void prepare_run_dir(const std::string& dir, bool resume) {
   PO_CHECK(!ec, "run.dir '", dir, "': cannot create: ", ec.message());
 }
 
-double evaluate(model::GPT2& model, const data::TokenFile& val, const Plan& p,
+double evaluate(model::Transformer& model, const data::TokenFile& val, const Plan& p,
                 std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   double sum = 0;
   data::EvalSampler windows(val, p.T);
@@ -269,7 +269,7 @@ parallel::DataParallel::Shard shard_of(checkpoint::StateKind k) {
 // buffers' bound); 0 means no compute budget (every page resident). Returns
 // whether paging is on. Its one-screen table goes to the log at start-up.
 bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
-                  const model::GPT2Config& mcfg, const Plan& p, int rank) {
+                  const model::TransformerConfig& mcfg, const Plan& p, int rank) {
   const size_t compute_budget = cfg.get_size("memory.compute_budget");
   const size_t host_budget = cfg.get_size("memory.host_budget");
   const std::string& nvme_dir = cfg.get_string("memory.nvme_dir");
@@ -300,7 +300,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   // What the compute tier holds besides pages once set up: the ledger's count
   // of what is not paged, what else is allocated, the working buffers to come.
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
-                           model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
+                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T);
   // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
@@ -391,7 +391,7 @@ nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows) {
 void check_config(const core::Config& cfg) { (void)make_plan(cfg, resolve_model_config(cfg)); }
 
 TrainResult train(const core::Config& cfg) {
-  const model::GPT2Config mcfg = resolve_model_config(cfg);
+  const model::TransformerConfig mcfg = resolve_model_config(cfg);
   const Plan p = make_plan(cfg, mcfg);
   const std::string run_dir = cfg.get_string("run.dir");
   const bool resume = cfg.get_bool("train.resume");
@@ -475,7 +475,7 @@ TrainResult train(const core::Config& cfg) {
   sched.total_steps = p.steps;
   sched.validate();
 
-  model::GPT2 model(mcfg, p.micro, p.T);
+  model::Transformer model(mcfg, p.micro, p.T);
   optim::AdamWConfig ocfg;
   ocfg.beta1 = cfg.get_float("train.beta1");
   ocfg.beta2 = cfg.get_float("train.beta2");
@@ -568,7 +568,7 @@ TrainResult train(const core::Config& cfg) {
   // stage and precision) + activations. Working buffers (gathers,
   // accumulators, buckets) are not predicted here; the planner does that.
   const size_t predicted = dp.predicted_model_state_bytes() +
-                           model::GPT2::predicted_activation_bytes(mcfg, p.micro, p.T);
+                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T);
   PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
               mcfg.vocab_size, " seq ", p.T, ": ", model.num_params(), " parameters; batch ",
               p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",

@@ -1,4 +1,4 @@
-// bf16 saved activations (GPT2Config::bf16_activations): the forward computes
+// bf16 saved activations (TransformerConfig::bf16_activations): the forward computes
 // in f32 exactly as without them (the same loss, bit for bit); the backward
 // reads the saved tensors rounded to bf16, so gradients move by about bf16's
 // resolution and no more; and each layer's saved tensors cost 2 bytes per
@@ -12,15 +12,15 @@
 #include <vector>
 
 #include "backend/ops.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 
 namespace {
 
-using po::model::GPT2;
-using po::model::GPT2Config;
+using po::model::Transformer;
+using po::model::TransformerConfig;
 
-GPT2Config config(bool bf16, bool checkpointing, int64_t layers = 3) {
-  GPT2Config c;
+TransformerConfig config(bool bf16, bool checkpointing, int64_t layers = 3) {
+  TransformerConfig c;
   c.n_layer = layers;
   c.n_embd = 64;
   c.n_head = 4;
@@ -36,10 +36,10 @@ struct Result {
   std::vector<float> grads;
 };
 
-Result run(const GPT2Config& c) {
+Result run(const TransformerConfig& c) {
   po::backend::cpu::set_num_threads(1);
   const int64_t B = 2, T = 32, n = B * T;
-  GPT2 m(c, B, T);
+  Transformer m(c, B, T);
   m.init_random(11);
   std::vector<int32_t> in(n), tg(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -77,8 +77,8 @@ TEST(GPT2Bf16Activations, SameForwardGradientsWithinBf16Resolution) {
 TEST(GPT2Bf16Activations, EachLayerSavesTwoBytesPerElement) {
   const int64_t B = 2, T = 32, C = 64, NH = 4, BT = B * T;
   auto per_layer = [&](bool bf16, bool ckpt) {
-    return static_cast<double>(GPT2::predicted_bytes(config(bf16, ckpt, 5), B, T)) -
-           static_cast<double>(GPT2::predicted_bytes(config(bf16, ckpt, 4), B, T)) -
+    return static_cast<double>(Transformer::predicted_bytes(config(bf16, ckpt, 5), B, T)) -
+           static_cast<double>(Transformer::predicted_bytes(config(bf16, ckpt, 4), B, T)) -
            2 * 4.0 * static_cast<double>(12 * C * C + 13 * C);  // params + grads of a block
   };
   const double stats = 4.0 * (4 * BT + B * NH * T);

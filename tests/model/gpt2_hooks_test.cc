@@ -11,12 +11,12 @@
 #include "../test_util.h"
 #include "backend/ops.h"
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 
 namespace {
 
-using po::model::GPT2;
-using po::model::GPT2Config;
+using po::model::Transformer;
+using po::model::TransformerConfig;
 using po::model::UnitHooks;
 
 struct Batch {
@@ -42,11 +42,11 @@ std::string tag(char kind, int unit) {
 struct CopyHooks {
   const std::vector<float>& params;  // the source of truth, full model
   std::vector<float> grads;          // the sum of every micro-batch's accumulators
-  const GPT2& model;
+  const Transformer& model;
   std::vector<std::vector<float>> gathered, acc;
   std::vector<std::string> log;
 
-  CopyHooks(const GPT2& m, const std::vector<float>& p)
+  CopyHooks(const Transformer& m, const std::vector<float>& p)
       : params(p), grads(p.size(), 0.0f), model(m), gathered(m.num_units()), acc(m.num_units()) {}
 
   UnitHooks hooks() {
@@ -91,9 +91,9 @@ void expect_identical(const float* a, const float* b, int64_t n, const std::stri
 
 void check_hooks_match(bool checkpointing) {
   po::backend::cpu::set_num_threads(1);  // tiny shapes: threads only contend
-  const GPT2Config c = po::test::tiny_model(checkpointing);
+  const TransformerConfig c = po::test::tiny_model(checkpointing);
   const int64_t B = 2, T = 16;
-  GPT2 plain(c, B, T), hooked(c, B, T);
+  Transformer plain(c, B, T), hooked(c, B, T);
   plain.init_random(11);
   hooked.init_random(11);
   std::vector<float> params(hooked.params(), hooked.params() + hooked.num_params());
@@ -145,9 +145,9 @@ TEST(GPT2Hooks, SameWithActivationCheckpointing) { check_hooks_match(true); }
 // over several micro-batches too.
 TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
   po::backend::cpu::set_num_threads(1);
-  const GPT2Config c = po::test::tiny_model(false);
+  const TransformerConfig c = po::test::tiny_model(false);
   const int64_t B = 2, T = 16;
-  GPT2 plain(c, B, T), hooked(c, B, T);
+  Transformer plain(c, B, T), hooked(c, B, T);
   plain.init_random(3);
   hooked.init_random(3);
   int ready = 0;
@@ -168,7 +168,7 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
 }
 
 TEST(GPT2Hooks, ReleasedBuffersAreAnErrorAndHooksComeWhole) {
-  GPT2 m(po::test::tiny_model(false), 1, 16);
+  Transformer m(po::test::tiny_model(false), 1, 16);
   m.release_params();
   EXPECT_THROW(m.params(), po::core::Error);
   EXPECT_EQ(m.params_bytes(), 0u);

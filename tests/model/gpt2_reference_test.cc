@@ -12,15 +12,15 @@
 
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/safetensors.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
 namespace {
 
 using po::checkpoint::SafetensorsReader;
-using po::model::GPT2;
-using po::model::GPT2Config;
+using po::model::Transformer;
+using po::model::TransformerConfig;
 
 const std::string kGolden = std::string(PO_SOURCE_DIR) + "/tests/golden/gpt2_ref.safetensors";
 
@@ -28,8 +28,8 @@ double meta(const SafetensorsReader& f, const std::string& key) {
   return std::stod(f.metadata().at(key));
 }
 
-GPT2Config golden_config(const SafetensorsReader& f) {
-  GPT2Config c;
+TransformerConfig golden_config(const SafetensorsReader& f) {
+  TransformerConfig c;
   c.n_layer = static_cast<int64_t>(meta(f, "n_layer"));
   c.n_embd = static_cast<int64_t>(meta(f, "n_embd"));
   c.n_head = static_cast<int64_t>(meta(f, "n_head"));
@@ -40,7 +40,7 @@ GPT2Config golden_config(const SafetensorsReader& f) {
 
 // Reference tensor `name` in the engine's layout (Conv1D weights transposed back).
 std::vector<float> reference(const SafetensorsReader& f, const std::string& name,
-                             const po::model::ParamInfo& p) {
+                             const po::model::TensorSpec& p) {
   if (!p.conv1d) return f.read_f32(name, p.shape);
   std::vector<float> hf = f.read_f32(name, {p.shape[1], p.shape[0]});
   std::vector<float> out(hf.size());
@@ -71,7 +71,7 @@ void expect_close(const float* got, const std::vector<float>& want, const std::s
 
 struct Fixture {
   SafetensorsReader file = SafetensorsReader::open(kGolden);
-  GPT2Config config = golden_config(file);
+  TransformerConfig config = golden_config(file);
   int64_t B = static_cast<int64_t>(meta(file, "batch_size"));
   int64_t T = config.seq_len;
   std::vector<int32_t> inputs, targets;
@@ -91,7 +91,7 @@ struct Fixture {
 void check_loss_and_grads(bool checkpointing) {
   Fixture fx;
   fx.config.activation_checkpointing = checkpointing;
-  GPT2 model(fx.config, fx.B, fx.T);
+  Transformer model(fx.config, fx.B, fx.T);
   po::checkpoint::load_gpt2_safetensors(kGolden, model);
   model.zero_grads();
   const float loss = model.forward_backward(fx.inputs.data(), fx.targets.data(),
@@ -109,7 +109,7 @@ TEST(GPT2Reference, ActivationCheckpointingGivesTheSameGradients) { check_loss_a
 
 TEST(GPT2Reference, ThreeAdamWStepsMatchPyTorch) {
   Fixture fx;
-  GPT2 model(fx.config, fx.B, fx.T);
+  Transformer model(fx.config, fx.B, fx.T);
   po::checkpoint::load_gpt2_safetensors(kGolden, model);
   const auto& f = fx.file;
   po::optim::LrSchedule sched;

@@ -11,14 +11,14 @@
 
 #include "../test_util.h"
 #include "backend/ops.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 
 namespace {
 
-using po::model::GPT2;
-using po::model::GPT2Config;
+using po::model::Transformer;
+using po::model::TransformerConfig;
 using po::parallel::DataParallel;
 using po::parallel::DataParallelOptions;
 
@@ -30,10 +30,10 @@ struct Curve {
 // 4 steps of 2 micro-batches, an evaluation after each step.
 Curve run(int stage, int prefetch, bool checkpointing = false) {
   po::backend::cpu::set_num_threads(1);  // tiny shapes: threads only contend
-  GPT2Config c = po::test::tiny_model();
+  TransformerConfig c = po::test::tiny_model();
   c.activation_checkpointing = checkpointing;
   const int64_t B = 2, T = 16, n = B * T;
-  GPT2 model(c, B, T);
+  Transformer model(c, B, T);
   DataParallelOptions o;
   o.zero_stage = stage;
   o.prefetch = prefetch;
@@ -110,8 +110,8 @@ TEST(Zero3, OneProcessMatchesStageZeroAtEveryPrefetch) {
 }
 
 TEST(Zero3, MemoryReportHoldsShardsAndPools) {
-  const GPT2Config c = po::test::tiny_model();
-  GPT2 model(c, 2, 16);
+  const TransformerConfig c = po::test::tiny_model();
+  Transformer model(c, 2, 16);
   DataParallelOptions o;
   o.zero_stage = 3;
   DataParallel dp(model, {}, nullptr, o);

@@ -23,8 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using checkpoint::StateKind;
 
-model::GPT2Config tiny(int64_t n_embd = 32) {
-  model::GPT2Config c;
+model::TransformerConfig tiny(int64_t n_embd = 32) {
+  model::TransformerConfig c;
   c.n_layer = 2;
   c.n_embd = n_embd;
   c.n_head = 2;
@@ -34,7 +34,7 @@ model::GPT2Config tiny(int64_t n_embd = 32) {
   return c;
 }
 
-optim::AdamW make_opt(const model::GPT2& model) {
+optim::AdamW make_opt(const model::Transformer& model) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& info : model.param_infos())
     ranges.push_back({info.offset, info.numel(), info.decay});
@@ -45,7 +45,7 @@ void fill(float* p, int64_t n, float base) {
   for (int64_t i = 0; i < n; ++i) p[i] = base + static_cast<float>(i % 977) * 1e-3f;
 }
 
-std::vector<int64_t> units_of(const model::GPT2& model) {
+std::vector<int64_t> units_of(const model::Transformer& model) {
   std::vector<int64_t> u;
   for (int i = 0; i < model.num_units(); ++i) u.push_back(model.unit_numel(i));
   return u;
@@ -53,7 +53,7 @@ std::vector<int64_t> units_of(const model::GPT2& model) {
 
 struct Saved {
   po::test::TempDir dir;
-  model::GPT2 model{tiny(), 1, 16};
+  model::Transformer model{tiny(), 1, 16};
   optim::AdamW opt = make_opt(model);
   std::string path = checkpoint_path(dir.path().string(), 7);
   Saved() {
@@ -68,7 +68,7 @@ struct Saved {
 TEST(RunState, OneProcessSaveLoadsBackBitIdentically) {
   Saved s;
   EXPECT_TRUE(fs::exists(s.path + "/manifest.json")) << s.path;
-  model::GPT2 model(tiny(), 1, 16);
+  model::Transformer model(tiny(), 1, 16);
   optim::AdamW opt = make_opt(model);
   const TrainState st = load_checkpoint(s.path, model, &opt);
   EXPECT_EQ(st.step, 7);
@@ -81,7 +81,7 @@ TEST(RunState, OneProcessSaveLoadsBackBitIdentically) {
   EXPECT_EQ(std::memcmp(opt.v(), s.opt.v(), bytes), 0);
   EXPECT_EQ(checkpoint_config(s.path).get_int("train.seed"), 42);
   // Weights only (export, generate).
-  model::GPT2 weights(tiny(), 1, 16);
+  model::Transformer weights(tiny(), 1, 16);
   load_checkpoint(s.path, weights, nullptr);
   EXPECT_EQ(std::memcmp(weights.params(), s.model.params(), bytes), 0);
 }
@@ -109,7 +109,7 @@ TEST(RunState, ShardsOfAnyRankCountLoad) {
 
 TEST(RunState, AnotherModelShapeIsRefusedNamingTheTensor) {
   Saved s;
-  model::GPT2 wider(tiny(48), 1, 16);
+  model::Transformer wider(tiny(48), 1, 16);
   const std::string e = error_of([&] { load_checkpoint(s.path, wider, nullptr); });
   EXPECT_NE(e.find("tensor 'wte.weight' has shape [64, 32] but the model's is [64, 48]"),
             std::string::npos)

@@ -51,6 +51,15 @@ constexpr int64_t kPrefetch = 8;  // rows ahead when packing
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Where a query head's q and its kv group's k and v sit in a qkv row.
+struct Heads {
+  int64_t NH, NKV, hs;
+  int64_t row() const { return (NH + 2 * NKV) * hs; }
+  int64_t group(int64_t h) const { return h / (NH / NKV); }
+  int64_t k_col(int64_t h) const { return (NH + group(h)) * hs; }
+  int64_t v_col(int64_t h) const { return (NH + NKV + group(h)) * hs; }
+};
+
 // Thread-local scratch, 64-byte aligned, grown once.
 float* scratch(size_t n) {
   thread_local std::vector<float> buf;
@@ -102,12 +111,13 @@ inline float softmax_row(float* __restrict s, int lim, float m_old, float& psum)
 }
 
 void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
-                  int64_t qb1, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, HP = round_up(hs, tiles::kW), C3 = 3 * C;
+                  int64_t qb1, int64_t T, const Heads& g) {
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
+                NH = g.NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float* q = qkv + b * T * C3 + h * hs;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const float* k = qkv + b * T * C3 + g.k_col(h);
+  const float* v = qkv + b * T * C3 + g.v_col(h);
   const int64_t r0 = qb0 * kBlock, r1 = std::min(T, qb1 * kBlock);  // query rows
   const int64_t Kp = round_up(r1, kBlock);                          // keys 0 .. r1-1
 
@@ -168,15 +178,20 @@ void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h
   }
 }
 
+// accumulate_kv: add into dk, dv instead of writing them (the second and
+// later query heads of a kv group).
 void backward_item(float* dqkv, const float* dout, const float* qkv, const float* out,
-                   const float* lse, int64_t b, int64_t h, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, HP = round_up(hs, tiles::kW), C3 = 3 * C;
+                   const float* lse, int64_t b, int64_t h, int64_t T, const Heads& g,
+                   bool accumulate_kv) {
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
+                NH = g.NH;
   const int64_t Tp = round_up(T, kBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t base3 = b * T * C3 + h * hs;
+  const int64_t kbase = b * T * C3 + g.k_col(h), vbase = b * T * C3 + g.v_col(h);
   const float* q = qkv + base3;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const float* k = qkv + kbase;
+  const float* v = qkv + vbase;
   const float* go = dout + b * T * C + h * hs;
   const float* o = out + b * T * C + h * hs;
   const float* L = lse + (b * NH + h) * T;
@@ -249,12 +264,20 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
       }
     }
     for (int64_t kk = 0; kk < nk; kk++) {
-      float* dk = dqkv + base3 + (j0 + kk) * C3 + C;
-      float* dv = dk + C;
+      float* dk = dqkv + kbase + (j0 + kk) * C3;
+      float* dv = dqkv + vbase + (j0 + kk) * C3;
+      if (accumulate_kv) {
 #pragma omp simd
-      for (int64_t d = 0; d < hs; d++) {
-        dk[d] = dK[kk * HP + d];
-        dv[d] = dV[kk * HP + d];
+        for (int64_t d = 0; d < hs; d++) {
+          dk[d] += dK[kk * HP + d];
+          dv[d] += dV[kk * HP + d];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t d = 0; d < hs; d++) {
+          dk[d] = dK[kk * HP + d];
+          dv[d] = dV[kk * HP + d];
+        }
       }
     }
   }
@@ -273,9 +296,11 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH) {
-  PO_CHECK(NH > 0 && C % NH == 0, "attention_forward: C=", C, " not divisible by NH=", NH);
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                       int64_t NKV, int64_t hs) {
+  PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0, "attention_forward: NH=", NH,
+           " must be a positive multiple of NKV=", NKV);
+  const Heads g{NH, NKV, hs};
   // Items are whole heads (K, V packed once) when there are enough of them,
   // else single query blocks, heaviest (last) first. Each item writes only its
   // own rows of out and lse, and a row's result does not depend on the split.
@@ -286,17 +311,23 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   for (int64_t it = 0; it < items; it++) {
     const int64_t qb = (groups - 1 - it / (B * NH)) * per;
     const int64_t bh = it % (B * NH);
-    forward_item(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, C, NH);
+    forward_item(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, g);
   }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  PO_CHECK(NH > 0 && C % NH == 0, "attention_backward: C=", C, " not divisible by NH=", NH);
-  // One item per (b, h): it owns that head's q, k and v columns of dqkv.
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t hs) {
+  PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0, "attention_backward: NH=", NH,
+           " must be a positive multiple of NKV=", NKV);
+  const Heads g{NH, NKV, hs};
+  // One item per (b, kv group): it owns the group's q columns and its k and v
+  // columns of dqkv; the group's query heads add into dk, dv in head order.
+  const int64_t per = NH / NKV;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < B * NH; bh++)
-    backward_item(dqkv, dout, qkv, out, lse, bh / NH, bh % NH, T, C, NH);
+  for (int64_t bg = 0; bg < B * NKV; bg++)
+    for (int64_t j = 0; j < per; j++)
+      backward_item(dqkv, dout, qkv, out, lse, bg / NKV, (bg % NKV) * per + j, T, g, j > 0);
 }
 
 }  // namespace po::backend::cpu

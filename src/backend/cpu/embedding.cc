@@ -1,4 +1,4 @@
-// Token + position embedding. The backward scatter into dwte is race-free and
+// Token embedding, plus learned positions where the model has them (GPT-2). The backward scatter into dwte is race-free and
 // deterministic: each thread owns a slice of the C columns and walks all tokens
 // in order, so repeated tokens add up in a fixed order.
 #include <omp.h>
@@ -12,8 +12,13 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const float* e = wte + static_cast<int64_t>(tokens[bt]) * C;
-    const float* p = wpe + (bt % T) * C;
     float* o = out + bt * C;
+    if (wpe == nullptr) {
+#pragma omp simd
+      for (int64_t i = 0; i < C; i++) o[i] = e[i];
+      continue;
+    }
+    const float* p = wpe + (bt % T) * C;
 #pragma omp simd
     for (int64_t i = 0; i < C; i++) o[i] = e[i] + p[i];
   }
@@ -29,6 +34,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     for (int64_t bt = 0; bt < B * T; bt++) {
       const float* d = dout + bt * C;
       float* w = dwte + static_cast<int64_t>(tokens[bt]) * C;
+      if (dwpe == nullptr) {
+#pragma omp simd
+        for (int64_t i = c0; i < c1; i++) w[i] += d[i];
+        continue;
+      }
       float* p = dwpe + (bt % T) * C;
 #pragma omp simd
       for (int64_t i = c0; i < c1; i++) {

@@ -1,4 +1,4 @@
-// LayerNorm over the last axis (eps = 1e-5), statistics saved for the backward.
+// LayerNorm over the last axis (eps from the config, GPT-2's 1e-5 by default), statistics saved for the backward.
 // Row statistics accumulate in double: cheap next to the memory traffic and it
 // keeps mean/rstd exact to f32 rounding for large C.
 #include <omp.h>
@@ -11,8 +11,8 @@
 namespace po::backend::cpu {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t BT, int64_t C) {
-  constexpr double kEps = 1e-5;
+                       const float* weight, const float* bias, int64_t BT, int64_t C,
+                       double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < BT; r++) {
     const float* x = inp + r * C;
@@ -26,7 +26,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
       const double d = x[i] - m;
       v += d * d;
     }
-    const double rs = 1.0 / std::sqrt(v / static_cast<double>(C) + kEps);
+    const double rs = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
     const float mf = static_cast<float>(m), rsf = static_cast<float>(rs);
     float* o = out + r * C;
 #pragma omp simd

@@ -32,7 +32,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     gemm(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, accumulate_dinp ? 1.0f : 0.0f,
          dinp, C);
   // dweight[OC,C] += dout^T · inp
-  gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr) gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
     // Column sums; each thread owns a slice of columns so rows stream in order.
 #pragma omp parallel

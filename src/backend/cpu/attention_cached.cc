@@ -1,0 +1,59 @@
+// Attention of new queries against a KV cache (generation): query i sits at
+// position pos0 + i and sees keys 0 .. pos0 + i. Scores are materialised per
+// (query, head), which is cheap here: a handful of queries against at most
+// the context length. Grouped-query as attention.cc: query head h reads kv
+// head h / (NH/NKV). Each (query, head) item owns its output row slice.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/error.h"
+
+namespace po::backend::cpu {
+
+void attention_cached_forward(float* out, const float* q, int64_t q_stride, const float* k_cache,
+                              const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
+                              int64_t NKV, int64_t hs) {
+  PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "attention_cached_forward: NH=", NH,
+           " must be a positive multiple of NKV=", NKV);
+  const int64_t kv_stride = NKV * hs, per = NH / NKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<size_t>(pos0 + n));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n * NH; it++) {
+      const int64_t i = it / NH, h = it % NH, g = h / per, len = pos0 + i + 1;
+      const float* qi = q + i * q_stride + h * hs;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < len; j++) {
+        const float* kj = k_cache + j * kv_stride + g * hs;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < hs; d++) s += qi[d] * kj[d];
+        p[static_cast<size_t>(j)] = s * static_cast<float>(scale);
+        mx = std::max(mx, p[static_cast<size_t>(j)]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < len; j++) {
+        const float e = std::exp(p[static_cast<size_t>(j)] - mx);
+        p[static_cast<size_t>(j)] = e;
+        sum += e;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      float* o = out + i * NH * hs + h * hs;
+      for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
+      for (int64_t j = 0; j < len; j++) {
+        const float w = p[static_cast<size_t>(j)] * inv;
+        const float* vj = v_cache + j * kv_stride + g * hs;
+#pragma omp simd
+        for (int64_t d = 0; d < hs; d++) o[d] += w * vj[d];
+      }
+    }
+  }
+}
+
+}  // namespace po::backend::cpu

@@ -1,0 +1,82 @@
+// Shapes and architecture of the one decoder-only transformer. GPT-2 and Llama
+// are configurations of it: `arch` picks the defaults (norm, positions, MLP,
+// biases, tied head), and every field can override them. A config is validated
+// once; the parameter layout (model/layout.h), activation sizes and FLOPs are
+// derived from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace po::model {
+
+enum class Norm { kLayerNorm, kRMSNorm };     // LayerNorm with bias (GPT-2) | RMSNorm (Llama)
+enum class Positions { kLearned, kRope };     // learned wpe (GPT-2) | rotary (Llama)
+enum class Mlp { kGeluTanh, kSwiGLU };        // GELU-tanh (GPT-2) | SwiGLU (Llama)
+
+// Llama-3.1's RoPE frequency scaling (rope_scaling.rope_type = "llama3").
+struct RopeScalingConfig {
+  double factor = 0.0;  // 0: off
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position = 8192.0;
+};
+
+struct TransformerConfig {
+  std::string arch = "gpt2";  // "gpt2" | "llama": the defaults below
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;   // grouped-query attention; n_head = multi-head, 1 = multi-query
+  int64_t ffn_hidden = 0;  // MLP width F: 4·C for GELU; SwiGLU has gate and up of F each
+  int64_t vocab_size = 0;
+  int64_t seq_len = 0;     // maximum sequence length (rows of wpe, RoPE table)
+  Norm norm = Norm::kLayerNorm;
+  double norm_eps = 1e-5;
+  Positions positions = Positions::kLearned;
+  double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;
+  Mlp mlp = Mlp::kGeluTanh;
+  bool bias = true;            // biases on the linear layers (and LayerNorm's bias)
+  bool tie_embeddings = true;  // the LM head multiplies by the token embedding
+  bool activation_checkpointing = false;
+  // Activations saved for the backward are stored in bf16 (train.precision =
+  // "bf16"): half the bytes; the kernels still compute in f32.
+  bool bf16_activations = false;
+
+  // The defaults of an architecture ("gpt2", "llama"), shapes unset.
+  static TransformerConfig arch_defaults(const std::string& arch);
+  // Shapes of a named preset; throws InvalidArgument listing the known names.
+  static TransformerConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  // Fills the fields left 0 that follow from others (n_kv_head = n_head,
+  // ffn_hidden from the MLP kind), as resolve does after overrides.
+  void fill_derived();
+
+  // Throws InvalidArgument naming the offending key (model.n_kv_head ...).
+  void validate() const;
+
+  // The same config with the derived fields filled (what the layout uses).
+  TransformerConfig resolved() const {
+    TransformerConfig c = *this;
+    c.fill_derived();
+    return c;
+  }
+
+  int64_t head_dim() const { return n_embd / n_head; }
+  // Columns of the fused q|k|v projection: (n_head + 2·n_kv_head)·head_dim.
+  int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
+  // Columns of the MLP's first projection: F (GELU) or 2F (SwiGLU gate | up).
+  int64_t fc_width() const { return mlp == Mlp::kSwiGLU ? 2 * ffn_hidden : ffn_hidden; }
+
+  // Total parameters (a tied head counted once), from the declared layout.
+  int64_t num_params() const;
+  // Elements of each unit (embedding, the L blocks, final norm + head).
+  std::vector<int64_t> unit_numels() const;
+  // Training FLOPs per token: 6·Ψ + 12·L·C·T (REFERENCE.md, PaLM appendix B),
+  // at sequence T, Ψ = num_params() (the convention of the GPT-2 numbers).
+  double flops_per_token(int64_t T) const;
+};
+
+}  // namespace po::model

@@ -1,0 +1,136 @@
+// The declared parameter layout: every tensor of the decoder, once. Name,
+// shape, unit, initialisation rule, weight-decay flag, tensor-parallel
+// partition and the slot it fills in a block are all here; the model, the ZeRO
+// shards, the pager, the planner and the checkpoints read this and nothing else.
+//
+// Units: 0 = embedding (token table, and the position table where positions
+// are learned), 1..L = blocks, L+1 = final norm (and the LM head when it is not
+// tied). Tensors of a unit are consecutive, units are consecutive, so a ZeRO
+// shard or a page is a contiguous slice of one unit. Tensors that one GEMM
+// reads together are declared next to each other in [out, in] layout, so
+// their concatenation along the output dimension is one weight: Llama's
+// q_proj | k_proj | v_proj and gate_proj | up_proj, GPT-2's fused c_attn.
+//
+// Element i of tensor k initialises from Philox(seed, k) at counter i, so any
+// split of a tensor starts from the values of the unsplit one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "tensor/tensor.h"
+
+namespace po::model {
+
+enum class Init {
+  kZeros,
+  kOnes,
+  kNormal,          // N(0, 0.02)
+  kResidualNormal,  // N(0, 0.02 / sqrt(2L)): projections into the residual stream
+};
+
+// How tensor parallel splits a tensor (parallel.tp; one value per tensor, as
+// Megatron's partition_dim).
+enum class Partition {
+  kReplicated,  // every tp rank holds all of it (norms, row-parallel biases, wpe)
+  kSplitRows,   // along dim 0, the output features: column-parallel q/k/v, fc, gate, up
+  kSplitCols,   // along dim 1, the input features: row-parallel o_proj, down/c_proj
+  kVocab,       // by vocabulary rows: the token table and the head
+};
+
+// What a tensor is to the block and head code. The first tensor of a fused
+// group carries the group's slot (q_proj is kQkv, k_proj and v_proj follow it).
+enum class Slot {
+  kTokenEmbedding,
+  kPositionEmbedding,
+  kNorm1,
+  kNorm1Bias,
+  kQkv,
+  kQkvBias,
+  kAttnOut,
+  kAttnOutBias,
+  kNorm2,
+  kNorm2Bias,
+  kFc,
+  kFcBias,
+  kProj,
+  kProjBias,
+  kFinalNorm,
+  kFinalNormBias,
+  kHead,
+  kPart,  // a later part of a fused group (k_proj, v_proj, up_proj and their biases)
+  kCount
+};
+constexpr int kBlockSlots = static_cast<int>(Slot::kProjBias) + 1;
+
+struct TensorSpec {
+  std::string name;     // Hugging Face name ("h.0.attn.c_attn.weight", "model.norm.weight")
+  tensor::Shape shape;  // engine layout ([out, in] for linear weights)
+  int64_t offset = 0;   // elements from the start of all parameters
+  int unit = 0;
+  Slot slot = Slot::kPart;
+  Init init = Init::kZeros;
+  bool decay = false;  // weight decay applies (tensors with >= 2 dims)
+  Partition partition = Partition::kReplicated;
+  // Column-parallel fused weights split per part: c_attn's q|k|v (3), gate|up (2).
+  int partition_stride = 1;
+  bool conv1d = false;  // stored transposed ([in, out]) in Hugging Face GPT-2 files
+  int64_t numel() const { return tensor::shape_numel(shape); }
+};
+
+// One step of a training micro-batch, in the order the one-stage schedule runs
+// them. The model's forward_backward executes this list, ZeRO-3 prefetches
+// along the units it touches, and the planner replays it.
+struct Step {
+  enum Kind { kEmbedForward, kBlockForward, kHead, kBlockBackward, kEmbedBackward } kind;
+  int layer = -1;  // blocks: 0..L-1
+};
+
+class Layout {
+ public:
+  explicit Layout(const TransformerConfig& config);
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const TensorSpec& tensor(const std::string& name) const;  // throws naming it
+  const TensorSpec* find(const std::string& name) const;
+  int64_t num_params() const { return unit_offsets_.back(); }
+  int num_units() const { return static_cast<int>(unit_offsets_.size()) - 1; }
+  int64_t unit_offset(int u) const { return unit_offsets_[static_cast<size_t>(u)]; }
+  int64_t unit_numel(int u) const { return unit_offset(u + 1) - unit_offset(u); }
+  int head_unit() const { return num_units() - 1; }
+
+  // Offset inside its unit of the tensor filling `slot` in any block (all
+  // blocks have the same layout), -1 when the architecture has none.
+  int64_t block_slot(Slot slot) const { return block_slots_[static_cast<size_t>(slot)]; }
+  // The token table, the position table (null without learned positions),
+  // the final norm's weight and bias (bias null for RMSNorm).
+  const TensorSpec& token_embedding() const { return tensors_[0]; }
+  const TensorSpec* position_embedding() const;
+  const TensorSpec& final_norm() const { return tensors_[final_norm_]; }
+  const TensorSpec* final_norm_bias() const;
+  // The weight the LM head multiplies by: the token table when tied
+  // (declared here, once), else lm_head.weight in the head unit.
+  const TensorSpec& head() const { return tensors_[head_]; }
+  bool tied() const { return head_ == 0; }
+  // Units whose parameters the head reads, in the order it asks for them.
+  std::vector<int> head_units() const;
+
+  // The one-stage training schedule of a micro-batch, and the order in which
+  // it asks for units' parameters (the ZeRO-3 gather order).
+  std::vector<Step> training_steps() const;
+  std::vector<int> param_visit_order() const;
+  // Units whose parameters step `s` reads, in the order it asks.
+  std::vector<int> step_units(const Step& s) const;
+
+ private:
+  int n_layer_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<int64_t> unit_offsets_;
+  std::array<int64_t, kBlockSlots> block_slots_{};
+  size_t final_norm_ = 0, head_ = 0;
+};
+
+}  // namespace po::model

@@ -1,0 +1,279 @@
+// The decoder's buffers: construction, the activation layout (one allocation,
+// the same function sizes the ledger), parameters and gradients of the held
+// units, hooks and initialisation. The math is in transformer_steps.cc, the
+// cached generation path in transformer_decode.cc.
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace po::model {
+namespace ops = po::backend::cpu;
+namespace {
+
+constexpr int64_t kAlign = 16;  // floats: 64-byte aligned views
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Rows of logits per LM-head chunk: large enough for efficient GEMM, small
+// enough that [chunk, V] stays a fraction of the activations.
+constexpr int64_t kHeadChunkRows = 256;
+int64_t head_chunk_rows(int64_t B, int64_t T) { return std::min<int64_t>(kHeadChunkRows, B * T); }
+
+}  // namespace
+
+Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range)
+    : config_(config.resolved()), layout_(config_), B_(B), T_(T) {
+  PO_CHECK(B >= 1, "micro-batch size must be >= 1, got ", B);
+  PO_CHECK(T >= 1 && T <= config_.seq_len, "sequence length ", T, " must be in [1, model.seq_len = ",
+           config_.seq_len, "]");
+  first_ = range.first;
+  last_ = range.last < 0 ? layout_.head_unit() : range.last;
+  PO_CHECK(first_ >= 0 && first_ <= last_ && last_ <= layout_.head_unit(), "unit range [", first_,
+           ", ", last_, "] is not inside the model's units [0, ", layout_.head_unit(), "]");
+  PO_CHECK(!has_head() || !layout_.tied() || first_ == 0,
+           "a stage holding the tied head must hold the embedding too (unit 0): the tied pair "
+           "across stages needs the embedding group of pipeline parallel");
+  num_params_ = layout_.unit_offset(last_ + 1) - layout_.unit_offset(first_);
+  head_chunk_ = head_chunk_rows(B_, T_);
+  ActivationLayout v;
+  const int64_t n_blocks = end_block() - first_block();
+  acts_ = tensor::Storage(
+      layout_activations(config_, B_, T_, n_blocks, has_head(), nullptr, v) * sizeof(float));
+  layout_activations(config_, B_, T_, n_blocks, has_head(), acts_.f32(), v);
+  encoded_ = v.encoded;
+  layers_ = std::move(v.layers);
+  layers16_ = std::move(v.layers16);
+  stream_[0] = v.stream[0];
+  stream_[1] = v.stream[1];
+  in_buf_ = v.in_buf;
+  scratch_ = v.scratch;
+  rope_cos_ = v.rope_cos;
+  rope_sin_ = v.rope_sin;
+  lnf_ = v.lnf;
+  lnf_mean_ = v.lnf_mean;
+  lnf_rstd_ = v.lnf_rstd;
+  logits_ = v.logits;
+  losses_ = v.losses;
+  dres_ = v.dres;
+  dlnf_ = v.dlnf;
+  dbuf_c_ = v.dbuf_c;
+  dqkv_ = v.dqkv;
+  dfch_ = v.dfch;
+  if (rope_cos_ != nullptr) {
+    ops::RopeScaling rs;
+    rs.theta = config_.rope_theta;
+    rs.factor = config_.rope_scaling.factor;
+    rs.low_freq_factor = config_.rope_scaling.low_freq_factor;
+    rs.high_freq_factor = config_.rope_scaling.high_freq_factor;
+    rs.original_max_position = config_.rope_scaling.original_max_position;
+    ops::rope_table(rope_cos_, rope_sin_, T_, config_.head_dim(), rs);
+  }
+}
+
+size_t Transformer::layout_activations(const TransformerConfig& unresolved, int64_t B, int64_t T,
+                                       int64_t n_blocks, bool with_head, float* base,
+                                       ActivationLayout& out_layout) {
+  const TransformerConfig config = unresolved.resolved();
+  ActivationLayout& out = out_layout;
+  const int64_t C = config.n_embd, NH = config.n_head, V = config.vocab_size;
+  const int64_t QKV = config.qkv_width(), AO = NH * config.head_dim();
+  const int64_t FC = config.fc_width(), F = config.ffn_hidden;
+  const bool ln = config.norm == Norm::kLayerNorm;
+  const int64_t BT = B * T;
+  int64_t used = 0;
+  auto take = [&](int64_t n) -> float* {
+    float* p = base ? base + used : nullptr;
+    used += align_up(n);
+    return p;
+  };
+  auto take16 = [&](int64_t n) -> uint16_t* {  // n bf16 values
+    return reinterpret_cast<uint16_t*>(take((n + 1) / 2));
+  };
+  auto stats = [&](LayerActs& a) {
+    a.ln1_mean = ln ? take(BT) : nullptr;
+    a.ln1_rstd = take(BT);
+  };
+  auto stats2 = [&](LayerActs& a) {
+    a.ln2_mean = ln ? take(BT) : nullptr;
+    a.ln2_rstd = take(BT);
+  };
+  auto full_layer = [&](LayerActs& a, bool with_residual3) {
+    a.ln1 = take(BT * C);
+    stats(a);
+    a.qkv = take(BT * QKV);
+    a.atty = take(BT * AO);
+    a.lse = take(B * NH * T);
+    a.residual2 = take(BT * C);
+    a.ln2 = take(BT * C);
+    stats2(a);
+    a.fch = take(BT * FC);
+    a.fch_gelu = take(BT * F);
+    a.residual3 = with_residual3 ? take(BT * C) : nullptr;
+  };
+  out.encoded = take(BT * C);
+  out.layers.assign(static_cast<size_t>(n_blocks), LayerActs{});
+  out.layers16.assign(config.bf16_activations ? static_cast<size_t>(n_blocks) : 0, LayerActs16{});
+  out.scratch = LayerActs{};
+  if (config.bf16_activations) {
+    // Saved in bf16, computed in the f32 scratch layer; the block outputs
+    // (the residual stream) run on in f32 through two alternating buffers.
+    for (int64_t l = 0; l < n_blocks; ++l) {
+      LayerActs16& h = out.layers16[static_cast<size_t>(l)];
+      LayerActs& a = out.layers[static_cast<size_t>(l)];
+      h = LayerActs16{};
+      h.residual3 = take16(BT * C);
+      if (config.activation_checkpointing) continue;
+      h.ln1 = take16(BT * C);
+      h.qkv = take16(BT * QKV);
+      h.atty = take16(BT * AO);
+      h.residual2 = take16(BT * C);
+      h.ln2 = take16(BT * C);
+      h.fch = take16(BT * FC);
+      h.fch_gelu = take16(BT * F);
+      stats(a);
+      a.lse = take(B * NH * T);
+      stats2(a);
+    }
+    full_layer(out.scratch, false);
+    out.stream[0] = take(BT * C);
+    out.stream[1] = take(BT * C);
+    out.in_buf = take(BT * C);
+  } else {
+    for (auto& a : out.layers) {
+      if (config.activation_checkpointing)
+        a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
+      else
+        full_layer(a, true);
+    }
+    if (config.activation_checkpointing) full_layer(out.scratch, false);
+  }
+  if (config.positions == Positions::kRope) {
+    out.rope_cos = take(T * config.head_dim() / 2);
+    out.rope_sin = take(T * config.head_dim() / 2);
+  }
+  if (with_head) {
+    out.lnf = take(BT * C);
+    out.lnf_mean = ln ? take(BT) : nullptr;
+    out.lnf_rstd = take(BT);
+    out.logits = take(head_chunk_rows(B, T) * V);
+    out.losses = take(BT);
+    out.dlnf = take(BT * C);
+  }
+  out.dres = take(BT * C);
+  out.dbuf_c = take(BT * std::max(C, AO));
+  out.dqkv = take(BT * QKV);
+  // SwiGLU: d(activation output) [BT,F] beside d(fc) [BT,2F]; GELU runs in place.
+  out.dfch = take(BT * FC + (config.mlp == Mlp::kSwiGLU ? BT * F : 0));
+  return static_cast<size_t>(used);
+}
+
+size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, int64_t B,
+                                               int64_t T) {
+  config.resolved().validate();
+  ActivationLayout counted;
+  return layout_activations(config, B, T, config.n_layer, true, nullptr, counted) * sizeof(float);
+}
+
+size_t Transformer::predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T) {
+  return static_cast<size_t>(head_chunk_rows(B, T) * config.vocab_size + B * T) * sizeof(float);
+}
+
+size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T) {
+  return predicted_activation_bytes(config, B, T) +
+         2 * static_cast<size_t>(config.num_params()) * sizeof(float);
+}
+
+Transformer::BlockParams Transformer::block_params(float* unit_base) const {
+  auto at = [&](Slot s) {
+    const int64_t off = layout_.block_slot(s);
+    return off < 0 ? nullptr : unit_base + off;
+  };
+  return {at(Slot::kNorm1), at(Slot::kNorm1Bias), at(Slot::kQkv),  at(Slot::kQkvBias),
+          at(Slot::kAttnOut), at(Slot::kAttnOutBias), at(Slot::kNorm2), at(Slot::kNorm2Bias),
+          at(Slot::kFc),    at(Slot::kFcBias),    at(Slot::kProj),  at(Slot::kProjBias)};
+}
+
+// The flat buffers are allocated at first use: a model whose state lives
+// elsewhere (ZeRO-3 initialised unit by unit, hooks) never holds them whole.
+float* Transformer::params() {
+  PO_ASSERT(!params_released_, "Transformer::params(): the flat parameters were released ",
+            "(ZeRO-3 keeps only shards)");
+  if (params_.data() == nullptr)
+    params_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
+  return params_.f32();
+}
+
+const float* Transformer::params() const { return const_cast<Transformer*>(this)->params(); }
+
+float* Transformer::grads() {
+  PO_ASSERT(!grads_released_, "Transformer::grads(): the flat gradients were released ",
+            "(ZeRO-3 keeps only shards)");
+  if (grads_.data() == nullptr)
+    grads_ = tensor::Storage(static_cast<size_t>(num_params_) * sizeof(float));
+  return grads_.f32();
+}
+
+void Transformer::set_unit_hooks(UnitHooks hooks) {
+  PO_ASSERT(hooks.empty() || (hooks.params && hooks.done && hooks.grads && hooks.grads_ready),
+           "Transformer::set_unit_hooks: give all four hooks (params, done, grads, grads_ready) or none");
+  hooks_ = std::move(hooks);
+}
+
+void Transformer::release_params() {
+  params_ = tensor::Storage();
+  params_released_ = true;
+}
+
+void Transformer::release_grads() {
+  grads_ = tensor::Storage();
+  grads_released_ = true;
+}
+
+float* Transformer::unit_params(int u) {
+  PO_ASSERT(holds(u), "unit ", u, " is not held by this model (units ", first_, "..", last_, ")");
+  return hooks_.params ? hooks_.params(u) : params() + unit_offset(u);
+}
+
+void Transformer::unit_done(int u) {
+  if (hooks_.done) hooks_.done(u);
+}
+
+float* Transformer::unit_grads(int u) {
+  PO_ASSERT(holds(u), "unit ", u, " is not held by this model (units ", first_, "..", last_, ")");
+  return hooks_.grads ? hooks_.grads(u) : grads() + unit_offset(u);
+}
+
+void Transformer::init_random(uint64_t seed) {
+  float* w = params();
+  for (int u = first_; u <= last_; ++u) init_random_unit(seed, u, w + unit_offset(u));
+}
+
+void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  const std::vector<TensorSpec>& tensors = layout_.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorSpec& p = tensors[k];
+    if (p.unit != u) continue;
+    float* dst = unit + (p.offset - layout_.unit_offset(u));
+    const int64_t n = p.numel();
+    if (p.init == Init::kZeros || p.init == Init::kOnes) {
+      std::fill(dst, dst + n, p.init == Init::kOnes ? 1.0f : 0.0f);
+      continue;
+    }
+    const float std = static_cast<float>(p.init == Init::kResidualNormal ? proj_std : 0.02);
+    core::Philox rng(seed, k);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = std * rng.normal(static_cast<uint64_t>(i));
+  }
+}
+
+void Transformer::zero_grads() {
+  if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.size());
+}
+
+}  // namespace po::model

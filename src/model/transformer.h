@@ -1,0 +1,309 @@
+// The decoder-only transformer, with explicit forward and backward, llm.c
+// style. GPT-2 and Llama are configurations of it (model/config.h); its
+// tensors are the declared layout (model/layout.h).
+//
+// Shape legend: B micro-batch, T sequence, C channels, V vocab, L layers, NH
+// query heads, NKV kv heads, hs = C/NH head size, F MLP width, QKV =
+// (NH+2·NKV)·hs, FC = F (GELU) or 2F (SwiGLU).
+//
+// The model is made of per-unit steps (Layout::training_steps): embedding
+// forward, block forward, head + loss (+ its backward), block backward (split
+// into its input-gradient and weight-gradient halves where a schedule wants
+// them apart), embedding backward. forward_backward is the one-stage schedule
+// of those steps. A model can be built for a contiguous range of units (a
+// pipeline stage): it then holds only those units' parameters and
+// activations, takes activations in and hands them out (stage_forward,
+// stage_backward).
+//
+// Rules: parameter gradients accumulate (+=) across micro-batches until
+// zero_grads(); activation gradients are written. Every read of parameters and
+// every write of parameter gradients goes through one unit's base pointer
+// (UnitHooks), with offsets relative to the unit's start, so a unit's
+// parameters need to exist only while that unit computes (ZeRO-3). The LM head
+// and the loss run fused in row chunks so that the [BT, V] logits are never
+// held whole. The model knows nothing of comm.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layout.h"
+#include "tensor/tensor.h"
+
+namespace po::model {
+
+// How the model reaches each unit's parameters and gradients. Empty (the
+// default): its own flat buffers. ZeRO-3 installs hooks that all-gather a
+// unit's parameters just before use and reduce its gradient once final. The
+// order of params(u) calls of a training micro-batch is
+// Layout::param_visit_order() (tied GPT-2: 0, 1..L, 0, L+1, L..1; untied:
+// 0, 1..L, L+1, L..1); the head asks grads(u) for the units it reads, then
+// done(L+1), done(0) (tied), grads_ready(L+1); each block backward asks
+// params(l), grads(l), then done(l), grads_ready(l); the embedding backward
+// asks grads(0) then grads_ready(0). evaluate() and next_token_logits() ask for
+// the forward part of the same order. params(u) is called once per use and its
+// pointer is not kept past done(u).
+struct UnitHooks {
+  // Unit u's parameters: unit_numel(u) floats in the unit's layout, valid
+  // until done(u).
+  std::function<float*(int u)> params;
+  // The model is finished with the pointer params(u) returned.
+  std::function<void(int u)> done;
+  // Unit u's gradient accumulator (unit_numel(u) floats; the model adds into
+  // it): the same buffer from the first grads(u) of a micro-batch until
+  // grads_ready(u).
+  std::function<float*(int u)> grads;
+  // Unit u's gradient of this micro-batch is complete. Called on every
+  // micro-batch, at the points forward_backward's on_unit_ready is called.
+  std::function<void(int u)> grads_ready;
+  bool empty() const { return !params && !done && !grads && !grads_ready; }
+};
+
+// Global unit ids [first, last] a model holds; last = -1: through the head.
+struct UnitRange {
+  int first = 0;
+  int last = -1;
+};
+
+// What a block's weight-gradient half needs, kept by its input-gradient half
+// (the output gradients and inputs of the block's four GEMMs). Owning.
+struct WeightGradWork {
+  int layer = -1;
+  tensor::Storage storage;
+  float *d_proj = nullptr, *in_proj = nullptr;  // [BT,C], [BT,F]
+  float *d_fc = nullptr, *in_fc = nullptr;      // [BT,FC], [BT,C]
+  float *d_out = nullptr, *in_out = nullptr;    // [BT,C], [BT,NH·hs]
+  float *d_qkv = nullptr, *in_qkv = nullptr;    // [BT,QKV], [BT,C]
+};
+
+// The keys and values of past positions, per block, for generation.
+struct KvCache {
+  int64_t capacity = 0;  // positions
+  int64_t length = 0;    // positions filled
+  std::vector<tensor::Storage> k, v;  // per block [capacity, NKV·hs]
+};
+
+class Transformer {
+ public:
+  // Allocates activations for micro-batch B at sequence T (parameters and
+  // gradients at first use) for the units in `range`.
+  Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range = {});
+
+  const TransformerConfig& config() const { return config_; }
+  const Layout& layout() const { return layout_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  int64_t seq() const { return T_; }
+  int first_unit() const { return first_; }
+  int last_unit() const { return last_; }
+  bool whole() const { return first_ == 0 && last_ == layout_.head_unit(); }
+
+  // The flat parameter and gradient buffers of the held units [num_params()]:
+  // only while the model holds them (throws after release_params() /
+  // release_grads()).
+  float* params();
+  const float* params() const;
+  float* grads();
+  // Elements of the held units.
+  int64_t num_params() const { return num_params_; }
+  // The declared tensors (offsets global: from the start of unit 0).
+  const std::vector<TensorSpec>& param_infos() const { return layout_.tensors(); }
+  const TensorSpec& param(const std::string& name) const { return layout_.tensor(name); }
+  int num_units() const { return layout_.num_units(); }
+  // Offset of held unit u in params() / grads().
+  int64_t unit_offset(int u) const { return layout_.unit_offset(u) - layout_.unit_offset(first_); }
+  int64_t unit_numel(int u) const { return layout_.unit_numel(u); }
+
+  // Initialisation from a counter-based RNG by the declared rule of each
+  // tensor (N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
+  // norm weights 1). Element i of tensor k is a function of (seed, k, i) only.
+  void init_random(uint64_t seed);
+  // The same values for unit u alone, into `unit` (unit_numel(u) floats).
+  void init_random_unit(uint64_t seed, int u, float* unit) const;
+  // Zeroes grads(); does nothing once they are released.
+  void zero_grads();
+
+  // Routes every parameter and gradient access through `hooks` (all four
+  // set), or back to the model's own buffers (all empty).
+  void set_unit_hooks(UnitHooks hooks);
+  // Frees the flat parameter / gradient buffers, for a caller whose hooks keep
+  // the state elsewhere (ZeRO-3 keeps only shards). Irreversible.
+  void release_params();
+  void release_grads();
+  // Bytes of flat parameters / gradients the model holds now (0 once released).
+  size_t params_bytes() const { return params_.size(); }
+  size_t grads_bytes() const { return grads_.size(); }
+
+  // One micro-batch of a whole model: forward, loss, backward (the one-stage
+  // schedule of Layout::training_steps). inputs/targets [B,T]. Gradients of
+  // grad_scale * sum(per-token losses) accumulate into grads(). Returns the
+  // mean loss over the B*T tokens. `on_unit_ready`, when given, is called with
+  // each unit's index as soon as its gradients are final for this micro-batch
+  // (head unit, blocks L..1, then the embedding).
+  //
+  // `defer_embedding` (for data parallel): the embedding unit's gradient gets
+  // its dense part (the tied head's) at the START of the backward and only
+  // the sparse lookup rows at the end. With it set, unit 0 is reported ready
+  // right after the head, holding everything but this micro-batch's lookup
+  // rows, and the lookup gradient is left in embedding_output_grad() ([B*T,
+  // C]) for the caller to add with ops::embedding_backward once unit 0 is
+  // reduced. With gradient hooks, grads_ready(0) comes right after the head
+  // and the lookup rows never reach grads(0).
+  float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                         const std::function<void(int unit)>& on_unit_ready = {},
+                         bool defer_embedding = false);
+  const float* embedding_output_grad() const { return dres_; }
+  // Mean loss over [B,T] without touching gradients.
+  float evaluate(const int32_t* inputs, const int32_t* targets);
+
+  // A pipeline stage's forward: tokens (first stage) or activations x_in
+  // [B*T, C] in; the held blocks run; the last stage also runs the head and
+  // its backward (grad_scale != 0) and returns the loss sum, others return 0
+  // and hand out stage_output() [B*T, C].
+  double stage_forward(const int32_t* tokens, const float* x_in, const int32_t* targets,
+                       float grad_scale);
+  const float* stage_output() const { return out_; }
+  // A stage's backward: d_out [B*T, C] (ignored on the last stage, which has
+  // its head's gradient), then the held blocks; returns dL/d(stage input)
+  // [B*T, C] (valid until the next call), and on the first stage adds the
+  // embedding's gradient. on_unit_ready as in forward_backward.
+  const float* stage_backward(const int32_t* tokens, const float* d_out,
+                              const std::function<void(int unit)>& on_unit_ready = {});
+
+  // Block l's backward in two halves, after its stage_forward: the input
+  // gradient (dres: dL/d(block output) in, dL/d(block input) out; norm
+  // weights' gradients included), keeping what the weight half needs in
+  // `work`; and the weight gradients of its four GEMMs. Together they give
+  // the bits of the fused backward.
+  void block_backward_input(int layer, float* dres, WeightGradWork& work);
+  void block_backward_weight(WeightGradWork& work);
+  WeightGradWork make_weight_grad_work() const;
+  // The current backward gradient buffer [B*T, C] (the stage's running dres).
+  float* backward_buffer() { return dres_; }
+
+  // Generation with a KV cache: runs tokens[n] at positions cache.length ..
+  // cache.length + n - 1, appends their keys and values, and writes the logits
+  // [V] of the last one. n <= B*T.
+  KvCache make_kv_cache(int64_t capacity) const;
+  void forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits);
+  // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T
+  // (recomputes the prefix; forward_cached is the fast path).
+  void next_token_logits(const int32_t* tokens, int64_t t_len, float* logits);
+
+  // Bytes of activations and scratch this model holds (for the memory ledger).
+  size_t activation_bytes() const { return acts_.size(); }
+  // Bytes the model would hold: params + grads + activations (no optimizer).
+  static size_t predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  // Bytes of activations and scratch alone (what activation_bytes() will be).
+  static size_t predicted_activation_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  // The part of those that is the head's: one chunk of logits [rows, V] and
+  // the per-token losses [B·T].
+  static size_t predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+
+ private:
+  struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
+  };
+  // bf16_activations: the bf16 copies of a layer's large saved tensors (its
+  // LayerActs keeps only the f32 statistics). With activation checkpointing
+  // only residual3 (the block output) is kept.
+  struct LayerActs16 {
+    uint16_t *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+  };
+  struct SavedPair {
+    float* f;
+    uint16_t* h;
+    int64_t width;  // floats per row
+  };
+  std::array<SavedPair, 7> saved_pairs(const LayerActs& a, const LayerActs16& h) const;
+  struct BlockParams {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+  // Every activation view, as laid out in one allocation.
+  struct ActivationLayout {
+    float* encoded = nullptr;
+    std::vector<LayerActs> layers;
+    std::vector<LayerActs16> layers16;
+    float* stream[2] = {nullptr, nullptr};
+    float* in_buf = nullptr;
+    LayerActs scratch{};
+    float *rope_cos = nullptr, *rope_sin = nullptr;
+    float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
+    float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
+    float *dqkv = nullptr, *dfch = nullptr;
+  };
+  // Lays out the activations of `config` at (B, T) for `n_blocks` held
+  // blocks and (with_head) the head from `base` (null: count only) and
+  // returns the floats needed. The constructor and predicted_bytes() both use
+  // it, so the ledger cannot drift.
+  static size_t layout_activations(const TransformerConfig& config, int64_t B, int64_t T,
+                                   int64_t n_blocks, bool with_head, float* base,
+                                   ActivationLayout& out);
+  BlockParams block_params(float* unit_base) const;
+  float* unit_params(int u);
+  void unit_done(int u);
+  float* unit_grads(int u);
+  bool holds(int u) const { return u >= first_ && u <= last_; }
+  bool has_head() const { return last_ == layout_.head_unit(); }
+  int first_block() const { return std::max(first_, 1) - 1; }  // layer ids
+  int end_block() const { return std::min(last_, static_cast<int>(config_.n_layer)); }
+
+  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                    const float* b, int64_t rows) const;
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in,
+                     const float* w, const float* mean, const float* rstd, int64_t rows) const;
+  void mlp_act_forward(float* out, const float* in, int64_t rows) const;
+  void mlp_act_backward(float* dinp, const float* in, const float* dout, int64_t rows) const;
+  void block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
+                     int64_t t);
+  // G null: input gradient only, into `work` what the weight half needs.
+  void block_backward(const BlockParams& P, const BlockParams* G, const float* in,
+                      const LayerActs& a, float* dres, WeightGradWork* work);
+  // The saved (or, with checkpointing, recomputed) activations of block l
+  // and its input, ready for its backward.
+  LayerActs backward_acts(int64_t l, const BlockParams& P, const float*& in);
+  const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
+  void embed_forward(const int32_t* tokens, int64_t b, int64_t t);
+  void embed_backward(const int32_t* tokens);
+  void blocks_backward(const std::function<void(int)>& ready);
+  LayerActs load_saved(int64_t l);
+  LayerActs scratch_with_stats(int64_t l) const;
+  const float* block_input(int64_t l);
+  const LayerActs& layer(int64_t l) const { return layers_[static_cast<size_t>(l - first_block())]; }
+  double head_forward(const float* residual, const int32_t* targets, int64_t rows,
+                      float grad_scale);
+  void head_logits(const float* x, int64_t rows, float* logits);
+
+  TransformerConfig config_;
+  Layout layout_;
+  int64_t B_, T_;
+  int first_ = 0, last_ = 0;
+  int64_t num_params_ = 0;
+  int64_t head_chunk_ = 0;  // rows of logits processed at once
+  mutable tensor::Storage params_, grads_;  // allocated at first use
+  tensor::Storage acts_;
+  bool params_released_ = false, grads_released_ = false;
+  UnitHooks hooks_;
+
+  // Activation views (into acts_).
+  float* encoded_ = nullptr;  // [BT,C]: the first held block's input
+  std::vector<LayerActs> layers_;
+  std::vector<LayerActs16> layers16_;
+  float* stream_[2] = {nullptr, nullptr};
+  float* in_buf_ = nullptr;
+  LayerActs scratch_{};
+  float *rope_cos_ = nullptr, *rope_sin_ = nullptr;                   // [T, hs/2] each
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
+  float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]
+  float *dres_ = nullptr, *dlnf_ = nullptr, *dbuf_c_ = nullptr;       // [BT,C] each
+  float *dqkv_ = nullptr, *dfch_ = nullptr;                           // [BT,QKV], [BT,FC]
+  const float* out_ = nullptr;                                        // last stage_forward's output
+};
+
+}  // namespace po::model

@@ -1,0 +1,83 @@
+// Generation with a KV cache: each new token runs the blocks once, its keys
+// and values appended to the cache, and attends to the cached positions, so
+// no prefix is recomputed. Uses the first block's activation buffers as
+// scratch (a generating model is not training).
+#include <cstring>
+#include <utility>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "model/transformer.h"
+
+namespace po::model {
+namespace ops = po::backend::cpu;
+
+KvCache Transformer::make_kv_cache(int64_t capacity) const {
+  PO_CHECK(capacity >= 1 && capacity <= T_, "KV cache of ", capacity,
+           " positions: the model was built for at most ", T_);
+  KvCache c;
+  c.capacity = capacity;
+  const auto bytes = static_cast<size_t>(capacity * config_.n_kv_head * config_.head_dim()) *
+                     sizeof(float);
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    c.k.emplace_back(bytes);
+    c.v.emplace_back(bytes);
+  }
+  return c;
+}
+
+void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits) {
+  PO_CHECK(whole(), "forward_cached runs a whole model");
+  PO_CHECK(n >= 1 && n <= B_ * T_, "forward_cached: ", n, " tokens at once, at most ", B_ * T_);
+  PO_CHECK(cache.length + n <= cache.capacity, "KV cache full: ", cache.length, " + ", n,
+           " positions exceed its ", cache.capacity);
+  PO_CHECK(static_cast<int64_t>(cache.k.size()) == config_.n_layer, "KV cache of ",
+           cache.k.size(), " blocks for a model of ", config_.n_layer);
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
+  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, pos0 = cache.length;
+  const int64_t kv = NKV * hs;
+  // Scratch: a full layer's views (the recompute layer, or block 0's).
+  LayerActs a = config_.activation_checkpointing || config_.bf16_activations ? scratch_ : layers_[0];
+  float* x = encoded_;
+  float* y = dres_;  // the next block's input
+  {
+    const float* w = unit_params(0);
+    const float* wte = w + layout_.token_embedding().offset;
+    const TensorSpec* wpe = layout_.position_embedding();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
+      const float* p = wpe ? w + wpe->offset + (pos0 + i) * C : nullptr;
+      for (int64_t c = 0; c < C; ++c) x[i * C + c] = e[c] + (p ? p[c] : 0.0f);
+    }
+    unit_done(0);
+  }
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const int u = static_cast<int>(l + 1);
+    const BlockParams P = block_params(unit_params(u));
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.ln1w, P.ln1b, n);
+    ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, n, C, QKV);
+    if (rope_cos_ != nullptr) ops::rope_forward(a.qkv, 1, n, QKV, NH + NKV, hs, rope_cos_, rope_sin_, pos0);
+    float* kc = cache.k[static_cast<size_t>(l)].f32();
+    float* vc = cache.v[static_cast<size_t>(l)].f32();
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(kc + (pos0 + i) * kv, a.qkv + i * QKV + NH * hs, static_cast<size_t>(kv) * sizeof(float));
+      std::memcpy(vc + (pos0 + i) * kv, a.qkv + i * QKV + (NH + NKV) * hs,
+                  static_cast<size_t>(kv) * sizeof(float));
+    }
+    ops::attention_cached_forward(a.atty, a.qkv, QKV, kc, vc, n, pos0, NH, NKV, hs);
+    ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, n, AO, C);
+    ops::residual_forward(a.residual2, a.residual2, x, n * C);
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, n);
+    ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, n, C, FC);
+    mlp_act_forward(a.fch_gelu, a.fch, n);
+    ops::matmul_forward(y, a.fch_gelu, P.fcprojw, P.fcprojb, n, F, C);
+    ops::residual_forward(y, y, a.residual2, n * C);
+    unit_done(u);
+    std::swap(x, y);
+  }
+  cache.length += n;
+  head_logits(x + (n - 1) * C, 1, logits);
+}
+
+}  // namespace po::model

@@ -1,0 +1,404 @@
+// The decoder's per-unit steps, forward and backward, and the schedules made
+// of them: the one-stage forward_backward, evaluate, and a pipeline stage's
+// stage_forward / stage_backward. Backward reads as forward reversed.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "model/transformer.h"
+
+namespace po::model {
+namespace ops = po::backend::cpu;
+
+void Transformer::norm_forward(float* out, float* mean, float* rstd, const float* in,
+                               const float* w, const float* b, int64_t rows) const {
+  if (config_.norm == Norm::kLayerNorm)
+    ops::layernorm_forward(out, mean, rstd, in, w, b, rows, config_.n_embd, config_.norm_eps);
+  else
+    ops::rmsnorm_forward(out, rstd, in, w, rows, config_.n_embd, config_.norm_eps);
+}
+
+void Transformer::norm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                const float* in, const float* w, const float* mean,
+                                const float* rstd, int64_t rows) const {
+  if (config_.norm == Norm::kLayerNorm)
+    ops::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, rows, config_.n_embd);
+  else
+    ops::rmsnorm_backward(dinp, dw, dout, in, w, rstd, rows, config_.n_embd);
+}
+
+void Transformer::mlp_act_forward(float* out, const float* in, int64_t rows) const {
+  if (config_.mlp == Mlp::kGeluTanh)
+    ops::gelu_forward(out, in, rows * config_.ffn_hidden);
+  else
+    ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
+}
+
+void Transformer::mlp_act_backward(float* dinp, const float* in, const float* dout,
+                                   int64_t rows) const {
+  if (config_.mlp == Mlp::kGeluTanh)
+    ops::gelu_backward(dinp, in, dout, rows * config_.ffn_hidden);
+  else
+    ops::swiglu_backward(dinp, in, dout, rows, config_.ffn_hidden);
+}
+
+void Transformer::block_forward(const BlockParams& P, const float* in, const LayerActs& a,
+                                int64_t b, int64_t t) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
+  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t;
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, BT);
+  ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, BT, C, QKV);
+  if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
+    ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
+  ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
+  ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, BT, AO, C);
+  ops::residual_forward(a.residual2, a.residual2, in, BT * C);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, BT);
+  ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, BT, C, FC);
+  mlp_act_forward(a.fch_gelu, a.fch, BT);
+  ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, P.fcprojb, BT, F, C);
+  ops::residual_forward(a.residual3, a.residual3, a.residual2, BT * C);
+}
+
+// dres holds dL/d(block output) on entry and dL/d(block input) on return.
+// With `work`, the GEMMs' weight and bias gradients are left out and what
+// they need is copied into it (block_backward_weight adds them).
+void Transformer::block_backward(const BlockParams& P, const BlockParams* G, const float* in,
+                                 const LayerActs& a, float* dres, WeightGradWork* work) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
+  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_;
+  const bool split = work != nullptr;
+  auto keep = [&](float* dst, const float* src, int64_t n) {
+    if (split) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  };
+  auto w = [&](float* g) { return split ? nullptr : g; };
+  // d(activation output) [BT,F]: in place for GELU, beside d(fc) for SwiGLU
+  float* dact = config_.mlp == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
+  keep(split ? work->d_proj : nullptr, dres, BT * C);
+  keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
+  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dres, a.fch_gelu, P.fcprojw, BT, F, C);
+  mlp_act_backward(dfch_, a.fch, dact, BT);
+  keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
+  keep(split ? work->in_fc : nullptr, a.ln2, BT * C);
+  ops::matmul_backward(dbuf_c_, w(G->fcw), w(G->fcb), dfch_, a.ln2, P.fcw, BT, C, FC);
+  norm_backward(dres, G->ln2w, G->ln2b, dbuf_c_, a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, BT);
+  keep(split ? work->d_out : nullptr, dres, BT * C);
+  keep(split ? work->in_out : nullptr, a.atty, BT * AO);
+  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dres, a.atty, P.attprojw, BT, AO, C);
+  ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
+  if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
+  keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
+  keep(split ? work->in_qkv : nullptr, a.ln1, BT * C);
+  ops::matmul_backward(dbuf_c_, w(G->qkvw), w(G->qkvb), dqkv_, a.ln1, P.qkvw, BT, C, QKV);
+  norm_backward(dres, G->ln1w, G->ln1b, dbuf_c_, in, P.ln1w, a.ln1_mean, a.ln1_rstd, BT);
+}
+
+WeightGradWork Transformer::make_weight_grad_work() const {
+  const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
+  const int64_t BT = B_ * T_, F = config_.ffn_hidden, FC = config_.fc_width();
+  const int64_t QKV = config_.qkv_width();
+  const int64_t sizes[8] = {BT * C, BT * F, BT * FC, BT * C, BT * C, BT * AO, BT * QKV, BT * C};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  WeightGradWork w;
+  w.storage = tensor::Storage(static_cast<size_t>(total) * sizeof(float));
+  float* p = w.storage.f32();
+  float** views[8] = {&w.d_proj, &w.in_proj, &w.d_fc, &w.in_fc,
+                      &w.d_out,  &w.in_out,  &w.d_qkv, &w.in_qkv};
+  for (int i = 0; i < 8; ++i) {
+    *views[i] = p;
+    p += sizes[i];
+  }
+  return w;
+}
+
+void Transformer::block_backward_input(int layer, float* dres, WeightGradWork& work) {
+  const int u = layer + 1;
+  const BlockParams P = block_params(unit_params(u));
+  const BlockParams G = block_params(unit_grads(u));
+  const float* in = nullptr;
+  const LayerActs a = backward_acts(layer, P, in);
+  block_backward(P, &G, in, a, dres, &work);
+  work.layer = layer;
+  unit_done(u);
+}
+
+void Transformer::block_backward_weight(WeightGradWork& work) {
+  PO_CHECK(work.layer >= 0, "block_backward_weight: no input half ran into this work");
+  const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
+  const int64_t BT = B_ * T_, F = config_.ffn_hidden, FC = config_.fc_width();
+  const BlockParams G = block_params(unit_grads(work.layer + 1));
+  ops::matmul_backward(nullptr, G.fcprojw, G.fcprojb, work.d_proj, work.in_proj, nullptr, BT, F, C);
+  ops::matmul_backward(nullptr, G.fcw, G.fcb, work.d_fc, work.in_fc, nullptr, BT, C, FC);
+  ops::matmul_backward(nullptr, G.attprojw, G.attprojb, work.d_out, work.in_out, nullptr, BT, AO, C);
+  ops::matmul_backward(nullptr, G.qkvw, G.qkvb, work.d_qkv, work.in_qkv, nullptr, BT, C,
+                       config_.qkv_width());
+  work.layer = -1;
+}
+
+const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, bool save) {
+  const int64_t C = config_.n_embd, bt = b * t;
+  const float* in = x0;
+  for (int l = first_block(); l < end_block(); ++l) {
+    const size_t i = static_cast<size_t>(l - first_block());
+    LayerActs a = layers_[i];
+    if (config_.bf16_activations) {
+      a = config_.activation_checkpointing ? scratch_ : scratch_with_stats(l);
+      a.residual3 = stream_[i % 2];
+    } else if (config_.activation_checkpointing) {
+      a = scratch_;
+      a.residual3 = layers_[i].residual3;
+    }
+    const int u = l + 1;
+    block_forward(block_params(unit_params(u)), in, a, b, t);
+    unit_done(u);
+    if (config_.bf16_activations && save) {
+      const LayerActs16& h = layers16_[i];
+      ops::f32_to_bf16(h.residual3, a.residual3, bt * C);
+      if (!config_.activation_checkpointing)
+        for (const SavedPair& s : saved_pairs(a, h)) ops::f32_to_bf16(s.h, s.f, bt * s.width);
+    }
+    in = a.residual3;
+  }
+  return in;
+}
+
+// The seven large tensors a block saves besides its output, f32 view and
+// bf16 copy side by side, with their width in floats per row.
+std::array<Transformer::SavedPair, 7> Transformer::saved_pairs(const LayerActs& a,
+                                                               const LayerActs16& h) const {
+  const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
+  return {{{a.ln1, h.ln1, C},
+           {a.qkv, h.qkv, config_.qkv_width()},
+           {a.atty, h.atty, AO},
+           {a.residual2, h.residual2, C},
+           {a.ln2, h.ln2, C},
+           {a.fch, h.fch, config_.fc_width()},
+           {a.fch_gelu, h.fch_gelu, config_.ffn_hidden}}};
+}
+
+const float* Transformer::block_input(int64_t l) {
+  if (l == first_block()) return encoded_;
+  ops::bf16_to_f32(in_buf_, layers16_[static_cast<size_t>(l - 1 - first_block())].residual3,
+                   B_ * T_ * config_.n_embd);
+  return in_buf_;
+}
+
+Transformer::LayerActs Transformer::scratch_with_stats(int64_t l) const {
+  LayerActs a = scratch_;
+  const LayerActs& stats = layer(l);
+  a.ln1_mean = stats.ln1_mean;
+  a.ln1_rstd = stats.ln1_rstd;
+  a.lse = stats.lse;
+  a.ln2_mean = stats.ln2_mean;
+  a.ln2_rstd = stats.ln2_rstd;
+  return a;
+}
+
+Transformer::LayerActs Transformer::load_saved(int64_t l) {
+  const int64_t BT = B_ * T_;
+  const LayerActs a = scratch_with_stats(l);
+  for (const SavedPair& s : saved_pairs(a, layers16_[static_cast<size_t>(l - first_block())]))
+    ops::bf16_to_f32(s.f, s.h, BT * s.width);
+  return a;
+}
+
+Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& P,
+                                                  const float*& in) {
+  if (config_.bf16_activations) {
+    in = block_input(l);
+    if (!config_.activation_checkpointing) return load_saved(l);
+    LayerActs a = scratch_;
+    a.residual3 = stream_[0];  // recomputed, unused by the backward
+    block_forward(P, in, a, B_, T_);
+    return a;
+  }
+  in = l == first_block() ? encoded_ : layer(l - 1).residual3;
+  if (!config_.activation_checkpointing) return layer(l);
+  LayerActs a = scratch_;
+  a.residual3 = layer(l).residual3;  // recompute rewrites the same values
+  block_forward(P, in, a, B_, T_);
+  return a;
+}
+
+void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
+  const float* w = unit_params(0);
+  const TensorSpec* wpe = layout_.position_embedding();
+  ops::embedding_forward(encoded_, tokens, w + layout_.token_embedding().offset,
+                         wpe ? w + wpe->offset : nullptr, b, t, config_.n_embd);
+  unit_done(0);
+}
+
+void Transformer::embed_backward(const int32_t* tokens) {
+  float* g0 = unit_grads(0);
+  const TensorSpec* wpe = layout_.position_embedding();
+  ops::embedding_backward(g0 + layout_.token_embedding().offset, wpe ? g0 + wpe->offset : nullptr,
+                          dres_, tokens, B_, T_, config_.n_embd);
+}
+
+// Final norm + head + loss over row chunks; with grad_scale != 0 also
+// backward through head and final norm into dres_.
+double Transformer::head_forward(const float* residual, const int32_t* targets, int64_t rows,
+                                 float grad_scale) {
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const int hu = layout_.head_unit();
+  const bool backward = grad_scale != 0.0f, tied = layout_.tied();
+  const int64_t hu0 = layout_.unit_offset(hu);
+  const TensorSpec& nw = layout_.final_norm();
+  const TensorSpec* nb = layout_.final_norm_bias();
+  const int64_t head_off = tied ? layout_.head().offset : layout_.head().offset - hu0;
+  const float* w0 = tied ? unit_params(0) : nullptr;
+  const float* pf = unit_params(hu);
+  const float* W = (tied ? w0 : pf) + head_off;
+  float* g0 = backward && tied ? unit_grads(0) : nullptr;
+  float* gf = backward ? unit_grads(hu) : nullptr;
+  float* dW = backward ? (tied ? g0 : gf) + head_off : nullptr;
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, pf + (nw.offset - hu0),
+               nb ? pf + (nb->offset - hu0) : nullptr, rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
+    const int64_t n = std::min(head_chunk_, rows - r0);
+    ops::matmul_forward(logits_, lnf_ + r0 * C, W, nullptr, n, C, V);
+    ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
+    if (backward)
+      ops::matmul_backward(dlnf_ + r0 * C, dW, nullptr, logits_, lnf_ + r0 * C, W, n, C, V);
+  }
+  if (backward) {
+    std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
+    norm_backward(dres_, gf + (nw.offset - hu0), nb ? gf + (nb->offset - hu0) : nullptr, dlnf_,
+                  residual, pf + (nw.offset - hu0), lnf_mean_, lnf_rstd_, rows);
+  }
+  unit_done(hu);
+  if (tied) unit_done(0);
+  double sum = 0;
+  for (int64_t i = 0; i < rows; ++i) sum += losses_[i];
+  return sum;
+}
+
+void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
+  const int hu = layout_.head_unit();
+  const bool tied = layout_.tied();
+  const int64_t hu0 = layout_.unit_offset(hu);
+  const TensorSpec& nw = layout_.final_norm();
+  const TensorSpec* nb = layout_.final_norm_bias();
+  const float* w0 = tied ? unit_params(0) : nullptr;  // the head's order: 0, then the head unit
+  const float* pf = unit_params(hu);
+  const float* W = tied ? w0 + layout_.head().offset : pf + (layout_.head().offset - hu0);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf + (nw.offset - hu0),
+               nb ? pf + (nb->offset - hu0) : nullptr, rows);
+  ops::matmul_forward(logits, lnf_, W, nullptr, rows, config_.n_embd, config_.vocab_size);
+  unit_done(hu);
+  if (tied) unit_done(0);
+}
+
+float Transformer::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                    float grad_scale,
+                                    const std::function<void(int unit)>& on_unit_ready,
+                                    bool defer_embedding) {
+  PO_CHECK(whole(), "forward_backward runs a whole model; a stage (units ", first_, "..", last_,
+           ") runs stage_forward / stage_backward");
+  PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
+  auto ready = [&](int unit) {
+    if (hooks_.grads_ready) hooks_.grads_ready(unit);
+    if (on_unit_ready) on_unit_ready(unit);
+  };
+  const int64_t BT = B_ * T_;
+  double loss_sum = 0;
+  const float* x = encoded_;
+  for (const Step& s : layout_.training_steps()) {
+    switch (s.kind) {
+      case Step::kEmbedForward:
+        embed_forward(inputs, B_, T_);
+        break;
+      case Step::kBlockForward:  // the consecutive block forwards run as one stretch
+        if (s.layer == 0) x = forward_blocks(encoded_, B_, T_, true);
+        break;
+      case Step::kHead:
+        loss_sum = head_forward(x, targets, BT, grad_scale);
+        ready(layout_.head_unit());
+        if (defer_embedding) ready(0);  // all but this micro-batch's lookup rows
+        break;
+      case Step::kBlockBackward: {
+        const int u = s.layer + 1;
+        const BlockParams P = block_params(unit_params(u));
+        const BlockParams G = block_params(unit_grads(u));
+        const float* in = nullptr;
+        const LayerActs a = backward_acts(s.layer, P, in);
+        block_backward(P, &G, in, a, dres_, nullptr);
+        unit_done(u);
+        ready(u);
+        break;
+      }
+      case Step::kEmbedBackward:
+        if (!defer_embedding) {
+          embed_backward(inputs);
+          ready(0);  // a tied table also collected the head's gradient
+        }
+        break;
+    }
+  }
+  return static_cast<float>(loss_sum / static_cast<double>(BT));
+}
+
+float Transformer::evaluate(const int32_t* inputs, const int32_t* targets) {
+  PO_CHECK(whole(), "evaluate runs a whole model");
+  embed_forward(inputs, B_, T_);
+  const float* out = forward_blocks(encoded_, B_, T_, false);
+  const double loss_sum = head_forward(out, targets, B_ * T_, 0.0f);
+  return static_cast<float>(loss_sum / static_cast<double>(B_ * T_));
+}
+
+double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
+                                  const int32_t* targets, float grad_scale) {
+  const int64_t BT = B_ * T_;
+  if (holds(0)) {
+    embed_forward(tokens, B_, T_);
+  } else {
+    PO_CHECK(x_in != nullptr, "stage_forward: a stage after the first needs its input activations");
+    std::memcpy(encoded_, x_in, static_cast<size_t>(BT * config_.n_embd) * sizeof(float));
+  }
+  out_ = forward_blocks(encoded_, B_, T_, true);
+  if (!has_head()) return 0.0;
+  return head_forward(out_, targets, BT, grad_scale);
+}
+
+const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
+                                         const std::function<void(int unit)>& on_unit_ready) {
+  auto ready = [&](int unit) {
+    if (hooks_.grads_ready) hooks_.grads_ready(unit);
+    if (on_unit_ready) on_unit_ready(unit);
+  };
+  if (has_head()) {
+    ready(layout_.head_unit());
+  } else {
+    PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");
+    std::memcpy(dres_, d_out, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
+  }
+  for (int l = end_block() - 1; l >= first_block(); --l) {
+    const int u = l + 1;
+    const BlockParams P = block_params(unit_params(u));
+    const BlockParams G = block_params(unit_grads(u));
+    const float* in = nullptr;
+    const LayerActs a = backward_acts(l, P, in);
+    block_backward(P, &G, in, a, dres_, nullptr);
+    unit_done(u);
+    ready(u);
+  }
+  if (holds(0)) {
+    embed_backward(tokens);
+    ready(0);
+  }
+  return dres_;
+}
+
+void Transformer::next_token_logits(const int32_t* tokens, int64_t t_len, float* logits) {
+  PO_CHECK(whole(), "next_token_logits runs a whole model");
+  PO_CHECK(t_len >= 1 && t_len <= T_, "context of ", t_len, " tokens exceeds the model's ", T_);
+  embed_forward(tokens, 1, t_len);
+  const float* out = forward_blocks(encoded_, 1, t_len, false);
+  head_logits(out + (t_len - 1) * config_.n_embd, 1, logits);
+}
+
+}  // namespace po::model
