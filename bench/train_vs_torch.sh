@@ -88,16 +88,21 @@ else
   echo "   data: $DATA"
 fi
 
-# (e) GEMM peak.
+# (e) GEMM peak, measured in this run: MFU means nothing against another
+# machine's (or another day's) peak, so no measurement is an error, not a
+# fallback number. --torch-only measures none and reports no MFU.
 GEMM_JSON=""
-if [[ $TORCH_ONLY -eq 0 && -x "$GEMM" ]]; then
+if [[ $TORCH_ONLY -eq 0 ]]; then
+  [[ -x "$GEMM" ]] || die "$GEMM not found: MFU needs the sgemm peak measured in this run; build it (cmake -S . -B build -DPO_BUILD_BENCH=ON && cmake --build build --target gemm_bench)"
   echo "-- gemm_bench (sgemm peak, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset)"
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE timeout "$RUN_TIMEOUT" "$GEMM" >"$OUT/gemm_bench.log" 2>&1 \
-    || echo "   gemm_bench failed (exit $?); see $OUT/gemm_bench.log" >&2
-  GEMM_JSON="$(grep -m1 '"sgemm_peak"' "$OUT/gemm_bench.log" || true)"
-  echo "   ${GEMM_JSON:-no sgemm_peak line in $OUT/gemm_bench.log}"
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE timeout "$RUN_TIMEOUT" "$GEMM" >"$OUT/gemm_bench.log" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || die "gemm_bench failed (exit $rc), so there is no sgemm peak to measure MFU against; see $OUT/gemm_bench.log"
+  GEMM_JSON="$(grep -m1 '"sgemm_peak"' "$OUT/gemm_bench.log" | grep '"gflops":[0-9.]*[1-9]' || true)"
+  [[ -n "$GEMM_JSON" ]] || die "no sgemm_peak line with a positive gflops in $OUT/gemm_bench.log"
+  echo "   $GEMM_JSON"
 else
-  echo "-- gemm_bench not run ($GEMM missing or --torch-only); MFU uses REFERENCE.md's 347 GFLOP/s"
+  echo "-- gemm_bench not run (--torch-only): no MFU"
 fi
 echo "$GEMM_JSON" >"$OUT/gemm_peak.json"
 
@@ -141,7 +146,6 @@ done
 import json, os, sys
 out, warmup, torch_only, presets = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
 DIMS = {"bench-small": (6, 384, 6, 50257, 256, 8), "gpt2-124M": (12, 768, 12, 50257, 256, 4)}
-REF_PEAK = 347.0  # GFLOP/s, REFERENCE.md, sgemm 2 threads AVX-512 kernels
 
 def last_json(path, key=None):
     try:
@@ -159,10 +163,12 @@ def last_json(path, key=None):
                 return obj
     return None
 
-peak, peak_src = REF_PEAK, "REFERENCE.md (gemm_bench not run)"
+peak, peak_src = None, "not measured (--torch-only): no MFU"
 g = last_json(os.path.join(out, "gemm_peak.json"), "gflops")
 if g and g.get("gflops"):
     peak, peak_src = float(g["gflops"]), "gemm_bench, %s threads" % g.get("threads", "?")
+elif not torch_only:
+    sys.exit("train_vs_torch.sh: error: no measured sgemm peak in %s" % os.path.join(out, "gemm_peak.json"))
 
 def engine_stats(p):
     path = os.path.join(out, "engine-" + p, "metrics.jsonl")
@@ -202,7 +208,7 @@ def pct(x):
     return "n/a" if x is None else "%.1f%%" % (100 * x)
 
 print()
-print("sgemm peak: %.1f GFLOP/s (%s)" % (peak, peak_src))
+print("sgemm peak: %s GFLOP/s (%s)" % (fmt(peak), peak_src))
 rows = []
 for p in presets:
     L, C, NH, V, T, B = DIMS[p]
@@ -214,7 +220,7 @@ for p in presets:
     e_tps = eng.get("tokens_per_s") if eng else None
     t_tps = tuned["tokens_per_s"] if tuned else None
     g_tps = given["tokens_per_s"] if given else None
-    mfu = lambda tps: None if tps is None else tps * fpt / (peak * 1e9)
+    mfu = lambda tps: None if tps is None or peak is None else tps * fpt / (peak * 1e9)
     ratio = e_tps / t_tps if e_tps and t_tps else None
     rss = eng.get("peak_rss_bytes") if eng else None
     pred = eng.get("predicted_bytes") if eng else None

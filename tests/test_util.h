@@ -14,6 +14,7 @@
 #include <functional>
 #include <fstream>
 #include <random>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -135,20 +136,37 @@ inline std::string tiny_config(const std::string& train, const std::string& val,
   return os.str();
 }
 
-// Every record of a run directory's metrics.jsonl, in order.
+// Every record of a run directory's metrics.jsonl, in order. A file that
+// cannot be read, or a line that is not JSON, throws an error naming the file
+// (the test fails there): a missing file must never read as an empty curve,
+// which would "match" another empty one.
 inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  const std::string path = run_dir + "/metrics.jsonl";
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read metrics file " + path);
   std::vector<nlohmann::json> out;
-  std::ifstream f(run_dir + "/metrics.jsonl");
   std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  for (size_t n = 1; std::getline(f, line); ++n) {
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": not JSON: " + e.what());
+    }
+  }
   return out;
 }
 
 // The values of one metric (e.g. "grad_norm", "val_loss") in record order.
-inline std::vector<double> metric(const std::string& run_dir, const std::string& name) {
+// The caller states how many there must be (steps, evaluations); any other
+// number throws an error naming the file and the metric.
+inline std::vector<double> metric(const std::string& run_dir, const std::string& name,
+                                  size_t count) {
   std::vector<double> out;
   for (const auto& j : read_metrics(run_dir))
     if (j.contains(name)) out.push_back(j[name]);
+  if (out.size() != count)
+    throw std::runtime_error(run_dir + "/metrics.jsonl: expected " + std::to_string(count) + " '" +
+                             name + "' values, found " + std::to_string(out.size()));
   return out;
 }
 
@@ -161,12 +179,16 @@ inline nlohmann::json last_metric(const std::string& run_dir, const std::string&
   return last;
 }
 
-// The train losses of a run directory's metrics.jsonl, in step order.
-inline std::vector<double> losses(const std::string& run_dir) { return metric(run_dir, "loss"); }
+// The train losses of a run directory's metrics.jsonl, in step order: exactly
+// `steps` of them.
+inline std::vector<double> losses(const std::string& run_dir, size_t steps) {
+  return metric(run_dir, "loss", steps);
+}
 
-// Two loss curves agree step by step to a relative 1e-5.
+// Two loss curves of the same, non-zero length agree step by step to a relative 1e-5.
 inline void expect_same_curve(const std::vector<double>& a, const std::vector<double>& b,
                               const std::string& what) {
+  ASSERT_FALSE(a.empty() && b.empty()) << what << ": both curves are empty";
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::fabs(a[i]))

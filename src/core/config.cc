@@ -203,7 +203,11 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
   else if (unit == "TB") mult = 1e12;
   PO_CHECK(mult > 0, what, ": unknown size unit '", unit, "' in '", text, "'");
   PO_CHECK(number >= 0 && std::isfinite(number), what, ": size must be >= 0, got '", text, "'");
-  return static_cast<uint64_t>(number * mult);
+  // 2^64 bytes and above do not fit a uint64_t: the cast would be undefined
+  // behaviour (found by fuzz/cluster_fuzz.cc under UBSan).
+  const double bytes = number * mult;
+  PO_CHECK(bytes < 0x1p64, what, ": size '", text, "' is too large (at most 2^64 - 1 bytes)");
+  return static_cast<uint64_t>(bytes);
 }
 
 Config::Config() {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "core/error.h"
 
 using po::core::Config;
@@ -73,4 +75,29 @@ TEST(Config, Sizes) {
   EXPECT_EQ(po::core::parse_size("4096", "x"), 4096u);
   EXPECT_EQ(po::core::parse_size("1GB", "x"), 1000000000u);
   EXPECT_THROW(po::core::parse_size("lots", "x"), po::core::InvalidArgument);
+}
+
+// A size of 2^64 bytes or more was undefined behaviour (a double cast to
+// uint64_t; UBSan via fuzz/cluster_fuzz.cc). It is a one-line error naming the
+// key, from a file and from an override alike.
+TEST(Config, SizeAbove64BitsIsAnErrorNamingTheKey) {
+  const std::string huge = "1111111111111111111111111111111111124GiB";
+  auto expect_named = [](const std::function<void()>& f, const std::string& key) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error naming " << key;
+    } catch (const po::core::InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(key), std::string::npos) << what;
+      EXPECT_NE(what.find("too large"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << "not one line: " << what;
+    }
+  };
+  expect_named([&] { Config::parse("[memory]\nhost_budget = \"" + huge + "\"\n", "big.toml"); },
+               "big.toml: memory.host_budget");
+  Config c;
+  expect_named([&] { c.set_override("memory.page_size=" + huge); }, "memory.page_size");
+  expect_named([&] { c.set_override("memory.compute_budget=1e300TiB"); }, "memory.compute_budget");
+  expect_named([] { po::core::parse_size("16777216TiB", "exactly 2^64"); }, "exactly 2^64");
+  EXPECT_EQ(po::core::parse_size("16777215TiB", "x"), 16777215ull << 40);
 }

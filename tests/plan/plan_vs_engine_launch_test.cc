@@ -2,8 +2,12 @@
 // the real binary (dp ranks under mpirun), and the planner's prediction for
 // the same config is held to what the run measured:
 //   * the compute-tier peak per rank (the compute pool's high-water mark over
-//     the training steps, `memory_per_rank[r].peak`) within ±10% — it is
-//     expected to be exact, and the test prints both;
+//     the training steps, `memory_per_rank[r].peak`) equal to the byte: every
+//     layout here is engine-exact (src/plan/planner.h), whose sizes come from
+//     the engine's own rules, so any difference is a bug. The ±10% that
+//     docs/planning.md states is for what the planner does not claim exact
+//     (the analytic model: Llama shapes, tp/pp/cp), which the engine cannot
+//     train yet, so no layout here is held to it;
 //   * the step's collectives (`comm` in metrics: calls and payload bytes per
 //     operation, comm::Traffic) equal to the byte.
 #include <gtest/gtest.h>
@@ -112,12 +116,16 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
                                   [](const nlohmann::json& j) { return j.contains("memory_per_rank"); });
   ASSERT_NE(step_record, records.rend()) << c.name << ": no step record";
   const nlohmann::json& last = *step_record;
-  for (const auto& rank : last.at("memory_per_rank")) {
-    const double measured = rank.at("peak").get<double>();
-    EXPECT_NEAR(plan.compute_peak / measured, 1.0, 0.10)
-        << c.name << ": predicted peak " << plan.compute_peak << " bytes, measured " << measured;
-    std::printf("[ %-26s ] compute-tier peak: predicted %.0f, measured %.0f bytes (%.4f)\n", c.name,
-                plan.compute_peak, measured, plan.compute_peak / measured);
+  const nlohmann::json& ranks = last.at("memory_per_rank");
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(c.dp)) << c.name << ": memory_per_rank rows";
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const double measured = ranks[r].at("peak").get<double>();
+    ASSERT_GT(measured, 0) << c.name << " rank " << r << ": no compute-tier peak measured";
+    EXPECT_EQ(plan.compute_peak, measured)
+        << c.name << " rank " << r << ": predicted peak " << plan.compute_peak
+        << " bytes, measured " << measured << " (" << plan.compute_peak - measured << " bytes off)";
+    std::printf("[ %-26s ] rank %zu compute-tier peak: predicted %.0f, measured %.0f bytes\n",
+                c.name, r, plan.compute_peak, measured);
   }
 
   // Collectives: the plan's items summed per operation = the step's counters.
@@ -130,6 +138,7 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   for (const auto& [op, v] : last.at("comm").items())
     measured[op] = {v.at("calls").get<uint64_t>(), v.at("bytes").get<double>()};
   EXPECT_EQ(predicted.size(), measured.size()) << c.name << ": operations predicted vs run";
+  if (c.dp > 1) EXPECT_FALSE(measured.empty()) << c.name << ": no collectives counted at dp > 1";
   for (const auto& [op, v] : measured) {
     EXPECT_EQ(predicted[op].first, v.first) << c.name << ": " << op << " calls per step";
     EXPECT_EQ(predicted[op].second, v.second) << c.name << ": " << op << " payload bytes per step";

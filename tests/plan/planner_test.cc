@@ -182,6 +182,17 @@ TEST(Planner, ClusterFile) {
   EXPECT_NE(e.find("short.toml: [cluster] peak_tflops_bf16 is missing"), std::string::npos) << e;
   e = error_of([] { plan::parse_cluster("[cluster]\ndevices_per_node = 1e30\n", "huge.toml"); });
   EXPECT_NE(e.find("huge.toml: [cluster] devices_per_node = 1e+30 is out of range"), std::string::npos) << e;
+  // A size of 2^64 bytes or more (found by fuzz/cluster_fuzz.cc, UBSan): one line naming the key.
+  e = error_of([] {
+    plan::parse_cluster("[cluster]\ndevices_per_node = 1\n"
+                        "device_memory = \"1111111111111111111111111111111111124GiB\"\n",
+                        "overflow.toml");
+  });
+  EXPECT_NE(e.find("overflow.toml: [cluster] device_memory: size '1111111111111111111111111111111111124GiB' "
+                   "is too large"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   e = error_of([] { plan::parse_cluster("[cluster\n", "broken.toml"); });
   EXPECT_NE(e.find("broken.toml:1:"), std::string::npos) << e;
   e = error_of([] { plan::cluster_preset("tpu-v5"); });
