@@ -124,14 +124,12 @@ bool hf_dummy_prefix(const json& root, const std::string& path) {
                                                                      : std::vector<json>{*norm};
     for (const json& s : steps) {
       const std::string type = s.value("type", "");
-      if (type == "Prepend" && s.value("prepend", "") == kSpacePiece) {
-        prefix = true;
-      } else if (type == "Replace" && s.contains("pattern") && s["pattern"].value("String", "") == " " &&
-                 s.value("content", "") == kSpacePiece) {
-      } else {
-        PO_THROW(core::InvalidArgument, path, ": normalizer step '", s.dump(),
-                 "' is not Llama-2's (Prepend \"\xE2\x96\x81\", Replace \" \" -> \"\xE2\x96\x81\")");
-      }
+      const bool prepend = type == "Prepend" && s.value("prepend", "") == kSpacePiece;
+      const bool spaces = type == "Replace" && s.contains("pattern") && s["pattern"].value("String", "") == " " &&
+                          s.value("content", "") == kSpacePiece;  // what encode() always does
+      PO_CHECK(prepend || spaces, path, ": normalizer step '", s.dump(),
+               "' is not Llama-2's (Prepend \"\xE2\x96\x81\", Replace \" \" -> \"\xE2\x96\x81\")");
+      prefix = prefix || prepend;
     }
   }
   const json* pre = root.contains("pre_tokenizer") ? &root["pre_tokenizer"] : nullptr;
@@ -305,6 +303,7 @@ std::vector<int32_t> LlamaTokenizer::encode(std::string_view text, std::string_v
   const Impl& m = *impl_;
   const size_t bad = utf8_find_invalid(text);
   if (bad != text.size()) PO_THROW(core::InvalidArgument, source, ": invalid UTF-8 at byte offset ", bad);
+  PO_CHECK(text.size() < (size_t{1} << 30), source, ": text of ", text.size(), " bytes is too large to encode at once");
   if (text.empty()) return {};
   const std::string norm = (m.dummy_prefix ? std::string(kSpacePiece) : std::string()) + replace_all(text, " ", kSpacePiece);
 
