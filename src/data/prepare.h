@@ -6,7 +6,10 @@
 // per line (see brown_to_text). Directories expand to the files in them, sorted
 // by name; in brown format files that are not Brown texts (CONTENTS, README,
 // cats.txt, categories.pickle, ...) are skipped with a warning.
-// Each document is followed by <|endoftext|> (50256).
+// With GPT-2's tokenizer each document is followed by <|endoftext|> (50256);
+// with one that has a BOS (Llama: <s> = 1) each document starts with it instead.
+// The token files are llm.c's uint16 format either way, so the tokenizer's
+// vocabulary must have at most 65536 ids (checked before anything is read).
 //
 // Split: with D documents in input order and fraction f, document d (0-based) goes
 // to val iff floor((d+1)·f) > floor(d·f) — floor(D·f) documents spread evenly
@@ -31,16 +34,19 @@ struct PrepareOptions {
   double val_fraction = 0.1;        // in [0, 1)
   std::string format = "text";      // "text" | "brown"
   std::string tokenizer_root;       // see find_tokenizer_files; "" searches upwards from the cwd
+  std::string tokenizer;            // see load_tokenizer (a tokenizer.json, tokenizer.bin, GPT-2
+                                    // files or directory); "" = GPT-2 from tokenizer_root
 };
 
 struct PrepareResult {
   std::string train_path, val_path;
-  int64_t train_tokens = 0, val_tokens = 0;        // including the <|endoftext|> separators
+  int64_t train_tokens = 0, val_tokens = 0;        // including the separators (EOS or BOS)
   int64_t train_documents = 0, val_documents = 0;  // whole documents (0 val documents: token-tail split)
 };
 
-// Throws InvalidArgument for bad options, a missing input, or invalid UTF-8
-// (naming the file and byte offset); IoError if reading or writing fails.
+// Throws InvalidArgument for bad options, a missing input, a bad tokenizer or one
+// with over 65536 ids, or invalid UTF-8 (naming the file and byte offset);
+// IoError if reading or writing fails.
 PrepareResult prepare(const PrepareOptions& options);
 
 // Plain text of one Brown corpus file: tags stripped ("The/at" -> "The"),

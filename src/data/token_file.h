@@ -18,6 +18,8 @@ inline constexpr int32_t kTokenFileMagic = 20240520;
 inline constexpr int32_t kTokenFileVersion = 1;
 inline constexpr size_t kTokenFileHeaderInts = 256;
 inline constexpr size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * sizeof(int32_t);
+// Ids are uint16: a vocabulary of at most this many ids fits.
+inline constexpr int32_t kTokenFileMaxVocab = 65536;
 
 // Writes `tokens` to `path` atomically. Throws InvalidArgument if an id does not
 // fit in uint16, IoError (naming the file) if writing fails.

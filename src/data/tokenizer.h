@@ -6,14 +6,18 @@
 // matched by hand with JS regex semantics, then byte-level BPE by merge rank on
 // each pretoken. The reference looks merge ranks up by the string "first,second",
 // so a few pairs that contain commas collide with a real merge; we reproduce that.
+// It is one of the engine's TextTokenizers (no BOS; <|endoftext|> is the EOS).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "data/text_tokenizer.h"
 
 namespace po::data {
 
@@ -29,7 +33,7 @@ struct TokenizerFiles {
 // InvalidArgument naming the places looked at (and the set-up script) if absent.
 TokenizerFiles find_tokenizer_files(const std::string& path = "");
 
-class Tokenizer {
+class Tokenizer final : public TextTokenizer {
  public:
   static constexpr int32_t kEndOfText = 50256;  // "<|endoftext|>", the document separator
   static constexpr int32_t kVocabSize = 50257;
@@ -38,7 +42,7 @@ class Tokenizer {
   explicit Tokenizer(const TokenizerFiles& files);
   // Same as Tokenizer(find_tokenizer_files(path)).
   static Tokenizer load(const std::string& path = "");
-  ~Tokenizer();
+  ~Tokenizer() override;
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
@@ -46,15 +50,20 @@ class Tokenizer {
   // text is ordinary text (as in the reference). Invalid UTF-8 throws
   // InvalidArgument naming `source` and the byte offset. Not thread-safe: it
   // memoises BPE results per pretoken; use one Tokenizer per thread.
-  std::vector<int32_t> encode(std::string_view text, std::string_view source = "<text>");
+  std::vector<int32_t> encode(std::string_view text, std::string_view source = "<text>") override;
 
   // Bytes of the ids concatenated (may end in an incomplete UTF-8 sequence if
   // the ids do). Throws InvalidArgument for an id outside [0, vocab_size()).
-  std::string decode(std::span<const int32_t> ids) const;
+  std::string decode(std::span<const int32_t> ids) const override;
   // Bytes of one token.
   const std::string& token_bytes(int32_t id) const;
 
-  int32_t vocab_size() const;
+  int32_t vocab_size() const override;
+  // TextTokenizer: token_bytes(id) as a copy; no BOS; EOS = kEndOfText; "gpt2".
+  std::string piece_bytes(int32_t id) const override { return token_bytes(id); }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  int32_t eos_id() const override { return kEndOfText; }
+  std::string_view kind() const override { return "gpt2"; }
   // Number of distinct pretokens memoised so far.
   size_t cache_size() const;
 

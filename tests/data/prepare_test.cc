@@ -1,7 +1,9 @@
-// prepare(): document split, <|endoftext|> separators, the Brown format, and
-// errors that leave existing outputs alone.
+// prepare(): document split, <|endoftext|> separators (GPT-2) or a leading BOS
+// (Llama), the Brown format, the uint16 vocabulary limit, and errors that leave
+// existing outputs alone.
 #include "data/prepare.h"
 
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -9,7 +11,9 @@
 #include "core/error.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "data/llama_tokenizer.h"
 #include "data_test_util.h"
+#include "llama_test_util.h"
 
 namespace po::data {
 namespace {
@@ -145,6 +149,67 @@ TEST(Prepare, BadOptions) {
   o.val_fraction = 0.1;
   o.format = "csv";
   EXPECT_THROW(prepare(o), core::InvalidArgument);
+}
+
+TEST(Prepare, LlamaTokenizerStartsDocumentsWithBos) {
+  ASSERT_FALSE(testing::llama_fixture_dir().empty()) << testing::kLlamaSetupHint;
+  ScratchDir dir;
+  const std::vector<std::string> texts = {"First document.\n", "Second one, café.\n"};
+  for (const char* file : {"tokenizer.json", "tokenizer.bin"}) {
+    PrepareOptions o;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::string name = "d";  // appended: GCC 12 warns falsely on "d" + std::string
+      name += std::to_string(i) + ".txt";
+      o.inputs.push_back(dir.file(name));
+      write_file(o.inputs.back(), texts[i]);
+    }
+    o.out_dir = dir.file(std::string("out_") + file);
+    o.val_fraction = 0.5;
+    o.tokenizer = testing::llama_fixture_dir() + "/" + file;
+    PrepareResult r = prepare(o);
+    LlamaTokenizer llama = LlamaTokenizer::from_hf_json(testing::llama_fixture_dir() + "/tokenizer.json");
+    auto llama_doc = [&](const std::string& text) { return cat({LlamaTokenizer::kBos}, llama.encode(text)); };
+    TokenFile train(r.train_path, 32000), val(r.val_path, 32000);
+    EXPECT_EQ(std::vector<int32_t>(train.tokens().begin(), train.tokens().end()), llama_doc(texts[0])) << file;
+    EXPECT_EQ(std::vector<int32_t>(val.tokens().begin(), val.tokens().end()), llama_doc(texts[1])) << file;
+    EXPECT_EQ(r.train_tokens + r.val_tokens, static_cast<int64_t>(train.size() + val.size()));
+  }
+}
+
+TEST(Prepare, VocabularyOverUint16IsAnError) {
+  // A llama2.c tokenizer.bin with 65537 pieces: the specials, the 256 bytes, filler.
+  auto record = [](const std::string& piece) {
+    std::string r(8, '\0');
+    const float score = 0;
+    const auto len = static_cast<int32_t>(piece.size());
+    std::memcpy(r.data(), &score, 4);
+    std::memcpy(r.data() + 4, &len, 4);
+    return r + piece;
+  };
+  std::string bin(4, '\0');
+  bin[0] = 16;
+  for (const char* s : {"<unk>", "\n<s>\n", "\n</s>\n"}) bin += record(s);
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    bin += record(buf);
+  }
+  for (int i = 3 + 256; i < 65537; ++i) bin += record(std::to_string(i) + "p");
+  ScratchDir dir;
+  write_file(dir.file("big.bin"), bin);
+  write_file(dir.file("a.txt"), "text");
+  PrepareOptions o;
+  o.inputs = {dir.file("a.txt")};
+  o.out_dir = dir.file("out");
+  o.tokenizer = dir.file("big.bin");
+  try {
+    prepare(o);
+    ADD_FAILURE() << "no error for a 65537-id vocabulary";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("65537 ids, more than the 65536"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("big.bin"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir));
 }
 
 }  // namespace
