@@ -80,6 +80,8 @@ struct ConfigValues {
     PO_CHECK(j[key].is_boolean(), path, ": ", key, " = ", j[key].dump(), " is not true or false");
     return j[key].get<bool>();
   }
+  // "config.json " when there is one, for messages.
+  std::string prefix() const { return path.empty() ? "" : std::string(kConfig) + " "; }
 };
 
 std::optional<RopeScaling> parse_rope_scaling(const ConfigValues& c) {
@@ -108,25 +110,11 @@ std::optional<RopeScaling> parse_rope_scaling(const ConfigValues& c) {
   return s;
 }
 
-// A stated value: from config.json (checked against the tensors by the caller)
-// or from a tensor; `evidence` says which, for messages.
-struct Stated {
-  int64_t value;
-  std::string evidence;
-};
-
-}  // namespace
-
-std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
-                                                   const LlamaOverrides& ov) {
-  const bool dir = is_directory(path);
-  std::unique_ptr<HfLlamaReader> r(
-      new HfLlamaReader(dir ? LlamaFormat::kHfDirectory : LlamaFormat::kSafetensors, path));
-  const std::string base = dir ? path : dir_of(path);
-
-  // The files and which holds what.
+// Maps the files of `path` and which holds what (rotary_emb.inv_freq dropped).
+void map_files(const std::string& path, bool dir, const std::string& base,
+               std::vector<SafetensorsReader>& files, std::map<std::string, size_t>& where) {
   if (!dir) {
-    r->files_.push_back(SafetensorsReader::open(path));
+    files.push_back(SafetensorsReader::open(path));
   } else if (exists(join(base, kIndex))) {
     const std::string index_path = join(base, kIndex);
     Json index = read_json(index_path);
@@ -144,42 +132,42 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
         if (!exists(shard_path))
           PO_THROW(core::IoError, index_path, ": shard ", shard, " (holding '", name,
                    "') is missing: no ", shard_path);
-        r->files_.push_back(SafetensorsReader::open(shard_path));
-        it = shard_index.emplace(shard, r->files_.size() - 1).first;
+        files.push_back(SafetensorsReader::open(shard_path));
+        it = shard_index.emplace(shard, files.size() - 1).first;
       }
-      PO_CHECK(r->files_[it->second].has(name), index_path, ": weight_map puts '", name, "' in ",
+      PO_CHECK(files[it->second].has(name), index_path, ": weight_map puts '", name, "' in ",
                shard, ", which has no such tensor");
-      r->where_[name] = it->second;
+      where[name] = it->second;
     }
   } else if (exists(join(base, kSingle))) {
-    r->files_.push_back(SafetensorsReader::open(join(base, kSingle)));
+    files.push_back(SafetensorsReader::open(join(base, kSingle)));
   } else {
     PO_THROW(core::IoError, path, ": neither ", kSingle, " nor ", kIndex, " in the directory");
   }
-  if (r->where_.empty())
-    for (const auto& name : r->files_[0].names()) r->where_[name] = 0;
-  for (auto it = r->where_.begin(); it != r->where_.end();)
-    it = ends_with(it->first, ".rotary_emb.inv_freq") ? r->where_.erase(it) : std::next(it);
+  if (where.empty())
+    for (const auto& name : files[0].names()) where[name] = 0;
+  for (auto it = where.begin(); it != where.end();)
+    it = ends_with(it->first, ".rotary_emb.inv_freq") ? where.erase(it) : std::next(it);
+}
 
-  ConfigValues c;
-  if (exists(join(base, kConfig))) {
-    c.path = join(base, kConfig);
-    c.j = read_json(c.path);
-  }
-  const std::string cfg = c.path.empty() ? "" : std::string(kConfig) + " ";
-
+// The fields the tensors state (sizes, layers, kv heads) and the head count,
+// config.json checked against the tensors and the overrides against both.
+void resolve_tensor_fields(const std::string& path, const ConfigValues& c, const LlamaOverrides& ov,
+                           const std::vector<SafetensorsReader>& files,
+                           const std::map<std::string, size_t>& where, LlamaShape& s) {
+  const std::string cfg = c.prefix();
   // What the tensors state.
   auto tensor = [&](const std::string& name) -> const StTensor& {
-    auto it = r->where_.find(name);
-    PO_CHECK(it != r->where_.end(), path, ": missing tensor '", name, "'");
-    const StTensor& t = r->files_[it->second].get(name);
-    PO_CHECK(t.shape.size() == 2, r->files_[it->second].origin(), ": tensor '", name,
+    auto it = where.find(name);
+    PO_CHECK(it != where.end(), path, ": missing tensor '", name, "'");
+    const StTensor& t = files[it->second].get(name);
+    PO_CHECK(t.shape.size() == 2, files[it->second].origin(), ": tensor '", name,
              "' has shape ", tensor::shape_str(t.shape), ", expected 2 dimensions");
     return t;
   };
   const StTensor& emb = tensor("model.embed_tokens.weight");
   int64_t n_layer_t = 0;
-  for (const auto& [name, _] : r->where_) {
+  for (const auto& [name, _] : where) {
     if (name.rfind("model.layers.", 0) != 0) continue;
     const std::string rest = name.substr(13);
     const size_t dot = rest.find('.');
@@ -194,10 +182,8 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
   const StTensor& gate = tensor("model.layers.0.mlp.gate_proj.weight");
   const StTensor& q = tensor("model.layers.0.self_attn.q_proj.weight");
   const StTensor& k = tensor("model.layers.0.self_attn.k_proj.weight");
-  const bool has_head = r->where_.count("lm_head.weight") != 0;
 
   // config.json against the tensors, then the overrides against both.
-  LlamaShape s;
   auto resolve = [&](const char* key, const char* ov_key, const std::optional<int64_t>& ov_value,
                      int64_t tensor_value, const std::string& tensor_evidence) {
     std::optional<int64_t> cv = c.integer(key);
@@ -249,13 +235,21 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
                               kv_c ? core::str_cat(cfg, "num_key_value_heads = ", *kv_c) : kv_evidence);
   s.n_kv_head = kv_t;
 
+}
+
+// The tie (config.json, else the missing lm_head) and the fields only
+// config.json states. A tied model's stored lm_head is dropped from `where`.
+void resolve_config_fields(const std::string& path, const ConfigValues& c, const LlamaOverrides& ov,
+                           std::map<std::string, size_t>& where, LlamaShape& s) {
+  const std::string cfg = c.prefix();
+  const bool has_head = where.count("lm_head.weight") != 0;
   // Tie: config.json says (default false), else the missing lm_head does.
   std::optional<bool> tie_c = c.boolean("tie_word_embeddings");
   if (!c.path.empty() && !tie_c) tie_c = false;
   if (tie_c) {
     PO_CHECK(*tie_c || has_head, c.path, ": tie_word_embeddings = false",
              c.boolean("tie_word_embeddings") ? "" : " (absent)", " but lm_head.weight is missing");
-    if (*tie_c) r->where_.erase("lm_head.weight");
+    if (*tie_c) where.erase("lm_head.weight");
   }
   s.tie_word_embeddings = tie_c ? *tie_c : !has_head;
   detail::override_must_match(
@@ -287,15 +281,18 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
     s.max_seq_len = ov.max_seq_len.value_or(2048);
   }
   s.rope_scaling = parse_rope_scaling(c);
-  r->set_shape(s);
+}
 
-  // Every tensor: present, shaped, of a float dtype; nothing else.
+// Every tensor of the model: present, shaped, of a float dtype; nothing else.
+void check_tensors(const std::string& path, const std::vector<LlamaTensorInfo>& tensors,
+                   const std::vector<SafetensorsReader>& files,
+                   const std::map<std::string, size_t>& where, const LlamaShape& s) {
   std::set<std::string> expected;
-  for (const auto& info : r->tensors()) {
+  for (const auto& info : tensors) {
     expected.insert(info.name);
-    auto it = r->where_.find(info.name);
-    PO_CHECK(it != r->where_.end(), path, ": missing tensor '", info.name, "'");
-    const SafetensorsReader& f = r->files_[it->second];
+    auto it = where.find(info.name);
+    PO_CHECK(it != where.end(), path, ": missing tensor '", info.name, "'");
+    const SafetensorsReader& f = files[it->second];
     const StTensor& t = f.get(info.name);
     PO_CHECK(t.shape == info.shape, f.origin(), ": tensor '", info.name, "' has shape ",
              tensor::shape_str(t.shape), ", expected ", tensor::shape_str(info.shape),
@@ -305,9 +302,30 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
              f.origin(), ": tensor '", info.name, "' has dtype ", st_dtype_name(t.dtype),
              "; F32, BF16 or F16 expected");
   }
-  for (const auto& [name, idx] : r->where_)
-    PO_CHECK(expected.count(name) != 0, r->files_[idx].origin(), ": unexpected tensor '", name,
+  for (const auto& [name, idx] : where)
+    PO_CHECK(expected.count(name) != 0, files[idx].origin(), ": unexpected tensor '", name,
              "': not part of a Llama of this shape (", s.n_layer, " layers, no biases)");
+}
+
+}  // namespace
+
+std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
+                                                   const LlamaOverrides& ov) {
+  const bool dir = is_directory(path);
+  std::unique_ptr<HfLlamaReader> r(
+      new HfLlamaReader(dir ? LlamaFormat::kHfDirectory : LlamaFormat::kSafetensors, path));
+  const std::string base = dir ? path : dir_of(path);
+  map_files(path, dir, base, r->files_, r->where_);
+  ConfigValues c;
+  if (exists(join(base, kConfig))) {
+    c.path = join(base, kConfig);
+    c.j = read_json(c.path);
+  }
+  LlamaShape s;
+  resolve_tensor_fields(path, c, ov, r->files_, r->where_, s);
+  resolve_config_fields(path, c, ov, r->where_, s);
+  r->set_shape(s);
+  check_tensors(path, r->tensors(), r->files_, r->where_, s);
   return r;
 }
 

@@ -4,9 +4,6 @@
 
 #include <sys/stat.h>
 
-#include <cstring>
-#include <fstream>
-
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/llama2c.h"
 #include "core/error.h"
