@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/atomic_file.h"
@@ -113,6 +114,73 @@ std::string build_header(const std::vector<StTensorRef>& tensors,
   } catch (const Json::exception& e) {  // e.g. a name that is not valid UTF-8
     PO_THROW(core::InvalidArgument, "safetensors: cannot encode header: ", e.what());
   }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  store_le64(out.data(), text.size());
+  out += text;
+  *data_bytes = offset;
+  return out;
+}
+
+// A JSON string literal as serde_json writes it: the same escapes as
+// nlohmann's dump() (\" \\ \b \f \n \r \t, other controls \u00xx in lower
+// case, UTF-8 passed through).
+std::string json_string(const std::string& s) {
+  try {
+    return Json(s).dump();
+  } catch (const Json::exception& e) {  // not valid UTF-8
+    PO_THROW(core::InvalidArgument, "safetensors: cannot encode '", s, "': ", e.what());
+  }
+}
+
+// Hugging Face's order: descending dtype, then name.
+std::vector<StTensorRef> hf_order(const std::vector<StTensorRef>& tensors) {
+  std::vector<StTensorRef> sorted = tensors;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const StTensorRef& a, const StTensorRef& b) {
+    if (a.dtype != b.dtype) return a.dtype > b.dtype;
+    return a.name < b.name;
+  });
+  return sorted;
+}
+
+// The header of serialize_safetensors_hf for tensors already in HF's order.
+std::string build_header_hf(const std::vector<StTensorRef>& tensors,
+                            const std::map<std::string, std::string>& metadata,
+                            uint64_t* data_bytes) {
+  std::string text = "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    text += "\"__metadata__\":{";
+    for (const auto& [k, v] : metadata) {
+      if (!first) text += ',';
+      first = false;
+      text += json_string(k) + ':' + json_string(v);
+    }
+    text += '}';
+    first = false;
+  }
+  uint64_t offset = 0;
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    PO_CHECK(!t.name.empty(), "safetensors: empty tensor name");
+    PO_CHECK(t.name != kMetadataKey, "safetensors: tensor name '", t.name, "' is reserved");
+    PO_CHECK(seen.insert(t.name).second, "safetensors: duplicate tensor name '", t.name, "'");
+    auto bytes = byte_size(t.shape, st_dtype_size(t.dtype));
+    PO_CHECK(bytes.has_value(), "safetensors: tensor '", t.name, "' has invalid shape ",
+             tensor::shape_str(t.shape));
+    PO_CHECK(*bytes == 0 || t.data != nullptr, "safetensors: tensor '", t.name, "' has no data");
+    if (!first) text += ',';
+    first = false;
+    text += json_string(t.name) + ":{\"dtype\":\"" + st_dtype_name(t.dtype) + "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      if (i > 0) text += ',';
+      text += std::to_string(t.shape[i]);
+    }
+    text += "],\"data_offsets\":[" + std::to_string(offset) + ',' +
+            std::to_string(offset + *bytes) + "]}";
+    offset += *bytes;
+  }
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   store_le64(out.data(), text.size());
@@ -348,6 +416,33 @@ std::string serialize_safetensors(const std::vector<StTensorRef>& tensors,
     if (bytes > 0) out.append(static_cast<const char*>(t.data), bytes);
   }
   return out;
+}
+
+std::string serialize_safetensors_hf(const std::vector<StTensorRef>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
+  const std::vector<StTensorRef> sorted = hf_order(tensors);
+  uint64_t data_bytes = 0;
+  std::string out = build_header_hf(sorted, metadata, &data_bytes);
+  out.reserve(out.size() + data_bytes);
+  for (const auto& t : sorted) {
+    size_t bytes = static_cast<size_t>(*byte_size(t.shape, st_dtype_size(t.dtype)));
+    if (bytes > 0) out.append(static_cast<const char*>(t.data), bytes);
+  }
+  return out;
+}
+
+void write_safetensors_hf(const std::string& path, const std::vector<StTensorRef>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  const std::vector<StTensorRef> sorted = hf_order(tensors);
+  uint64_t data_bytes = 0;
+  const std::string header = build_header_hf(sorted, metadata, &data_bytes);
+  write_file_atomic(path, [&](AtomicFile& f) {
+    f.write(header.data(), header.size());
+    for (const auto& t : sorted) {
+      size_t bytes = static_cast<size_t>(*byte_size(t.shape, st_dtype_size(t.dtype)));
+      if (bytes > 0) f.write(t.data, bytes);
+    }
+  });
 }
 
 }  // namespace po::checkpoint

@@ -12,7 +12,8 @@
 //
 // The writer lays tensors out in the order given, pads the header with spaces
 // to a multiple of 8 bytes (so our own files have aligned data) and writes the
-// file atomically (atomic_file.h).
+// file atomically (atomic_file.h). The _hf writer instead reproduces byte for
+// byte what the Hugging Face library writes (see write_safetensors_hf).
 #pragma once
 
 #include <cstddef>
@@ -111,5 +112,19 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
 // The same file image in memory (tests, fuzz seeds).
 std::string serialize_safetensors(const std::vector<StTensorRef>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+
+// The file image that Hugging Face's safetensors library (its Rust `serialize`,
+// which `safetensors.torch.save_file` calls) makes of the same tensors, byte for
+// byte: tensors sorted by dtype, widest first in the spec's dtype order (the
+// order of StDtype), ties by name (bytewise); the header compact JSON as
+// serde_json writes it, "__metadata__" first, then each tensor in data order as
+// {"dtype":"F32","shape":[..],"data_offsets":[begin,end]}; spaces pad it to a
+// multiple of 8 bytes. The library keeps "__metadata__" in a hash map, so with
+// two or more keys its order is unspecified; ours is sorted by key. Errors as
+// write_safetensors.
+std::string serialize_safetensors_hf(const std::vector<StTensorRef>& tensors,
+                                     const std::map<std::string, std::string>& metadata = {});
+void write_safetensors_hf(const std::string& path, const std::vector<StTensorRef>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace po::checkpoint
