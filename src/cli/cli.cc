@@ -20,7 +20,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/prepare.h"
+#include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
+#include "checkpoint/safetensors.h"
 #include "model/transformer.h"
 #include "plan/planner.h"
 #include "train/generate.h"
@@ -105,9 +107,37 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
   return 0;
 }
 
-// A model holding the weights of a checkpoint (any layout wrote it) or run directory.
-model::Transformer load_model(const std::string& ckpt_or_run, int64_t batch) {
-  const std::string path = train::resolve_checkpoint(ckpt_or_run);
+// A model holding the weights of a checkpoint (any layout wrote it) or run
+// directory, or of a Hugging Face Llama directory or safetensors file, a GPT-2
+// safetensors file, or a llama2.c .bin.
+model::Transformer load_model(const std::string& src, int64_t batch) {
+  std::error_code ec;
+  const bool run_or_ckpt = fs::is_directory(src, ec) && (fs::exists(fs::path(src) / "manifest.json", ec) ||
+                                                         fs::exists(fs::path(src) / "checkpoints", ec));
+  if (!run_or_ckpt && fs::exists(src, ec)) {
+    model::TransformerConfig m;
+    if (train::is_llama_weights(src)) {
+      m = train::llama_file_config(src, nullptr);
+    } else {  // GPT-2 safetensors: the shapes of the file
+      const auto f = checkpoint::SafetensorsReader::open(src);
+      const std::string pre = f.has("wte.weight") ? "" : "transformer.";
+      PO_CHECK(f.has(pre + "wte.weight"), src, ": neither GPT-2 (wte.weight) nor Llama "
+               "(model.embed_tokens.weight) tensors");
+      m = model::TransformerConfig::arch_defaults("gpt2");
+      const auto& wte = f.get(pre + "wte.weight");
+      const auto& wpe = f.get(pre + "wpe.weight");
+      m.vocab_size = wte.shape[0];
+      m.n_embd = wte.shape[1];
+      m.seq_len = wpe.shape[0];
+      while (f.has(pre + "h." + std::to_string(m.n_layer) + ".ln_1.weight")) ++m.n_layer;
+      m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
+      m.fill_derived();
+    }
+    model::Transformer model(m, batch, m.seq_len);
+    train::load_model_weights(src, model);
+    return model;
+  }
+  const std::string path = train::resolve_checkpoint(src);
   core::Config cfg = train::checkpoint_config(path);
   model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
@@ -119,19 +149,28 @@ model::Transformer load_model(const std::string& ckpt_or_run, int64_t batch) {
 
 int cmd_export(const std::string& src, const std::string& out) {
   model::Transformer model = load_model(src, 1);
-  checkpoint::save_gpt2_safetensors(out, model);
+  train::export_model_weights(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
               static_cast<long long>(model.num_params()));
   return 0;
 }
 
-int cmd_generate(const std::string& src, const std::string& prompt, train::SampleOptions o) {
+int cmd_generate(const std::string& src, const std::string& prompt, const std::string& tokenizer,
+                 bool print_ids, train::SampleOptions o) {
   model::Transformer model = load_model(src, 1);
-  data::Tokenizer tok = data::Tokenizer::load(tokenizer_root());
-  std::vector<int32_t> ids = tok.encode(prompt, "--prompt");
-  if (ids.empty()) ids.push_back(data::Tokenizer::kEndOfText);
+  const auto tok = data::load_tokenizer(tokenizer.empty() ? tokenizer_root() : tokenizer);
+  std::vector<int32_t> ids;
+  if (tok->bos_id()) ids.push_back(*tok->bos_id());  // Llama: prompts start with BOS
+  for (int32_t id : tok->encode(prompt, "--prompt")) ids.push_back(id);
+  if (ids.empty()) ids.push_back(tok->eos_id());  // GPT-2: <|endoftext|> starts a document
+  if (o.stop_token < 0 && tok->bos_id()) o.stop_token = tok->eos_id();
   std::vector<int32_t> out = train::sample(model, ids, o);
-  std::printf("%s%s\n", prompt.c_str(), tok.decode(out).c_str());
+  std::printf("%s%s\n", prompt.c_str(), tok->decode(out).c_str());
+  if (print_ids) {
+    std::printf("ids:");
+    for (int32_t id : out) std::printf(" %d", id);
+    std::printf("\n");
+  }
   return 0;
 }
 
@@ -151,7 +190,7 @@ struct PlanOptions {
 // the cluster's devices) planned on a cluster preset or file.
 int cmd_plan(const PlanOptions& o) {
   const core::Config cfg = core::Config::load(o.config_path, o.sets);
-  const plan::ModelSpec model = plan::model_from_config(cfg);
+  const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), cfg.get_string("model.preset"));
   plan::Layout layout = plan::layout_from_config(cfg, model);
   // A preset's node count follows the layout unless --nodes says otherwise;
   // a cluster file's is its own.
@@ -259,7 +298,15 @@ int run(int argc, char** argv) {
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   std::string prompt;
   train::SampleOptions so;
-  gen->add_option("source", src, "Checkpoint directory or run directory")->required();
+  gen->add_option("source", src,
+                  "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a "
+                  "llama2.c .bin")
+      ->required();
+  std::string gen_tokenizer;
+  bool print_ids = false;
+  gen->add_option("--tokenizer", gen_tokenizer,
+                  "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+  gen->add_flag("--print-ids", print_ids, "Also print the generated token ids");
   gen->add_option("--prompt", prompt, "Prompt text")->required();
   gen->add_option("--max-new-tokens", so.max_new_tokens)->check(CLI::NonNegativeNumber);
   gen->add_option("--temperature", so.temperature)->check(CLI::NonNegativeNumber);
@@ -296,7 +343,7 @@ int run(int argc, char** argv) {
     }
     if (*pl) return cmd_plan(plo);
     if (*ex) return cmd_export(src, out);
-    if (*gen) return cmd_generate(src, prompt, so);
+    if (*gen) return cmd_generate(src, prompt, gen_tokenizer, print_ids, so);
     if (*ck_info) {
       std::fputs(checkpoint::format_manifest(train::resolve_checkpoint(src)).c_str(), stdout);
       return 0;

@@ -32,8 +32,22 @@ const std::vector<KeySpec>& schema() {
       {"model.n_layer", Kind::kInt, int64_t{0}, 0, 1024},
       {"model.n_embd", Kind::kInt, int64_t{0}, 0, 1 << 16},
       {"model.n_head", Kind::kInt, int64_t{0}, 0, 1024},
-      {"model.vocab_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"model.vocab_size", Kind::kInt, int64_t{0}, 0, 1 << 24},
       {"model.seq_len", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"model.arch", Kind::kString, std::string("")},  // "" = the preset's
+      {"model.n_kv_head", Kind::kInt, int64_t{0}, 0, 1024},
+      {"model.ffn_hidden", Kind::kInt, int64_t{0}, 0, 1 << 20},
+      {"model.norm", Kind::kString, std::string("")},       // layernorm | rmsnorm
+      {"model.norm_eps", Kind::kFloat, 0.0, 0, 1},
+      {"model.positions", Kind::kString, std::string("")},  // learned | rope
+      {"model.rope_theta", Kind::kFloat, 0.0, 0, 1e12},
+      {"model.rope_scaling_factor", Kind::kFloat, 0.0, 0, 1e6},  // Llama-3.1; 0 = off
+      {"model.rope_low_freq_factor", Kind::kFloat, 1.0, 0, 1e6},
+      {"model.rope_high_freq_factor", Kind::kFloat, 4.0, 0, 1e6},
+      {"model.rope_original_max_position", Kind::kInt, int64_t{8192}, 1, 1 << 24},
+      {"model.mlp", Kind::kString, std::string("")},  // gelu | swiglu
+      {"model.bias", Kind::kBool, true},
+      {"model.tie_embeddings", Kind::kBool, true},
       {"model.init", Kind::kString, std::string("random")},
       {"model.activation_checkpointing", Kind::kBool, false},
       {"train.batch_size", Kind::kInt, int64_t{8}, 1, 1 << 20},

@@ -562,14 +562,15 @@ void DataParallel::backward_done(const int32_t* tokens) {
 // rank order (as ops::embedding_backward does for fp32).
 void DataParallel::add_lookup_rows_bf16() {
   const int64_t C = model_.config().n_embd, T = model_.seq_len();
-  uint16_t* wte = units_->full_grads() + model_.param("wte.weight").offset;
-  uint16_t* wpe = units_->full_grads() + model_.param("wpe.weight").offset;
+  const model::TensorSpec* pos = model_.layout().position_embedding();
+  uint16_t* wte = units_->full_grads() + model_.layout().token_embedding().offset;
+  uint16_t* wpe = pos ? units_->full_grads() + pos->offset : nullptr;
   const auto rows = static_cast<int64_t>(lookup_rows_);
   const auto* tokens = static_cast<const int32_t*>(lookup_tokens_.data());
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = lookup_grads_.f32() + r * C;
     ops::bf16_add_f32(wte + static_cast<int64_t>(tokens[r]) * C, g, C);
-    ops::bf16_add_f32(wpe + (r % T) * C, g, C);
+    if (wpe) ops::bf16_add_f32(wpe + (r % T) * C, g, C);
   }
 }
 
@@ -595,8 +596,9 @@ double DataParallel::step(double lr) {
       if (bf16()) {
         add_lookup_rows_bf16();
       } else {
-        ops::embedding_backward(model_.grads() + model_.param("wte.weight").offset,
-                                model_.grads() + model_.param("wpe.weight").offset,
+        const model::TensorSpec* pos = model_.layout().position_embedding();
+        ops::embedding_backward(model_.grads() + model_.layout().token_embedding().offset,
+                                pos ? model_.grads() + pos->offset : nullptr,
                                 lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
                                 model_.batch() * layout_.ranks(), model_.seq_len(),
                                 model_.config().n_embd);

@@ -41,14 +41,8 @@ size_t UnitBuffers::Pool::bytes() const {
   return n;
 }
 
-std::vector<int> UnitBuffers::gather_order(int units) {
-  const int L = units - 2;
-  std::vector<int> order = {0};                      // embedding forward
-  for (int u = 1; u <= L; ++u) order.push_back(u);   // block forwards
-  order.push_back(0);                                // the tied head ...
-  order.push_back(L + 1);                            // ... and the final LayerNorm
-  for (int u = L; u >= 1; --u) order.push_back(u);   // block backwards
-  return order;
+std::vector<int> UnitBuffers::gather_order(const model::Layout& layout) {
+  return layout.param_visit_order();
 }
 
 UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, comm::Communicator* group,
@@ -68,7 +62,7 @@ UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, c
   PO_CHECK(options.grads == Grads::kReduceScatter || !options.shard_params,
            "UnitBuffers: sharded parameters need sharded gradients (ZeRO-3)");
   const int units = model.num_units();
-  order_ = gather_order(units);
+  order_ = gather_order(model.layout());
   next_ = issued_ = static_cast<int>(order_.size());    // nothing expected before a pass starts
   active_.assign(static_cast<size_t>(units), nullptr);
   acc_.assign(static_cast<size_t>(units), nullptr);

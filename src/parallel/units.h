@@ -167,9 +167,9 @@ class UnitBuffers {
   // oldest (bounds the accumulators held).
   static constexpr size_t kMaxReductionsInFlight = 2;
 
-  // The units a forward_backward gathers, in order (model/transformer.h's hooks):
-  // 0, 1..L, 0, L+1, L..1 for `units` = L + 2.
-  static std::vector<int> gather_order(int units);
+  // The units a forward_backward gathers, in order: the declared schedule's
+  // (model::Layout::param_visit_order; tied 0, 1..L, 0, L+1, L..1).
+  static std::vector<int> gather_order(const model::Layout& layout);
   // The pools' size class: a free buffer of `buffer` bytes serves a request
   // of `request` bytes (at least 4) when request <= buffer <= 2 * request.
   static size_t pool_request(size_t bytes) { return std::max<size_t>(bytes, 4); }

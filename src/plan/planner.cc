@@ -54,29 +54,6 @@ double zero_model_state_bytes(double psi, int ranks, int stage) {
   }
 }
 
-ModelSpec model_from_config(const core::Config& cfg) {
-  ModelSpec m = model_preset(cfg.get_string("model.preset"));
-  auto over = [&](const char* key, int64_t& field) {
-    if (cfg.is_set(key) && cfg.get_int(key) > 0) field = cfg.get_int(key);
-  };
-  const int64_t heads = m.n_head, embd = m.n_embd;
-  over("model.n_layer", m.n_layer);
-  over("model.n_embd", m.n_embd);
-  over("model.n_head", m.n_head);
-  over("model.vocab_size", m.vocab);
-  over("model.seq_len", m.seq_len);
-  if (m.arch == Arch::kGPT2) {
-    m.n_kv_head = m.n_head;
-    m.ffn = 4 * m.n_embd;
-  } else if (m.n_head != heads || m.n_embd != embd) {
-    m.n_kv_head = std::min(m.n_kv_head, m.n_head);
-  }
-  PO_CHECK(m.n_layer >= 1 && m.n_embd >= 1 && m.n_head >= 1, "model: n_layer, n_embd and n_head must be >= 1");
-  PO_CHECK(m.n_embd % m.n_head == 0, "model.n_head = ", m.n_head, " must divide model.n_embd = ",
-           m.n_embd);
-  return m;
-}
-
 Layout layout_from_config(const core::Config& cfg, const ModelSpec& model) {
   Layout l;
   l.dp = static_cast<int>(cfg.get_int("parallel.dp"));
@@ -209,8 +186,10 @@ class PoolReplay {
 // sizes once every buffer they will keep exists. Reductions are assumed to
 // complete only when waited for (the most buffers they can hold).
 struct UnitReplay {
-  UnitReplay(const parallel::ShardLayout& l, const Layout& o, bool paged_shards, bool deferred)
+  UnitReplay(const parallel::ShardLayout& l, const Layout& o, bool paged_shards, bool deferred,
+             const model::TransformerConfig& config)
       : layout(l),
+        engine(config),
         stage(o.zero_stage),
         prefetch(o.prefetch),
         bf16(o.bf16),
@@ -222,6 +201,7 @@ struct UnitReplay {
     init();
   }
   const parallel::ShardLayout& layout;
+  const model::TransformerConfig& engine;
   int stage, prefetch;
   bool bf16, reduce_bf16, overlap, grouped, paged, defer;
   PoolReplay gather, work, acc;
@@ -248,7 +228,7 @@ struct UnitReplay {
     return b + static_cast<double>(layout.stride(u)) * wire;
   }
   void init() {
-    order = parallel::UnitBuffers::gather_order(layout.num_units());
+    order = parallel::UnitBuffers::gather_order(po::model::Layout(engine));
     next = issued = static_cast<int>(order.size());
     active.assign(static_cast<size_t>(layout.num_units()), {0, -1});
     acc_of.assign(static_cast<size_t>(layout.num_units()), -1);
@@ -432,7 +412,7 @@ void engine_plan(Plan& p) {
   // Gathered-unit buffers and accumulators (UnitBuffers' pools, replayed).
   double gathered = 0, accumulators = 0;
   if (has_units) {
-    UnitReplay r(layout, l, paged_shards, defer);
+    UnitReplay r(layout, l, paged_shards, defer, m.engine);
     for (int step = 0; step < 2; ++step) {
       for (int64_t mb = 0; mb < accum; ++mb) r.micro_batch(mb == accum - 1);
       r.step();
@@ -521,7 +501,7 @@ void engine_plan(Plan& p) {
     }
     if (stage == 3) {
       double ag = 0;
-      const std::vector<int> order = parallel::UnitBuffers::gather_order(U);
+      const std::vector<int> order = parallel::UnitBuffers::gather_order(model::Layout(m.engine));
       const auto n = static_cast<int>(order.size());
       for (int u : order) ag += static_cast<double>(layout.stride(u) * N) * esz;
       add_comm(p, "dp", "all_gather", "parameter gathers, per unit use and micro-batch",
@@ -680,7 +660,7 @@ void analytic_plan(Plan& p) {
 }  // namespace
 
 double engine_working_bytes(const ModelSpec& model, const Layout& layout) {
-  PO_CHECK(model.arch == Arch::kGPT2 && layout.tp == 1 && layout.pp == 1 && layout.cp == 1,
+  PO_CHECK(layout.tp == 1 && layout.pp == 1 && layout.cp == 1,
            "engine_working_bytes: a layout the engine runs (GPT-2, data parallel)");
   Plan p;
   p.model = model;
@@ -700,7 +680,7 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   if (layout.tp > 1) p.not_trainable.push_back("tensor parallel");
   if (layout.pp > 1) p.not_trainable.push_back("pipeline parallel");
   if (layout.cp > 1) p.not_trainable.push_back("context parallel");
-  p.engine_exact = model.arch == Arch::kGPT2 && layout.tp == 1 && layout.pp == 1 && layout.cp == 1;
+  p.engine_exact = layout.tp == 1 && layout.pp == 1 && layout.cp == 1;
   if (p.engine_exact) {
     engine_plan(p);
   } else {

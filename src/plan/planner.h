@@ -58,7 +58,6 @@ struct Layout {
 
 // The model of a config: model.preset (model_preset's names) with
 // model.n_layer / n_embd / n_head / vocab_size / seq_len overrides.
-ModelSpec model_from_config(const core::Config& cfg);
 // The layout a config asks for.
 Layout layout_from_config(const core::Config& cfg, const ModelSpec& model);
 // Throws core::InvalidArgument naming the violated constraint (tp dividing

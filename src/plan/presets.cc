@@ -15,108 +15,37 @@
 
 namespace po::plan {
 
-std::vector<int64_t> ModelSpec::unit_numels() const {
-  if (arch == Arch::kGPT2) return gpt2().unit_numels();
-  const int64_t C = n_embd, hd = n_embd / n_head;
-  // Llama: token embedding; per block RMSNorm ×2, q, k, v (GQA), o, SwiGLU
-  // (gate, up, down), no biases; final RMSNorm and the untied head.
-  std::vector<int64_t> n = {vocab * C};
-  const int64_t block = 2 * C + C * C + 2 * C * n_kv_head * hd + C * C + 3 * C * ffn;
-  for (int64_t l = 0; l < n_layer; ++l) n.push_back(block);
-  n.push_back(C + (tied_head ? 0 : vocab * C));
-  return n;
-}
+std::vector<int64_t> ModelSpec::unit_numels() const { return engine.unit_numels(); }
 
-int64_t ModelSpec::num_params() const {
-  int64_t total = 0;
-  for (int64_t n : unit_numels()) total += n;
-  return total;
-}
+int64_t ModelSpec::num_params() const { return engine.num_params(); }
 
 double ModelSpec::flops_per_token(int64_t T) const {
   return 6.0 * static_cast<double>(num_params()) + 12.0 * static_cast<double>(n_layer * n_embd * T);
 }
 
-model::TransformerConfig ModelSpec::gpt2() const {
-  model::TransformerConfig c;
-  c.n_layer = n_layer;
-  c.n_embd = n_embd;
-  c.n_head = n_head;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  return c;
-}
-
-namespace {
-
-ModelSpec llama(const char* name, int64_t L, int64_t C, int64_t heads, int64_t kv, int64_t ffn,
-                int64_t vocab, int64_t seq) {
+ModelSpec model_spec(const model::TransformerConfig& config, const std::string& name) {
+  const model::TransformerConfig c = config.resolved();
+  c.validate();
   ModelSpec m;
   m.name = name;
-  m.arch = Arch::kLlama;
-  m.n_layer = L;
-  m.n_embd = C;
-  m.n_head = heads;
-  m.n_kv_head = kv;
-  m.ffn = ffn;
-  m.vocab = vocab;
-  m.seq_len = seq;
-  m.tied_head = false;
-  return m;
-}
-
-ModelSpec gpt2_shape(const std::string& name, const model::TransformerConfig& c) {
-  ModelSpec m;
-  m.name = name;
+  m.arch = c.arch == "llama" ? Arch::kLlama : Arch::kGPT2;
   m.n_layer = c.n_layer;
   m.n_embd = c.n_embd;
-  m.n_head = m.n_kv_head = c.n_head;
-  m.ffn = 4 * c.n_embd;
+  m.n_head = c.n_head;
+  m.n_kv_head = c.n_kv_head;
+  m.ffn = c.ffn_hidden;
   m.vocab = c.vocab_size;
   m.seq_len = c.seq_len;
+  m.tied_head = c.tie_embeddings;
+  m.engine = c;
   return m;
 }
 
-// Published shapes (Touvron et al. 2023 for Llama 2; Meta's Llama 3 model
-// card; Brown et al. 2020 Table 2.1 for GPT-3 175B).
-const std::map<std::string, ModelSpec>& other_presets() {
-  static const std::map<std::string, ModelSpec> p = [] {
-    std::map<std::string, ModelSpec> m;
-    m["llama2-7b"] = llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096);
-    m["llama2-13b"] = llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096);
-    m["llama2-70b"] = llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096);
-    m["llama3-8b"] = llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192);
-    m["llama3-70b"] = llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192);
-    model::TransformerConfig g;
-    g.n_layer = 96;
-    g.n_embd = 12288;
-    g.n_head = 96;
-    g.vocab_size = 50257;
-    g.seq_len = 2048;
-    m["gpt3-175b"] = gpt2_shape("gpt3-175b", g);
-    return m;
-  }();
-  return p;
-}
-
-}  // namespace
-
 ModelSpec model_preset(const std::string& name) {
-  const auto& others = other_presets();
-  if (auto it = others.find(name); it != others.end()) return it->second;
-  const auto gpt2 = model::TransformerConfig::preset_names();
-  if (std::find(gpt2.begin(), gpt2.end(), name) != gpt2.end())
-    return gpt2_shape(name, model::TransformerConfig::preset(name));
-  std::string known;
-  for (const auto& n : model_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  PO_THROW(core::InvalidArgument, "model.preset: unknown preset '", name, "' (known: ", known, ")");
+  return model_spec(model::TransformerConfig::preset(name), name);
 }
 
-std::vector<std::string> model_preset_names() {
-  std::vector<std::string> out = model::TransformerConfig::preset_names();
-  for (const auto& [k, v] : other_presets()) out.push_back(k);
-  return out;
-}
+std::vector<std::string> model_preset_names() { return model::TransformerConfig::preset_names(); }
 
 namespace {
 

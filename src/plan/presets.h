@@ -1,5 +1,5 @@
 // What the planner plans for: model shapes and clusters, by preset name or
-// from a file. Models the engine cannot train yet (Llama's RMSNorm, SwiGLU,
+// from a file. Layouts the engine cannot train yet (tensor, pipeline,
 // grouped-query attention, untied head; GPT-3 175B's size is fine, its shape
 // is GPT-2's) are modelled all the same and marked "not yet trainable".
 #pragma once
@@ -32,14 +32,18 @@ struct ModelSpec {
   int64_t num_params() const;
   // Training FLOPs per token at sequence T: 6Ψ + 12·L·C·T (REFERENCE.md).
   double flops_per_token(int64_t T) const;
-  // The engine trains this architecture (GPT-2 only, for now).
-  bool engine_trainable() const { return arch == Arch::kGPT2; }
-  // The engine's own config of a GPT-2 shape.
-  model::TransformerConfig gpt2() const;
+  // The engine trains both architectures (data parallel; tp/pp/cp analytic).
+  bool engine_trainable() const { return true; }
+  // The engine's own config of this shape: its declared layout
+  // (model/layout.h) gives the unit sizes above.
+  model::TransformerConfig engine;
+  const model::TransformerConfig& gpt2() const { return engine; }
 };
 
-// A preset by name: the engine's GPT-2 presets, llama2-7b, llama2-13b,
-// llama2-70b, llama3-8b, llama3-70b, gpt3-175b. Throws naming the known ones.
+// The planner's view of an engine config (name: the preset, for reports).
+ModelSpec model_spec(const model::TransformerConfig& config, const std::string& name);
+// A preset by name: the engine's (model/config.cc: GPT-2, Llama, TinyStories,
+// gpt3-175b). Throws naming the known ones.
 ModelSpec model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

@@ -21,9 +21,21 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
   std::vector<float> logits(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
   core::Philox rng(o.seed, 0x5a4d504cULL);
+  // The KV cache holds the window; when it is full the window slides and the
+  // cache is refilled from the last window/2 tokens (positions restart at 0).
+  model::KvCache cache = model.make_kv_cache(window);
+  size_t fed = 0;  // context tokens whose keys and values are in the cache
+  auto refill = [&] {
+    const size_t keep = std::min<size_t>(context.size(), static_cast<size_t>(std::max<int64_t>(1, window / 2)));
+    cache.length = 0;
+    fed = context.size() - keep;
+  };
+  if (static_cast<int64_t>(context.size()) > window) refill();
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-    const int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), window);
-    model.next_token_logits(context.data() + context.size() - len, len, logits.data());
+    if (cache.length + static_cast<int64_t>(context.size() - fed) > window) refill();
+    const int64_t n = static_cast<int64_t>(context.size() - fed);
+    model.forward_cached(context.data() + fed, n, cache, logits.data());
+    fed = context.size();
     int32_t next = 0;
     if (o.temperature == 0) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -60,22 +60,6 @@ Ptr* flat_unit(const model::Transformer& model, Ptr* params, Ptr* m, Ptr* v, Sta
 
 }  // namespace
 
-model::TransformerConfig resolve_model_config(const core::Config& config) {
-  model::TransformerConfig m = model::TransformerConfig::preset(config.get_string("model.preset"));
-  auto over = [&](const char* key, int64_t& field) {
-    if (config.is_set(key) && config.get_int(key) > 0) field = config.get_int(key);
-  };
-  over("model.n_layer", m.n_layer);
-  over("model.n_embd", m.n_embd);
-  over("model.n_head", m.n_head);
-  over("model.vocab_size", m.vocab_size);
-  over("model.seq_len", m.seq_len);
-  m.activation_checkpointing = config.get_bool("model.activation_checkpointing");
-  m.bf16_activations = config.get_string("train.precision") == "bf16";
-  m.validate();
-  return m;
-}
-
 std::string checkpoint_path(const std::string& run_dir, int64_t step) {
   char name[64];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));

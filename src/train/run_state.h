@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "train/model_setup.h"
 
 namespace po::comm {
 class Communicator;
@@ -26,8 +27,6 @@ class ShardLayout;
 
 namespace po::train {
 
-// Model shapes from model.preset plus any explicitly set model.* keys.
-model::TransformerConfig resolve_model_config(const core::Config& config);
 
 struct TrainState {
   int64_t step = 0;     // optimizer steps completed

@@ -306,7 +306,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const size_t known = dp.memory().total();
   // The working buffers to come, as the planner replays them (gathers,
   // accumulators, buckets, staging, ring scratch at most: plan/planner.h).
-  const plan::ModelSpec spec = plan::model_from_config(cfg);
+  const plan::ModelSpec spec = plan::model_spec(mcfg, cfg.get_string("model.preset"));
   const auto working =
       static_cast<size_t>(plan::engine_working_bytes(spec, plan::layout_from_config(cfg, spec)));
   const size_t fixed = predicted + (live > known ? live - known : 0) + working;
@@ -451,8 +451,10 @@ TrainResult train(const core::Config& cfg) {
   const std::string& init = cfg.get_string("model.init");
   {
     std::error_code ec;
-    PO_CHECK(init == "random" || fs::is_regular_file(init, ec), "model.init = '", init,
-             "': no such file (give \"random\" or a .safetensors file)");
+    PO_CHECK(init == "random" || fs::is_regular_file(init, ec) || fs::is_directory(init, ec),
+             "model.init = '", init,
+             "': no such file (give \"random\", a .safetensors file, a Hugging Face model "
+             "directory or a llama2.c .bin)");
   }
   data::TokenFile train_data(cfg.get_string("data.train"), static_cast<int32_t>(mcfg.vocab_size));
   std::unique_ptr<data::TokenFile> val_data;
@@ -520,7 +522,7 @@ TrainResult train(const core::Config& cfg) {
     if (init == "random")
       model.init_random(seed);
     else
-      checkpoint::load_gpt2_safetensors(init, model);
+      load_model_weights(init, model);
   }
   dp.shard_params();  // ZeRO-3: from here on each rank holds only its shard
   if (resuming) {

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "plan/planner.h"
+#include "train/model_setup.h"
 #include "../test_util.h"
 
 namespace po::test {
@@ -45,6 +46,11 @@ const Case kCases[] = {
     {"dp4_s1_bf16_wire16", 4, "parallel.zero_stage=1 train.precision=bf16 parallel.reduce_dtype=bf16"},
     {"dp4_s2_fp32_ckpt", 4, "parallel.zero_stage=2 model.activation_checkpointing=true"},
     {"dp4_s3_bf16_no_overlap", 4, "parallel.zero_stage=3 train.precision=bf16 parallel.overlap_comm=false"},
+    // Llama (RMSNorm, RoPE, SwiGLU, GQA, untied head) on the same shapes.
+    {"llama_dp1_s0_fp32", 1, "model.arch=llama model.n_kv_head=1"},
+    {"llama_dp2_s2_bf16_ckpt", 2, "model.arch=llama parallel.zero_stage=2 train.precision=bf16 model.activation_checkpointing=true"},
+    {"llama_dp2_s3_fp32", 2, "model.arch=llama parallel.zero_stage=3 model.n_kv_head=1"},
+    {"llama_dp2_s3_bf16_paged_nvme", 2, "model.arch=llama parallel.zero_stage=3 train.precision=bf16 memory.page_size=16KiB", true},
 };
 
 class PlanVsEngine : public ::testing::TestWithParam<Case> {
@@ -89,14 +95,14 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
     sets.push_back("memory.nvme_dir=" + dir_.path().string());
     // The smallest budget the engine accepts, + 2 pages: pages move every step.
     core::Config probe = core::Config::load(config_, sets);
-    const plan::ModelSpec m = plan::model_from_config(probe);
+    const plan::ModelSpec m = plan::model_spec(train::resolve_model_config(probe), "test");
     const plan::Plan p = plan::make_plan(m, test_cluster(), plan::layout_from_config(probe, m));
     ASSERT_GT(p.min_compute_budget, 0) << c.name;
     sets.push_back("memory.compute_budget=" +
                    std::to_string(static_cast<uint64_t>(p.min_compute_budget) + 2 * 16384));
   }
   const core::Config cfg = core::Config::load(config_, sets);
-  const plan::ModelSpec model = plan::model_from_config(cfg);
+  const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), "test");
   const plan::Plan plan = plan::make_plan(model, test_cluster(), plan::layout_from_config(cfg, model));
   ASSERT_TRUE(plan.engine_exact) << c.name;
 

@@ -84,7 +84,9 @@ TEST(Planner, PresetParameterCounts) {
   EXPECT_EQ(plan::model_preset("llama3-70b").num_params(), 70553706496);
   EXPECT_NEAR(static_cast<double>(plan::model_preset("gpt3-175b").num_params()) / 175e9, 1.0, 0.01);
   EXPECT_TRUE(plan::model_preset("gpt2-xl").engine_trainable());
-  EXPECT_FALSE(plan::model_preset("llama3-8b").engine_trainable());
+  EXPECT_TRUE(plan::model_preset("llama3-8b").engine_trainable());
+  EXPECT_EQ(plan::model_preset("stories15M").num_params(), 15191712);  // llama2.c's 15M, tied
+  EXPECT_EQ(plan::model_preset("llama-124M").num_params(), po::model::TransformerConfig::preset("llama-124M").num_params());
   const std::string e = error_of([] { plan::model_preset("llama9"); });
   EXPECT_NE(e.find("unknown preset 'llama9'"), std::string::npos) << e;
   EXPECT_NE(e.find("llama2-70b"), std::string::npos) << e;

@@ -1,0 +1,200 @@
+#include "train/model_setup.h"
+
+#include <filesystem>
+#include <optional>
+
+#include "checkpoint/gpt2_io.h"
+#include "checkpoint/hf_llama.h"
+#include "checkpoint/llama_weights.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace po::train {
+namespace fs = std::filesystem;
+namespace {
+
+std::optional<int64_t> int_key(const core::Config* c, const char* key) {
+  if (c == nullptr || !c->is_set(key) || c->get_int(key) <= 0) return std::nullopt;
+  return c->get_int(key);
+}
+
+std::optional<double> float_key(const core::Config* c, const char* key) {
+  if (c == nullptr || !c->is_set(key) || c->get_float(key) <= 0) return std::nullopt;
+  return c->get_float(key);
+}
+
+// The explicitly set model.* keys over `m`.
+void apply_overrides(const core::Config& config, model::TransformerConfig& m) {
+  auto over = [&](const char* key, int64_t& field) {
+    if (auto v = int_key(&config, key)) field = *v;
+  };
+  // Fields derived from overridden ones follow them unless set too: a preset's
+  // MLP width from its n_embd, its kv heads from its heads (multi-head stays
+  // multi-head; a grouped preset keeps its kv heads).
+  if (int_key(&config, "model.n_embd") && !int_key(&config, "model.ffn_hidden")) m.ffn_hidden = 0;
+  if (int_key(&config, "model.n_head") && !int_key(&config, "model.n_kv_head") &&
+      m.n_kv_head == m.n_head)
+    m.n_kv_head = 0;
+  over("model.n_layer", m.n_layer);
+  over("model.n_embd", m.n_embd);
+  over("model.n_head", m.n_head);
+  over("model.n_kv_head", m.n_kv_head);
+  over("model.ffn_hidden", m.ffn_hidden);
+  over("model.vocab_size", m.vocab_size);
+  over("model.seq_len", m.seq_len);
+  if (auto v = float_key(&config, "model.norm_eps")) m.norm_eps = *v;
+  if (auto v = float_key(&config, "model.rope_theta")) m.rope_theta = *v;
+  auto choice = [&](const char* key, const char* a, const char* b) -> int {
+    if (!config.is_set(key) || config.get_string(key).empty()) return -1;
+    const std::string v = config.get_string(key);
+    PO_CHECK(v == a || v == b, key, " = '", v, "': expected '", a, "' or '", b, "'");
+    return v == a ? 0 : 1;
+  };
+  if (int c = choice("model.norm", "layernorm", "rmsnorm"); c >= 0)
+    m.norm = c == 0 ? model::Norm::kLayerNorm : model::Norm::kRMSNorm;
+  if (int c = choice("model.positions", "learned", "rope"); c >= 0)
+    m.positions = c == 0 ? model::Positions::kLearned : model::Positions::kRope;
+  if (int c = choice("model.mlp", "gelu", "swiglu"); c >= 0) {
+    const auto mlp = c == 0 ? model::Mlp::kGeluTanh : model::Mlp::kSwiGLU;
+    if (mlp != m.mlp && !config.is_set("model.ffn_hidden")) m.ffn_hidden = 0;  // re-derive
+    m.mlp = mlp;
+  }
+  if (config.is_set("model.bias")) m.bias = config.get_bool("model.bias");
+  if (config.is_set("model.tie_embeddings")) m.tie_embeddings = config.get_bool("model.tie_embeddings");
+  if (config.is_set("model.rope_scaling_factor")) {
+    m.rope_scaling.factor = config.get_float("model.rope_scaling_factor");
+    m.rope_scaling.low_freq_factor = config.get_float("model.rope_low_freq_factor");
+    m.rope_scaling.high_freq_factor = config.get_float("model.rope_high_freq_factor");
+    m.rope_scaling.original_max_position =
+        static_cast<double>(config.get_int("model.rope_original_max_position"));
+  }
+}
+
+checkpoint::LlamaOverrides llama_overrides(const core::Config* c) {
+  checkpoint::LlamaOverrides o;
+  o.dim = int_key(c, "model.n_embd");
+  o.hidden_dim = int_key(c, "model.ffn_hidden");
+  o.n_layer = int_key(c, "model.n_layer");
+  o.n_head = int_key(c, "model.n_head");
+  o.n_kv_head = int_key(c, "model.n_kv_head");
+  o.vocab_size = int_key(c, "model.vocab_size");
+  o.max_seq_len = int_key(c, "model.seq_len");
+  o.rms_norm_eps = float_key(c, "model.norm_eps");
+  o.rope_theta = float_key(c, "model.rope_theta");
+  if (c != nullptr && c->is_set("model.tie_embeddings"))
+    o.tie_word_embeddings = c->get_bool("model.tie_embeddings");
+  return o;
+}
+
+}  // namespace
+
+bool is_llama_weights(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return true;
+  if (path.ends_with(".safetensors"))
+    return checkpoint::SafetensorsReader::open(path).has("model.embed_tokens.weight");
+  return !path.empty() && path != "random" && fs::is_regular_file(path, ec);
+}
+
+model::TransformerConfig llama_file_config(const std::string& path, const core::Config* config) {
+  const auto reader = checkpoint::open_llama(path, llama_overrides(config));
+  const checkpoint::LlamaShape& s = reader->shape();
+  model::TransformerConfig m = model::TransformerConfig::arch_defaults("llama");
+  m.n_layer = s.n_layer;
+  m.n_embd = s.dim;
+  m.n_head = s.n_head;
+  m.n_kv_head = s.n_kv_head;
+  m.ffn_hidden = s.hidden_dim;
+  m.vocab_size = s.vocab_size;
+  m.seq_len = s.max_seq_len;
+  m.norm_eps = s.rms_norm_eps;
+  m.rope_theta = s.rope_theta;
+  m.tie_embeddings = s.tie_word_embeddings;
+  if (s.rope_scaling) {
+    m.rope_scaling.factor = s.rope_scaling->factor;
+    m.rope_scaling.low_freq_factor = s.rope_scaling->low_freq_factor;
+    m.rope_scaling.high_freq_factor = s.rope_scaling->high_freq_factor;
+    m.rope_scaling.original_max_position =
+        static_cast<double>(s.rope_scaling->original_max_position_embeddings);
+  }
+  return m;
+}
+
+model::TransformerConfig resolve_model_config(const core::Config& config) {
+  const std::string init = config.get_string("model.init");
+  model::TransformerConfig m;
+  if (init != "random" && is_llama_weights(init)) {
+    m = llama_file_config(init, &config);  // the file's shape, the keys checked against it
+  } else {
+    m = model::TransformerConfig::preset(config.get_string("model.preset"));
+    const std::string arch = config.get_string("model.arch");
+    if (!arch.empty() && arch != m.arch) {  // the preset's shapes, another architecture's defaults
+      model::TransformerConfig d = model::TransformerConfig::arch_defaults(arch);
+      d.n_layer = m.n_layer;
+      d.n_embd = m.n_embd;
+      d.n_head = m.n_head;
+      d.vocab_size = m.vocab_size;
+      d.seq_len = m.seq_len;
+      m = d;
+    }
+  }
+  apply_overrides(config, m);
+  m.activation_checkpointing = config.get_bool("model.activation_checkpointing");
+  m.bf16_activations = config.get_string("train.precision") == "bf16";
+  m.fill_derived();
+  m.validate();
+  return m;
+}
+
+void load_model_weights(const std::string& path, model::Transformer& model) {
+  if (model.config().arch == "gpt2" && !is_llama_weights(path)) {
+    checkpoint::load_gpt2_safetensors(path, model);
+    return;
+  }
+  PO_CHECK(model.whole(), "loading weights needs a whole model");
+  const auto reader = checkpoint::open_llama(path);
+  std::map<std::string, tensor::Shape> have;
+  for (const auto& t : reader->tensors()) have[t.name] = t.shape;
+  float* params = model.params();
+  for (const model::TensorSpec& t : model.param_infos()) {
+    auto it = have.find(t.name);
+    PO_CHECK(it != have.end(), path, ": no tensor '", t.name, "' (the model's layout needs it)");
+    PO_CHECK(it->second == t.shape, path, ": tensor '", t.name, "' has shape ",
+             tensor::shape_str(it->second), ", the model needs ", tensor::shape_str(t.shape));
+    reader->read(t.name, params + t.offset);
+  }
+}
+
+void export_model_weights(const std::string& path, const model::Transformer& model) {
+  const model::TransformerConfig& c = model.config();
+  if (c.arch == "gpt2") {
+    checkpoint::save_gpt2_safetensors(path, model);
+    return;
+  }
+  PO_CHECK(c.norm == model::Norm::kRMSNorm && c.positions == model::Positions::kRope &&
+               c.mlp == model::Mlp::kSwiGLU && !c.bias,
+           "export: the Hugging Face Llama format has RMSNorm, RoPE, SwiGLU and no biases; this "
+           "model.arch = llama overrides one of them");
+  checkpoint::LlamaShape s;
+  s.dim = c.n_embd;
+  s.hidden_dim = c.ffn_hidden;
+  s.n_layer = c.n_layer;
+  s.n_head = c.n_head;
+  s.n_kv_head = c.n_kv_head;
+  s.vocab_size = c.vocab_size;
+  s.max_seq_len = c.seq_len;
+  s.rms_norm_eps = c.norm_eps;
+  s.rope_theta = c.rope_theta;
+  s.tie_word_embeddings = c.tie_embeddings;
+  if (c.rope_scaling.factor > 0)
+    s.rope_scaling = checkpoint::RopeScaling{
+        c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+        static_cast<int64_t>(c.rope_scaling.original_max_position)};
+  std::vector<checkpoint::LlamaTensorRef> refs;
+  const float* params = model.params();
+  for (const model::TensorSpec& t : model.param_infos())
+    refs.push_back({t.name, t.shape, params + t.offset});
+  checkpoint::write_hf_llama(path, s, refs);
+}
+
+}  // namespace po::train

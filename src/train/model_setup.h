@@ -1,0 +1,38 @@
+// The model's configuration and weights at the edge: model.* keys (and, for
+// model.init = a Llama file, the file's own shape) into one TransformerConfig,
+// and weights in and out in the formats users bring: Hugging Face GPT-2
+// safetensors, Hugging Face Llama (a directory with config.json and shards, or
+// one safetensors file), llama2.c checkpoints.
+#pragma once
+
+#include <string>
+
+#include "core/config.h"
+#include "model/transformer.h"
+
+namespace po::train {
+
+// Model shapes from model.preset (model.arch picks the architecture's
+// defaults), any explicitly set model.* keys, and, when model.init names a
+// Llama file, the shape stored there; a set key that disagrees with the file
+// is an error naming the key and the tensor.
+model::TransformerConfig resolve_model_config(const core::Config& config);
+
+// Whether `path` holds Llama weights (a directory, a llama2.c .bin, or a
+// safetensors file with model.embed_tokens.weight) rather than GPT-2's.
+bool is_llama_weights(const std::string& path);
+
+// The architecture and shapes of the weights at `path` (Llama only), with the
+// explicitly set model.* keys of `config` as overrides checked against them.
+model::TransformerConfig llama_file_config(const std::string& path, const core::Config* config);
+
+// Every parameter of `model` from `path` (GPT-2 or Llama formats). Errors name
+// the file and the tensor.
+void load_model_weights(const std::string& path, model::Transformer& model);
+
+// Writes the model's parameters under the Hugging Face names of its
+// architecture: GPT-2 as one safetensors file at `path`; Llama as a
+// safetensors file at `path` with config.json beside it.
+void export_model_weights(const std::string& path, const model::Transformer& model);
+
+}  // namespace po::train
