@@ -303,33 +303,42 @@ struct UnitReplay {
     }
     while (pending.size() > parallel::UnitBuffers::kMaxReductionsInFlight) complete_front();
   }
-  // One forward_backward in GPT2's hook order (model/transformer.h).
+  // One forward_backward: the declared schedule's steps (model::Layout::
+  // training_steps) with the hooks each asks, as model/transformer.h runs them.
   void micro_batch(bool last) {
-    const int L = layout.num_units() - 2;
     const bool deferred = defer && last;
-    params(0);
-    done(0);
-    for (int l = 1; l <= L; ++l) {
-      params(l);
-      done(l);
-    }
-    params(0);
-    params(L + 1);
-    grads(0);
-    grads(L + 1);
-    done(L + 1);
-    done(0);
-    grads_ready(L + 1);
-    if (deferred) grads_ready(0);
-    for (int l = L; l >= 1; --l) {
-      params(l);
-      grads(l);
-      done(l);
-      grads_ready(l);
-    }
-    if (!deferred) {
-      grads(0);
-      grads_ready(0);
+    const model::Layout decl(engine);
+    const int hu = decl.head_unit();
+    for (const model::Step& s : decl.training_steps()) {
+      const std::vector<int> units = decl.step_units(s);
+      switch (s.kind) {
+        case model::Step::kEmbedForward:
+        case model::Step::kBlockForward:
+          for (int u : units) {
+            params(u);
+            done(u);
+          }
+          break;
+        case model::Step::kHead:
+          for (int u : units) params(u);
+          for (int u : units) grads(u);
+          for (auto it = units.rbegin(); it != units.rend(); ++it) done(*it);
+          grads_ready(hu);
+          if (deferred) grads_ready(0);
+          break;
+        case model::Step::kBlockBackward:
+          params(units[0]);
+          grads(units[0]);
+          done(units[0]);
+          grads_ready(units[0]);
+          break;
+        case model::Step::kEmbedBackward:
+          if (!deferred) {
+            grads(0);
+            grads_ready(0);
+          }
+          break;
+      }
     }
   }
   void step() {
