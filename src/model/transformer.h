@@ -32,6 +32,7 @@
 
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/parallel_ops.h"
 #include "tensor/tensor.h"
 
 namespace po::model {
@@ -126,6 +127,11 @@ class Transformer {
   void init_random_unit(uint64_t seed, int u, float* unit) const;
   // Zeroes grads(); does nothing once they are released.
   void zero_grads();
+
+  // The collectives of split layers (model/parallel_ops.h); null by default.
+  // `ops` must outlive the model.
+  void set_parallel_ops(ParallelOps& ops) { pops_ = &ops; }
+  ParallelOps& parallel_ops() const { return *pops_; }
 
   // Routes every parameter and gradient access through `hooks` (all four
   // set), or back to the model's own buffers (all empty).
@@ -290,6 +296,7 @@ class Transformer {
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;
+  ParallelOps* pops_ = &NullParallelOps::instance();
 
   // Activation views (into acts_).
   float* encoded_ = nullptr;  // [BT,C]: the first held block's input

@@ -67,11 +67,13 @@ void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cach
     }
     ops::attention_cached_forward(a.atty, a.qkv, QKV, kc, vc, n, pos0, NH, NKV, hs);
     ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, n, AO, C);
+    pops_->tp_all_reduce(a.residual2, n * C);
     ops::residual_forward(a.residual2, a.residual2, x, n * C);
     norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, n);
     ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, n, C, FC);
     mlp_act_forward(a.fch_gelu, a.fch, n);
     ops::matmul_forward(y, a.fch_gelu, P.fcprojw, P.fcprojb, n, F, C);
+    pops_->tp_all_reduce(y, n * C);
     ops::residual_forward(y, y, a.residual2, n * C);
     unit_done(u);
     std::swap(x, y);

@@ -54,11 +54,13 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
     ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
   ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, BT, AO, C);
+  pops_->tp_all_reduce(a.residual2, BT * C);  // g: the row-parallel o_proj's partial sums
   ops::residual_forward(a.residual2, a.residual2, in, BT * C);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, BT);
   ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, BT, C, FC);
   mlp_act_forward(a.fch_gelu, a.fch, BT);
   ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, P.fcprojb, BT, F, C);
+  pops_->tp_all_reduce(a.residual3, BT * C);  // g: the row-parallel down_proj's partial sums
   ops::residual_forward(a.residual3, a.residual3, a.residual2, BT * C);
 }
 
@@ -84,6 +86,7 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
   keep(split ? work->in_fc : nullptr, a.ln2, BT * C);
   ops::matmul_backward(dbuf_c_, w(G->fcw), w(G->fcb), dfch_, a.ln2, P.fcw, BT, C, FC);
+  pops_->tp_all_reduce(dbuf_c_, BT * C);  // f's conjugate: the column-parallel fc's input gradient
   norm_backward(dres, G->ln2w, G->ln2b, dbuf_c_, a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, BT);
   keep(split ? work->d_out : nullptr, dres, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
@@ -93,6 +96,7 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, a.ln1, BT * C);
   ops::matmul_backward(dbuf_c_, w(G->qkvw), w(G->qkvb), dqkv_, a.ln1, P.qkvw, BT, C, QKV);
+  pops_->tp_all_reduce(dbuf_c_, BT * C);  // f's conjugate: the column-parallel q|k|v's input gradient
   norm_backward(dres, G->ln1w, G->ln1b, dbuf_c_, in, P.ln1w, a.ln1_mean, a.ln1_rstd, BT);
 }
 

@@ -181,3 +181,38 @@ TEST(GPT2Hooks, ReleasedBuffersAreAnErrorAndHooksComeWhole) {
 }
 
 }  // namespace
+
+// The model reaches split layers' collectives only through ParallelOps: a
+// recording implementation at tp = 1 (sums over one rank: identity) sees the
+// Megatron points (2 per block forward, 2 per block backward) and leaves the
+// bits of the null one.
+TEST(ParallelOpsSeam, CalledAtMegatronPointsAndIdentityAtOneRank) {
+  struct Recording final : po::model::ParallelOps {
+    int calls = 0;
+    int tp_size() const override { return 1; }
+    int tp_rank() const override { return 0; }
+    void tp_all_reduce(float*, int64_t) override { ++calls; }
+  };
+  const auto c = po::test::tiny_model(false);
+  const int64_t B = 2, T = 8;
+  Transformer plain(c, B, T), seamed(c, B, T);
+  plain.init_random(3);
+  seamed.init_random(3);
+  Recording rec;
+  seamed.set_parallel_ops(rec);
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    in[i] = static_cast<int32_t>((i * 7) % c.vocab_size);
+    tg[i] = static_cast<int32_t>((i * 5 + 1) % c.vocab_size);
+  }
+  plain.zero_grads();
+  seamed.zero_grads();
+  const float a = plain.forward_backward(in.data(), tg.data(), 1.0f / (B * T));
+  const float b = seamed.forward_backward(in.data(), tg.data(), 1.0f / (B * T));
+  EXPECT_EQ(a, b) << "loss with a one-rank ParallelOps differs from the null one";
+  EXPECT_EQ(0, std::memcmp(plain.grads(), seamed.grads(),
+                           static_cast<size_t>(plain.num_params()) * sizeof(float)))
+      << "gradients with a one-rank ParallelOps differ from the null one";
+  EXPECT_EQ(rec.calls, static_cast<int>(4 * c.n_layer))
+      << "expected 2 all-reduces per block forward and 2 per block backward";
+}

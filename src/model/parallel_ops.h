@@ -1,0 +1,42 @@
+// The collectives the model's math needs when a layer is split across ranks
+// (tensor, sequence and context parallel), as an interface: the model calls
+// it at Megatron's conjugate points and never sees comm. The parallel layer
+// implements it over its process groups; at tp = cp = 1 it is NullParallelOps,
+// whose calls do nothing (a one-rank all-reduce is the identity).
+//
+// Points in a block (Megatron's f and g, Shoeybi et al. 2019):
+//   forward:  after the row-parallel o_proj and down_proj GEMMs, g = all-reduce
+//             of their [B·T, C] outputs over the tensor group;
+//   backward: after the column-parallel q|k|v and gate|up (fc) input-gradient
+//             GEMMs, f's conjugate = all-reduce of the [B·T, C] input gradients.
+// With tp > 1 a row-parallel bias must be added once, after the reduction
+// (the tensor-parallel issue splits the bias add from the GEMM).
+#pragma once
+
+#include <cstdint>
+
+namespace po::model {
+
+class ParallelOps {
+ public:
+  virtual ~ParallelOps() = default;
+  // Ranks of the tensor-parallel group and this rank's place in it.
+  virtual int tp_size() const = 0;
+  virtual int tp_rank() const = 0;
+  // x[n] = sum of x[n] over the tensor-parallel group, in a fixed rank order.
+  virtual void tp_all_reduce(float* x, int64_t n) = 0;
+};
+
+class NullParallelOps final : public ParallelOps {
+ public:
+  int tp_size() const override { return 1; }
+  int tp_rank() const override { return 0; }
+  void tp_all_reduce(float*, int64_t) override {}
+  // The process-wide instance models use unless given another.
+  static NullParallelOps& instance() {
+    static NullParallelOps ops;
+    return ops;
+  }
+};
+
+}  // namespace po::model
