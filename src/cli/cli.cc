@@ -139,6 +139,17 @@ model::Transformer load_model(const std::string& src, int64_t batch) {
   }
   const std::string path = train::resolve_checkpoint(src);
   core::Config cfg = train::checkpoint_config(path);
+  // The stored config lists every key, defaults included, so every key reads
+  // as set: model.bias = true and model.tie_embeddings = true would override a
+  // Llama's defaults and a Llama file's tie. The checkpoint's tensors say what
+  // the model held.
+  bool bias = false, tied = true;
+  for (const auto& t : checkpoint::read_sharded_meta(path).tensors) {
+    bias = bias || t.name == "h.0.attn.c_attn.bias" || t.name == "model.layers.0.self_attn.q_proj.bias";
+    tied = tied && t.name != "lm_head.weight";
+  }
+  cfg.set_text("model.bias", bias ? "true" : "false", path);
+  cfg.set_text("model.tie_embeddings", tied ? "true" : "false", path);
   model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
   m.bf16_activations = false;  // inference saves nothing

@@ -15,6 +15,13 @@ random weights in Meta's / llama2.c's layout (interleaved RoPE), written:
                                         metadata {"format": "pt"}, written by st_writer.py
                                         (byte-identical to the safetensors library's output)
   hf/model_bf16.safetensors, hf/model_f16.safetensors   the same tensors cast by torch
+  ref_logits.safetensors                reference logits for TOKENS (below), in float64 stored as F32:
+                                        tokens I32 [T]; llama2c.untied, llama2c.tied F32 [T, V] from a
+                                        transcription of llama2.c's run.c forward (interleaved RoPE on
+                                        the unpermuted weights, one position at a time with a KV
+                                        cache); hf.untied, hf.tied F32 [T, V] from tools/torch_ref/
+                                        llama.py (transformers' rotate-half RoPE) on the HF twin's
+                                        permuted weights
 The tied files use output = tok_embeddings (the untied model's embedding); the HF twin of a
 tied file is hf/model.safetensors without lm_head.weight.
 
@@ -23,6 +30,7 @@ interleaved RoPE with the original wq/wk equal those under HF's rotate-half RoPE
 permuted ones.
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -32,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st_writer  # noqa: E402
+from llama import Llama  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.path.join(ROOT, "tests", "golden", "llama_io")
@@ -159,6 +168,80 @@ def check_rope_equivalence(m):
     assert err < 1e-10, f"RoPE conventions disagree by {err}"
 
 
+# The token sequence of ref_logits.safetensors (< VOCAB, SEQ long).
+TOKENS = [1, 7, 30, 2, 19, 0, 25, 12]
+
+
+def run_c_logits(m, tokens):
+    """llama2.c run.c's forward(), position by position, in float64: RMSNorm (eps 1e-5),
+    interleaved RoPE on the original (unpermuted) wq/wk rows, grouped-query attention over a
+    KV cache, SwiGLU, the classifier. Returns [T, V]."""
+    d = lambda t: t.detach().double()  # noqa: E731
+    kv_dim = KV_HEADS * HS
+    kv_mul = HEADS // KV_HEADS
+    key_cache = torch.zeros(LAYERS, len(tokens), kv_dim, dtype=torch.float64)
+    value_cache = torch.zeros_like(key_cache)
+
+    def rmsnorm(x, w):
+        ss = (x * x).sum() / x.numel() + 1e-5
+        return d(w) * (x / torch.sqrt(ss))
+
+    out = []
+    for pos, token in enumerate(tokens):
+        x = d(m["tok_embeddings"][token]).clone()
+        for li, l in enumerate(m["layers"]):
+            xb = rmsnorm(x, l["attention_norm"])
+            q, k, v = d(l["wq"]) @ xb, d(l["wk"]) @ xb, d(l["wv"]) @ xb
+            for i in range(0, DIM, 2):  # RoPE: rotate pairs (i, i+1) of q and, below kv_dim, k
+                head_dim = i % HS
+                freq = 1.0 / (THETA ** (head_dim / HS))
+                val = pos * freq
+                fcr, fci = math.cos(val), math.sin(val)
+                for vec in ([q, k] if i < kv_dim else [q]):
+                    v0, v1 = vec[i].item(), vec[i + 1].item()
+                    vec[i], vec[i + 1] = v0 * fcr - v1 * fci, v0 * fci + v1 * fcr
+            key_cache[li, pos], value_cache[li, pos] = k, v
+            xb = torch.zeros(DIM, dtype=torch.float64)
+            for h in range(HEADS):
+                qh = q[h * HS:(h + 1) * HS]
+                kvh = (h // kv_mul) * HS
+                att = torch.stack([(qh * key_cache[li, t, kvh:kvh + HS]).sum() / math.sqrt(HS)
+                                   for t in range(pos + 1)])
+                att = torch.softmax(att, dim=0)
+                xb[h * HS:(h + 1) * HS] = sum(att[t] * value_cache[li, t, kvh:kvh + HS]
+                                              for t in range(pos + 1))
+            x = x + d(l["wo"]) @ xb
+            xb = rmsnorm(x, l["ffn_norm"])
+            hb, hb2 = d(l["w1"]) @ xb, d(l["w3"]) @ xb
+            hb = hb * (1.0 / (1.0 + torch.exp(-hb))) * hb2
+            x = x + d(l["w2"]) @ hb
+        x = rmsnorm(x, m["norm"])
+        out.append(d(m["output"]) @ x)
+    return torch.stack(out)
+
+
+def hf_logits(sd, tied, tokens):
+    """tools/torch_ref/llama.py (the HF math) on the HF state dict, float64. Returns [T, V]."""
+    model = Llama(LAYERS, DIM, HEADS, KV_HEADS, HIDDEN, VOCAB, SEQ, norm_eps=1e-5,
+                  rope_theta=THETA, tie_embeddings=tied).double()
+    state = {k: v.double() for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+    model.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([tokens]))
+    return logits[0]
+
+
+def reference_logits(m, tied_m, sd):
+    out = {"tokens": np.array(TOKENS, dtype=np.int32)}
+    for name, mm, tied in [("untied", m, False), ("tied", tied_m, True)]:
+        a, b = run_c_logits(mm, TOKENS), hf_logits(sd, tied, TOKENS)
+        err = (a - b).abs().max().item()
+        assert err < 1e-10, f"run.c and the HF math disagree by {err} ({name})"
+        out["llama2c." + name] = a.numpy().astype(np.float32)
+        out["hf." + name] = b.numpy().astype(np.float32)
+    return out
+
+
 def config_json():
     c = {"architectures": ["LlamaForCausalLM"], "hidden_size": DIM, "intermediate_size": HIDDEN,
          "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
@@ -193,6 +276,8 @@ def main():
                        {"format": "pt"})
     with open(os.path.join(OUT, "hf", "config.json"), "w") as f:
         f.write(config_json())
+    st_writer.save(os.path.join(OUT, "ref_logits.safetensors"), reference_logits(m, tied, sd),
+                   {"tokens": " ".join(map(str, TOKENS))})
     print(f"wrote {OUT}")
 
 
