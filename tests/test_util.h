@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -262,5 +263,28 @@ class TinyTraining : public ::testing::Test {
   TempDir dir_;
   std::string train_ = dir_ / "train.bin", val_ = dir_ / "val.bin", config_ = dir_ / "c.toml";
 };
+
+// ||got - want|| / ||want|| <= tol for a tensor against a reference (PyTorch);
+// on failure the message names the tensor and the largest element
+// difference. Returns the relative error.
+inline double expect_close(const float* got, const std::vector<float>& want,
+                           const std::string& what, double tol) {
+  double diff2 = 0, ref2 = 0, worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(want[i]) * want[i];
+    if (std::fabs(d) > worst) {
+      worst = std::fabs(d);
+      worst_i = i;
+    }
+  }
+  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+  EXPECT_LE(rel, tol) << what << ": relative error " << rel << " (limit " << tol
+                      << "); largest difference at element " << worst_i << ": engine "
+                      << got[worst_i] << " vs reference " << want[worst_i];
+  return rel;
+}
 
 }  // namespace po::test

@@ -59,7 +59,7 @@ std::vector<int32_t> with_bos(const LlamaTokenizer& t, const std::vector<int32_t
 
 TEST(LlamaTokenizer, MatchesReferenceFromJsonAndBin) {
   ASSERT_FALSE(llama_fixture_dir().empty()) << testing::kLlamaSetupHint;
-  const std::vector<std::string> texts = testing::varied_texts();
+  const std::vector<std::string> texts = testing::llama_varied_texts();
   const auto expected = testing::llama_reference_ids(texts);
   ASSERT_EQ(expected.size(), texts.size());
   for (LlamaTokenizer* t : {&from_json(), &from_bin()}) {
@@ -108,7 +108,7 @@ TEST(LlamaTokenizer, KnownIds) {
 
 TEST(LlamaTokenizer, RoundTrip) {
   ASSERT_FALSE(llama_fixture_dir().empty()) << testing::kLlamaSetupHint;
-  for (const std::string& text : testing::varied_texts()) {
+  for (const std::string& text : testing::llama_varied_texts()) {
     for (LlamaTokenizer* t : {&from_json(), &from_bin()}) {
       std::vector<int32_t> ids = t->encode(text);
       EXPECT_EQ(t->decode(ids), text) << "text \"" << escaped(text) << "\"";

@@ -16,7 +16,10 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
+#include "../test_util.h"
+
 namespace {
+using po::test::expect_close;
 
 using po::checkpoint::SafetensorsReader;
 using po::model::Transformer;
@@ -49,25 +52,6 @@ std::vector<float> reference(const SafetensorsReader& f, const std::string& name
   return out;
 }
 
-// ||a - b|| / ||b|| with the largest element difference for the message.
-void expect_close(const float* got, const std::vector<float>& want, const std::string& what,
-                  double tol) {
-  double diff2 = 0, ref2 = 0, worst = 0;
-  size_t worst_i = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    diff2 += d * d;
-    ref2 += static_cast<double>(want[i]) * want[i];
-    if (std::fabs(d) > worst) {
-      worst = std::fabs(d);
-      worst_i = i;
-    }
-  }
-  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
-  EXPECT_LE(rel, tol) << what << ": relative error " << rel << " (limit " << tol
-                      << "); largest difference at element " << worst_i << ": engine "
-                      << got[worst_i] << " vs PyTorch " << want[worst_i];
-}
 
 struct Fixture {
   SafetensorsReader file = SafetensorsReader::open(kGolden);
