@@ -392,6 +392,16 @@ size_t DataParallel::predicted_model_state_bytes() const {
   return static_cast<size_t>(bytes);
 }
 
+size_t DataParallel::predicted_grad_bytes() const {
+  const auto whole = static_cast<double>(model_.num_params());
+  const auto shard = static_cast<double>(layout_.local_numel());
+  const int s = options_.zero_stage;
+  if (paged_shards_) return 0;  // ZeRO-3 paged: the gradient shard lives in the pages
+  double bytes = (bf16() ? 2 : 4) * (s >= 2 ? shard : whole);
+  if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
+  return static_cast<size_t>(bytes);
+}
+
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();

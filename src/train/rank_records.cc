@@ -39,15 +39,19 @@ nlohmann::json paging_object(const PagingRow& r) {
   return j;
 }
 
-}  // namespace
+// This rank's record; with `predicted_grads`, gradients at least as the
+// ledger predicts them (and the total with them).
+RankRecord own_record(parallel::DataParallel& dp, const memory::PagerStats& paging,
+                      bool predicted_grads) {
+  parallel::MemoryReport m = dp.memory();
+  if (predicted_grads) m.grads = std::max<size_t>(m.grads, dp.predicted_grad_bytes());
+  return {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets, m.activations, m.pages,
+           m.host, m.total(), tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
+          dp.backward_end_ns(),
+          paging_row(dp, paging)};
+}
 
-std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
-                                       const memory::PagerStats& paging) {
-  const parallel::MemoryReport m = dp.memory();
-  const RankRecord mine = {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets,
-                            m.activations, m.pages, m.host, m.total(),
-                            tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
-                           dp.backward_end_ns(), paging_row(dp, paging)};
+std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine) {
   std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
   if (world)
     world->all_gather(&mine, rows.data(), sizeof(RankRecord) / sizeof(int32_t),
@@ -55,6 +59,18 @@ std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::Data
   else
     rows[0] = mine;
   return rows;
+}
+
+}  // namespace
+
+std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
+                                       const memory::PagerStats& paging) {
+  return gather(world, own_record(dp, paging, false));
+}
+
+std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
+                                             parallel::DataParallel& dp) {
+  return gather(world, own_record(dp, {}, true));
 }
 
 nlohmann::json memory_json(const std::vector<RankRecord>& rows) {
@@ -77,7 +93,7 @@ nlohmann::json traffic_json(const comm::Traffic& t) {
   return out;
 }
 
-std::string memory_table(const std::vector<RankRecord>& rows) {
+std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note) {
   std::string t = "memory per rank (MiB):\n  rank";
   for (const char* k : kMemoryKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -88,6 +104,7 @@ std::string memory_table(const std::vector<RankRecord>& rows) {
       t += buf;
     }
   }
+  if (!note.empty()) t += "\n  " + note;
   return t;
 }
 

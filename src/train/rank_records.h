@@ -46,6 +46,12 @@ static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
 std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
                                        const memory::PagerStats& paging = {});
 
+// The start-up table's rows: as gather_records, but gradients not yet
+// allocated (they are at first use) count as what the steps will hold
+// (DataParallel::predicted_grad_bytes), and the total with them.
+std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
+                                             parallel::DataParallel& dp);
+
 // metrics.jsonl's memory_per_rank: one object per rank, keyed by kMemoryKinds.
 nlohmann::json memory_json(const std::vector<RankRecord>& rows);
 
@@ -53,8 +59,8 @@ nlohmann::json memory_json(const std::vector<RankRecord>& rows);
 // c, "bytes": b}, ...}, operations that ran only (payload bytes: comm::Traffic).
 nlohmann::json traffic_json(const comm::Traffic& t);
 
-// The log's table, MiB per rank and kind.
-std::string memory_table(const std::vector<RankRecord>& rows);
+// The log's table, MiB per rank and kind; `note`, when given, a last line.
+std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note = "");
 
 // `paging`: rank 0's traffic this step; `paging_per_rank`: every rank's.
 nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows);

@@ -325,8 +325,11 @@ TrainResult train(const core::Config& cfg) {
               p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (sgemm peak ", static_cast<int>(c.peak_gflops), " GFLOP/s)");
   {
-    const auto rows = gather_records(launch.world.get(), dp);
-    if (l.leader) PO_LOG_INFO(memory_table(rows));
+    // Gradients as the steps will hold them (allocated at their first use).
+    const auto rows = gather_setup_records(launch.world.get(), dp);
+    if (l.leader)
+      PO_LOG_INFO(memory_table(rows, "(grads and total: as the steps will hold them; gradients "
+                                     "are allocated at their first use)"));
   }
   // From here "peak" is the training steps' own (the planner's prediction).
   tensor::reset_pool_peak(tensor::Pool::kCompute);
