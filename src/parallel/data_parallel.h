@@ -143,6 +143,12 @@ class DataParallel {
   // fp32 4 + 4 + 8 bytes per element, bf16 2 + 2 + 4 + 8, each sharded as
   // the stage says. memory() must agree (tests/parallel/zero_bf16_launch_test).
   size_t predicted_model_state_bytes() const;
+  // The gradients' part of that ledger, as memory().grads counts them once
+  // the first step has allocated them: 4 (fp32) or 2 (bf16) bytes per element
+  // of the whole model (stages 0-1) or of this rank's shard (stages 2-3),
+  // plus fp32 stage 1's copy of its shard of the reduced gradient; none for
+  // ZeRO-3's paged shards (their gradients are pages).
+  size_t predicted_grad_bytes() const;
   // Stages 0-1: the all-reduce buckets over units of `unit_numel` elements
   // (esz bytes each) as {lowest unit, highest unit}, in the order the
   // backward finishes them (the highest units first). With the embedding

@@ -48,17 +48,12 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mpi/ring_sizes.h"
 #include "tensor/tensor.h"
 
 namespace po::comm::mpi::ring {
 
-// Messages of at least this many bytes in total (f32, or 16-bit as sent) take
-// the ring; smaller ones stay with OpenMPI, whose tree algorithms have less
-// latency.
-inline constexpr size_t kMinBytes = size_t{1} << 20;
-// Receive segment (bytes) and number of segments in flight per reducing step.
-inline constexpr size_t kSegmentBytes = size_t{1} << 20;
-inline constexpr int kSlots = 4;
+// kMinBytes, kSegmentBytes, kSlots: comm/mpi/ring_sizes.h.
 
 // The private communicator of one group, the operation counter and the
 // scratch pool that its ring operations share.

@@ -1,0 +1,74 @@
+// This rank's shards as checkpoints see them (fp32, the ShardLayout's owned
+// part of each unit): pointers when the state is addressable, copies in and
+// out of the pages when it is paged.
+#include "parallel/data_parallel.h"
+
+#include <cstring>
+#include <optional>
+
+#include "core/error.h"
+#include "parallel/units.h"
+
+namespace po::parallel {
+
+// Where this rank's shard of `kind` lives when it is not addressable: the
+// pages' field (none: param_shard / adam_m_shard / adam_v_shard point at it).
+std::optional<optim::PagedAdamState::Field> DataParallel::paged_field(Shard kind) const {
+  using F = optim::PagedAdamState::Field;
+  if (!adam_->paged()) return std::nullopt;
+  if (kind == Shard::kAdamM) return F::kM;
+  if (kind == Shard::kAdamV) return F::kV;
+  if (bf16()) return F::kMaster;  // a bf16 run's parameters are its fp32 master
+  if (paged_shards_ && units_->sharded()) return F::kParam;
+  return std::nullopt;
+}
+
+float* DataParallel::shard_pointer(Shard kind, int u) {
+  if (kind == Shard::kParams) return param_shard(u);
+  return kind == Shard::kAdamM ? adam_m_shard(u) : adam_v_shard(u);
+}
+
+void DataParallel::read_shard(Shard kind, int u, float* dst) {
+  if (const auto f = paged_field(kind)) {
+    adam_->paged_state()->copy_out(*f, state_offset(u), layout_.owned(u), dst);
+    return;
+  }
+  std::memcpy(dst, shard_pointer(kind, u), static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+}
+
+void DataParallel::write_shard(Shard kind, int u, const float* src) {
+  PO_CHECK(!(kind == Shard::kParams && paged_shards_ && units_->sharded()),
+           "DataParallel::write_shard: parameters are loaded before shard_params()");
+  if (const auto f = paged_field(kind)) {
+    adam_->paged_state()->copy_in(*f, state_offset(u), layout_.owned(u), src);
+    return;
+  }
+  std::memcpy(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+}
+
+// Checkpoints hold fp32: the parameters themselves, or a bf16 run's master.
+float* DataParallel::param_shard(int u) {
+  if (bf16() && master_.data() != nullptr) return master_.f32() + state_offset(u);
+  PO_ASSERT(!(bf16() && adam_->paged() && units_ && units_->sharded()),
+            "DataParallel::param_shard: the master weights are paged (use read_shard)");
+  if (units_) return units_->param_shard(u);
+  return model_.params() + model_.unit_offset(u) + layout_.begin(u);
+}
+
+const float* DataParallel::param_shard(int u) const {
+  return const_cast<DataParallel*>(this)->param_shard(u);
+}
+
+float* DataParallel::adam_m_shard(int u) {
+  PO_ASSERT(!adam_->paged(), "DataParallel::adam_m_shard: Adam state is paged (use read_shard)");
+  if (options_.zero_stage == 0) return adam_->m() + model_.unit_offset(u) + layout_.begin(u);
+  return adam_->m() + layout_.local_offset(u);
+}
+
+float* DataParallel::adam_v_shard(int u) {
+  PO_ASSERT(!adam_->paged(), "DataParallel::adam_v_shard: Adam state is paged (use read_shard)");
+  if (options_.zero_stage == 0) return adam_->v() + model_.unit_offset(u) + layout_.begin(u);
+  return adam_->v() + layout_.local_offset(u);
+}
+
+}  // namespace po::parallel

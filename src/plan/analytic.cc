@@ -1,0 +1,118 @@
+// The analytic plan, for layouts the engine does not run (tensor, pipeline
+// and context parallel): model states by the ZeRO ledger over the busiest
+// pipeline stage, activations by Korthikanti et al., and the collectives that
+// Megatron-style layouts issue.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "plan/plan_parts.h"
+#include "plan/planner.h"
+
+namespace po::plan::detail {
+
+void analytic_plan(Plan& p) {
+  const Layout& l = p.layout;
+  const ModelSpec& m = p.model;
+  const std::vector<int64_t> units = m.unit_numels();
+  const int L = static_cast<int>(m.n_layer);
+  const double block = static_cast<double>(units[1]);
+  const double first = static_cast<double>(units[0]), last = static_cast<double>(units.back());
+  // The busiest pipeline stage holds L/pp blocks and the embedding (or the head).
+  const double stage_params = (std::ceil(static_cast<double>(L) / l.pp) * block + std::max(first, last) +
+                               (l.pp == 1 ? std::min(first, last) : 0)) / l.tp;
+  const int shard = l.dp * l.cp;  // the distributed optimizer shards over dp × cp
+  const double esz = l.bf16 ? 2 : 4;
+  const int stage = l.zero_stage;
+  const double whole = stage_params, part = stage_params / shard;
+  const double params = esz * (stage == 3 ? part : whole);
+  const double grads = esz * (stage >= 2 ? part : whole);
+  const double opt = (l.bf16 ? 12.0 : 8.0) * (stage >= 1 ? part : whole);  // [master +] m + v
+  add_memory(p, "parameters", params, Tier::kCompute, l.bf16 ? "bf16" : "fp32");
+  add_memory(p, "gradients", grads);
+  if (l.paging) {
+    add_memory(p, l.bf16 ? "fp32 master + Adam m, v" : "Adam m, v", opt, l.nvme ? Tier::kNvme : Tier::kHost,
+               "paged off the device");
+    const double bw = l.nvme ? std::min(p.cluster.nvme_read_bw, p.cluster.nvme_write_bw) / p.cluster.devices_per_node
+                             : p.cluster.host_bw;
+    p.io_s = bw > 0 ? 2 * opt / bw : 0;  // read and written back once per step
+  } else {
+    if (l.bf16) add_memory(p, "fp32 master weights", opt / 3);
+    add_memory(p, "Adam m, v", l.bf16 ? opt * 2 / 3 : opt);
+  }
+  if (stage == 3)
+    add_memory(p, "gathered-unit buffers", (l.prefetch + 2) * std::max(block, first) / l.tp * esz);
+  if (stage < 3) add_memory(p, "communication buckets", std::min(2.0 * static_cast<double>(l.bucket_bytes), grads));
+
+  // Activations, Korthikanti et al. (16-bit; fp32 doubles them), with
+  // flash-style attention (no s×s scores) unless flash_attention is off,
+  // the sequence split by cp; 1F1B keeps min(pp, m)
+  // micro-batches in flight on the first stage.
+  const double s = static_cast<double>(l.seq) / l.cp, b = static_cast<double>(l.micro);
+  const double h = static_cast<double>(m.n_embd), a = static_cast<double>(m.n_head);
+  const double scale = l.bf16 ? 1 : 2;
+  const double layers = std::ceil(static_cast<double>(L) / l.pp);
+  const double in_flight = std::min<double>(l.pp, static_cast<double>(l.accum()));
+  const bool sp = l.tp > 1 && l.sequence_parallel;
+  const double full = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, false, l.flash_attention) * scale;
+  const double ckpt = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, true, l.flash_attention) * scale / (sp ? l.tp : 1);
+  p.activations_no_ckpt = full * layers * in_flight;
+  p.activations_ckpt = ckpt * layers * in_flight + full;  // + one layer recomputed
+  add_memory(p, "activations", l.checkpointing ? p.activations_ckpt : p.activations_no_ckpt,
+             Tier::kCompute, core::str_cat("Korthikanti et al.", l.checkpointing ? ", checkpointed" : ""));
+  add_memory(p, "logits / loss buffers", 2 * 4 * s * b * static_cast<double>(m.vocab) / l.tp,
+             Tier::kCompute, "fp32 logits and their gradient, last stage");
+
+  // Communication per step.
+  const double act_bytes = s * b * h * esz;  // one [s, b, h] activation
+  const double mb = static_cast<double>(l.accum());
+  const double resz = l.reduce_bf16 ? 2 : 4;
+  const bool dp_inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp, l.dp);
+  const int n = shard;
+  if (n > 1) {
+    if (stage == 0) {
+      add_comm(p, "dp", "allreduce", "gradients", 1, stage_params * resz, n, dp_inter, true);
+    } else {
+      add_comm(p, "dp", "reduce_scatter", "gradients", stage == 1 ? 1 : static_cast<uint64_t>(mb),
+               stage_params * resz * (stage == 1 ? 1 : mb), n, dp_inter, true);
+      if (stage < 3)
+        add_comm(p, "dp", "all_gather", "updated parameters", 1, stage_params * esz, n, dp_inter, false);
+      else
+        add_comm(p, "dp", "all_gather", "parameter gathers (forward and backward)",
+                 static_cast<uint64_t>(2 * mb), 2 * mb * stage_params * esz, n, dp_inter, true);
+    }
+  }
+  if (l.tp > 1) {
+    const bool inter = spans_nodes(p.cluster, 1, l.tp);
+    // Per layer and micro-batch 2 all-reduces forward, 2 backward, 2 more in
+    // the recompute; with sequence parallel each is an all-gather +
+    // reduce-scatter pair of the same volume (REFERENCE.md).
+    const double calls = (l.checkpointing ? 6 : 4) * layers * mb;
+    if (sp) {
+      add_comm(p, "tp", "all_gather", "sequence-parallel gathers", static_cast<uint64_t>(calls),
+               calls * act_bytes, l.tp, inter, false);
+      add_comm(p, "tp", "reduce_scatter", "sequence-parallel reductions", static_cast<uint64_t>(calls),
+               calls * act_bytes, l.tp, inter, false);
+    } else {
+      add_comm(p, "tp", "allreduce", "row-parallel outputs", static_cast<uint64_t>(calls),
+               calls * act_bytes, l.tp, inter, false);
+    }
+  }
+  if (l.pp > 1) {
+    const bool inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp * l.dp, l.pp);
+    add_comm(p, "pp", "send", "activations forward, gradients backward", static_cast<uint64_t>(2 * mb),
+             2 * mb * act_bytes / (sp ? l.tp : 1), 2, inter, false);
+  }
+  if (l.cp > 1) {
+    const bool inter = spans_nodes(p.cluster, l.tp, l.cp);
+    const double kv = 2 * s * b * h * static_cast<double>(m.n_kv_head) / static_cast<double>(m.n_head) * esz / l.tp;
+    // Ring attention: K, V blocks pass cp - 1 times forward; K, V and their
+    // gradients backward.
+    add_comm(p, "cp", "send", "ring attention K/V blocks", static_cast<uint64_t>(3 * (l.cp - 1) * layers * mb),
+             3 * (l.cp - 1) * layers * mb * kv, 2, inter, true);
+  }
+  // (Tied embedding and head gradients between the first and last stage: small, not counted.)
+}
+
+}  // namespace po::plan::detail

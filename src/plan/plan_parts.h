@@ -1,0 +1,36 @@
+// The pieces make_plan() assembles a Plan from, shared by its two models:
+// the items (memory by tier, collectives with their time on the cluster's
+// links) and the two ways of filling them in. Internal to plan/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "plan/planner.h"
+
+namespace po::plan::detail {
+
+// "1.23 GiB".
+std::string gib(double bytes);
+
+// Whether a group whose members sit `stride` devices apart, `size` of them,
+// spans nodes (Megatron order: tp innermost, then cp, dp, pp).
+bool spans_nodes(const ClusterSpec& c, int64_t stride, int64_t size);
+
+// A collective of `calls` operations moving `bytes` of payload in all
+// (comm::Traffic's bytes) over `n` ranks, timed on the inter- or intra-node
+// link; none when calls == 0.
+void add_comm(Plan& p, const std::string& dim, const std::string& op, const std::string& what,
+              uint64_t calls, double bytes, int n, bool inter, bool overlaps);
+
+// A memory item; none when bytes <= 0.
+void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,
+                const std::string& note = "");
+
+// Engine-exact (replay.cc): data parallel only, sizes by the engine's rules.
+void engine_plan(Plan& p);
+
+// Analytic (analytic.cc): tensor, pipeline and context parallel.
+void analytic_plan(Plan& p);
+
+}  // namespace po::plan::detail

@@ -1,0 +1,165 @@
+// The run's launch: batch plan, MPI world, CPU threads, run directory.
+// Checks come before the side effects they guard (MPI_Init, run.dir).
+#include "train/launch.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "backend/ops.h"
+#include "comm/env.h"
+#include "comm/mpi/communicator.h"
+#include "comm/mpi/join.h"
+#include "comm/mpi/topology.h"
+#include "core/cpus.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "train/run_state.h"
+
+namespace po::train {
+namespace fs = std::filesystem;
+namespace ops = po::backend::cpu;
+namespace {
+
+// XXH3 of this process's executable: ranks must run the same build.
+uint64_t binary_hash() {
+  std::ifstream f("/proc/self/exe", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+// Every rank must have resolved the same config and run the same binary;
+// otherwise the run stops before training, naming the ranks that differ.
+void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
+  const uint64_t mine[2] = {cfg.hash(), binary_hash()};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 4, tensor::DType::kI32);  // 2 x u64 as 4 x i32
+  std::string config_ranks, binary_ranks;
+  for (int r = 1; r < world.size(); ++r) {
+    if (all[2 * r] != all[0]) config_ranks += (config_ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (all[2 * r + 1] != all[1])
+      binary_ranks += (binary_ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  PO_CHECK(config_ranks.empty(), "rank(s) ", config_ranks,
+           " resolved a different config than rank 0 (compare their --set and config files)");
+  PO_CHECK(binary_ranks.empty(), "rank(s) ", binary_ranks,
+           " run a different pagedoptim binary than rank 0 (rebuild or redeploy the same build)");
+}
+
+// Before MPI_Init, which cannot report a wrong launch (it aborts the process):
+// the launcher must be one MPI can join, and must have started dp processes.
+void check_launch(const comm::LaunchEnv& env, int64_t dp) {
+  switch (env.source) {
+    case comm::LaunchSource::kNone:
+      PO_THROW(core::InvalidArgument, "parallel.dp = ", dp, " needs ", dp,
+               " processes: use `pagedoptim train --nproc ", dp, "`, `mpirun -np ", dp,
+               " pagedoptim train ...` or `srun --mpi=pmix -n ", dp, " pagedoptim train ...`");
+    case comm::LaunchSource::kSlurm:
+      // Debian's OpenMPI joins a Slurm step only through PMIx; under any other
+      // srun plugin MPI_Init aborts with an unhelpful message.
+      PO_CHECK(std::getenv("PMIX_RANK") != nullptr, "parallel.dp = ", dp,
+               ": srun started this task without PMIx; run `srun --mpi=pmix ...` (or set "
+               "MpiDefault=pmix in slurm.conf)");
+      break;
+    case comm::LaunchSource::kOpenMpi:
+    case comm::LaunchSource::kTorchrun:
+      break;
+  }
+  PO_CHECK(env.world_size == dp, "parallel.dp = ", dp, " but ", comm::launch_source_name(env.source),
+           " started ", env.world_size, " processes");
+}
+
+}  // namespace
+
+Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
+  Plan p;
+  p.batch = cfg.get_int("train.batch_size");
+  p.micro = cfg.get_int("train.micro_batch_size");
+  if (p.micro == 0) p.micro = p.batch;
+  PO_CHECK(p.batch % p.micro == 0, "train.batch_size = ", p.batch,
+           " must be a multiple of train.micro_batch_size = ", p.micro);
+  p.dp = cfg.get_int("parallel.dp");
+  PO_CHECK(p.batch % (p.dp * p.micro) == 0, "train.batch_size = ", p.batch,
+           " must be a multiple of parallel.dp × train.micro_batch_size = ", p.dp, " × ",
+           p.micro);
+  p.accum = p.batch / (p.dp * p.micro);
+  p.T = m.seq_len;
+  p.steps = cfg.get_int("train.steps");
+  p.eval_interval = cfg.get_int("train.eval_interval");
+  p.eval_batches = cfg.get_int("train.eval_batches");
+  p.ckpt_interval = cfg.get_int("train.checkpoint_interval");
+  p.keep = cfg.get_int("checkpoint.keep");
+  const std::string& precision = cfg.get_string("train.precision");
+  PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
+           "\": choose \"fp32\" or \"bf16\"");
+  const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
+  PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
+           "\": choose \"fp32\" or \"bf16\"");
+  PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
+               1,
+           "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
+  return p;
+}
+
+// Gradients are summed over ranks in buckets during the backward of each
+// step's last micro-batch (parallel/data_parallel.h).
+Launch::Launch(const core::Config& cfg, int64_t dp) {
+  if (dp > 1) {
+    const comm::LaunchEnv env = comm::detect_launch_env();
+    check_launch(env, dp);
+    comm::mpi::MpiOptions mo;
+    mo.timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(cfg.get_float("parallel.timeout") * 1000.0));
+    // mpirun / srun: MPI_COMM_WORLD; torchrun-style: the rendezvous and join.
+    auto mpi_world = comm::mpi::join_world_from_env(env, mo.timeout, mo);
+    mpi_session = std::make_unique<comm::mpi::Session>();  // MPI is up by now; this finalizes it
+    local_ranks = comm::mpi::ranks_on_this_node(mpi_world->handle());
+    world = std::move(mpi_world);
+    PO_CHECK(world->size() == dp, "parallel.dp = ", dp, " but ", world->size(),
+             " processes were launched");
+    check_ranks_agree(*world, cfg);
+  }
+  rank = world ? world->rank() : 0;
+  leader = rank == 0;
+  if (world) {
+    // Rank 0 reports; the others speak only to warn or fail, and say who they are.
+    core::set_log_prefix("[rank " + std::to_string(rank) + "] ");
+    if (!leader && core::log_level() < core::LogLevel::kWarn)
+      core::set_log_level(core::LogLevel::kWarn);
+  }
+}
+
+Launch::~Launch() = default;
+
+int setup_compute(const core::Config& cfg, int local_ranks) {
+  int threads = static_cast<int>(cfg.get_int("train.threads"));
+  if (threads == 0) threads = std::max(1, core::usable_cpus() / local_ranks);
+  ops::set_num_threads(threads);
+  // bf16: parameters and gradients stored in bf16 (DataParallel), the
+  // products of every linear layer (and the tied head) in bf16 with f32
+  // accumulation; fp32 master weights and Adam state for the update.
+  const bool bf16 = cfg.get_string("train.precision") == "bf16";
+  ops::set_gemm_precision(bf16 ? ops::GemmPrecision::kBF16 : ops::GemmPrecision::kF32);
+  if (bf16 && !ops::native_bf16_gemm())
+    PO_LOG_WARN("train.precision = \"bf16\": this CPU/BLAS has no native bf16 GEMM; products "
+                "are rounded to bf16 but run in f32 (no speed-up)");
+  return threads;
+}
+
+void prepare_run_dir(const std::string& dir, bool resume) {
+  std::error_code ec;
+  const bool has_run = fs::exists(fs::path(dir) / "metrics.jsonl", ec) ||
+                       !list_checkpoints((fs::path(dir) / "checkpoints").string()).empty();
+  PO_CHECK(resume || !has_run, "run.dir '", dir,
+           "' already holds a run; pass --resume to continue it or choose another run.dir");
+  fs::create_directories(fs::path(dir) / "checkpoints", ec);
+  PO_CHECK(!ec, "run.dir '", dir, "': cannot create: ", ec.message());
+}
+
+}  // namespace po::train

@@ -1,0 +1,54 @@
+// Where a training run runs and what it is: the batch split (Plan), the
+// processes (Launch: the MPI world at parallel.dp > 1, this rank, the CPU
+// threads it uses) and the run directory. Everything here is checked before
+// run.dir is touched; a wrong launch fails before MPI_Init can abort.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "model/transformer.h"
+
+namespace po::comm::mpi {
+class Session;
+}
+
+namespace po::train {
+
+// The step's shape, from train.* and parallel.* (checked).
+struct Plan {
+  int64_t batch = 0, micro = 0, accum = 0, T = 0, steps = 0;
+  int64_t dp = 1;  // data-parallel ranks; accum counts this rank's micro-batches
+  int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
+};
+
+Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m);
+
+// This process's place in the run. At parallel.dp > 1: one process per rank,
+// launched by mpirun, srun (OpenMPI's PMIx) or a torchrun-style rendezvous;
+// every rank has checked that all resolved the same config and run the same
+// binary. Not movable: the MPI session finalizes after the world is freed.
+struct Launch {
+  Launch(const core::Config& cfg, int64_t dp);
+  ~Launch();
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+  std::unique_ptr<comm::mpi::Session> mpi_session;  // declared first: finalized last
+  std::unique_ptr<comm::Communicator> world;        // null at parallel.dp = 1
+  int local_ranks = 1;                              // ranks sharing this node's CPUs
+  int rank = 0;
+  bool leader = true;  // only rank 0 writes the run directory
+};
+
+// train.threads (0: this rank's share of the usable CPUs) and the GEMM
+// precision of train.precision. Returns the thread count.
+int setup_compute(const core::Config& cfg, int local_ranks);
+
+// Refuses to mix a new run into a directory that holds another one.
+void prepare_run_dir(const std::string& dir, bool resume);
+
+}  // namespace po::train

@@ -1,0 +1,144 @@
+// Paging set-up: the pager's options from memory.*, the compute tier's share
+// after everything that is not paged, and the start-up table.
+#include "train/paging_setup.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "memory/pager.h"
+#include "optim/adamw.h"
+#include "plan/planner.h"
+#include "tensor/tensor.h"
+
+namespace po::train {
+namespace {
+
+// memory.* into the pager's options (the tiers' frame counts are set later).
+memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
+  memory::PagerOptions o;
+  o.page_bytes = cfg.get_size("memory.page_size");
+  o.prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
+  o.alternate = cfg.get_bool("memory.alternate");
+  o.nvme_dir = cfg.get_string("memory.nvme_dir");
+  o.file_name = core::str_cat("pagedoptim-rank", rank, "-pid", static_cast<long>(getpid()), ".swap");
+  o.nvme.queue_depth = static_cast<int>(cfg.get_int("memory.queue_depth"));
+  o.nvme.block_bytes = cfg.get_size("memory.block_size");
+  o.nvme.force_fallback = cfg.get_string("memory.io") == "fallback";
+  PO_CHECK(o.page_bytes >= 4096 && o.page_bytes % 4096 == 0, "memory.page_size = ", o.page_bytes,
+           " bytes: must be a multiple of 4096");
+  return o;
+}
+
+// What the compute tier holds besides pages once set up: the ledger's count
+// of what is not paged (all but `paged_bytes`), what else is allocated, the
+// working buffers to come.
+size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp,
+                             const model::TransformerConfig& mcfg, const Plan& p,
+                             size_t paged_bytes) {
+  const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
+                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T);
+  // Allocations outside the engine's ledger (token files, ...).
+  const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
+  const size_t known = dp.memory().total();
+  // The working buffers to come, as the planner replays them (gathers,
+  // accumulators, buckets, staging, ring scratch at most: plan/planner.h).
+  const plan::ModelSpec spec = plan::model_spec(mcfg, cfg.get_string("model.preset"));
+  const auto working =
+      static_cast<size_t>(plan::engine_working_bytes(spec, plan::layout_from_config(cfg, spec)));
+  return predicted + (live > known ? live - known : 0) + working;
+}
+
+// The log's one-screen account of the pages and where they live.
+std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOptions& o,
+                         const optim::PagedAdamState::Geometry& geo, bool master, size_t fixed,
+                         size_t compute_budget, int rank) {
+  const size_t pages = geo.pages();
+  const auto mib = [](double b) { return b / (1 << 20); };
+  char line[256];
+  std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
+  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s)",
+                geo.state_pages, mib(static_cast<double>(o.page_bytes)),
+                static_cast<long long>(geo.state_elements), master ? ", fp32 master" : "");
+  t += line;
+  if (geo.param_pages > 0) {
+    std::snprintf(line, sizeof line,
+                  "\n  + %zu parameter-shard pages (%lld elements) + %zu gradient-shard pages (%lld elements)",
+                  geo.param_pages, static_cast<long long>(geo.param_elements), geo.grad_pages,
+                  static_cast<long long>(geo.grad_elements));
+    t += line;
+  }
+  std::snprintf(line, sizeof line, ", %.1f MiB in all", mib(static_cast<double>(pages * o.page_bytes)));
+  t += line;
+  std::snprintf(line, sizeof line, "\n  compute tier: %zu pages (%.1f MiB) + %.1f MiB other state%s",
+                pg.compute_frames(), mib(static_cast<double>(pg.compute_frames() * o.page_bytes)),
+                mib(static_cast<double>(fixed)), compute_budget ? "" : " (no budget)");
+  t += line;
+  std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.host_frames(),
+                mib(static_cast<double>(pg.host_frames() * o.page_bytes)));
+  t += line;
+  using F = optim::PagedAdamState::Field;
+  for (const auto& [store, n] : {std::pair{pg.store(F::kM), geo.state_pages},
+                                 std::pair{pg.store(F::kParam), geo.param_pages},
+                                 std::pair{pg.store(F::kGrad), geo.grad_pages}}) {
+    if (store == nullptr || n == 0) continue;
+    std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
+                  n, store->path().c_str(),
+                  store->uses_io_uring() ? "io_uring" : "pread/pwrite threads",
+                  store->direct() ? "O_DIRECT" : "buffered", o.nvme.queue_depth,
+                  mib(static_cast<double>(o.nvme.block_bytes)));
+    t += line;
+  }
+  std::snprintf(line, sizeof line, "\n  prefetch %d pages, direction %s", o.prefetch,
+                o.alternate ? "alternating every step" : "always forward");
+  t += line;
+  return t;
+}
+
+}  // namespace
+
+bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
+                  const model::TransformerConfig& mcfg, const Plan& p, int rank) {
+  const size_t compute_budget = cfg.get_size("memory.compute_budget");
+  const size_t host_budget = cfg.get_size("memory.host_budget");
+  const std::string& io = cfg.get_string("memory.io");
+  PO_CHECK(io == "auto" || io == "fallback", "memory.io = \"", io,
+           "\": choose \"auto\" (io_uring where allowed) or \"fallback\" (pread/pwrite threads)");
+  if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) {
+    if (compute_budget > 0) tensor::set_pool_budget(tensor::Pool::kCompute, compute_budget);
+    return false;
+  }
+  memory::PagerOptions o = pager_options(cfg, rank);
+  const optim::PagedAdamState::Layout layout = dp.paging_layout();
+  const int64_t numel = dp.adam().num_params();
+  const optim::PagedAdamState::Geometry geo =
+      optim::PagedAdamState::geometry(numel, o.page_bytes, layout);
+  const size_t pages = geo.pages();
+  const size_t paged_bytes = static_cast<size_t>(numel) * layout.element_bytes();
+  const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
+  const size_t min_frames = optim::PagedAdamState::min_compute_frames(geo, o.prefetch);
+  if (compute_budget == 0) {
+    o.compute_frames = pages;
+  } else {
+    const size_t need = fixed + min_frames * o.page_bytes;
+    PO_CHECK(compute_budget >= need, "memory.compute_budget = ", compute_budget,
+             " bytes is too small for rank ", rank, "'s working set: at least ", need,
+             " bytes (", fixed, " for parameters, gradients, activations and working buffers + ",
+             min_frames, " pages of ", o.page_bytes, ")");
+    o.compute_frames = std::min(pages, (compute_budget - fixed) / o.page_bytes);
+  }
+  o.host_frames = host_budget / o.page_bytes;
+  if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
+  dp.enable_paging(o);
+  const std::string t =
+      paging_table(*dp.paged_state(), o, geo, layout.master, fixed, compute_budget, rank);
+  if (rank == 0) PO_LOG_INFO(t);
+  return true;
+}
+
+}  // namespace po::train

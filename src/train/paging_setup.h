@@ -1,0 +1,20 @@
+// memory.*: whether Adam state (and a bf16 run's fp32 master) lives in
+// pages, and how many pages each tier holds. The compute tier keeps as many
+// pages as memory.compute_budget leaves room for after the rest of this
+// rank's compute-tier state (parameters, gradients, activations, the working
+// buffers' bound); 0 means no compute budget (every page resident).
+#pragma once
+
+#include "core/config.h"
+#include "model/transformer.h"
+#include "parallel/data_parallel.h"
+#include "train/launch.h"
+
+namespace po::train {
+
+// Turns paging on in `dp` when memory.host_budget or memory.nvme_dir is set;
+// returns whether it did. Its one-screen table goes to the log (rank 0).
+bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
+                  const model::TransformerConfig& mcfg, const Plan& p, int rank);
+
+}  // namespace po::train

@@ -1,0 +1,117 @@
+// Per-rank records: gathered as int32 words (RankRecord is a whole number of
+// them), so one all_gather carries memory, timing and paging together.
+#include "train/rank_records.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/adamw.h"
+#include "tensor/tensor.h"
+#include "train/metrics.h"
+
+namespace po::train {
+namespace {
+
+PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
+  optim::PagedAdamState* pg = dp.paged_state();
+  if (pg == nullptr) return {};
+  const uint64_t page = pg->page_bytes();
+  return {pg->resident(memory::Tier::kCompute) * page, pg->resident(memory::Tier::kHost) * page,
+          pg->resident(memory::Tier::kNvme) * page,    s.nvme_read_bytes,
+          s.nvme_written_bytes,                         s.host_read_bytes,
+          s.host_written_bytes,                         s.accesses,
+          s.hits,                                       static_cast<uint64_t>(s.wait_s * 1e6),
+          static_cast<uint64_t>(s.pass_s * 1e6),
+          static_cast<uint64_t>(dp.pages_updated_in_backward())};
+}
+
+// One rank's paging row as metrics: the same keys as the row, with the
+// derived prefetch_hit_rate, io_wait_ms and pass_ms.
+nlohmann::json paging_object(const PagingRow& r) {
+  nlohmann::json j;
+  for (size_t k = 0; k < 7; ++k) j[kPagingKinds[k]] = r[k];
+  j["prefetch_hit_rate"] = r[7] ? static_cast<double>(r[8]) / static_cast<double>(r[7]) : 1.0;
+  j["io_wait_ms"] = static_cast<double>(r[9]) / 1000;
+  j["pass_ms"] = static_cast<double>(r[10]) / 1000;
+  j["pages_updated_in_backward"] = r[11];
+  return j;
+}
+
+// This rank's record; with `predicted_grads`, gradients at least as the
+// ledger predicts them (and the total with them).
+RankRecord own_record(parallel::DataParallel& dp, const memory::PagerStats& paging,
+                      bool predicted_grads) {
+  parallel::MemoryReport m = dp.memory();
+  if (predicted_grads) m.grads = std::max<size_t>(m.grads, dp.predicted_grad_bytes());
+  return {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets, m.activations, m.pages,
+           m.host, m.total(), tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
+          dp.backward_end_ns(),
+          paging_row(dp, paging)};
+}
+
+std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine) {
+  std::vector<RankRecord> rows(world ? static_cast<size_t>(world->size()) : 1);
+  if (world)
+    world->all_gather(&mine, rows.data(), sizeof(RankRecord) / sizeof(int32_t),
+                      tensor::DType::kI32);
+  else
+    rows[0] = mine;
+  return rows;
+}
+
+}  // namespace
+
+std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
+                                       const memory::PagerStats& paging) {
+  return gather(world, own_record(dp, paging, false));
+}
+
+std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
+                                             parallel::DataParallel& dp) {
+  return gather(world, own_record(dp, {}, true));
+}
+
+nlohmann::json memory_json(const std::vector<RankRecord>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const RankRecord& r : rows) {
+    nlohmann::json j;
+    for (size_t k = 0; k < kMemoryFields; ++k) j[kMemoryKinds[k]] = r.memory[k];
+    out.push_back(j);
+  }
+  return out;
+}
+
+nlohmann::json traffic_json(const comm::Traffic& t) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int i = 0; i < comm::kNumCommOps; ++i) {
+    if (t.calls[i] == 0) continue;
+    out[comm::comm_op_name(static_cast<comm::CommOp>(i))] = {{"calls", t.calls[i]},
+                                                             {"bytes", t.bytes[i]}};
+  }
+  return out;
+}
+
+std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note) {
+  std::string t = "memory per rank (MiB):\n  rank";
+  for (const char* k : kMemoryKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
+    for (uint64_t v : rows[r].memory) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(v) / (1 << 20));
+      t += buf;
+    }
+  }
+  if (!note.empty()) t += "\n  " + note;
+  return t;
+}
+
+nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const RankRecord& r : rows) all.push_back(paging_object(r.paging));
+  return {{"step", step}, {"paging", all[0]}, {"paging_per_rank", all}};
+}
+
+}  // namespace po::train

@@ -1,0 +1,68 @@
+// What every rank reports after a step, gathered to every rank in one
+// collective: its memory by kind (DataParallel's ledger plus the process's
+// peak RSS), when its backward ended (for the exposed-communication split)
+// and its paging traffic; and their forms in metrics.jsonl and the log.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "memory/pager.h"
+#include "parallel/data_parallel.h"
+
+namespace po::train {
+
+// "peak": the compute pool's high-water mark (every tensor::Storage the
+// engine allocates, transient ones included) since set-up ended; in the
+// set-up table, the peak of set-up itself.
+inline constexpr const char* kMemoryKinds[] = {
+    "params",      "grads", "master", "adam",  "gathered", "buckets",
+    "activations", "pages", "host",   "total", "peak",     "peak_rss"};
+inline constexpr size_t kMemoryFields = std::size(kMemoryKinds);
+using MemoryRow = std::array<uint64_t, kMemoryFields>;
+
+// Paging, per rank (all zero without): see paging_json().
+inline constexpr const char* kPagingKinds[] = {
+    "resident_compute_bytes", "resident_host_bytes", "resident_nvme_bytes",
+    "nvme_read_bytes",        "nvme_written_bytes",  "host_read_bytes",
+    "host_written_bytes",     "accesses",            "hits",
+    "io_wait_us",             "pass_us",             "pages_updated_in_backward"};
+using PagingRow = std::array<uint64_t, std::size(kPagingKinds)>;
+
+struct RankRecord {
+  MemoryRow memory;
+  int64_t backward_end_ns;
+  PagingRow paging;
+};
+static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
+
+// One row per rank (a collective over `world`; null: this process's only).
+std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
+                                       const memory::PagerStats& paging = {});
+
+// The start-up table's rows: as gather_records, but gradients not yet
+// allocated (they are at first use) count as what the steps will hold
+// (DataParallel::predicted_grad_bytes), and the total with them.
+std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
+                                             parallel::DataParallel& dp);
+
+// metrics.jsonl's memory_per_rank: one object per rank, keyed by kMemoryKinds.
+nlohmann::json memory_json(const std::vector<RankRecord>& rows);
+
+// The step's collectives on the data-parallel group: {"allreduce": {"calls":
+// c, "bytes": b}, ...}, operations that ran only (payload bytes: comm::Traffic).
+nlohmann::json traffic_json(const comm::Traffic& t);
+
+// The log's table, MiB per rank and kind; `note`, when given, a last line.
+std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note = "");
+
+// `paging`: rank 0's traffic this step; `paging_per_rank`: every rank's.
+nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows);
+
+}  // namespace po::train

@@ -1,0 +1,102 @@
+// The step, as train() runs it each iteration, and what it reports.
+#include "train/train_step.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "train/metrics.h"
+
+namespace po::train {
+
+StepStats train_step(StepContext& c, int64_t step) {
+  const Plan& p = c.p;
+  core::Timer step_timer;
+  const comm::Traffic traffic_before = c.world ? c.world->traffic() : comm::Traffic{};
+  c.model.zero_grads();
+  StepStats s;
+  s.lr = c.sched.at(step);
+  c.dp.set_step_lr(s.lr);  // paged, unclipped: pages update during the backward
+  const float grad_scale = static_cast<float>(1.0 / (tokens_per_step(p)));
+  double loss = 0;
+  for (int64_t micro = 0; micro < p.accum; ++micro) {
+    // This rank's slice of the step's global batch: layout-independent data.
+    const int64_t first = (c.rank * p.accum + micro) * p.micro;
+    c.sampler.fill(step, first, p.micro, c.inputs.data(), c.targets.data());
+    // Gradients are final after the last micro-batch: reduce them as they come.
+    const bool last_micro = micro == p.accum - 1;
+    c.dp.start_micro_batch(last_micro);
+    loss += c.model.forward_backward(c.inputs.data(), c.targets.data(), grad_scale,
+                                     last_micro ? c.dp.unit_ready() : std::function<void(int)>(),
+                                     last_micro && c.dp.defer_embedding());
+    if (last_micro) c.dp.backward_done(c.inputs.data());
+  }
+  s.grad_norm = c.dp.step(s.lr);
+  s.traffic = c.world ? c.world->traffic().since(traffic_before) : comm::Traffic{};
+  s.comm_wait_s = c.dp.comm_wait_seconds();
+  if (c.paging) s.paging = c.dp.paged_state()->take_stats();
+  if (c.world) {
+    float l = static_cast<float>(loss);
+    c.world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
+    loss = l;
+  }
+  s.loss = loss / static_cast<double>(p.accum * p.dp);
+  s.seconds = step_timer.seconds();
+  return s;
+}
+
+CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
+                     double comm_wait_s) {
+  // Waiting for a slower rank is imbalance, not communication; the steady
+  // clock is shared on one node, so this is exact there.
+  CommSplit out{comm_wait_s * 1000, 0};
+  if (!c.world) return out;
+  const auto [lo, hi] = std::minmax_element(
+      records.begin(), records.end(), [](const RankRecord& a, const RankRecord& b) {
+        return a.backward_end_ns < b.backward_end_ns;
+      });
+  out.exposed_ms =
+      std::max<double>(0, static_cast<double>(c.dp.wait_end_ns() - hi->backward_end_ns) / 1e6);
+  out.imbalance_ms = static_cast<double>(hi->backward_end_ns - lo->backward_end_ns) / 1e6;
+  return out;
+}
+
+nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const TrainState& state,
+                            const CommSplit& split, size_t predicted,
+                            const std::vector<RankRecord>& records) {
+  const double tps = tokens_per_step(c.p) / s.seconds;
+  // Each rank measured the peak of its own share of the cores.
+  const double mfu = tps * c.mcfg.flops_per_token(c.p.T) / (c.peak_gflops * 1e9 * c.p.dp);
+  return {{"step", state.step},
+          {"loss", s.loss},
+          {"lr", s.lr},
+          {"grad_norm", s.grad_norm},
+          {"tokens_per_s", tps},
+          {"mfu", mfu},
+          {"step_ms", s.seconds * 1000},
+          {"comm_wait_ms", s.comm_wait_s * 1000},
+          {"exposed_comm_ms", split.exposed_ms},
+          {"imbalance_ms", split.imbalance_ms},
+          {"tokens", state.tokens},
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"predicted_bytes", predicted},
+          {"comm", traffic_json(s.traffic)},
+          {"memory_per_rank", memory_json(records)}};
+}
+
+double evaluate(StepContext& c, const data::TokenFile& val) {
+  const Plan& p = c.p;
+  double sum = 0;
+  data::EvalSampler windows(val, p.T);
+  // train() checked at start that data.val holds at least one batch.
+  const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
+  PO_ASSERT(batches >= 1, "validation file shrank after start-up: ", val.path());
+  for (int64_t b = 0; b < batches; ++b) {
+    windows.fill(b * p.micro, p.micro, c.inputs.data(), c.targets.data());
+    sum += c.model.evaluate(c.inputs.data(), c.targets.data());
+  }
+  return sum / static_cast<double>(batches);
+}
+
+}  // namespace po::train

@@ -1,0 +1,75 @@
+// One optimizer step of the data-parallel trainer: this rank's micro-batches
+// (gradients reduced during the last one's backward), the optimizer step,
+// the loss averaged over every rank, and the step's record in metrics.jsonl.
+// Batches are a pure function of (seed, step, rank's slice), so a resumed run
+// takes the same steps as an uninterrupted one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "data/loader.h"
+#include "data/token_file.h"
+#include "memory/pager.h"
+#include "model/transformer.h"
+#include "optim/schedule.h"
+#include "parallel/data_parallel.h"
+#include "train/launch.h"
+#include "train/rank_records.h"
+#include "train/run_state.h"
+
+namespace po::train {
+
+// What the steps share: set up once by train(), used by every step.
+struct StepContext {
+  const Plan& p;
+  const model::TransformerConfig& mcfg;
+  model::Transformer& model;
+  parallel::DataParallel& dp;
+  comm::Communicator* world;  // null at parallel.dp = 1
+  data::BatchSampler& sampler;
+  const optim::LrSchedule& sched;
+  int rank = 0;
+  bool paging = false;         // Adam state in pages (train/paging_setup.h)
+  double peak_gflops = 0;      // this rank's measured (or configured) sgemm peak
+  std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T), sized by the loop
+};
+
+// Tokens in one step's global batch, all ranks.
+inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batch * p.T); }
+
+// What one step did, on this rank.
+struct StepStats {
+  double loss = 0;  // mean over the global batch (every rank's)
+  double lr = 0, grad_norm = 0;
+  double seconds = 0;      // the step's wall time, the loss's reduction included
+  double comm_wait_s = 0;  // waiting on the gradients' collectives
+  comm::Traffic traffic;   // what the step's training moved (not the reporting)
+  memory::PagerStats paging;
+};
+
+// Step `step` (0-based): zero grads, accumulate this rank's micro-batches,
+// reduce, clip, AdamW.
+StepStats train_step(StepContext& c, int64_t step);
+
+// Exposed communication: how long it ran on after the LAST rank finished its
+// backward; imbalance: how far apart the ranks' backwards ended.
+struct CommSplit {
+  double exposed_ms = 0, imbalance_ms = 0;
+};
+CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
+                     double comm_wait_s);
+
+// The step's record in metrics.jsonl. `state` is after the step; `predicted`:
+// the memory ledger's prediction for this rank (bytes).
+nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const TrainState& state,
+                            const CommSplit& split, size_t predicted,
+                            const std::vector<RankRecord>& records);
+
+// Mean validation loss over train.eval_batches micro-batches of `val`.
+double evaluate(StepContext& c, const data::TokenFile& val);
+
+}  // namespace po::train
