@@ -137,6 +137,7 @@ class DataParallel {
   optim::AdamW& adam() { return *adam_; }
   const ShardLayout& layout() const { return layout_; }
   int zero_stage() const { return options_.zero_stage; }
+  const DataParallelOptions& options() const { return options_; }
   MemoryReport memory() const;
   // What this rank's model states should take by DESIGN.md's ledger, from
   // the stage, the precision and the shard layout alone (padding included):

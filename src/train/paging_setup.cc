@@ -13,7 +13,7 @@
 #include "core/log.h"
 #include "memory/pager.h"
 #include "optim/adamw.h"
-#include "plan/planner.h"
+#include "parallel/working_set.h"
 #include "tensor/tensor.h"
 
 namespace po::train {
@@ -46,11 +46,23 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
-  // The working buffers to come, as the planner replays them (gathers,
-  // accumulators, buckets, staging, ring scratch at most: plan/planner.h).
-  const plan::ModelSpec spec = plan::model_spec(mcfg, cfg.get_string("model.preset"));
-  const auto working =
-      static_cast<size_t>(plan::engine_working_bytes(spec, plan::layout_from_config(cfg, spec)));
+  // The working buffers to come (gathers, accumulators, buckets, staging,
+  // ring scratch at most), counted by parallel/working_set.h, which the
+  // planner reports too.
+  const parallel::DataParallelOptions& d = dp.options();
+  parallel::WorkingSetOptions wo;
+  wo.ranks = static_cast<int>(p.dp);
+  wo.zero_stage = d.zero_stage;
+  wo.prefetch = d.prefetch;
+  wo.bf16 = d.param_dtype == tensor::DType::kBF16;
+  wo.reduce_bf16 = d.reduce_dtype == tensor::DType::kBF16;
+  wo.overlap = d.overlap;
+  wo.paged = true;  // set-up runs only for a paged run
+  wo.micro = p.micro;
+  wo.seq = p.T;
+  wo.accum = p.accum;
+  wo.bucket_bytes = d.bucket_bytes;
+  const auto working = static_cast<size_t>(parallel::working_set(mcfg, wo).total());
   return predicted + (live > known ? live - known : 0) + working;
 }
 
