@@ -1,6 +1,8 @@
 """PyTorch side of the training benchmark (bench/train_vs_torch.sh).
 
-Trains the same GPT-2 as PagedOptim (tools/torch_ref/gpt2.py) in fp32 on the CPU, with
+Trains the same model as PagedOptim in fp32 on the CPU: GPT-2 presets with
+tools/torch_ref/gpt2.py, Llama presets (stories42M, llama-124M) with bench/torch_llama.py
+(the reference Llama's math, tuned: fused q|k|v and gate|up, baddbmm-masked attention), with
 what a fair, informed user would do for speed: 2 intra-op threads, AdamW with
 foreach=True, set_to_none grads, no autograd overhead outside the step. Runs --warmup
 untimed steps then --steps timed ones and prints one JSON line:
@@ -22,9 +24,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch_ref"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2 import GPT2, PRESETS, flops_per_token, param_groups  # noqa: E402
+from torch_llama import PRESETS as LLAMA_PRESETS, TunedLlama  # noqa: E402
 
-DEFAULT_BATCH = {"bench-small": 8, "gpt2-124M": 4}
+DEFAULT_BATCH = {"bench-small": 8, "gpt2-124M": 4, "stories42M": 8, "llama-124M": 4}
 
 
 def load_tokens(path):
@@ -38,8 +42,8 @@ def load_tokens(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=["bench-small", "gpt2-124M"], default="bench-small")
-    ap.add_argument("--batch", type=int, default=0, help="batch size (default: 8 bench-small, 4 gpt2-124M)")
+    ap.add_argument("--preset", choices=sorted(DEFAULT_BATCH), default="bench-small")
+    ap.add_argument("--batch", type=int, default=0, help="batch size (default: 8 bench-small and stories42M, 4 gpt2-124M and llama-124M)")
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--data", default="", help="llm.c token file (default: random tokens)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -51,9 +55,13 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
-    L, C, NH, V = PRESETS[args.preset]
     B, T = args.batch or DEFAULT_BATCH[args.preset], args.seq
-    model = GPT2(L, C, NH, V, T)
+    if args.preset in LLAMA_PRESETS:
+        L, C, NH, NKV, FF, V = LLAMA_PRESETS[args.preset]
+        model = TunedLlama(L, C, NH, NKV, FF, V, T)
+    else:
+        L, C, NH, V = PRESETS[args.preset]
+        model = GPT2(L, C, NH, V, T)
     model.init_weights(std=0.02)
     model.train()
     n_params = model.num_params()
@@ -67,6 +75,8 @@ def main():
     n_total = args.warmup + args.steps
     if args.data:
         toks = load_tokens(args.data)
+        if len(toks) and int(toks.max()) >= V:
+            raise SystemExit(f"{args.data}: token id {int(toks.max())} >= vocab size {V} of {args.preset}")
         need = n_total * B * T + 1
         if len(toks) < need:
             toks = np.tile(toks, need // max(1, len(toks)) + 1)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput: PagedOptim vs PyTorch (fp32, CPU, 2 threads), same machine, same run.
 #
-#   bench/train_vs_torch.sh [--presets "bench-small gpt2-124M"] [--data FILE.bin]
-#                           [--out DIR] [--build DIR] [--torch-only]
+#   bench/train_vs_torch.sh [--presets "bench-small gpt2-124M stories42M llama-124M"] [--data FILE.bin]
+#                           [--out DIR] [--build DIR] [--torch-only] [--no-as-given]
 #
 # Builds nothing: expects build/pagedoptim and build/bench/gemm_bench (cmake --build build).
 # For each preset it runs, one after another:
@@ -11,22 +11,28 @@
 #                   (steps after the first 3; total tokens / total time, i.e. the harmonic mean)
 #   torch tuned     bench/torch_train.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset,
 #                   GLIBC_TUNABLES=glibc.malloc.hugetlb=1, OMP_WAIT_POLICY=PASSIVE
-#   torch as-given  bench/torch_train.py, environment untouched
+#   torch as-given  bench/torch_train.py, environment untouched (skipped with --no-as-given)
 # and once build/bench/gemm_bench for the sgemm peak (2 threads) that MFU is measured against.
+# STEPS (default 13) and WARMUP (default 3) in the environment shorten a run on a busy machine.
 # Prints a table per preset and one JSON line per preset; everything is also kept in --out.
-# Targets: engine/torch-tuned >= 1.3, MFU >= 60% on gpt2-124M, peak RSS within 20% of predicted.
+# GPT-2 presets use tools/torch_ref/gpt2.py; Llama presets (stories42M, llama-124M) use
+# bench/torch_llama.py. Data: random GPT-2 ids (< 50257) unless --data; stories42M keeps its
+# real vocabulary (32000) and always trains on its own random ids < 32000.
+# Targets: engine/torch-tuned >= 1.3, MFU >= 60% on gpt2-124M and >= 75% on llama-124M,
+# peak RSS within 20% of predicted.
 # PyTorch is Debian's python3-torch (1.13) under /usr/bin/python3. See docs/benchmarks.md.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY=/usr/bin/python3
-PRESETS="bench-small gpt2-124M"
+PRESETS="bench-small gpt2-124M stories42M llama-124M"
 DATA=""
 OUT=""
 BUILD="$ROOT/build"
 TORCH_ONLY=0
-STEPS=13          # 3 warm-up + 10 measured, engine and PyTorch alike
-WARMUP=3
+AS_GIVEN=1
+STEPS="${STEPS:-13}"     # 3 warm-up + 10 measured, engine and PyTorch alike
+WARMUP="${WARMUP:-3}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-2400}"   # seconds per single run
 
 while [[ $# -gt 0 ]]; do
@@ -36,7 +42,8 @@ while [[ $# -gt 0 ]]; do
     --out) OUT="$2"; shift 2 ;;
     --build) BUILD="$(cd "$2" 2>/dev/null && pwd || echo "$2")"; shift 2 ;;
     --torch-only) TORCH_ONLY=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --no-as-given) AS_GIVEN=0; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "train_vs_torch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +63,9 @@ config_for() {
   case "$1" in
     bench-small) echo "$ROOT/configs/bench-small.toml" ;;
     gpt2-124M) echo "$ROOT/configs/gpt2-124M-bench.toml" ;;
-    *) die "unknown preset '$1' (bench-small, gpt2-124M)" ;;
+    stories42M) echo "$ROOT/configs/stories42M-bench.toml" ;;
+    llama-124M) echo "$ROOT/configs/llama-124M-bench.toml" ;;
+    *) die "unknown preset '$1' (bench-small, gpt2-124M, stories42M, llama-124M)" ;;
   esac
 }
 for p in $PRESETS; do [[ -f "$(config_for "$p")" ]] || die "missing $(config_for "$p")"; done
@@ -64,29 +73,39 @@ for p in $PRESETS; do [[ -f "$(config_for "$p")" ]] || die "missing $(config_for
 if [[ -z "$OUT" ]]; then OUT="$(mktemp -d "${TMPDIR:-/tmp}/train_vs_torch.XXXXXX")"; fi
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT="$(cd "$OUT" && pwd)"
-echo "== train_vs_torch: presets [$PRESETS], results in $OUT"
+(( WARMUP >= 0 && STEPS > WARMUP )) || die "STEPS=$STEPS must exceed WARMUP=$WARMUP"
+echo "== train_vs_torch: presets [$PRESETS], $STEPS steps ($WARMUP warm-up), engine $ENGINE, results in $OUT"
 echo "   $(uname -n), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "   environment as given: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-<unset>} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-<unset>} GLIBC_TUNABLES=${GLIBC_TUNABLES-<unset>} OMP_WAIT_POLICY=${OMP_WAIT_POLICY-<unset>}"
 echo "   load average: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews every number)"
 
-# (b) token file: random GPT-2 tokens in llm.c's format unless --data was given.
-if [[ -z "$DATA" ]]; then
-  DATA="$OUT/random_tokens.bin"
-  "$PY" - "$DATA" <<'PYEOF' || die "could not write the token file"
+# (b) token files: random GPT-2 tokens in llm.c's format unless --data was given.
+random_tokens() {  # file, vocab
+  "$PY" - "$1" "$2" <<'PYEOF' || die "could not write the token file $1"
 import sys
 import numpy as np
 n = 1 << 20  # tokens; 13 steps need at most 13*8*256+1
 header = np.zeros(256, dtype="<i4")
 header[:3] = (20240520, 1, n)
-toks = np.random.default_rng(1234).integers(0, 50257, size=n, dtype=np.int64).astype("<u2")
+toks = np.random.default_rng(1234).integers(0, int(sys.argv[2]), size=n, dtype=np.int64).astype("<u2")
 with open(sys.argv[1], "wb") as f:
     f.write(header.tobytes()); f.write(toks.tobytes())
 PYEOF
-  echo "   data: $DATA (random tokens, llm.c format)"
+}
+if [[ -z "$DATA" ]]; then
+  DATA="$OUT/random_tokens.bin"
+  random_tokens "$DATA" 50257
+  echo "   data: $DATA (random tokens < 50257, llm.c format)"
 else
   [[ -f "$DATA" ]] || die "--data $DATA: no such file"
   echo "   data: $DATA"
 fi
+if [[ " $PRESETS " == *" stories42M "* ]]; then  # its vocabulary is 32000, not GPT-2's
+  DATA_32K="$OUT/random_tokens_32000.bin"
+  random_tokens "$DATA_32K" 32000
+  echo "   data for stories42M: $DATA_32K (random tokens < 32000, llm.c format)"
+fi
+data_for() { if [[ "$1" == stories42M ]]; then echo "$DATA_32K"; else echo "$DATA"; fi; }
 
 # (e) GEMM peak, measured in this run: MFU means nothing against another
 # machine's (or another day's) peak, so no measurement is an error, not a
@@ -122,30 +141,38 @@ run_logged() {  # name, then the command; keeps the log, returns the exit status
 
 for p in $PRESETS; do
   cfg="$(config_for "$p")"
+  pdata="$(data_for "$p")"
   echo "-- $p"
   # (c) engine
   if [[ $TORCH_ONLY -eq 0 ]]; then
     rundir="$OUT/engine-$p"
     rm -rf "$rundir"
     run_logged "engine-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-      "$ENGINE" train -c "$cfg" --set "run.dir=$rundir" --set "data.train=$DATA" \
+      "$ENGINE" train -c "$cfg" --set "run.dir=$rundir" --set "data.train=$pdata" \
       --set "train.steps=$STEPS"
   fi
   # (d) PyTorch tuned, then as given
   run_logged "torch-tuned-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE \
-    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$DATA" --warmup $WARMUP \
+    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$pdata" --warmup $WARMUP \
     --steps $((STEPS - WARMUP)) --label tuned
-  run_logged "torch-asgiven-$p" \
-    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$DATA" --warmup $WARMUP \
-    --steps $((STEPS - WARMUP)) --label as-given
+  if [[ $AS_GIVEN -eq 1 ]]; then
+    run_logged "torch-asgiven-$p" \
+      "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$pdata" --warmup $WARMUP \
+      --steps $((STEPS - WARMUP)) --label as-given
+  fi
 done
 
 # (f) summary
 "$PY" - "$OUT" "$WARMUP" "$TORCH_ONLY" $PRESETS <<'PYEOF'
 import json, os, sys
 out, warmup, torch_only, presets = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
-DIMS = {"bench-small": (6, 384, 6, 50257, 256, 8), "gpt2-124M": (12, 768, 12, 50257, 256, 4)}
+# preset: (L, C, NH, V, T, B, arch, NKV, F); Llama rows from src/model/config.cc (tied heads)
+DIMS = {"bench-small": (6, 384, 6, 50257, 256, 8, "gpt2", 6, 1536),
+        "gpt2-124M": (12, 768, 12, 50257, 256, 4, "gpt2", 12, 3072),
+        "stories42M": (8, 512, 8, 32000, 256, 8, "llama", 8, 1376),
+        "llama-124M": (12, 768, 12, 50257, 256, 4, "llama", 12, 2048)}
+MFU_TARGET = {"gpt2-124M": 0.60, "llama-124M": 0.75}
 
 def last_json(path, key=None):
     try:
@@ -211,9 +238,12 @@ print()
 print("sgemm peak: %s GFLOP/s (%s)" % (fmt(peak), peak_src))
 rows = []
 for p in presets:
-    L, C, NH, V, T, B = DIMS[p]
-    n_params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # wpe has seq_len rows; tied head once
-    fpt = 6 * n_params + 12 * L * C * T
+    L, C, NH, V, T, B, arch, NKV, FF = DIMS[p]
+    if arch == "gpt2":
+        n_params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # wpe has seq_len rows; tied head once
+    else:  # q, o: C*C; k, v: C*NKV*hs; gate, up, down: C*F; two RMSNorms; final RMSNorm; tied
+        n_params = V * C + L * (2 * C * C + 2 * C * (NKV * (C // NH)) + 3 * C * FF + 2 * C) + C
+    fpt = 6 * n_params + 12 * L * C * T  # attention: QK^T and AV, forward and backward
     eng = None if torch_only else engine_stats(p)
     tuned = last_json(os.path.join(out, "torch-tuned-%s.log" % p), "tokens_per_s")
     given = last_json(os.path.join(out, "torch-asgiven-%s.log" % p), "tokens_per_s")
@@ -226,8 +256,8 @@ for p in presets:
     pred = eng.get("predicted_bytes") if eng else None
     rss_err = (rss - pred) / pred if rss and pred else None
     print()
-    print("%s: L=%d C=%d NH=%d V=%d, B=%d T=%d, %d params, %.3f GFLOP/token"
-          % (p, L, C, NH, V, B, T, n_params, fpt / 1e9))
+    print("%s (%s): L=%d C=%d NH=%d NKV=%d F=%d V=%d, B=%d T=%d, %d params, %.3f GFLOP/token"
+          % (p, arch, L, C, NH, NKV, FF, V, B, T, n_params, fpt / 1e9))
     if eng and "error" in eng:
         print("  engine: %s" % eng["error"])
     print("  %-26s %12s %8s %12s" % ("", "tokens/s", "MFU", "peak RSS"))
@@ -240,16 +270,16 @@ for p in presets:
     ok = lambda c: "n/a" if c is None else ("PASS" if c else "MISS")
     print("  engine / torch tuned: %s   (target >= 1.3: %s)" % (fmt(ratio, "%.2fx"),
           ok(None if ratio is None else ratio >= 1.3)))
-    if p == "gpt2-124M":
-        m = mfu(e_tps)
-        print("  engine MFU: %s   (target >= 60%%: %s)" % (pct(m),
-              ok(None if m is None else m >= 0.60)))
+    if p in MFU_TARGET:
+        m, tgt = mfu(e_tps), MFU_TARGET[p]
+        print("  engine MFU: %s   (target >= %.0f%%: %s)" % (pct(m), 100 * tgt,
+              ok(None if m is None else m >= tgt)))
     print("  engine peak RSS %s vs predicted %s: %s   (target within 20%%: %s)"
           % (fmt(rss and rss / 2**20, "%.0f MiB"), fmt(pred and pred / 2**20, "%.0f MiB"),
              fmt(None if rss_err is None else 100 * rss_err, "%+.1f%%"), ok(None if rss_err is None else abs(rss_err) <= 0.2)))
     if eng and "engine_reported_mfu" in eng:
         print("  (engine's own mfu field: %.1f%%)" % (100 * eng["engine_reported_mfu"]))
-    rows.append({"bench": "train_vs_torch", "preset": p, "batch_size": B, "seq_len": T,
+    rows.append({"bench": "train_vs_torch", "preset": p, "arch": arch, "batch_size": B, "seq_len": T,
                  "n_params": n_params, "flops_per_token": fpt, "peak_gflops": peak,
                  "engine_tokens_per_s": e_tps, "torch_tuned_tokens_per_s": t_tps,
                  "torch_asgiven_tokens_per_s": g_tps, "ratio_engine_vs_tuned": ratio,

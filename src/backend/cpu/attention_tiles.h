@@ -34,29 +34,49 @@ inline Vec load(const float* p) {
 }
 inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 
+// The micro-kernel's own vector: a zmm with AVX-512, a ymm without. GCC lowers
+// a 64-byte Vec on AVX2 through general registers and the stack (vmovq,
+// vpinsrq per load), so the kernel works in register-sized pieces; each C
+// element still sees the same multiply-adds in the same order.
+#ifdef __AVX512F__
+constexpr int kRW = 16;
+#else
+constexpr int kRW = 8;
+#endif
+typedef float RVec __attribute__((vector_size(kRW * sizeof(float))));
+constexpr int kPieces = kW / kRW;  // RVecs per Vec
+
+inline RVec rload(const float* p) {
+  RVec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void rstore(float* p, const RVec& v) { std::memcpy(p, &v, sizeof v); }
+
 template <int R, int NV>
 inline void micro(int64_t K, const float* __restrict A, int64_t lda, const float* __restrict B,
                   int64_t ldb, float* __restrict C, int64_t ldc, bool acc) {
-  Vec c[R][NV];
+  constexpr int NP = NV * kPieces;
+  RVec c[R][NP];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) c[r][v] = acc ? load(C + r * ldc + v * kW) : Vec{};
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; v++) c[r][v] = acc ? rload(C + r * ldc + v * kRW) : RVec{};
   for (int64_t k = 0; k < K; k++) {
-    Vec b[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) b[v] = load(B + k * ldb + v * kW);
+    RVec b[NP];
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; v++) b[v] = rload(B + k * ldb + v * kRW);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
       const float a = A[r * lda + k];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) c[r][v] += a * b[v];
+#pragma GCC unroll 8
+      for (int v = 0; v < NP; v++) c[r][v] += a * b[v];
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) store(C + r * ldc + v * kW, c[r][v]);
+#pragma GCC unroll 8
+    for (int v = 0; v < NP; v++) rstore(C + r * ldc + v * kRW, c[r][v]);
 }
 
 // 16 x 16 transpose in registers: stage w swaps the off-diagonal w x w blocks
@@ -89,6 +109,16 @@ inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) 
 using MicroFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t,
                          bool);
 constexpr int kR = 6;  // rows per micro-kernel call
+// Vectors of C per micro-kernel call. AVX-512: 6 x 4 = 24 of the 32 zmm. AVX2
+// has 16 ymm and a Vec is two of them, so 6 x 4 would be 48 accumulators,
+// spilled to the stack on every k (measured on Zen 3: attention 60x slower than
+// the sgemm); 6 x 1 = 12 ymm fit. The blocking does not change the bits (see
+// the file comment).
+#ifdef __AVX512F__
+constexpr int64_t kMaxNV = 4;
+#else
+constexpr int64_t kMaxNV = 1;
+#endif
 
 template <int NV, int... R>
 constexpr std::array<MicroFn, kR> row_table(std::integer_sequence<int, R...>) {
@@ -132,8 +162,8 @@ inline void gemm_tile(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
         k_lo = std::min(K, m);
         break;
     }
-    for (int64_t n0 = n_lo; n0 < n_hi; n0 += 4 * kW) {
-      const int64_t nv = std::min<int64_t>(4, (n_hi - n0) / kW);
+    for (int64_t n0 = n_lo; n0 < n_hi; n0 += kMaxNV * kW) {
+      const int64_t nv = std::min<int64_t>(kMaxNV, (n_hi - n0) / kW);
       kMicro[nv - 1][rows - 1](k_hi - k_lo, A + m * lda + k_lo, lda, B + k_lo * ldb + n0, ldb,
                                C + m * ldc + n0, ldc, acc);
     }
