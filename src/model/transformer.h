@@ -282,6 +282,12 @@ class Transformer {
   LayerActs scratch_with_stats(int64_t l) const;
   const float* block_input(int64_t l);
   const LayerActs& layer(int64_t l) const { return layers_[static_cast<size_t>(l - first_block())]; }
+  struct HeadViews {
+    float *weight, *norm_w, *norm_b;
+  };
+  HeadViews head_views(float* unit0, float* head_unit) const;
+  HeadViews head_params();
+  void head_done();
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,
                       float grad_scale);
   void head_logits(const float* x, int64_t rows, float* logits);

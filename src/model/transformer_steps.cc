@@ -243,58 +243,64 @@ void Transformer::embed_backward(const int32_t* tokens) {
                           dres_, tokens, B_, T_, config_.n_embd);
 }
 
+// The head's tensors inside unit 0's and the head unit's buffers (parameters
+// or gradients): the head weight (the token table when tied) and the final
+// norm's weight and bias (null for RMSNorm).
+Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) const {
+  const int64_t hu0 = layout_.unit_offset(layout_.head_unit());
+  const TensorSpec* nb = layout_.final_norm_bias();
+  return {layout_.tied() ? unit0 + layout_.head().offset : head_unit + (layout_.head().offset - hu0),
+          head_unit + (layout_.final_norm().offset - hu0),
+          nb ? head_unit + (nb->offset - hu0) : nullptr};
+}
+
+// The head's parameters in its order (unit 0 first when tied, then the head unit).
+Transformer::HeadViews Transformer::head_params() {
+  float* w0 = layout_.tied() ? unit_params(0) : nullptr;
+  return head_views(w0, unit_params(layout_.head_unit()));
+}
+
+void Transformer::head_done() {
+  unit_done(layout_.head_unit());
+  if (layout_.tied()) unit_done(0);
+}
+
 // Final norm + head + loss over row chunks; with grad_scale != 0 also
 // backward through head and final norm into dres_.
 double Transformer::head_forward(const float* residual, const int32_t* targets, int64_t rows,
                                  float grad_scale) {
   const int64_t C = config_.n_embd, V = config_.vocab_size;
-  const int hu = layout_.head_unit();
-  const bool backward = grad_scale != 0.0f, tied = layout_.tied();
-  const int64_t hu0 = layout_.unit_offset(hu);
-  const TensorSpec& nw = layout_.final_norm();
-  const TensorSpec* nb = layout_.final_norm_bias();
-  const int64_t head_off = tied ? layout_.head().offset : layout_.head().offset - hu0;
-  const float* w0 = tied ? unit_params(0) : nullptr;
-  const float* pf = unit_params(hu);
-  const float* W = (tied ? w0 : pf) + head_off;
-  float* g0 = backward && tied ? unit_grads(0) : nullptr;
-  float* gf = backward ? unit_grads(hu) : nullptr;
-  float* dW = backward ? (tied ? g0 : gf) + head_off : nullptr;
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, pf + (nw.offset - hu0),
-               nb ? pf + (nb->offset - hu0) : nullptr, rows);
+  const bool backward = grad_scale != 0.0f;
+  const HeadViews P = head_params();
+  HeadViews G{};
+  if (backward) {
+    float* g0 = layout_.tied() ? unit_grads(0) : nullptr;
+    G = head_views(g0, unit_grads(layout_.head_unit()));
+  }
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, rows);
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
-    ops::matmul_forward(logits_, lnf_ + r0 * C, W, nullptr, n, C, V);
+    ops::matmul_forward(logits_, lnf_ + r0 * C, P.weight, nullptr, n, C, V);
     ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
     if (backward)
-      ops::matmul_backward(dlnf_ + r0 * C, dW, nullptr, logits_, lnf_ + r0 * C, W, n, C, V);
+      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, lnf_ + r0 * C, P.weight, n,
+                           C, V);
   }
   if (backward) {
     std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
-    norm_backward(dres_, gf + (nw.offset - hu0), nb ? gf + (nb->offset - hu0) : nullptr, dlnf_,
-                  residual, pf + (nw.offset - hu0), lnf_mean_, lnf_rstd_, rows);
+    norm_backward(dres_, G.norm_w, G.norm_b, dlnf_, residual, P.norm_w, lnf_mean_, lnf_rstd_, rows);
   }
-  unit_done(hu);
-  if (tied) unit_done(0);
+  head_done();
   double sum = 0;
   for (int64_t i = 0; i < rows; ++i) sum += losses_[i];
   return sum;
 }
 
 void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
-  const int hu = layout_.head_unit();
-  const bool tied = layout_.tied();
-  const int64_t hu0 = layout_.unit_offset(hu);
-  const TensorSpec& nw = layout_.final_norm();
-  const TensorSpec* nb = layout_.final_norm_bias();
-  const float* w0 = tied ? unit_params(0) : nullptr;  // the head's order: 0, then the head unit
-  const float* pf = unit_params(hu);
-  const float* W = tied ? w0 + layout_.head().offset : pf + (layout_.head().offset - hu0);
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf + (nw.offset - hu0),
-               nb ? pf + (nb->offset - hu0) : nullptr, rows);
-  ops::matmul_forward(logits, lnf_, W, nullptr, rows, config_.n_embd, config_.vocab_size);
-  unit_done(hu);
-  if (tied) unit_done(0);
+  const HeadViews P = head_params();
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, P.norm_w, P.norm_b, rows);
+  ops::matmul_forward(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
+  head_done();
 }
 
 float Transformer::forward_backward(const int32_t* inputs, const int32_t* targets,

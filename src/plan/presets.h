@@ -37,7 +37,6 @@ struct ModelSpec {
   // The engine's own config of this shape: its declared layout
   // (model/layout.h) gives the unit sizes above.
   model::TransformerConfig engine;
-  const model::TransformerConfig& gpt2() const { return engine; }
 };
 
 // The planner's view of an engine config (name: the preset, for reports).

@@ -29,7 +29,7 @@ namespace detail {
 void engine_plan(Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  model::TransformerConfig cfg = m.gpt2();
+  model::TransformerConfig cfg = m.engine;
   cfg.seq_len = std::max(cfg.seq_len, l.seq);
   cfg.activation_checkpointing = l.checkpointing;
   cfg.bf16_activations = l.bf16;
