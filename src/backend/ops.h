@@ -135,6 +135,37 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void crossentropy_forward(float* losses, float* logits, const int32_t* targets, int64_t BT,
                           int64_t V, float grad_scale);
 
+// Vocabulary-parallel embedding (tensor parallel; Layout::vocab_begin/vocab_real):
+// a rank's table holds global rows [v0, v0 + nv). Tokens in that range are
+// looked up (row t - v0), the others give zero rows, so the sum over the
+// tensor group is the lookup; positions are added after that sum.
+void embedding_forward_slice(float* out, const int32_t* tokens, const float* wte_slice,
+                             int64_t v0, int64_t nv, int64_t n, int64_t C);
+// out[b,t,:] += wpe[t,:]
+void position_embedding_add(float* out, const float* wpe, int64_t B, int64_t T, int64_t C);
+// embedding_backward for the tokens in [v0, v0 + nv) (the others add nothing
+// to dwte_slice); dwpe as there, from every row.
+void embedding_backward_slice(float* dwte_slice, float* dwpe, const float* dout,
+                              const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t v0,
+                              int64_t nv);
+
+// Vocabulary-parallel cross-entropy (Megatron's): a rank holds logits [n, Vl]
+// for global columns v0 .., of which the first nv are real (the rest pad the
+// vocabulary and never count). The loss needs three per-row reductions over
+// the tensor group, done by the caller between the phases:
+//   1. row_max[r] = max of the real logits (then: max over the group);
+//   2. sums[2r] = sum of exp(z - row_max) (then: sum over the group), kept in
+//      place as exp when store_exp; sums[2r+1] = the target's logit when this
+//      slice holds it, else 0 (then: sum over the group);
+//   3. losses[r] = log(sum) + max - z_target; with grad_scale != 0 the slice
+//      becomes grad_scale * (softmax - onehot) (padding columns 0).
+void vocab_ce_max(float* row_max, const float* logits, int64_t n, int64_t Vl, int64_t nv);
+void vocab_ce_sums(double* sums, float* logits, const int32_t* targets, const float* row_max,
+                   int64_t n, int64_t Vl, int64_t nv, int64_t v0, bool store_exp);
+void vocab_ce_finish(float* losses, float* logits, const int32_t* targets, const float* row_max,
+                     const double* sums, int64_t n, int64_t Vl, int64_t nv, int64_t v0,
+                     float grad_scale);
+
 // Sum of squares of x[n], in double (for the global gradient norm).
 double sum_squares(const float* x, int64_t n);
 // x[n] *= s

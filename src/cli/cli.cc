@@ -24,6 +24,7 @@
 #include "data/tokenizer.h"
 #include "checkpoint/safetensors.h"
 #include "model/transformer.h"
+#include "cli/plan_layout.h"
 #include "plan/planner.h"
 #include "train/generate.h"
 #include "train/run_state.h"
@@ -49,7 +50,7 @@ std::string tokenizer_root() {
 // N ranks of this same binary, forwards SIGINT/SIGTERM to them and stops all
 // of them when one dies, naming its rank and signal or exit status. Only rank
 // 0 reports; every rank's errors carry its rank. Replaces this process.
-[[noreturn]] void launch_workers(int nproc, int argc, char** argv) {
+[[noreturn]] void launch_workers(int nproc, int64_t dp, int argc, char** argv) {
   std::vector<std::string> args = {"mpirun", "-np", std::to_string(nproc), "--bind-to", "none"};
   if (geteuid() == 0) args.push_back("--allow-run-as-root");
   if (nproc > static_cast<int>(std::thread::hardware_concurrency())) {
@@ -66,7 +67,7 @@ std::string tokenizer_root() {
     if (a.starts_with("--nproc=")) continue;
     args.push_back(a);
   }
-  args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(nproc)});
+  args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(dp)});
   setenv("PAGEDOPTIM_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);  // see train/metrics.cc
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
@@ -91,12 +92,23 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
               int nproc, int argc, char** argv) {
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
+  const int64_t tp = cfg.get_int("parallel.tp");
   if (nproc > 1) {
-    PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") == nproc, "--nproc ", nproc,
-             " disagrees with parallel.dp = ", cfg.get_int("parallel.dp"));
+    // The processes are the mesh: parallel.dp = nproc / parallel.tp unless given.
+    PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of parallel.tp = ", tp);
+    PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == nproc, "--nproc ",
+             nproc, " disagrees with parallel.dp × parallel.tp = ", cfg.get_int("parallel.dp"),
+             " × ", tp);
     PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone, "--nproc ", nproc,
              ": already running under a launcher (mpirun, srun or torchrun); drop --nproc");
-    launch_workers(nproc, argc, argv);
+    launch_workers(nproc, nproc / tp, argc, argv);
+  }
+  if (!cfg.is_set("parallel.dp")) {
+    // Under mpirun, srun or torchrun without parallel.dp: the world is dp × tp
+    // (as Megatron-LM derives its data-parallel size).
+    const comm::LaunchEnv env = comm::detect_launch_env();
+    if (env.world_size > 1 && env.world_size % tp == 0)
+      cfg.set_text("parallel.dp", std::to_string(env.world_size / tp), "the launcher's world size");
   }
   train::TrainResult r = train::train(cfg);
   if (!r.leader) return 0;
@@ -150,6 +162,10 @@ model::Transformer load_model(const std::string& src, int64_t batch) {
   }
   cfg.set_text("model.bias", bias ? "true" : "false", path);
   cfg.set_text("model.tie_embeddings", tied ? "true" : "false", path);
+  // The weights come from the checkpoint; the shape from its stored keys (runs
+  // since the resolved shape is stored), not from model.init's file again.
+  if (cfg.is_set("model.n_layer") && cfg.get_int("model.n_layer") > 0)
+    cfg.set_text("model.init", "random", path);
   model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
   m.bf16_activations = false;  // inference saves nothing
@@ -202,7 +218,7 @@ struct PlanOptions {
 int cmd_plan(const PlanOptions& o) {
   const core::Config cfg = core::Config::load(o.config_path, o.sets);
   const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), cfg.get_string("model.preset"));
-  plan::Layout layout = plan::layout_from_config(cfg, model);
+  plan::Layout layout = cli::plan_layout(cfg, model);
   // A preset's node count follows the layout unless --nodes says otherwise;
   // a cluster file's is its own.
   const auto presets = plan::cluster_preset_names();

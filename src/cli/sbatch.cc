@@ -54,11 +54,15 @@ std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary
   const int world = o.nodes * o.tasks_per_node;
   const std::string config = fs::absolute(fs::path(workdir) / o.config_path).lexically_normal();
 
+  // The tasks are the mesh: parallel.dp = tasks / parallel.tp.
+  const int64_t tp = core::Config::load(config, o.sets).get_int("parallel.tp");
+  PO_CHECK(world % tp == 0, "--nodes × --ntasks-per-node = ", world,
+           " is not a multiple of parallel.tp = ", tp);
   std::vector<std::string> sets = o.sets;
-  sets.push_back("parallel.dp=" + std::to_string(world));
+  sets.push_back("parallel.dp=" + std::to_string(world / tp));
   core::Config cfg = core::Config::load(config, sets);
-  PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") == world,
-           "parallel.dp disagrees with --nodes × --ntasks-per-node = ", world);
+  PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == world,
+           "parallel.dp × parallel.tp disagrees with --nodes × --ntasks-per-node = ", world);
   train::check_config(cfg);
 
   std::string job = o.job_name;

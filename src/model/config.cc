@@ -102,7 +102,8 @@ void TransformerConfig::validate() const {
   PO_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
   PO_CHECK(n_embd >= 1, "model.n_embd must be >= 1, got ", n_embd);
   PO_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
-  PO_CHECK(n_embd % n_head == 0, "model.n_head = ", n_head, " must divide model.n_embd = ", n_embd);
+  PO_CHECK(head_size > 0 || n_embd % n_head == 0, "model.n_head = ", n_head,
+           " must divide model.n_embd = ", n_embd);
   PO_CHECK(n_kv_head >= 1 && n_head % n_kv_head == 0, "model.n_kv_head = ", n_kv_head,
            " must divide model.n_head = ", n_head, " (grouped-query attention)");
   PO_CHECK(ffn_hidden >= 1, "model.ffn_hidden must be >= 1, got ", ffn_hidden);
@@ -121,6 +122,23 @@ void TransformerConfig::validate() const {
            "original_max_position >= 1 are needed, got factor ",
            rope_scaling.factor, ", low ", rope_scaling.low_freq_factor, ", high ",
            rope_scaling.high_freq_factor, ", original ", rope_scaling.original_max_position);
+}
+
+TransformerConfig TransformerConfig::shard(int64_t tp) const {
+  TransformerConfig c = resolved();
+  c.validate();
+  PO_CHECK(tp >= 1, "parallel.tp must be >= 1, got ", tp);
+  if (tp == 1) return c;
+  PO_CHECK(c.n_kv_head % tp == 0, "parallel.tp = ", tp, " must divide model.n_kv_head = ",
+           c.n_kv_head, " (tensor parallel splits the kv heads; model.n_head = ", c.n_head, ")");
+  PO_CHECK(c.ffn_hidden % tp == 0, "parallel.tp = ", tp, " must divide model.ffn_hidden = ",
+           c.ffn_hidden, " (the MLP's columns)");
+  c.head_size = c.head_dim();
+  c.n_head /= tp;
+  c.n_kv_head /= tp;
+  c.ffn_hidden /= tp;
+  c.vocab_size = c.padded_vocab(tp) / tp;
+  return c;
 }
 
 int64_t TransformerConfig::num_params() const { return Layout(*this).num_params(); }

@@ -32,6 +32,9 @@ struct TransformerConfig {
   int64_t ffn_hidden = 0;  // MLP width F: 4·C for GELU; SwiGLU has gate and up of F each
   int64_t vocab_size = 0;
   int64_t seq_len = 0;     // maximum sequence length (rows of wpe, RoPE table)
+  // Width of one attention head; 0: n_embd / n_head. A tensor-parallel shard
+  // (shard()) fixes it, since its n_head is a slice of the model's.
+  int64_t head_size = 0;
   Norm norm = Norm::kLayerNorm;
   double norm_eps = 1e-5;
   Positions positions = Positions::kLearned;
@@ -64,7 +67,16 @@ struct TransformerConfig {
     return c;
   }
 
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
+
+  // Vocabulary rows padded up to a multiple of tp, so that each of tp ranks
+  // holds an equal slice of the token table and the head.
+  int64_t padded_vocab(int64_t tp) const { return (vocab_size + tp - 1) / tp * tp; }
+  // The shapes one of tp tensor-parallel ranks computes with: n_head,
+  // n_kv_head and ffn_hidden divided by tp, vocab_size = padded_vocab(tp) /
+  // tp, head_size fixed. Throws InvalidArgument naming parallel.tp and the
+  // model.* key it does not divide.
+  TransformerConfig shard(int64_t tp) const;
   // Columns of the fused q|k|v projection: (n_head + 2·n_kv_head)·head_dim.
   int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
   // Columns of the MLP's first projection: F (GELU) or 2F (SwiGLU gate | up).

@@ -1,13 +1,22 @@
 #include "model/layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace po::model {
 
-Layout::Layout(const TransformerConfig& unresolved)
-    : n_layer_(static_cast<int>(unresolved.n_layer)) {
-  const TransformerConfig config = unresolved.resolved();
-  config.validate();
+Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
+    : n_layer_(static_cast<int>(unresolved.n_layer)), split_(split) {
+  PO_CHECK(split.size >= 1 && split.rank >= 0 && split.rank < split.size,
+           "tensor-parallel rank ", split.rank, " is outside parallel.tp = ", split.size);
+  const TransformerConfig whole = unresolved.resolved();
+  whole.validate();
+  // This rank's shapes (the whole model's at tp = 1).
+  const TransformerConfig config = whole.shard(split.size);
+  vocab_ = whole.vocab_size;
+  vocab_rows_ = config.vocab_size;
+  const int64_t tp = split.size;
   const int64_t C = config.n_embd, V = config.vocab_size, L = config.n_layer;
   const int64_t hs = config.head_dim(), NH = config.n_head, NKV = config.n_kv_head;
   const int64_t F = config.ffn_hidden;
@@ -15,7 +24,7 @@ Layout::Layout(const TransformerConfig& unresolved)
   const bool layer_norm = config.norm == Norm::kLayerNorm;
   int64_t offset = 0;
   auto add = [&](const std::string& name, tensor::Shape shape, int unit, Slot slot, Init init,
-                 Partition part, int stride = 1, bool conv1d = false) {
+                 Partition part, std::vector<int64_t> parts = {}, bool conv1d = false) {
     TensorSpec t;
     t.name = name;
     t.shape = std::move(shape);
@@ -25,7 +34,15 @@ Layout::Layout(const TransformerConfig& unresolved)
     t.init = init;
     t.decay = t.shape.size() >= 2;
     t.partition = part;
-    t.partition_stride = stride;
+    t.global_shape = t.shape;
+    if (part == Partition::kSplitRows) {
+      t.parts = parts.empty() ? std::vector<int64_t>{t.shape[0]} : std::move(parts);
+      t.global_shape[0] *= tp;
+    } else if (part == Partition::kSplitCols) {
+      t.global_shape[1] *= tp;
+    } else if (part == Partition::kVocab) {
+      t.global_shape[0] = vocab_;
+    }
     t.conv1d = conv1d;
     offset += t.numel();
     tensors_.push_back(std::move(t));
@@ -55,21 +72,24 @@ Layout::Layout(const TransformerConfig& unresolved)
       const std::string h = "h." + std::to_string(l) + ".";
       const bool b = config.bias;
       norm(h + "ln_1.weight", h + "ln_1.bias", Slot::kNorm1, Slot::kNorm1Bias);
+      const std::vector<int64_t> qkv = {NH * hs, NKV * hs, NKV * hs};
+      const std::vector<int64_t> fc = config.mlp == Mlp::kSwiGLU ? std::vector<int64_t>{F, F}
+                                                                  : std::vector<int64_t>{F};
       add(h + "attn.c_attn.weight", {config.qkv_width(), C}, u, slot_here(Slot::kQkv),
-          Init::kNormal, P::kSplitRows, 3, true);
+          Init::kNormal, P::kSplitRows, qkv, true);
       if (b) add(h + "attn.c_attn.bias", {config.qkv_width()}, u, slot_here(Slot::kQkvBias),
-                 Init::kZeros, P::kSplitRows, 3);
+                 Init::kZeros, P::kSplitRows, qkv);
       add(h + "attn.c_proj.weight", {C, NH * hs}, u, slot_here(Slot::kAttnOut),
-          Init::kResidualNormal, P::kSplitCols, 1, true);
+          Init::kResidualNormal, P::kSplitCols, {}, true);
       if (b) add(h + "attn.c_proj.bias", {C}, u, slot_here(Slot::kAttnOutBias), Init::kZeros,
                  P::kReplicated);
       norm(h + "ln_2.weight", h + "ln_2.bias", Slot::kNorm2, Slot::kNorm2Bias);
       add(h + "mlp.c_fc.weight", {config.fc_width(), C}, u, slot_here(Slot::kFc), Init::kNormal,
-          P::kSplitRows, config.mlp == Mlp::kSwiGLU ? 2 : 1, true);
+          P::kSplitRows, fc, true);
       if (b) add(h + "mlp.c_fc.bias", {config.fc_width()}, u, slot_here(Slot::kFcBias),
-                 Init::kZeros, P::kSplitRows, config.mlp == Mlp::kSwiGLU ? 2 : 1);
+                 Init::kZeros, P::kSplitRows, fc);
       add(h + "mlp.c_proj.weight", {C, F}, u, slot_here(Slot::kProj), Init::kResidualNormal,
-          P::kSplitCols, 1, true);
+          P::kSplitCols, {}, true);
       if (b) add(h + "mlp.c_proj.bias", {C}, u, slot_here(Slot::kProjBias), Init::kZeros,
                  P::kReplicated);
       continue;
@@ -124,6 +144,22 @@ Layout::Layout(const TransformerConfig& unresolved)
     add("lm_head.weight", {V, C}, uf, Slot::kHead, Init::kNormal, P::kVocab);
   }
   unit_offsets_.push_back(offset);
+}
+
+int64_t Layout::vocab_real() const {
+  return std::clamp<int64_t>(vocab_ - vocab_begin(), 0, vocab_rows_);
+}
+
+std::vector<std::pair<int64_t, int64_t>> Layout::replicated_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const TensorSpec& t : tensors_) {
+    if (t.partition != Partition::kReplicated) continue;
+    if (!out.empty() && out.back().first + out.back().second == t.offset)
+      out.back().second += t.numel();
+    else
+      out.emplace_back(t.offset, t.numel());
+  }
+  return out;
 }
 
 const TensorSpec* Layout::find(const std::string& name) const {

@@ -13,11 +13,19 @@
 //
 // Element i of tensor k initialises from Philox(seed, k) at counter i, so any
 // split of a tensor starts from the values of the unsplit one.
+//
+// Tensor parallel (TensorSplit): a layout can be one tp rank's. Its tensors
+// then have the shapes that rank holds (TensorSpec::shape; global_shape is
+// the whole tensor's) and its offsets and units are that rank's flat
+// buffers; global_runs() maps each held element to its index in the whole
+// tensor. Every tp rank's units have the same sizes and its replicated
+// tensors the same offsets, so dp shards cut every tp rank alike.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -75,8 +83,11 @@ struct TensorSpec {
   Init init = Init::kZeros;
   bool decay = false;  // weight decay applies (tensors with >= 2 dims)
   Partition partition = Partition::kReplicated;
-  // Column-parallel fused weights split per part: c_attn's q|k|v (3), gate|up (2).
-  int partition_stride = 1;
+  // kSplitRows: the rows of each part of a fused weight as held (c_attn's
+  // q | k | v, SwiGLU's c_fc gate | up); each part is split on its own, so a
+  // rank holds [q_r; k_r; v_r]. One entry for an unfused weight.
+  std::vector<int64_t> parts;
+  tensor::Shape global_shape;  // the whole tensor's shape (= shape when not split)
   bool conv1d = false;  // stored transposed ([in, out]) in Hugging Face GPT-2 files
   int64_t numel() const { return tensor::shape_numel(shape); }
 };
@@ -89,9 +100,15 @@ struct Step {
   int layer = -1;  // blocks: 0..L-1
 };
 
+// Which tensor-parallel rank a layout, or a model, is: rank of size.
+struct TensorSplit {
+  int size = 1;
+  int rank = 0;
+};
+
 class Layout {
  public:
-  explicit Layout(const TransformerConfig& config);
+  explicit Layout(const TransformerConfig& config, TensorSplit split = {});
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const TensorSpec& tensor(const std::string& name) const;  // throws naming it
@@ -118,6 +135,23 @@ class Layout {
   // Units whose parameters the head reads, in the order it asks for them.
   std::vector<int> head_units() const;
 
+  const TensorSplit& split() const { return split_; }
+  // The vocabulary rows this rank's token table and head hold: global rows
+  // [vocab_begin, vocab_begin + vocab_rows) of which the first vocab_real are
+  // real (the rest pad the vocabulary to a multiple of tp and are zero).
+  int64_t vocab_begin() const { return vocab_rows_ * split_.rank; }
+  int64_t vocab_rows() const { return vocab_rows_; }
+  int64_t vocab_real() const;
+  // Calls fn(local, global, n) for runs of n consecutive held elements of `t`
+  // starting at element `local` of the held tensor and element `global` of
+  // the whole one (row-major); global = -1 for padding rows. In local order.
+  template <typename Fn>
+  void global_runs(const TensorSpec& t, Fn&& fn) const;
+  // Ranges [offset, offset + n) of the flat parameters (this layout's
+  // offsets) that hold replicated tensors: on tp ranks > 0 these are copies
+  // that a global reduction (the gradient norm) must not count again.
+  std::vector<std::pair<int64_t, int64_t>> replicated_ranges() const;
+
   // The one-stage training schedule of a micro-batch, and the order in which
   // it asks for units' parameters (the ZeRO-3 gather order).
   std::vector<Step> training_steps() const;
@@ -127,10 +161,45 @@ class Layout {
 
  private:
   int n_layer_;
+  TensorSplit split_;
+  int64_t vocab_ = 0, vocab_rows_ = 0;
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> unit_offsets_;
   std::array<int64_t, kBlockSlots> block_slots_{};
   size_t final_norm_ = 0, head_ = 0;
 };
+
+template <typename Fn>
+void Layout::global_runs(const TensorSpec& t, Fn&& fn) const {
+  const int64_t tp = split_.size, r = split_.rank;
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  const int64_t cols = rows == 0 ? 0 : t.numel() / rows;
+  switch (t.partition) {
+    case Partition::kReplicated:
+      fn(int64_t{0}, int64_t{0}, t.numel());
+      return;
+    case Partition::kVocab:
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t g = vocab_begin() + i;
+        fn(i * cols, g < vocab_ ? g * cols : int64_t{-1}, cols);
+      }
+      return;
+    case Partition::kSplitCols: {
+      const int64_t gcols = t.global_shape[1];
+      for (int64_t i = 0; i < rows; ++i) fn(i * cols, i * gcols + r * cols, cols);
+      return;
+    }
+    case Partition::kSplitRows: {
+      int64_t local = 0, global_start = 0;  // first row of the part, held and whole
+      for (int64_t part : t.parts) {
+        for (int64_t i = 0; i < part; ++i)
+          fn((local + i) * cols, (global_start + r * part + i) * cols, cols);
+        local += part;
+        global_start += part * tp;
+      }
+      return;
+    }
+  }
+}
 
 }  // namespace po::model

@@ -9,8 +9,13 @@
 //             of their [B·T, C] outputs over the tensor group;
 //   backward: after the column-parallel q|k|v and gate|up (fc) input-gradient
 //             GEMMs, f's conjugate = all-reduce of the [B·T, C] input gradients.
-// With tp > 1 a row-parallel bias must be added once, after the reduction
-// (the tensor-parallel issue splits the bias add from the GEMM).
+// A row-parallel bias is added once, after the reduction (block_forward adds
+// it there at tp > 1). The vocabulary-parallel embedding sums its masked
+// lookups, and the vocabulary-parallel loss reduces three numbers per row
+// (max, sum of exponentials, target logit) and the head's input gradient.
+//
+// Every member of the group gets the same bits from each reduction: the
+// replicated activations, and so the replicated parameters, stay identical.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,9 @@ class ParallelOps {
   virtual int tp_rank() const = 0;
   // x[n] = sum of x[n] over the tensor-parallel group, in a fixed rank order.
   virtual void tp_all_reduce(float* x, int64_t n) = 0;
+  virtual void tp_all_reduce(double* x, int64_t n) = 0;
+  // x[n] = elementwise max over the tensor-parallel group.
+  virtual void tp_all_reduce_max(float* x, int64_t n) = 0;
 };
 
 class NullParallelOps final : public ParallelOps {
@@ -32,6 +40,8 @@ class NullParallelOps final : public ParallelOps {
   int tp_size() const override { return 1; }
   int tp_rank() const override { return 0; }
   void tp_all_reduce(float*, int64_t) override {}
+  void tp_all_reduce(double*, int64_t) override {}
+  void tp_all_reduce_max(float*, int64_t) override {}
   // The process-wide instance models use unless given another.
   static NullParallelOps& instance() {
     static NullParallelOps ops;

@@ -26,8 +26,13 @@ int64_t head_chunk_rows(int64_t B, int64_t T) { return std::min<int64_t>(kHeadCh
 
 }  // namespace
 
-Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range)
-    : config_(config.resolved()), layout_(config_), B_(B), T_(T) {
+Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range,
+                         TensorSplit split)
+    : global_config_(config.resolved()),
+      config_(global_config_.shard(split.size)),
+      layout_(global_config_, split),
+      B_(B),
+      T_(T) {
   PO_CHECK(B >= 1, "micro-batch size must be >= 1, got ", B);
   PO_CHECK(T >= 1 && T <= config_.seq_len, "sequence length ", T, " must be in [1, model.seq_len = ",
            config_.seq_len, "]");
@@ -40,6 +45,10 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
            "across stages needs the embedding group of pipeline parallel");
   num_params_ = layout_.unit_offset(last_ + 1) - layout_.unit_offset(first_);
   head_chunk_ = head_chunk_rows(B_, T_);
+  if (split.size > 1) {
+    row_max_.resize(static_cast<size_t>(head_chunk_));
+    row_sums_.resize(2 * static_cast<size_t>(head_chunk_));
+  }
   ActivationLayout v;
   const int64_t n_blocks = end_block() - first_block();
   acts_ = tensor::Storage(
@@ -173,19 +182,23 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
 }
 
 size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, int64_t B,
-                                               int64_t T) {
-  config.resolved().validate();
+                                               int64_t T, int64_t tp) {
+  const TransformerConfig local = config.shard(tp);
   ActivationLayout counted;
-  return layout_activations(config, B, T, config.n_layer, true, nullptr, counted) * sizeof(float);
+  return layout_activations(local, B, T, local.n_layer, true, nullptr, counted) * sizeof(float);
 }
 
-size_t Transformer::predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T) {
-  return static_cast<size_t>(head_chunk_rows(B, T) * config.vocab_size + B * T) * sizeof(float);
+size_t Transformer::predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                           int64_t tp) {
+  return static_cast<size_t>(head_chunk_rows(B, T) * config.shard(tp).vocab_size + B * T) *
+         sizeof(float);
 }
 
-size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T) {
-  return predicted_activation_bytes(config, B, T) +
-         2 * static_cast<size_t>(config.num_params()) * sizeof(float);
+size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                    int64_t tp) {
+  const Layout held(config, {static_cast<int>(tp), 0});
+  return predicted_activation_bytes(config, B, T, tp) +
+         2 * static_cast<size_t>(held.num_params()) * sizeof(float);
 }
 
 Transformer::BlockParams Transformer::block_params(float* unit_base) const {
@@ -266,9 +279,17 @@ void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
       continue;
     }
     const float std = static_cast<float>(p.init == Init::kResidualNormal ? proj_std : 0.02);
-    core::Philox rng(seed, k);
+    const core::Philox rng(seed, k);
+    if (layout_.split().size == 1) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] = std * rng.normal(static_cast<uint64_t>(i));
+      for (int64_t i = 0; i < n; ++i) dst[i] = std * rng.normal(static_cast<uint64_t>(i));
+      continue;
+    }
+    // A shard: each element from its index in the whole tensor (padding rows 0).
+    layout_.global_runs(p, [&](int64_t local, int64_t global, int64_t len) {
+      for (int64_t i = 0; i < len; ++i)
+        dst[local + i] = global < 0 ? 0.0f : std * rng.normal(static_cast<uint64_t>(global + i));
+    });
   }
 }
 

@@ -91,10 +91,19 @@ struct KvCache {
 class Transformer {
  public:
   // Allocates activations for micro-batch B at sequence T (parameters and
-  // gradients at first use) for the units in `range`.
-  Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range = {});
+  // gradients at first use) for the units in `range`. With split.size > 1 the
+  // model is one tensor-parallel rank's: it holds that rank's shards
+  // (Layout's held shapes) and computes its heads, MLP columns and vocabulary
+  // slice; the reductions between ranks go through set_parallel_ops(), whose
+  // tp_size() and tp_rank() must match `split`.
+  Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range = {},
+              TensorSplit split = {});
 
-  const TransformerConfig& config() const { return config_; }
+  // The whole model's configuration (at tp > 1, not the shapes held).
+  const TransformerConfig& config() const { return global_config_; }
+  // The shapes this rank computes with (TransformerConfig::shard).
+  const TransformerConfig& local_config() const { return config_; }
+  int tp_size() const { return layout_.split().size; }
   const Layout& layout() const { return layout_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
@@ -202,13 +211,17 @@ class Transformer {
 
   // Bytes of activations and scratch this model holds (for the memory ledger).
   size_t activation_bytes() const { return acts_.size(); }
-  // Bytes the model would hold: params + grads + activations (no optimizer).
-  static size_t predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  // Bytes the model would hold: params + grads + activations (no optimizer),
+  // per rank of tp tensor-parallel ranks.
+  static size_t predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                int64_t tp = 1);
   // Bytes of activations and scratch alone (what activation_bytes() will be).
-  static size_t predicted_activation_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  static size_t predicted_activation_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                           int64_t tp = 1);
   // The part of those that is the head's: one chunk of logits [rows, V] and
   // the per-token losses [B·T].
-  static size_t predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T);
+  static size_t predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                       int64_t tp = 1);
 
  private:
   struct LayerActs {
@@ -291,8 +304,13 @@ class Transformer {
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,
                       float grad_scale);
   void head_logits(const float* x, int64_t rows, float* logits);
+  // The vocabulary-parallel cross-entropy of one chunk of n rows of logits
+  // (tp > 1): three reductions over the tensor group, never the logits.
+  void vocab_parallel_loss(float* losses, float* logits, const int32_t* targets, int64_t n,
+                           float grad_scale);
 
-  TransformerConfig config_;
+  TransformerConfig global_config_;
+  TransformerConfig config_;  // this rank's shapes
   Layout layout_;
   int64_t B_, T_;
   int first_ = 0, last_ = 0;
@@ -317,6 +335,9 @@ class Transformer {
   float *dres_ = nullptr, *dlnf_ = nullptr, *dbuf_c_ = nullptr;       // [BT,C] each
   float *dqkv_ = nullptr, *dfch_ = nullptr;                           // [BT,QKV], [BT,FC]
   const float* out_ = nullptr;                                        // last stage_forward's output
+  // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
+  std::vector<float> row_max_;
+  std::vector<double> row_sums_;
 };
 
 }  // namespace po::model

@@ -48,18 +48,21 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
   const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t;
+  // Row-parallel biases: added by tp rank 0 alone, so the group's sum holds them once.
+  const bool bias_here = pops_->tp_rank() == 0;
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, BT);
   ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, BT, C, QKV);
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
     ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
-  ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, BT, AO, C);
+  ops::matmul_forward(a.residual2, a.atty, P.attprojw, bias_here ? P.attprojb : nullptr, BT, AO, C);
   pops_->tp_all_reduce(a.residual2, BT * C);  // g: the row-parallel o_proj's partial sums
   ops::residual_forward(a.residual2, a.residual2, in, BT * C);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, BT);
   ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, BT, C, FC);
   mlp_act_forward(a.fch_gelu, a.fch, BT);
-  ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, P.fcprojb, BT, F, C);
+  ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, bias_here ? P.fcprojb : nullptr, BT, F,
+                      C);
   pops_->tp_all_reduce(a.residual3, BT * C);  // g: the row-parallel down_proj's partial sums
   ops::residual_forward(a.residual3, a.residual3, a.residual2, BT * C);
 }
@@ -229,18 +232,30 @@ Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& 
 }
 
 void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
+  PO_CHECK(pops_->tp_size() == tp_size() && pops_->tp_rank() == layout_.split().rank,
+           "the model is tensor-parallel rank ", layout_.split().rank, " of ", tp_size(),
+           " but its ParallelOps is rank ", pops_->tp_rank(), " of ", pops_->tp_size());
   const float* w = unit_params(0);
   const TensorSpec* wpe = layout_.position_embedding();
-  ops::embedding_forward(encoded_, tokens, w + layout_.token_embedding().offset,
-                         wpe ? w + wpe->offset : nullptr, b, t, config_.n_embd);
+  const float* wte = w + layout_.token_embedding().offset;
+  const int64_t C = config_.n_embd;
+  if (tp_size() == 1) {
+    ops::embedding_forward(encoded_, tokens, wte, wpe ? w + wpe->offset : nullptr, b, t, C);
+  } else {  // each rank looks up the tokens of its vocabulary slice; the sum is the lookup
+    ops::embedding_forward_slice(encoded_, tokens, wte, layout_.vocab_begin(),
+                                 layout_.vocab_real(), b * t, C);
+    pops_->tp_all_reduce(encoded_, b * t * C);
+    if (wpe != nullptr) ops::position_embedding_add(encoded_, w + wpe->offset, b, t, C);
+  }
   unit_done(0);
 }
 
 void Transformer::embed_backward(const int32_t* tokens) {
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();
-  ops::embedding_backward(g0 + layout_.token_embedding().offset, wpe ? g0 + wpe->offset : nullptr,
-                          dres_, tokens, B_, T_, config_.n_embd);
+  ops::embedding_backward_slice(g0 + layout_.token_embedding().offset,
+                                wpe ? g0 + wpe->offset : nullptr, dres_, tokens, B_, T_,
+                                config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
 }
 
 // The head's tensors inside unit 0's and the head unit's buffers (parameters
@@ -281,11 +296,16 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
     ops::matmul_forward(logits_, lnf_ + r0 * C, P.weight, nullptr, n, C, V);
-    ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
+    if (tp_size() == 1)
+      ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
+    else
+      vocab_parallel_loss(losses_ + r0, logits_, targets + r0, n, grad_scale);
     if (backward)
       ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, lnf_ + r0 * C, P.weight, n,
                            C, V);
   }
+  // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
+  if (backward) pops_->tp_all_reduce(dlnf_, rows * C);
   if (backward) {
     std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
     norm_backward(dres_, G.norm_w, G.norm_b, dlnf_, residual, P.norm_w, lnf_mean_, lnf_rstd_, rows);
@@ -296,7 +316,21 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   return sum;
 }
 
+void Transformer::vocab_parallel_loss(float* losses, float* logits, const int32_t* targets,
+                                      int64_t n, float grad_scale) {
+  const int64_t V = config_.vocab_size, nv = layout_.vocab_real(), v0 = layout_.vocab_begin();
+  ops::vocab_ce_max(row_max_.data(), logits, n, V, nv);
+  pops_->tp_all_reduce_max(row_max_.data(), n);
+  ops::vocab_ce_sums(row_sums_.data(), logits, targets, row_max_.data(), n, V, nv, v0,
+                     grad_scale != 0.0f);
+  pops_->tp_all_reduce(row_sums_.data(), 2 * n);
+  ops::vocab_ce_finish(losses, logits, targets, row_max_.data(), row_sums_.data(), n, V, nv, v0,
+                       grad_scale);
+}
+
 void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
+  PO_CHECK(tp_size() == 1, "generation runs one whole model (parallel.tp = 1), not a ",
+           "tensor-parallel shard");
   const HeadViews P = head_params();
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, P.norm_w, P.norm_b, rows);
   ops::matmul_forward(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);

@@ -255,19 +255,22 @@ double DataParallel::step(double lr) {
         add_lookup_rows_bf16();
       } else {
         const model::TensorSpec* pos = model_.layout().position_embedding();
-        ops::embedding_backward(model_.grads() + model_.layout().token_embedding().offset,
-                                pos ? model_.grads() + pos->offset : nullptr,
-                                lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
-                                model_.batch() * layout_.ranks(), model_.seq_len(),
-                                model_.config().n_embd);
+        const model::Layout& ml = model_.layout();
+        ops::embedding_backward_slice(
+            model_.grads() + ml.token_embedding().offset, pos ? model_.grads() + pos->offset : nullptr,
+            lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
+            model_.batch() * layout_.ranks(), model_.seq_len(), model_.config().n_embd,
+            ml.vocab_begin(), ml.vocab_real());
       }
     }
   }
   if (early_ && lr_known_) {  // the pages not updated in the backward (at least unit 0's)
     PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
     const double norm =
-        std::sqrt(bf16() ? ops::sum_squares_bf16(units_->full_grads(), model_.num_params())
-                         : optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+        bf16() ? std::sqrt(tensor_total(
+                     ops::sum_squares_bf16(units_->full_grads(), model_.num_params()) -
+                     uncounted_squares(units_->full_grads())))
+               : full_grad_norm_f32(model_.grads());
     (void)adam_->clip_scale(norm);  // (no clipping; stops on a non-finite norm)
     if (stage == 1 && !bf16())
       for (int u = 0; u < layout_.num_units(); ++u) copy_grad_shard(u);
@@ -280,18 +283,22 @@ double DataParallel::step(double lr) {
   if (bf16()) {
     // The whole reduced bf16 gradient is here: its norm needs no communication.
     uint16_t* grads = units_->full_grads();
-    const double norm = std::sqrt(ops::sum_squares_bf16(grads, model_.num_params()));
+    const double norm = std::sqrt(
+        tensor_total(ops::sum_squares_bf16(grads, model_.num_params()) - uncounted_squares(grads)));
     auto* params = static_cast<uint16_t*>(stored_params());
     adam_->apply_mixed(master_.f32(), grads, false, params, lr, adam_->clip_scale(norm));
     units_->zero_full_grads();
     if (stage == 1 && group_ != nullptr) gather_params();
     return norm;
   }
-  if (stage == 0) return adam_->step(model_.params(), model_.grads(), lr);
-
-  // The full reduced gradient is here: its norm needs no communication, and
-  // this rank's shard of it feeds the update.
-  const double norm = std::sqrt(optim::AdamW::sum_squares(model_.grads(), model_.num_params()));
+  // The full reduced gradient is here: its norm needs no data-parallel
+  // communication (tensor parallel adds the other shards'), and this rank's
+  // shard of it feeds the update.
+  const double norm = full_grad_norm_f32(model_.grads());
+  if (stage == 0) {
+    adam_->apply(model_.params(), model_.grads(), lr, adam_->clip_scale(norm));
+    return norm;
+  }
   for (int u = 0; u < layout_.num_units(); ++u) copy_grad_shard(u);
   adam_->apply(model_.params(), grad_f32(), lr, adam_->clip_scale(norm));
   if (group_ != nullptr) gather_params();

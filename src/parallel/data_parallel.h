@@ -125,6 +125,12 @@ class DataParallel {
   // 1-2) all-gathers the parameters. Returns the pre-clip global norm.
   double step(double lr);
 
+  // Tensor parallel: the group of ranks that hold the other shards of this
+  // rank's units (null: tp = 1). The gradient norm then covers the whole
+  // mesh: the split tensors of every tp rank, the replicated ones once (tp
+  // rank 0's; the others hold bit-identical copies).
+  void set_tensor_group(comm::Communicator* group);
+
   // Seconds the last step() waited for communication (the exposed part).
   double comm_wait_seconds() const { return comm_wait_s_; }
   // steady_clock times (ns) of the last backward_done() and of the end of the
@@ -208,6 +214,14 @@ class DataParallel {
   void gather_params();
   bool gathers_in_place(int u) const;
   double sharded_grad_norm();
+  // The sum of squares of the elements this rank must not count (replicated
+  // tensors on tp ranks > 0) in the whole-model gradient, and the group's
+  // total of the counted sums (every rank the same value).
+  template <typename T>
+  double uncounted_squares(const T* grads) const;
+  double uncounted_shard_squares(int u) const;
+  double tensor_total(double squares);
+  double full_grad_norm_f32(const float* grads);
   double step_sharded_grads(double lr);
   void take_master();
   void allocate_unpaged();
@@ -250,6 +264,8 @@ class DataParallel {
 
   model::Transformer& model_;
   comm::Communicator* group_;
+  comm::Communicator* tensor_group_ = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> uncounted_;  // flat [offset, n) (tp ranks > 0)
   DataParallelOptions options_;
   ShardLayout layout_;
   std::unique_ptr<optim::AdamW> adam_;

@@ -125,9 +125,11 @@ void DataParallel::add_lookup_rows_bf16() {
   uint16_t* wpe = pos ? units_->full_grads() + pos->offset : nullptr;
   const auto rows = static_cast<int64_t>(lookup_rows_);
   const auto* tokens = static_cast<const int32_t*>(lookup_tokens_.data());
+  const int64_t v0 = model_.layout().vocab_begin(), nv = model_.layout().vocab_real();
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = lookup_grads_.f32() + r * C;
-    ops::bf16_add_f32(wte + static_cast<int64_t>(tokens[r]) * C, g, C);
+    const int64_t row = static_cast<int64_t>(tokens[r]) - v0;  // this tp rank's slice only
+    if (row >= 0 && row < nv) ops::bf16_add_f32(wte + row * C, g, C);
     if (wpe) ops::bf16_add_f32(wpe + (r % T) * C, g, C);
   }
 }

@@ -52,35 +52,6 @@ double zero_model_state_bytes(double psi, int ranks, int stage) {
   }
 }
 
-Layout layout_from_config(const core::Config& cfg, const ModelSpec& model) {
-  Layout l;
-  l.dp = static_cast<int>(cfg.get_int("parallel.dp"));
-  l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
-  l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
-  l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
-  l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
-  const std::string& precision = cfg.get_string("train.precision");
-  PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
-           "\": choose \"fp32\" or \"bf16\"");
-  l.bf16 = precision == "bf16";
-  l.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
-  l.batch = cfg.get_int("train.batch_size");
-  l.micro = cfg.get_int("train.micro_batch_size");
-  if (l.micro == 0) l.micro = l.batch / l.dp;
-  l.seq = model.seq_len;
-  l.checkpointing = cfg.get_bool("model.activation_checkpointing");
-  l.overlap = cfg.get_bool("parallel.overlap_comm");
-  l.bucket_bytes = cfg.get_size("parallel.bucket_size");
-  l.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
-  l.compute_budget = cfg.get_size("memory.compute_budget");
-  l.host_budget = cfg.get_size("memory.host_budget");
-  l.nvme = !cfg.get_string("memory.nvme_dir").empty();
-  l.paging = l.host_budget > 0 || l.nvme;  // as the trainer decides (train/paging_setup.cc)
-  l.page_bytes = cfg.get_size("memory.page_size");
-  l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
-  return l;
-}
-
 void check_layout(const ModelSpec& m, const Layout& l, int devices) {
   PO_CHECK(l.dp >= 1 && l.tp >= 1 && l.pp >= 1 && l.cp >= 1, "parallel.dp, tp, pp, cp must be >= 1");
   if (devices > 0)
@@ -148,9 +119,10 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   p.model = model;
   p.cluster = cluster;
   p.layout = layout;
-  if (!model.engine_trainable())
-    p.not_trainable.push_back("architecture (RMSNorm, SwiGLU, RoPE, grouped-query attention, untied head)");
-  if (layout.tp > 1) p.not_trainable.push_back("tensor parallel");
+  // Tensor parallel trains (unpaged, without sequence parallel or checkpoints
+  // yet: docs/tensor-parallel.md); its plan is analytic.
+  if (layout.tp > 1 && layout.sequence_parallel) p.not_trainable.push_back("sequence parallel");
+  if (layout.tp > 1 && layout.paging) p.not_trainable.push_back("tensor parallel with paging");
   if (layout.pp > 1) p.not_trainable.push_back("pipeline parallel");
   if (layout.cp > 1) p.not_trainable.push_back("context parallel");
   p.engine_exact = layout.tp == 1 && layout.pp == 1 && layout.cp == 1;

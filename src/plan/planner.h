@@ -23,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "memory/nvme_store.h"
 #include "plan/presets.h"
 
@@ -56,10 +55,6 @@ struct Layout {
   std::string describe() const;  // "dp 4 × tp 2 × pp 1 × cp 1, ZeRO-1, bf16, micro 2, ckpt"
 };
 
-// The model of a config: model.preset (model_preset's names) with
-// model.n_layer / n_embd / n_head / vocab_size / seq_len overrides.
-// The layout a config asks for.
-Layout layout_from_config(const core::Config& cfg, const ModelSpec& model);
 // Throws core::InvalidArgument naming the violated constraint (tp dividing
 // the heads, pp at most the layers, the batch splitting over dp × micro ...);
 // `devices` > 0: dp·tp·pp·cp must equal it.

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "backend/ops.h"
-#include "core/config.h"
 #include "core/error.h"
 
 namespace po::plan {

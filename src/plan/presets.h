@@ -32,8 +32,6 @@ struct ModelSpec {
   int64_t num_params() const;
   // Training FLOPs per token at sequence T: 6Ψ + 12·L·C·T (REFERENCE.md).
   double flops_per_token(int64_t T) const;
-  // The engine trains both architectures (data parallel; tp/pp/cp analytic).
-  bool engine_trainable() const { return true; }
   // The engine's own config of this shape: its declared layout
   // (model/layout.h) gives the unit sizes above.
   model::TransformerConfig engine;

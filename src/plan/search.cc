@@ -44,7 +44,7 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
                 l.nvme = false;
                 if (l.paging) {
                   if (unpaged_fits) continue;  // paging only where the state does not fit otherwise
-                  if (model.engine_trainable() && tp * pp * cp == 1) {
+                  if (tp * pp * cp == 1) {
                     // The engine's pages: the device keeps what its memory
                     // holds; the rest goes to host RAM (a GPU node) or NVMe
                     // (a CPU node, whose host RAM is its device memory).

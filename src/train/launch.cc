@@ -14,6 +14,7 @@
 
 #include "backend/ops.h"
 #include "comm/env.h"
+#include "comm/mesh.h"
 #include "comm/mpi/communicator.h"
 #include "comm/mpi/join.h"
 #include "comm/mpi/topology.h"
@@ -52,18 +53,25 @@ void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
            " run a different pagedoptim binary than rank 0 (rebuild or redeploy the same build)");
 }
 
+// "parallel.dp = 2" or "parallel.dp × parallel.tp = 2 × 2 = 4": the keys behind a world size.
+std::string world_keys(const Plan& p) {
+  if (p.tp == 1) return core::str_cat("parallel.dp = ", p.dp);
+  return core::str_cat("parallel.dp × parallel.tp = ", p.dp, " × ", p.tp, " = ", p.world());
+}
+
 // Before MPI_Init, which cannot report a wrong launch (it aborts the process):
-// the launcher must be one MPI can join, and must have started dp processes.
-void check_launch(const comm::LaunchEnv& env, int64_t dp) {
+// the launcher must be one MPI can join, and must have started dp × tp processes.
+void check_launch(const comm::LaunchEnv& env, const Plan& p) {
+  const int64_t n = p.world();
   switch (env.source) {
     case comm::LaunchSource::kNone:
-      PO_THROW(core::InvalidArgument, "parallel.dp = ", dp, " needs ", dp,
-               " processes: use `pagedoptim train --nproc ", dp, "`, `mpirun -np ", dp,
-               " pagedoptim train ...` or `srun --mpi=pmix -n ", dp, " pagedoptim train ...`");
+      PO_THROW(core::InvalidArgument, world_keys(p), " needs ", n,
+               " processes: use `pagedoptim train --nproc ", n, "`, `mpirun -np ", n,
+               " pagedoptim train ...` or `srun --mpi=pmix -n ", n, " pagedoptim train ...`");
     case comm::LaunchSource::kSlurm:
       // Debian's OpenMPI joins a Slurm step only through PMIx; under any other
       // srun plugin MPI_Init aborts with an unhelpful message.
-      PO_CHECK(std::getenv("PMIX_RANK") != nullptr, "parallel.dp = ", dp,
+      PO_CHECK(std::getenv("PMIX_RANK") != nullptr, world_keys(p),
                ": srun started this task without PMIx; run `srun --mpi=pmix ...` (or set "
                "MpiDefault=pmix in slurm.conf)");
       break;
@@ -71,7 +79,7 @@ void check_launch(const comm::LaunchEnv& env, int64_t dp) {
     case comm::LaunchSource::kTorchrun:
       break;
   }
-  PO_CHECK(env.world_size == dp, "parallel.dp = ", dp, " but ", comm::launch_source_name(env.source),
+  PO_CHECK(env.world_size == n, world_keys(p), " but ", comm::launch_source_name(env.source),
            " started ", env.world_size, " processes");
 }
 
@@ -101,18 +109,21 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
   PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
            "\": choose \"fp32\" or \"bf16\"");
-  PO_CHECK(cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") ==
-               1,
-           "parallel.{tp,pp,cp} > 1 are not built yet (only parallel.dp)");
+  PO_CHECK(cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") == 1,
+           "parallel.{pp,cp} > 1 are not built yet (parallel.dp and parallel.tp are)");
+  p.tp = cfg.get_int("parallel.tp");
+  PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);
+  (void)m.shard(p.tp);  // the heads, kv heads and MLP must split: errors name the keys
   return p;
 }
 
 // Gradients are summed over ranks in buckets during the backward of each
 // step's last micro-batch (parallel/data_parallel.h).
-Launch::Launch(const core::Config& cfg, int64_t dp) {
-  if (dp > 1) {
+Launch::Launch(const core::Config& cfg, const Plan& p) {
+  const int64_t n = p.world();
+  if (n > 1) {
     const comm::LaunchEnv env = comm::detect_launch_env();
-    check_launch(env, dp);
+    check_launch(env, p);
     comm::mpi::MpiOptions mo;
     mo.timeout = std::chrono::milliseconds(
         static_cast<int64_t>(cfg.get_float("parallel.timeout") * 1000.0));
@@ -121,12 +132,30 @@ Launch::Launch(const core::Config& cfg, int64_t dp) {
     mpi_session = std::make_unique<comm::mpi::Session>();  // MPI is up by now; this finalizes it
     local_ranks = comm::mpi::ranks_on_this_node(mpi_world->handle());
     world = std::move(mpi_world);
-    PO_CHECK(world->size() == dp, "parallel.dp = ", dp, " but ", world->size(),
+    PO_CHECK(world->size() == n, world_keys(p), " but ", world->size(),
              " processes were launched");
     check_ranks_agree(*world, cfg);
   }
   rank = world ? world->rank() : 0;
   leader = rank == 0;
+  dp_rank = rank;  // at tp = 1
+  if (world && p.tp > 1) {
+    tp_split = true;
+    // Megatron's rank order: tp fastest, so a tensor group is consecutive ranks.
+    const comm::DeviceMesh mesh(static_cast<int>(n),
+                                {.dp = static_cast<int>(p.dp), .tp = static_cast<int>(p.tp)});
+    const comm::MeshCoords at = mesh.coords(rank);
+    dp_rank = at.dp;
+    tp_rank = at.tp;
+    auto group = [&](comm::Axis axis, const char* name) -> std::unique_ptr<comm::Communicator> {
+      auto g = world->split(mesh.group_color(rank, axis), mesh.rank_in_group(rank, axis),
+                            core::str_cat(name, mesh.group_color(rank, axis)));
+      if (g->size() == 1) return nullptr;
+      return g;
+    };
+    data = group(comm::Axis::kData, "dp");
+    tensor = group(comm::Axis::kTensor, "tp");
+  }
   if (world) {
     // Rank 0 reports; the others speak only to warn or fail, and say who they are.
     core::set_log_prefix("[rank " + std::to_string(rank) + "] ");

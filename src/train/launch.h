@@ -22,25 +22,35 @@ namespace po::train {
 struct Plan {
   int64_t batch = 0, micro = 0, accum = 0, T = 0, steps = 0;
   int64_t dp = 1;  // data-parallel ranks; accum counts this rank's micro-batches
+  int64_t tp = 1;  // tensor-parallel ranks (each dp replica is tp processes)
+  int64_t world() const { return dp * tp; }
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
 Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m);
 
-// This process's place in the run. At parallel.dp > 1: one process per rank,
+// This process's place in the run. At parallel.dp × parallel.tp > 1: one process per rank,
 // launched by mpirun, srun (OpenMPI's PMIx) or a torchrun-style rendezvous;
 // every rank has checked that all resolved the same config and run the same
 // binary. Not movable: the MPI session finalizes after the world is freed.
 struct Launch {
-  Launch(const core::Config& cfg, int64_t dp);
+  Launch(const core::Config& cfg, const Plan& plan);
   ~Launch();
   Launch(const Launch&) = delete;
   Launch& operator=(const Launch&) = delete;
 
   std::unique_ptr<comm::mpi::Session> mpi_session;  // declared first: finalized last
-  std::unique_ptr<comm::Communicator> world;        // null at parallel.dp = 1
+  std::unique_ptr<comm::Communicator> world;        // null in a single process
+  // The mesh's groups (comm/mesh.h, tp fastest), null where their axis is 1:
+  // gradients reduce and ZeRO shards over dp_group(); split layers reduce
+  // over tp_group(). At tp = 1 the data group is the world itself.
+  comm::Communicator* dp_group() const { return data ? data.get() : tp_split ? nullptr : world.get(); }
+  comm::Communicator* tp_group() const { return tensor.get(); }
+  std::unique_ptr<comm::Communicator> data, tensor;
+  bool tp_split = false;
   int local_ranks = 1;                              // ranks sharing this node's CPUs
   int rank = 0;
+  int dp_rank = 0, tp_rank = 0;                     // this rank's mesh coordinates
   bool leader = true;  // only rank 0 writes the run directory
 };
 

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <sstream>
 
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/hf_llama.h"
@@ -144,6 +145,40 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   m.fill_derived();
   m.validate();
   return m;
+}
+
+void store_resolved_model(core::Config& config, const model::TransformerConfig& m) {
+  const std::string origin = "the resolved model";
+  auto set = [&](const char* key, const std::string& v) { config.set_text(key, v, origin); };
+  auto num = [](int64_t v) { return std::to_string(v); };
+  auto real = [](double v) {  // a TOML float that reads back to the same double
+    std::ostringstream os;
+    os.precision(17);
+    os << v;
+    std::string t = os.str();
+    if (t.find_first_of(".e") == std::string::npos) t += ".0";
+    return t;
+  };
+  set("model.arch", m.arch);
+  set("model.n_layer", num(m.n_layer));
+  set("model.n_embd", num(m.n_embd));
+  set("model.n_head", num(m.n_head));
+  set("model.n_kv_head", num(m.n_kv_head));
+  set("model.ffn_hidden", num(m.ffn_hidden));
+  set("model.vocab_size", num(m.vocab_size));
+  set("model.seq_len", num(m.seq_len));
+  set("model.norm", m.norm == model::Norm::kLayerNorm ? "layernorm" : "rmsnorm");
+  set("model.norm_eps", real(m.norm_eps));
+  set("model.positions", m.positions == model::Positions::kLearned ? "learned" : "rope");
+  set("model.rope_theta", real(m.rope_theta));
+  set("model.mlp", m.mlp == model::Mlp::kGeluTanh ? "gelu" : "swiglu");
+  set("model.bias", m.bias ? "true" : "false");
+  set("model.tie_embeddings", m.tie_embeddings ? "true" : "false");
+  set("model.rope_scaling_factor", real(m.rope_scaling.factor));
+  set("model.rope_low_freq_factor", real(m.rope_scaling.low_freq_factor));
+  set("model.rope_high_freq_factor", real(m.rope_scaling.high_freq_factor));
+  set("model.rope_original_max_position",
+      num(static_cast<int64_t>(m.rope_scaling.original_max_position)));
 }
 
 void load_model_weights(const std::string& path, model::Transformer& model) {

@@ -18,6 +18,11 @@ namespace po::train {
 // is an error naming the key and the tensor.
 model::TransformerConfig resolve_model_config(const core::Config& config);
 
+// Writes the resolved shape of `m` into `config` as explicit model.* keys, so
+// that the config a run stores (config.toml, checkpoints) says what was
+// trained without reading model.init's file again (it may have moved).
+void store_resolved_model(core::Config& config, const model::TransformerConfig& m);
+
 // Whether `path` holds Llama weights (a directory, a llama2.c .bin, or a
 // safetensors file with model.embed_tokens.weight) rather than GPT-2's.
 bool is_llama_weights(const std::string& path);

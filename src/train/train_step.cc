@@ -13,7 +13,11 @@ namespace po::train {
 StepStats train_step(StepContext& c, int64_t step) {
   const Plan& p = c.p;
   core::Timer step_timer;
-  const comm::Traffic traffic_before = c.world ? c.world->traffic() : comm::Traffic{};
+  // Data-parallel traffic is the data group's (the world's at tp = 1).
+  comm::Communicator* dpc = c.data != nullptr ? c.data : c.world;
+  const comm::Traffic traffic_before = dpc ? dpc->traffic() : comm::Traffic{};
+  const comm::Traffic tp_before = c.tp ? c.tp->group().traffic() : comm::Traffic{};
+  if (c.tp) (void)c.tp->take_seconds();  // (an evaluation's are not the step's)
   c.model.zero_grads();
   StepStats s;
   s.lr = c.sched.at(step);
@@ -33,12 +37,16 @@ StepStats train_step(StepContext& c, int64_t step) {
     if (last_micro) c.dp.backward_done(c.inputs.data());
   }
   s.grad_norm = c.dp.step(s.lr);
-  s.traffic = c.world ? c.world->traffic().since(traffic_before) : comm::Traffic{};
+  s.traffic = dpc ? dpc->traffic().since(traffic_before) : comm::Traffic{};
+  if (c.tp) {
+    s.tp_traffic = c.tp->group().traffic().since(tp_before);
+    s.tp_seconds = c.tp->take_seconds();
+  }
   s.comm_wait_s = c.dp.comm_wait_seconds();
   if (c.paging) s.paging = c.dp.paged_state()->take_stats();
-  if (c.world) {
+  if (c.data) {  // tensor-parallel ranks hold the same loss: summed over dp only
     float l = static_cast<float>(loss);
-    c.world->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
+    c.data->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
     loss = l;
   }
   s.loss = loss / static_cast<double>(p.accum * p.dp);
@@ -67,7 +75,8 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
                             const std::vector<RankRecord>& records) {
   const double tps = tokens_per_step(c.p) / s.seconds;
   // Each rank measured the peak of its own share of the cores.
-  const double mfu = tps * c.mcfg.flops_per_token(c.p.T) / (c.peak_gflops * 1e9 * c.p.dp);
+  const double mfu =
+      tps * c.mcfg.flops_per_token(c.p.T) / (c.peak_gflops * 1e9 * static_cast<double>(c.p.world()));
   return {{"step", state.step},
           {"loss", s.loss},
           {"lr", s.lr},
@@ -82,6 +91,8 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
           {"peak_rss_bytes", peak_rss_bytes()},
           {"predicted_bytes", predicted},
           {"comm", traffic_json(s.traffic)},
+          {"tp_comm", traffic_json(s.tp_traffic)},
+          {"tp_comm_ms", s.tp_seconds * 1000},
           {"memory_per_rank", memory_json(records)}};
 }
 

@@ -17,6 +17,7 @@
 #include "model/transformer.h"
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/launch.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
@@ -32,7 +33,9 @@ struct StepContext {
   comm::Communicator* world;  // null at parallel.dp = 1
   data::BatchSampler& sampler;
   const optim::LrSchedule& sched;
-  int rank = 0;
+  int rank = 0;                // this rank's place in the data-parallel group (its batch slice)
+  comm::Communicator* data = nullptr;  // the data-parallel group (null at dp = 1)
+  parallel::TensorParallelOps* tp = nullptr;  // the tensor group's collectives (null at tp = 1)
   bool paging = false;         // Adam state in pages (train/paging_setup.h)
   double peak_gflops = 0;      // this rank's measured (or configured) sgemm peak
   std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T), sized by the loop
@@ -47,7 +50,9 @@ struct StepStats {
   double lr = 0, grad_norm = 0;
   double seconds = 0;      // the step's wall time, the loss's reduction included
   double comm_wait_s = 0;  // waiting on the gradients' collectives
-  comm::Traffic traffic;   // what the step's training moved (not the reporting)
+  comm::Traffic traffic;   // what the step's training moved over dp (not the reporting)
+  comm::Traffic tp_traffic;  // what it moved over the tensor group
+  double tp_seconds = 0;     // in the tensor group's collectives (on the critical path)
   memory::PagerStats paging;
 };
 

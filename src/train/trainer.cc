@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/launch.h"
 #include "train/metrics.h"
 #include "train/paging_setup.h"
@@ -183,6 +184,20 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   return state;
 }
 
+// What tensor parallel does not do yet: refused here, before run.dir is touched.
+void check_tensor_parallel(const core::Config& cfg, const Plan& p, bool resume, bool leader) {
+  if (p.tp == 1) return;
+  PO_CHECK(cfg.get_string("model.init") == "random", "model.init = '",
+           cfg.get_string("model.init"), "' at parallel.tp = ", p.tp,
+           ": loading weights into tensor-parallel shards is not built yet (use model.init = "
+           "\"random\" or parallel.tp = 1)");
+  PO_CHECK(!resume, "--resume at parallel.tp = ", p.tp,
+           ": tensor-parallel checkpoints are not built yet");
+  if (leader)
+    PO_LOG_WARN("parallel.tp = ", p.tp, ": checkpoints are not written at tensor parallel yet; ",
+                "this run cannot be resumed");
+}
+
 // What the loop needs besides the step's context.
 struct LoopSetup {
   const core::Config& cfg;
@@ -236,6 +251,9 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
   result.leader = l.leader;
   double timed_s = 0;
   int64_t timed_steps = 0;
+  // train.steps = 0: the starting state itself is the run's checkpoint (an
+  // imported model becomes a run that export, generate and --resume read).
+  if (p.steps == 0 && state.step == 0 && p.tp == 1) save_step(c, l, state, progress);
   for (int64_t step = state.step; step < p.steps; ++step) {
     const StepStats s = train_step(c, step);
     state.step = step + 1;
@@ -250,9 +268,13 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
     const bool eval_now = l.val && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
                                     state.step == p.steps);
-    const double vl = eval_now && (l.leader || l.zero_stage == 3) ? evaluate(c, *l.val) : 0.0;
+    // ZeRO-3 gathers parameters from every rank, and tensor parallel's
+    // layers need every rank of the group: then all ranks evaluate.
+    const bool all_evaluate = l.zero_stage == 3 || p.tp > 1;
+    const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
     // Every rank saves its part (a collective), before the leader-only reporting.
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
+    if (((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps) &&
+        p.tp == 1)
       save_step(c, l, state, progress);
     if (!l.leader) continue;
     metrics->write(step_metrics(c, s, state, split, l.predicted, records));
@@ -282,7 +304,7 @@ TrainResult train(const core::Config& cfg) {
   const std::string run_dir = cfg.get_string("run.dir");
   const bool resume = cfg.get_bool("train.resume");
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
-  const Launch launch(cfg, p.dp);
+  const Launch launch(cfg, p);
   const int threads = setup_compute(cfg, launch.local_ranks);
 
   // Validate every input before touching run.dir.
@@ -293,14 +315,25 @@ TrainResult train(const core::Config& cfg) {
   if (val_data) check_val_batch(*val_data, p);
   const optim::LrSchedule sched = lr_schedule(cfg, p);
 
-  model::Transformer model(mcfg, p.micro, p.T);
+  // At parallel.tp > 1 the model is this rank's shard of every layer.
+  model::Transformer model(mcfg, p.micro, p.T, {},
+                           {static_cast<int>(p.tp), launch.tp_rank});
+  std::optional<parallel::TensorParallelOps> tp_ops;
+  if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
+  check_tensor_parallel(cfg, p, resume, launch.leader);
   const parallel::DataParallelOptions dpo = dp_options(cfg);
-  parallel::DataParallel dp(model, adamw_config(cfg), launch.world.get(), dpo);
-  StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.rank};
+  parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
+  StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.dp_rank};
+  c.data = launch.dp_group();
+  c.tp = tp_ops ? &*tp_ops : nullptr;
   c.paging = setup_paging(cfg, dp, mcfg, p, launch.rank);
+  dp.set_tensor_group(launch.tp_group());
   TrainState state = start_state(cfg, c, (fs::path(run_dir) / "checkpoints").string(), resume,
                                  seed, dpo.zero_stage);
-  LoopSetup l{cfg, val_data.get(), run_dir, cfg.to_toml()};
+  // The stored config names the shape that was trained, not only where it came from.
+  core::Config stored = cfg;
+  store_resolved_model(stored, mcfg);
+  LoopSetup l{cfg, val_data.get(), run_dir, stored.to_toml()};
   l.zero_stage = dpo.zero_stage;
   l.leader = launch.leader;
   if (l.leader) {
@@ -319,10 +352,13 @@ TrainResult train(const core::Config& cfg) {
   // stage and precision) + activations. Working buffers (gathers,
   // accumulators, buckets) are not predicted here; the planner does that.
   l.predicted = dp.predicted_model_state_bytes() +
-                model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T);
+                model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T, p.tp);
   PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
-              mcfg.vocab_size, " seq ", p.T, ": ", model.num_params(), " parameters; batch ",
-              p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
+              mcfg.vocab_size, " seq ", p.T, ": ", mcfg.num_params(), " parameters",
+              p.tp > 1 ? core::str_cat(" (", model.num_params(), " per tensor-parallel rank of ",
+                                       p.tp, ")")
+                       : std::string(),
+              "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (sgemm peak ", static_cast<int>(c.peak_gflops), " GFLOP/s)");
   {
     // Gradients as the steps will hold them (allocated at their first use).

@@ -184,14 +184,16 @@ TEST(GPT2Hooks, ReleasedBuffersAreAnErrorAndHooksComeWhole) {
 
 // The model reaches split layers' collectives only through ParallelOps: a
 // recording implementation at tp = 1 (sums over one rank: identity) sees the
-// Megatron points (2 per block forward, 2 per block backward) and leaves the
-// bits of the null one.
+// Megatron points (2 per block forward, 2 per block backward, the head's
+// input gradient) and leaves the bits of the null one.
 TEST(ParallelOpsSeam, CalledAtMegatronPointsAndIdentityAtOneRank) {
   struct Recording final : po::model::ParallelOps {
     int calls = 0;
     int tp_size() const override { return 1; }
     int tp_rank() const override { return 0; }
     void tp_all_reduce(float*, int64_t) override { ++calls; }
+    void tp_all_reduce(double*, int64_t) override { ADD_FAILURE() << "loss sums at tp = 1"; }
+    void tp_all_reduce_max(float*, int64_t) override { ADD_FAILURE() << "loss max at tp = 1"; }
   };
   const auto c = po::test::tiny_model(false);
   const int64_t B = 2, T = 8;
@@ -213,6 +215,6 @@ TEST(ParallelOpsSeam, CalledAtMegatronPointsAndIdentityAtOneRank) {
   EXPECT_EQ(0, std::memcmp(plain.grads(), seamed.grads(),
                            static_cast<size_t>(plain.num_params()) * sizeof(float)))
       << "gradients with a one-rank ParallelOps differ from the null one";
-  EXPECT_EQ(rec.calls, static_cast<int>(4 * c.n_layer))
-      << "expected 2 all-reduces per block forward and 2 per block backward";
+  EXPECT_EQ(rec.calls, static_cast<int>(4 * c.n_layer + 1))
+      << "expected 2 all-reduces per block forward, 2 per block backward and 1 in the head";
 }

@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 
+#include "cli/plan_layout.h"
 #include "plan/planner.h"
 #include "train/model_setup.h"
 #include "../test_util.h"
@@ -105,14 +106,14 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
     // The smallest budget the engine accepts, + 2 pages: pages move every step.
     core::Config probe = core::Config::load(config_, sets);
     const plan::ModelSpec m = plan::model_spec(train::resolve_model_config(probe), "test");
-    const plan::Plan p = plan::make_plan(m, test_cluster(), plan::layout_from_config(probe, m));
+    const plan::Plan p = plan::make_plan(m, test_cluster(), po::cli::plan_layout(probe, m));
     ASSERT_GT(p.min_compute_budget, 0) << c.name;
     sets.push_back("memory.compute_budget=" +
                    std::to_string(static_cast<uint64_t>(p.min_compute_budget) + 2 * 16384));
   }
   const core::Config cfg = core::Config::load(config_, sets);
   const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), "test");
-  const plan::Plan plan = plan::make_plan(model, test_cluster(), plan::layout_from_config(cfg, model));
+  const plan::Plan plan = plan::make_plan(model, test_cluster(), po::cli::plan_layout(cfg, model));
   ASSERT_TRUE(plan.engine_exact) << c.name;
 
   std::string args = "train -c " + config_ + " --set run.dir=" + (dir_ / "run");

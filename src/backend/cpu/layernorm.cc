@@ -40,7 +40,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C) {
   // Per-thread partial dweight/dbias, reduced after the row loop; grows once.
-  static std::vector<float> scratch;
+  // One per calling thread: models computing on several threads at once
+  // (tensor-parallel ranks in one process, a server's requests) must not share it.
+  thread_local std::vector<float> scratch;
   const int max_t = omp_get_max_threads();
   const size_t need = static_cast<size_t>(max_t) * 2 * static_cast<size_t>(C);
   if (scratch.size() < need) scratch.resize(need);

@@ -30,7 +30,9 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t BT, int64_t C) {
-  static std::vector<float> scratch;  // per-thread partial dweight, grows once
+  // Per-OpenMP-thread partial dweight, grows once; one per calling thread (as
+  // layernorm_backward's).
+  thread_local std::vector<float> scratch;
   const size_t need = static_cast<size_t>(omp_get_max_threads()) * static_cast<size_t>(C);
   if (scratch.size() < need) scratch.resize(need);
   float* part = scratch.data();

@@ -1,0 +1,36 @@
+#include "cli/plan_layout.h"
+
+#include "core/error.h"
+
+namespace po::cli {
+
+plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) {
+  plan::Layout l;
+  l.dp = static_cast<int>(cfg.get_int("parallel.dp"));
+  l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
+  l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
+  l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
+  l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
+  const std::string& precision = cfg.get_string("train.precision");
+  PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
+           "\": choose \"fp32\" or \"bf16\"");
+  l.bf16 = precision == "bf16";
+  l.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
+  l.batch = cfg.get_int("train.batch_size");
+  l.micro = cfg.get_int("train.micro_batch_size");
+  if (l.micro == 0) l.micro = l.batch / l.dp;
+  l.seq = model.seq_len;
+  l.checkpointing = cfg.get_bool("model.activation_checkpointing");
+  l.overlap = cfg.get_bool("parallel.overlap_comm");
+  l.bucket_bytes = cfg.get_size("parallel.bucket_size");
+  l.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
+  l.compute_budget = cfg.get_size("memory.compute_budget");
+  l.host_budget = cfg.get_size("memory.host_budget");
+  l.nvme = !cfg.get_string("memory.nvme_dir").empty();
+  l.paging = l.host_budget > 0 || l.nvme;  // as the trainer decides (train/paging_setup.cc)
+  l.page_bytes = cfg.get_size("memory.page_size");
+  l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
+  return l;
+}
+
+}  // namespace po::cli
