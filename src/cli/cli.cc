@@ -176,6 +176,11 @@ model::Transformer load_model(const std::string& src, int64_t batch) {
 
 int cmd_export(const std::string& src, const std::string& out) {
   model::Transformer model = load_model(src, 1);
+  // A Llama export is a model directory (config.json beside the weights): make it.
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  PO_CHECK(!ec, "--out '", out, "': cannot create its directory: ", ec.message());
   train::export_model_weights(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
               static_cast<long long>(model.num_params()));

@@ -44,8 +44,9 @@ template void DataParallel::SumOfSquares::add<float>(const float*, int64_t);
 template void DataParallel::SumOfSquares::add<uint16_t>(const uint16_t*, int64_t);
 
 void DataParallel::set_tensor_group(comm::Communicator* group) {
-  PO_CHECK(!paged(), "parallel.tp > 1 with paged optimizer state is not built yet");
   tensor_group_ = group != nullptr && group->size() > 1 ? group : nullptr;
+  PO_CHECK(tensor_group_ == nullptr || !paged(),
+           "parallel.tp > 1 with paged optimizer state (memory.*) is not built yet");
   uncounted_.clear();
   if (tensor_group_ != nullptr && tensor_group_->rank() > 0)
     uncounted_ = model_.layout().replicated_ranges();

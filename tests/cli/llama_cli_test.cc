@@ -22,6 +22,7 @@
 #include "../test_util.h"
 #include "checkpoint/safetensors.h"
 #include "core/bf16.h"
+#include "train/run_state.h"
 
 namespace {
 
@@ -159,6 +160,28 @@ TEST_F(LlamaCli, Bf16FileTrainsFromTheRoundedF32Values) {
     ASSERT_EQ(run_command(kBin + " export " + run + " --out " + run + "_out.safetensors").exit_code, 0);
   EXPECT_TRUE(po::test::read_file(bf16 + "_out.safetensors") ==
               po::test::read_file(rounded + "_out.safetensors"));
+}
+
+// train.steps = 0 checkpoints the starting state, so an imported model is a
+// run (its export is the input, byte for byte); and the run's stored config
+// names the trained shape, so export does not read model.init's file again
+// (here moved away after training).
+TEST_F(LlamaCli, ZeroStepRunAndMovedInitFile) {
+  fs::create_directories(dir_ / "moved");
+  fs::copy_file(kDir + "hf/model.safetensors", dir_ / "moved/model.safetensors");
+  fs::copy_file(kDir + "hf/config.json", dir_ / "moved/config.json");
+  const std::string zero = train_ok("zero", dir_ / "moved", 0, 1e-3);
+  ASSERT_FALSE(po::train::list_checkpoints(zero + "/checkpoints").empty())
+      << "train.steps = 0 wrote no checkpoint";
+  const std::string two = train_ok("two", dir_ / "moved", 2, 1e-3);
+  fs::rename(dir_ / "moved", dir_ / "elsewhere");
+  for (const std::string& run : {zero, two}) {
+    const auto r = run_command(kBin + " export " + run + " --out " + run + "_hf/model.safetensors");
+    ASSERT_EQ(r.exit_code, 0) << run << ": export after model.init's file moved:\n" << r.output;
+  }
+  EXPECT_TRUE(po::test::read_file(zero + "_hf/model.safetensors") ==
+              po::test::read_file(kDir + "hf/model.safetensors"))
+      << "the export of a 0-step run differs from its model.init";
 }
 
 // A llama2.c legacy checkpoint (untied) with random weights, vocabulary 264,
