@@ -109,11 +109,15 @@ std::string resolve_checkpoint(const std::string& ckpt_or_run) {
            "directory (no checkpoints/)");
 }
 
-std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Transformer& model) {
+std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Layout& layout) {
   std::vector<checkpoint::TensorRecord> out;
-  for (const auto& info : model.param_infos())
-    out.push_back({info.name, info.shape, info.unit, info.offset - model.unit_offset(info.unit)});
+  for (const auto& info : layout.tensors())
+    out.push_back({info.name, info.shape, info.unit, info.offset - layout.unit_offset(info.unit)});
   return out;
+}
+
+std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Transformer& model) {
+  return checkpoint_tensors(model.layout());
 }
 
 void save_checkpoint_sharded(const std::string& path, const model::Transformer& model,
@@ -121,9 +125,17 @@ void save_checkpoint_sharded(const std::string& path, const model::Transformer& 
                              const checkpoint::ShardSource& source, const TrainState& state,
                              const std::string& config_toml, comm::Communicator* comm,
                              const std::vector<checkpoint::StateKind>& kinds) {
-  bool same_units = layout.num_units() == model.num_units();
-  for (int u = 0; same_units && u < model.num_units(); ++u)
-    same_units = layout.unit_numel(u) == model.unit_numel(u);
+  save_checkpoint_sharded(path, model.layout(), layout, source, state, config_toml, comm, kinds);
+}
+
+void save_checkpoint_sharded(const std::string& path, const model::Layout& units,
+                             const parallel::ShardLayout& layout,
+                             const checkpoint::ShardSource& source, const TrainState& state,
+                             const std::string& config_toml, comm::Communicator* comm,
+                             const std::vector<checkpoint::StateKind>& kinds) {
+  bool same_units = layout.num_units() == units.num_units();
+  for (int u = 0; same_units && u < units.num_units(); ++u)
+    same_units = layout.unit_numel(u) == units.unit_numel(u);
   PO_CHECK(same_units, path, ": the layout's units are not the model's");
   checkpoint::CheckpointMeta meta;
   meta.step = state.step;
@@ -131,7 +143,7 @@ void save_checkpoint_sharded(const std::string& path, const model::Transformer& 
   meta.tokens = state.tokens;
   meta.adam_t = state.adam_t;
   meta.config_toml = config_toml;
-  meta.tensors = checkpoint_tensors(model);
+  meta.tensors = checkpoint_tensors(units);
   if (layout.rank() == 0) {
     // Informational only; a config that does not parse (tests) leaves the defaults.
     try {
@@ -151,12 +163,19 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::Transfo
                                    const parallel::ShardLayout& layout,
                                    const checkpoint::ShardDest& dest, comm::Communicator* comm,
                                    const std::vector<checkpoint::StateKind>& kinds) {
+  return load_checkpoint_sharded(path, model.layout(), layout, dest, comm, kinds);
+}
+
+TrainState load_checkpoint_sharded(const std::string& path, const model::Layout& units,
+                                   const parallel::ShardLayout& layout,
+                                   const checkpoint::ShardDest& dest, comm::Communicator* comm,
+                                   const std::vector<checkpoint::StateKind>& kinds) {
   TrainState s;
   std::exception_ptr error;
   try {
     const checkpoint::Manifest m = checkpoint::read_manifest(path);
     try {
-      checkpoint::check_tensors(m, checkpoint_tensors(model), path);
+      checkpoint::check_tensors(m, checkpoint_tensors(units), path);
     } catch (const core::InvalidArgument& e) {
       PO_THROW(core::InvalidArgument, e.what(),
                " (model.* settings differ from the run that wrote it)");

@@ -72,6 +72,19 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::Transfo
 
 // The tensors of `model` as a checkpoint records them (offsets within units).
 std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Transformer& model);
+std::vector<checkpoint::TensorRecord> checkpoint_tensors(const model::Layout& layout);
+
+// The same two for a checkpoint in the units of `layout` (the whole model's,
+// when tensor-parallel ranks save and load: train/tp_checkpoint.h).
+void save_checkpoint_sharded(const std::string& path, const model::Layout& layout_units,
+                             const parallel::ShardLayout& layout,
+                             const checkpoint::ShardSource& source, const TrainState& state,
+                             const std::string& config_toml, comm::Communicator* comm,
+                             const std::vector<checkpoint::StateKind>& kinds);
+TrainState load_checkpoint_sharded(const std::string& path, const model::Layout& layout_units,
+                                   const parallel::ShardLayout& layout,
+                                   const checkpoint::ShardDest& dest, comm::Communicator* comm,
+                                   const std::vector<checkpoint::StateKind>& kinds);
 
 // The resolved config stored in a checkpoint.
 core::Config checkpoint_config(const std::string& path);

@@ -29,6 +29,7 @@
 #include "train/paging_setup.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/tp_checkpoint.h"
 #include "train/train_step.h"
 
 namespace po::train {
@@ -114,6 +115,29 @@ parallel::DataParallel::Shard shard_of(checkpoint::StateKind k) {
   PO_THROW(core::Internal, "unknown checkpoint state kind");
 }
 
+// This rank's shards under `layout` of `kinds` from checkpoint `path`; at
+// tp > 1 through the whole model's layout (train/tp_checkpoint.h).
+TrainState load_state(const std::string& path, StepContext& c, const parallel::ShardLayout& layout,
+                      const checkpoint::ShardDest& dest,
+                      const std::vector<checkpoint::StateKind>& kinds) {
+  if (c.tp != nullptr)
+    return load_tensor_parallel_checkpoint(path, c.model, layout, dest, c.world, kinds);
+  return load_checkpoint_sharded(path, c.model, layout, dest, c.world, kinds);
+}
+
+// model.init's weights into this rank's shards: the whole model is read on
+// each rank and its shard kept (train/tp_checkpoint.h's shard_unit).
+void load_weights_into_shard(const std::string& init, model::Transformer& model) {
+  model::TransformerConfig wc = model.config();
+  wc.activation_checkpointing = false;
+  model::Transformer whole(wc, 1, 1);
+  load_model_weights(init, whole);
+  float* held = model.params();
+  for (int u = 0; u < model.num_units(); ++u)
+    shard_unit(model.layout(), whole.layout(), u, whole.params() + whole.unit_offset(u),
+               held + model.unit_offset(u));
+}
+
 // This rank's Adam state from checkpoint `path` (stage 0: all of it).
 // Paged state is not addressable: each unit's shard is loaded into a
 // staging buffer and copied into the pages when the next one is asked for.
@@ -129,8 +153,8 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
     dp.write_shard(shard_of(pending->first), pending->second, staged.data());
     pending.reset();
   };
-  load_checkpoint_sharded(
-      path, c.model, full ? whole : dp.layout(),
+  load_state(
+      path, c, full ? whole : dp.layout(),
       [&](checkpoint::StateKind k, int u) -> float* {
         if (c.paging) {
           flush();
@@ -142,7 +166,7 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
           return (k == checkpoint::StateKind::kAdamM ? opt.m() : opt.v()) + c.model.unit_offset(u);
         return k == checkpoint::StateKind::kAdamM ? dp.adam_m_shard(u) : dp.adam_v_shard(u);
       },
-      c.world, {checkpoint::StateKind::kAdamM, checkpoint::StateKind::kAdamV});
+      {checkpoint::StateKind::kAdamM, checkpoint::StateKind::kAdamV});
   flush();
 }
 
@@ -159,10 +183,10 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   const parallel::ShardLayout whole(c.dp.layout().unit_numels(), 1, 0);
   const bool resuming = resume && !existing.empty();
   if (resuming) {
-    state = load_checkpoint_sharded(
-        existing.back(), c.model, whole,
+    state = load_state(
+        existing.back(), c, whole,
         [&](checkpoint::StateKind, int u) { return c.model.params() + c.model.unit_offset(u); },
-        c.world, {checkpoint::StateKind::kParams});
+        {checkpoint::StateKind::kParams});
     PO_CHECK(state.seed == seed, existing.back(), ": written with train.seed = ", state.seed,
              ", but the config says ", seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
@@ -173,6 +197,8 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   } else if (!resuming) {
     if (init == "random")
       c.model.init_random(seed);
+    else if (c.tp != nullptr)
+      load_weights_into_shard(init, c.model);
     else
       load_model_weights(init, c.model);
   }
@@ -182,20 +208,6 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
     c.dp.adam().set_steps_taken(state.adam_t);
   }
   return state;
-}
-
-// What tensor parallel does not do yet: refused here, before run.dir is touched.
-void check_tensor_parallel(const core::Config& cfg, const Plan& p, bool resume, bool leader) {
-  if (p.tp == 1) return;
-  PO_CHECK(cfg.get_string("model.init") == "random", "model.init = '",
-           cfg.get_string("model.init"), "' at parallel.tp = ", p.tp,
-           ": loading weights into tensor-parallel shards is not built yet (use model.init = "
-           "\"random\" or parallel.tp = 1)");
-  PO_CHECK(!resume, "--resume at parallel.tp = ", p.tp,
-           ": tensor-parallel checkpoints are not built yet");
-  if (leader)
-    PO_LOG_WARN("parallel.tp = ", p.tp, ": checkpoints are not written at tensor parallel yet; ",
-                "this run cannot be resumed");
 }
 
 // What the loop needs besides the step's context.
@@ -216,21 +228,27 @@ void save_step(StepContext& c, const LoopSetup& l, const TrainState& state, Prog
   TrainState st = state;
   st.adam_t = dp.adam().steps_taken();
   std::vector<float> staged;
-  save_checkpoint_sharded(checkpoint_path(l.run_dir, state.step), c.model, dp.layout(),
-                          [&](checkpoint::StateKind k, int u) -> const float* {
-                            if (c.paging) {  // copied out of the pages, one slice at a time
-                              staged.resize(static_cast<size_t>(dp.layout().owned(u)));
-                              dp.read_shard(shard_of(k), u, staged.data());
-                              return staged.data();
-                            }
-                            switch (k) {
-                              case checkpoint::StateKind::kParams: return dp.param_shard(u);
-                              case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
-                              case checkpoint::StateKind::kAdamV: return dp.adam_v_shard(u);
-                            }
-                            return nullptr;
-                          },
-                          st, l.config_toml, c.world);
+  const checkpoint::ShardSource source = [&](checkpoint::StateKind k, int u) -> const float* {
+    if (c.paging) {  // copied out of the pages, one slice at a time
+      staged.resize(static_cast<size_t>(dp.layout().owned(u)));
+      dp.read_shard(shard_of(k), u, staged.data());
+      return staged.data();
+    }
+    switch (k) {
+      case checkpoint::StateKind::kParams: return dp.param_shard(u);
+      case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
+      case checkpoint::StateKind::kAdamV: return dp.adam_v_shard(u);
+    }
+    return nullptr;
+  };
+  const std::string path = checkpoint_path(l.run_dir, state.step);
+  const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
+                                                 checkpoint::kAllStateKinds.end());
+  if (c.tp != nullptr)  // in the whole model's layout, written by tp rank 0 of each data group
+    save_tensor_parallel_checkpoint(path, c.model, dp.layout(), source, st, l.config_toml,
+                                    {&c.tp->group(), c.data, c.world}, kinds);
+  else
+    save_checkpoint_sharded(path, c.model, dp.layout(), source, st, l.config_toml, c.world, kinds);
   if (!l.leader) return;
   remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
   progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
@@ -253,7 +271,7 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
   int64_t timed_steps = 0;
   // train.steps = 0: the starting state itself is the run's checkpoint (an
   // imported model becomes a run that export, generate and --resume read).
-  if (p.steps == 0 && state.step == 0 && p.tp == 1) save_step(c, l, state, progress);
+  if (p.steps == 0 && state.step == 0) save_step(c, l, state, progress);
   for (int64_t step = state.step; step < p.steps; ++step) {
     const StepStats s = train_step(c, step);
     state.step = step + 1;
@@ -273,8 +291,7 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     const bool all_evaluate = l.zero_stage == 3 || p.tp > 1;
     const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
     // Every rank saves its part (a collective), before the leader-only reporting.
-    if (((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps) &&
-        p.tp == 1)
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
       save_step(c, l, state, progress);
     if (!l.leader) continue;
     metrics->write(step_metrics(c, s, state, split, l.predicted, records));
@@ -320,7 +337,6 @@ TrainResult train(const core::Config& cfg) {
                            {static_cast<int>(p.tp), launch.tp_rank});
   std::optional<parallel::TensorParallelOps> tp_ops;
   if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
-  check_tensor_parallel(cfg, p, resume, launch.leader);
   const parallel::DataParallelOptions dpo = dp_options(cfg);
   parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.dp_rank};

@@ -6,6 +6,10 @@
 // tp partial products, the loss sums tp partial softmax denominators), so the
 // bits differ and the tolerance bounds it. Layouts that do not divide and
 // launches of the wrong size are one-line errors naming the keys.
+// Checkpoints hold the whole model (train/tp_checkpoint.h): dp 2 × tp 2
+// resumes at tp 1 × dp 4, at tp 4 and at dp 1 with the uninterrupted curve;
+// a tp = 1 checkpoint resumes at tp 2; a 0-step run at tp 2 (the vocabulary
+// padded) exports the bytes a tp = 1 one does.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,6 +124,42 @@ TEST_F(TensorParallelRuns, NprocDerivesDataParallelFromTensorParallel) {
                              " --set train.grad_clip=0.5 --set train.batch_size=8 --nproc 4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_same_run(train("nproc_ref", 2, 2, kGpt2), dir_ / "nproc", "--nproc 4 vs dp 2 × tp 2");
+}
+
+TEST_F(TensorParallelRuns, CheckpointsReshardAcrossTensorParallel) {
+  const std::string ref = train("ref", 1, 1, kGpt2 + " --set train.checkpoint_interval=9");
+  const auto base = losses(ref, 20);
+  const std::string src = train("src", 2, 2, kGpt2 + " --set train.checkpoint_interval=9");
+  expect_same_curve(base, losses(src, 20), "dp 2 × tp 2 source run");
+  struct To {
+    int dp, tp, stage;
+    std::string from;
+  };
+  for (const To& to : {To{4, 1, 0, src}, To{1, 4, 0, src}, To{1, 1, 0, src}, To{1, 2, 3, src},
+                       To{1, 2, 1, ref}}) {
+    const std::string name = "dp" + std::to_string(to.dp) + "_tp" + std::to_string(to.tp) + "_z" +
+                             std::to_string(to.stage) + (to.from == ref ? "_from_tp1" : "");
+    const std::string run = copy_checkpoint(to.from, 9, name);
+    train(name, to.dp, to.tp,
+          kGpt2 + " --set parallel.zero_stage=" + std::to_string(to.stage) + " --resume");
+    expect_same_curve(std::vector<double>(base.begin() + 9, base.end()), losses(run, 11),
+                      std::string(to.from == ref ? "dp 1 × tp 1" : "dp 2 × tp 2") +
+                          " checkpoint resumed at " + name);
+  }
+}
+
+TEST_F(TensorParallelRuns, ZeroStepCheckpointAtTp2ExportsTheTp1Model) {
+  // Vocabulary 65: padded to 66 rows at tp 2; the padding never reaches the checkpoint.
+  const std::string llama = kLlamaGqa + " --set model.vocab_size=65 --set train.steps=0";
+  const std::string one = train("zero_tp1", 1, 1, llama), two = train("zero_tp2", 1, 2, llama);
+  for (const std::string& run : {one, two}) {
+    const auto r = run_command(std::string(PO_BINARY) + " export " + run + " --out " + run +
+                               "_hf/model.safetensors");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  EXPECT_TRUE(po::test::read_file(one + "_hf/model.safetensors") ==
+              po::test::read_file(two + "_hf/model.safetensors"))
+      << "the tp 2 checkpoint's export differs from tp 1's";
 }
 
 }  // namespace

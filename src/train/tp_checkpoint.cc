@@ -1,0 +1,153 @@
+#include "train/tp_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "parallel/shard_layout.h"
+
+namespace po::train {
+namespace {
+
+using checkpoint::StateKind;
+using tensor::DType;
+
+std::vector<int64_t> unit_numels(const model::Layout& l) {
+  std::vector<int64_t> out;
+  for (int u = 0; u < l.num_units(); ++u) out.push_back(l.unit_numel(u));
+  return out;
+}
+
+// Unit u of the whole model from every tp rank's held unit u (pieces[r] at
+// r · held unit size): the inverse of shard_unit.
+void whole_unit(const model::TransformerConfig& config, int tp, const model::Layout& whole, int u,
+                const float* pieces, float* out) {
+  const int64_t base = whole.unit_offset(u);
+  for (int r = 0; r < tp; ++r) {
+    const model::Layout held(config, {tp, r});
+    const float* piece = pieces + static_cast<int64_t>(r) * held.unit_numel(u);
+    const int64_t held_base = held.unit_offset(u);
+    for (size_t k = 0; k < held.tensors().size(); ++k) {
+      const model::TensorSpec& t = held.tensors()[k];
+      if (t.unit != u) continue;
+      // Replicated tensors are the same on every rank: rank 0's.
+      if (t.partition == model::Partition::kReplicated && r > 0) continue;
+      const float* src = piece + (t.offset - held_base);
+      float* dst = out + (whole.tensors()[k].offset - base);
+      held.global_runs(t, [&](int64_t local, int64_t global, int64_t n) {
+        if (global >= 0) std::memcpy(dst + global, src + local, static_cast<size_t>(n) * sizeof(float));
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
+                const float* whole_unit, float* held_unit) {
+  const int64_t base = whole.unit_offset(u), held_base = held.unit_offset(u);
+  for (size_t k = 0; k < held.tensors().size(); ++k) {
+    const model::TensorSpec& t = held.tensors()[k];
+    if (t.unit != u) continue;
+    const float* src = whole_unit + (whole.tensors()[k].offset - base);
+    float* dst = held_unit + (t.offset - held_base);
+    held.global_runs(t, [&](int64_t local, int64_t global, int64_t n) {
+      if (global < 0)
+        std::fill(dst + local, dst + local + n, 0.0f);
+      else
+        std::memcpy(dst + local, src + global, static_cast<size_t>(n) * sizeof(float));
+    });
+  }
+}
+
+void save_tensor_parallel_checkpoint(const std::string& path, const model::Transformer& model,
+                                     const parallel::ShardLayout& held_sl,
+                                     const checkpoint::ShardSource& source,
+                                     const TrainState& state, const std::string& config_toml,
+                                     const TensorParallelGroups& g,
+                                     const std::vector<StateKind>& kinds) {
+  PO_ASSERT(g.tensor != nullptr, "save_tensor_parallel_checkpoint without a tensor group");
+  const model::Layout whole(model.config());
+  const model::Layout& held = model.layout();
+  const int tp = g.tensor->size();
+  const bool writer = g.tensor->rank() == 0;
+  const int dp = g.data ? g.data->size() : 1;
+  const parallel::ShardLayout whole_sl(unit_numels(whole), dp, g.data ? g.data->rank() : 0);
+  // This writer's slices of the whole state, per (kind, unit).
+  std::map<std::pair<StateKind, int>, std::vector<float>> mine;
+  std::vector<float> shard, unit, pieces, assembled;
+  for (StateKind k : kinds) {
+    for (int u = 0; u < held.num_units(); ++u) {
+      const int64_t stride = held_sl.stride(u), n = held.unit_numel(u);
+      shard.assign(static_cast<size_t>(stride), 0.0f);
+      if (held_sl.owned(u) > 0)
+        std::memcpy(shard.data(), source(k, u), static_cast<size_t>(held_sl.owned(u)) * sizeof(float));
+      unit.resize(static_cast<size_t>(stride) * static_cast<size_t>(dp));
+      if (g.data != nullptr)
+        g.data->all_gather(shard.data(), unit.data(), static_cast<size_t>(stride), DType::kF32);
+      else
+        unit = shard;
+      pieces.resize(static_cast<size_t>(n) * static_cast<size_t>(tp));
+      g.tensor->all_gather(unit.data(), pieces.data(), static_cast<size_t>(n), DType::kF32);
+      if (!writer) continue;
+      assembled.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
+      whole_unit(model.config(), tp, whole, u, pieces.data(), assembled.data());
+      mine[{k, u}].assign(assembled.begin() + whole_sl.begin(u), assembled.begin() + whole_sl.end(u));
+    }
+  }
+  std::exception_ptr error;
+  if (writer) {
+    try {
+      save_checkpoint_sharded(
+          path, whole, whole_sl,
+          [&](StateKind k, int u) -> const float* { return mine.at({k, u}).data(); }, state,
+          config_toml, g.data, kinds);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  checkpoint::agree_on_success(g.tensor, error, path + ": saving");
+}
+
+TrainState load_tensor_parallel_checkpoint(const std::string& path,
+                                           const model::Transformer& model,
+                                           const parallel::ShardLayout& held_sl,
+                                           const checkpoint::ShardDest& dest,
+                                           comm::Communicator* world,
+                                           const std::vector<StateKind>& kinds) {
+  const model::Layout whole(model.config());
+  const model::Layout& held = model.layout();
+  const parallel::ShardLayout whole_one(unit_numels(whole), 1, 0);
+  // The loader fills one whole unit at a time; the previous one is complete
+  // when the next is asked for (and at the end).
+  std::vector<float> staged, unit;
+  std::optional<std::pair<StateKind, int>> pending;
+  auto flush = [&] {
+    if (!pending) return;
+    const auto [k, u] = *pending;
+    pending.reset();
+    if (held_sl.owned(u) == 0) return;
+    unit.resize(static_cast<size_t>(held.unit_numel(u)));
+    shard_unit(held, whole, u, staged.data(), unit.data());
+    std::memcpy(dest(k, u), unit.data() + held_sl.begin(u),
+                static_cast<size_t>(held_sl.owned(u)) * sizeof(float));
+  };
+  const TrainState s = load_checkpoint_sharded(
+      path, whole, whole_one,
+      [&](StateKind k, int u) -> float* {
+        flush();
+        staged.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
+        pending = std::make_pair(k, u);
+        return staged.data();
+      },
+      world, kinds);
+  flush();
+  return s;
+}
+
+}  // namespace po::train

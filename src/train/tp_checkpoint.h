@@ -1,0 +1,72 @@
+// Checkpoints of tensor-parallel runs, in the whole model's layout.
+//
+// A tp rank holds shards of the declared tensors (model/layout.h); a
+// checkpoint holds whole tensors, in the units of the unsplit model, exactly
+// as a tp = 1 run writes them. So a checkpoint of dp 2 × tp 2 resumes at tp 1
+// × dp 4, at tp 4, at dp 1, exports to Hugging Face names and generates with
+// the tp = 1 code; and every checkpoint written before tensor parallel loads
+// into a tensor-parallel run.
+//
+// Saving, per kind and unit: each rank's dp shard of its held unit is
+// all-gathered over the data group (the held unit), the held units over the
+// tensor group (every shard of the unit), and tp rank 0 of each data group
+// assembles the whole unit through Layout::global_runs and keeps the slice
+// the whole-model ShardLayout over dp gives it. Those ranks then write a
+// checkpoint of the whole model as a data-parallel run would (a collective
+// over tp rank 0's data group); the other tp ranks wait for the outcome.
+// Transient memory: one whole unit (all its tp shards) at a time, plus this
+// rank's 1/dp of the whole state until it is written.
+//
+// Loading: every rank reads each whole unit and keeps its tp shard's dp shard
+// (it reads the whole checkpoint: simple, not I/O-optimal).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/sharded.h"
+#include "model/transformer.h"
+#include "train/run_state.h"
+
+namespace po::comm {
+class Communicator;
+}
+namespace po::parallel {
+class ShardLayout;
+}
+
+namespace po::train {
+
+// The mesh groups of a tensor-parallel rank: the tensor group (size > 1) and
+// the data group (null at dp = 1), and the world (errors agree over it).
+struct TensorParallelGroups {
+  comm::Communicator* tensor = nullptr;
+  comm::Communicator* data = nullptr;
+  comm::Communicator* world = nullptr;
+};
+
+// Every rank of the mesh calls it. `held`: the ShardLayout of this rank's held
+// units over the data group (DataParallel::layout()); `source` gives its
+// shards (the contract of checkpoint::ShardSource under `held`).
+void save_tensor_parallel_checkpoint(const std::string& path, const model::Transformer& model,
+                                     const parallel::ShardLayout& held,
+                                     const checkpoint::ShardSource& source,
+                                     const TrainState& state, const std::string& config_toml,
+                                     const TensorParallelGroups& groups,
+                                     const std::vector<checkpoint::StateKind>& kinds);
+
+// Fills this rank's shards under `held` (held units, any dp) through `dest`
+// from a checkpoint of the whole model (any layout wrote it).
+TrainState load_tensor_parallel_checkpoint(const std::string& path,
+                                           const model::Transformer& model,
+                                           const parallel::ShardLayout& held,
+                                           const checkpoint::ShardDest& dest,
+                                           comm::Communicator* world,
+                                           const std::vector<checkpoint::StateKind>& kinds);
+
+// Unit u of a tensor-parallel rank's `held` layout from unit u of the whole
+// model (`whole`): held[...] = whole[...] along held.global_runs, padding 0.
+void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
+                const float* whole_unit, float* held_unit);
+
+}  // namespace po::train
