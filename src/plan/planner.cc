@@ -136,7 +136,8 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
     if (it.tier == Tier::kHost) p.host_bytes += it.bytes;
     if (it.tier == Tier::kNvme) p.nvme_bytes += it.bytes;
   }
-  p.device_peak = p.compute_peak + cluster.overhead;
+  p.device_peak = p.compute_peak + cluster.overhead +
+                  (layout.devices() > 1 ? cluster.multi_process_overhead : 0.0);
 
   // Fit. (A CPU build's ranks share the node's memory.)
   p.cluster.device_memory = cluster.memory_per_rank(layout.devices());

@@ -102,11 +102,29 @@ double measure_memcpy_bw() {
 // Ranks exchange data through shared memory: an all-reduce's bus bandwidth
 // is about half a memcpy's (each byte is copied in and out). NVMe numbers are
 // this VM's fio results (docs/benchmarks.md).
+// This process's peak resident set since the last reset_peak_rss() (VmHWM),
+// in bytes; 0 when /proc does not say.
+double peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.starts_with("VmHWM:")) return std::stod(line.substr(6)) * 1024.0;  // kB
+  return 0;
+}
+
+// Starts peak_rss_bytes() again from the current resident set (Linux: 5 to clear_refs).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
 ClusterSpec local() {
   ClusterSpec c;
   c.name = "local";
   c.devices_per_node = std::max(1u, std::thread::hardware_concurrency());
+  reset_peak_rss();
   const double gemm = backend::cpu::measure_gemm_peak_gflops() * 1e9;
+  // Measured, not assumed: this process is the engine's binary and has just
+  // run the GEMM probe a training run also runs at start, so its peak
+  // resident size is what a rank holds besides its model state (code,
+  // libraries, oneDNN's JIT kernels, the probe's matrices, C++ runtime).
+  const double fixed = peak_rss_bytes();
   c.peak_flops_fp32 = gemm / c.devices_per_node;
   // bf16 runs its GEMMs on bf16 operands (oneDNN, AVX512-BF16 where present).
   c.peak_flops_bf16 =
@@ -121,7 +139,10 @@ ClusterSpec local() {
   c.nvme_read_bw = 1.16e9;
   c.nvme_write_bw = 1.79e9;
   c.host_bw = c.intra_bw;
-  c.overhead = 0.19 * kGiB;  // code, BLAS/oneDNN, C++ runtime (docs/paging.md)
+  c.overhead = fixed > 0 ? fixed : 0.19 * kGiB;
+  // OpenMPI and its shared-memory transport, per rank (measured 2026-12-01 by
+  // plan_vs_engine_launch_test: 63 MiB alone, 75 MiB per rank under mpirun).
+  c.multi_process_overhead = 12.0 * (1 << 20);
   c.source = "measured now: sgemm " + std::to_string(static_cast<int>(gemm / 1e9)) +
              " GFLOP/s, bf16 GEMM " +
              std::to_string(static_cast<int>(c.peak_flops_bf16 * c.devices_per_node / 1e9)) +

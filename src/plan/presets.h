@@ -61,6 +61,9 @@ struct ClusterSpec {
   double nvme_read_bw = 0, nvme_write_bw = 0;  // bytes/s per node (0: no NVMe)
   double host_bw = 0;            // bytes/s between device and host memory
   double overhead = 0;           // bytes per device the framework holds (context, code, libraries)
+  // Bytes more per device when the layout runs several processes (the MPI
+  // library and its shared-memory transport): 0 where `overhead` includes it.
+  double multi_process_overhead = 0;
   // A CPU build: a node's cores (and memory) are shared by the ranks on it,
   // so fewer ranks get more each. The peaks above are per core.
   bool shared_cores = false;

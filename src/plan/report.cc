@@ -49,7 +49,8 @@ std::string format_plan(const Plan& p) {
                   memory::tier_name(m.tier), m.note.c_str());
     t += line;
   }
-  std::snprintf(line, sizeof line, "  %-24s %12s\n", "framework overhead", human_bytes(p.cluster.overhead).c_str());
+  const double overhead = p.device_peak - p.compute_peak;
+  std::snprintf(line, sizeof line, "  %-24s %12s\n", "framework overhead", human_bytes(overhead).c_str());
   t += line;
   std::snprintf(line, sizeof line, "  %-24s %12s  of %s per device%s\n", "peak (compute tier)",
                 human_bytes(p.device_peak).c_str(), human_bytes(p.cluster.device_memory).c_str(),

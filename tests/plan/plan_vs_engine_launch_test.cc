@@ -152,6 +152,27 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
     }
     std::printf("[ %-26s ] rank %zu compute-tier peak: predicted %.0f, measured %.0f bytes\n",
                 c.name, r, plan.compute_peak, measured);
+
+  }
+
+  // The whole process: `pagedoptim plan` on this machine (cluster local, its
+  // fixed overhead measured by the plan process itself) against every rank's
+  // peak RSS, within 10%.
+  {
+    std::string plan_args = "plan -c " + config_ + " --json";
+    for (const auto& s : sets) plan_args += " --set " + s;
+    const CommandResult pr = run_command(std::string(PO_BINARY) + " " + plan_args);
+    ASSERT_EQ(pr.exit_code, 0) << c.name << ": " << plan_args << "\n" << pr.output;
+    const double device_peak =
+        nlohmann::json::parse(pr.output.substr(pr.output.find('{'))).at("device_peak_bytes");
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const double rss = ranks[r].at("peak_rss").get<double>();
+      EXPECT_NEAR(device_peak, rss, 0.10 * rss)
+          << c.name << " rank " << r << ": `pagedoptim plan` predicts a process peak of "
+          << device_peak << " bytes, the rank's peak RSS was " << rss;
+      std::printf("[ %-26s ] rank %zu process peak: predicted %.1f MiB, peak RSS %.1f MiB\n",
+                  c.name, r, device_peak / 1048576.0, rss / 1048576.0);
+    }
   }
 
   // Collectives: the plan's items summed per operation = the step's counters.
