@@ -380,12 +380,14 @@ void UnitBuffers::finish_grads() {
 }
 
 // MPI progresses inside its calls: poll everything in flight at each hook.
-// Reductions are taken only from the front, so the additions into the
-// gradient shard keep their order whatever completes first.
+// A landed reduction is taken (added into the gradient shard, its
+// accumulator freed) only where the count in flight or the end of the
+// backward forces it, never because it happened to land early: so the
+// additions keep their order, and the accumulators held at every point do
+// not depend on timing (the planner's replay predicts the peak exactly).
 void UnitBuffers::progress() {
   for (Gather& g : inflight_) g.work.test();
   for (Reduction& r : pending_) r.work.test();
-  while (!pending_.empty() && pending_.front().work.done()) complete_front();
 }
 
 }  // namespace po::parallel
