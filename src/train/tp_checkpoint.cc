@@ -17,19 +17,13 @@ namespace {
 using checkpoint::StateKind;
 using tensor::DType;
 
-std::vector<int64_t> unit_numels(const model::Layout& l) {
-  std::vector<int64_t> out;
-  for (int u = 0; u < l.num_units(); ++u) out.push_back(l.unit_numel(u));
-  return out;
-}
-
 // Unit u of the whole model from every tp rank's held unit u (pieces[r] at
-// r · held unit size): the inverse of shard_unit.
-void whole_unit(const model::TransformerConfig& config, int tp, const model::Layout& whole, int u,
+// r · held unit size; ranks[r] is rank r's layout): the inverse of shard_unit.
+void whole_unit(const std::vector<model::Layout>& ranks, const model::Layout& whole, int u,
                 const float* pieces, float* out) {
   const int64_t base = whole.unit_offset(u);
-  for (int r = 0; r < tp; ++r) {
-    const model::Layout held(config, {tp, r});
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const model::Layout& held = ranks[r];
     const float* piece = pieces + static_cast<int64_t>(r) * held.unit_numel(u);
     const int64_t held_base = held.unit_offset(u);
     for (size_t k = 0; k < held.tensors().size(); ++k) {
@@ -77,7 +71,11 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
   const int tp = g.tensor->size();
   const bool writer = g.tensor->rank() == 0;
   const int dp = g.data ? g.data->size() : 1;
-  const parallel::ShardLayout whole_sl(unit_numels(whole), dp, g.data ? g.data->rank() : 0);
+  const parallel::ShardLayout whole_sl(model.config().unit_numels(), dp,
+                                       g.data ? g.data->rank() : 0);
+  std::vector<model::Layout> ranks;  // every tp rank's held layout, for the assembly
+  if (writer)
+    for (int r = 0; r < tp; ++r) ranks.emplace_back(model.config(), model::TensorSplit{tp, r});
   // This writer's slices of the whole state, per (kind, unit).
   std::map<std::pair<StateKind, int>, std::vector<float>> mine;
   std::vector<float> shard, unit, pieces, assembled;
@@ -96,7 +94,7 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
       g.tensor->all_gather(unit.data(), pieces.data(), static_cast<size_t>(n), DType::kF32);
       if (!writer) continue;
       assembled.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
-      whole_unit(model.config(), tp, whole, u, pieces.data(), assembled.data());
+      whole_unit(ranks, whole, u, pieces.data(), assembled.data());
       mine[{k, u}].assign(assembled.begin() + whole_sl.begin(u), assembled.begin() + whole_sl.end(u));
     }
   }
@@ -122,7 +120,7 @@ TrainState load_tensor_parallel_checkpoint(const std::string& path,
                                            const std::vector<StateKind>& kinds) {
   const model::Layout whole(model.config());
   const model::Layout& held = model.layout();
-  const parallel::ShardLayout whole_one(unit_numels(whole), 1, 0);
+  const parallel::ShardLayout whole_one(model.config().unit_numels(), 1, 0);
   // The loader fills one whole unit at a time; the previous one is complete
   // when the next is asked for (and at the end).
   std::vector<float> staged, unit;
