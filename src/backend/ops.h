@@ -141,8 +141,10 @@ void crossentropy_forward(float* losses, float* logits, const int32_t* targets, 
 // tensor group is the lookup; positions are added after that sum.
 void embedding_forward_slice(float* out, const int32_t* tokens, const float* wte_slice,
                              int64_t v0, int64_t nv, int64_t n, int64_t C);
-// out[b,t,:] += wpe[t,:]
-void position_embedding_add(float* out, const float* wpe, int64_t B, int64_t T, int64_t C);
+// out[i,:] += wpe[(row0 + i) % T,:] for the rows i < n: rows row0 .. of a
+// [B,T] batch (all of it: row0 = 0, n = B·T).
+void position_embedding_add(float* out, const float* wpe, int64_t row0, int64_t n, int64_t T,
+                            int64_t C);
 // embedding_backward for the tokens in [v0, v0 + nv) (the others add nothing
 // to dwte_slice); dwpe as there, from every row.
 void embedding_backward_slice(float* dwte_slice, float* dwpe, const float* dout,

@@ -47,6 +47,10 @@ struct TransformerConfig {
   // Activations saved for the backward are stored in bf16 (train.precision =
   // "bf16"): half the bytes; the kernels still compute in f32.
   bool bf16_activations = false;
+  // parallel.sequence_parallel: with a tensor-parallel split (tp > 1) the
+  // norm and residual regions hold B·T/tp rows per rank (Korthikanti et al.
+  // 2022); nothing at tp = 1.
+  bool sequence_parallel = false;
 
   // The defaults of an architecture ("gpt2", "llama"), shapes unset.
   static TransformerConfig arch_defaults(const std::string& arch);

@@ -9,8 +9,15 @@
 //             of their [B·T, C] outputs over the tensor group;
 //   backward: after the column-parallel q|k|v and gate|up (fc) input-gradient
 //             GEMMs, f's conjugate = all-reduce of the [B·T, C] input gradients.
-// A row-parallel bias is added once, after the reduction (block_forward adds
-// it there at tp > 1). The vocabulary-parallel embedding sums its masked
+// A row-parallel bias is added by tp rank 0 alone, so the group's sum holds it
+// once.
+//
+// With sequence parallel (Korthikanti et al. 2022) the norm and residual
+// regions hold B·T/tp rows per rank, and each all-reduce above becomes its
+// two halves: an all-gather of the norm's output before the column-parallel
+// GEMM (its conjugate, a reduce-scatter of the input gradient) and a
+// reduce-scatter of the row-parallel GEMM's partial sums (its conjugate, an
+// all-gather of the output gradient). The vocabulary-parallel embedding sums its masked
 // lookups, and the vocabulary-parallel loss reduces three numbers per row
 // (max, sum of exponentials, target logit) and the head's input gradient.
 //
@@ -19,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace po::model {
 
@@ -33,6 +41,10 @@ class ParallelOps {
   virtual void tp_all_reduce(double* x, int64_t n) = 0;
   // x[n] = elementwise max over the tensor-parallel group.
   virtual void tp_all_reduce_max(float* x, int64_t n) = 0;
+  // out[tp·n] = every rank's x[n], in rank order.
+  virtual void tp_all_gather(const float* x, float* out, int64_t n) = 0;
+  // out[n] = block tp_rank() of the group's sum of x[tp·n], in a fixed order.
+  virtual void tp_reduce_scatter(const float* x, float* out, int64_t n) = 0;
 };
 
 class NullParallelOps final : public ParallelOps {
@@ -42,10 +54,17 @@ class NullParallelOps final : public ParallelOps {
   void tp_all_reduce(float*, int64_t) override {}
   void tp_all_reduce(double*, int64_t) override {}
   void tp_all_reduce_max(float*, int64_t) override {}
+  void tp_all_gather(const float* x, float* out, int64_t n) override { copy(x, out, n); }
+  void tp_reduce_scatter(const float* x, float* out, int64_t n) override { copy(x, out, n); }
   // The process-wide instance models use unless given another.
   static NullParallelOps& instance() {
     static NullParallelOps ops;
     return ops;
+  }
+
+ private:
+  static void copy(const float* x, float* out, int64_t n) {
+    if (x != out) std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float));
   }
 };
 

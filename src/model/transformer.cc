@@ -49,11 +49,15 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
     row_max_.resize(static_cast<size_t>(head_chunk_));
     row_sums_.resize(2 * static_cast<size_t>(head_chunk_));
   }
+  sp_ = global_config_.sequence_parallel ? split.size : 1;
+  PO_CHECK(B * T % sp_ == 0, "parallel.sequence_parallel splits the micro-batch's ", B * T,
+           " tokens (train.micro_batch_size × model.seq_len = ", B, " × ", T,
+           ") over parallel.tp = ", sp_, " ranks, which must divide them");
   ActivationLayout v;
   const int64_t n_blocks = end_block() - first_block();
   acts_ = tensor::Storage(
-      layout_activations(config_, B_, T_, n_blocks, has_head(), nullptr, v) * sizeof(float));
-  layout_activations(config_, B_, T_, n_blocks, has_head(), acts_.f32(), v);
+      layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v) * sizeof(float));
+  layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), acts_.f32(), v);
   encoded_ = v.encoded;
   layers_ = std::move(v.layers);
   layers16_ = std::move(v.layers16);
@@ -73,6 +77,12 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   dbuf_c_ = v.dbuf_c;
   dqkv_ = v.dqkv;
   dfch_ = v.dfch;
+  full_ = v.full;
+  gathered_ = v.gathered;
+  dchunk_ = v.dchunk;
+  norm_dw_ = v.norm_dw;
+  emb_dout_ = dres_;
+  if (norm_dw_ != nullptr) std::memset(norm_dw_, 0, 4 * static_cast<size_t>(config_.n_embd) * sizeof(float));
   if (rope_cos_ != nullptr) {
     ops::RopeScaling rs;
     rs.theta = config_.rope_theta;
@@ -85,8 +95,8 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
 }
 
 size_t Transformer::layout_activations(const TransformerConfig& unresolved, int64_t B, int64_t T,
-                                       int64_t n_blocks, bool with_head, float* base,
-                                       ActivationLayout& out_layout) {
+                                       int64_t seq_shards, int64_t n_blocks, bool with_head,
+                                       float* base, ActivationLayout& out_layout) {
   const TransformerConfig config = unresolved.resolved();
   ActivationLayout& out = out_layout;
   const int64_t C = config.n_embd, NH = config.n_head, V = config.vocab_size;
@@ -94,6 +104,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   const int64_t FC = config.fc_width(), F = config.ffn_hidden;
   const bool ln = config.norm == Norm::kLayerNorm;
   const int64_t BT = B * T;
+  const int64_t R = BT / seq_shards;  // rows of the norm and residual regions
   int64_t used = 0;
   auto take = [&](int64_t n) -> float* {
     float* p = base ? base + used : nullptr;
@@ -104,27 +115,27 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     return reinterpret_cast<uint16_t*>(take((n + 1) / 2));
   };
   auto stats = [&](LayerActs& a) {
-    a.ln1_mean = ln ? take(BT) : nullptr;
-    a.ln1_rstd = take(BT);
+    a.ln1_mean = ln ? take(R) : nullptr;
+    a.ln1_rstd = take(R);
   };
   auto stats2 = [&](LayerActs& a) {
-    a.ln2_mean = ln ? take(BT) : nullptr;
-    a.ln2_rstd = take(BT);
+    a.ln2_mean = ln ? take(R) : nullptr;
+    a.ln2_rstd = take(R);
   };
   auto full_layer = [&](LayerActs& a, bool with_residual3) {
-    a.ln1 = take(BT * C);
+    a.ln1 = take(R * C);
     stats(a);
     a.qkv = take(BT * QKV);
     a.atty = take(BT * AO);
     a.lse = take(B * NH * T);
-    a.residual2 = take(BT * C);
-    a.ln2 = take(BT * C);
+    a.residual2 = take(R * C);
+    a.ln2 = take(R * C);
     stats2(a);
     a.fch = take(BT * FC);
     a.fch_gelu = take(BT * F);
-    a.residual3 = with_residual3 ? take(BT * C) : nullptr;
+    a.residual3 = with_residual3 ? take(R * C) : nullptr;
   };
-  out.encoded = take(BT * C);
+  out.encoded = take(R * C);
   out.layers.assign(static_cast<size_t>(n_blocks), LayerActs{});
   out.layers16.assign(config.bf16_activations ? static_cast<size_t>(n_blocks) : 0, LayerActs16{});
   out.scratch = LayerActs{};
@@ -135,13 +146,13 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
       LayerActs16& h = out.layers16[static_cast<size_t>(l)];
       LayerActs& a = out.layers[static_cast<size_t>(l)];
       h = LayerActs16{};
-      h.residual3 = take16(BT * C);
+      h.residual3 = take16(R * C);
       if (config.activation_checkpointing) continue;
-      h.ln1 = take16(BT * C);
+      h.ln1 = take16(R * C);
       h.qkv = take16(BT * QKV);
       h.atty = take16(BT * AO);
-      h.residual2 = take16(BT * C);
-      h.ln2 = take16(BT * C);
+      h.residual2 = take16(R * C);
+      h.ln2 = take16(R * C);
       h.fch = take16(BT * FC);
       h.fch_gelu = take16(BT * F);
       stats(a);
@@ -149,13 +160,13 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
       stats2(a);
     }
     full_layer(out.scratch, false);
-    out.stream[0] = take(BT * C);
-    out.stream[1] = take(BT * C);
-    out.in_buf = take(BT * C);
+    out.stream[0] = take(R * C);
+    out.stream[1] = take(R * C);
+    out.in_buf = take(R * C);
   } else {
     for (auto& a : out.layers) {
       if (config.activation_checkpointing)
-        a.residual3 = take(BT * C);  // only the block outputs (= next block's inputs) stay
+        a.residual3 = take(R * C);  // only the block outputs (= next block's inputs) stay
       else
         full_layer(a, true);
     }
@@ -166,26 +177,50 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.rope_sin = take(T * config.head_dim() / 2);
   }
   if (with_head) {
-    out.lnf = take(BT * C);
-    out.lnf_mean = ln ? take(BT) : nullptr;
-    out.lnf_rstd = take(BT);
+    out.lnf = take(R * C);
+    out.lnf_mean = ln ? take(R) : nullptr;
+    out.lnf_rstd = take(R);
     out.logits = take(head_chunk_rows(B, T) * V);
     out.losses = take(BT);
     out.dlnf = take(BT * C);
   }
-  out.dres = take(BT * C);
+  out.dres = take(R * C);
   out.dbuf_c = take(BT * std::max(C, AO));
   out.dqkv = take(BT * QKV);
   // SwiGLU: d(activation output) [BT,F] beside d(fc) [BT,2F]; GELU runs in place.
   out.dfch = take(BT * FC + (config.mlp == Mlp::kSwiGLU ? BT * F : 0));
+  if (seq_shards > 1) {
+    out.full = take(BT * C);
+    out.gathered = take(BT * C);
+    out.dchunk = take(R * C);
+    out.norm_dw = take(4 * C);
+  }
   return static_cast<size_t>(used);
 }
+
+namespace {
+int64_t seq_shards_of(const TransformerConfig& config, int64_t tp) {
+  return config.sequence_parallel ? tp : 1;
+}
+}  // namespace
 
 size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, int64_t B,
                                                int64_t T, int64_t tp) {
   const TransformerConfig local = config.shard(tp);
   ActivationLayout counted;
-  return layout_activations(local, B, T, local.n_layer, true, nullptr, counted) * sizeof(float);
+  return layout_activations(local, B, T, seq_shards_of(config, tp), local.n_layer, true, nullptr,
+                            counted) *
+         sizeof(float);
+}
+
+size_t Transformer::predicted_layer_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                          int64_t tp) {
+  const TransformerConfig local = config.shard(tp);
+  const int64_t S = seq_shards_of(config, tp);
+  ActivationLayout counted;
+  return (layout_activations(local, B, T, S, 1, false, nullptr, counted) -
+          layout_activations(local, B, T, S, 0, false, nullptr, counted)) *
+         sizeof(float);
 }
 
 size_t Transformer::predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T,

@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -171,7 +172,7 @@ class Transformer {
   float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
                          const std::function<void(int unit)>& on_unit_ready = {},
                          bool defer_embedding = false);
-  const float* embedding_output_grad() const { return dres_; }
+  const float* embedding_output_grad() const { return emb_dout_; }
   // Mean loss over [B,T] without touching gradients.
   float evaluate(const int32_t* inputs, const int32_t* targets);
 
@@ -222,6 +223,13 @@ class Transformer {
   // the per-token losses [B·T].
   static size_t predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                        int64_t tp = 1);
+  // The bytes one block keeps for its backward (its share of
+  // activation_bytes()), per rank of tp; config.sequence_parallel splits the
+  // norm and residual rows too.
+  static size_t predicted_layer_bytes(const TransformerConfig& config, int64_t B, int64_t T,
+                                      int64_t tp = 1);
+  // Sequence-parallel ranks: tp when config.sequence_parallel, else 1.
+  int64_t sequence_shards() const { return sp_; }
 
  private:
   struct LayerActs {
@@ -237,7 +245,7 @@ class Transformer {
   struct SavedPair {
     float* f;
     uint16_t* h;
-    int64_t width;  // floats per row
+    int64_t numel;  // values
   };
   std::array<SavedPair, 7> saved_pairs(const LayerActs& a, const LayerActs16& h) const;
   struct BlockParams {
@@ -256,14 +264,31 @@ class Transformer {
     float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
     float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
     float *dqkv = nullptr, *dfch = nullptr;
+    float *full = nullptr, *gathered = nullptr, *dchunk = nullptr, *norm_dw = nullptr;
   };
-  // Lays out the activations of `config` at (B, T) for `n_blocks` held
-  // blocks and (with_head) the head from `base` (null: count only) and
-  // returns the floats needed. The constructor and predicted_bytes() both use
-  // it, so the ledger cannot drift.
+  // Lays out the activations of `config` (a rank's shapes) at (B, T) for
+  // `n_blocks` held blocks and (with_head) the head from `base` (null: count
+  // only) and returns the floats needed; with seq_shards > 1 (sequence
+  // parallel) the norm and residual regions hold B·T/seq_shards rows. The
+  // constructor and predicted_bytes() both use it, so the ledger cannot drift.
   static size_t layout_activations(const TransformerConfig& config, int64_t B, int64_t T,
-                                   int64_t n_blocks, bool with_head, float* base,
-                                   ActivationLayout& out);
+                                   int64_t seq_shards, int64_t n_blocks, bool with_head,
+                                   float* base, ActivationLayout& out);
+  // Sequence parallel's moves of [rows, C] tensors (rows = B·T of the
+  // micro-batch; a rank holds rows / sp_ of them). gather_rows: every rank's
+  // chunk into `full` (returns it), or `chunk` itself at sp_ = 1.
+  // reduce_rows: a row-parallel GEMM's partial sums into the reduced rows
+  // this rank holds (reduce-scatter into `out`), or in place at sp_ = 1
+  // (all-reduce; out == partial).
+  const float* gather_rows(const float* chunk, float* full, int64_t rows);
+  void reduce_rows(float* partial, float* out, int64_t rows);
+  // The first row of this rank's chunk of `rows` rows.
+  int64_t chunk_begin(int64_t rows) const { return rows / sp_ * pops_->tp_rank(); }
+  // Where a norm's weight and bias gradients go: the accumulators themselves,
+  // or (sp_ > 1) zeroed scratch that sum_norm_grads adds in once the group's
+  // rows are summed, since each rank saw only its own rows.
+  float* norm_grad_target(float* accumulator, int slot) const;
+  void sum_norm_grads(std::initializer_list<float*> accumulators);
   BlockParams block_params(float* unit_base) const;
   float* unit_params(int u);
   void unit_done(int u);
@@ -289,8 +314,9 @@ class Transformer {
   LayerActs backward_acts(int64_t l, const BlockParams& P, const float*& in);
   const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
   void embed_forward(const int32_t* tokens, int64_t b, int64_t t);
-  void embed_backward(const int32_t* tokens);
-  void blocks_backward(const std::function<void(int)>& ready);
+  // Gathers dL/d(embedding output) of every row (sequence parallel) into
+  // embedding_output_grad(); then, unless `deferred`, adds the lookup's gradient.
+  void embed_backward(const int32_t* tokens, bool deferred = false);
   LayerActs load_saved(int64_t l);
   LayerActs scratch_with_stats(int64_t l) const;
   const float* block_input(int64_t l);
@@ -316,6 +342,7 @@ class Transformer {
   int first_ = 0, last_ = 0;
   int64_t num_params_ = 0;
   int64_t head_chunk_ = 0;  // rows of logits processed at once
+  int64_t sp_ = 1;          // sequence shards: the norm and residual regions hold B·T/sp_ rows
   mutable tensor::Storage params_, grads_;  // allocated at first use
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
@@ -335,6 +362,12 @@ class Transformer {
   float *dres_ = nullptr, *dlnf_ = nullptr, *dbuf_c_ = nullptr;       // [BT,C] each
   float *dqkv_ = nullptr, *dfch_ = nullptr;                           // [BT,QKV], [BT,FC]
   const float* out_ = nullptr;                                        // last stage_forward's output
+  // Sequence parallel only (null otherwise): a whole [BT,C] tensor of the
+  // group (partial sums before their reduce-scatter, an output gradient after
+  // its all-gather), the all-gathered norm output [BT,C], an input
+  // gradient's reduced rows [BT/sp,C], and norm-gradient scratch [4C].
+  float *full_ = nullptr, *gathered_ = nullptr, *dchunk_ = nullptr, *norm_dw_ = nullptr;
+  const float* emb_dout_ = nullptr;  // dL/d(embedding output) of every row [BT,C]
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
   std::vector<float> row_max_;
   std::vector<double> row_sums_;

@@ -43,38 +43,75 @@ void Transformer::mlp_act_backward(float* dinp, const float* in, const float* do
     ops::swiglu_backward(dinp, in, dout, rows, config_.ffn_hidden);
 }
 
+const float* Transformer::gather_rows(const float* chunk, float* full, int64_t rows) {
+  if (sp_ == 1) return chunk;
+  pops_->tp_all_gather(chunk, full, rows / sp_ * config_.n_embd);
+  return full;
+}
+
+void Transformer::reduce_rows(float* partial, float* out, int64_t rows) {
+  if (sp_ == 1)
+    pops_->tp_all_reduce(out, rows * config_.n_embd);
+  else
+    pops_->tp_reduce_scatter(partial, out, rows / sp_ * config_.n_embd);
+}
+
+float* Transformer::norm_grad_target(float* accumulator, int slot) const {
+  if (sp_ == 1 || accumulator == nullptr) return accumulator;
+  return norm_dw_ + slot * config_.n_embd;
+}
+
+void Transformer::sum_norm_grads(std::initializer_list<float*> accumulators) {
+  const int64_t C = config_.n_embd, n = static_cast<int64_t>(accumulators.size()) * C;
+  pops_->tp_all_reduce(norm_dw_, n);
+  const float* sum = norm_dw_;
+  for (float* acc : accumulators) {
+    if (acc != nullptr)
+      for (int64_t i = 0; i < C; ++i) acc[i] += sum[i];
+    sum += C;
+  }
+  std::memset(norm_dw_, 0, static_cast<size_t>(n) * sizeof(float));
+}
+
+// Megatron's block: column-parallel q|k|v and fc, row-parallel o_proj and
+// down_proj, each pair closed by a reduction over the tensor group. With
+// sequence parallel the norms and residual adds run on this rank's rows and
+// the reductions are split in two around them (model/parallel_ops.h).
 void Transformer::block_forward(const BlockParams& P, const float* in, const LayerActs& a,
                                 int64_t b, int64_t t) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
-  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t;
+  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t, R = BT / sp_;
+  PO_ASSERT(sp_ == 1 || BT == B_ * T_, "sequence parallel runs whole micro-batches");
   // Row-parallel biases: added by tp rank 0 alone, so the group's sum holds them once.
   const bool bias_here = pops_->tp_rank() == 0;
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, BT);
-  ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, BT, C, QKV);
+  float* partial2 = sp_ > 1 ? full_ : a.residual2;
+  float* partial3 = sp_ > 1 ? full_ : a.residual3;
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
+  ops::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_, BT), P.qkvw, P.qkvb, BT, C, QKV);
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
     ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
-  ops::matmul_forward(a.residual2, a.atty, P.attprojw, bias_here ? P.attprojb : nullptr, BT, AO, C);
-  pops_->tp_all_reduce(a.residual2, BT * C);  // g: the row-parallel o_proj's partial sums
-  ops::residual_forward(a.residual2, a.residual2, in, BT * C);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, BT);
-  ops::matmul_forward(a.fch, a.ln2, P.fcw, P.fcb, BT, C, FC);
+  ops::matmul_forward(partial2, a.atty, P.attprojw, bias_here ? P.attprojb : nullptr, BT, AO, C);
+  reduce_rows(partial2, a.residual2, BT);  // g: the row-parallel o_proj's partial sums
+  ops::residual_forward(a.residual2, a.residual2, in, R * C);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
+  ops::matmul_forward(a.fch, gather_rows(a.ln2, gathered_, BT), P.fcw, P.fcb, BT, C, FC);
   mlp_act_forward(a.fch_gelu, a.fch, BT);
-  ops::matmul_forward(a.residual3, a.fch_gelu, P.fcprojw, bias_here ? P.fcprojb : nullptr, BT, F,
-                      C);
-  pops_->tp_all_reduce(a.residual3, BT * C);  // g: the row-parallel down_proj's partial sums
-  ops::residual_forward(a.residual3, a.residual3, a.residual2, BT * C);
+  ops::matmul_forward(partial3, a.fch_gelu, P.fcprojw, bias_here ? P.fcprojb : nullptr, BT, F, C);
+  reduce_rows(partial3, a.residual3, BT);  // g: the row-parallel down_proj's partial sums
+  ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
 }
 
-// dres holds dL/d(block output) on entry and dL/d(block input) on return.
-// With `work`, the GEMMs' weight and bias gradients are left out and what
-// they need is copied into it (block_backward_weight adds them).
+// dres holds dL/d(block output) on entry and dL/d(block input) on return
+// (this rank's rows under sequence parallel). With `work`, the GEMMs' weight
+// and bias gradients are left out and what they need is copied into it
+// (block_backward_weight adds them).
 void Transformer::block_backward(const BlockParams& P, const BlockParams* G, const float* in,
                                  const LayerActs& a, float* dres, WeightGradWork* work) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
-  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_;
+  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_, R = BT / sp_;
   const bool split = work != nullptr;
   auto keep = [&](float* dst, const float* src, int64_t n) {
     if (split) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -82,25 +119,34 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   auto w = [&](float* g) { return split ? nullptr : g; };
   // d(activation output) [BT,F]: in place for GELU, beside d(fc) for SwiGLU
   float* dact = config_.mlp == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
-  keep(split ? work->d_proj : nullptr, dres, BT * C);
+  // a norm's output gradient: the column-parallel GEMM's input gradient, reduced
+  float* dnorm = sp_ > 1 ? dchunk_ : dbuf_c_;
+  const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
+  keep(split ? work->d_proj : nullptr, dy, BT * C);
   keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
-  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dres, a.fch_gelu, P.fcprojw, BT, F, C);
+  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, a.fch_gelu, P.fcprojw, BT, F, C);
   mlp_act_backward(dfch_, a.fch, dact, BT);
+  const float* ln2 = gather_rows(a.ln2, gathered_, BT);
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
-  keep(split ? work->in_fc : nullptr, a.ln2, BT * C);
-  ops::matmul_backward(dbuf_c_, w(G->fcw), w(G->fcb), dfch_, a.ln2, P.fcw, BT, C, FC);
-  pops_->tp_all_reduce(dbuf_c_, BT * C);  // f's conjugate: the column-parallel fc's input gradient
-  norm_backward(dres, G->ln2w, G->ln2b, dbuf_c_, a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, BT);
-  keep(split ? work->d_out : nullptr, dres, BT * C);
+  keep(split ? work->in_fc : nullptr, ln2, BT * C);
+  ops::matmul_backward(dbuf_c_, w(G->fcw), w(G->fcb), dfch_, ln2, P.fcw, BT, C, FC);
+  reduce_rows(dbuf_c_, dnorm, BT);  // f's conjugate: the column-parallel fc's input gradient
+  norm_backward(dres, norm_grad_target(G->ln2w, 2), norm_grad_target(G->ln2b, 3), dnorm,
+                a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, R);
+  dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
+  keep(split ? work->d_out : nullptr, dy, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
-  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dres, a.atty, P.attprojw, BT, AO, C);
+  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy, a.atty, P.attprojw, BT, AO, C);
   ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
+  const float* ln1 = gather_rows(a.ln1, gathered_, BT);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
-  keep(split ? work->in_qkv : nullptr, a.ln1, BT * C);
-  ops::matmul_backward(dbuf_c_, w(G->qkvw), w(G->qkvb), dqkv_, a.ln1, P.qkvw, BT, C, QKV);
-  pops_->tp_all_reduce(dbuf_c_, BT * C);  // f's conjugate: the column-parallel q|k|v's input gradient
-  norm_backward(dres, G->ln1w, G->ln1b, dbuf_c_, in, P.ln1w, a.ln1_mean, a.ln1_rstd, BT);
+  keep(split ? work->in_qkv : nullptr, ln1, BT * C);
+  ops::matmul_backward(dbuf_c_, w(G->qkvw), w(G->qkvb), dqkv_, ln1, P.qkvw, BT, C, QKV);
+  reduce_rows(dbuf_c_, dnorm, BT);  // f's conjugate: the column-parallel q|k|v's input gradient
+  norm_backward(dres, norm_grad_target(G->ln1w, 0), norm_grad_target(G->ln1b, 1), dnorm, in,
+                P.ln1w, a.ln1_mean, a.ln1_rstd, R);
+  if (sp_ > 1) sum_norm_grads({G->ln1w, G->ln1b, G->ln2w, G->ln2b});
 }
 
 WeightGradWork Transformer::make_weight_grad_work() const {
@@ -147,7 +193,7 @@ void Transformer::block_backward_weight(WeightGradWork& work) {
 }
 
 const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, bool save) {
-  const int64_t C = config_.n_embd, bt = b * t;
+  const int64_t C = config_.n_embd, rows = b * t / sp_;
   const float* in = x0;
   for (int l = first_block(); l < end_block(); ++l) {
     const size_t i = static_cast<size_t>(l - first_block());
@@ -164,9 +210,9 @@ const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, 
     unit_done(u);
     if (config_.bf16_activations && save) {
       const LayerActs16& h = layers16_[i];
-      ops::f32_to_bf16(h.residual3, a.residual3, bt * C);
+      ops::f32_to_bf16(h.residual3, a.residual3, rows * C);
       if (!config_.activation_checkpointing)
-        for (const SavedPair& s : saved_pairs(a, h)) ops::f32_to_bf16(s.h, s.f, bt * s.width);
+        for (const SavedPair& s : saved_pairs(a, h)) ops::f32_to_bf16(s.h, s.f, s.numel);
     }
     in = a.residual3;
   }
@@ -174,23 +220,25 @@ const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, 
 }
 
 // The seven large tensors a block saves besides its output, f32 view and
-// bf16 copy side by side, with their width in floats per row.
+// bf16 copy side by side, with their sizes (the norm and residual regions
+// hold this rank's rows under sequence parallel, the rest every row).
 std::array<Transformer::SavedPair, 7> Transformer::saved_pairs(const LayerActs& a,
                                                                const LayerActs16& h) const {
   const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
-  return {{{a.ln1, h.ln1, C},
-           {a.qkv, h.qkv, config_.qkv_width()},
-           {a.atty, h.atty, AO},
-           {a.residual2, h.residual2, C},
-           {a.ln2, h.ln2, C},
-           {a.fch, h.fch, config_.fc_width()},
-           {a.fch_gelu, h.fch_gelu, config_.ffn_hidden}}};
+  const int64_t BT = B_ * T_, R = BT / sp_;
+  return {{{a.ln1, h.ln1, R * C},
+           {a.qkv, h.qkv, BT * config_.qkv_width()},
+           {a.atty, h.atty, BT * AO},
+           {a.residual2, h.residual2, R * C},
+           {a.ln2, h.ln2, R * C},
+           {a.fch, h.fch, BT * config_.fc_width()},
+           {a.fch_gelu, h.fch_gelu, BT * config_.ffn_hidden}}};
 }
 
 const float* Transformer::block_input(int64_t l) {
   if (l == first_block()) return encoded_;
   ops::bf16_to_f32(in_buf_, layers16_[static_cast<size_t>(l - 1 - first_block())].residual3,
-                   B_ * T_ * config_.n_embd);
+                   B_ * T_ / sp_ * config_.n_embd);
   return in_buf_;
 }
 
@@ -206,10 +254,9 @@ Transformer::LayerActs Transformer::scratch_with_stats(int64_t l) const {
 }
 
 Transformer::LayerActs Transformer::load_saved(int64_t l) {
-  const int64_t BT = B_ * T_;
   const LayerActs a = scratch_with_stats(l);
   for (const SavedPair& s : saved_pairs(a, layers16_[static_cast<size_t>(l - first_block())]))
-    ops::bf16_to_f32(s.f, s.h, BT * s.width);
+    ops::bf16_to_f32(s.f, s.h, s.numel);
   return a;
 }
 
@@ -242,19 +289,27 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   if (tp_size() == 1) {
     ops::embedding_forward(encoded_, tokens, wte, wpe ? w + wpe->offset : nullptr, b, t, C);
   } else {  // each rank looks up the tokens of its vocabulary slice; the sum is the lookup
-    ops::embedding_forward_slice(encoded_, tokens, wte, layout_.vocab_begin(),
-                                 layout_.vocab_real(), b * t, C);
-    pops_->tp_all_reduce(encoded_, b * t * C);
-    if (wpe != nullptr) ops::position_embedding_add(encoded_, w + wpe->offset, b, t, C);
+    const int64_t rows = b * t;
+    float* partial = sp_ > 1 ? full_ : encoded_;
+    ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(), layout_.vocab_real(),
+                                 rows, C);
+    reduce_rows(partial, encoded_, rows);
+    if (wpe != nullptr)
+      ops::position_embedding_add(encoded_, w + wpe->offset, chunk_begin(rows), rows / sp_, t, C);
   }
   unit_done(0);
 }
 
-void Transformer::embed_backward(const int32_t* tokens) {
+// Every rank adds the whole lookup gradient of its vocabulary slice and of
+// the positions, from every row: the position table's gradient needs no
+// reduction over the group even under sequence parallel.
+void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
+  emb_dout_ = gather_rows(dres_, full_, B_ * T_);
+  if (deferred) return;
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();
   ops::embedding_backward_slice(g0 + layout_.token_embedding().offset,
-                                wpe ? g0 + wpe->offset : nullptr, dres_, tokens, B_, T_,
+                                wpe ? g0 + wpe->offset : nullptr, emb_dout_, tokens, B_, T_,
                                 config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
 }
 
@@ -292,23 +347,28 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     float* g0 = layout_.tied() ? unit_grads(0) : nullptr;
     G = head_views(g0, unit_grads(layout_.head_unit()));
   }
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, rows);
+  const int64_t R = rows / sp_;  // the final norm's rows (this rank's under sequence parallel)
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, R);
+  const float* x = gather_rows(lnf_, gathered_, rows);
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
-    ops::matmul_forward(logits_, lnf_ + r0 * C, P.weight, nullptr, n, C, V);
+    ops::matmul_forward(logits_, x + r0 * C, P.weight, nullptr, n, C, V);
     if (tp_size() == 1)
       ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
     else
       vocab_parallel_loss(losses_ + r0, logits_, targets + r0, n, grad_scale);
     if (backward)
-      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, lnf_ + r0 * C, P.weight, n,
-                           C, V);
+      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, x + r0 * C, P.weight, n, C,
+                           V);
   }
-  // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
-  if (backward) pops_->tp_all_reduce(dlnf_, rows * C);
   if (backward) {
-    std::memset(dres_, 0, static_cast<size_t>(rows * C) * sizeof(float));
-    norm_backward(dres_, G.norm_w, G.norm_b, dlnf_, residual, P.norm_w, lnf_mean_, lnf_rstd_, rows);
+    // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
+    float* dnorm = sp_ > 1 ? dchunk_ : dlnf_;
+    reduce_rows(dlnf_, dnorm, rows);
+    std::memset(dres_, 0, static_cast<size_t>(R * C) * sizeof(float));
+    norm_backward(dres_, norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1), dnorm,
+                  residual, P.norm_w, lnf_mean_, lnf_rstd_, R);
+    if (sp_ > 1) sum_norm_grads({G.norm_w, G.norm_b});
   }
   head_done();
   double sum = 0;
@@ -376,10 +436,8 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         break;
       }
       case Step::kEmbedBackward:
-        if (!defer_embedding) {
-          embed_backward(inputs);
-          ready(0);  // a tied table also collected the head's gradient
-        }
+        embed_backward(inputs, defer_embedding);
+        if (!defer_embedding) ready(0);  // a tied table also collected the head's gradient
         break;
     }
   }
@@ -401,7 +459,7 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
     embed_forward(tokens, B_, T_);
   } else {
     PO_CHECK(x_in != nullptr, "stage_forward: a stage after the first needs its input activations");
-    std::memcpy(encoded_, x_in, static_cast<size_t>(BT * config_.n_embd) * sizeof(float));
+    std::memcpy(encoded_, x_in, static_cast<size_t>(BT / sp_ * config_.n_embd) * sizeof(float));
   }
   out_ = forward_blocks(encoded_, B_, T_, true);
   if (!has_head()) return 0.0;
@@ -418,7 +476,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     ready(layout_.head_unit());
   } else {
     PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");
-    std::memcpy(dres_, d_out, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
+    std::memcpy(dres_, d_out, static_cast<size_t>(B_ * T_ / sp_ * config_.n_embd) * sizeof(float));
   }
   for (int l = end_block() - 1; l >= first_block(); --l) {
     const int u = l + 1;

@@ -17,6 +17,18 @@ void TensorParallelOps::tp_all_reduce_max(float* x, int64_t n) {
   seconds_ += t.seconds();
 }
 
+void TensorParallelOps::tp_all_gather(const float* x, float* out, int64_t n) {
+  core::Timer t;
+  group_.all_gather(x, out, static_cast<size_t>(n), DType::kF32);
+  seconds_ += t.seconds();
+}
+
+void TensorParallelOps::tp_reduce_scatter(const float* x, float* out, int64_t n) {
+  core::Timer t;
+  group_.reduce_scatter(x, out, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
+  seconds_ += t.seconds();
+}
+
 void TensorParallelOps::tp_all_reduce(double* x, int64_t n) {
   core::Timer t;
   const auto count = static_cast<size_t>(n);

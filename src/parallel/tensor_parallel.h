@@ -33,6 +33,8 @@ class TensorParallelOps final : public model::ParallelOps {
   void tp_all_reduce(float* x, int64_t n) override;
   void tp_all_reduce(double* x, int64_t n) override;
   void tp_all_reduce_max(float* x, int64_t n) override;
+  void tp_all_gather(const float* x, float* out, int64_t n) override;
+  void tp_reduce_scatter(const float* x, float* out, int64_t n) override;
 
   // Seconds spent in this group's collectives since the last call.
   double take_seconds();

@@ -42,6 +42,12 @@ double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bo
   return s * b * h * (10 + 24.0 / t + scores / t);
 }
 
+double korthikanti_layer_elements(double s, double b, double h, int t, bool sp) {
+  if (t <= 1) return 16 * s * b * h;
+  if (sp) return 16 * s * b * h / t;
+  return s * b * h * (4 + 12.0 / t);
+}
+
 double zero_model_state_bytes(double psi, int ranks, int stage) {
   const double n = ranks;
   switch (stage) {

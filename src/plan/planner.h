@@ -135,6 +135,11 @@ nlohmann::json plan_json(const Plan& plan);
 // recompute; `flash` drops the 5as/h terms (no s×s scores kept).
 double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
                                bool recompute, bool flash = false);
+// The same count for an engine without dropout (no masks: 2 of the 34 bytes)
+// and with flash attention, in elements: 16·s·b·h alone, s·b·h·(4 + 12/t)
+// with tp t, 16·s·b·h/t with sequence parallel. (GPT's shapes: q|k|v of 3h,
+// an MLP of 4h.)
+double korthikanti_layer_elements(double s, double b, double h, int t, bool sp);
 // ZeRO (Rajbhandari et al. 2020) mixed-precision Adam model states per rank:
 // 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
 double zero_model_state_bytes(double psi, int ranks, int stage);

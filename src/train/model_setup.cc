@@ -142,6 +142,7 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   apply_overrides(config, m);
   m.activation_checkpointing = config.get_bool("model.activation_checkpointing");
   m.bf16_activations = config.get_string("train.precision") == "bf16";
+  m.sequence_parallel = config.get_bool("parallel.sequence_parallel");
   m.fill_derived();
   m.validate();
   return m;

@@ -130,6 +130,7 @@ TrainState load_state(const std::string& path, StepContext& c, const parallel::S
 void load_weights_into_shard(const std::string& init, model::Transformer& model) {
   model::TransformerConfig wc = model.config();
   wc.activation_checkpointing = false;
+  wc.sequence_parallel = false;
   model::Transformer whole(wc, 1, 1);
   load_model_weights(init, whole);
   float* held = model.params();
@@ -376,6 +377,11 @@ TrainResult train(const core::Config& cfg) {
                        : std::string(),
               "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (sgemm peak ", static_cast<int>(c.peak_gflops), " GFLOP/s)");
+  if (l.leader && p.tp > 1)
+    PO_LOG_INFO("activations saved per layer: ",
+                model::Transformer::predicted_layer_bytes(mcfg, p.micro, p.T, p.tp),
+                " bytes per rank (parallel.tp = ", p.tp, ", sequence parallel ",
+                model.sequence_shards() > 1 ? "on" : "off", ")");
   {
     // Gradients as the steps will hold them (allocated at their first use).
     const auto rows = gather_setup_records(launch.world.get(), dp);

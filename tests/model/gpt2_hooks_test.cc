@@ -194,6 +194,12 @@ TEST(ParallelOpsSeam, CalledAtMegatronPointsAndIdentityAtOneRank) {
     void tp_all_reduce(float*, int64_t) override { ++calls; }
     void tp_all_reduce(double*, int64_t) override { ADD_FAILURE() << "loss sums at tp = 1"; }
     void tp_all_reduce_max(float*, int64_t) override { ADD_FAILURE() << "loss max at tp = 1"; }
+    void tp_all_gather(const float*, float*, int64_t) override {
+      ADD_FAILURE() << "a sequence-parallel gather at tp = 1";
+    }
+    void tp_reduce_scatter(const float*, float*, int64_t) override {
+      ADD_FAILURE() << "a sequence-parallel reduce-scatter at tp = 1";
+    }
   };
   const auto c = po::test::tiny_model(false);
   const int64_t B = 2, T = 8;

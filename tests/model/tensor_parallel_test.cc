@@ -21,6 +21,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/transformer.h"
+#include "plan/planner.h"
 
 namespace {
 
@@ -52,6 +53,25 @@ class ThreadGroup {
     sync_.arrive_and_wait();
     std::copy(out.begin(), out.end(), x);
   }
+  // out[n·size] = every rank's x[n] in rank order.
+  void all_gather(int rank, const float* x, float* out, int64_t n) {
+    ptrs_[static_cast<size_t>(rank)] = const_cast<float*>(x);
+    sync_.arrive_and_wait();
+    for (int r = 0; r < n_; ++r)
+      std::copy_n(static_cast<const float*>(ptrs_[static_cast<size_t>(r)]), n, out + r * n);
+    sync_.arrive_and_wait();
+  }
+  // out[n] = block `rank` of the sum over ranks of x[n·size], in rank order.
+  void reduce_scatter(int rank, const float* x, float* out, int64_t n) {
+    ptrs_[static_cast<size_t>(rank)] = const_cast<float*>(x);
+    sync_.arrive_and_wait();
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = 0;
+      for (int r = 0; r < n_; ++r) acc += static_cast<const float*>(ptrs_[static_cast<size_t>(r)])[rank * n + i];
+      out[i] = acc;
+    }
+    sync_.arrive_and_wait();
+  }
 
  private:
   int n_;
@@ -76,7 +96,17 @@ class ThreadOps final : public po::model::ParallelOps {
     ++calls;
     g_.all_reduce(rank_, x, n, [](float a, float b) { return a > b ? a : b; });
   }
-  int calls = 0;
+  void tp_all_gather(const float* x, float* out, int64_t n) override {
+    ++calls;
+    ++gathers;
+    g_.all_gather(rank_, x, out, n);
+  }
+  void tp_reduce_scatter(const float* x, float* out, int64_t n) override {
+    ++calls;
+    ++scatters;
+    g_.reduce_scatter(rank_, x, out, n);
+  }
+  int calls = 0, gathers = 0, scatters = 0;
 
  private:
   ThreadGroup& g_;
@@ -86,6 +116,7 @@ class ThreadOps final : public po::model::ParallelOps {
 struct Result {
   float loss = 0, eval_loss = 0;
   std::vector<float> params, grads;  // held layout
+  int gathers = 0, scatters = 0;     // sequence-parallel collectives of the two micro-batches
 };
 
 constexpr int64_t kB = 2, kT = 16;
@@ -119,6 +150,8 @@ std::vector<Result> run(const TransformerConfig& c, int tp) {
     res.loss = m.forward_backward(in.data(), tg.data(), 0.5f / (kB * kT));
     (void)m.forward_backward(tg.data(), in.data(), 0.5f / (kB * kT));
     res.grads.assign(m.grads(), m.grads() + m.num_params());
+    res.gathers = ops.gathers;
+    res.scatters = ops.scatters;
     res.eval_loss = m.evaluate(in.data(), tg.data());
   };
   std::vector<std::thread> threads;
@@ -248,6 +281,83 @@ TEST_F(TensorParallel, CheckpointedAndBf16ActivationsMatch) {
   c = gpt2_config();
   c.bf16_activations = true;
   expect_matches_whole(c, 2, run(c, 1), run(c, 2), 1e-3);
+}
+
+// Sequence parallel: each rank holds B·T/tp rows of the norm and residual
+// regions; the model's result is tp's without it (relative 1e-5), and every
+// norm weight's gradient, summed over the ranks' rows, is replicated bit for
+// bit. A block makes 2 all-gathers and 2 reduce-scatters forward, 4 and 2
+// backward (the norm outputs are gathered again for the weight gradients);
+// the embedding 1 reduce-scatter and 1 gather, the head 1 and 1.
+TEST_F(TensorParallel, SequenceParallelMatchesTheWholeModel) {
+  TransformerConfig c = gpt2_config();
+  const auto whole = run(c, 1);
+  c.sequence_parallel = true;
+  for (int tp : {2, 4}) {
+    const auto split = run(c, tp);
+    expect_matches_whole(c, tp, whole, split);
+    const int per_micro_gathers = 6 * static_cast<int>(c.n_layer) + 2;
+    const int per_micro_scatters = 4 * static_cast<int>(c.n_layer) + 2;
+    EXPECT_EQ(split[0].gathers, 2 * per_micro_gathers) << "tp " << tp << ": all-gathers";
+    EXPECT_EQ(split[0].scatters, 2 * per_micro_scatters) << "tp " << tp << ": reduce-scatters";
+  }
+  for (bool tied : {false, true}) {
+    TransformerConfig l = llama_config(2, tied);
+    const auto lw = run(l, 1);
+    l.sequence_parallel = true;
+    expect_matches_whole(l, 2, lw, run(l, 2));
+  }
+}
+
+TEST_F(TensorParallel, SequenceParallelCheckpointedAndBf16Match) {
+  TransformerConfig c = llama_config(2, false);
+  c.activation_checkpointing = true;
+  const auto ckpt = run(c, 1);
+  c.sequence_parallel = true;
+  expect_matches_whole(c, 2, ckpt, run(c, 2));
+  c = gpt2_config();
+  c.bf16_activations = true;
+  const auto bf16 = run(c, 1);
+  c.sequence_parallel = true;
+  expect_matches_whole(c, 2, bf16, run(c, 2), 1e-3);
+}
+
+TEST_F(TensorParallel, SequenceParallelNeedsTheTokensToSplit) {
+  TransformerConfig c = gpt2_config();
+  c.sequence_parallel = true;
+  try {
+    Transformer m(c, 1, 6, {}, TensorSplit{4, 0});
+    FAIL() << "6 tokens over 4 sequence-parallel ranks were accepted";
+  } catch (const po::core::InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("parallel.sequence_parallel"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("train.micro_batch_size × model.seq_len = 1 × 6"), std::string::npos) << msg;
+  }
+}
+
+// The bytes a block saves for its backward, from the engine's own activation
+// layout, against Korthikanti et al.'s count (flash form, no dropout masks):
+// within 2% (the norm statistics and attention's log-sum-exp rows are
+// extra), and sequence parallel saves the formula's share within 10%.
+TEST_F(TensorParallel, SavedActivationsPerLayerFollowKorthikanti) {
+  TransformerConfig c = TransformerConfig::preset("bench-small");
+  const int64_t B = 4, T = c.seq_len, t = 2;
+  const double s = static_cast<double>(T), b = B, h = static_cast<double>(c.n_embd);
+  const double tp_only = static_cast<double>(Transformer::predicted_layer_bytes(c, B, T, t));
+  c.sequence_parallel = true;
+  const double with_sp = static_cast<double>(Transformer::predicted_layer_bytes(c, B, T, t));
+  const double f_tp = 4 * po::plan::korthikanti_layer_elements(s, b, h, t, false);
+  const double f_sp = 4 * po::plan::korthikanti_layer_elements(s, b, h, t, true);
+  EXPECT_NEAR(tp_only / f_tp, 1.0, 0.02) << "tp 2: engine " << tp_only << " B vs formula " << f_tp;
+  EXPECT_NEAR(with_sp / f_sp, 1.0, 0.02) << "tp 2 + SP: engine " << with_sp << " B vs formula "
+                                         << f_sp;
+  const double saved = 1 - with_sp / tp_only, formula = 1 - f_sp / f_tp;
+  EXPECT_NEAR(saved / formula, 1.0, 0.10)
+      << "sequence parallel saves " << saved << " of a layer's activations, the formula " << formula;
+  // bf16 activations halve the saved tensors (the statistics stay f32).
+  c.bf16_activations = true;
+  const double bf16_sp = static_cast<double>(Transformer::predicted_layer_bytes(c, B, T, t));
+  EXPECT_NEAR(bf16_sp / (f_sp / 2), 1.0, 0.03) << "bf16 tp 2 + SP: " << bf16_sp << " B";
 }
 
 TEST_F(TensorParallel, HeldShapesAndPadding) {

@@ -1,6 +1,7 @@
 // Tensor parallel through real processes under mpirun: parallel.tp = 2 and 4
 // give the loss curve and gradient norm of tp = 1 (fp32, relative 1e-5 over
-// 20 steps) for GPT-2 and for Llama with grouped-query attention; dp 2 × tp 2
+// 20 steps) for GPT-2 and for Llama with grouped-query attention, with and
+// without sequence parallel; dp 2 × tp 2
 // with ZeRO 1 and 3 gives it too; bf16 stays within 1e-3. The GEMMs of a
 // split layer add their products in another order (a row-parallel layer sums
 // tp partial products, the loss sums tp partial softmax denominators), so the
@@ -64,6 +65,7 @@ class TensorParallelRuns : public po::test::TinyTraining {
 };
 
 const std::string kGpt2 = "--set model.n_head=4";
+const std::string kSp = " --set parallel.sequence_parallel=true";
 const std::string kLlamaGqa =
     "--set model.preset=llama-tiny --set model.n_layer=2 --set model.n_embd=32 "
     "--set model.n_head=4 --set model.n_kv_head=2 --set model.vocab_size=64 "
@@ -73,11 +75,14 @@ TEST_F(TensorParallelRuns, Gpt2AtTp2AndTp4MatchesTp1) {
   const std::string ref = train("gpt2_tp1", 1, 1, kGpt2);
   expect_same_run(ref, train("gpt2_tp2", 1, 2, kGpt2), "gpt2 tp 2 vs tp 1");
   expect_same_run(ref, train("gpt2_tp4", 1, 4, kGpt2), "gpt2 tp 4 vs tp 1");
+  expect_same_run(ref, train("gpt2_tp2_sp", 1, 2, kGpt2 + kSp), "gpt2 tp 2 + SP vs tp 1");
+  expect_same_run(ref, train("gpt2_tp4_sp", 1, 4, kGpt2 + kSp), "gpt2 tp 4 + SP vs tp 1");
 }
 
 TEST_F(TensorParallelRuns, LlamaGroupedQueryAtTp2MatchesTp1) {
   const std::string ref = train("llama_tp1", 1, 1, kLlamaGqa);
   expect_same_run(ref, train("llama_tp2", 1, 2, kLlamaGqa), "llama GQA tp 2 vs tp 1");
+  expect_same_run(ref, train("llama_tp2_sp", 1, 2, kLlamaGqa + kSp), "llama GQA tp 2 + SP vs tp 1");
   const std::string mha = kLlamaGqa + " --set model.n_kv_head=4 --set model.tie_embeddings=true";
   expect_same_run(train("llama4_tp1", 1, 1, mha), train("llama4_tp4", 1, 4, mha),
                   "llama tied, 4 kv heads, tp 4 vs tp 1");
@@ -91,6 +96,8 @@ TEST_F(TensorParallelRuns, DataTimesTensorWithZeroOneAndThree) {
                     train("dp2tp2_z" + s, 2, 2, kGpt2 + " --set parallel.zero_stage=" + s),
                     "dp 2 × tp 2, ZeRO " + s + " vs dp 1 tp 1");
   }
+  expect_same_run(ref, train("dp2tp2_z1_sp", 2, 2, kGpt2 + kSp + " --set parallel.zero_stage=1"),
+                  "dp 2 × tp 2 + SP, ZeRO 1 vs dp 1 tp 1");
 }
 
 TEST_F(TensorParallelRuns, Bf16AndCheckpointingAtTp2) {

@@ -48,11 +48,12 @@ void embedding_forward_slice(float* out, const int32_t* tokens, const float* wte
   }
 }
 
-void position_embedding_add(float* out, const float* wpe, int64_t B, int64_t T, int64_t C) {
+void position_embedding_add(float* out, const float* wpe, int64_t row0, int64_t n, int64_t T,
+                            int64_t C) {
 #pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T; bt++) {
-    const float* p = wpe + (bt % T) * C;
-    float* o = out + bt * C;
+  for (int64_t i = 0; i < n; i++) {
+    const float* p = wpe + ((row0 + i) % T) * C;
+    float* o = out + i * C;
 #pragma omp simd
     for (int64_t i = 0; i < C; i++) o[i] += p[i];
   }
