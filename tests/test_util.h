@@ -2,6 +2,7 @@
 // token files and run directories.
 #pragma once
 
+#include <cctype>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -226,6 +227,19 @@ inline const std::string kMpirun =
 inline std::string pagedoptim_command(int np, const std::string& args) {
   return (np > 1 ? kMpirun + " -np " + std::to_string(np) + " " : std::string()) + PO_BINARY +
          " " + args;
+}
+
+// The smallest compute budget a paged run accepts, from the one-line error
+// of a run given too little ("... at least N bytes ..."); 0 if none is named.
+inline int64_t named_minimum_budget(const std::string& output) {
+  const std::string key = "at least ";
+  for (size_t at = output.find(key); at != std::string::npos; at = output.find(key, at + 1)) {
+    size_t end = at + key.size();
+    while (end < output.size() && std::isdigit(static_cast<unsigned char>(output[end]))) ++end;
+    if (end > at + key.size() && output.compare(end, 6, " bytes") == 0)
+      return std::stoll(output.substr(at + key.size(), end - at - key.size()));
+  }
+  return 0;
 }
 
 // A fixture for tests that train the tiny model through the binary: token

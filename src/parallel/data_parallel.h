@@ -219,7 +219,6 @@ class DataParallel {
   // total of the counted sums (every rank the same value).
   template <typename T>
   double uncounted_squares(const T* grads) const;
-  double uncounted_shard_squares(int u) const;
   double tensor_total(double squares);
   double full_grad_norm_f32(const float* grads);
   double step_sharded_grads(double lr);
@@ -258,8 +257,15 @@ class DataParallel {
     int64_t pos = 0;
     template <typename T>
     void add(const T* x, int64_t n);
+    void skip(int64_t n) { pos += n; }  // n elements that count as zeros
     double total() const;
   };
+  // Adds the squares of x[n], elements [first, first + n) of this rank's
+  // shard of unit u, with the elements another tp rank counts (replicated
+  // tensors on tp ranks > 0) as zeros: the same sum however the shard
+  // arrives in pieces (paged shards land page by page).
+  template <typename T>
+  void add_counted(SumOfSquares& acc, int u, int64_t first, const T* x, int64_t n) const;
   std::vector<SumOfSquares> unit_sq_;  // paged shards: per unit, its final gradient's
 
   model::Transformer& model_;

@@ -75,7 +75,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
             ops::bf16_add_bf16(g, static_cast<const uint16_t*>(block) + first, count);
           else
             ops::bf16_add_f32(g, static_cast<const float*>(block) + first, count);
-          if (final) sq.add(g, count);
+          if (final) add_counted(sq, u, first, g, count);
         } else {
           auto* g = static_cast<float*>(ptr);
           if (dtype == DType::kBF16) {
@@ -85,7 +85,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
             const auto* b = static_cast<const float*>(block) + first;
             for (int64_t i = 0; i < count; ++i) g[i] += b[i];
           }
-          if (final) sq.add(g, count);
+          if (final) add_counted(sq, u, first, g, count);
         }
       });
   if (final && early_ && lr_known_) update_final_pages(u);

@@ -45,11 +45,10 @@ template void DataParallel::SumOfSquares::add<uint16_t>(const uint16_t*, int64_t
 
 void DataParallel::set_tensor_group(comm::Communicator* group) {
   tensor_group_ = group != nullptr && group->size() > 1 ? group : nullptr;
-  PO_CHECK(tensor_group_ == nullptr || !paged(),
-           "parallel.tp > 1 with paged optimizer state (memory.*) is not built yet");
   uncounted_.clear();
   if (tensor_group_ != nullptr && tensor_group_->rank() > 0)
     uncounted_ = model_.layout().replicated_ranges();
+  std::sort(uncounted_.begin(), uncounted_.end());
 }
 
 template <typename T>
@@ -63,24 +62,25 @@ double DataParallel::uncounted_squares(const T* grads) const {
   return sq;
 }
 
-// The uncounted elements inside this rank's shard of unit u.
-double DataParallel::uncounted_shard_squares(int u) const {
-  double sq = 0;
-  const int64_t base = model_.layout().unit_offset(u);
-  const int64_t lo = base + layout_.begin(u), hi = base + layout_.end(u);
-  for (const auto& [offset, n] : uncounted_) {
-    const int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+template <typename T>
+void DataParallel::add_counted(SumOfSquares& acc, int u, int64_t first, const T* x,
+                               int64_t n) const {
+  const int64_t lo = model_.layout().unit_offset(u) + layout_.begin(u) + first;  // flat offset
+  int64_t i = 0;  // x[0, i) is in
+  for (const auto& [offset, len] : uncounted_) {
+    const int64_t a = std::max(lo + i, offset), b = std::min(lo + n, offset + len);
     if (a >= b) continue;
-    const int64_t local = layout_.local_offset(u) + (a - lo);
-    SumOfSquares acc;
-    if (bf16())
-      acc.add(const_cast<DataParallel*>(this)->grad_bf16() + local, b - a);
-    else
-      acc.add(const_cast<DataParallel*>(this)->grad_f32() + local, b - a);
-    sq += acc.total();
+    acc.add(x + i, a - lo - i);
+    acc.skip(b - a);
+    i = b - lo;
   }
-  return sq;
+  acc.add(x + i, n - i);
 }
+
+template void DataParallel::add_counted<float>(SumOfSquares&, int, int64_t, const float*,
+                                               int64_t) const;
+template void DataParallel::add_counted<uint16_t>(SumOfSquares&, int, int64_t, const uint16_t*,
+                                                  int64_t) const;
 
 // The tensor group's sum of each rank's counted squares: all-gathered as
 // doubles and added in rank order, so every rank gets the same value.
@@ -114,16 +114,15 @@ double DataParallel::sharded_grad_norm() {
     if (paged_shards_) {
       sq = unit_sq_[static_cast<size_t>(u)].total();
       unit_sq_[static_cast<size_t>(u)] = {};
-    } else if (bf16()) {
-      SumOfSquares acc;
-      acc.add(grad_bf16() + layout_.local_offset(u), layout_.stride(u));
-      sq = acc.total();
     } else {
       SumOfSquares acc;
-      acc.add(grad_f32() + layout_.local_offset(u), layout_.stride(u));
+      if (bf16())
+        add_counted(acc, u, 0, grad_bf16() + layout_.local_offset(u), layout_.stride(u));
+      else
+        add_counted(acc, u, 0, grad_f32() + layout_.local_offset(u), layout_.stride(u));
       sq = acc.total();
     }
-    mine += sq - (uncounted_.empty() ? 0.0 : uncounted_shard_squares(u));
+    mine += sq;
   }
   if (group_ != nullptr) {
     std::vector<double> all(static_cast<size_t>(layout_.ranks()));

@@ -42,7 +42,7 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
                              const model::TransformerConfig& mcfg, const Plan& p,
                              size_t paged_bytes) {
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
-                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T);
+                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T, p.tp);
   // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
@@ -62,7 +62,8 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   wo.seq = p.T;
   wo.accum = p.accum;
   wo.bucket_bytes = d.bucket_bytes;
-  const auto working = static_cast<size_t>(parallel::working_set(mcfg, wo).total());
+  // (this rank's shapes: a tensor-parallel rank gathers and reduces its shards)
+  const auto working = static_cast<size_t>(parallel::working_set(mcfg.shard(p.tp), wo).total());
   return predicted + (live > known ? live - known : 0) + working;
 }
 

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -54,14 +53,10 @@ class Paging : public po::test::TinyTraining {
   std::string budget(int dp, int stage, const std::string& extra, int pages) {
     auto r = run("probe", dp, stage, extra + " --set memory.compute_budget=1");
     EXPECT_NE(r.exit_code, 0) << "a 1-byte compute budget was accepted";
-    std::smatch m;
-    const std::regex at_least("at least ([0-9]+) bytes");
-    if (!std::regex_search(r.output, m, at_least)) {
-      ADD_FAILURE() << "no minimum named:\n" << r.output;
-      return "0";
-    }
+    const int64_t minimum = po::test::named_minimum_budget(r.output);
+    EXPECT_GT(minimum, 0) << "no minimum named:\n" << r.output;
     fs::remove_all(dir_ / "probe");
-    return std::to_string(std::stoll(m[1]) + (pages - 4) * 16384);
+    return std::to_string(minimum + (pages - 4) * 16384);
   }
   std::string paged(const std::string& swap) const {
     return std::string(" --set memory.page_size=") + kPage + " --set memory.nvme_dir=" + swap;
