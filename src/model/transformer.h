@@ -222,6 +222,10 @@ class Transformer {
   // the per-token losses [B·T].
   static size_t predicted_logits_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                        int64_t tp = 1);
+  // Rows of logits the head computes at once (the LM head and loss run in
+  // chunks of this many of the B·T rows; at tp > 1 each chunk's loss is
+  // reduced over the tensor group).
+  static int64_t head_chunk_rows(int64_t B, int64_t T);
 
  private:
   struct LayerActs {
