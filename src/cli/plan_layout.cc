@@ -10,6 +10,9 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
   l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
   l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
+  // The engine's tensor parallel has no sequence parallel yet (no config key
+  // turns it on), so a config's tp layout is planned as it trains.
+  l.sequence_parallel = false;
   l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
