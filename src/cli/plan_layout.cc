@@ -10,6 +10,7 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
   l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
   l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
+  l.sequence_parallel = cfg.get_bool("parallel.sequence_parallel");
   l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,

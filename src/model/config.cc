@@ -143,8 +143,8 @@ TransformerConfig TransformerConfig::shard(int64_t tp) const {
 
 int64_t TransformerConfig::num_params() const { return Layout(*this).num_params(); }
 
-std::vector<int64_t> TransformerConfig::unit_numels() const {
-  const Layout layout(*this);
+std::vector<int64_t> TransformerConfig::unit_numels(int64_t tp) const {
+  const Layout layout(*this, {static_cast<int>(tp), 0});
   std::vector<int64_t> n;
   for (int u = 0; u < layout.num_units(); ++u) n.push_back(layout.unit_numel(u));
   return n;

@@ -88,8 +88,10 @@ struct TransformerConfig {
 
   // Total parameters (a tied head counted once), from the declared layout.
   int64_t num_params() const;
-  // Elements of each unit (embedding, the L blocks, final norm + head).
-  std::vector<int64_t> unit_numels() const;
+  // Elements of each unit (embedding, the L blocks, final norm + head) as
+  // one of tp tensor-parallel ranks holds them (Layout's TensorSplit; every
+  // rank's units have the same sizes).
+  std::vector<int64_t> unit_numels(int64_t tp = 1) const;
   // Training FLOPs per token: 6·Ψ + 12·L·C·T (REFERENCE.md, PaLM appendix B),
   // at sequence T, Ψ = num_params() (the convention of the GPT-2 numbers).
   double flops_per_token(int64_t T) const;

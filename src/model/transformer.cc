@@ -22,9 +22,12 @@ int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // Rows of logits per LM-head chunk: large enough for efficient GEMM, small
 // enough that [chunk, V] stays a fraction of the activations.
 constexpr int64_t kHeadChunkRows = 256;
-int64_t head_chunk_rows(int64_t B, int64_t T) { return std::min<int64_t>(kHeadChunkRows, B * T); }
 
 }  // namespace
+
+int64_t Transformer::head_chunk_rows(int64_t B, int64_t T) {
+  return std::min<int64_t>(kHeadChunkRows, B * T);
+}
 
 Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range,
                          TensorSplit split)

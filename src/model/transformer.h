@@ -230,6 +230,10 @@ class Transformer {
                                       int64_t tp = 1);
   // Sequence-parallel ranks: tp when config.sequence_parallel, else 1.
   int64_t sequence_shards() const { return sp_; }
+  // Rows of logits the head computes at once (the LM head and loss run in
+  // chunks of this many of the B·T rows; at tp > 1 each chunk's loss is
+  // reduced over the tensor group).
+  static int64_t head_chunk_rows(int64_t B, int64_t T);
 
  private:
   struct LayerActs {

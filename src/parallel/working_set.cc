@@ -227,7 +227,7 @@ double ring_scratch(bool reduce_scatter, double payload, int n) {
 
 WorkingSet working_set(const model::TransformerConfig& cfg, const WorkingSetOptions& o) {
   WorkingSet ws;
-  const std::vector<int64_t> units = cfg.unit_numels();
+  const std::vector<int64_t> units = cfg.unit_numels(o.tp);
   const int N = o.ranks, stage = o.zero_stage, U = static_cast<int>(units.size());
   const ShardLayout layout(units, N, 0);
   const bool grouped = N > 1;
@@ -285,6 +285,12 @@ WorkingSet working_set(const model::TransformerConfig& cfg, const WorkingSetOpti
       ws.ring = std::min<double>(eligible, UnitBuffers::kMaxReductionsInFlight + 1) * largest;
     }
   }
+  // The tensor group's ring is a channel of its own. Its collectives block,
+  // one at a time, and the largest is a [B·T, C] f32 activation: one
+  // scratch (a reduce-scatter's under sequence parallel, an all-reduce's
+  // otherwise).
+  ws.ring += ring_scratch(o.sequence_parallel && o.tp > 1,
+                          4.0 * static_cast<double>(o.micro * o.seq * cfg.n_embd), o.tp);
   return ws;
 }
 

@@ -2,9 +2,10 @@
 // engine's own rules before they exist: UnitBuffers' gather, work and
 // accumulator pools replayed along the declared schedule
 // (model::Layout::training_steps), DataParallel's gather blocks, the deferred
-// embedding's lookup rows, the f32 staging of bf16 buckets and the ring's
-// scratch. The trainer sizes the compute tier's share of pages from it and
-// the planner reports it; both read this one count.
+// embedding's lookup rows, the f32 staging of bf16 buckets and the rings'
+// scratch (the data group's and, at tp > 1, the tensor group's). The
+// trainer sizes the compute tier's share of pages from it and the planner
+// reports it; both read this one count.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,8 @@ struct WorkingSetOptions {
   bool paged = false;  // optimizer state in pages (ZeRO-3: parameter and gradient shards too)
   int64_t micro = 1, seq = 1, accum = 1;  // sequences per micro-batch, tokens each, micro-batches
   uint64_t bucket_bytes = 25u << 20;      // parallel.bucket_size
+  int tp = 1;  // parallel.tp: the units are one tensor-parallel rank's
+  bool sequence_parallel = false;  // parallel.sequence_parallel (with tp > 1)
 };
 
 struct WorkingSet {
@@ -30,7 +33,7 @@ struct WorkingSet {
   double accumulators = 0;  // reduce-scatter accumulators
   double lookup_rows = 0;   // the deferred embedding's gathered rows and tokens
   double staged = 0;        // f32 staging of bf16 buckets (transient)
-  double ring = 0;          // the ring's scratch, at most
+  double ring = 0;          // the rings' scratch, at most
   std::vector<std::pair<int, int>> buckets;  // stage 0-1 all-reduce buckets (first, last unit)
   std::vector<double> bucket_numel;
   bool defer = false;  // the embedding's reduction deferred (DataParallel)

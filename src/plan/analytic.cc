@@ -1,7 +1,7 @@
-// The analytic plan, for layouts the engine does not run (tensor, pipeline
-// and context parallel): model states by the ZeRO ledger over the busiest
-// pipeline stage, activations by Korthikanti et al., and the collectives that
-// Megatron-style layouts issue.
+// The analytic plan, for layouts the engine does not train yet (sequence,
+// pipeline and context parallel, paging at tp > 1): model states by the ZeRO
+// ledger over the busiest pipeline stage, activations by Korthikanti et al.,
+// and the collectives that Megatron-style layouts issue.
 #include <algorithm>
 #include <cmath>
 #include <vector>

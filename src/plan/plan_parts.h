@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "plan/planner.h"
 
@@ -27,10 +28,15 @@ void add_comm(Plan& p, const std::string& dim, const std::string& op, const std:
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,
                 const std::string& note = "");
 
-// Engine-exact (replay.cc): data parallel only, sizes by the engine's rules.
+// Why the engine cannot train a layout yet (Plan::not_trainable); empty:
+// it can, and the plan is engine-exact.
+std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l);
+
+// Engine-exact (replay.cc): data parallel × tensor parallel, sizes by the
+// engine's rules.
 void engine_plan(Plan& p);
 
-// Analytic (analytic.cc): tensor, pipeline and context parallel.
+// Analytic (analytic.cc): sequence, pipeline and context parallel, paging at tp > 1.
 void analytic_plan(Plan& p);
 
 }  // namespace po::plan::detail

@@ -116,6 +116,17 @@ void add_memory(Plan& p, const std::string& name, double bytes, Tier tier,
   p.memory.push_back({name, bytes, tier, note});
 }
 
+std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
+  std::vector<std::string> why;
+  if (!l.flash_attention) why.push_back("attention keeping the s×s scores (the engine's is flash-style)");
+  // TransformerConfig::shard splits the kv heads and the MLP's columns.
+  if (m.n_kv_head % l.tp != 0 || m.ffn % l.tp != 0)
+    why.push_back("tensor parallel replicating kv heads or splitting the MLP unevenly");
+  if (l.pp > 1) why.push_back("pipeline parallel");
+  if (l.cp > 1) why.push_back("context parallel");
+  return why;
+}
+
 }  // namespace detail
 
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout) {
@@ -125,13 +136,11 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   p.model = model;
   p.cluster = cluster;
   p.layout = layout;
-  // Tensor parallel trains (unpaged, without sequence parallel or checkpoints
-  // yet: docs/tensor-parallel.md); its plan is analytic.
-  if (layout.tp > 1 && layout.sequence_parallel) p.not_trainable.push_back("sequence parallel");
-  if (layout.tp > 1 && layout.paging) p.not_trainable.push_back("tensor parallel with paging");
-  if (layout.pp > 1) p.not_trainable.push_back("pipeline parallel");
-  if (layout.cp > 1) p.not_trainable.push_back("context parallel");
-  p.engine_exact = layout.tp == 1 && layout.pp == 1 && layout.cp == 1;
+  // What the engine trains (data parallel × tensor parallel, with sequence
+  // parallel and paging: docs/tensor-parallel.md) is planned by its own
+  // rules; the rest by the analytic model.
+  p.not_trainable = detail::not_trainable(model, layout);
+  p.engine_exact = p.not_trainable.empty();
   if (p.engine_exact) {
     detail::engine_plan(p);
   } else {

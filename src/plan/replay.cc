@@ -1,11 +1,14 @@
-// The engine-exact plan: the engine's own rules replayed for a data-parallel
-// layout — the shard layout, the all-reduce buckets (DataParallel::
-// bucket_units), UnitBuffers' pools walked along the declared schedule, the
-// activation layout, the ring's scratch and the pager's frames — so that the
-// predicted compute-tier peak and collectives are what the engine measures.
+// The engine-exact plan: the engine's own rules replayed for a layout it
+// trains (data parallel × tensor parallel) — one tensor-parallel rank's units
+// (model/layout.h), their ZeRO shards over the data group, the all-reduce
+// buckets (DataParallel::bucket_units), UnitBuffers' pools walked along the
+// declared schedule, the activation layout, the rings' scratch and the
+// pager's frames — so that the predicted compute-tier peak and collectives
+// are what the engine measures.
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <numeric>
 #include <vector>
 
 #include "core/error.h"
@@ -20,11 +23,55 @@
 #include "plan/planner.h"
 
 namespace po::plan {
+namespace detail {
 namespace {
 
-}  // namespace
+// The tensor group's collectives per step, as model/transformer_steps.cc
+// issues them at tp > 1. Per micro-batch: [B·T, C] f32 sums for the
+// embedding's lookup, two per block forward (again in the recompute under
+// checkpointing), two per block backward and one for the head's input
+// gradient — under sequence parallel each is a reduce-scatter, and the
+// norms' outputs (two per block forward and again for the weight gradients
+// backward, the final norm's) and the output gradients (two per block
+// backward, the embedding's) are all-gathered, while the norm weights'
+// gradients are summed ([4C] per block, [2C] the final norm); per chunk of
+// logits the loss's row maxima [n] f32 and its n (sum of exponentials,
+// target logit) pairs of doubles, which parallel/tensor_parallel.h
+// all-gathers as raw bits. Per step: the gradient norm's sum of squares, one
+// double per rank (DataParallel::tensor_total).
+void add_tensor_comm(Plan& p, const model::TransformerConfig& cfg) {
+  const Layout& l = p.layout;
+  if (l.tp == 1) return;
+  const bool inter = spans_nodes(p.cluster, 1, l.tp);
+  const int64_t accum = l.accum(), rows = l.micro * l.seq, L = cfg.n_layer;
+  const double act = 4.0 * static_cast<double>(rows * cfg.n_embd);  // one [B·T, C] f32
+  const int64_t recompute = l.checkpointing ? 2 * L : 0;          // block forwards run again
+  const auto per_step = [&](int64_t n) { return static_cast<uint64_t>(n * accum); };
+  if (l.sequence_parallel) {
+    const uint64_t scatters = per_step(4 * L + 2 + recompute), gathers = per_step(6 * L + 2 + recompute);
+    add_comm(p, "tp", "reduce_scatter", "row-parallel outputs, column-parallel input gradients",
+             scatters, static_cast<double>(scatters) * act, l.tp, inter, false);
+    add_comm(p, "tp", "all_gather", "norm outputs, output gradients", gathers,
+             static_cast<double>(gathers) * act, l.tp, inter, false);
+    add_comm(p, "tp", "allreduce", "norm weights' gradients", per_step(L + 1),
+             4.0 * static_cast<double>(accum * (4 * L + 2) * cfg.n_embd), l.tp, inter, false);
+  } else {
+    const uint64_t sums = per_step(4 * L + 2 + recompute);
+    add_comm(p, "tp", "allreduce", "row-parallel outputs, column-parallel input gradients", sums,
+             static_cast<double>(sums) * act, l.tp, inter, false);
+  }
+  const int64_t chunk = model::Transformer::head_chunk_rows(l.micro, l.seq);
+  const auto chunks = static_cast<uint64_t>((rows + chunk - 1) / chunk * accum);
+  const auto loss_rows = static_cast<double>(rows * accum);
+  add_comm(p, "tp", "allreduce", "vocabulary-parallel loss: row maxima", chunks, 4.0 * loss_rows,
+           l.tp, inter, false);
+  add_comm(p, "tp", "all_gather", "vocabulary-parallel loss: sums of exponentials, target logits",
+           chunks, 16.0 * loss_rows * l.tp, l.tp, inter, false);
+  add_comm(p, "tp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * l.tp, l.tp, inter,
+           false);
+}
 
-namespace detail {
+}  // namespace
 
 void engine_plan(Plan& p) {
   const Layout& l = p.layout;
@@ -33,11 +80,14 @@ void engine_plan(Plan& p) {
   cfg.seq_len = std::max(cfg.seq_len, l.seq);
   cfg.activation_checkpointing = l.checkpointing;
   cfg.bf16_activations = l.bf16;
-  const std::vector<int64_t> units = cfg.unit_numels();
+  cfg.sequence_parallel = l.sequence_parallel && l.tp > 1;
+  // One tensor-parallel rank's units (all ranks' are the same size), sharded
+  // over the data group.
+  const std::vector<int64_t> units = cfg.unit_numels(l.tp);
   const int N = l.dp, stage = l.zero_stage, U = static_cast<int>(units.size());
   const parallel::ShardLayout layout(units, N, 0);
   const bool grouped = N > 1;
-  const double psi = static_cast<double>(cfg.num_params());
+  const auto psi = static_cast<double>(std::accumulate(units.begin(), units.end(), int64_t{0}));
   const double local = static_cast<double>(layout.local_numel());
   const double esz = l.bf16 ? 2 : 4;
   const double resz = l.reduce_bf16 && l.bf16 ? 2 : 4;  // gradient bytes on the wire
@@ -57,6 +107,8 @@ void engine_plan(Plan& p) {
   wo.seq = l.seq;
   wo.accum = accum;
   wo.bucket_bytes = l.bucket_bytes;
+  wo.tp = l.tp;
+  wo.sequence_parallel = cfg.sequence_parallel;
   const parallel::WorkingSet ws = parallel::working_set(cfg, wo);
   const bool defer = ws.defer;
   const std::vector<std::pair<int, int>>& buckets = ws.buckets;
@@ -93,25 +145,28 @@ void engine_plan(Plan& p) {
   add_memory(p, "communication buckets", ws.buckets_bytes() + ws.staged, Tier::kCompute,
              ws.staged > 0 ? "incl. f32 staging of bf16 buckets" : "");
 
-  // Activations: the engine's layout (model/gpt2.cc layout_activations).
-  const double logits = static_cast<double>(model::Transformer::predicted_logits_bytes(cfg, l.micro, l.seq));
-  const double acts = static_cast<double>(model::Transformer::predicted_activation_bytes(cfg, l.micro, l.seq));
+  // Activations: the engine's layout (model/transformer.cc layout_activations).
+  const double logits = static_cast<double>(model::Transformer::predicted_logits_bytes(cfg, l.micro, l.seq, l.tp));
+  const double acts = static_cast<double>(model::Transformer::predicted_activation_bytes(cfg, l.micro, l.seq, l.tp));
   add_memory(p, "activations", acts - logits, Tier::kCompute, l.checkpointing ? "checkpointed" : "");
   add_memory(p, "logits / loss buffers", logits);
   model::TransformerConfig other = cfg;
   other.activation_checkpointing = !l.checkpointing;
-  const double acts_other = static_cast<double>(model::Transformer::predicted_activation_bytes(other, l.micro, l.seq));
+  const double acts_other = static_cast<double>(model::Transformer::predicted_activation_bytes(other, l.micro, l.seq, l.tp));
   p.activations_no_ckpt = l.checkpointing ? acts_other : acts;
   p.activations_ckpt = l.checkpointing ? acts : acts_other;
   p.activations_formula = static_cast<double>(cfg.n_layer) *
                           korthikanti_layer_bytes(static_cast<double>(l.seq), static_cast<double>(l.micro),
                                                   static_cast<double>(cfg.n_embd),
-                                                  static_cast<double>(cfg.n_head), 1, false,
+                                                  static_cast<double>(cfg.n_head), l.tp,
+                                                  cfg.sequence_parallel,
                                                   l.checkpointing, true);
 
-  // Collectives per step (what comm::Traffic counts on the data-parallel group).
+  // Collectives per step (what comm::Traffic counts on the data group, whose
+  // members sit tp ranks apart, and on the tensor group).
+  add_tensor_comm(p, cfg);
   if (grouped) {
-    const bool inter = spans_nodes(p.cluster, 1, N);
+    const bool inter = spans_nodes(p.cluster, l.tp, N);
     if (stage < 2) {
       double total = 0;
       for (double n : bucket_numel) total += n * resz;
@@ -189,8 +244,9 @@ void engine_plan(Plan& p) {
 }  // namespace detail
 
 double engine_working_bytes(const ModelSpec& model, const Layout& layout) {
-  PO_CHECK(layout.tp == 1 && layout.pp == 1 && layout.cp == 1,
-           "engine_working_bytes: a layout the engine runs (GPT-2, data parallel)");
+  const std::vector<std::string> why = detail::not_trainable(model, layout);
+  PO_CHECK(why.empty(), "engine_working_bytes: the engine does not train ", layout.describe(),
+           " yet (", why.front(), ")");
   Plan p;
   p.model = model;
   p.layout = layout;

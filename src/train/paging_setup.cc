@@ -62,8 +62,9 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   wo.seq = p.T;
   wo.accum = p.accum;
   wo.bucket_bytes = d.bucket_bytes;
-  // (this rank's shapes: a tensor-parallel rank gathers and reduces its shards)
-  const auto working = static_cast<size_t>(parallel::working_set(mcfg.shard(p.tp), wo).total());
+  wo.tp = static_cast<int>(p.tp);
+  wo.sequence_parallel = mcfg.sequence_parallel;
+  const auto working = static_cast<size_t>(parallel::working_set(mcfg, wo).total());
   return predicted + (live > known ? live - known : 0) + working;
 }
 

@@ -1,14 +1,16 @@
 // The planner against the engine: each layout is trained for a few steps by
-// the real binary (dp ranks under mpirun), and the planner's prediction for
-// the same config is held to what the run measured:
+// the real binary (dp × tp ranks under mpirun), and the planner's prediction
+// for the same config is held to what the run measured:
 //   * the compute-tier peak per rank (the compute pool's high-water mark over
 //     the training steps, `memory_per_rank[r].peak`) equal to the byte: every
 //     layout here is engine-exact (src/plan/planner.h), whose sizes come from
 //     the engine's own rules, so any difference is a bug. The ±10% that
 //     docs/planning.md states is for what the planner does not claim exact
-//     (the analytic model: tp/pp/cp), so no layout here is held to it;
-//   * the step's collectives (`comm` in metrics: calls and payload bytes per
-//     operation, comm::Traffic) equal to the byte.
+//     (the analytic model: pipeline/context parallel), so no layout
+//     here is held to it;
+//   * the step's collectives on the data group (`comm` in metrics) and on the
+//     tensor group (`tp_comm`): calls and payload bytes per operation
+//     (comm::Traffic), equal to the byte.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,7 +28,7 @@ namespace {
 struct Case {
   const char* name;
   int dp;
-  const char* sets;  // --set overrides beyond parallel.dp
+  const char* sets;  // --set overrides beyond parallel.dp (parallel.tp among them)
   bool paged_budget = false;  // memory.compute_budget = the planner's minimum + 2 pages
 };
 
@@ -53,6 +55,21 @@ const Case kCases[] = {
     {"llama_dp2_s2_bf16_ckpt", 2, "model.arch=llama parallel.zero_stage=2 train.precision=bf16 model.activation_checkpointing=true"},
     {"llama_dp2_s3_fp32", 2, "model.arch=llama parallel.zero_stage=3 model.n_kv_head=1"},
     {"llama_dp2_s3_bf16_paged_nvme", 2, "model.arch=llama parallel.zero_stage=3 train.precision=bf16 memory.page_size=16KiB", true},
+    // Tensor parallel (dp × tp ranks): GPT-2, and Llama with 4 heads sharing
+    // 2 kv heads (one per tp rank).
+    {"tp2_s0_fp32", 1, "parallel.tp=2"},
+    {"dp2_tp2_s1_bf16_ckpt", 2, "parallel.tp=2 parallel.zero_stage=1 train.precision=bf16 model.activation_checkpointing=true"},
+    {"dp2_tp2_s3_fp32", 2, "parallel.tp=2 parallel.zero_stage=3"},
+    {"llama_tp2_s0_bf16", 1, "parallel.tp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 train.precision=bf16"},
+    {"llama_dp2_tp2_s1_fp32_ckpt", 2, "parallel.tp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.zero_stage=1 model.activation_checkpointing=true"},
+    {"llama_dp2_tp2_s3_bf16", 2, "parallel.tp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.zero_stage=3 train.precision=bf16"},
+    // [B·T, C] f32 = 1 MiB: the tensor group's all-reduces take the ring and keep its scratch.
+    {"tp2_s0_fp32_ring", 1, "parallel.tp=2 model.n_layer=1 model.n_embd=256 model.n_head=4 model.seq_len=256 train.batch_size=4 train.micro_batch_size=4"},
+    // Sequence parallel (reduce-scatters and all-gathers in place of the all-reduces), and each rank paging its own shards.
+    {"tp2_s0_fp32_sp", 1, "parallel.tp=2 parallel.sequence_parallel=true"},
+    {"llama_dp2_tp2_s3_bf16_sp_ckpt", 2, "parallel.tp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.zero_stage=3 train.precision=bf16 parallel.sequence_parallel=true model.activation_checkpointing=true"},
+    {"dp2_tp2_s3_fp32_paged_nvme", 2, "parallel.tp=2 parallel.zero_stage=3 memory.page_size=16KiB", true},
+    {"tp2_s0_fp32_sp_ring", 1, "parallel.tp=2 parallel.sequence_parallel=true model.n_layer=1 model.n_embd=256 model.n_head=4 model.seq_len=256 train.batch_size=4 train.micro_batch_size=4"},
 };
 
 class PlanVsEngine : public ::testing::TestWithParam<Case> {
@@ -89,6 +106,44 @@ plan::ClusterSpec test_cluster() {
   return c;
 }
 
+using OpTotals = std::map<std::string, std::pair<uint64_t, double>>;  // op -> (calls, bytes)
+
+// The plan's collectives on one group ("dp", "tp"), summed per operation.
+OpTotals predicted_comm(const plan::Plan& plan, const std::string& dim) {
+  OpTotals out;
+  for (const plan::CommItem& item : plan.comm) {
+    if (item.dim != dim) continue;
+    out[item.op].first += item.calls;
+    out[item.op].second += item.bytes;
+  }
+  return out;
+}
+
+// A step record's counters of one group (`comm`, `tp_comm`: traffic_json).
+OpTotals measured_comm(const nlohmann::json& traffic) {
+  OpTotals out;
+  for (const auto& [op, v] : traffic.items())
+    out[op] = {v.at("calls").get<uint64_t>(), v.at("bytes").get<double>()};
+  return out;
+}
+
+// Every operation either side has, calls and payload bytes equal.
+void expect_same_comm(const OpTotals& predicted, const OpTotals& measured, const std::string& what) {
+  for (const auto& [op, v] : measured)
+    std::printf("[ %-26s ] %s: %llu calls, %.0f bytes per step\n", what.c_str(), op.c_str(),
+                static_cast<unsigned long long>(v.first), v.second);
+  OpTotals all = predicted;
+  all.insert(measured.begin(), measured.end());
+  for (const auto& [op, unused] : all) {
+    const auto p = predicted.count(op) ? predicted.at(op) : std::pair<uint64_t, double>{};
+    const auto m = measured.count(op) ? measured.at(op) : std::pair<uint64_t, double>{};
+    EXPECT_EQ(p.first, m.first) << what << " " << op << ": predicted " << p.first
+                                << " calls per step, the run made " << m.first;
+    EXPECT_EQ(p.second, m.second) << what << " " << op << ": predicted " << p.second
+                                  << " payload bytes per step, the run moved " << m.second;
+  }
+}
+
 TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   const Case& c = GetParam();
   std::vector<std::string> sets = split_sets(c.sets);
@@ -106,11 +161,13 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   const core::Config cfg = core::Config::load(config_, sets);
   const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), "test");
   const plan::Plan plan = plan::make_plan(model, test_cluster(), po::cli::plan_layout(cfg, model));
-  ASSERT_TRUE(plan.engine_exact) << c.name;
+  ASSERT_TRUE(plan.engine_exact) << c.name << ": planned as not trainable ("
+                                 << (plan.not_trainable.empty() ? "" : plan.not_trainable.front()) << ")";
+  const int world = plan.layout.devices();
 
   std::string args = "train -c " + config_ + " --set run.dir=" + (dir_ / "run");
   for (const auto& s : sets) args += " --set " + s;
-  const CommandResult r = run_command(pagedoptim_command(c.dp, args));
+  const CommandResult r = run_command(pagedoptim_command(world, args));
   ASSERT_EQ(r.exit_code, 0) << c.name << ": " << args << "\n" << r.output;
   if (c.paged_budget) {  // the budget did force pages out of the compute tier
     EXPECT_GT(plan.nvme_bytes + plan.host_bytes, 0) << c.name;
@@ -125,7 +182,7 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   ASSERT_NE(step_record, records.rend()) << c.name << ": no step record";
   const nlohmann::json& last = *step_record;
   const nlohmann::json& ranks = last.at("memory_per_rank");
-  ASSERT_EQ(ranks.size(), static_cast<size_t>(c.dp)) << c.name << ": memory_per_rank rows";
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(world)) << c.name << ": memory_per_rank rows";
   for (size_t r = 0; r < ranks.size(); ++r) {
     const double measured = ranks[r].at("peak").get<double>();
     ASSERT_GT(measured, 0) << c.name << " rank " << r << ": no compute-tier peak measured";
@@ -158,22 +215,17 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
     }
   }
 
-  // Collectives: the plan's items summed per operation = the step's counters.
-  std::map<std::string, std::pair<uint64_t, double>> predicted;
-  for (const plan::CommItem& item : plan.comm) {
-    predicted[item.op].first += item.calls;
-    predicted[item.op].second += item.bytes;
-  }
-  std::map<std::string, std::pair<uint64_t, double>> measured;
-  for (const auto& [op, v] : last.at("comm").items())
-    measured[op] = {v.at("calls").get<uint64_t>(), v.at("bytes").get<double>()};
-  EXPECT_EQ(predicted.size(), measured.size()) << c.name << ": operations predicted vs run";
-  if (c.dp > 1) EXPECT_FALSE(measured.empty()) << c.name << ": no collectives counted at dp > 1";
-  for (const auto& [op, v] : measured) {
-    EXPECT_EQ(predicted[op].first, v.first) << c.name << ": " << op << " calls per step";
-    EXPECT_EQ(predicted[op].second, v.second) << c.name << ": " << op << " payload bytes per step";
-  }
-  if (c.dp == 1) EXPECT_TRUE(measured.empty()) << c.name << ": one rank communicates nothing";
+  // Collectives: the plan's items summed per operation = the step's
+  // counters, on each group.
+  const OpTotals dp_measured = measured_comm(last.at("comm"));
+  const OpTotals tp_measured = measured_comm(last.at("tp_comm"));
+  expect_same_comm(predicted_comm(plan, "dp"), dp_measured, std::string(c.name) + " dp");
+  expect_same_comm(predicted_comm(plan, "tp"), tp_measured, std::string(c.name) + " tp");
+  EXPECT_EQ(dp_measured.empty(), c.dp == 1) << c.name << ": collectives on the data group at dp " << c.dp;
+  EXPECT_EQ(tp_measured.empty(), plan.layout.tp == 1)
+      << c.name << ": collectives on the tensor group at tp " << plan.layout.tp;
+  for (const plan::CommItem& item : plan.comm)
+    EXPECT_TRUE(item.dim == "dp" || item.dim == "tp") << c.name << ": a collective on " << item.dim;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsEngine, ::testing::ValuesIn(kCases),

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "../test_util.h"
+#include "model/layout.h"
 #include "plan/planner.h"
 
 namespace po::test {
@@ -73,7 +74,7 @@ TEST(Planner, KorthikantiActivationsGpt3) {
   const plan::Plan p = plan::make_plan(plan::model_preset("gpt3-175b"), h100(1), l);
   EXPECT_DOUBLE_EQ(p.activations_no_ckpt, 96 * 358612992.0);
   EXPECT_FALSE(p.engine_exact);
-  EXPECT_FALSE(p.not_trainable.empty()) << "sequence parallel is not trainable yet";
+  EXPECT_FALSE(p.not_trainable.empty()) << "the engine's attention keeps no scores";
 }
 
 TEST(Planner, PresetParameterCounts) {
@@ -144,7 +145,70 @@ TEST(Planner, SearchRanksFittingLayouts) {
   EXPECT_NE(table.find("tokens/s"), std::string::npos) << table;
 }
 
-// --trainable keeps what the engine runs today: GPT-2 shapes, data parallel,
+// Tensor parallel as the engine trains it (unpaged, no sequence parallel) is
+// planned by the engine's rules for one tp rank's shard; what it does not
+// train yet stays analytic, marked with the reason.
+TEST(Planner, TensorParallelIsEngineExactWhereTheEngineTrainsIt) {
+  const plan::ModelSpec m = plan::model_preset("gpt2-124M");
+  plan::Layout l;
+  l.dp = 2;
+  l.tp = 2;
+  l.batch = 8;
+  l.micro = 2;
+  l.seq = 256;
+  l.sequence_parallel = false;
+  const plan::Plan p = plan::make_plan(m, h100(1), l);
+  EXPECT_TRUE(p.engine_exact) << l.describe();
+  EXPECT_TRUE(p.not_trainable.empty()) << p.not_trainable.front();
+  const double held = static_cast<double>(po::model::Layout(m.engine, {2, 0}).num_params());
+  double params = 0;
+  for (const auto& item : p.memory)
+    if (item.name == "parameters") params = item.bytes;
+  EXPECT_EQ(params, 4 * held) << "ZeRO-0 fp32 holds one tp rank's shard, " << held << " parameters";
+
+  // Checkpointing recomputes each block's forward: 2 more all-reduces per
+  // block and micro-batch on the tensor group.
+  plan::Layout ckpt = l;
+  ckpt.checkpointing = true;
+  auto tp_allreduces = [](const plan::Plan& plan) {
+    uint64_t n = 0;
+    for (const auto& c : plan.comm)
+      if (c.dim == "tp" && c.op == "allreduce") n += c.calls;
+    return n;
+  };
+  EXPECT_EQ(tp_allreduces(plan::make_plan(m, h100(1), ckpt)) - tp_allreduces(p),
+            static_cast<uint64_t>(2 * m.n_layer * l.accum()));
+
+  auto reasons = [&](auto edit, const plan::ModelSpec& model) {
+    plan::Layout e = l;
+    edit(e);
+    const plan::Plan q = plan::make_plan(model, h100(1), e);
+    EXPECT_FALSE(q.engine_exact) << e.describe();
+    std::string why;
+    for (const auto& w : q.not_trainable) why += w + ";";
+    return why;
+  };
+  // Sequence parallel and paging train too: exact, the tensor group's sums
+  // split into reduce-scatters and all-gathers.
+  for (bool sp : {false, true}) {
+    plan::Layout e = l;
+    e.sequence_parallel = sp;
+    e.paging = !sp;
+    const plan::Plan q = plan::make_plan(m, h100(1), e);
+    EXPECT_TRUE(q.engine_exact) << e.describe();
+    uint64_t scatters = 0;
+    for (const auto& c : q.comm)
+      if (c.dim == "tp" && c.op == "reduce_scatter") scatters += c.calls;
+    EXPECT_EQ(scatters, sp ? static_cast<uint64_t>((4 * m.n_layer + 2) * l.accum()) : 0u)
+        << e.describe() << ": the tensor group's reduce-scatters per step";
+  }
+  po::model::TransformerConfig mqa = po::model::TransformerConfig::preset("llama-tiny");
+  mqa.n_kv_head = 1;
+  EXPECT_EQ(reasons([](auto&) {}, plan::model_spec(mqa, "mqa")),
+            "tensor parallel replicating kv heads or splitting the MLP unevenly;");
+}
+
+// --trainable keeps what the engine runs today: data parallel × tensor parallel,
 // each planned by the engine-exact model.
 TEST(Planner, SearchTrainableOnly) {
   plan::Layout base;
@@ -157,7 +221,8 @@ TEST(Planner, SearchTrainableOnly) {
   for (const plan::Plan& p : r.fitting) {
     EXPECT_TRUE(p.not_trainable.empty()) << p.layout.describe();
     EXPECT_TRUE(p.engine_exact) << p.layout.describe();
-    EXPECT_EQ(p.layout.dp, 8);
+    EXPECT_EQ(p.layout.dp * p.layout.tp, 8) << p.layout.describe();
+    EXPECT_EQ(p.layout.pp * p.layout.cp, 1) << p.layout.describe();
   }
 }
 
@@ -199,19 +264,27 @@ TEST(Planner, ClusterFile) {
   EXPECT_NE(e.find("unknown preset 'tpu-v5'"), std::string::npos) << e;
 }
 
-// The command line: a plan for a model the engine cannot train yet is
-// printed and marked; an impossible layout is a one-line error.
+// The command line: a plan for a layout the engine cannot train yet
+// (pipeline parallel) is printed and marked; an impossible layout is a
+// one-line error.
 TEST(Planner, Command) {
   TempDir dir;
   write_file(dir / "c.toml", "[model]\npreset = \"llama2-70b\"\nactivation_checkpointing = true\n"
                              "[train]\nbatch_size = 64\nmicro_batch_size = 1\nprecision = \"bf16\"\n"
-                             "[parallel]\ndp = 8\ntp = 8\nzero_stage = 1\n");
+                             "[parallel]\ndp = 4\ntp = 8\npp = 2\nzero_stage = 1\n");
   CommandResult r =
       run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") + " --cluster h100-80gb-ib400");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("NOT YET TRAINABLE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NOT YET TRAINABLE by the engine: pipeline parallel"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("8 × 8 devices"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  // dp × tp from a config is what the engine trains (no sequence parallel).
+  r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
+                  " --cluster h100-80gb-ib400 --set parallel.dp=8 --set parallel.pp=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model: the engine's own layout (exact)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("NOT YET TRAINABLE"), std::string::npos) << r.output;
   r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
                   " --cluster h100-80gb-ib400 --set parallel.tp=3");
   EXPECT_EQ(r.exit_code, 1) << r.output;
