@@ -80,6 +80,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.pp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.cp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.sequence_parallel", Kind::kBool, false},
+      {"parallel.tp_overlap", Kind::kBool, false},
       {"parallel.zero_stage", Kind::kInt, int64_t{0}, 0, 3},
       {"parallel.schedule", Kind::kString, std::string("1f1b")},
       {"parallel.micro_batches", Kind::kInt, int64_t{1}, 1, 1 << 20},

@@ -45,6 +45,20 @@ class ParallelOps {
   virtual void tp_all_gather(const float* x, float* out, int64_t n) = 0;
   // out[n] = block tp_rank() of the group's sum of x[tp·n], in a fixed order.
   virtual void tp_reduce_scatter(const float* x, float* out, int64_t n) = 0;
+
+  // Non-blocking forms, for the backward to overlap a collective with the
+  // weight-gradient GEMM (parallel.tp_overlap): issued now, their results
+  // (and their buffers) are the caller's again after tp_wait(). The default
+  // runs them at once: the same bits, no overlap.
+  virtual void tp_all_reduce_async(float* x, int64_t n) { tp_all_reduce(x, n); }
+  virtual void tp_all_gather_async(const float* x, float* out, int64_t n) {
+    tp_all_gather(x, out, n);
+  }
+  virtual void tp_reduce_scatter_async(const float* x, float* out, int64_t n) {
+    tp_reduce_scatter(x, out, n);
+  }
+  // Every collective issued asynchronously has completed.
+  virtual void tp_wait() {}
 };
 
 class NullParallelOps final : public ParallelOps {

@@ -141,6 +141,9 @@ class Transformer {
   // The collectives of split layers (model/parallel_ops.h); null by default.
   // `ops` must outlive the model.
   void set_parallel_ops(ParallelOps& ops) { pops_ = &ops; }
+  // parallel.tp_overlap: each column-parallel GEMM's input-gradient
+  // reduction runs under its weight-gradient GEMM (the same bits).
+  void set_tp_overlap(bool on) { tp_overlap_ = on; }
   ParallelOps& parallel_ops() const { return *pops_; }
 
   // Routes every parameter and gradient access through `hooks` (all four
@@ -346,6 +349,7 @@ class Transformer {
   int first_ = 0, last_ = 0;
   int64_t num_params_ = 0;
   int64_t head_chunk_ = 0;  // rows of logits processed at once
+  bool tp_overlap_ = false;
   int64_t sp_ = 1;          // sequence shards: the norm and residual regions hold B·T/sp_ rows
   mutable tensor::Storage params_, grads_;  // allocated at first use
   tensor::Storage acts_;

@@ -106,13 +106,17 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
 // dres holds dL/d(block output) on entry and dL/d(block input) on return
 // (this rank's rows under sequence parallel). With `work`, the GEMMs' weight
 // and bias gradients are left out and what they need is copied into it
-// (block_backward_weight adds them).
+// (block_backward_weight adds them). With tp_overlap, each column-parallel
+// GEMM's input-gradient reduction runs under its weight-gradient GEMM, and
+// under sequence parallel the re-gather of its input under the GEMMs before
+// (Megatron's order); the bits are the same either way.
 void Transformer::block_backward(const BlockParams& P, const BlockParams* G, const float* in,
                                  const LayerActs& a, float* dres, WeightGradWork* work) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
   const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_, R = BT / sp_;
   const bool split = work != nullptr;
+  const bool overlap = tp_overlap_ && !split && tp_size() > 1;
   auto keep = [&](float* dst, const float* src, int64_t n) {
     if (split) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   };
@@ -121,29 +125,53 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   float* dact = config_.mlp == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
   // a norm's output gradient: the column-parallel GEMM's input gradient, reduced
   float* dnorm = sp_ > 1 ? dchunk_ : dbuf_c_;
+  // A column-parallel GEMM's input for its weight gradient: this rank's norm
+  // output, all-gathered again under sequence parallel (with overlap: issued
+  // now, there by the tp_wait in column_backward).
+  auto gemm_input = [&](const float* norm_out) -> const float* {
+    if (sp_ == 1 || !overlap) return gather_rows(norm_out, gathered_, BT);
+    pops_->tp_all_gather_async(norm_out, gathered_, R * C);
+    return gathered_;
+  };
+  // The column-parallel GEMM's input gradient, reduced over the group into
+  // dnorm (f's conjugate), and its weight and bias gradients.
+  auto column_backward = [&](const float* dout, const float* x, const float* W, float* dW,
+                             float* db, int64_t OC) {
+    if (!overlap) {
+      ops::matmul_backward(dbuf_c_, w(dW), w(db), dout, x, W, BT, C, OC);
+      reduce_rows(dbuf_c_, dnorm, BT);
+      return;
+    }
+    ops::matmul_backward(dbuf_c_, nullptr, nullptr, dout, nullptr, W, BT, C, OC);
+    pops_->tp_wait();  // x, when gathered
+    if (sp_ > 1)
+      pops_->tp_reduce_scatter_async(dbuf_c_, dnorm, R * C);
+    else
+      pops_->tp_all_reduce_async(dbuf_c_, BT * C);
+    ops::matmul_backward(nullptr, dW, db, dout, x, nullptr, BT, C, OC);
+    pops_->tp_wait();
+  };
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
+  const float* ln2 = gemm_input(a.ln2);
   keep(split ? work->d_proj : nullptr, dy, BT * C);
   keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
   ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, a.fch_gelu, P.fcprojw, BT, F, C);
   mlp_act_backward(dfch_, a.fch, dact, BT);
-  const float* ln2 = gather_rows(a.ln2, gathered_, BT);
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
   keep(split ? work->in_fc : nullptr, ln2, BT * C);
-  ops::matmul_backward(dbuf_c_, w(G->fcw), w(G->fcb), dfch_, ln2, P.fcw, BT, C, FC);
-  reduce_rows(dbuf_c_, dnorm, BT);  // f's conjugate: the column-parallel fc's input gradient
+  column_backward(dfch_, ln2, P.fcw, G->fcw, G->fcb, FC);
   norm_backward(dres, norm_grad_target(G->ln2w, 2), norm_grad_target(G->ln2b, 3), dnorm,
                 a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, R);
   dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
+  const float* ln1 = gemm_input(a.ln1);
   keep(split ? work->d_out : nullptr, dy, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
   ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy, a.atty, P.attprojw, BT, AO, C);
   ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
-  const float* ln1 = gather_rows(a.ln1, gathered_, BT);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, ln1, BT * C);
-  ops::matmul_backward(dbuf_c_, w(G->qkvw), w(G->qkvb), dqkv_, ln1, P.qkvw, BT, C, QKV);
-  reduce_rows(dbuf_c_, dnorm, BT);  // f's conjugate: the column-parallel q|k|v's input gradient
+  column_backward(dqkv_, ln1, P.qkvw, G->qkvw, G->qkvb, QKV);
   norm_backward(dres, norm_grad_target(G->ln1w, 0), norm_grad_target(G->ln1b, 1), dnorm, in,
                 P.ln1w, a.ln1_mean, a.ln1_rstd, R);
   if (sp_ > 1) sum_norm_grads({G->ln1w, G->ln1b, G->ln2w, G->ln2b});

@@ -42,6 +42,33 @@ void TensorParallelOps::tp_all_reduce(double* x, int64_t n) {
   seconds_ += t.seconds();
 }
 
+void TensorParallelOps::tp_all_reduce_async(float* x, int64_t n) {
+  core::Timer t;
+  pending_.push_back(
+      group_.iallreduce(x, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum));
+  seconds_ += t.seconds();
+}
+
+void TensorParallelOps::tp_all_gather_async(const float* x, float* out, int64_t n) {
+  core::Timer t;
+  pending_.push_back(group_.iall_gather(x, out, static_cast<size_t>(n), DType::kF32));
+  seconds_ += t.seconds();
+}
+
+void TensorParallelOps::tp_reduce_scatter_async(const float* x, float* out, int64_t n) {
+  core::Timer t;
+  pending_.push_back(
+      group_.ireduce_scatter(x, out, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum));
+  seconds_ += t.seconds();
+}
+
+void TensorParallelOps::tp_wait() {
+  core::Timer t;
+  for (comm::Work& w : pending_) w.wait();
+  pending_.clear();
+  seconds_ += t.seconds();
+}
+
 double TensorParallelOps::take_seconds() {
   const double s = seconds_;
   seconds_ = 0;

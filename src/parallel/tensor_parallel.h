@@ -35,14 +35,21 @@ class TensorParallelOps final : public model::ParallelOps {
   void tp_all_reduce_max(float* x, int64_t n) override;
   void tp_all_gather(const float* x, float* out, int64_t n) override;
   void tp_reduce_scatter(const float* x, float* out, int64_t n) override;
+  void tp_all_reduce_async(float* x, int64_t n) override;
+  void tp_all_gather_async(const float* x, float* out, int64_t n) override;
+  void tp_reduce_scatter_async(const float* x, float* out, int64_t n) override;
+  void tp_wait() override;
 
-  // Seconds spent in this group's collectives since the last call.
+  // Seconds spent in this group's collectives since the last call: blocked
+  // in them (the exposed time; an asynchronous one counts from issue to its
+  // tp_wait only where it had not finished).
   double take_seconds();
   comm::Communicator& group() { return group_; }
 
  private:
   comm::Communicator& group_;
   std::vector<double> gathered_;
+  std::vector<comm::Work> pending_;
   double seconds_ = 0;
 };
 

@@ -338,6 +338,7 @@ TrainResult train(const core::Config& cfg) {
                            {static_cast<int>(p.tp), launch.tp_rank});
   std::optional<parallel::TensorParallelOps> tp_ops;
   if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
+  model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
   const parallel::DataParallelOptions dpo = dp_options(cfg);
   parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.dp_rank};

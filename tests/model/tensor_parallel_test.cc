@@ -134,7 +134,7 @@ void batch(const TransformerConfig& c, std::vector<int32_t>& in, std::vector<int
 }
 
 // Two micro-batches (gradients accumulate) and an evaluation, at tp ranks.
-std::vector<Result> run(const TransformerConfig& c, int tp) {
+std::vector<Result> run(const TransformerConfig& c, int tp, bool tp_overlap = false) {
   std::vector<int32_t> in, tg;
   batch(c, in, tg);
   std::vector<Result> out(static_cast<size_t>(tp));
@@ -143,6 +143,7 @@ std::vector<Result> run(const TransformerConfig& c, int tp) {
     Transformer m(c, kB, kT, {}, TensorSplit{tp, r});
     ThreadOps ops(group, r);
     m.set_parallel_ops(ops);
+    m.set_tp_overlap(tp_overlap);
     m.init_random(kSeed);
     Result& res = out[static_cast<size_t>(r)];
     res.params.assign(m.params(), m.params() + m.num_params());
@@ -320,6 +321,26 @@ TEST_F(TensorParallel, SequenceParallelCheckpointedAndBf16Match) {
   const auto bf16 = run(c, 1);
   c.sequence_parallel = true;
   expect_matches_whole(c, 2, bf16, run(c, 2), 1e-3);
+}
+
+// parallel.tp_overlap splits each column-parallel GEMM's backward around its
+// reduction: the bits of the fused backward, with and without sequence
+// parallel (here the collectives block; the launch test overlaps them).
+TEST_F(TensorParallel, OverlappedBackwardGivesTheSameBits) {
+  for (bool sp : {false, true}) {
+    TransformerConfig c = llama_config(2, false);
+    c.sequence_parallel = sp;
+    const auto plain = run(c, 2), overlapped = run(c, 2, true);
+    for (int r = 0; r < 2; ++r) {
+      const auto& a = plain[static_cast<size_t>(r)].grads;
+      const auto& b = overlapped[static_cast<size_t>(r)].grads;
+      ASSERT_EQ(a.size(), b.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
+      EXPECT_EQ(bad, 0u) << (sp ? "sequence parallel" : "tp") << " rank " << r << ": " << bad
+                         << " gradient elements differ with tp_overlap";
+    }
+  }
 }
 
 TEST_F(TensorParallel, SequenceParallelNeedsTheTokensToSplit) {
