@@ -114,6 +114,10 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);
   (void)m.shard(p.tp);  // the heads, kv heads and MLP must split: errors name the keys
+  PO_CHECK(!m.sequence_parallel || p.tp == 1 || p.micro * p.T % p.tp == 0,
+           "parallel.sequence_parallel splits the micro-batch's ", p.micro * p.T,
+           " tokens (train.micro_batch_size × model.seq_len = ", p.micro, " × ", p.T,
+           ") over parallel.tp = ", p.tp, " ranks, which must divide them");
   return p;
 }
 

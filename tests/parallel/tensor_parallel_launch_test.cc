@@ -85,8 +85,10 @@ TEST_F(TensorParallelRuns, LlamaGroupedQueryAtTp2MatchesTp1) {
   expect_same_run(ref, train("llama_tp2", 1, 2, kLlamaGqa), "llama GQA tp 2 vs tp 1");
   expect_same_run(ref, train("llama_tp2_sp", 1, 2, kLlamaGqa + kSp), "llama GQA tp 2 + SP vs tp 1");
   const std::string mha = kLlamaGqa + " --set model.n_kv_head=4 --set model.tie_embeddings=true";
-  expect_same_run(train("llama4_tp1", 1, 1, mha), train("llama4_tp4", 1, 4, mha),
-                  "llama tied, 4 kv heads, tp 4 vs tp 1");
+  const std::string ref4 = train("llama4_tp1", 1, 1, mha);
+  expect_same_run(ref4, train("llama4_tp4", 1, 4, mha), "llama tied, 4 kv heads, tp 4 vs tp 1");
+  expect_same_run(ref4, train("llama4_tp4_sp", 1, 4, mha + kSp),
+                  "llama tied, 4 kv heads, tp 4 + SP vs tp 1");
 }
 
 TEST_F(TensorParallelRuns, DataTimesTensorWithZeroOneAndThree) {
@@ -121,8 +123,10 @@ TEST_F(TensorParallelRuns, OverlappedCollectivesGiveTheSameBits) {
 
 TEST_F(TensorParallelRuns, Bf16AndCheckpointingAtTp2) {
   const std::string bf16 = kLlamaGqa + " --set train.precision=bf16";
-  expect_same_run(train("bf16_tp1", 1, 1, bf16), train("bf16_tp2", 1, 2, bf16),
-                  "bf16 tp 2 vs tp 1", 1e-3);
+  const std::string bf16_ref = train("bf16_tp1", 1, 1, bf16);
+  expect_same_run(bf16_ref, train("bf16_tp2", 1, 2, bf16), "bf16 tp 2 vs tp 1", 1e-3);
+  expect_same_run(bf16_ref, train("bf16_tp2_sp", 1, 2, bf16 + kSp), "bf16 tp 2 + SP vs tp 1",
+                  1e-3);
   const std::string ckpt = kGpt2 + " --set model.activation_checkpointing=true";
   expect_same_run(train("ac_tp1", 1, 1, ckpt), train("ac_tp2", 1, 2, ckpt),
                   "activation checkpointing tp 2 vs tp 1");
@@ -174,6 +178,15 @@ TEST_F(TensorParallelRuns, LayoutsThatDoNotDivideAreOneLineErrors) {
   auto r = run("bad_kv", 1, 4, kLlamaGqa);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.tp = 4 must divide model.n_kv_head = 2"), std::string::npos)
+      << r.output;
+  // 2 × 16 tokens per micro-batch do not split over 3 sequence-parallel ranks.
+  r = run_command(std::string(PO_BINARY) + " train -c " + config_ + " --set run.dir=" +
+                  (dir_ / "bad_sp") + " --set parallel.tp=3 --set model.n_head=3 " +
+                  "--set model.n_embd=48 --set parallel.sequence_parallel=true --nproc 3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.sequence_parallel splits the micro-batch's 32 tokens "
+                          "(train.micro_batch_size × model.seq_len = 2 × 16) over parallel.tp = 3"),
+            std::string::npos)
       << r.output;
   // 3 processes cannot be dp × 2.
   r = run_command(std::string(PO_BINARY) + " train -c " + config_ + " --set run.dir=" +
