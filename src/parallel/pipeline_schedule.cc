@@ -1,0 +1,410 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace po::parallel::pipeline {
+namespace {
+
+constexpr std::array<std::pair<const char*, ScheduleKind>, 5> kNames = {{
+    {"gpipe", ScheduleKind::kGPipe},
+    {"1f1b", ScheduleKind::k1F1B},
+    {"interleaved", ScheduleKind::kInterleaved},
+    {"zb-h1", ScheduleKind::kZbH1},
+    {"zbv", ScheduleKind::kZbV},
+}};
+
+constexpr double kNever = -1;
+
+bool is_compute(Op op) { return op != Op::kSend && op != Op::kRecv; }
+
+// When each stage's compute of each micro-batch ends (kNever: not yet), and
+// how far each stage has got in each kind.
+struct Progress {
+  int m;
+  std::vector<std::vector<double>> f, b, w;  // [stage][micro]
+  std::vector<int> next_f, next_b, next_w;   // [stage]
+  Progress(int stages, int micro)
+      : m(micro),
+        f(stages, std::vector<double>(micro, kNever)),
+        b(f),
+        w(f),
+        next_f(stages, 0),
+        next_b(stages, 0),
+        next_w(stages, 0) {}
+  static bool by(double end, double t) { return end != kNever && end <= t; }
+};
+
+// A compute action's inputs, as end times (kNever where one has not run).
+double inputs_ready(const Progress& pr, const Action& a, int stages) {
+  double t = 0;
+  auto need = [&](double end) { t = (end == kNever || t == kNever) ? kNever : std::max(t, end); };
+  const size_t s = static_cast<size_t>(a.stage), mb = static_cast<size_t>(a.micro);
+  switch (a.op) {
+    case Op::kForward:
+      if (a.stage > 0) need(pr.f[s - 1][mb]);
+      break;
+    case Op::kBackward:
+    case Op::kBackwardInput:
+      need(pr.f[s][mb]);
+      if (a.stage < stages - 1) need(pr.b[s + 1][mb]);
+      break;
+    case Op::kBackwardWeight:
+      need(pr.b[s][mb]);
+      break;
+    default:
+      break;
+  }
+  return t;
+}
+
+double cost_of(Op op, const Costs& c) {
+  switch (op) {
+    case Op::kForward: return c.forward;
+    case Op::kBackward: return c.backward();
+    case Op::kBackwardInput: return c.backward_input;
+    case Op::kBackwardWeight: return c.backward_weight;
+    default: return 0;
+  }
+}
+
+// Whether `a` releases its micro-batch's activations on the rank: the input
+// backward (fused or not). What a deferred W needs (its GEMMs' inputs and
+// output gradients) is counted apart, as the W queue.
+bool releases(Op op) { return op == Op::kBackward || op == Op::kBackwardInput; }
+
+void record(Progress& pr, const Action& a, double end) {
+  const size_t s = static_cast<size_t>(a.stage), mb = static_cast<size_t>(a.micro);
+  switch (a.op) {
+    case Op::kForward: pr.f[s][mb] = end; ++pr.next_f[s]; break;
+    case Op::kBackward:
+      pr.b[s][mb] = pr.w[s][mb] = end;
+      ++pr.next_b[s];
+      ++pr.next_w[s];
+      break;
+    case Op::kBackwardInput: pr.b[s][mb] = end; ++pr.next_b[s]; break;
+    case Op::kBackwardWeight: pr.w[s][mb] = end; ++pr.next_w[s]; break;
+    default: break;
+  }
+}
+
+// The schedule's preference among ready actions on one rank: smaller first.
+std::array<int, 4> priority(const Schedule& s, const Action& a) {
+  const int p = s.ranks, chunk = a.stage / p;
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:  // every forward, then the backwards
+      return {a.op == Op::kForward ? 0 : 1, a.micro, 0, 0};
+    case ScheduleKind::k1F1B:
+      return {a.op == Op::kForward ? 1 : 0, a.micro, 0, 0};
+    case ScheduleKind::kInterleaved:  // Megatron: groups of p micro-batches, chunk by chunk
+      if (a.op == Op::kForward) return {1, a.micro / p, chunk, a.micro};
+      return {0, a.micro / p, s.chunks - 1 - chunk, a.micro};
+    case ScheduleKind::kZbH1:
+    case ScheduleKind::kZbV: {  // B first (it unblocks the previous stage), then F, W fills
+      const int rank = a.op == Op::kBackwardInput ? 0 : a.op == Op::kForward ? 1 : 2;
+      return {rank, a.micro, -a.stage, 0};
+    }
+  }
+  return {};
+}
+
+// Interleaved 1F1B's fixed order of (stage, micro-batch) on a rank, as
+// Megatron runs it: groups of p micro-batches, each through chunk 0, then
+// chunk 1, ... (backwards: the last chunk first). A greedy order would let
+// the early chunks' forwards fill the cap and starve the later chunks.
+std::vector<std::pair<int, int>> interleaved_order(const Schedule& s, int rank, bool backward) {
+  std::vector<std::pair<int, int>> out;
+  const int p = s.ranks, m = s.micro_batches;
+  for (int g = 0; g * p < m; ++g) {
+    const int n = std::min(p, m - g * p);
+    for (int c = 0; c < s.chunks; ++c) {
+      const int chunk = backward ? s.chunks - 1 - c : c;
+      for (int i = 0; i < n; ++i) out.push_back({chunk * p + rank, g * p + i});
+    }
+  }
+  return out;
+}
+
+// Interleaved 1F1B as Megatron runs it on each rank: its warm-up forwards
+// ((p - r - 1)·2 + (v - 1)·p), then one forward and one backward in turn,
+// then the remaining backwards, each kind in interleaved_order.
+std::vector<std::vector<Action>> interleaved_orders(const Schedule& s) {
+  std::vector<std::vector<Action>> out(static_cast<size_t>(s.ranks));
+  const int total = s.micro_batches * s.chunks;
+  for (int r = 0; r < s.ranks; ++r) {
+    const auto f = interleaved_order(s, r, false), b = interleaved_order(s, r, true);
+    const int warm = std::min(total, (s.ranks - r - 1) * 2 + (s.chunks - 1) * s.ranks);
+    auto& list = out[static_cast<size_t>(r)];
+    size_t fi = 0, bi = 0;
+    for (; fi < static_cast<size_t>(warm); ++fi) list.push_back({Op::kForward, f[fi].second, f[fi].first});
+    for (; fi < f.size(); ++fi, ++bi) {
+      list.push_back({Op::kForward, f[fi].second, f[fi].first});
+      list.push_back({Op::kBackward, b[bi].second, b[bi].first});
+    }
+    for (; bi < b.size(); ++bi) list.push_back({Op::kBackward, b[bi].second, b[bi].first});
+  }
+  return out;
+}
+
+// Each rank's compute, in the order the list scheduler runs it at unit costs.
+std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
+  if (s.kind == ScheduleKind::kInterleaved) return interleaved_orders(s);
+  const int p = s.ranks, m = s.micro_batches, S = s.stages();
+  Progress pr(S, m);
+  std::vector<double> free_at(static_cast<size_t>(p), 0);
+  std::vector<int> in_flight(static_cast<size_t>(p), 0), left(static_cast<size_t>(p), 0);
+  std::vector<int> w_queue(static_cast<size_t>(p), 0);  // B done, W not yet
+  const int kinds = s.split_backward() ? 3 : 2;
+  for (int r = 0; r < p; ++r) left[static_cast<size_t>(r)] = s.chunks * m * kinds;
+  std::vector<double> ends;  // every decided end time (for idle ranks to wait to)
+  std::vector<std::vector<Action>> out(static_cast<size_t>(p));
+  const Costs unit;
+  // Ranks with nothing ready and nothing to wait for yet: another rank at the
+  // same time decides first.
+  std::vector<bool> stalled(static_cast<size_t>(p), false);
+  for (int done = 0, total = p * s.chunks * m * kinds; done < total;) {
+    int r = -1;
+    for (int q = 0; q < p; ++q) {
+      const auto qi = static_cast<size_t>(q);
+      if (left[qi] > 0 && !stalled[qi] && (r < 0 || free_at[qi] < free_at[static_cast<size_t>(r)]))
+        r = q;
+    }
+    PO_ASSERT(r >= 0, "pipeline schedule ", schedule_name(s.kind), " (p ", p, ", m ", m, ", v ",
+              s.chunks, ") deadlocks");
+    const auto ri = static_cast<size_t>(r);
+    const double t = free_at[ri];
+    bool found = false;
+    Action best;
+    auto consider = [&](const Action& a) {
+      const double ready = inputs_ready(pr, a, S);
+      if (ready == kNever || ready > t) return;
+      if (a.op == Op::kForward && in_flight[ri] >= s.in_flight_cap(r)) return;
+      // A full W queue runs its oldest W before anything else.
+      if (s.split_backward() && a.op != Op::kBackwardWeight && w_queue[ri] >= s.w_queue_cap(r))
+        return;
+      if (!found || priority(s, a) < priority(s, best)) best = a;
+      found = true;
+    };
+    for (int st : s.stages_of(r)) {
+      const size_t si = static_cast<size_t>(st);
+      if (pr.next_f[si] < m) consider({Op::kForward, pr.next_f[si], st});
+      if (pr.next_b[si] < m)
+        consider({s.split_backward() ? Op::kBackwardInput : Op::kBackward, pr.next_b[si], st});
+      if (s.split_backward() && pr.next_w[si] < m && pr.next_w[si] < pr.next_b[si])
+        consider({Op::kBackwardWeight, pr.next_w[si], st});
+    }
+    if (!found) {  // wait for the next end, or the next decision, anywhere
+      double next = std::numeric_limits<double>::infinity();
+      for (double e : ends)
+        if (e > t) next = std::min(next, e);
+      for (int q = 0; q < p; ++q)
+        if (left[static_cast<size_t>(q)] > 0 && free_at[static_cast<size_t>(q)] > t)
+          next = std::min(next, free_at[static_cast<size_t>(q)]);
+      if (next == std::numeric_limits<double>::infinity())
+        stalled[ri] = true;
+      else
+        free_at[ri] = next;
+      continue;
+    }
+    std::fill(stalled.begin(), stalled.end(), false);
+    const double end = t + cost_of(best.op, unit);
+    record(pr, best, end);
+    ends.push_back(end);
+    if (best.op == Op::kForward) ++in_flight[ri];
+    if (releases(best.op)) --in_flight[ri];
+    if (best.op == Op::kBackwardInput) ++w_queue[ri];
+    if (best.op == Op::kBackwardWeight) --w_queue[ri];
+    free_at[ri] = end;
+    --left[ri];
+    ++done;
+    out[ri].push_back(best);
+  }
+  return out;
+}
+
+// The compute orders with the sends and receives between ranks around them.
+std::vector<std::vector<Action>> with_messages(const Schedule& s,
+                                               const std::vector<std::vector<Action>>& compute) {
+  const int S = s.stages();
+  std::vector<std::vector<Action>> out(compute.size());
+  for (size_t r = 0; r < compute.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    for (const Action& a : compute[r]) {
+      const bool fwd = a.op == Op::kForward;
+      const bool bwd = a.op == Op::kBackward || a.op == Op::kBackwardInput;
+      const int from = fwd ? a.stage - 1 : a.stage + 1;  // the stage whose output it reads
+      const int to = fwd ? a.stage + 1 : a.stage - 1;    // the stage that reads its output
+      const Payload pl = fwd ? Payload::kActivation : Payload::kGradient;
+      if ((fwd || bwd) && from >= 0 && from < S && s.rank_of(from) != rank)
+        out[r].push_back({Op::kRecv, a.micro, a.stage, s.rank_of(from), pl});
+      out[r].push_back(a);
+      if ((fwd || bwd) && to >= 0 && to < S && s.rank_of(to) != rank)
+        out[r].push_back({Op::kSend, a.micro, to, s.rank_of(to), pl});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ScheduleKind parse_schedule(const std::string& name) {
+  for (const auto& [n, k] : kNames)
+    if (name == n) return k;
+  std::string known;
+  for (const auto& [n, k] : kNames) known += std::string(known.empty() ? "" : ", ") + "\"" + n + "\"";
+  PO_THROW(core::InvalidArgument, "parallel.schedule = \"", name, "\": choose one of ", known);
+}
+
+const char* schedule_name(ScheduleKind kind) {
+  for (const auto& [n, k] : kNames)
+    if (k == kind) return n;
+  return "?";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kForward: return "forward";
+    case Op::kBackward: return "backward";
+    case Op::kBackwardInput: return "backward-input";
+    case Op::kBackwardWeight: return "backward-weight";
+    case Op::kSend: return "send";
+    case Op::kRecv: return "recv";
+  }
+  return "?";
+}
+
+std::string describe(const Action& a) {
+  static constexpr const char* kLetter[] = {"F", "BW", "B", "W"};
+  if (is_compute(a.op))
+    return core::str_cat(kLetter[static_cast<int>(a.op)], a.micro, "@s", a.stage);
+  return core::str_cat(op_name(a.op), a.payload == Payload::kActivation ? " act" : " grad", " m",
+                       a.micro, " s", a.stage, a.op == Op::kSend ? " -> r" : " <- r", a.peer);
+}
+
+int Schedule::rank_of(int stage) const {
+  if (kind == ScheduleKind::kZbV) return stage < ranks ? stage : 2 * ranks - 1 - stage;
+  return stage % ranks;
+}
+
+std::vector<int> Schedule::stages_of(int rank) const {
+  if (kind == ScheduleKind::kZbV) return {rank, 2 * ranks - 1 - rank};
+  std::vector<int> out;
+  for (int c = 0; c < chunks; ++c) out.push_back(c * ranks + rank);
+  return out;
+}
+
+int Schedule::in_flight_cap(int rank) const {
+  const int p = ranks, m = micro_batches;
+  switch (kind) {
+    case ScheduleKind::kGPipe: return m;
+    case ScheduleKind::k1F1B:
+    case ScheduleKind::kZbH1: return p - rank;  // p on the first stage
+    case ScheduleKind::kInterleaved:  // Megatron's warm-up forwards, plus the steady one
+      return std::min(m * chunks, (p - rank - 1) * 2 + (chunks - 1) * p + 1);
+    case ScheduleKind::kZbV: return 2 * p;  // chunks of half a stage: 1F1B's bytes
+  }
+  return m;
+}
+
+int Schedule::w_queue_cap(int rank) const {
+  switch (kind) {
+    // ZB-H1 defers W freely: the published bubble, (p-1)/(3m+p-1), needs
+    // the first stages to hold back up to m of them (bounding the queue at
+    // p - r costs most of the gain: 0.20 instead of 0.11 at p 4, m 8).
+    case ScheduleKind::kZbH1: return micro_batches;
+    case ScheduleKind::kZbV: return in_flight_cap(rank);  // 2p: the bubble stays near 0
+    default: return 0;
+  }
+}
+
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+  PO_CHECK(ranks >= 1, "parallel.pp must be >= 1, got ", ranks);
+  PO_CHECK(micro_batches >= 1, "parallel.micro_batches must be >= 1, got ", micro_batches);
+  if (kind == ScheduleKind::kZbV) chunks = 2;
+  if (kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZbV) chunks = 1;
+  PO_CHECK(chunks >= 1, "parallel.virtual_stages must be >= 1, got ", chunks);
+  PO_CHECK(kind != ScheduleKind::kInterleaved || micro_batches >= ranks,
+           "parallel.schedule = \"interleaved\" needs parallel.micro_batches >= parallel.pp (",
+           micro_batches, " < ", ranks, ")");
+  PO_CHECK(ranks * chunks <= 256, "parallel.pp × stages per rank = ", ranks * chunks,
+           ": at most 256 stages");
+  Schedule s;
+  s.kind = kind;
+  s.ranks = ranks;
+  s.micro_batches = micro_batches;
+  s.chunks = chunks;
+  s.actions = with_messages(s, compute_orders(s));
+  return s;
+}
+
+int message_tag(const Action& a) {
+  return (a.micro * 256 + a.stage) * 2 + (a.payload == Payload::kGradient ? 1 : 0);
+}
+
+double Timing::bubble() const {
+  if (step <= 0 || busy.empty()) return 0;
+  const double mean = std::accumulate(busy.begin(), busy.end(), 0.0) / static_cast<double>(busy.size());
+  return 1 - mean / step;
+}
+
+Timing simulate(const Schedule& s, const Costs& costs) {
+  const int p = s.ranks, S = s.stages();
+  Progress pr(S, s.micro_batches);
+  Timing t;
+  t.busy.assign(static_cast<size_t>(p), 0);
+  t.peak_in_flight.assign(static_cast<size_t>(p), 0);
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> free_at(static_cast<size_t>(p), 0);
+  std::vector<int> held(static_cast<size_t>(p), 0), queued(static_cast<size_t>(p), 0);
+  t.peak_w_queue.assign(static_cast<size_t>(p), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      const auto ri = static_cast<size_t>(r);
+      const auto& list = s.actions[ri];
+      while (next[ri] < list.size()) {
+        const Action& a = list[next[ri]];
+        if (!is_compute(a.op)) {
+          ++next[ri];
+          continue;
+        }
+        const double ready = inputs_ready(pr, a, S);
+        if (ready == kNever) break;  // waits for another rank
+        const double end = std::max(free_at[ri], ready) + cost_of(a.op, costs);
+        record(pr, a, end);
+        free_at[ri] = end;
+        t.busy[ri] += cost_of(a.op, costs);
+        if (a.op == Op::kForward) t.peak_in_flight[ri] = std::max(t.peak_in_flight[ri], ++held[ri]);
+        if (releases(a.op)) --held[ri];
+        if (a.op == Op::kBackwardInput) t.peak_w_queue[ri] = std::max(t.peak_w_queue[ri], ++queued[ri]);
+        if (a.op == Op::kBackwardWeight) --queued[ri];
+        t.step = std::max(t.step, end);
+        ++next[ri];
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < p; ++r)
+    PO_ASSERT(next[static_cast<size_t>(r)] == s.actions[static_cast<size_t>(r)].size(),
+              "simulate: rank ", r, " of ", schedule_name(s.kind), " never gets its inputs at ",
+              describe(s.actions[static_cast<size_t>(r)][next[static_cast<size_t>(r)]]));
+  return t;
+}
+
+double formula_bubble(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+  const double p = ranks, m = micro_batches, v = chunks;
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::k1F1B: return (p - 1) / (m + p - 1);
+    case ScheduleKind::kInterleaved: return (p - 1) / (v * m + p - 1);
+    case ScheduleKind::kZbH1: return (p - 1) / (3 * m + p - 1);
+    case ScheduleKind::kZbV: return 0;
+  }
+  return 0;
+}
+
+}  // namespace po::parallel::pipeline
