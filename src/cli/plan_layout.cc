@@ -11,6 +11,8 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
   l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
   l.sequence_parallel = cfg.get_bool("parallel.sequence_parallel");
+  l.schedule = parallel::pipeline::parse_schedule(cfg.get_string("parallel.schedule"));
+  l.virtual_stages = static_cast<int>(cfg.get_int("parallel.virtual_stages"));
   l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,

@@ -4,6 +4,7 @@
 #include <array>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "core/error.h"
 
@@ -160,7 +161,7 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
   std::vector<int> w_queue(static_cast<size_t>(p), 0);  // B done, W not yet
   const int kinds = s.split_backward() ? 3 : 2;
   for (int r = 0; r < p; ++r) left[static_cast<size_t>(r)] = s.chunks * m * kinds;
-  std::vector<double> ends;  // every decided end time (for idle ranks to wait to)
+  std::set<double> ends;  // every decided end time (for idle ranks to wait to)
   std::vector<std::vector<Action>> out(static_cast<size_t>(p));
   const Costs unit;
   // Ranks with nothing ready and nothing to wait for yet: another rank at the
@@ -198,9 +199,8 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
         consider({Op::kBackwardWeight, pr.next_w[si], st});
     }
     if (!found) {  // wait for the next end, or the next decision, anywhere
-      double next = std::numeric_limits<double>::infinity();
-      for (double e : ends)
-        if (e > t) next = std::min(next, e);
+      const auto after = ends.upper_bound(t);
+      double next = after == ends.end() ? std::numeric_limits<double>::infinity() : *after;
       for (int q = 0; q < p; ++q)
         if (left[static_cast<size_t>(q)] > 0 && free_at[static_cast<size_t>(q)] > t)
           next = std::min(next, free_at[static_cast<size_t>(q)]);
@@ -213,7 +213,7 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
     std::fill(stalled.begin(), stalled.end(), false);
     const double end = t + cost_of(best.op, unit);
     record(pr, best, end);
-    ends.push_back(end);
+    ends.insert(end);
     if (best.op == Op::kForward) ++in_flight[ri];
     if (releases(best.op)) --in_flight[ri];
     if (best.op == Op::kBackwardInput) ++w_queue[ri];
@@ -321,12 +321,16 @@ int Schedule::w_queue_cap(int rank) const {
   }
 }
 
+int chunks_per_rank(ScheduleKind kind, int virtual_stages) {
+  if (kind == ScheduleKind::kZbV) return 2;
+  return kind == ScheduleKind::kInterleaved ? virtual_stages : 1;
+}
+
 Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
   PO_CHECK(ranks >= 1, "parallel.pp must be >= 1, got ", ranks);
   PO_CHECK(micro_batches >= 1, "parallel.micro_batches must be >= 1, got ", micro_batches);
-  if (kind == ScheduleKind::kZbV) chunks = 2;
-  if (kind != ScheduleKind::kInterleaved && kind != ScheduleKind::kZbV) chunks = 1;
   PO_CHECK(chunks >= 1, "parallel.virtual_stages must be >= 1, got ", chunks);
+  chunks = chunks_per_rank(kind, chunks);
   PO_CHECK(kind != ScheduleKind::kInterleaved || micro_batches >= ranks,
            "parallel.schedule = \"interleaved\" needs parallel.micro_batches >= parallel.pp (",
            micro_batches, " < ", ranks, ")");

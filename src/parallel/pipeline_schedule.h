@@ -80,6 +80,9 @@ struct Schedule {
   int w_queue_cap(int rank) const;
 };
 
+// Stages per rank: 2 for zbv, virtual_stages for interleaved, else 1.
+int chunks_per_rank(ScheduleKind kind, int virtual_stages);
+
 // Throws InvalidArgument naming parallel.pp, parallel.micro_batches or
 // parallel.virtual_stages when they do not fit the schedule.
 Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1);

@@ -52,8 +52,33 @@ void analytic_plan(Plan& p) {
   const double s = static_cast<double>(l.seq) / l.cp, b = static_cast<double>(l.micro);
   const double h = static_cast<double>(m.n_embd), a = static_cast<double>(m.n_head);
   const double scale = l.bf16 ? 1 : 2;
-  const double layers = std::ceil(static_cast<double>(L) / l.pp);
-  const double in_flight = std::min<double>(l.pp, static_cast<double>(l.accum()));
+  // Per stage (a rank's chunk): L / (pp·v) blocks. In flight: the most a
+  // rank of the schedule holds, its activations to the input backward plus
+  // (zero-bubble) the weight backwards it has deferred, each about a
+  // micro-batch's activations (1F1B: min(pp, m) on the first stage).
+  // The schedule's action lists (parallel/pipeline_schedule.h), timed at
+  // forward : input backward : weight backward = 1 : 1 : 1, give the bubble
+  // (the time section reads p.bubble), the in-flight count and the sends.
+  namespace pl = parallel::pipeline;
+  const int chunks = l.pp == 1 ? 1 : pl::chunks_per_rank(l.schedule, l.virtual_stages);
+  const double layers = std::ceil(static_cast<double>(L) / (l.pp * chunks));
+  double in_flight = 1;
+  uint64_t sends = 0;  // the busiest rank's, per step
+  if (l.pp > 1) {
+    const pl::Schedule sched =
+        pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages);
+    const pl::Timing t = pl::simulate(sched);
+    p.bubble = t.bubble();
+    in_flight = 0;
+    for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
+      in_flight = std::max<double>(in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);
+      const auto& list = sched.actions[r];
+      sends = std::max<uint64_t>(sends, static_cast<uint64_t>(std::count_if(
+                                            list.begin(), list.end(), [](const pl::Action& a) {
+                                              return a.op == pl::Op::kSend;
+                                            })));
+    }
+  }
   const bool sp = l.tp > 1 && l.sequence_parallel;
   const double full = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, false, l.flash_attention) * scale;
   const double ckpt = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, true, l.flash_attention) * scale / (sp ? l.tp : 1);
@@ -99,10 +124,10 @@ void analytic_plan(Plan& p) {
                calls * act_bytes, l.tp, inter, false);
     }
   }
-  if (l.pp > 1) {
+  if (l.pp > 1) {  // the busiest rank's sends in the schedule
     const bool inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp * l.dp, l.pp);
-    add_comm(p, "pp", "send", "activations forward, gradients backward", static_cast<uint64_t>(2 * mb),
-             2 * mb * act_bytes / (sp ? l.tp : 1), 2, inter, false);
+    add_comm(p, "pp", "send", "activations forward, gradients backward", sends,
+             static_cast<double>(sends) * act_bytes / (sp ? l.tp : 1), 2, inter, false);
   }
   if (l.cp > 1) {
     const bool inter = spans_nodes(p.cluster, l.tp, l.cp);

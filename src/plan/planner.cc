@@ -28,6 +28,11 @@ double wire_bytes(const std::string& op, double payload, int n) {
 std::string Layout::describe() const {
   std::string s = core::str_cat("dp ", dp, " × tp ", tp, " × pp ", pp, " × cp ", cp, ", ZeRO-",
                                 zero_stage, ", ", bf16 ? "bf16" : "fp32", ", micro ", micro);
+  if (pp > 1) {
+    s += core::str_cat(", ", parallel::pipeline::schedule_name(schedule));
+    if (virtual_stages > 1 && schedule == parallel::pipeline::ScheduleKind::kInterleaved)
+      s += core::str_cat(" v", virtual_stages);
+  }
   if (checkpointing) s += ", ckpt";
   if (paging) s += nvme ? ", paged (nvme)" : ", paged (host)";
   return s;
@@ -68,6 +73,15 @@ void check_layout(const ModelSpec& m, const Layout& l, int devices) {
   PO_CHECK(m.n_kv_head % l.tp == 0 || l.tp % m.n_kv_head == 0, "parallel.tp = ", l.tp,
            " must divide (or be a multiple of) the ", m.n_kv_head, " key/value heads");
   PO_CHECK(l.pp <= m.n_layer, "parallel.pp = ", l.pp, " exceeds the ", m.n_layer, " layers");
+  if (l.pp > 1) {
+    const int chunks = parallel::pipeline::chunks_per_rank(l.schedule, l.virtual_stages);
+    PO_CHECK(l.pp * chunks <= m.n_layer, "parallel.pp × stages per rank = ", l.pp, " × ", chunks,
+             " (parallel.schedule = \"", parallel::pipeline::schedule_name(l.schedule),
+             "\") exceeds the ", m.n_layer, " layers");
+    PO_CHECK(l.schedule != parallel::pipeline::ScheduleKind::kInterleaved || l.accum() >= l.pp,
+             "parallel.schedule = \"interleaved\" needs at least parallel.pp = ", l.pp,
+             " micro-batches per step, got ", l.accum());
+  }
   PO_CHECK(l.seq % l.cp == 0, "parallel.cp = ", l.cp, " must divide the sequence of ", l.seq,
            " tokens");
   PO_CHECK(l.zero_stage >= 0 && l.zero_stage <= 3, "parallel.zero_stage = ", l.zero_stage,
@@ -187,7 +201,8 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
             std::min(layout.devices(), cluster.devices_per_node);
   p.compute_s = hw_flops / layout.devices() / (peak * cluster.efficiency);
   const double mb = static_cast<double>(layout.accum());
-  if (layout.pp > 1) p.bubble_s = p.compute_s * (layout.pp - 1) / mb;  // 1F1B
+  (void)mb;
+  if (layout.pp > 1) p.bubble_s = p.compute_s * p.bubble / (1 - p.bubble);  // (analytic_plan's)
   double hidden_budget = p.compute_s, overlappable = 0, exposed = 0;
   for (const CommItem& c : p.comm) {
     p.comm_s += c.seconds;

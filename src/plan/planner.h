@@ -26,12 +26,18 @@
 #include <vector>
 
 #include "memory/nvme_store.h"
+#include "parallel/pipeline_schedule.h"
 #include "plan/presets.h"
 
 namespace po::plan {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  // With pp > 1: parallel.schedule and parallel.virtual_stages (interleaved;
+  // zbv holds 2). The plan times and sizes the schedule's own action lists
+  // (parallel/pipeline_schedule.h), the same ones the engine runs.
+  parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::k1F1B;
+  int virtual_stages = 2;
   int zero_stage = 0;
   bool bf16 = false;         // train.precision
   bool reduce_bf16 = false;  // parallel.reduce_dtype
@@ -103,6 +109,7 @@ struct Plan {
   std::vector<CommItem> comm;  // per rank per step
   double model_flops = 0;      // per step, all devices
   double compute_s = 0, bubble_s = 0, comm_s = 0, exposed_comm_s = 0, io_s = 0, step_s = 0;
+  double bubble = 0;  // pipeline bubble, share of the step (the schedule's, simulated)
   double tokens_per_s = 0, mfu = 0;
 
   bool fits = true;

@@ -4,6 +4,8 @@
 // is held to measurements in plan_vs_engine_launch_test.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <cmath>
 
 #include "../test_util.h"
@@ -75,6 +77,44 @@ TEST(Planner, KorthikantiActivationsGpt3) {
   EXPECT_DOUBLE_EQ(p.activations_no_ckpt, 96 * 358612992.0);
   EXPECT_FALSE(p.engine_exact);
   EXPECT_FALSE(p.not_trainable.empty()) << "the engine's attention keeps no scores";
+}
+
+// With pp > 1 the plan times the schedule's own action lists: its bubble is
+// the schedule's (gpipe and 1f1b (p-1)/(m+p-1), zb-h1 (p-1)/(3m+p-1), zbv
+// near 0), its activations in flight are the busiest rank's, and its sends
+// are the schedule's.
+TEST(Planner, PipelineSchedulesSetTheBubbleAndTheActivationsInFlight) {
+  namespace pl = po::parallel::pipeline;
+  plan::Layout l;
+  l.pp = 4;
+  l.batch = 16;
+  l.micro = 2;
+  l.seq = 1024;
+  const plan::ModelSpec m = plan::model_preset("llama2-7b");
+  std::map<pl::ScheduleKind, plan::Plan> plans;
+  for (pl::ScheduleKind k : {pl::ScheduleKind::kGPipe, pl::ScheduleKind::k1F1B,
+                             pl::ScheduleKind::kInterleaved, pl::ScheduleKind::kZbH1,
+                             pl::ScheduleKind::kZbV}) {
+    l.schedule = k;
+    plans[k] = plan::make_plan(m, h100(1), l);
+  }
+  const int mb = 8;  // 16 / 2 micro-batches
+  EXPECT_NEAR(plans[pl::ScheduleKind::k1F1B].bubble, 3.0 / (mb + 3), 1e-12);
+  EXPECT_NEAR(plans[pl::ScheduleKind::kZbH1].bubble, 3.0 / (3 * mb + 3), 1e-12);
+  EXPECT_NEAR(plans[pl::ScheduleKind::kInterleaved].bubble, 3.0 / (2 * mb + 3), 1e-12);
+  EXPECT_LT(plans[pl::ScheduleKind::kZbV].bubble, plans[pl::ScheduleKind::k1F1B].bubble / 4);
+  // GPipe holds all 8 micro-batches on the first stage, 1F1B 4.
+  EXPECT_NEAR(plans[pl::ScheduleKind::kGPipe].activations_no_ckpt /
+                  plans[pl::ScheduleKind::k1F1B].activations_no_ckpt, 2.0, 1e-12);
+  EXPECT_NE(plans[pl::ScheduleKind::kZbV].layout.describe().find("pp 4 × cp 1, ZeRO-0, fp32, micro 2, zbv"),
+            std::string::npos) << plans[pl::ScheduleKind::kZbV].layout.describe();
+  // Interleaved sends v = 2 times 1F1B's messages.
+  auto sends = [](const plan::Plan& p) {
+    uint64_t n = 0;
+    for (const auto& c : p.comm) n += c.dim == "pp" ? c.calls : 0;
+    return n;
+  };
+  EXPECT_EQ(sends(plans[pl::ScheduleKind::kInterleaved]), 2 * sends(plans[pl::ScheduleKind::k1F1B]));
 }
 
 TEST(Planner, PresetParameterCounts) {
