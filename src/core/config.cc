@@ -85,6 +85,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.schedule", Kind::kString, std::string("1f1b")},
       {"parallel.micro_batches", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.virtual_stages", Kind::kInt, int64_t{2}, 1, 256},
+      {"parallel.stage_layers", Kind::kString, std::string()},
       {"parallel.bucket_size", Kind::kSize, std::string("25MiB")},
       {"parallel.overlap_comm", Kind::kBool, true},
       {"parallel.prefetch", Kind::kInt, int64_t{1}, 0, 1024},

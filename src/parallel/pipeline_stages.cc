@@ -1,0 +1,111 @@
+#include "parallel/pipeline_stages.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/layout.h"
+
+namespace po::parallel::pipeline {
+
+double unit_cost(const model::TransformerConfig& config, int64_t T, int u) {
+  const model::Layout layout(config);
+  const double C = static_cast<double>(config.n_embd);
+  if (u == 0) return 0;
+  if (u == layout.head_unit()) return 2.0 * static_cast<double>(config.vocab_size) * C;
+  return 2.0 * static_cast<double>(layout.unit_numel(u)) + 2.0 * static_cast<double>(T) * C;
+}
+
+namespace {
+
+// Blocks per stage from "4,4,3,1".
+std::vector<int64_t> parse_stage_layers(const std::string& text, int stages, int64_t n_layer) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    PO_CHECK(used > 0 && used == item.find_last_not_of(' ') + 1 && n >= 1,
+             "parallel.stage_layers = \"", text, "\": '", item, "' is not a positive block count");
+    out.push_back(n);
+  }
+  int64_t sum = 0;
+  for (int64_t n : out) sum += n;
+  PO_CHECK(static_cast<int>(out.size()) == stages && sum == n_layer, "parallel.stage_layers = \"",
+           text, "\" gives ", out.size(), " stages of ", sum, " blocks; parallel.pp × stages per rank = ",
+           stages, " stages of model.n_layer = ", n_layer, " blocks are needed");
+  return out;
+}
+
+// The blocks per stage whose costliest stage is cheapest: a linear
+// partition by dynamic programming over (stages, blocks).
+std::vector<int64_t> balanced_blocks(const std::vector<double>& block, double first, double last,
+                                     int stages) {
+  const int L = static_cast<int>(block.size());
+  std::vector<double> prefix(static_cast<size_t>(L) + 1, 0);
+  for (int i = 0; i < L; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + block[static_cast<size_t>(i)];
+  auto cost = [&](int s, int a, int b) {  // stage s holding blocks [a, b)
+    double c = prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)];
+    if (s == 0) c += first;
+    if (s == stages - 1) c += last;
+    return c;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][b]: the least possible maximum over stages 0..s holding blocks [0, b).
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages),
+                                        std::vector<double>(static_cast<size_t>(L) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(L) + 1, 0));
+  for (int b = 1; b <= L; ++b) best[0][static_cast<size_t>(b)] = cost(0, 0, b);
+  for (int s = 1; s < stages; ++s)
+    for (int b = s + 1; b <= L; ++b)
+      for (int a = s; a < b; ++a) {
+        const double v = std::max(best[static_cast<size_t>(s) - 1][static_cast<size_t>(a)], cost(s, a, b));
+        if (v < best[static_cast<size_t>(s)][static_cast<size_t>(b)]) {
+          best[static_cast<size_t>(s)][static_cast<size_t>(b)] = v;
+          cut[static_cast<size_t>(s)][static_cast<size_t>(b)] = a;
+        }
+      }
+  std::vector<int64_t> out(static_cast<size_t>(stages));
+  for (int s = stages - 1, b = L; s >= 0; --s) {
+    const int a = s == 0 ? 0 : cut[static_cast<size_t>(s)][static_cast<size_t>(b)];
+    out[static_cast<size_t>(s)] = b - a;
+    b = a;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
+                                               int stages, const std::string& stage_layers) {
+  const int64_t L = config.n_layer;
+  PO_CHECK(stages >= 1 && stages <= L, "parallel.pp × stages per rank = ", stages,
+           " must be between 1 and model.n_layer = ", L, " (every stage holds a block)");
+  std::vector<int64_t> blocks;
+  if (!stage_layers.empty()) {
+    blocks = parse_stage_layers(stage_layers, stages, L);
+  } else {
+    std::vector<double> cost;
+    for (int u = 1; u <= L; ++u) cost.push_back(unit_cost(config, T, u));
+    blocks = balanced_blocks(cost, unit_cost(config, T, 0),
+                             unit_cost(config, T, static_cast<int>(L) + 1), stages);
+  }
+  std::vector<model::UnitRange> out;
+  int next = 1;  // the first block's unit
+  for (int s = 0; s < stages; ++s) {
+    model::UnitRange r;
+    r.first = s == 0 ? 0 : next;
+    next += static_cast<int>(blocks[static_cast<size_t>(s)]);
+    r.last = s == stages - 1 ? static_cast<int>(L) + 1 : next - 1;
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace po::parallel::pipeline

@@ -1,0 +1,33 @@
+// A pipeline's stages: the model's units (embedding, the L blocks, the head)
+// cut into contiguous ranges, one per stage (parallel/pipeline_schedule.h
+// numbers them), balanced by forward FLOPs per token or set by hand.
+//
+// How the units are weighed (forward FLOPs per token; backward is 2× each,
+// so the ratios hold): a block 2·(its parameters) + 2·T·C for causal
+// attention (QKᵀ and AV over half the sequence on average); the head
+// 2·V·C, which at GPT-2's vocabulary is about five 124M blocks; the
+// embedding lookup 0. Every stage holds at least one block; the embedding
+// goes with the first, the head with the last.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/transformer.h"
+
+namespace po::parallel::pipeline {
+
+// Forward FLOPs per token of unit u (0: embedding, 1..L: blocks, L+1: head) at sequence T.
+double unit_cost(const model::TransformerConfig& config, int64_t T, int u);
+
+// `stages` contiguous unit ranges covering every unit. stage_layers empty:
+// the split whose costliest stage is cheapest (ties: earlier stages
+// lighter); else parallel.stage_layers, blocks per stage as "4,4,3,1",
+// which must have `stages` positive entries summing to model.n_layer
+// (errors name both keys).
+std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
+                                               int stages, const std::string& stage_layers = "");
+
+}  // namespace po::parallel::pipeline

@@ -1,0 +1,79 @@
+// Pipeline stages (parallel/pipeline_stages.h): the units cut into
+// contiguous ranges covering the model once, balanced by forward FLOPs (the
+// head of GPT-2's vocabulary weighs about five 124M blocks, so the last stage
+// gets fewer blocks), or set by parallel.stage_layers, whose mistakes are
+// one-line errors naming the keys.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "parallel/pipeline_stages.h"
+
+namespace {
+
+namespace pl = po::parallel::pipeline;
+using po::model::TransformerConfig;
+
+void expect_cover(const std::vector<po::model::UnitRange>& st, int64_t L, const std::string& what) {
+  ASSERT_FALSE(st.empty()) << what;
+  EXPECT_EQ(st.front().first, 0) << what;
+  EXPECT_EQ(st.back().last, L + 1) << what;
+  for (size_t s = 1; s < st.size(); ++s) EXPECT_EQ(st[s].first, st[s - 1].last + 1) << what << " stage " << s;
+}
+
+TEST(PipelineStages, BalancedByCostWithTheHeadWeighed) {
+  const TransformerConfig c = TransformerConfig::preset("gpt2-124M");
+  const double block = pl::unit_cost(c, 1024, 1), head = pl::unit_cost(c, 1024, 13);
+  EXPECT_NEAR(head / block, 4.9, 0.1) << "GPT-2's head against a block";
+  EXPECT_EQ(pl::unit_cost(c, 1024, 0), 0.0);
+  const auto st = pl::partition_stages(c, 1024, 4);
+  expect_cover(st, 12, "gpt2-124M pp 4");
+  // Blocks per stage: the last stage, with the head, gets the fewest; at a
+  // tie the earlier stage is lighter (it holds the most micro-batches in flight).
+  std::vector<int> blocks;
+  for (size_t s = 0; s < st.size(); ++s)
+    blocks.push_back(st[s].last - st[s].first + 1 - (s == 0) - (s + 1 == st.size()));
+  EXPECT_EQ(blocks, (std::vector<int>{3, 4, 4, 1})) << blocks[0] << "," << blocks[1] << ","
+                                                    << blocks[2] << "," << blocks[3];
+  // One stage: the whole model.
+  const auto one = pl::partition_stages(c, 1024, 1);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].first, 0);
+  EXPECT_EQ(one[0].last, 13);
+  // A small vocabulary: blocks split evenly.
+  TransformerConfig l = TransformerConfig::preset("llama-tiny");
+  l.n_layer = 8;
+  l.vocab_size = 64;
+  const auto even = pl::partition_stages(l, 16, 4);
+  for (const auto& r : even) EXPECT_LE(r.last - r.first + 1, 4);
+  expect_cover(even, 8, "llama-tiny pp 4");
+}
+
+TEST(PipelineStages, StageLayersByHandAndItsErrors) {
+  const TransformerConfig c = TransformerConfig::preset("gpt2-124M");
+  const auto st = pl::partition_stages(c, 1024, 3, "6,5,1");
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].first, 0);
+  EXPECT_EQ(st[0].last, 6);  // embedding + blocks 1..6
+  EXPECT_EQ(st[1].first, 7);
+  EXPECT_EQ(st[1].last, 11);
+  EXPECT_EQ(st[2].first, 12);
+  EXPECT_EQ(st[2].last, 13);  // block 12 + head
+  for (const auto& [text, want] :
+       std::vector<std::pair<std::string, std::string>>{{"6,5", "gives 2 stages of 11 blocks"},
+                                                        {"6,x,1", "'x' is not a positive block count"},
+                                                        {"6,0,6", "'0' is not a positive"}}) {
+    try {
+      (void)pl::partition_stages(c, 1024, 3, text);
+      FAIL() << text << " was accepted";
+    } catch (const po::core::InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("parallel.stage_layers = \"" + text + "\""), std::string::npos) << msg;
+      EXPECT_NE(msg.find(want), std::string::npos) << msg;
+    }
+  }
+  EXPECT_THROW(pl::partition_stages(c, 1024, 13), po::core::InvalidArgument);
+}
+
+}  // namespace
