@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
@@ -216,6 +217,7 @@ struct PlanOptions {
   bool search = false;
   bool trainable = false;
   int top = 10;
+  std::string trace;  // pp > 1: the schedule's simulated step as a Chrome trace
 };
 
 // `pagedoptim plan`: the config's layout (or, with --search, every layout of
@@ -255,6 +257,16 @@ int cmd_plan(const PlanOptions& o) {
   // On a GPU cluster the layout takes whole nodes; locally ranks are processes.
   if (o.cluster != "local") plan::check_layout(model, layout, cluster.devices());
   const plan::Plan p = plan::make_plan(model, cluster, layout);
+  if (!o.trace.empty()) {
+    PO_CHECK(layout.pp > 1, "plan --trace ", o.trace, ": parallel.pp = 1 has no pipeline schedule to draw");
+    namespace pl = parallel::pipeline;
+    const pl::Schedule s = pl::make_schedule(layout.schedule, layout.pp,
+                                             static_cast<int>(layout.accum()), layout.virtual_stages);
+    // One unit of the simulation = one stage's forward of one micro-batch.
+    const double unit_us = p.compute_s / (3.0 * static_cast<double>(layout.accum() * s.chunks)) * 1e6;
+    const std::string json = pl::chrome_trace(s, pl::simulate(s), unit_us);
+    checkpoint::write_file_atomic(o.trace, json.data(), json.size());
+  }
   if (o.json)
     std::printf("%s\n", plan::plan_json(p).dump(2).c_str());
   else
@@ -321,6 +333,8 @@ int run(int argc, char** argv) {
   pl->add_flag("--search", plo.search, "Rank every layout that fits by predicted tokens/s");
   pl->add_option("--top", plo.top, "--search: layouts to print")->check(CLI::PositiveNumber);
   pl->add_flag("--trainable", plo.trainable, "--search: only layouts the engine trains today");
+  pl->add_option("--trace", plo.trace,
+                 "pp > 1: write the schedule's step, as planned, as Chrome trace-event JSON");
 
   auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   std::string src, out;

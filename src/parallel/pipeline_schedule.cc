@@ -6,6 +6,8 @@
 #include <numeric>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace po::parallel::pipeline {
@@ -360,6 +362,7 @@ Timing simulate(const Schedule& s, const Costs& costs) {
   Progress pr(S, s.micro_batches);
   Timing t;
   t.busy.assign(static_cast<size_t>(p), 0);
+  t.spans.assign(static_cast<size_t>(p), {});
   t.peak_in_flight.assign(static_cast<size_t>(p), 0);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> free_at(static_cast<size_t>(p), 0);
@@ -380,6 +383,7 @@ Timing simulate(const Schedule& s, const Costs& costs) {
         if (ready == kNever) break;  // waits for another rank
         const double end = std::max(free_at[ri], ready) + cost_of(a.op, costs);
         record(pr, a, end);
+        t.spans[ri].push_back({a, end - cost_of(a.op, costs), end});
         free_at[ri] = end;
         t.busy[ri] += cost_of(a.op, costs);
         if (a.op == Op::kForward) t.peak_in_flight[ri] = std::max(t.peak_in_flight[ri], ++held[ri]);
@@ -397,6 +401,26 @@ Timing simulate(const Schedule& s, const Costs& costs) {
               "simulate: rank ", r, " of ", schedule_name(s.kind), " never gets its inputs at ",
               describe(s.actions[static_cast<size_t>(r)][next[static_cast<size_t>(r)]]));
   return t;
+}
+
+std::string chrome_trace(const Schedule& s, const Timing& t, double us_per_unit) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < t.spans.size(); ++r) {
+    events.push_back({{"ph", "M"}, {"pid", 0}, {"tid", r}, {"name", "thread_name"},
+                      {"args", {{"name", core::str_cat("rank ", r)}}}});
+    for (const Span& sp : t.spans[r])
+      events.push_back({{"ph", "X"}, {"pid", 0}, {"tid", r}, {"name", describe(sp.action)},
+                        {"cat", op_name(sp.action.op)}, {"ts", sp.start * us_per_unit},
+                        {"dur", (sp.end - sp.start) * us_per_unit},
+                        {"args", {{"micro_batch", sp.action.micro}, {"stage", sp.action.stage}}}});
+  }
+  nlohmann::json doc = {{"traceEvents", events},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData",
+                         {{"schedule", schedule_name(s.kind)}, {"pp", s.ranks},
+                          {"micro_batches", s.micro_batches}, {"stages_per_rank", s.chunks},
+                          {"bubble", t.bubble()}}}};
+  return doc.dump(1);
 }
 
 double formula_bubble(ScheduleKind kind, int ranks, int micro_batches, int chunks) {

@@ -98,8 +98,15 @@ struct Costs {
   double backward() const { return backward_input + backward_weight; }
 };
 
+// One compute action as simulated (or, from the executor, as run).
+struct Span {
+  Action action;
+  double start = 0, end = 0;
+};
+
 struct Timing {
   double step = 0;              // the last action's end
+  std::vector<std::vector<Span>> spans;  // per rank, in order
   std::vector<double> busy;     // per rank: compute time
   std::vector<int> peak_in_flight;  // per rank: the most micro-batches held at once (forward to B)
   std::vector<int> peak_w_queue;    // per rank: the most weight backwards waiting (B to W)
@@ -110,6 +117,12 @@ struct Timing {
 // Times the schedule's lists as they are (each rank in its order; a compute
 // waits for its inputs, communication takes no time).
 Timing simulate(const Schedule& s, const Costs& costs = {});
+
+// Chrome trace-event JSON (opens in Perfetto or chrome://tracing) of the
+// spans: one track per rank (pid 0, tid = rank), a complete event ("ph":
+// "X") per action named as describe() names it, `us_per_unit`
+// microseconds per unit of time; the bubble of each rank in the args.
+std::string chrome_trace(const Schedule& s, const Timing& t, double us_per_unit = 1000);
 
 // The published bubble (share of the step) of a schedule at (p, m, v):
 // (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v·m+p-1) interleaved, (p-1)/(3m+p-1)

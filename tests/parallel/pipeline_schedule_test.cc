@@ -15,6 +15,8 @@
 #include <string>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -130,6 +132,29 @@ TEST(PipelineSchedule, SimulatedBubbleFollowsThePublishedFormulas) {
         EXPECT_LE(zv, 0.25 * f1b + 1e-12) << "zbv p " << p << " m " << m;
       }
     }
+}
+
+// The trace: one track per rank, every compute action once, in order, and
+// the spans' busy time is the timing's.
+TEST(PipelineSchedule, ChromeTraceHasEveryActionOnItsRank) {
+  const pl::Schedule s = pl::make_schedule(ScheduleKind::kZbV, 2, 4);
+  const pl::Timing t = pl::simulate(s);
+  const nlohmann::json doc = nlohmann::json::parse(pl::chrome_trace(s, t, 1000));
+  std::vector<int> per_rank(2, 0);
+  std::vector<double> busy(2, 0), last_end(2, -1);
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const int r = e["tid"].get<int>();
+    ++per_rank[static_cast<size_t>(r)];
+    busy[static_cast<size_t>(r)] += e["dur"].get<double>() / 1000;
+    EXPECT_GE(e["ts"].get<double>() / 1000, last_end[static_cast<size_t>(r)]) << e.dump();
+    last_end[static_cast<size_t>(r)] = (e["ts"].get<double>() + e["dur"].get<double>()) / 1000;
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(per_rank[static_cast<size_t>(r)], 2 * 4 * 3) << "rank " << r << ": F, B, W of 2 stages × 4";
+    EXPECT_DOUBLE_EQ(busy[static_cast<size_t>(r)], t.busy[static_cast<size_t>(r)]) << "rank " << r;
+  }
+  EXPECT_EQ(doc["otherData"]["schedule"], "zbv");
 }
 
 TEST(PipelineSchedule, BadNamesAndShapesAreOneLineErrors) {
