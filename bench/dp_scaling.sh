@@ -9,29 +9,11 @@
 # backward), measures the communication time itself: then all of it is
 # exposed. The target is exposed <= 20% of that.
 #   bench/dp_scaling.sh [--steps N] [--build DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=13; BUILD=build
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --steps) STEPS="$2"; shift 2 ;;
-    --build) BUILD="$2"; shift 2 ;;
-    *) echo "dp_scaling.sh: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-BIN="$BUILD/pagedoptim"
-[ -x "$BIN" ] || { echo "dp_scaling.sh: $BIN not found; run scripts/setup first" >&2; exit 1; }
-OUT=$(mktemp -d /tmp/po_dp_scaling.XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
-/usr/bin/python3 bench/random_tokens.py "$OUT/tokens.bin"
-common=(-c configs/bench-small.toml --set data.train="$OUT/tokens.bin" --set train.steps="$STEPS"
-        --set train.micro_batch_size=4 --set train.checkpoint_interval=0)
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/dp1" \
-  --set train.threads=2 > "$OUT/dp1.log" 2>&1
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/dp2" \
-  --set train.threads=1 --nproc 2 > "$OUT/dp2.log" 2>&1
-env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/dp2n" \
-  --set train.threads=1 --set parallel.overlap_comm=false --nproc 2 > "$OUT/dp2n.log" 2>&1
+NAME=dp_scaling.sh
+source "$(dirname "$0")/scaling_runs.sh"
+run dp1 --set train.threads=2
+run dp2 --set train.threads=1 --nproc 2
+run dp2n --set train.threads=1 --set parallel.overlap_comm=false --nproc 2
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
 def stats(run):

@@ -12,29 +12,8 @@
 # formula (flash form, no dropout masks: 16sbh/t with SP, sbh(4 + 12/t)
 # without, fp32), with the share SP saves (target: the formula's within 10%).
 #   bench/tp_scaling.sh [--steps N] [--build DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-STEPS=13; BUILD=build
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --steps) STEPS="$2"; shift 2 ;;
-    --build) BUILD="$2"; shift 2 ;;
-    *) echo "tp_scaling.sh: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-BIN="$BUILD/pagedoptim"
-[ -x "$BIN" ] || { echo "tp_scaling.sh: $BIN not found; run scripts/setup first" >&2; exit 1; }
-OUT=$(mktemp -d /tmp/po_tp_scaling.XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
-echo "== tp_scaling: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-/usr/bin/python3 bench/random_tokens.py "$OUT/tokens.bin"
-common=(-c configs/bench-small.toml --set data.train="$OUT/tokens.bin" --set train.steps="$STEPS"
-        --set train.micro_batch_size=4 --set train.checkpoint_interval=0)
-run() {  # name, then extra arguments
-  local name=$1; shift
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" train "${common[@]}" --set run.dir="$OUT/$name" \
-    "$@" > "$OUT/$name.log" 2>&1 || { echo "tp_scaling.sh: run $name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
-}
+NAME=tp_scaling.sh
+source "$(dirname "$0")/scaling_runs.sh"
 run dp1 --set train.threads=2
 run dp2 --set train.threads=1 --nproc 2
 tp=(--set train.threads=1 --set parallel.tp=2 --nproc 2)

@@ -252,12 +252,15 @@ class TinyTraining : public ::testing::Test {
     write_tokens(val_, 3000, 64, 2);
     write_file(config_, tiny_config(train_, val_, dir_ / "unused", steps()) + "\n");
   }
-  // `pagedoptim train -c CONFIG` with run.dir = dir_/name and parallel.dp =
-  // dp (as dp ranks under mpirun), then `args`.
-  CommandResult run_train(const std::string& name, int dp, const std::string& args) const {
-    return run_command(pagedoptim_command(dp, "train -c " + config_ + " --set run.dir=" +
-                                                  (dir_ / name) + " --set parallel.dp=" +
-                                                  std::to_string(dp) + " " + args));
+  // `pagedoptim train -c CONFIG` with run.dir = dir_/name, parallel.dp = dp
+  // and parallel.tp = tp (as dp × tp ranks under mpirun), then `args`.
+  CommandResult run_train(const std::string& name, int dp, const std::string& args,
+                          int tp = 1) const {
+    return run_command(pagedoptim_command(
+        dp * tp, "train -c " + config_ + " --set run.dir=" + (dir_ / name) +
+                     " --set parallel.dp=" + std::to_string(dp) +
+                     (tp > 1 ? " --set parallel.tp=" + std::to_string(tp) : std::string()) + " " +
+                     args));
   }
   // The same, expected to succeed; returns the run directory.
   std::string train_ok(const std::string& name, int dp, const std::string& args) const {

@@ -144,7 +144,6 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
   leader = rank == 0;
   dp_rank = rank;  // at tp = 1
   if (world && p.tp > 1) {
-    tp_split = true;
     // Megatron's rank order: tp fastest, so a tensor group is consecutive ranks.
     const comm::DeviceMesh mesh(static_cast<int>(n),
                                 {.dp = static_cast<int>(p.dp), .tp = static_cast<int>(p.tp)});

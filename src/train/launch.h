@@ -44,10 +44,9 @@ struct Launch {
   // The mesh's groups (comm/mesh.h, tp fastest), null where their axis is 1:
   // gradients reduce and ZeRO shards over dp_group(); split layers reduce
   // over tp_group(). At tp = 1 the data group is the world itself.
-  comm::Communicator* dp_group() const { return data ? data.get() : tp_split ? nullptr : world.get(); }
+  comm::Communicator* dp_group() const { return data ? data.get() : tensor ? nullptr : world.get(); }
   comm::Communicator* tp_group() const { return tensor.get(); }
   std::unique_ptr<comm::Communicator> data, tensor;
-  bool tp_split = false;
   int local_ranks = 1;                              // ranks sharing this node's CPUs
   int rank = 0;
   int dp_rank = 0, tp_rank = 0;                     // this rank's mesh coordinates

@@ -29,13 +29,10 @@ using po::test::run_command;
 class TensorParallelRuns : public po::test::TinyTraining {
  protected:
   po::test::CommandResult run(const std::string& name, int dp, int tp, const std::string& extra) {
-    return run_command(po::test::pagedoptim_command(
-        dp * tp, "train -c " + config_ + " --set run.dir=" + (dir_ / name) +
-                     " --set parallel.dp=" + std::to_string(dp) + " --set parallel.tp=" +
-                     std::to_string(tp) +
-                     " --set train.checkpoint_interval=0 --set train.eval_interval=5"
-                     " --set train.grad_clip=0.5 --set train.batch_size=8 " +
-                     extra));
+    return run_train(name, dp,
+                     "--set train.checkpoint_interval=0 --set train.eval_interval=5"
+                     " --set train.grad_clip=0.5 --set train.batch_size=8 " + extra,
+                     tp);
   }
   std::string train(const std::string& name, int dp, int tp, const std::string& extra) {
     const auto r = run(name, dp, tp, extra);
