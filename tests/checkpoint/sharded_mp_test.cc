@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../mpi_world.h"
 #include "../test_util.h"
 #include "checkpoint/sharded.h"
 #include "comm/mpi/communicator.h"
@@ -26,30 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using parallel::ShardLayout;
 
-comm::Communicator* g_world = nullptr;
-
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    session_ = std::make_unique<comm::mpi::Session>();
-    comm::mpi::MpiOptions options;
-    options.timeout = std::chrono::seconds(60);
-    world_ = comm::mpi::MpiCommunicator::create_world(options);
-    g_world = world_.get();
-  }
-  void TearDown() override {
-    g_world = nullptr;
-    world_.reset();
-    session_.reset();
-  }
-
- private:
-  std::unique_ptr<comm::mpi::Session> session_;
-  std::unique_ptr<comm::mpi::MpiCommunicator> world_;
-};
-
-[[maybe_unused]] ::testing::Environment* const kEnv =
-    ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
 
 const std::vector<int64_t> kUnits = {5, 300007, 2, 0, 1031};
 
@@ -63,18 +40,18 @@ class SharedDir {
  public:
   SharedDir() {
     std::vector<int32_t> buf(64, 0);
-    if (g_world->rank() == 0) {
+    if (po::test::MpiWorld::world().rank() == 0) {
       std::string tmpl = (fs::temp_directory_path() / "po_mp_ckpt_XXXXXX").string();
       EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
       std::memcpy(buf.data(), tmpl.c_str(), std::min<size_t>(tmpl.size(), 255));
     }
-    g_world->broadcast(buf.data(), buf.size(), tensor::DType::kI32, 0);
+    po::test::MpiWorld::world().broadcast(buf.data(), buf.size(), tensor::DType::kI32, 0);
     path_ = reinterpret_cast<const char*>(buf.data());
   }
   ~SharedDir() {
-    g_world->barrier();
+    po::test::MpiWorld::world().barrier();
     std::error_code ec;
-    if (g_world->rank() == 0) fs::remove_all(path_, ec);
+    if (po::test::MpiWorld::world().rank() == 0) fs::remove_all(path_, ec);
   }
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
 
@@ -85,7 +62,7 @@ class SharedDir {
 CheckpointMeta meta() {
   CheckpointMeta m;
   m.step = 9;
-  m.dp = g_world->size();
+  m.dp = po::test::MpiWorld::world().size();
   m.zero_stage = 1;
   m.config_toml = "[parallel]\n";
   return m;
@@ -94,7 +71,7 @@ CheckpointMeta meta() {
 TEST(ShardedMp, EveryRankWritesItsShardAndAnyLayoutLoads) {
   SharedDir d;
   const std::string dir = d / "step_00000009";
-  const int n = g_world->size(), rank = g_world->rank();
+  const int n = po::test::MpiWorld::world().size(), rank = po::test::MpiWorld::world().rank();
   ShardLayout layout(kUnits, n, rank);
   std::vector<std::vector<float>> mine[3];  // [kind][unit]: this rank's shard
   for (int k = 0; k < 3; ++k) {
@@ -108,7 +85,7 @@ TEST(ShardedMp, EveryRankWritesItsShardAndAnyLayoutLoads) {
   o.chunk_bytes = 4096;
   save_sharded(
       dir, meta(), layout, [&](StateKind k, int u) { return mine[static_cast<int>(k)][u].data(); },
-      g_world, o);
+      &po::test::MpiWorld::world(), o);
   // Complete on every rank as soon as save_sharded returns.
   EXPECT_TRUE(fs::exists(dir + "/manifest.json"));
   EXPECT_FALSE(fs::exists(staging_dir(dir)));
@@ -131,19 +108,19 @@ TEST(ShardedMp, EveryRankWritesItsShardAndAnyLayoutLoads) {
 TEST(ShardedMp, OneFailingRankFailsEveryRankAndLeavesNoCheckpoint) {
   SharedDir d;
   const std::string dir = d / "step_00000009";
-  const int n = g_world->size(), rank = g_world->rank();
+  const int n = po::test::MpiWorld::world().size(), rank = po::test::MpiWorld::world().rank();
   ShardLayout layout(kUnits, n, rank);
   std::vector<float> big(400000, 1.0f);
   const std::string error = po::test::error_of([&] {
     save_sharded(
         dir, meta(), layout, [&](StateKind, int) { return rank == n - 1 ? nullptr : big.data(); },
-        g_world);
+        &po::test::MpiWorld::world());
   });
   if (rank == n - 1)
     EXPECT_NE(error.find("no source for params"), std::string::npos) << error;
   else
     EXPECT_NE(error.find(core::str_cat("rank ", n - 1, " failed")), std::string::npos) << error;
-  g_world->barrier();
+  po::test::MpiWorld::world().barrier();
   EXPECT_FALSE(fs::exists(dir));
   EXPECT_FALSE(fs::exists(staging_dir(dir)));
 }
