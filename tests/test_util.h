@@ -229,6 +229,22 @@ inline std::string pagedoptim_command(int np, const std::string& args) {
          " " + args;
 }
 
+// Every rank file and the manifest of run a's checkpoint of `step` against
+// run b's, byte for byte (the .json records carry the config, which may
+// differ in memory.* and so are left out).
+inline void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step,
+                                   const std::string& what) {
+  const std::string ca = train::checkpoint_path(a, step), cb = train::checkpoint_path(b, step);
+  ASSERT_TRUE(std::filesystem::exists(ca)) << ca;
+  ASSERT_TRUE(std::filesystem::exists(cb)) << cb;
+  for (const auto& e : std::filesystem::directory_iterator(ca)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".json")) continue;
+    EXPECT_EQ(read_file(e.path().string()), read_file(cb + "/" + name))
+        << what << ": " << name << " differs from the reference run's";
+  }
+}
+
 // The smallest compute budget a paged run accepts, from the one-line error
 // of a run given too little ("... at least N bytes ..."); 0 if none is named.
 inline int64_t named_minimum_budget(const std::string& output) {

@@ -23,6 +23,11 @@ int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // enough that [chunk, V] stays a fraction of the activations.
 constexpr int64_t kHeadChunkRows = 256;
 
+// Ranks the norm and residual regions are split over (sequence parallel).
+int64_t seq_shards_of(const TransformerConfig& config, int64_t tp) {
+  return config.sequence_parallel ? tp : 1;
+}
+
 }  // namespace
 
 int64_t Transformer::head_chunk_rows(int64_t B, int64_t T) {
@@ -52,7 +57,7 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
     row_max_.resize(static_cast<size_t>(head_chunk_));
     row_sums_.resize(2 * static_cast<size_t>(head_chunk_));
   }
-  sp_ = global_config_.sequence_parallel ? split.size : 1;
+  sp_ = seq_shards_of(global_config_, split.size);
   PO_CHECK(B * T % sp_ == 0, "parallel.sequence_parallel splits the micro-batch's ", B * T,
            " tokens (train.micro_batch_size × model.seq_len = ", B, " × ", T,
            ") over parallel.tp = ", sp_, " ranks, which must divide them");
@@ -200,12 +205,6 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   }
   return static_cast<size_t>(used);
 }
-
-namespace {
-int64_t seq_shards_of(const TransformerConfig& config, int64_t tp) {
-  return config.sequence_parallel ? tp : 1;
-}
-}  // namespace
 
 size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, int64_t B,
                                                int64_t T, int64_t tp) {

@@ -28,18 +28,15 @@ bool is_compute(Op op) { return op != Op::kSend && op != Op::kRecv; }
 // When each stage's compute of each micro-batch ends (kNever: not yet), and
 // how far each stage has got in each kind.
 struct Progress {
-  int m;
   std::vector<std::vector<double>> f, b, w;  // [stage][micro]
   std::vector<int> next_f, next_b, next_w;   // [stage]
   Progress(int stages, int micro)
-      : m(micro),
-        f(stages, std::vector<double>(micro, kNever)),
+      : f(stages, std::vector<double>(micro, kNever)),
         b(f),
         w(f),
         next_f(stages, 0),
         next_b(stages, 0),
         next_w(stages, 0) {}
-  static bool by(double end, double t) { return end != kNever && end <= t; }
 };
 
 // A compute action's inputs, as end times (kNever where one has not run).
@@ -328,16 +325,20 @@ int chunks_per_rank(ScheduleKind kind, int virtual_stages) {
   return kind == ScheduleKind::kInterleaved ? virtual_stages : 1;
 }
 
-Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages) {
   PO_CHECK(ranks >= 1, "parallel.pp must be >= 1, got ", ranks);
   PO_CHECK(micro_batches >= 1, "parallel.micro_batches must be >= 1, got ", micro_batches);
-  PO_CHECK(chunks >= 1, "parallel.virtual_stages must be >= 1, got ", chunks);
-  chunks = chunks_per_rank(kind, chunks);
+  PO_CHECK(virtual_stages >= 1, "parallel.virtual_stages must be >= 1, got ", virtual_stages);
   PO_CHECK(kind != ScheduleKind::kInterleaved || micro_batches >= ranks,
            "parallel.schedule = \"interleaved\" needs parallel.micro_batches >= parallel.pp (",
            micro_batches, " < ", ranks, ")");
-  PO_CHECK(ranks * chunks <= 256, "parallel.pp × stages per rank = ", ranks * chunks,
-           ": at most 256 stages");
+  const int stages = ranks * chunks_per_rank(kind, virtual_stages);
+  PO_CHECK(stages <= 256, "parallel.pp × stages per rank = ", stages, ": at most 256 stages");
+}
+
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+  check_schedule(kind, ranks, micro_batches, chunks);
+  chunks = chunks_per_rank(kind, chunks);
   Schedule s;
   s.kind = kind;
   s.ranks = ranks;

@@ -84,7 +84,11 @@ struct Schedule {
 int chunks_per_rank(ScheduleKind kind, int virtual_stages);
 
 // Throws InvalidArgument naming parallel.pp, parallel.micro_batches or
-// parallel.virtual_stages when they do not fit the schedule.
+// parallel.virtual_stages when they do not fit the schedule (without
+// building it: the planner checks every layout it searches).
+void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages);
+
+// check_schedule, then the schedule.
 Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1);
 
 // The p2p tag of a send/recv, unique per (micro-batch, stage, payload), the

@@ -1,5 +1,5 @@
-// The analytic plan, for layouts the engine does not train yet (sequence,
-// pipeline and context parallel, paging at tp > 1): model states by the ZeRO
+// The analytic plan, for layouts the engine does not train yet (pipeline
+// and context parallel, attention keeping the s×s scores): model states by the ZeRO
 // ledger over the busiest pipeline stage, activations by Korthikanti et al.,
 // and the collectives that Megatron-style layouts issue.
 #include <algorithm>

@@ -36,7 +36,7 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l);
 // engine's rules.
 void engine_plan(Plan& p);
 
-// Analytic (analytic.cc): sequence, pipeline and context parallel, paging at tp > 1.
+// Analytic (analytic.cc): pipeline and context parallel (not_trainable's reasons).
 void analytic_plan(Plan& p);
 
 }  // namespace po::plan::detail

@@ -78,9 +78,8 @@ void check_layout(const ModelSpec& m, const Layout& l, int devices) {
     PO_CHECK(l.pp * chunks <= m.n_layer, "parallel.pp × stages per rank = ", l.pp, " × ", chunks,
              " (parallel.schedule = \"", parallel::pipeline::schedule_name(l.schedule),
              "\") exceeds the ", m.n_layer, " layers");
-    PO_CHECK(l.schedule != parallel::pipeline::ScheduleKind::kInterleaved || l.accum() >= l.pp,
-             "parallel.schedule = \"interleaved\" needs at least parallel.pp = ", l.pp,
-             " micro-batches per step, got ", l.accum());
+    parallel::pipeline::check_schedule(l.schedule, l.pp, static_cast<int>(l.accum()),
+                                       l.virtual_stages);
   }
   PO_CHECK(l.seq % l.cp == 0, "parallel.cp = ", l.cp, " must divide the sequence of ", l.seq,
            " tokens");
@@ -200,8 +199,6 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
     peak *= static_cast<double>(cluster.devices_per_node) /
             std::min(layout.devices(), cluster.devices_per_node);
   p.compute_s = hw_flops / layout.devices() / (peak * cluster.efficiency);
-  const double mb = static_cast<double>(layout.accum());
-  (void)mb;
   if (layout.pp > 1) p.bubble_s = p.compute_s * p.bubble / (1 - p.bubble);  // (analytic_plan's)
   double hidden_budget = p.compute_s, overlappable = 0, exposed = 0;
   for (const CommItem& c : p.comm) {

@@ -3,16 +3,16 @@
 //
 // Two models, one report:
 //   * engine-exact: what the engine trains today — GPT-2 and Llama shapes,
-//     data parallel × tensor parallel (tp unpaged, without sequence
-//     parallel). Sizes come from the engine's own rules — a tensor-parallel
+//     data parallel × tensor parallel, with sequence parallel and paging.
+//     Sizes come from the engine's own rules — a tensor-parallel
 //     rank's layout, its ZeRO shards over the data group, the all-reduce
 //     buckets, the activation layout, the pools' size classes replayed along
 //     the hooks' order, the pager's frames — so the predicted compute-tier
 //     peak is what the engine's compute pool reaches, and the predicted
 //     collectives of both groups (calls and payload bytes) are what its
 //     Communicators count (tests/plan/plan_vs_engine_launch_test).
-//   * analytic: everything else (sequence / pipeline / context parallel,
-//     paging at tp > 1). Model states by the ZeRO ledger, activations by
+//   * analytic: everything else (pipeline / context parallel, attention that
+//     keeps the s×s scores). Model states by the ZeRO ledger, activations by
 //     Korthikanti et al.'s formula, communication by the collectives
 //     Megatron-style layouts issue. Marked "not yet trainable" with the reason.
 // Times come from the cluster: compute = FLOPs / (peak · efficiency),

@@ -185,9 +185,9 @@ TEST(Planner, SearchRanksFittingLayouts) {
   EXPECT_NE(table.find("tokens/s"), std::string::npos) << table;
 }
 
-// Tensor parallel as the engine trains it (unpaged, no sequence parallel) is
-// planned by the engine's rules for one tp rank's shard; what it does not
-// train yet stays analytic, marked with the reason.
+// Tensor parallel as the engine trains it (sequence parallel and paging
+// included) is planned by the engine's rules for one tp rank's shard; what
+// it does not train yet stays analytic, marked with the reason.
 TEST(Planner, TensorParallelIsEngineExactWhereTheEngineTrainsIt) {
   const plan::ModelSpec m = plan::model_preset("gpt2-124M");
   plan::Layout l;

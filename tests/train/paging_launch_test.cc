@@ -70,18 +70,6 @@ std::vector<nlohmann::json> paging_records(const std::string& run) {
   return out;
 }
 
-// Every rank file and the manifest of the last checkpoint, byte for byte.
-void expect_same_checkpoint(const std::string& a, const std::string& b, const std::string& what) {
-  const std::string ca = po::train::checkpoint_path(a, 10), cb = po::train::checkpoint_path(b, 10);
-  ASSERT_TRUE(fs::exists(ca)) << ca;
-  ASSERT_TRUE(fs::exists(cb)) << cb;
-  for (const auto& e : fs::directory_iterator(ca)) {
-    const std::string name = e.path().filename().string();
-    if (name.ends_with(".json")) continue;  // records carry the config (memory.* differs)
-    EXPECT_EQ(po::test::read_file(e.path().string()), po::test::read_file(cb + "/" + name))
-        << what << ": " << name << " differs from the in-memory run's";
-  }
-}
 
 TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
   struct Case {
@@ -128,7 +116,7 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
     const auto a = losses(ref, 10), b = losses(run, 10);
     for (size_t i = 0; i < a.size(); ++i)
       EXPECT_EQ(a[i], b[i]) << what << ": loss at step " << i + 1 << " paged vs in memory";
-    expect_same_checkpoint(ref, run, what);
+    po::test::expect_same_checkpoint(ref, run, 10, what + " paged");
     const auto rec = paging_records(run);
     ASSERT_EQ(rec.size(), 10u) << what << ": paging metrics per step";
     for (size_t i = 1; i < rec.size(); ++i) {
@@ -167,7 +155,7 @@ TEST_F(Paging, LlamaPagedZero3IsBitIdenticalResumesAndReshards) {
   const auto a = losses(ref, 10), b = losses(run, 10);
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(a[i], b[i]) << "Llama dp 2 ZeRO-3: loss at step " << i + 1 << " paged vs in memory";
-  expect_same_checkpoint(ref, run, "Llama dp 2 ZeRO-3 paged");
+  po::test::expect_same_checkpoint(ref, run, 10, "Llama dp 2 ZeRO-3 paged");
   EXPECT_GT(paging_records(run).back()["nvme_read_bytes"].get<double>(), 0)
       << "Llama: no page came from NVMe";
   // Resume the paged run from step 5, paged again: the uninterrupted curve, bit for bit.
