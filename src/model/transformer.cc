@@ -48,9 +48,6 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   last_ = range.last < 0 ? layout_.head_unit() : range.last;
   PO_CHECK(first_ >= 0 && first_ <= last_ && last_ <= layout_.head_unit(), "unit range [", first_,
            ", ", last_, "] is not inside the model's units [0, ", layout_.head_unit(), "]");
-  PO_CHECK(!has_head() || !layout_.tied() || first_ == 0,
-           "a stage holding the tied head must hold the embedding too (unit 0): the tied pair "
-           "across stages needs the embedding group of pipeline parallel");
   num_params_ = layout_.unit_offset(last_ + 1) - layout_.unit_offset(first_);
   head_chunk_ = head_chunk_rows(B_, T_);
   if (split.size > 1) {
@@ -231,11 +228,17 @@ size_t Transformer::predicted_logits_bytes(const TransformerConfig& config, int6
          sizeof(float);
 }
 
+size_t Transformer::predicted_lookup_bytes(const TransformerConfig& config, int64_t tp) {
+  const Layout held(config, {static_cast<int>(tp), 0});
+  return held.tied() ? static_cast<size_t>(held.token_embedding().numel()) * sizeof(float) : 0;
+}
+
 size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                     int64_t tp) {
   const Layout held(config, {static_cast<int>(tp), 0});
   return predicted_activation_bytes(config, B, T, tp) +
-         2 * static_cast<size_t>(held.num_params()) * sizeof(float);
+         2 * static_cast<size_t>(held.num_params()) * sizeof(float) +
+         predicted_lookup_bytes(config, tp);
 }
 
 Transformer::BlockParams Transformer::block_params(float* unit_base) const {
@@ -284,8 +287,13 @@ void Transformer::release_grads() {
   grads_released_ = true;
 }
 
+// A stage with the tied head but not the embedding reads the token table of
+// unit 0 through its hooks (pipeline parallel's replica of it).
 float* Transformer::unit_params(int u) {
-  PO_ASSERT(holds(u), "unit ", u, " is not held by this model (units ", first_, "..", last_, ")");
+  PO_ASSERT(holds(u) || (u == 0 && has_head() && layout_.tied()), "unit ", u,
+            " is not held by this model (units ", first_, "..", last_, ")");
+  PO_CHECK(holds(u) || hooks_.params, "a stage holding the tied head without the embedding ",
+           "(units ", first_, "..", last_, ") reaches unit 0's token table through UnitHooks");
   return hooks_.params ? hooks_.params(u) : params() + unit_offset(u);
 }
 
@@ -294,7 +302,10 @@ void Transformer::unit_done(int u) {
 }
 
 float* Transformer::unit_grads(int u) {
-  PO_ASSERT(holds(u), "unit ", u, " is not held by this model (units ", first_, "..", last_, ")");
+  PO_ASSERT(holds(u) || (u == 0 && has_head() && layout_.tied()), "unit ", u,
+            " is not held by this model (units ", first_, "..", last_, ")");
+  PO_CHECK(holds(u) || hooks_.grads, "a stage holding the tied head without the embedding ",
+           "(units ", first_, "..", last_, ") reaches unit 0's token table through UnitHooks");
   return hooks_.grads ? hooks_.grads(u) : grads() + unit_offset(u);
 }
 
@@ -332,6 +343,28 @@ void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
 
 void Transformer::zero_grads() {
   if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.size());
+  if (lookup_.data() != nullptr) std::memset(lookup_.data(), 0, lookup_.size());
+}
+
+float* Transformer::tied_lookup_grads() {
+  if (lookup_target_ != nullptr) return lookup_target_;
+  if (lookup_.data() == nullptr) {
+    lookup_ = tensor::Storage(static_cast<size_t>(layout_.token_embedding().numel()) * sizeof(float));
+    std::memset(lookup_.data(), 0, lookup_.size());
+  }
+  return lookup_.f32();
+}
+
+void Transformer::fold_tied_lookup() {
+  if (!layout_.tied() || lookup_.data() == nullptr) return;
+  float* wte = unit_grads(0) + layout_.token_embedding().offset;
+  float* e = lookup_.f32();
+  const int64_t n = layout_.token_embedding().numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    wte[i] += e[i];
+    e[i] = 0.0f;
+  }
 }
 
 }  // namespace po::model

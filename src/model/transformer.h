@@ -112,6 +112,7 @@ class Transformer {
   int first_unit() const { return first_; }
   int last_unit() const { return last_; }
   bool whole() const { return first_ == 0 && last_ == layout_.head_unit(); }
+  bool holds_unit(int u) const { return holds(u); }
 
   // The flat parameter and gradient buffers of the held units [num_params()]:
   // only while the model holds them (throws after release_params() /
@@ -155,7 +156,7 @@ class Transformer {
   void release_grads();
   // Bytes of flat parameters / gradients the model holds now (0 once released).
   size_t params_bytes() const { return params_.size(); }
-  size_t grads_bytes() const { return grads_.size(); }
+  size_t grads_bytes() const { return grads_.size() + lookup_.size(); }
 
   // One micro-batch of a whole model: forward, loss, backward (the one-stage
   // schedule of Layout::training_steps). inputs/targets [B,T]. Gradients of
@@ -190,8 +191,32 @@ class Transformer {
   // its head's gradient), then the held blocks; returns dL/d(stage input)
   // [B*T, C] (valid until the next call), and on the first stage adds the
   // embedding's gradient. on_unit_ready as in forward_backward.
+  // With `deferred` (one work per held block, from make_weight_grad_work) only
+  // the blocks' input halves run, keeping what stage_backward_weight needs.
   const float* stage_backward(const int32_t* tokens, const float* d_out,
-                              const std::function<void(int unit)>& on_unit_ready = {});
+                              const std::function<void(int unit)>& on_unit_ready = {},
+                              std::vector<WeightGradWork>* deferred = nullptr);
+  // The weight halves of a stage_backward(..., deferred): the blocks from the
+  // highest down, as the fused backward adds them.
+  void stage_backward_weight(std::vector<WeightGradWork>& works);
+
+  // The tied token table's gradient (GPT-2) is the head's part H plus the
+  // lookup's part E, each accumulated over the step's micro-batches on its
+  // own and added once, wte += E, where unit 0 is reported ready (its
+  // gradient final). This is the one order whatever the pipeline layout: a
+  // head stage holds H, the embedding stage E, and the pair adds them the
+  // same way. While `accumulating` (every micro-batch of a step but its
+  // last) E is not added yet. Off by default: each forward_backward adds its
+  // own. With hooks holding the gradient (ZeRO-2/3, bf16 units) the lookup
+  // rows go straight into grads(0), each micro-batch's whole.
+  void set_accumulating(bool on) { accumulating_ = on; }
+  // Pipeline parallel: E goes into `target` (the token table's numel floats,
+  // accumulated, never added here) instead of the model's own buffer.
+  void set_tied_lookup_grads(float* target) { lookup_target_ = target; }
+  // Bytes of the model's own E accumulator (0 until the first lookup backward).
+  size_t lookup_grads_bytes() const { return lookup_.size(); }
+  // The bytes the model's own E takes for `config` at tp (0 untied).
+  static size_t predicted_lookup_bytes(const TransformerConfig& config, int64_t tp = 1);
 
   // Block l's backward in two halves, after its stage_forward: the input
   // gradient (dres: dL/d(block output) in, dL/d(block input) out; norm
@@ -355,6 +380,11 @@ class Transformer {
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;
+  bool accumulating_ = false;
+  tensor::Storage lookup_;           // the tied table's E (set_accumulating), allocated at first use
+  float* lookup_target_ = nullptr;   // set_tied_lookup_grads
+  float* tied_lookup_grads();
+  void fold_tied_lookup();
   ParallelOps* pops_ = &NullParallelOps::instance();
 
   // Activation views (into acts_).

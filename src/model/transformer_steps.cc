@@ -331,13 +331,16 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
 // Every rank adds the whole lookup gradient of its vocabulary slice and of
 // the positions, from every row: the position table's gradient needs no
 // reduction over the group even under sequence parallel.
+// A tied table's lookup rows go to their own accumulator (tied_lookup_grads)
+// unless hooks hold the gradient (they take each micro-batch's whole unit 0).
 void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   emb_dout_ = gather_rows(dres_, full_, B_ * T_);
   if (deferred) return;
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();
-  ops::embedding_backward_slice(g0 + layout_.token_embedding().offset,
-                                wpe ? g0 + wpe->offset : nullptr, emb_dout_, tokens, B_, T_,
+  const bool apart = layout_.tied() && (lookup_target_ != nullptr || !hooks_.grads);
+  float* wte = apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
+  ops::embedding_backward_slice(wte, wpe ? g0 + wpe->offset : nullptr, emb_dout_, tokens, B_, T_,
                                 config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
 }
 
@@ -450,7 +453,10 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
       case Step::kHead:
         loss_sum = head_forward(x, targets, BT, grad_scale);
         ready(layout_.head_unit());
-        if (defer_embedding) ready(0);  // all but this micro-batch's lookup rows
+        if (defer_embedding) {  // all but this micro-batch's lookup rows
+          if (!accumulating_) fold_tied_lookup();
+          ready(0);
+        }
         break;
       case Step::kBlockBackward: {
         const int u = s.layer + 1;
@@ -465,7 +471,10 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
       }
       case Step::kEmbedBackward:
         embed_backward(inputs, defer_embedding);
-        if (!defer_embedding) ready(0);  // a tied table also collected the head's gradient
+        if (!defer_embedding) {  // a tied table also collected the head's gradient
+          if (!accumulating_) fold_tied_lookup();
+          ready(0);
+        }
         break;
     }
   }
@@ -495,7 +504,8 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
 }
 
 const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
-                                         const std::function<void(int unit)>& on_unit_ready) {
+                                         const std::function<void(int unit)>& on_unit_ready,
+                                         std::vector<WeightGradWork>* deferred) {
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
@@ -506,8 +516,17 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");
     std::memcpy(dres_, d_out, static_cast<size_t>(B_ * T_ / sp_ * config_.n_embd) * sizeof(float));
   }
+  if (deferred != nullptr) {
+    PO_CHECK(deferred->size() == static_cast<size_t>(end_block() - first_block()),
+             "stage_backward: ", deferred->size(), " weight-gradient works for ",
+             end_block() - first_block(), " blocks");
+  }
   for (int l = end_block() - 1; l >= first_block(); --l) {
     const int u = l + 1;
+    if (deferred != nullptr) {  // the input half; ready once its weight half has run
+      block_backward_input(l, dres_, (*deferred)[static_cast<size_t>(l - first_block())]);
+      continue;
+    }
     const BlockParams P = block_params(unit_params(u));
     const BlockParams G = block_params(unit_grads(u));
     const float* in = nullptr;
@@ -518,9 +537,14 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
   }
   if (holds(0)) {
     embed_backward(tokens);
+    if (!accumulating_) fold_tied_lookup();
     ready(0);
   }
   return dres_;
+}
+
+void Transformer::stage_backward_weight(std::vector<WeightGradWork>& works) {
+  for (size_t i = works.size(); i-- > 0;) block_backward_weight(works[i]);
 }
 
 void Transformer::next_token_logits(const int32_t* tokens, int64_t t_len, float* logits) {

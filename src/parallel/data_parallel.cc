@@ -266,11 +266,7 @@ double DataParallel::step(double lr) {
   }
   if (early_ && lr_known_) {  // the pages not updated in the backward (at least unit 0's)
     PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
-    const double norm =
-        bf16() ? std::sqrt(tensor_total(
-                     ops::sum_squares_bf16(units_->full_grads(), model_.num_params()) -
-                     uncounted_squares(units_->full_grads())))
-               : full_grad_norm_f32(model_.grads());
+    const double norm = bf16() ? full_grad_norm(units_->full_grads()) : full_grad_norm(model_.grads());
     (void)adam_->clip_scale(norm);  // (no clipping; stops on a non-finite norm)
     if (stage == 1 && !bf16())
       for (int u = 0; u < layout_.num_units(); ++u) copy_grad_shard(u);
@@ -283,8 +279,7 @@ double DataParallel::step(double lr) {
   if (bf16()) {
     // The whole reduced bf16 gradient is here: its norm needs no communication.
     uint16_t* grads = units_->full_grads();
-    const double norm = std::sqrt(
-        tensor_total(ops::sum_squares_bf16(grads, model_.num_params()) - uncounted_squares(grads)));
+    const double norm = full_grad_norm(grads);
     auto* params = static_cast<uint16_t*>(stored_params());
     adam_->apply_mixed(master_.f32(), grads, false, params, lr, adam_->clip_scale(norm));
     units_->zero_full_grads();
@@ -294,7 +289,7 @@ double DataParallel::step(double lr) {
   // The full reduced gradient is here: its norm needs no data-parallel
   // communication (tensor parallel adds the other shards'), and this rank's
   // shard of it feeds the update.
-  const double norm = full_grad_norm_f32(model_.grads());
+  const double norm = full_grad_norm(model_.grads());
   if (stage == 0) {
     adam_->apply(model_.params(), model_.grads(), lr, adam_->clip_scale(norm));
     return norm;
@@ -396,6 +391,9 @@ size_t DataParallel::predicted_model_state_bytes() const {
   double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
   bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
+  // The tied table's lookup part, accumulated apart (no hooks: fp32 stages 0-1).
+  if (!bf16() && s < 2 && model_.whole())
+    bytes += static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
   return static_cast<size_t>(bytes);
 }
 
@@ -406,6 +404,9 @@ size_t DataParallel::predicted_grad_bytes() const {
   if (paged_shards_) return 0;  // ZeRO-3 paged: the gradient shard lives in the pages
   double bytes = (bf16() ? 2 : 4) * (s >= 2 ? shard : whole);
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
+  // The tied table's lookup part, accumulated apart (no hooks: fp32 stages 0-1).
+  if (!bf16() && s < 2 && model_.whole())
+    bytes += static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
   return static_cast<size_t>(bytes);
 }
 

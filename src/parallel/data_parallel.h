@@ -55,6 +55,7 @@
 #include "comm/communicator.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/grad_norm.h"
 #include "parallel/shard_layout.h"
 
 namespace po::parallel {
@@ -124,6 +125,12 @@ class DataParallel {
   // Waits for the reductions, clips by the global norm, updates, and (stages
   // 1-2) all-gathers the parameters. Returns the pre-clip global norm.
   double step(double lr);
+
+  // Each unit's counted sum of squares of the whole reduced gradient (stages
+  // 0-1; units the model does not hold: 0), summed over the tensor group:
+  // grad_norm.h's per-unit sums, for a pipeline stage to add to the others'.
+  template <typename T>
+  std::vector<double> unit_squares(const T* grads);
 
   // Tensor parallel: the group of ranks that hold the other shards of this
   // rank's units (null: tp = 1). The gradient norm then covers the whole
@@ -214,13 +221,11 @@ class DataParallel {
   void gather_params();
   bool gathers_in_place(int u) const;
   double sharded_grad_norm();
-  // The sum of squares of the elements this rank must not count (replicated
-  // tensors on tp ranks > 0) in the whole-model gradient, and the group's
-  // total of the counted sums (every rank the same value).
-  template <typename T>
-  double uncounted_squares(const T* grads) const;
+  // The group's total of each rank's counted sums (every rank the same value).
   double tensor_total(double squares);
-  double full_grad_norm_f32(const float* grads);
+  // The norm of the whole reduced gradient (stages 0-1) in grad_norm.h's order.
+  template <typename T>
+  double full_grad_norm(const T* grads);
   double step_sharded_grads(double lr);
   void take_master();
   void allocate_unpaged();
@@ -250,16 +255,6 @@ class DataParallel {
   // During shard_params_from(): unit u's full fp32 values.
   std::function<const float*(int u)> unit_source_;
   const float* unit_values(int u);
-  // A sum of squares in double that a range may be fed in pieces.
-  struct SumOfSquares {
-    static constexpr int kLanes = 8;
-    double lane[kLanes] = {};
-    int64_t pos = 0;
-    template <typename T>
-    void add(const T* x, int64_t n);
-    void skip(int64_t n) { pos += n; }  // n elements that count as zeros
-    double total() const;
-  };
   // Adds the squares of x[n], elements [first, first + n) of this rank's
   // shard of unit u, with the elements another tp rank counts (replicated
   // tensors on tp ranks > 0) as zeros: the same sum however the shard

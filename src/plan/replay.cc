@@ -127,6 +127,9 @@ void engine_plan(Plan& p) {
   if (stage == 3 && N == 1 && !l.bf16) params = psi * 4;
   double grads = stage < 2 ? psi * esz : local * esz;
   if (!l.bf16 && stage == 1) grads += local * 4;  // the update's shard of the reduced gradient
+  // fp32 stages 0-1: the tied table's lookup part, accumulated apart (Transformer::set_accumulating)
+  if (!l.bf16 && stage < 2)
+    grads += static_cast<double>(model::Transformer::predicted_lookup_bytes(cfg, l.tp));
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
   const double unpaged_states = params + grads + master + adam;

@@ -31,6 +31,7 @@ StepStats train_step(StepContext& c, int64_t step) {
     // Gradients are final after the last micro-batch: reduce them as they come.
     const bool last_micro = micro == p.accum - 1;
     c.dp.start_micro_batch(last_micro);
+    c.model.set_accumulating(!last_micro);  // the tied table's lookup part is added once, at the end
     loss += c.model.forward_backward(c.inputs.data(), c.targets.data(), grad_scale,
                                      last_micro ? c.dp.unit_ready() : std::function<void(int)>(),
                                      last_micro && c.dp.defer_embedding());

@@ -225,9 +225,9 @@ void expect_bits(const float* got, const float* want, const po::model::TensorSpe
 // Parameter: (case, activation checkpointing).
 class LlamaSchedules : public LlamaReference {};
 
-// The split backward, driven as a zero-bubble pipeline would on one stage:
-// each block's input half, then its weight half; the embedding's lookup rows
-// from backward_buffer() (what stage_backward's embedding step adds).
+// The split backward, driven as a zero-bubble pipeline drives one stage:
+// every block's input half (and the embedding's lookup), then the weight
+// halves (stage_backward with deferred works, stage_backward_weight).
 TEST_P(LlamaSchedules, SplitBackwardIsBitIdenticalToForwardBackward) {
   Fixture fx(std::get<0>(GetParam()));
   fx.config.activation_checkpointing = std::get<1>(GetParam());
@@ -240,15 +240,10 @@ TEST_P(LlamaSchedules, SplitBackwardIsBitIdenticalToForwardBackward) {
   const double sum =
       split.stage_forward(fx.inputs.data(), nullptr, fx.targets.data(), fx.grad_scale());
   EXPECT_EQ(static_cast<float>(sum / static_cast<double>(fx.B * fx.T)), loss);
-  po::model::WeightGradWork work = split.make_weight_grad_work();
-  for (int l = static_cast<int>(fx.config.n_layer) - 1; l >= 0; --l) {
-    split.block_backward_input(l, split.backward_buffer(), work);
-    split.block_backward_weight(work);
-  }
-  const auto& emb = split.layout().token_embedding();
-  po::backend::cpu::embedding_backward(split.grads() + emb.offset, nullptr,
-                                       split.backward_buffer(), fx.inputs.data(), fx.B, fx.T,
-                                       fx.config.n_embd);
+  std::vector<po::model::WeightGradWork> works;
+  for (int64_t l = 0; l < fx.config.n_layer; ++l) works.push_back(split.make_weight_grad_work());
+  split.stage_backward(fx.inputs.data(), nullptr, {}, &works);
+  split.stage_backward_weight(works);
   for (const auto& p : whole.param_infos())
     expect_bits(split.grads() + p.offset, whole.grads() + p.offset, p, fx.name + " split");
 }
