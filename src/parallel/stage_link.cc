@@ -52,6 +52,28 @@ void StageLink::recv(float* out, const tensor::Shape& expect, int peer, int tag)
               2 * tag + 1);
 }
 
+void StageLink::post_recv(Incoming& in, float* out, const tensor::Shape& expect, int peer,
+                          int tag) {
+  in.expect = expect;
+  in.peer = peer;
+  in.tag = tag;
+  in.head = group_.irecv(in.header.data(), 2 * in.header.size(), tensor::DType::kI32, peer, 2 * tag);
+  in.body = group_.irecv(out, static_cast<size_t>(tensor::shape_numel(expect)), tensor::DType::kF32,
+                         peer, 2 * tag + 1);
+}
+
+void StageLink::finish_recv(Incoming& in) {
+  in.head.wait();
+  const Header& h = in.header;
+  const tensor::Shape sent = header_shape(h);
+  if (h[0] != kMagic || h[1] != in.peer || h[2] != in.tag || sent != in.expect)
+    PO_THROW(core::CommError, "pipeline message (tag ", in.tag, "): rank ", group_.rank(),
+             " expected ", tensor::shape_str(in.expect), " from rank ", in.peer, ", which sent ",
+             h[0] == kMagic ? tensor::shape_str(sent) : std::string("no header"),
+             h[0] == kMagic && h[2] != in.tag ? core::str_cat(" under tag ", h[2]) : std::string());
+  in.body.wait();
+}
+
 void StageLink::wait_sends() {
   for (Pending& p : sends_) {
     p.head.wait();

@@ -33,6 +33,17 @@ class StageLink {
   // `expect`, and puts its payload into out (shape_numel(expect) floats).
   // Throws core::CommError on a mismatch (the payload is drained first).
   void recv(float* out, const tensor::Shape& expect, int peer, int tag);
+  // A receive posted ahead of its use: post_recv starts the header's and the
+  // payload's receives, finish_recv waits for them and checks the header
+  // first (as recv does; a mismatch throws before the payload is read).
+  struct Incoming {
+    std::array<int64_t, 4 + kMaxDims> header{};
+    comm::Work head, body;
+    tensor::Shape expect;
+    int peer = -1, tag = -1;
+  };
+  void post_recv(Incoming& in, float* out, const tensor::Shape& expect, int peer, int tag);
+  void finish_recv(Incoming& in);
   // Every send issued so far has left its buffer.
   void wait_sends();
 

@@ -37,8 +37,9 @@ namespace {
 // gradients are summed ([4C] per block, [2C] the final norm); per chunk of
 // logits the loss's row maxima [n] f32 and its n (sum of exponentials,
 // target logit) pairs of doubles, which parallel/tensor_parallel.h
-// all-gathers as raw bits. Per step: the gradient norm's sum of squares, one
-// double per rank (DataParallel::tensor_total).
+// all-gathers as raw bits. Per step: the gradient norm's sums of squares,
+// one double per unit and rank at stages 0-1 (grad_norm.h), one per rank at
+// stages 2-3 (DataParallel::tensor_total).
 void add_tensor_comm(Plan& p, const model::TransformerConfig& cfg) {
   const Layout& l = p.layout;
   if (l.tp == 1) return;
@@ -67,8 +68,10 @@ void add_tensor_comm(Plan& p, const model::TransformerConfig& cfg) {
            l.tp, inter, false);
   add_comm(p, "tp", "all_gather", "vocabulary-parallel loss: sums of exponentials, target logits",
            chunks, 16.0 * loss_rows * l.tp, l.tp, inter, false);
-  add_comm(p, "tp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * l.tp, l.tp, inter,
-           false);
+  // Stages 0-1: one double per unit and rank (grad_norm.h's per-unit sums); 2-3: one per rank.
+  const double norm_values = l.zero_stage < 2 ? static_cast<double>(L + 2) : 1.0;
+  add_comm(p, "tp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * norm_values * l.tp,
+           l.tp, inter, false);
 }
 
 }  // namespace

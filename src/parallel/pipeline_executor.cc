@@ -1,0 +1,605 @@
+// The pipeline executor (pipeline_executor.h): the chunks' buffers and
+// slots, one step's actions in the rank's order, the tied pair, the update.
+#include "parallel/pipeline_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "parallel/grad_norm.h"
+
+namespace po::parallel {
+using pipeline::Action;
+using pipeline::Op;
+using pipeline::Payload;
+using tensor::DType;
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
+constexpr size_t kRecvWindow = 4;   // receives posted ahead of their use
+
+tensor::Storage zeroed(int64_t floats) {
+  tensor::Storage s(static_cast<size_t>(floats) * sizeof(float));
+  std::memset(s.data(), 0, s.size());
+  return s;
+}
+
+}  // namespace
+
+struct PipelineExecutor::Chunk {
+  int stage = 0;
+  int first = 0, last = 0;  // units
+  int64_t base = 0, numel = 0;  // flat offset of `first`, elements held
+  tensor::Storage params, grads;
+  tensor::Storage lookup;  // the tied table's E (holds unit 0, tied)
+  // The tied head without unit 0 on this rank: a replica of unit 0 (only its
+  // token table is read, updated and summed).
+  tensor::Storage rep_params, rep_grads;
+  float* unit0_params = nullptr;  // where this chunk's head reads unit 0
+  float* unit0_grads = nullptr;
+  std::unique_ptr<optim::AdamW> adam, rep_adam;
+  std::vector<std::unique_ptr<model::Transformer>> slots;
+  std::vector<int> slot_micro;  // -1: free
+  std::map<int, std::vector<model::WeightGradWork>> w_queue;
+  std::vector<std::vector<model::WeightGradWork>> free_works;
+  size_t work_bytes = 0;  // every WeightGradWork made (the W queue at its peak)
+  bool holds(int u) const { return u >= first && u <= last; }
+  bool replica() const { return rep_params.size() > 0; }
+};
+
+PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
+                                   const optim::AdamWConfig& adam, PipelineSetup setup)
+    : config_(config.resolved()), layout_(config_, setup.split), setup_(std::move(setup)) {
+  const pipeline::Schedule& s = setup_.schedule;
+  PO_CHECK(static_cast<int>(setup_.stage_units.size()) == s.stages(), "pipeline: ",
+           setup_.stage_units.size(), " unit ranges for ", s.stages(), " stages");
+  rank_ = setup_.pipe ? setup_.pipe->rank() : 0;
+  PO_CHECK((setup_.pipe ? setup_.pipe->size() : 1) == s.ranks, "pipeline: the group has ",
+           setup_.pipe ? setup_.pipe->size() : 1, " ranks, the schedule ", s.ranks);
+  if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
+  const int head = layout_.head_unit();
+  const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
+  rows_ = setup_.micro * setup_.T / sp;
+  for (int stage : s.stages_of(rank_)) {
+    auto c = std::make_unique<Chunk>();
+    const model::UnitRange r = setup_.stage_units[static_cast<size_t>(stage)];
+    c->stage = stage;
+    c->first = r.first;
+    c->last = r.last < 0 ? head : r.last;
+    c->base = layout_.unit_offset(c->first);
+    c->numel = layout_.unit_offset(c->last + 1) - c->base;
+    c->params = zeroed(c->numel);
+    c->grads = zeroed(c->numel);
+    std::vector<optim::ParamRange> ranges;
+    for (const auto& t : layout_.tensors())
+      if (c->holds(t.unit)) ranges.push_back({t.offset - c->base, t.numel(), t.decay});
+    c->adam = std::make_unique<optim::AdamW>(adam, std::move(ranges), c->numel);
+    c->adam->allocate_state();
+    if (layout_.tied() && c->holds(0)) c->lookup = zeroed(layout_.token_embedding().numel());
+    chunks_.push_back(std::move(c));
+  }
+  emb_rank_ = s.rank_of(0);
+  head_rank_ = s.rank_of(s.stages() - 1);
+  for (auto& c : chunks_) {
+    if (!layout_.tied() || !c->holds(head) || c->holds(0)) continue;
+    if (emb_rank_ == rank_) {  // zbv: the embedding's chunk is here
+      Chunk& e = chunk_of_stage(0);
+      c->unit0_params = e.params.f32();
+      c->unit0_grads = e.grads.f32();
+      continue;
+    }
+    const int64_t n0 = layout_.unit_numel(0);
+    c->rep_params = zeroed(n0);
+    c->rep_grads = zeroed(n0);
+    c->unit0_params = c->rep_params.f32();
+    c->unit0_grads = c->rep_grads.f32();
+    const model::TensorSpec& wte = layout_.token_embedding();
+    c->rep_adam = std::make_unique<optim::AdamW>(
+        adam, std::vector<optim::ParamRange>{{wte.offset, wte.numel(), wte.decay}}, n0);
+    c->rep_adam->allocate_state();
+  }
+  inputs_.resize(static_cast<size_t>(setup_.micro * setup_.T));
+  targets_.resize(inputs_.size());
+}
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+PipelineExecutor::Chunk& PipelineExecutor::chunk_of_stage(int stage) {
+  for (auto& c : chunks_)
+    if (c->stage == stage) return *c;
+  PO_THROW(core::Internal, "pipeline: stage ", stage, " is not on rank ", rank_);
+}
+
+bool PipelineExecutor::holds(int u) const {
+  for (const auto& c : chunks_)
+    if (c->holds(u)) return true;
+  return false;
+}
+
+bool PipelineExecutor::has_loss() const { return head_rank_ == rank_; }
+
+const float* PipelineExecutor::tied_replica() const {
+  for (const auto& c : chunks_)
+    if (c->replica()) return c->rep_params.f32() + layout_.token_embedding().offset;
+  return nullptr;
+}
+
+float* PipelineExecutor::unit_params(int u) {
+  for (auto& c : chunks_)
+    if (c->holds(u)) return c->params.f32() + (layout_.unit_offset(u) - c->base);
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
+float* PipelineExecutor::unit_adam_m(int u) {
+  for (auto& c : chunks_)
+    if (c->holds(u)) return c->adam->m() + (layout_.unit_offset(u) - c->base);
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
+float* PipelineExecutor::unit_adam_v(int u) {
+  for (auto& c : chunks_)
+    if (c->holds(u)) return c->adam->v() + (layout_.unit_offset(u) - c->base);
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
+int64_t PipelineExecutor::adam_steps() const { return chunks_.front()->adam->steps_taken(); }
+
+void PipelineExecutor::set_adam_steps(int64_t t) {
+  for (auto& c : chunks_) {
+    c->adam->set_steps_taken(t);
+    if (c->rep_adam) c->rep_adam->set_steps_taken(t);
+  }
+}
+
+void PipelineExecutor::init_random(uint64_t seed) {
+  // The initialiser of a one-block model of the same shapes gives each
+  // unit's values (they depend on (seed, tensor, index) only).
+  model::Transformer init(config_, 1, 1, model::UnitRange{0, 0}, setup_.split);
+  for (auto& c : chunks_) {
+    for (int u = c->first; u <= c->last; ++u)
+      init.init_random_unit(seed, u, c->params.f32() + (layout_.unit_offset(u) - c->base));
+    if (c->replica()) init.init_random_unit(seed, 0, c->rep_params.f32());
+  }
+}
+
+void PipelineExecutor::sync_replica() {
+  if (!layout_.tied() || emb_rank_ == head_rank_) return;
+  const int64_t n0 = layout_.unit_numel(0);
+  if (rank_ == emb_rank_)
+    setup_.pipe->send(unit_params(0), static_cast<size_t>(n0), DType::kF32, head_rank_, kPairTag);
+  if (rank_ == head_rank_)
+    for (auto& c : chunks_)
+      if (c->replica())
+        setup_.pipe->recv(c->rep_params.f32(), static_cast<size_t>(n0), DType::kF32, emb_rank_,
+                          kPairTag);
+}
+
+model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
+  size_t i = 0;
+  while (i < c.slots.size() && c.slot_micro[i] != -1) ++i;
+  if (i == c.slots.size()) {
+    auto m = std::make_unique<model::Transformer>(config_, setup_.micro, setup_.T,
+                                                  model::UnitRange{c.first, c.last}, setup_.split);
+    if (setup_.tp_ops) m->set_parallel_ops(*setup_.tp_ops);
+    m->set_tp_overlap(setup_.tp_overlap);
+    Chunk* cp = &c;
+    const model::Layout* l = &layout_;
+    auto at = [cp, l](float* base, float* unit0, int u) {
+      if (cp->holds(u)) return base + (l->unit_offset(u) - cp->base);
+      PO_ASSERT(u == 0 && unit0 != nullptr, "pipeline chunk ", cp->stage, ": unit ", u, " not held");
+      return unit0;
+    };
+    model::UnitHooks h;
+    h.params = [cp, at](int u) { return at(cp->params.f32(), cp->unit0_params, u); };
+    h.grads = [cp, at](int u) { return at(cp->grads.f32(), cp->unit0_grads, u); };
+    h.done = [](int) {};
+    h.grads_ready = [](int) {};
+    m->set_unit_hooks(std::move(h));
+    m->set_accumulating(true);
+    if (c.lookup.size() > 0) m->set_tied_lookup_grads(c.lookup.f32());
+    c.slots.push_back(std::move(m));
+    c.slot_micro.push_back(-1);
+  }
+  c.slot_micro[i] = micro;
+  stats_->peak_in_flight = std::max(stats_->peak_in_flight, ++in_flight_);
+  return *c.slots[i];
+}
+
+void PipelineExecutor::release_slot(Chunk& c, int micro) {
+  for (size_t i = 0; i < c.slots.size(); ++i)
+    if (c.slot_micro[i] == micro) {
+      c.slot_micro[i] = -1;
+      --in_flight_;
+      return;
+    }
+  PO_THROW(core::Internal, "pipeline: no slot holds micro-batch ", micro, " of stage ", c.stage);
+}
+
+float* PipelineExecutor::take_buffer() {
+  if (free_buffers_.empty()) {
+    buffers_.push_back(std::make_unique<float[]>(static_cast<size_t>(rows_ * config_.n_embd)));
+    free_buffers_.push_back(buffers_.back().get());
+  }
+  float* b = free_buffers_.back();
+  free_buffers_.pop_back();
+  return b;
+}
+
+void PipelineExecutor::give_buffer(float* b) { free_buffers_.push_back(b); }
+
+tensor::Shape PipelineExecutor::message_shape() const { return {rows_, config_.n_embd}; }
+
+void PipelineExecutor::post_receives(size_t from) {
+  const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
+  next_recv_ = std::max(next_recv_, from);
+  while (posted_.size() < kRecvWindow && next_recv_ < list.size()) {
+    const Action& a = list[next_recv_++];
+    if (a.op != Op::kRecv) continue;
+    Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
+    p.buffer = take_buffer();
+    link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
+  }
+}
+
+// The tensor the compute `consumer` reads: made on this rank (a local
+// hand-off) or received (posted ahead; waited here).
+const float* PipelineExecutor::incoming(const Action& consumer, Payload payload) {
+  const Key key{consumer.micro, consumer.stage, static_cast<int>(payload)};
+  if (auto it = ready_.find(key); it != ready_.end()) {
+    float* b = it->second;
+    ready_.erase(it);
+    return b;
+  }
+  const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
+  while (posted_.find(key) == posted_.end()) {
+    PO_ASSERT(next_recv_ < list.size(), "pipeline rank ", rank_, ": no receive for ",
+              pipeline::describe(consumer));
+    const Action& a = list[next_recv_++];
+    if (a.op != Op::kRecv) continue;
+    Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
+    p.buffer = take_buffer();
+    link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
+  }
+  auto it = posted_.find(key);
+  const int64_t t0 = now_ns();
+  link_->finish_recv(it->second.in);
+  const int64_t t1 = now_ns();
+  Action r = consumer;
+  r.op = Op::kRecv;
+  r.payload = payload;
+  r.peer = it->second.in.peer;
+  spans_.push_back({r, true, t0 - step_start_ns_, t1 - step_start_ns_});
+  stats_->wait_s += static_cast<double>(t1 - t0) / 1e9;
+  float* b = it->second.buffer;
+  posted_.erase(it);
+  return b;
+}
+
+void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float grad_scale,
+                                   PipelineStepStats& stats) {
+  Chunk& c = chunk_of_stage(a.stage);
+  const int S = setup_.schedule.stages();
+  const bool first = a.stage == 0, last = a.stage == S - 1;
+  const size_t msg = static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  switch (a.op) {
+    case Op::kForward: {
+      if (first || last) batch(a.micro, inputs_.data(), targets_.data());
+      const float* x = first ? nullptr : incoming(a, Payload::kActivation);
+      const int64_t t0 = now_ns();
+      model::Transformer& m = acquire_slot(c, a.micro);
+      const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
+                                         last ? targets_.data() : nullptr, grad_scale);
+      if (x != nullptr) give_buffer(const_cast<float*>(x));
+      if (last) {
+        stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
+      } else {
+        float* out = take_buffer();
+        std::memcpy(out, m.stage_output(), msg);
+        ready_[{a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)}] = out;
+      }
+      spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+      break;
+    }
+    case Op::kBackward:
+    case Op::kBackwardInput: {
+      const float* d = last ? nullptr : incoming(a, Payload::kGradient);
+      if (first) batch(a.micro, inputs_.data(), targets_.data());
+      const int64_t t0 = now_ns();
+      model::Transformer* m = nullptr;
+      for (size_t i = 0; i < c.slots.size(); ++i)
+        if (c.slot_micro[i] == a.micro) m = c.slots[i].get();
+      PO_ASSERT(m != nullptr, "pipeline: ", pipeline::describe(a), " before its forward");
+      const float* dres = nullptr;
+      if (a.op == Op::kBackwardInput) {
+        std::vector<model::WeightGradWork> works;
+        if (!c.free_works.empty()) {
+          works = std::move(c.free_works.back());
+          c.free_works.pop_back();
+        } else {
+          const int blocks = std::min(c.last, static_cast<int>(config_.n_layer)) -
+                             (std::max(c.first, 1) - 1);
+          for (int i = 0; i < blocks; ++i) {
+            works.push_back(m->make_weight_grad_work());
+            c.work_bytes += works.back().storage.size();
+          }
+        }
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works);
+        c.w_queue[a.micro] = std::move(works);
+        stats.peak_w_queue = std::max(stats.peak_w_queue, ++w_queue_);
+      } else {
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d);
+      }
+      if (d != nullptr) give_buffer(const_cast<float*>(d));
+      if (!first) {
+        float* out = take_buffer();
+        std::memcpy(out, dres, msg);
+        ready_[{a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)}] = out;
+      }
+      release_slot(c, a.micro);
+      spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+      break;
+    }
+    case Op::kBackwardWeight: {
+      const int64_t t0 = now_ns();
+      auto it = c.w_queue.find(a.micro);
+      PO_ASSERT(it != c.w_queue.end(), "pipeline: ", pipeline::describe(a), " before its B");
+      c.slots.front()->stage_backward_weight(it->second);
+      c.free_works.push_back(std::move(it->second));
+      c.w_queue.erase(it);
+      --w_queue_;
+      spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+      break;
+    }
+    default:
+      PO_THROW(core::Internal, "pipeline: ", pipeline::describe(a), " is not a compute");
+  }
+}
+
+PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float grad_scale) {
+  PipelineStepStats stats;
+  stats_ = &stats;
+  spans_.clear();
+  step_start_ns_ = now_ns();
+  const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
+  next_recv_ = 0;
+  if (link_) post_receives(0);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Action& a = list[i];
+    if (a.op == Op::kRecv) continue;  // posted ahead, waited by its compute
+    if (a.op == Op::kSend) {
+      const auto it = ready_.find({a.micro, a.stage, static_cast<int>(a.payload)});
+      PO_ASSERT(it != ready_.end(), "pipeline: ", pipeline::describe(a), " before its tensor");
+      const int64_t t0 = now_ns();
+      link_->send(it->second, message_shape(), a.peer, pipeline::message_tag(a));
+      stats.sent_bytes += rows_ * config_.n_embd * static_cast<int64_t>(sizeof(float));
+      sending_.push_back(it->second);
+      ready_.erase(it);
+      spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+      continue;
+    }
+    const int64_t t0 = now_ns();
+    run_compute(a, batch, grad_scale, stats);
+    stats.busy_s += static_cast<double>(now_ns() - t0) / 1e9;
+    if (link_) post_receives(i + 1);
+  }
+  if (link_) link_->wait_sends();
+  for (float* b : sending_) give_buffer(b);
+  sending_.clear();
+  PO_ASSERT(ready_.empty() && posted_.empty() && in_flight_ == 0 && w_queue_ == 0,
+            "pipeline rank ", rank_, ": the step left tensors behind");
+  stats.seconds = static_cast<double>(now_ns() - step_start_ns_) / 1e9;
+  stats.busy_s -= stats.wait_s;  // a compute's time includes its receive's wait
+  stats_ = nullptr;
+  return stats;
+}
+
+// The tied table: H (the head's, in the replica or the embedding chunk's
+// own gradient) plus E (the lookups'), the same sum on both copies.
+void PipelineExecutor::sum_tied_pair() {
+  if (!layout_.tied()) return;
+  const model::TensorSpec& wte = layout_.token_embedding();
+  const int64_t n = wte.numel();
+  if (emb_rank_ == head_rank_) {
+    if (rank_ != emb_rank_) return;
+    Chunk& e = chunk_of_stage(0);
+    float* h = e.grads.f32() + wte.offset;
+    const float* x = e.lookup.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) h[i] = h[i] + x[i];
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+    return;
+  }
+  std::vector<float> other(static_cast<size_t>(n));
+  if (rank_ == emb_rank_) {
+    Chunk& e = chunk_of_stage(0);
+    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
+                                      head_rank_, kPairTag + 1);
+    setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, head_rank_, kPairTag + 2);
+    s.wait();
+    float* g = e.grads.f32() + wte.offset;  // 0 here: the head is elsewhere
+    const float* x = e.lookup.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] = other[static_cast<size_t>(i)] + x[i];
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+  }
+  if (rank_ == head_rank_) {
+    for (auto& c : chunks_) {
+      if (!c->replica()) continue;
+      float* h = c->rep_grads.f32() + wte.offset;
+      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), DType::kF32, emb_rank_,
+                                        kPairTag + 2);
+      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
+      s.wait();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) h[i] = h[i] + other[static_cast<size_t>(i)];
+    }
+  }
+}
+
+double PipelineExecutor::step(double lr) {
+  // Data parallel: each part summed over the replicas of this stage first,
+  // then the pair (so both copies add the same reduced H and E).
+  if (setup_.data != nullptr) {
+    for (auto& c : chunks_) {
+      setup_.data->allreduce(c->grads.data(), static_cast<size_t>(c->numel), DType::kF32,
+                             comm::ReduceOp::kSum);
+      if (c->lookup.size() > 0)
+        setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
+                               comm::ReduceOp::kSum);
+      if (c->replica())
+        setup_.data->allreduce(c->rep_grads.data(), c->rep_grads.size() / sizeof(float),
+                               DType::kF32, comm::ReduceOp::kSum);
+    }
+  }
+  sum_tied_pair();
+  // The norm: per unit, over the tensor group, then over the stages.
+  std::vector<std::pair<int64_t, int64_t>> uncounted;
+  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
+    uncounted = layout_.replicated_ranges();
+    std::sort(uncounted.begin(), uncounted.end());
+  }
+  std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
+  for (auto& c : chunks_)
+    for (int u = c->first; u <= c->last; ++u) {
+      SumOfSquares acc;
+      add_counted_flat(acc, layout_.unit_offset(u),
+                       c->grads.f32() + (layout_.unit_offset(u) - c->base), layout_.unit_numel(u),
+                       uncounted);
+      sq[static_cast<size_t>(u)] = acc.total();
+    }
+  sum_units_over(sq, setup_.tensor);
+  sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0
+  const double norm = std::sqrt(sum_in_unit_order(sq));
+  const double clip = chunks_.front()->adam->clip_scale(norm);
+  for (auto& c : chunks_) {
+    c->adam->apply(c->params.f32(), c->grads.f32(), lr, clip);
+    std::memset(c->grads.data(), 0, c->grads.size());
+    if (c->replica()) {
+      c->rep_adam->apply(c->rep_params.f32(), c->rep_grads.f32(), lr, clip);
+      std::memset(c->rep_grads.data(), 0, c->rep_grads.size());
+    }
+  }
+  return norm;
+}
+
+double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets) {
+  const pipeline::Schedule& s = setup_.schedule;
+  const int S = s.stages();
+  const size_t msg = static_cast<size_t>(rows_ * config_.n_embd);
+  std::vector<float> x(msg);
+  bool have = false;  // x holds the previous stage's output
+  double loss = 0;
+  PipelineStepStats scratch;
+  stats_ = &scratch;
+  for (int st = 0; st < S; ++st) {
+    if (s.rank_of(st) != rank_) {
+      have = false;
+      continue;
+    }
+    Chunk& c = chunk_of_stage(st);
+    if (st > 0 && !have) {
+      Action r{Op::kRecv, 0, st, s.rank_of(st - 1), Payload::kActivation};
+      link_->recv(x.data(), message_shape(), r.peer, pipeline::message_tag(r));
+    }
+    model::Transformer& m = acquire_slot(c, -2);
+    const double sum = m.stage_forward(st == 0 ? inputs : nullptr, st == 0 ? nullptr : x.data(),
+                                       st == S - 1 ? targets : nullptr, 0.0f);
+    if (st == S - 1) loss = static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
+    else std::memcpy(x.data(), m.stage_output(), msg * sizeof(float));
+    release_slot(c, -2);
+    have = true;
+    if (st + 1 < S && s.rank_of(st + 1) != rank_) {
+      Action snd{Op::kSend, 0, st + 1, s.rank_of(st + 1), Payload::kActivation};
+      link_->send(x.data(), message_shape(), snd.peer, pipeline::message_tag(snd));
+      link_->wait_sends();
+    }
+  }
+  stats_ = nullptr;
+  if (setup_.pipe != nullptr) {
+    std::vector<double> all(static_cast<size_t>(s.ranks));
+    setup_.pipe->all_gather(&loss, all.data(), 2, DType::kI32);  // doubles, bit-exact
+    loss = all[static_cast<size_t>(head_rank_)];
+  }
+  return loss;
+}
+
+std::string PipelineExecutor::gather_trace() {
+  const pipeline::Schedule& s = setup_.schedule;
+  // Per span: op, micro, stage, peer, payload, wait, start, end (as doubles), from the step's start
+  // on the shared steady clock.
+  std::vector<double> mine;
+  mine.push_back(static_cast<double>(step_start_ns_));
+  for (const PipelineSpan& sp : spans_) {
+    const Action& a = sp.action;
+    mine.insert(mine.end(), {static_cast<double>(a.op), static_cast<double>(a.micro),
+                             static_cast<double>(a.stage), static_cast<double>(a.peer),
+                             static_cast<double>(a.payload), sp.wait ? 1.0 : 0.0,
+                             static_cast<double>(sp.start_ns), static_cast<double>(sp.end_ns)});
+  }
+  std::vector<std::vector<double>> all{mine};
+  if (setup_.pipe != nullptr) {
+    const int n = s.ranks;
+    int64_t len = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> lens(static_cast<size_t>(n));
+    setup_.pipe->all_gather(&len, lens.data(), 2, DType::kI32);
+    const int64_t most = *std::max_element(lens.begin(), lens.end());
+    mine.resize(static_cast<size_t>(most), 0.0);
+    std::vector<double> flat(static_cast<size_t>(most * n));
+    setup_.pipe->all_gather(mine.data(), flat.data(), static_cast<size_t>(2 * most), DType::kI32);
+    all.assign(static_cast<size_t>(n), {});
+    for (int r = 0; r < n; ++r)
+      all[static_cast<size_t>(r)].assign(flat.begin() + r * most,
+                                         flat.begin() + r * most + lens[static_cast<size_t>(r)]);
+  }
+  if (rank_ != 0) return "";
+  double t0 = all[0][0];
+  for (const auto& v : all) t0 = std::min(t0, v[0]);
+  pipeline::Timing t;
+  t.spans.resize(all.size());
+  t.busy.assign(all.size(), 0.0);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::vector<double>& v = all[r];
+    const double shift = (v[0] - t0) / 1e3;  // µs
+    for (size_t i = 1; i + 8 <= v.size(); i += 8) {
+      Action a{static_cast<Op>(static_cast<int>(v[i])), static_cast<int>(v[i + 1]),
+               static_cast<int>(v[i + 2]), static_cast<int>(v[i + 3]),
+               static_cast<Payload>(static_cast<int>(v[i + 4]))};
+      const double start = shift + v[i + 6] / 1e3, end = shift + v[i + 7] / 1e3;
+      t.spans[r].push_back({a, start, end});
+      t.step = std::max(t.step, end);
+      if (a.op != Op::kSend && a.op != Op::kRecv) t.busy[r] += end - start;
+    }
+  }
+  return pipeline::chrome_trace(s, t, 1.0);
+}
+
+std::vector<size_t> PipelineExecutor::slot_bytes() const {
+  std::vector<size_t> out;
+  for (const auto& c : chunks_)
+    out.push_back(c->slots.empty() ? 0 : c->slots.front()->activation_bytes());
+  return out;
+}
+
+PipelineExecutor::Memory PipelineExecutor::memory() const {
+  Memory m;
+  for (const auto& c : chunks_) {
+    m.params += c->params.size() + c->rep_params.size();
+    m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size();
+    m.adam += c->adam->state_bytes() + (c->rep_adam ? c->rep_adam->state_bytes() : 0);
+    for (const auto& s : c->slots) m.activations += s->activation_bytes();
+    m.w_queue += c->work_bytes;
+  }
+  m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  return m;
+}
+
+}  // namespace po::parallel

@@ -1,0 +1,187 @@
+// The pipeline executor: one rank's part of a pipelined training step, run
+// from its list of actions (parallel/pipeline_schedule.h), the same list the
+// planner times and the trace draws.
+//
+// What a rank holds, per chunk (a stage of the schedule on this rank): the
+// chunk's units' fp32 parameters and gradients in one flat buffer, its AdamW
+// state, and a pool of activation slots. A slot is a Transformer for the
+// chunk's units whose every parameter and gradient access goes to the chunk's
+// buffers (UnitHooks): it holds one micro-batch's activations from its
+// forward until its input backward. The pool grows to the most micro-batches
+// in flight at once, which the schedule bounds (Schedule::in_flight_cap: p on
+// 1F1B's first stage); the engine counts its slots, so that bound is
+// measured, not assumed. Split-backward schedules (zb-h1, zbv) keep each
+// deferred weight backward's GEMM inputs and output gradients (the W queue).
+//
+// Exactness. Every stage runs its forwards, backwards and weight backwards in
+// micro-batch order, so every parameter's gradient accumulates as it does in
+// one stage; the gradient norm is grad_norm.h's per-unit order; the tied
+// token table's gradient is the head's part H plus the lookup's part E
+// (Transformer::set_accumulating): the head's chunk adds into a replica of
+// unit 0 (or, under zbv, into the embedding chunk on the same rank), and once
+// the micro-batches are done the pair exchanges H and E and both compute
+// H + E: the same bits as pp = 1, and the two copies of the table take the
+// same update, so they never drift apart.
+//
+// Point-to-point: each receive is posted ahead (a window of the next ones in
+// the list) and waited where its compute needs it; sends go out as their
+// tensors are made. Every message carries a shape header (StageLink): a
+// mismatch is an error naming both ranks and shapes.
+//
+// What it does not do (refused by the trainer): ZeRO 1-3 and paged or bf16
+// state at pp > 1.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/stage_link.h"
+#include "tensor/tensor.h"
+
+namespace po::parallel {
+
+struct PipelineSetup {
+  pipeline::Schedule schedule;
+  std::vector<model::UnitRange> stage_units;  // per global stage, contiguous, covering the model
+  int64_t micro = 1, T = 1;                   // micro-batch shape
+  comm::Communicator* pipe = nullptr;         // the pipeline group (stage ranks), null at pp = 1
+  comm::Communicator* data = nullptr;         // this rank's data-parallel group (null: dp = 1)
+  comm::Communicator* tensor = nullptr;       // its tensor group (null: tp = 1)
+  model::ParallelOps* tp_ops = nullptr;       // the tensor group's collectives (null: tp = 1)
+  model::TensorSplit split;
+  bool tp_overlap = false;
+};
+
+// One compute, receive wait or send of a step as run (steady-clock ns from
+// the step's start).
+struct PipelineSpan {
+  pipeline::Action action;
+  bool wait = false;  // a receive's wait (action is the kRecv)
+  int64_t start_ns = 0, end_ns = 0;
+};
+
+struct PipelineStepStats {
+  double loss_sum = 0;  // Σ over micro-batches of their mean loss (last stage; 0 elsewhere)
+  double seconds = 0;   // this rank's forward-backward
+  double busy_s = 0;    // of which compute
+  double wait_s = 0;    // of which waiting for messages
+  int peak_in_flight = 0;  // micro-batches held at once on this rank (all chunks)
+  int peak_w_queue = 0;    // deferred weight backwards waiting at once
+  int64_t sent_bytes = 0;  // p2p payload sent
+};
+
+class PipelineExecutor {
+ public:
+  PipelineExecutor(const model::TransformerConfig& config, const optim::AdamWConfig& adam,
+                   PipelineSetup setup);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  int rank() const { return rank_; }  // in the pipeline group
+  int ranks() const { return setup_.schedule.ranks; }
+  const pipeline::Schedule& schedule() const { return setup_.schedule; }
+  const model::Layout& layout() const { return layout_; }
+  // Whether this rank holds unit u (its owner's copy; a tied replica does not count).
+  bool holds(int u) const;
+  // Unit u's parameters / Adam m / Adam v on this rank (holds(u)), unit_numel(u) floats.
+  float* unit_params(int u);
+  float* unit_adam_m(int u);
+  float* unit_adam_v(int u);
+  // The head's replica of the tied token table on this rank (null: none here).
+  const float* tied_replica() const;
+  // Whether this rank has the last stage (the loss).
+  bool has_loss() const;
+
+  // Every held unit from the counter-based initialiser (the bits of
+  // Transformer::init_random for the whole model), replicas included.
+  void init_random(uint64_t seed);
+  // After parameters were written into unit_params(): the tied replica takes
+  // the embedding's table (a copy over the pipeline group).
+  void sync_replica();
+
+  // The step's forward and backward over m micro-batches: `batch(micro,
+  // inputs, targets)` fills micro-batch `micro` ([micro × T] each; called on
+  // the first and the last stage). Gradients of grad_scale × Σ token losses
+  // accumulate.
+  using BatchFn = std::function<void(int micro, int32_t* inputs, int32_t* targets)>;
+  PipelineStepStats forward_backward(const BatchFn& batch, float grad_scale);
+  // The update: the tied pair's H + E, the data-parallel all-reduce, the
+  // global norm (every stage's units, grad_norm.h's order), clipping, AdamW.
+  // Returns the pre-clip norm (the same on every rank).
+  double step(double lr);
+  int64_t adam_steps() const;
+  void set_adam_steps(int64_t t);
+
+  // Mean loss of one micro-batch without gradients, through the stages in
+  // turn (the value is the last stage's; others return 0).
+  double evaluate(const int32_t* inputs, const int32_t* targets);
+
+  // The last forward_backward's spans on this rank.
+  const std::vector<PipelineSpan>& spans() const { return spans_; }
+  // Chrome trace-event JSON of the last step, every rank (a collective over
+  // the pipeline group: call on every rank; rank 0 gets the JSON, others "").
+  std::string gather_trace();
+
+  // Bytes this rank holds: parameters + gradients (+ replica, E), Adam, and
+  // activation slots and W-queue works at their peak.
+  struct Memory {
+    size_t params = 0, grads = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0;
+    size_t total() const { return params + grads + adam + activations + w_queue + buffers; }
+  };
+  Memory memory() const;
+  // Activation bytes of one slot of each chunk (a Transformer for its units).
+  std::vector<size_t> slot_bytes() const;
+
+ private:
+  struct Chunk;
+  using Key = std::tuple<int, int, int>;  // (micro, stage, payload)
+  Chunk& chunk_of_stage(int stage);
+  model::Transformer& acquire_slot(Chunk& c, int micro);
+  void release_slot(Chunk& c, int micro);
+  float* take_buffer();
+  void give_buffer(float* b);
+  void post_receives(size_t from);
+  const float* incoming(const pipeline::Action& consumer, pipeline::Payload payload);
+  void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
+                   PipelineStepStats& stats);
+  void sum_tied_pair();
+  tensor::Shape message_shape() const;
+
+  model::TransformerConfig config_;
+  model::Layout layout_;
+  PipelineSetup setup_;
+  int rank_ = 0;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::unique_ptr<StageLink> link_;
+  int64_t rows_ = 0;  // rows of a message: micro × T / sequence shards
+  // Message buffers [rows_, C]: free, and what each holds.
+  std::vector<std::unique_ptr<float[]>> buffers_;
+  std::vector<float*> free_buffers_;
+  std::map<Key, float*> ready_;  // made here, waiting for their local consumer or send
+  struct Posted {
+    StageLink::Incoming in;
+    float* buffer = nullptr;
+  };
+  std::map<Key, Posted> posted_;
+  std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
+  size_t next_recv_ = 0;         // the next kRecv of the list to post
+  std::vector<int32_t> inputs_, targets_;
+  std::vector<PipelineSpan> spans_;
+  int64_t step_start_ns_ = 0;
+  int in_flight_ = 0, w_queue_ = 0;
+  PipelineStepStats* stats_ = nullptr;
+  // The tied table: the rank and chunk of unit 0, of the head.
+  int emb_rank_ = 0, head_rank_ = 0;
+};
+
+}  // namespace po::parallel
