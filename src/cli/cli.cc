@@ -93,13 +93,13 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
               int nproc, int argc, char** argv) {
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
-  const int64_t tp = cfg.get_int("parallel.tp");
+  const int64_t tp = cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp");  // ranks per replica
   if (nproc > 1) {
     // The processes are the mesh: parallel.dp = nproc / parallel.tp unless given.
-    PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of parallel.tp = ", tp);
+    PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of parallel.tp × parallel.pp = ", tp);
     PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == nproc, "--nproc ",
-             nproc, " disagrees with parallel.dp × parallel.tp = ", cfg.get_int("parallel.dp"),
-             " × ", tp);
+             nproc, " disagrees with parallel.dp × parallel.tp × parallel.pp = ",
+             cfg.get_int("parallel.dp"), " × ", tp);
     PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone, "--nproc ", nproc,
              ": already running under a launcher (mpirun, srun or torchrun); drop --nproc");
     launch_workers(nproc, nproc / tp, argc, argv);
@@ -303,6 +303,9 @@ int run(int argc, char** argv) {
   tr->add_option("--set", sets, "Override: section.key=value (repeatable)");
   tr->add_flag("--resume", resume, "Resume from run.dir's newest checkpoint");
   tr->add_option("--nproc", nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
+  std::string trace;
+  tr->add_option("--trace", trace,
+                 "parallel.pp > 1: write the last step of every rank as Chrome trace-event JSON");
 
   auto* sb = app.add_subcommand("sbatch", "Print a Slurm batch script for a multi-node run");
   SbatchOptions sbo;
@@ -380,7 +383,10 @@ int run(int argc, char** argv) {
                   static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_documents));
       return 0;
     }
-    if (*tr) return cmd_train(config_path, sets, resume, nproc, argc, argv);
+    if (*tr) {
+      if (!trace.empty()) sets.push_back("train.trace=" + trace);
+      return cmd_train(config_path, sets, resume, nproc, argc, argv);
+    }
     if (*sb) {
       std::error_code ec;
       const std::string self = fs::read_symlink("/proc/self/exe", ec).string();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -107,6 +108,10 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
         adam, std::vector<optim::ParamRange>{{wte.offset, wte.numel(), wte.decay}}, n0);
     c->rep_adam->allocate_state();
   }
+  // A fault test's knob: this rank's messages declare the transposed shape
+  // (the same size: what matching by order alone would swap in silently).
+  if (const char* r = std::getenv("PAGEDOPTIM_TEST_PP_SKEW_RANK"))
+    skew_ = std::atoi(r) == rank_ && setup_.pipe != nullptr;
   inputs_.resize(static_cast<size_t>(setup_.micro * setup_.T));
   targets_.resize(inputs_.size());
 }
@@ -173,14 +178,21 @@ void PipelineExecutor::init_random(uint64_t seed) {
 
 void PipelineExecutor::sync_replica() {
   if (!layout_.tied() || emb_rank_ == head_rank_) return;
-  const int64_t n0 = layout_.unit_numel(0);
-  if (rank_ == emb_rank_)
-    setup_.pipe->send(unit_params(0), static_cast<size_t>(n0), DType::kF32, head_rank_, kPairTag);
+  const model::TensorSpec& wte = layout_.token_embedding();
+  const auto n0 = static_cast<size_t>(layout_.unit_numel(0));
+  const auto nt = static_cast<size_t>(wte.numel());
+  if (rank_ == emb_rank_) {
+    setup_.pipe->send(unit_params(0), n0, DType::kF32, head_rank_, kPairTag);
+    setup_.pipe->send(unit_adam_m(0) + wte.offset, nt, DType::kF32, head_rank_, kPairTag + 3);
+    setup_.pipe->send(unit_adam_v(0) + wte.offset, nt, DType::kF32, head_rank_, kPairTag + 4);
+  }
   if (rank_ == head_rank_)
     for (auto& c : chunks_)
-      if (c->replica())
-        setup_.pipe->recv(c->rep_params.f32(), static_cast<size_t>(n0), DType::kF32, emb_rank_,
-                          kPairTag);
+      if (c->replica()) {
+        setup_.pipe->recv(c->rep_params.f32(), n0, DType::kF32, emb_rank_, kPairTag);
+        setup_.pipe->recv(c->rep_adam->m() + wte.offset, nt, DType::kF32, emb_rank_, kPairTag + 3);
+        setup_.pipe->recv(c->rep_adam->v() + wte.offset, nt, DType::kF32, emb_rank_, kPairTag + 4);
+      }
 }
 
 model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
@@ -379,7 +391,8 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
       const auto it = ready_.find({a.micro, a.stage, static_cast<int>(a.payload)});
       PO_ASSERT(it != ready_.end(), "pipeline: ", pipeline::describe(a), " before its tensor");
       const int64_t t0 = now_ns();
-      link_->send(it->second, message_shape(), a.peer, pipeline::message_tag(a));
+      link_->send(it->second, skew_ ? tensor::Shape{config_.n_embd, rows_} : message_shape(),
+                  a.peer, pipeline::message_tag(a));
       stats.sent_bytes += rows_ * config_.n_embd * static_cast<int64_t>(sizeof(float));
       sending_.push_back(it->second);
       ready_.erase(it);

@@ -105,8 +105,9 @@ class PipelineExecutor {
   // Every held unit from the counter-based initialiser (the bits of
   // Transformer::init_random for the whole model), replicas included.
   void init_random(uint64_t seed);
-  // After parameters were written into unit_params(): the tied replica takes
-  // the embedding's table (a copy over the pipeline group).
+  // After parameters (and Adam state) were written into unit_params() etc.:
+  // the tied replica takes the embedding's table, m and v (a copy over the
+  // pipeline group; a collective of the pair).
   void sync_replica();
 
   // The step's forward and backward over m micro-batches: `batch(micro,
@@ -182,6 +183,7 @@ class PipelineExecutor {
   PipelineStepStats* stats_ = nullptr;
   // The tied table: the rank and chunk of unit 0, of the head.
   int emb_rank_ = 0, head_rank_ = 0;
+  bool skew_ = false;  // PAGEDOPTIM_TEST_PP_SKEW_RANK (fault tests)
 };
 
 }  // namespace po::parallel

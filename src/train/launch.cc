@@ -21,6 +21,7 @@
 #include "core/cpus.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/pipeline_schedule.h"
 #include "train/run_state.h"
 
 namespace po::train {
@@ -55,8 +56,11 @@ void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
 
 // "parallel.dp = 2" or "parallel.dp × parallel.tp = 2 × 2 = 4": the keys behind a world size.
 std::string world_keys(const Plan& p) {
-  if (p.tp == 1) return core::str_cat("parallel.dp = ", p.dp);
-  return core::str_cat("parallel.dp × parallel.tp = ", p.dp, " × ", p.tp, " = ", p.world());
+  if (p.tp == 1 && p.pp == 1) return core::str_cat("parallel.dp = ", p.dp);
+  if (p.pp == 1)
+    return core::str_cat("parallel.dp × parallel.tp = ", p.dp, " × ", p.tp, " = ", p.world());
+  return core::str_cat("parallel.dp × parallel.tp × parallel.pp = ", p.dp, " × ", p.tp, " × ",
+                       p.pp, " = ", p.world());
 }
 
 // Before MPI_Init, which cannot report a wrong launch (it aborts the process):
@@ -109,8 +113,32 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
   PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
            "\": choose \"fp32\" or \"bf16\"");
-  PO_CHECK(cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") == 1,
-           "parallel.{pp,cp} > 1 are not built yet (parallel.dp and parallel.tp are)");
+  PO_CHECK(cfg.get_int("parallel.cp") == 1,
+           "parallel.cp > 1 is not built yet (parallel.dp, parallel.tp and parallel.pp are)");
+  p.pp = cfg.get_int("parallel.pp");
+  const int64_t mb = cfg.get_int("parallel.micro_batches");
+  PO_CHECK(mb == 1 || mb == p.accum, "parallel.micro_batches = ", mb, " but train.batch_size / ",
+           "(parallel.dp × train.micro_batch_size) = ", p.batch, " / (", p.dp, " × ", p.micro,
+           ") = ", p.accum, " micro-batches per data-parallel rank; leave it unset or make them agree");
+  if (p.pp > 1) {
+    const std::string schedule = cfg.get_string("parallel.schedule");
+    parallel::pipeline::check_schedule(parallel::pipeline::parse_schedule(schedule),
+                                       static_cast<int>(p.pp), static_cast<int>(p.accum),
+                                       static_cast<int>(cfg.get_int("parallel.virtual_stages")));
+    PO_CHECK(cfg.get_int("parallel.zero_stage") == 0, "parallel.zero_stage = ",
+             cfg.get_int("parallel.zero_stage"), " with parallel.pp = ", p.pp,
+             ": ZeRO 2 and 3 are refused (a stage's gradients accumulate over micro-batches that "
+             "arrive at different times, and its state is already 1/pp of the model), ZeRO-1 is "
+             "not built yet; use parallel.zero_stage = 0");
+    PO_CHECK(precision == "fp32", "train.precision = \"", precision, "\" with parallel.pp = ",
+             p.pp, ": bf16 pipeline stages are not built yet");
+    PO_CHECK(cfg.get_size("memory.host_budget") == 0 && cfg.get_string("memory.nvme_dir").empty(),
+             "memory.host_budget / memory.nvme_dir with parallel.pp = ", p.pp,
+             ": paged pipeline stages are not built yet");
+    PO_CHECK(cfg.get_int("parallel.tp") == 1 || cfg.get_int("train.checkpoint_interval") == 0,
+             "parallel.tp × parallel.pp > 1 with train.checkpoint_interval: checkpoints of "
+             "tensor-parallel pipeline stages are not built yet");
+  }
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);
   (void)m.shard(p.tp);  // the heads, kv heads and MLP must split: errors name the keys
@@ -143,13 +171,17 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
   rank = world ? world->rank() : 0;
   leader = rank == 0;
   dp_rank = rank;  // at tp = 1
-  if (world && p.tp > 1) {
-    // Megatron's rank order: tp fastest, so a tensor group is consecutive ranks.
-    const comm::DeviceMesh mesh(static_cast<int>(n),
-                                {.dp = static_cast<int>(p.dp), .tp = static_cast<int>(p.tp)});
+  if (world && (p.tp > 1 || p.pp > 1)) {
+    // Megatron's rank order: tp fastest, so a tensor group is consecutive
+    // ranks; pp slowest, so a stage is a block of dp × tp ranks.
+    const comm::DeviceMesh mesh(static_cast<int>(n), {.dp = static_cast<int>(p.dp),
+                                                      .tp = static_cast<int>(p.tp),
+                                                      .pp = static_cast<int>(p.pp)});
     const comm::MeshCoords at = mesh.coords(rank);
     dp_rank = at.dp;
     tp_rank = at.tp;
+    pp_rank = at.pp;
+    meshed = true;
     auto group = [&](comm::Axis axis, const char* name) -> std::unique_ptr<comm::Communicator> {
       auto g = world->split(mesh.group_color(rank, axis), mesh.rank_in_group(rank, axis),
                             core::str_cat(name, mesh.group_color(rank, axis)));
@@ -158,6 +190,7 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
     };
     data = group(comm::Axis::kData, "dp");
     tensor = group(comm::Axis::kTensor, "tp");
+    pipeline = group(comm::Axis::kPipeline, "pp");
   }
   if (world) {
     // Rank 0 reports; the others speak only to warn or fail, and say who they are.

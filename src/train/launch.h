@@ -23,7 +23,8 @@ struct Plan {
   int64_t batch = 0, micro = 0, accum = 0, T = 0, steps = 0;
   int64_t dp = 1;  // data-parallel ranks; accum counts this rank's micro-batches
   int64_t tp = 1;  // tensor-parallel ranks (each dp replica is tp processes)
-  int64_t world() const { return dp * tp; }
+  int64_t pp = 1;  // pipeline stages (each replica is tp × pp processes); m = accum micro-batches
+  int64_t world() const { return dp * tp * pp; }
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
@@ -44,12 +45,16 @@ struct Launch {
   // The mesh's groups (comm/mesh.h, tp fastest), null where their axis is 1:
   // gradients reduce and ZeRO shards over dp_group(); split layers reduce
   // over tp_group(). At tp = 1 the data group is the world itself.
-  comm::Communicator* dp_group() const { return data ? data.get() : tensor ? nullptr : world.get(); }
+  comm::Communicator* dp_group() const {
+    return data ? data.get() : meshed ? nullptr : world.get();
+  }
   comm::Communicator* tp_group() const { return tensor.get(); }
-  std::unique_ptr<comm::Communicator> data, tensor;
+  comm::Communicator* pp_group() const { return pipeline.get(); }
+  std::unique_ptr<comm::Communicator> data, tensor, pipeline;
+  bool meshed = false;  // the world is split into groups (tp or pp > 1)
   int local_ranks = 1;                              // ranks sharing this node's CPUs
   int rank = 0;
-  int dp_rank = 0, tp_rank = 0;                     // this rank's mesh coordinates
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0;        // this rank's mesh coordinates
   bool leader = true;  // only rank 0 writes the run directory
 };
 

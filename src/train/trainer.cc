@@ -27,6 +27,7 @@
 #include "train/launch.h"
 #include "train/metrics.h"
 #include "train/paging_setup.h"
+#include "train/pipeline_train.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
 #include "train/tp_checkpoint.h"
@@ -333,6 +334,14 @@ TrainResult train(const core::Config& cfg) {
   if (val_data) check_val_batch(*val_data, p);
   const optim::LrSchedule sched = lr_schedule(cfg, p);
 
+  if (p.pp > 1) {
+    core::Config stored = cfg;
+    store_resolved_model(stored, mcfg);
+    return train_pipeline({cfg, mcfg, p, launch, sampler, sched, val_data.get(), adamw_config(cfg),
+                           run_dir, stored.to_toml(), seed, resume});
+  }
+  PO_CHECK(cfg.get_string("train.trace").empty(), "train.trace (--trace) draws a pipeline's ",
+           "step: it needs parallel.pp > 1");
   // At parallel.tp > 1 the model is this rank's shard of every layer.
   model::Transformer model(mcfg, p.micro, p.T, {},
                            {static_cast<int>(p.tp), launch.tp_rank});

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../background_run.h"
 #include "../test_util.h"
 #include "train/run_state.h"
 
@@ -26,6 +27,9 @@ namespace {
 
 const std::string kBin = PO_BINARY;
 using po::test::kMpirun;
+using po::test::BackgroundRun;
+using po::test::find_rank_pid;
+using po::test::alive;
 
 class Ddp : public po::test::TinyTraining {
  protected:
@@ -113,83 +117,6 @@ TEST_F(Ddp, TorchrunStyleLaunchMatchesOneRank) {
   expect_same_curve(one, losses(dir_ / "tr", 20), "torchrun-style dp=2 vs dp=1");
 }
 
-// PID of the worker process whose environment says it is OpenMPI rank `rank`
-// and whose command line contains `marker`; -1 when there is none (yet).
-int find_rank_pid(int rank, const std::string& marker) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string pid = e.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
-    if (cmdline.find(marker) == std::string::npos || cmdline.rfind("mpirun", 0) == 0) continue;
-    const std::string env = po::test::read_file(e.path().string() + "/environ");
-    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
-      return std::stoi(pid);
-  }
-  return -1;
-}
-
-// Whether `pid` is a live process (a zombie, dead but not yet reaped by its
-// new parent, is not).
-bool alive(int pid) {
-  const std::string stat = po::test::read_file("/proc/" + std::to_string(pid) + "/stat");
-  const auto paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' &&
-         stat[paren + 2] != 'X';
-}
-
-// A long `--nproc 2` run in the background, for fault tests.
-class BackgroundRun {
- public:
-  BackgroundRun(const std::string& config, const std::string& run, const std::string& extra)
-      : run_(run), log_(run + ".log") {
-    const std::string cmd = kBin + " train -c " + config + " --set run.dir=" + run +
-                            " --set train.steps=1000000 --set train.checkpoint_interval=0" +
-                            " --set train.eval_interval=0 --nproc 2 " + extra + " > " + log_ +
-                            " 2>&1";
-    pipe_ = popen(("sh -c '" + cmd + "; echo exit=$?'").c_str(), "r");
-  }
-  ~BackgroundRun() {
-    for (int pid : {find_rank_pid(0, run_), find_rank_pid(1, run_)})
-      if (pid > 0) kill(pid, SIGKILL);
-    if (pipe_ != nullptr) pclose(pipe_);
-  }
-  // PID of rank `rank` once training has started; -1 after 30 s without.
-  int rank_pid(int rank) {
-    for (int i = 0; i < 300; ++i) {
-      if (fs::exists(run_ + "/metrics.jsonl")) {
-        const int pid = find_rank_pid(rank, run_);
-        if (pid > 0) return pid;
-      }
-      usleep(100000);
-    }
-    return -1;
-  }
-  // PID of the launcher (mpirun, which `--nproc` became); -1 when gone.
-  int launcher_pid() const {
-    for (const auto& e : fs::directory_iterator("/proc")) {
-      const std::string pid = e.path().filename().string();
-      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-      const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
-      if (cmdline.rfind("mpirun", 0) == 0 && cmdline.find(run_) != std::string::npos)
-        return std::stoi(pid);
-    }
-    return -1;
-  }
-  // Waits for the launcher to exit; returns the seconds since `t0`.
-  double finish(std::chrono::steady_clock::time_point t0) {
-    char buf[256];
-    while (fgets(buf, sizeof buf, pipe_) != nullptr) tail_ += buf;
-    pclose(pipe_);
-    pipe_ = nullptr;
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  bool exited_zero() const { return tail_.find("exit=0") != std::string::npos; }
-  std::string output() const { return po::test::read_file(log_); }
-
- private:
-  std::string run_, log_, tail_;
-  FILE* pipe_ = nullptr;
-};
 
 TEST_F(Ddp, KilledWorkerStopsTheRunNamingItsRank) {
   BackgroundRun job(config_, dir_ / "victim", "");
