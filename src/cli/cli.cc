@@ -96,9 +96,11 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
   const int64_t tp = cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp");  // ranks per replica
   if (nproc > 1) {
     // The processes are the mesh: parallel.dp = nproc / parallel.tp unless given.
-    PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of parallel.tp × parallel.pp = ", tp);
+    const bool pp = cfg.get_int("parallel.pp") > 1;
+    const char* per_replica = pp ? "parallel.tp × parallel.pp" : "parallel.tp";
+    PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of ", per_replica, " = ", tp);
     PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == nproc, "--nproc ",
-             nproc, " disagrees with parallel.dp × parallel.tp × parallel.pp = ",
+             nproc, " disagrees with parallel.dp × ", per_replica, " = ",
              cfg.get_int("parallel.dp"), " × ", tp);
     PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone, "--nproc ", nproc,
              ": already running under a launcher (mpirun, srun or torchrun); drop --nproc");

@@ -212,6 +212,18 @@ size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, 
          sizeof(float);
 }
 
+size_t Transformer::predicted_stage_activation_bytes(const TransformerConfig& config, int64_t B,
+                                                     int64_t T, int64_t tp, UnitRange range) {
+  const TransformerConfig local = config.shard(tp);
+  const int head = static_cast<int>(local.n_layer) + 1;
+  const int last = range.last < 0 ? head : range.last;
+  const int64_t blocks = std::min(last, head - 1) - (std::max(range.first, 1) - 1);
+  ActivationLayout counted;
+  return layout_activations(local, B, T, seq_shards_of(config, tp), blocks, last == head, nullptr,
+                            counted) *
+         sizeof(float);
+}
+
 size_t Transformer::predicted_layer_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                           int64_t tp) {
   const TransformerConfig local = config.shard(tp);

@@ -256,6 +256,12 @@ class Transformer {
   // norm and residual rows too.
   static size_t predicted_layer_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                       int64_t tp = 1);
+  // The activations of a model over `range` (a pipeline stage), per rank of tp.
+  static size_t predicted_stage_activation_bytes(const TransformerConfig& config, int64_t B,
+                                                 int64_t T, int64_t tp, UnitRange range);
+  // One make_weight_grad_work()'s bytes (a block's deferred weight half), per rank of tp.
+  static size_t predicted_weight_grad_work_bytes(const TransformerConfig& config, int64_t B,
+                                                 int64_t T, int64_t tp);
   // Sequence-parallel ranks: tp when config.sequence_parallel, else 1.
   int64_t sequence_shards() const { return sp_; }
   // Rows of logits the head computes at once (the LM head and loss run in

@@ -177,11 +177,24 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   if (sp_ > 1) sum_norm_grads({G->ln1w, G->ln1b, G->ln2w, G->ln2b});
 }
 
+namespace {
+// A block's deferred weight half: the output gradients and inputs of its four
+// GEMMs, in WeightGradWork's order (floats).
+std::array<int64_t, 8> weight_work_sizes(const TransformerConfig& c, int64_t BT) {
+  const int64_t C = c.n_embd, AO = c.n_head * c.head_dim(), F = c.ffn_hidden;
+  return {BT * C, BT * F, BT * c.fc_width(), BT * C, BT * C, BT * AO, BT * c.qkv_width(), BT * C};
+}
+}  // namespace
+
+size_t Transformer::predicted_weight_grad_work_bytes(const TransformerConfig& config, int64_t B,
+                                                     int64_t T, int64_t tp) {
+  int64_t total = 0;
+  for (int64_t n : weight_work_sizes(config.resolved().shard(tp), B * T)) total += n;
+  return static_cast<size_t>(total) * sizeof(float);
+}
+
 WeightGradWork Transformer::make_weight_grad_work() const {
-  const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
-  const int64_t BT = B_ * T_, F = config_.ffn_hidden, FC = config_.fc_width();
-  const int64_t QKV = config_.qkv_width();
-  const int64_t sizes[8] = {BT * C, BT * F, BT * FC, BT * C, BT * C, BT * AO, BT * QKV, BT * C};
+  const std::array<int64_t, 8> sizes = weight_work_sizes(config_, B_ * T_);
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
   WeightGradWork w;
@@ -191,7 +204,7 @@ WeightGradWork Transformer::make_weight_grad_work() const {
                       &w.d_out,  &w.in_out,  &w.d_qkv, &w.in_qkv};
   for (int i = 0; i < 8; ++i) {
     *views[i] = p;
-    p += sizes[i];
+    p += sizes[static_cast<size_t>(i)];
   }
   return w;
 }

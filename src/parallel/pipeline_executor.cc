@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 #include "parallel/grad_norm.h"
@@ -250,9 +251,8 @@ void PipelineExecutor::give_buffer(float* b) { free_buffers_.push_back(b); }
 
 tensor::Shape PipelineExecutor::message_shape() const { return {rows_, config_.n_embd}; }
 
-void PipelineExecutor::post_receives(size_t from) {
+void PipelineExecutor::post_receives() {
   const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
-  next_recv_ = std::max(next_recv_, from);
   while (posted_.size() < kRecvWindow && next_recv_ < list.size()) {
     const Action& a = list[next_recv_++];
     if (a.op != Op::kRecv) continue;
@@ -383,7 +383,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   step_start_ns_ = now_ns();
   const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
   next_recv_ = 0;
-  if (link_) post_receives(0);
+  if (link_) post_receives();
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
     if (a.op == Op::kRecv) continue;  // posted ahead, waited by its compute
@@ -402,7 +402,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
     const int64_t t0 = now_ns();
     run_compute(a, batch, grad_scale, stats);
     stats.busy_s += static_cast<double>(now_ns() - t0) / 1e9;
-    if (link_) post_receives(i + 1);
+    if (link_) post_receives();
   }
   if (link_) link_->wait_sends();
   for (float* b : sending_) give_buffer(b);
@@ -612,6 +612,95 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     m.w_queue += c->work_bytes;
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  return m;
+}
+
+PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
+                                                   const PipelineSetup& setup, int rank) {
+  const model::TransformerConfig c = config.resolved();
+  const model::Layout layout(c, setup.split);
+  const pipeline::Schedule& s = setup.schedule;
+  const int S = s.stages(), head = layout.head_unit();
+  const int64_t tp = setup.split.size;
+  const int64_t sp = c.sequence_parallel && tp > 1 ? tp : 1;
+  const auto f = sizeof(float);
+  Memory m;
+  const std::vector<int> stages = s.stages_of(rank);
+  const bool emb_here = s.rank_of(0) == rank;
+  // Per chunk: the most slots and deferred works held at once, replayed.
+  std::map<int, int> held, slots, queued, works;
+  int64_t live = 0, peak = 0, posted = 0;
+  size_t next = 0;
+  std::set<Key> posted_keys, local;
+  const auto& list = s.actions[static_cast<size_t>(rank)];
+  auto post_one = [&] {
+    const Action& a = list[next++];
+    if (a.op != Op::kRecv) return;
+    posted_keys.insert({a.micro, a.stage, static_cast<int>(a.payload)});
+    ++posted;
+    peak = std::max(peak, ++live);
+  };
+  auto window = [&] {
+    while (posted < static_cast<int64_t>(kRecvWindow) && next < list.size()) post_one();
+  };
+  auto consume = [&](const Key& k) {  // incoming(): a local hand-off or a posted receive
+    if (local.erase(k) > 0) return;
+    while (posted_keys.count(k) == 0) post_one();
+    posted_keys.erase(k);
+    --posted;
+  };
+  if (s.ranks > 1) window();
+  for (const Action& a : list) {
+    if (a.op == Op::kRecv) continue;
+    if (a.op == Op::kSend) {
+      local.erase({a.micro, a.stage, static_cast<int>(a.payload)});
+      continue;
+    }
+    const bool first = a.stage == 0, last = a.stage == S - 1;
+    if (a.op == Op::kForward) {
+      if (!first) consume({a.micro, a.stage, static_cast<int>(Payload::kActivation)});
+      slots[a.stage] = std::max(slots[a.stage], ++held[a.stage]);
+      if (!first) --live;
+      if (!last) {
+        peak = std::max(peak, ++live);
+        local.insert({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)});
+      }
+    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+      if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
+      if (a.op == Op::kBackwardInput) works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
+      if (!last) --live;
+      if (!first) {
+        peak = std::max(peak, ++live);
+        local.insert({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)});
+      }
+      --held[a.stage];
+    } else if (a.op == Op::kBackwardWeight) {
+      --queued[a.stage];
+    }
+    if (s.ranks > 1) window();
+  }
+  m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
+  const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
+  for (int stage : stages) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
+    m.params += n * f;
+    m.grads += n * f;
+    m.adam += 2 * n * f;
+    if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
+    if (layout.tied() && last == head && first > 0 && !emb_here) {
+      const auto n0 = static_cast<size_t>(layout.unit_numel(0));
+      m.params += n0 * f;
+      m.grads += n0 * f;
+      m.adam += 2 * n0 * f;
+    }
+    m.activations += static_cast<size_t>(slots[stage]) *
+                     model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
+                                                                          {first, last});
+    const int blocks = std::min(last, head - 1) - (std::max(first, 1) - 1);
+    m.w_queue += static_cast<size_t>(works[stage]) * static_cast<size_t>(blocks) * work;
+  }
   return m;
 }
 

@@ -140,6 +140,12 @@ class PipelineExecutor {
     size_t total() const { return params + grads + adam + activations + w_queue + buffers; }
   };
   Memory memory() const;
+  // What memory() will be on pipeline rank `rank` after a step, from the
+  // configuration and the schedule alone (the slots, works and message
+  // buffers its action list needs: the same bookkeeping, replayed). The
+  // planner's pipeline layouts read it; tests hold memory() to it.
+  static Memory predict(const model::TransformerConfig& config, const PipelineSetup& setup,
+                        int rank);
   // Activation bytes of one slot of each chunk (a Transformer for its units).
   std::vector<size_t> slot_bytes() const;
 
@@ -151,7 +157,7 @@ class PipelineExecutor {
   void release_slot(Chunk& c, int micro);
   float* take_buffer();
   void give_buffer(float* b);
-  void post_receives(size_t from);
+  void post_receives();
   const float* incoming(const pipeline::Action& consumer, pipeline::Payload payload);
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    PipelineStepStats& stats);

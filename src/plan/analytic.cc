@@ -1,16 +1,65 @@
 // The analytic plan, for layouts the engine does not train yet (pipeline
 // and context parallel, attention keeping the s×s scores): model states by the ZeRO
 // ledger over the busiest pipeline stage, activations by Korthikanti et al.,
-// and the collectives that Megatron-style layouts issue.
+// and the collectives that Megatron-style layouts issue. Pipeline layouts
+// the executor trains take their memory from its own accounting.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/pipeline_executor.h"
+#include "parallel/pipeline_stages.h"
 #include "plan/plan_parts.h"
 #include "plan/planner.h"
 
 namespace po::plan::detail {
+
+// Pipeline layouts the executor trains (fp32, ZeRO-0, in memory, cp = 1).
+bool pipeline_trainable(const Plan& p) {
+  const Layout& l = p.layout;
+  const ModelSpec& m = p.model;
+  return l.pp > 1 && l.cp == 1 && l.zero_stage == 0 && !l.bf16 && !l.paging && l.flash_attention &&
+         m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
+}
+
+// Their memory is the executor's own accounting (PipelineExecutor::predict)
+// on the busiest pipeline rank, by item.
+void pipeline_engine_memory(Plan& p) {
+  namespace pl = parallel::pipeline;
+  const Layout& l = p.layout;
+  model::TransformerConfig cfg = p.model.engine;
+  cfg.seq_len = std::max(cfg.seq_len, l.seq);
+  cfg.activation_checkpointing = l.checkpointing;
+  cfg.sequence_parallel = l.sequence_parallel && l.tp > 1;
+  parallel::PipelineSetup s;
+  s.schedule = pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()),
+                                 pl::chunks_per_rank(l.schedule, l.virtual_stages));
+  s.stage_units = pl::partition_stages(cfg, l.seq, s.schedule.stages());
+  s.micro = l.micro;
+  s.T = l.seq;
+  s.split = {l.tp, 0};
+  parallel::PipelineExecutor::Memory busiest;
+  int at = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
+    if (m.total() > busiest.total()) {
+      busiest = m;
+      at = r;
+    }
+  }
+  p.memory.clear();
+  const std::string note = core::str_cat("pipeline rank ", at, ", the executor's accounting");
+  add_memory(p, "parameters", static_cast<double>(busiest.params), Tier::kCompute, note);
+  add_memory(p, "gradients", static_cast<double>(busiest.grads), Tier::kCompute,
+             "incl. the tied table's lookup part / replica");
+  add_memory(p, "Adam m, v", static_cast<double>(busiest.adam));
+  add_memory(p, "activations", static_cast<double>(busiest.activations), Tier::kCompute,
+             "slots of the micro-batches in flight");
+  add_memory(p, "weight-gradient queue", static_cast<double>(busiest.w_queue), Tier::kCompute,
+             "zero-bubble W work");
+  add_memory(p, "p2p message buffers", static_cast<double>(busiest.buffers));
+}
 
 void analytic_plan(Plan& p) {
   const Layout& l = p.layout;
@@ -88,6 +137,8 @@ void analytic_plan(Plan& p) {
              Tier::kCompute, core::str_cat("Korthikanti et al.", l.checkpointing ? ", checkpointed" : ""));
   add_memory(p, "logits / loss buffers", 2 * 4 * s * b * static_cast<double>(m.vocab) / l.tp,
              Tier::kCompute, "fp32 logits and their gradient, last stage");
+
+  if (pipeline_trainable(p)) pipeline_engine_memory(p);
 
   // Communication per step.
   const double act_bytes = s * b * h * esz;  // one [s, b, h] activation

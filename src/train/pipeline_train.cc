@@ -249,6 +249,13 @@ TrainResult train_pipeline(const PipelineRun& r) {
       sent += all[4 * k + 3];
     }
     const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
+    // Every pipeline rank's bytes (the executor's accounting), for the report.
+    const parallel::PipelineExecutor::Memory mem = ex.memory();
+    const double mine_mem[6] = {static_cast<double>(mem.params), static_cast<double>(mem.grads),
+                                static_cast<double>(mem.adam), static_cast<double>(mem.activations),
+                                static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers)};
+    std::vector<double> mems(6 * static_cast<size_t>(p.pp));
+    pipe.all_gather(mine_mem, mems.data(), 12, DType::kI32);  // doubles, bit-exact
     int peak = st.peak_in_flight;
     std::vector<int> peaks(static_cast<size_t>(p.pp));
     pipe.all_gather(&peak, peaks.data(), 1, DType::kI32);
@@ -275,7 +282,13 @@ TrainResult train_pipeline(const PipelineRun& r) {
     if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
       checkpoint_now();
     if (!launch.leader) continue;
-    const parallel::PipelineExecutor::Memory mem = ex.memory();
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (int64_t k = 0; k < p.pp; ++k) {
+      const double* v = mems.data() + 6 * k;
+      per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"adam", v[2]}, {"activations", v[3]},
+                          {"w_queue", v[4]}, {"buffers", v[5]},
+                          {"total", v[0] + v[1] + v[2] + v[3] + v[4] + v[5]}});
+    }
     metrics->write({{"step", state.step},
                     {"loss", loss},
                     {"lr", lr},
@@ -291,9 +304,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_peak_in_flight", peaks},
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},
-                    {"memory_rank0", {{"params", mem.params}, {"grads", mem.grads},
-                                      {"adam", mem.adam}, {"activations", mem.activations},
-                                      {"w_queue", mem.w_queue}, {"buffers", mem.buffers}}}});
+                    {"pp_memory_per_rank", per_rank}});
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, static_cast<double>(p.batch * p.T) / seconds,
                     seconds * static_cast<double>(p.steps - state.step));

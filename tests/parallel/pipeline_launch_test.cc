@@ -150,6 +150,43 @@ TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
     EXPECT_TRUE(kinds.count(k)) << "the trace has no '" << k << "' events";
 }
 
+// The planner's memory of a pipeline layout is the executor's own, to the
+// byte, on the busiest rank (every schedule, with and without activation
+// checkpointing; GPT-2's tied table and Llama's untied head).
+TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
+  struct Case {
+    std::string model;
+    const char* s;
+    const char* ckpt;
+  };
+  const std::vector<Case> cases = {{"", "gpipe", "false"},      {"", "1f1b", "false"},
+                                   {"", "interleaved", "false"}, {"", "zb-h1", "false"},
+                                   {"", "zbv", "false"},         {"", "1f1b", "true"},
+                                   {"", "zbv", "true"},          {kLlama, "1f1b", "false"},
+                                   {kLlama, "zb-h1", "true"}};
+  for (const auto& [model, s, ckpt] : cases) {
+      {
+        const std::string args = model + " --set parallel.schedule=" + s +
+                                 " --set model.activation_checkpointing=" + ckpt;
+        const std::string what = std::string(s) + (model.empty() ? " gpt2" : " llama") +
+                                 (std::string(ckpt) == "true" ? " ckpt" : "");
+        const std::string run = train(std::string("plan_") + s + ckpt + (model.empty() ? "" : "_l"),
+                                      1, 2, args + " --set train.steps=1");
+        double engine = 0;
+        for (const auto& r : po::test::last_metric(run, "pp_memory_per_rank"))
+          engine = std::max(engine, r["total"].get<double>());
+        const auto plan = po::test::run_command(
+            std::string(PO_BINARY) + " plan --json -c " + config_ + " --set parallel.pp=2 " +
+            base(args));
+        ASSERT_EQ(plan.exit_code, 0) << plan.output;
+        const nlohmann::json j = nlohmann::json::parse(plan.output);
+        double predicted = 0;
+        for (const auto& m : j["memory"]) predicted += m["bytes"].get<double>();
+        EXPECT_EQ(predicted, engine) << what << ": the planner's bytes on the busiest rank vs the "
+                                     << "executor's\n" << j["memory"].dump(1);
+      }
+}
+
 TEST_F(PipelineRuns, AShapeMismatchNamesBothRanksAndShapes) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = po::test::run_command(

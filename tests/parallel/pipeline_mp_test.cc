@@ -155,6 +155,20 @@ void expect_unit_bits(Reference& ref, PipelineExecutor& ex, int u, const std::st
   }
 }
 
+// The engine's bytes on this rank against PipelineExecutor::predict (what the planner reads).
+void expect_predicted_memory(const PipelineExecutor& ex, const TransformerConfig& c,
+                             ScheduleKind kind, int p, int m, const std::string& what) {
+  const PipelineExecutor::Memory got = ex.memory();
+  const PipelineExecutor::Memory want =
+      PipelineExecutor::predict(c, setup_for(c, kind, p, m, nullptr), ex.rank());
+  EXPECT_EQ(got.params, want.params) << what << ": parameter bytes on rank " << ex.rank();
+  EXPECT_EQ(got.grads, want.grads) << what << ": gradient bytes on rank " << ex.rank();
+  EXPECT_EQ(got.adam, want.adam) << what << ": Adam bytes on rank " << ex.rank();
+  EXPECT_EQ(got.activations, want.activations) << what << ": activation bytes on rank " << ex.rank();
+  EXPECT_EQ(got.w_queue, want.w_queue) << what << ": W-queue bytes on rank " << ex.rank();
+  EXPECT_EQ(got.buffers, want.buffers) << what << ": message buffer bytes on rank " << ex.rank();
+}
+
 class Pipeline : public ::testing::Test {
  protected:
   void SetUp() override { backend::cpu::set_num_threads(1); }
@@ -179,6 +193,7 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
       }
       for (int u = 0; u < ref.model.num_units(); ++u)
         if (ex.holds(u)) expect_unit_bits(ref, ex, u, what);
+      expect_predicted_memory(ex, c, kind, p, m, what);
       // The evaluation runs through the stages too.
       std::vector<int32_t> in(kB * kT), tg(kB * kT);
       fill(c, 99, 0, in.data(), tg.data());
