@@ -165,7 +165,6 @@ TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
                                    {"", "zbv", "true"},          {kLlama, "1f1b", "false"},
                                    {kLlama, "zb-h1", "true"}};
   for (const auto& [model, s, ckpt] : cases) {
-      {
         const std::string args = model + " --set parallel.schedule=" + s +
                                  " --set model.activation_checkpointing=" + ckpt;
         const std::string what = std::string(s) + (model.empty() ? " gpt2" : " llama") +
