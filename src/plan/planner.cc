@@ -135,7 +135,14 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
   // TransformerConfig::shard splits the kv heads and the MLP's columns.
   if (m.n_kv_head % l.tp != 0 || m.ffn % l.tp != 0)
     why.push_back("tensor parallel replicating kv heads or splitting the MLP unevenly");
-  if (l.pp > 1) why.push_back("pipeline parallel");
+  if (l.pp > 1) {  // the executor trains fp32 ZeRO-0 stages in memory (docs/pipeline.md)
+    std::string with;
+    auto add = [&](const std::string& w) { with += (with.empty() ? "" : ", ") + w; };
+    if (l.zero_stage > 0) add(core::str_cat("ZeRO-", l.zero_stage));
+    if (l.bf16) add("bf16");
+    if (l.paging) add("paged state");
+    if (!with.empty()) why.push_back("pipeline parallel with " + with);
+  }
   if (l.cp > 1) why.push_back("context parallel");
   return why;
 }
@@ -153,7 +160,9 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   // parallel and paging: docs/tensor-parallel.md) is planned by its own
   // rules; the rest by the analytic model.
   p.not_trainable = detail::not_trainable(model, layout);
-  p.engine_exact = p.not_trainable.empty();
+  // Pipeline layouts the engine trains are analytic but for their memory,
+  // which is the executor's own (analytic.cc).
+  p.engine_exact = p.not_trainable.empty() && layout.pp == 1;
   if (p.engine_exact) {
     detail::engine_plan(p);
   } else {

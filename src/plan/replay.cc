@@ -251,8 +251,9 @@ void engine_plan(Plan& p) {
 
 double engine_working_bytes(const ModelSpec& model, const Layout& layout) {
   const std::vector<std::string> why = detail::not_trainable(model, layout);
-  PO_CHECK(why.empty(), "engine_working_bytes: the engine does not train ", layout.describe(),
-           " yet (", why.front(), ")");
+  PO_CHECK(why.empty() && layout.pp == 1, "engine_working_bytes: ", layout.describe(),
+           why.empty() ? std::string(" is a pipeline layout (its memory: PipelineExecutor::predict)")
+                       : core::str_cat(" is not trained by the engine yet (", why.front(), ")"));
   Plan p;
   p.model = model;
   p.layout = layout;

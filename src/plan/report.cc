@@ -37,7 +37,9 @@ std::string format_plan(const Plan& p) {
   t += "layout: " + p.layout.describe() + core::str_cat(", batch ", p.layout.batch, " × ", p.layout.seq,
                                                            " tokens, ", p.layout.accum(), " micro-batches per step\n");
   t += p.engine_exact ? "model: the engine's own layout (exact)\n"
-                      : "model: analytic (ZeRO ledger, Korthikanti et al. activations)\n";
+       : p.not_trainable.empty()
+           ? "model: the pipeline executor's memory (exact), analytic time and bubble\n"
+           : "model: analytic (ZeRO ledger, Korthikanti et al. activations)\n";
   if (!p.not_trainable.empty()) {
     std::string why;
     for (const auto& w : p.not_trainable) why += (why.empty() ? "" : ", ") + w;
