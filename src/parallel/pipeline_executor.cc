@@ -251,15 +251,18 @@ void PipelineExecutor::give_buffer(float* b) { free_buffers_.push_back(b); }
 
 tensor::Shape PipelineExecutor::message_shape() const { return {rows_, config_.n_embd}; }
 
+// The list's next action, posted if it is a receive.
+void PipelineExecutor::post_next() {
+  const Action& a = setup_.schedule.actions[static_cast<size_t>(rank_)][next_recv_++];
+  if (a.op != Op::kRecv) return;
+  Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
+  p.buffer = take_buffer();
+  link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
+}
+
 void PipelineExecutor::post_receives() {
-  const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
-  while (posted_.size() < kRecvWindow && next_recv_ < list.size()) {
-    const Action& a = list[next_recv_++];
-    if (a.op != Op::kRecv) continue;
-    Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
-    p.buffer = take_buffer();
-    link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
-  }
+  const size_t n = setup_.schedule.actions[static_cast<size_t>(rank_)].size();
+  while (posted_.size() < kRecvWindow && next_recv_ < n) post_next();
 }
 
 // The tensor the compute `consumer` reads: made on this rank (a local
@@ -275,11 +278,7 @@ const float* PipelineExecutor::incoming(const Action& consumer, Payload payload)
   while (posted_.find(key) == posted_.end()) {
     PO_ASSERT(next_recv_ < list.size(), "pipeline rank ", rank_, ": no receive for ",
               pipeline::describe(consumer));
-    const Action& a = list[next_recv_++];
-    if (a.op != Op::kRecv) continue;
-    Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
-    p.buffer = take_buffer();
-    link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
+    post_next();
   }
   auto it = posted_.find(key);
   const int64_t t0 = now_ns();

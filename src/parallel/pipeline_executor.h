@@ -157,6 +157,7 @@ class PipelineExecutor {
   void release_slot(Chunk& c, int micro);
   float* take_buffer();
   void give_buffer(float* b);
+  void post_next();
   void post_receives();
   const float* incoming(const pipeline::Action& consumer, pipeline::Payload payload);
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,

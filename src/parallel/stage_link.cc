@@ -34,19 +34,27 @@ void StageLink::send(const float* x, const tensor::Shape& shape, int peer, int t
                         peer, 2 * tag + 1);
 }
 
+// What is wrong with a received header, or "" when it is the one expected.
+std::string StageLink::mismatch(const Header& h, const tensor::Shape& expect, int peer,
+                                int tag) const {
+  const tensor::Shape sent = header_shape(h);
+  if (h[0] == kMagic && h[1] == peer && h[2] == tag && sent == expect) return "";
+  return core::str_cat(
+      "pipeline message (tag ", tag, "): rank ", group_.rank(), " expected ",
+      tensor::shape_str(expect), " from rank ", peer, ", which sent ",
+      h[0] == kMagic ? tensor::shape_str(sent) : std::string("no header"),
+      h[0] == kMagic && h[2] != tag ? core::str_cat(" under tag ", h[2]) : std::string());
+}
+
 void StageLink::recv(float* out, const tensor::Shape& expect, int peer, int tag) {
   Header h{};
   group_.recv(h.data(), 2 * h.size(), tensor::DType::kI32, peer, 2 * tag);  // int64s, as raw bits
-  const tensor::Shape sent = header_shape(h);
-  if (h[0] != kMagic || h[1] != peer || h[2] != tag || sent != expect) {
+  if (const std::string wrong = mismatch(h, expect, peer, tag); !wrong.empty()) {
     if (h[0] == kMagic) {  // drain the payload, so the link stays usable for the error's report
-      drain_.resize(static_cast<size_t>(tensor::shape_numel(sent)));
+      drain_.resize(static_cast<size_t>(tensor::shape_numel(header_shape(h))));
       group_.recv(drain_.data(), drain_.size(), tensor::DType::kF32, peer, 2 * tag + 1);
     }
-    PO_THROW(core::CommError, "pipeline message (tag ", tag, "): rank ", group_.rank(),
-             " expected ", tensor::shape_str(expect), " from rank ", peer, ", which sent ",
-             h[0] == kMagic ? tensor::shape_str(sent) : std::string("no header"),
-             h[0] == kMagic && h[2] != tag ? core::str_cat(" under tag ", h[2]) : std::string());
+    PO_THROW(core::CommError, wrong);
   }
   group_.recv(out, static_cast<size_t>(tensor::shape_numel(expect)), tensor::DType::kF32, peer,
               2 * tag + 1);
@@ -64,13 +72,8 @@ void StageLink::post_recv(Incoming& in, float* out, const tensor::Shape& expect,
 
 void StageLink::finish_recv(Incoming& in) {
   in.head.wait();
-  const Header& h = in.header;
-  const tensor::Shape sent = header_shape(h);
-  if (h[0] != kMagic || h[1] != in.peer || h[2] != in.tag || sent != in.expect)
-    PO_THROW(core::CommError, "pipeline message (tag ", in.tag, "): rank ", group_.rank(),
-             " expected ", tensor::shape_str(in.expect), " from rank ", in.peer, ", which sent ",
-             h[0] == kMagic ? tensor::shape_str(sent) : std::string("no header"),
-             h[0] == kMagic && h[2] != in.tag ? core::str_cat(" under tag ", h[2]) : std::string());
+  if (const std::string wrong = mismatch(in.header, in.expect, in.peer, in.tag); !wrong.empty())
+    PO_THROW(core::CommError, wrong);
   in.body.wait();
 }
 

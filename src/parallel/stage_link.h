@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -53,6 +54,7 @@ class StageLink {
     Header header{};
     comm::Work head, body;
   };
+  std::string mismatch(const Header& h, const tensor::Shape& expect, int peer, int tag) const;
   comm::Communicator& group_;
   std::deque<Pending> sends_;  // a deque: headers stay put while in flight
   std::vector<float> drain_;

@@ -21,6 +21,7 @@
 #include "train/model_setup.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/train_step.h"
 
 namespace po::train {
 namespace fs = std::filesystem;
@@ -200,7 +201,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
   TrainResult result;
   result.run_dir = r.run_dir;
   result.leader = launch.leader;
-  const float grad_scale = static_cast<float>(1.0 / static_cast<double>(p.batch * p.T));
+  const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p));
   const std::string trace = cfg.get_string("train.trace");
   auto checkpoint_now = [&] {
     core::Timer t;
@@ -260,7 +261,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
     std::vector<int> peaks(static_cast<size_t>(p.pp));
     pipe.all_gather(&peak, peaks.data(), 1, DType::kI32);
     state.step = step + 1;
-    state.tokens += static_cast<uint64_t>(p.batch * p.T);
+    state.tokens += static_cast<uint64_t>(tokens_per_step(p));
     result.last_loss = loss;
     if (!trace.empty() && state.step == p.steps) {
       const std::string json = ex.gather_trace();
@@ -293,7 +294,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"loss", loss},
                     {"lr", lr},
                     {"grad_norm", norm},
-                    {"tokens_per_s", static_cast<double>(p.batch * p.T) / seconds},
+                    {"tokens_per_s", tokens_per_step(p) / seconds},
                     {"step_ms", seconds * 1000},
                     {"tokens", state.tokens},
                     {"pp_bubble", bubble},
@@ -306,7 +307,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"peak_rss_bytes", peak_rss_bytes()},
                     {"pp_memory_per_rank", per_rank}});
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
-      progress.step(state.step, p.steps, loss, lr, norm, static_cast<double>(p.batch * p.T) / seconds,
+      progress.step(state.step, p.steps, loss, lr, norm, tokens_per_step(p) / seconds,
                     seconds * static_cast<double>(p.steps - state.step));
     if (eval_now) {
       result.last_val_loss = vl;

@@ -120,14 +120,13 @@ PipelineSetup setup_for(const TransformerConfig& c, ScheduleKind kind, int p, in
   return s;
 }
 
-StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, int steps,
-                     int data_rank = 0, int data_ranks = 1) {
+StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, int steps) {
   StepLog log;
   ex.init_random(kSeed);
   for (int64_t s = 0; s < steps; ++s) {
     const PipelineStepStats st = ex.forward_backward(
-        [&](int micro, int32_t* in, int32_t* tg) { fill(c, s, data_rank * m + micro, in, tg); },
-        1.0f / static_cast<float>(m * data_ranks * kB * kT));
+        [&](int micro, int32_t* in, int32_t* tg) { fill(c, s, micro, in, tg); },
+        1.0f / static_cast<float>(m * kB * kT));
     const pipeline::Schedule& sch = ex.schedule();
     EXPECT_LE(st.peak_in_flight, sch.in_flight_cap(ex.rank()))
         << pipeline::schedule_name(sch.kind) << " m=" << m << ": rank " << ex.rank() << " held "
