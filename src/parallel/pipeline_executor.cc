@@ -35,6 +35,55 @@ tensor::Storage zeroed(int64_t floats) {
   return s;
 }
 
+// AdamW ranges over a shard of units [first, last] (ShardLayout index i =
+// u - first) of a buffer whose element 0 is unit `first`'s: each tensor
+// `keep` accepts, cut to the owned part of its unit, with its state (m, v,
+// the gradient shard) at the shard's local offsets. With one rank the
+// state's offsets are the buffer's.
+std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last,
+                                            const ShardLayout& sl,
+                                            const std::function<bool(const model::TensorSpec&)>& keep) {
+  std::vector<optim::ParamRange> ranges;
+  const int64_t base = l.unit_offset(first);
+  for (const auto& t : l.tensors()) {
+    if (t.unit < first || t.unit > last || !keep(t)) continue;
+    const int i = t.unit - first;
+    const int64_t unit_lo = l.unit_offset(t.unit);
+    const int64_t lo = std::max(t.offset - unit_lo, sl.begin(i));
+    const int64_t hi = std::min(t.offset + t.numel() - unit_lo, sl.end(i));
+    if (lo >= hi) continue;
+    ranges.push_back({unit_lo - base + lo, hi - lo, t.decay, sl.local_offset(i) + (lo - sl.begin(i))});
+  }
+  return ranges;
+}
+
+// Adam m or v elements [offset, offset + n) (state coordinates), in memory or in pages.
+void read_state(optim::AdamW& a, bool m, int64_t offset, int64_t n, float* dst) {
+  using F = optim::PagedAdamState::Field;
+  if (a.paged()) {
+    a.paged_state()->copy_out(m ? F::kM : F::kV, offset, n, dst);
+    return;
+  }
+  std::memcpy(dst, (m ? a.m() : a.v()) + offset, static_cast<size_t>(n) * sizeof(float));
+}
+
+void write_state(optim::AdamW& a, bool m, int64_t offset, int64_t n, const float* src) {
+  using F = optim::PagedAdamState::Field;
+  if (a.paged()) {
+    a.paged_state()->copy_in(m ? F::kM : F::kV, offset, n, src);
+    return;
+  }
+  std::memcpy((m ? a.m() : a.v()) + offset, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int last) {
+  std::vector<int64_t> n;
+  for (int u = first; u <= last; ++u) n.push_back(l.unit_numel(u));
+  return n;
+}
+
+bool every_tensor(const model::TensorSpec&) { return true; }
+
 }  // namespace
 
 struct PipelineExecutor::Chunk {
@@ -48,7 +97,12 @@ struct PipelineExecutor::Chunk {
   tensor::Storage rep_params, rep_grads;
   float* unit0_params = nullptr;  // where this chunk's head reads unit 0
   float* unit0_grads = nullptr;
+  // ZeRO: the units' (the replica's: unit 0's) shards over the data group
+  // (one rank below ZeRO-1), AdamW over them, and with several ranks the
+  // shard of the reduced gradient the update reads.
+  std::unique_ptr<ShardLayout> shard, rep_shard;
   std::unique_ptr<optim::AdamW> adam, rep_adam;
+  tensor::Storage grad_shard, rep_grad_shard;
   std::vector<std::unique_ptr<model::Transformer>> slots;
   std::vector<int> slot_micro;  // -1: free
   std::map<int, std::vector<model::WeightGradWork>> w_queue;
@@ -67,6 +121,11 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   rank_ = setup_.pipe ? setup_.pipe->rank() : 0;
   PO_CHECK((setup_.pipe ? setup_.pipe->size() : 1) == s.ranks, "pipeline: the group has ",
            setup_.pipe ? setup_.pipe->size() : 1, " ranks, the schedule ", s.ranks);
+  PO_CHECK(setup_.zero_stage == 0 || setup_.zero_stage == 1, "pipeline: ZeRO stage ",
+           setup_.zero_stage, " (stages 0 and 1 compose with pipeline parallel)");
+  if (setup_.data != nullptr) setup_.dp = setup_.data->size();
+  const bool sharded = setup_.zero_stage == 1 && setup_.dp > 1;
+  const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int head = layout_.head_unit();
   const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
@@ -81,11 +140,11 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->numel = layout_.unit_offset(c->last + 1) - c->base;
     c->params = zeroed(c->numel);
     c->grads = zeroed(c->numel);
-    std::vector<optim::ParamRange> ranges;
-    for (const auto& t : layout_.tensors())
-      if (c->holds(t.unit)) ranges.push_back({t.offset - c->base, t.numel(), t.decay});
-    c->adam = std::make_unique<optim::AdamW>(adam, std::move(ranges), c->numel);
-    c->adam->allocate_state();
+    c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk);
+    c->adam = std::make_unique<optim::AdamW>(
+        adam, shard_ranges(layout_, c->first, c->last, *c->shard, every_tensor),
+        c->shard->local_numel());
+    if (sharded) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.tied() && c->holds(0)) c->lookup = zeroed(layout_.token_embedding().numel());
     chunks_.push_back(std::move(c));
   }
@@ -104,10 +163,23 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->rep_grads = zeroed(n0);
     c->unit0_params = c->rep_params.f32();
     c->unit0_grads = c->rep_grads.f32();
-    const model::TensorSpec& wte = layout_.token_embedding();
+    // The embedding's shard layout of unit 0, so that both copies of the
+    // table update the same elements on the same data rank.
+    const int64_t wte = layout_.token_embedding().offset;
+    c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk);
     c->rep_adam = std::make_unique<optim::AdamW>(
-        adam, std::vector<optim::ParamRange>{{wte.offset, wte.numel(), wte.decay}}, n0);
-    c->rep_adam->allocate_state();
+        adam,
+        shard_ranges(layout_, 0, 0, *c->rep_shard,
+                     [wte](const model::TensorSpec& t) { return t.offset == wte; }),
+        c->rep_shard->local_numel());
+    if (sharded) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
+  }
+  if (sharded) {  // the gathers' send block and receive buffer, for the largest unit
+    int64_t most = 0;
+    for (const auto& c : chunks_)
+      for (const ShardLayout* sl : {c->shard.get(), c->rep_shard.get()})
+        for (int i = 0; sl != nullptr && i < sl->num_units(); ++i) most = std::max(most, sl->stride(i));
+    gather_ = zeroed(most * (1 + zr));
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -145,15 +217,53 @@ float* PipelineExecutor::unit_params(int u) {
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
-float* PipelineExecutor::unit_adam_m(int u) {
-  for (auto& c : chunks_)
-    if (c->holds(u)) return c->adam->m() + (layout_.unit_offset(u) - c->base);
+// Every data rank's shard of one unit (`mine`: this rank's owned(i)
+// elements) into dst, the whole unit: a collective over the data group.
+void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const float* mine, float* dst) {
+  const int64_t stride = sl.stride(i), owned = sl.owned(i);
+  float* send = gather_.f32();
+  float* recv = send + stride;
+  std::memcpy(send, mine, static_cast<size_t>(owned) * sizeof(float));
+  std::fill(send + owned, send + stride, 0.0f);
+  setup_.data->all_gather(send, recv, static_cast<size_t>(stride), DType::kF32);
+  std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * sizeof(float));
+}
+
+void PipelineExecutor::read_unit(State kind, int u, float* dst) {
+  const auto n = static_cast<size_t>(layout_.unit_numel(u));
+  if (kind == State::kParams) {
+    std::memcpy(dst, unit_params(u), n * sizeof(float));
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->holds(u)) continue;
+    const ShardLayout& sl = *c->shard;
+    const int i = u - c->first;
+    const bool m = kind == State::kAdamM;
+    if (sl.ranks() == 1) {
+      read_state(*c->adam, m, sl.local_offset(i), sl.unit_numel(i), dst);
+      return;
+    }
+    std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
+    read_state(*c->adam, m, sl.local_offset(i), sl.owned(i), mine.data());
+    gather_unit(sl, i, mine.data(), dst);
+    return;
+  }
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
-float* PipelineExecutor::unit_adam_v(int u) {
-  for (auto& c : chunks_)
-    if (c->holds(u)) return c->adam->v() + (layout_.unit_offset(u) - c->base);
+void PipelineExecutor::write_unit(State kind, int u, const float* src) {
+  if (kind == State::kParams) {
+    std::memcpy(unit_params(u), src, static_cast<size_t>(layout_.unit_numel(u)) * sizeof(float));
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->holds(u)) continue;
+    const ShardLayout& sl = *c->shard;
+    const int i = u - c->first;
+    write_state(*c->adam, kind == State::kAdamM, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+    return;
+  }
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
@@ -179,20 +289,30 @@ void PipelineExecutor::init_random(uint64_t seed) {
 
 void PipelineExecutor::sync_replica() {
   if (!layout_.tied() || emb_rank_ == head_rank_) return;
-  const model::TensorSpec& wte = layout_.token_embedding();
   const auto n0 = static_cast<size_t>(layout_.unit_numel(0));
-  const auto nt = static_cast<size_t>(wte.numel());
+  // Adam m and v of this data rank's shard of unit 0: the same elements in
+  // both copies (the same shard layout).
   if (rank_ == emb_rank_) {
+    Chunk& e = chunk_of_stage(0);
+    const auto own = static_cast<size_t>(e.shard->owned(0));
+    std::vector<float> state(own);
     setup_.pipe->send(unit_params(0), n0, DType::kF32, head_rank_, kPairTag);
-    setup_.pipe->send(unit_adam_m(0) + wte.offset, nt, DType::kF32, head_rank_, kPairTag + 3);
-    setup_.pipe->send(unit_adam_v(0) + wte.offset, nt, DType::kF32, head_rank_, kPairTag + 4);
+    for (int k = 0; k < 2; ++k) {
+      read_state(*e.adam, k == 0, e.shard->local_offset(0), e.shard->owned(0), state.data());
+      setup_.pipe->send(state.data(), own, DType::kF32, head_rank_, kPairTag + 3 + k);
+    }
   }
   if (rank_ == head_rank_)
     for (auto& c : chunks_)
       if (c->replica()) {
+        const auto own = static_cast<size_t>(c->rep_shard->owned(0));
+        std::vector<float> state(own);
         setup_.pipe->recv(c->rep_params.f32(), n0, DType::kF32, emb_rank_, kPairTag);
-        setup_.pipe->recv(c->rep_adam->m() + wte.offset, nt, DType::kF32, emb_rank_, kPairTag + 3);
-        setup_.pipe->recv(c->rep_adam->v() + wte.offset, nt, DType::kF32, emb_rank_, kPairTag + 4);
+        for (int k = 0; k < 2; ++k) {
+          setup_.pipe->recv(state.data(), own, DType::kF32, emb_rank_, kPairTag + 3 + k);
+          write_state(*c->rep_adam, k == 0, c->rep_shard->local_offset(0), c->rep_shard->owned(0),
+                      state.data());
+        }
       }
 }
 
@@ -493,14 +613,35 @@ double PipelineExecutor::step(double lr) {
   const double norm = std::sqrt(sum_in_unit_order(sq));
   const double clip = chunks_.front()->adam->clip_scale(norm);
   for (auto& c : chunks_) {
-    c->adam->apply(c->params.f32(), c->grads.f32(), lr, clip);
-    std::memset(c->grads.data(), 0, c->grads.size());
-    if (c->replica()) {
-      c->rep_adam->apply(c->rep_params.f32(), c->rep_grads.f32(), lr, clip);
-      std::memset(c->rep_grads.data(), 0, c->rep_grads.size());
-    }
+    update(*c, false, lr, clip);
+    if (c->replica()) update(*c, true, lr, clip);
   }
   return norm;
+}
+
+// One AdamW step of a chunk's units (or of its replica of unit 0) from the
+// full reduced gradient, which starts the next step at zero. ZeRO-1: this
+// rank's shard of it is copied out, the shard of the parameters updated, and
+// the updated shards all-gathered unit by unit.
+void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
+  const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
+  optim::AdamW& adam = replica ? *c.rep_adam : *c.adam;
+  float* params = replica ? c.rep_params.f32() : c.params.f32();
+  tensor::Storage& grads = replica ? c.rep_grads : c.grads;
+  if (sl.ranks() == 1) {
+    adam.apply(params, grads.f32(), lr, clip);
+  } else {
+    float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
+    int64_t at = 0;  // unit i's first element in the buffers
+    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      std::memcpy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
+                  static_cast<size_t>(sl.owned(i)) * sizeof(float));
+    adam.apply(params, shard, lr, clip);
+    at = 0;
+    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      gather_unit(sl, i, params + at + sl.begin(i), params + at);
+  }
+  std::memset(grads.data(), 0, grads.size());
 }
 
 double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets) {
@@ -601,16 +742,78 @@ std::vector<size_t> PipelineExecutor::slot_bytes() const {
   return out;
 }
 
+// Every AdamW of this rank (the chunks' and the tied replicas'), with the
+// name of its swap file's suffix.
+std::vector<std::pair<optim::AdamW*, std::string>> PipelineExecutor::adams() const {
+  std::vector<std::pair<optim::AdamW*, std::string>> out;
+  for (const auto& c : chunks_) {
+    out.emplace_back(c->adam.get(), core::str_cat("-stage", c->stage));
+    if (c->rep_adam) out.emplace_back(c->rep_adam.get(), core::str_cat("-stage", c->stage, "-replica"));
+  }
+  return out;
+}
+
+std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int prefetch) const {
+  size_t pages = 0, least = 0;
+  for (const auto& [a, name] : adams()) {
+    const auto g = optim::PagedAdamState::geometry(a->num_params(), page_bytes, {});
+    pages += g.pages();
+    least += optim::PagedAdamState::min_compute_frames(g, prefetch);
+  }
+  return {pages, least};
+}
+
+void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
+  const size_t total = paging_pages(options.page_bytes, options.prefetch).first;
+  for (const auto& [a, name] : adams()) {
+    const auto g = optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {});
+    memory::PagerOptions o = options;
+    const size_t least = optim::PagedAdamState::min_compute_frames(g, options.prefetch);
+    o.compute_frames = options.compute_frames == 0
+                           ? g.pages()
+                           : std::max(least, options.compute_frames * g.pages() / total);
+    o.host_frames = options.host_frames * g.pages() / total;
+    const auto dot = o.file_name.rfind('.');
+    o.file_name = dot == std::string::npos ? o.file_name + name
+                                           : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
+    a->enable_paging(o, {});
+  }
+}
+
+bool PipelineExecutor::paged() const { return chunks_.front()->adam->paged(); }
+
+memory::PagerStats PipelineExecutor::take_paging_stats() {
+  memory::PagerStats sum;
+  for (const auto& [a, name] : adams()) {
+    if (!a->paged()) continue;
+    const memory::PagerStats s = a->paged_state()->take_stats();
+    sum.nvme_read_bytes += s.nvme_read_bytes;
+    sum.nvme_written_bytes += s.nvme_written_bytes;
+    sum.host_read_bytes += s.host_read_bytes;
+    sum.host_written_bytes += s.host_written_bytes;
+    sum.accesses += s.accesses;
+    sum.hits += s.hits;
+    sum.wait_s += s.wait_s;
+    sum.pass_s += s.pass_s;
+  }
+  return sum;
+}
+
 PipelineExecutor::Memory PipelineExecutor::memory() const {
   Memory m;
   for (const auto& c : chunks_) {
     m.params += c->params.size() + c->rep_params.size();
-    m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size();
-    m.adam += c->adam->state_bytes() + (c->rep_adam ? c->rep_adam->state_bytes() : 0);
+    m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size() + c->grad_shard.size() +
+               c->rep_grad_shard.size();
     for (const auto& s : c->slots) m.activations += s->activation_bytes();
     m.w_queue += c->work_bytes;
   }
-  m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  for (const auto& [a, name] : adams()) {
+    m.adam += a->state_bytes();
+    if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
+  }
+  m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
+              gather_.size();
   return m;
 }
 
@@ -680,19 +883,30 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   }
   m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
   const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
+  // ZeRO-1: Adam over the shard (padded), the reduced gradient's shard, and
+  // the gathers' send block + receive buffer for the largest unit.
+  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  int64_t most = 0;
+  auto shard = [&](int first, int last) {
+    const ShardLayout sl(unit_sizes(layout, first, last), zr, 0);
+    for (int i = 0; i < sl.num_units(); ++i) most = std::max(most, sl.stride(i));
+    return static_cast<size_t>(sl.local_numel());
+  };
   for (int stage : stages) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
     const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
+    const size_t local = shard(first, last);
     m.params += n * f;
-    m.grads += n * f;
-    m.adam += 2 * n * f;
+    m.grads += (n + (zr > 1 ? local : 0)) * f;
+    m.adam += 2 * local * f;
     if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
+      const size_t local0 = shard(0, 0);
       m.params += n0 * f;
-      m.grads += n0 * f;
-      m.adam += 2 * n0 * f;
+      m.grads += (n0 + (zr > 1 ? local0 : 0)) * f;
+      m.adam += 2 * local0 * f;
     }
     m.activations += static_cast<size_t>(slots[stage]) *
                      model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
@@ -700,6 +914,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     const int blocks = std::min(last, head - 1) - (std::max(first, 1) - 1);
     m.w_queue += static_cast<size_t>(works[stage]) * static_cast<size_t>(blocks) * work;
   }
+  if (zr > 1) m.buffers += static_cast<size_t>(most * (1 + zr)) * f;
   return m;
 }
 

@@ -28,8 +28,22 @@
 // tensors are made. Every message carries a shape header (StageLink): a
 // mismatch is an error naming both ranks and shapes.
 //
-// What it does not do (refused by the trainer): ZeRO 1-3 and paged or bf16
-// state at pp > 1.
+// ZeRO-1 (PipelineSetup::zero_stage = 1): each chunk's Adam state exists for
+// this rank's shard of its units only (ShardLayout over the data group, the
+// layout DataParallel uses), the full reduced gradient's shard feeds the
+// update and the updated shards are all-gathered unit by unit. The tied
+// head's replica of unit 0 is cut by the same layout as the embedding's, so
+// both copies update the same elements on the same rank. The update is
+// element-wise, so the bits do not depend on the stage: ZeRO-1 gives ZeRO-0's.
+//
+// Paging (enable_paging): each chunk's Adam state (its shard under ZeRO-1)
+// lives in pages of its own pager (memory/pager.h), moving between the compute
+// tier, host RAM and an NVMe swap file per chunk; the update is the same
+// element-wise computation cut at page boundaries, so the bits do not change.
+//
+// What it does not do (refused by the trainer): ZeRO 2-3 (gradients reduced
+// per micro-batch, while a stage's micro-batches arrive at different times)
+// and bf16 state.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +57,9 @@
 #include "comm/communicator.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "memory/pager.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/shard_layout.h"
 #include "parallel/stage_link.h"
 #include "tensor/tensor.h"
 
@@ -59,6 +75,11 @@ struct PipelineSetup {
   model::ParallelOps* tp_ops = nullptr;       // the tensor group's collectives (null: tp = 1)
   model::TensorSplit split;
   bool tp_overlap = false;
+  // ZeRO: 0 (whole Adam state per chunk) or 1 (this rank's shard over the
+  // data group). `dp` is the data group's size (predict() reads it when
+  // `data` is null).
+  int zero_stage = 0;
+  int dp = 1;
 };
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
@@ -90,13 +111,20 @@ class PipelineExecutor {
   int rank() const { return rank_; }  // in the pipeline group
   int ranks() const { return setup_.schedule.ranks; }
   const pipeline::Schedule& schedule() const { return setup_.schedule; }
-  const model::Layout& layout() const { return layout_; }
+  const model::Layout& layout() const { return layout_; }  // this tp rank's
+  const model::TransformerConfig& config() const { return config_; }  // resolved, the whole model's
   // Whether this rank holds unit u (its owner's copy; a tied replica does not count).
   bool holds(int u) const;
-  // Unit u's parameters / Adam m / Adam v on this rank (holds(u)), unit_numel(u) floats.
+  // Unit u's state on this rank (holds(u)) as unit_numel(u) floats in the
+  // held layout: its parameters, Adam m or Adam v. Reading m or v under
+  // ZeRO-1 all-gathers the shards: a collective over the data group (every
+  // data rank of this stage calls it for the same unit and kind). Writing
+  // keeps this rank's shard. Paged state is copied out of and into its pages.
+  enum class State { kParams, kAdamM, kAdamV };
+  void read_unit(State kind, int u, float* dst);
+  void write_unit(State kind, int u, const float* src);
+  // Unit u's parameters in place (holds(u)).
   float* unit_params(int u);
-  float* unit_adam_m(int u);
-  float* unit_adam_v(int u);
   // The head's replica of the tied token table on this rank (null: none here).
   const float* tied_replica() const;
   // Whether this rank has the last stage (the loss).
@@ -129,15 +157,30 @@ class PipelineExecutor {
 
   // The last forward_backward's spans on this rank.
   const std::vector<PipelineSpan>& spans() const { return spans_; }
+  // Moves every chunk's Adam state (and the tied replica's) into pages, before
+  // the first step. `options` holds this rank's totals: its compute frames
+  // (0: every page resident) and host frames are split over the chunks in
+  // proportion to their pages, each keeping its minimum; each chunk's swap
+  // file is options.file_name with the stage appended.
+  void enable_paging(const memory::PagerOptions& options);
+  bool paged() const;
+  // Pages of every chunk at page_bytes (what enable_paging will make), and
+  // the fewest compute frames they work with.
+  std::pair<size_t, size_t> paging_pages(size_t page_bytes, int prefetch) const;
+  // All chunks' pagers: the traffic since the last call.
+  memory::PagerStats take_paging_stats();
+
   // Chrome trace-event JSON of the last step, every rank (a collective over
   // the pipeline group: call on every rank; rank 0 gets the JSON, others "").
   std::string gather_trace();
 
-  // Bytes this rank holds: parameters + gradients (+ replica, E), Adam, and
-  // activation slots and W-queue works at their peak.
+  // Bytes this rank holds: parameters + gradients (+ replica, E, and under
+  // ZeRO-1 the shard of the reduced gradient the update reads), Adam (in
+  // memory), activation slots and W-queue works at their peak, message and
+  // ZeRO-1 gather buffers, and the compute tier's page frames when paged.
   struct Memory {
-    size_t params = 0, grads = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0;
-    size_t total() const { return params + grads + adam + activations + w_queue + buffers; }
+    size_t params = 0, grads = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0, pages = 0;
+    size_t total() const { return params + grads + adam + activations + w_queue + buffers + pages; }
   };
   Memory memory() const;
   // What memory() will be on pipeline rank `rank` after a step, from the
@@ -163,6 +206,9 @@ class PipelineExecutor {
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    PipelineStepStats& stats);
   void sum_tied_pair();
+  void update(Chunk& c, bool replica, double lr, double clip);
+  std::vector<std::pair<optim::AdamW*, std::string>> adams() const;
+  void gather_unit(const ShardLayout& sl, int i, const float* mine, float* dst);
   tensor::Shape message_shape() const;
 
   model::TransformerConfig config_;
@@ -182,6 +228,7 @@ class PipelineExecutor {
   };
   std::map<Key, Posted> posted_;
   std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
+  tensor::Storage gather_;       // ZeRO-1: a send block and ranks × stride (the largest unit)
   size_t next_recv_ = 0;         // the next kRecv of the list to post
   std::vector<int32_t> inputs_, targets_;
   std::vector<PipelineSpan> spans_;

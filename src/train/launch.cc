@@ -125,19 +125,13 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
     parallel::pipeline::check_schedule(parallel::pipeline::parse_schedule(schedule),
                                        static_cast<int>(p.pp), static_cast<int>(p.accum),
                                        static_cast<int>(cfg.get_int("parallel.virtual_stages")));
-    PO_CHECK(cfg.get_int("parallel.zero_stage") == 0, "parallel.zero_stage = ",
-             cfg.get_int("parallel.zero_stage"), " with parallel.pp = ", p.pp,
-             ": ZeRO 2 and 3 are refused (a stage's gradients accumulate over micro-batches that "
-             "arrive at different times, and its state is already 1/pp of the model), ZeRO-1 is "
-             "not built yet; use parallel.zero_stage = 0");
+    const int64_t zero = cfg.get_int("parallel.zero_stage");
+    PO_CHECK(zero == 0 || zero == 1, "parallel.zero_stage = ", zero, " with parallel.pp = ", p.pp,
+             ": ZeRO 2 and 3 are refused (they reduce each micro-batch's gradients as its backward "
+             "ends, but a stage's micro-batches arrive at different times and the stage's state is "
+             "already 1/pp of the model); use parallel.zero_stage = 0 or 1");
     PO_CHECK(precision == "fp32", "train.precision = \"", precision, "\" with parallel.pp = ",
              p.pp, ": bf16 pipeline stages are not built yet");
-    PO_CHECK(cfg.get_size("memory.host_budget") == 0 && cfg.get_string("memory.nvme_dir").empty(),
-             "memory.host_budget / memory.nvme_dir with parallel.pp = ", p.pp,
-             ": paged pipeline stages are not built yet");
-    PO_CHECK(cfg.get_int("parallel.tp") == 1 || cfg.get_int("train.checkpoint_interval") == 0,
-             "parallel.tp × parallel.pp > 1 with train.checkpoint_interval: checkpoints of "
-             "tensor-parallel pipeline stages are not built yet");
   }
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);

@@ -17,9 +17,7 @@
 #include "tensor/tensor.h"
 
 namespace po::train {
-namespace {
 
-// memory.* into the pager's options (the tiers' frame counts are set later).
 memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
   memory::PagerOptions o;
   o.page_bytes = cfg.get_size("memory.page_size");
@@ -34,6 +32,8 @@ memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
            " bytes: must be a multiple of 4096");
   return o;
 }
+
+namespace {
 
 // What the compute tier holds besides pages once set up: the ledger's count
 // of what is not paged (all but `paged_bytes`), what else is allocated, the

@@ -6,11 +6,17 @@
 #pragma once
 
 #include "core/config.h"
+#include "memory/pager.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
 #include "train/launch.h"
 
 namespace po::train {
+
+// memory.* into the pager's options (the tiers' frame counts are left 0):
+// page size, prefetch, direction, the NVMe directory and this rank's swap
+// file name, the I/O settings.
+memory::PagerOptions pager_options(const core::Config& cfg, int rank);
 
 // Turns paging on in `dp` when memory.host_budget or memory.nvme_dir is set;
 // returns whether it did. Its one-screen table goes to the log (rank 0).

@@ -2,6 +2,7 @@
 #include "train/pipeline_train.h"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -19,8 +20,10 @@
 #include "parallel/tensor_parallel.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
+#include "train/paging_setup.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/tp_checkpoint.h"
 #include "train/train_step.h"
 
 namespace po::train {
@@ -46,6 +49,8 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   s.tp_ops = tp_ops;
   s.split = {static_cast<int>(r.p.tp), r.launch.tp_rank};
   s.tp_overlap = cfg.get_bool("parallel.tp_overlap");
+  s.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
+  s.dp = static_cast<int>(r.p.dp);
   return s;
 }
 
@@ -65,93 +70,178 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   PO_THROW(core::Internal, "pipeline: no stage holds unit ", u);
 }
 
-const checkpoint::StateKind kKinds[3] = {checkpoint::StateKind::kParams,
-                                         checkpoint::StateKind::kAdamM,
-                                         checkpoint::StateKind::kAdamV};
-
-float* unit_state(parallel::PipelineExecutor& ex, checkpoint::StateKind k, int u) {
+parallel::PipelineExecutor::State state_of(checkpoint::StateKind k) {
+  using S = parallel::PipelineExecutor::State;
   switch (k) {
-    case checkpoint::StateKind::kParams: return ex.unit_params(u);
-    case checkpoint::StateKind::kAdamM: return ex.unit_adam_m(u);
-    case checkpoint::StateKind::kAdamV: return ex.unit_adam_v(u);
+    case checkpoint::StateKind::kParams: return S::kParams;
+    case checkpoint::StateKind::kAdamM: return S::kAdamM;
+    case checkpoint::StateKind::kAdamV: return S::kAdamV;
   }
-  return nullptr;
+  PO_THROW(core::Internal, "pipeline: unknown state kind");
 }
 
-// The whole model's checkpoint: the first replica's stages send their units
-// to its rank 0, which writes them (a collective over the world).
+// The whole model's checkpoint, in the layout-independent format (a
+// collective over the world). Per unit and kind, the stage that holds the
+// unit makes it whole: its ZeRO-1 shards all-gathered over each data group
+// (read_unit), its tensor-parallel shards over the tensor group, assembled
+// by tp rank 0 (assemble_unit); that stage's (dp 0, tp 0) rank sends it to
+// the writer, world rank 0, which writes the whole model as a one-process run
+// would. The writer holds the whole state while it writes.
 void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
                    const parallel::PipelineSetup& s, TrainState st, const std::string& path) {
-  const model::Layout& l = ex.layout();
-  const int U = l.num_units();
+  const model::Layout& held = ex.layout();
+  const model::Layout whole(ex.config());
+  const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   st.adam_t = ex.adam_steps();
-  if (r.launch.dp_rank == 0 && r.launch.tp_rank == 0) {
-    comm::Communicator& pipe = *s.pipe;
-    const bool writer = pipe.rank() == 0;
-    std::vector<float> whole[3];
-    if (writer)
-      for (auto& w : whole) w.resize(static_cast<size_t>(l.num_params()));
-    for (int u = 0; u < U; ++u) {
-      const int owner = owner_of(s, l, u);
-      const auto n = static_cast<size_t>(l.unit_numel(u));
-      for (int k = 0; k < 3; ++k) {
-        const int tag = 3 * u + k;
-        if (writer && owner == 0)
-          std::copy_n(unit_state(ex, kKinds[k], u), n, whole[k].data() + l.unit_offset(u));
-        else if (writer)
-          pipe.recv(whole[k].data() + l.unit_offset(u), n, DType::kF32, owner, tag);
-        else if (pipe.rank() == owner)
-          pipe.send(unit_state(ex, kKinds[k], u), n, DType::kF32, 0, tag);
+  comm::Communicator& pipe = *s.pipe;
+  comm::Communicator* tensor = r.launch.tp_group();
+  const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0;
+  const bool writer = sender && pipe.rank() == 0;
+  std::vector<model::Layout> tp_layouts;  // every tp rank's held layout, for the assembly
+  if (tp > 1 && r.launch.tp_rank == 0)
+    for (int k = 0; k < tp; ++k) tp_layouts.emplace_back(ex.config(), model::TensorSplit{tp, k});
+  std::vector<float> all[3];
+  if (writer)
+    for (auto& w : all) w.resize(static_cast<size_t>(whole.num_params()));
+  std::vector<float> unit, pieces, assembled;
+  for (int u = 0; u < U; ++u) {
+    const int owner = owner_of(s, held, u);
+    const auto n = static_cast<size_t>(held.unit_numel(u)), nw = static_cast<size_t>(whole.unit_numel(u));
+    for (int k = 0; k < 3; ++k) {
+      const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
+      if (pipe.rank() == owner) {
+        unit.resize(n);
+        ex.read_unit(state_of(kind), u, unit.data());
+        if (tp > 1) {
+          pieces.resize(n * static_cast<size_t>(tp));
+          tensor->all_gather(unit.data(), pieces.data(), n, DType::kF32);
+          assembled.assign(nw, 0.0f);
+          if (r.launch.tp_rank == 0) assemble_unit(tp_layouts, whole, u, pieces.data(), assembled.data());
+        } else {
+          assembled = unit;
+        }
       }
+      if (!sender) continue;
+      const int tag = 3 * u + k;
+      float* dst = writer ? all[k].data() + whole.unit_offset(u) : nullptr;
+      if (writer && owner == 0)
+        std::copy_n(assembled.data(), nw, dst);
+      else if (writer)
+        pipe.recv(dst, nw, DType::kF32, owner, tag);
+      else if (pipe.rank() == owner)
+        pipe.send(assembled.data(), nw, DType::kF32, 0, tag);
     }
-    if (writer) {
-      const parallel::ShardLayout one(unit_numels(l), 1, 0);
+  }
+  std::exception_ptr error;
+  if (writer) {
+    try {
+      const parallel::ShardLayout one(unit_numels(whole), 1, 0);
       save_checkpoint_sharded(
-          path, l, one,
+          path, whole, one,
           [&](checkpoint::StateKind k, int u) -> const float* {
-            const int i = k == checkpoint::StateKind::kParams ? 0 : k == checkpoint::StateKind::kAdamM ? 1 : 2;
-            return whole[i].data() + l.unit_offset(u);
+            return all[static_cast<size_t>(k == checkpoint::StateKind::kParams   ? 0
+                                           : k == checkpoint::StateKind::kAdamM ? 1
+                                                                                : 2)]
+                       .data() +
+                   whole.unit_offset(u);
           },
           st, r.config_toml, nullptr,
           {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
+    } catch (...) {
+      error = std::current_exception();
     }
   }
-  r.launch.world->barrier();
+  checkpoint::agree_on_success(r.launch.world.get(), error, path + ": saving");
 }
 
-// Every rank reads the units it holds (the others into scratch).
-TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path) {
-  const model::Layout& l = ex.layout();
-  std::vector<float> scratch;
-  const parallel::ShardLayout one(unit_numels(l), 1, 0);
+// Every rank reads the whole model's units and keeps its tensor-parallel
+// shard of the ones it holds (write_unit keeps its ZeRO-1 shard of m and v).
+TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path,
+                         comm::Communicator* world) {
+  const model::Layout& held = ex.layout();
+  const model::Layout whole(ex.config());
+  const parallel::ShardLayout one(unit_numels(whole), 1, 0);
+  // The loader fills one whole unit at a time; the previous one is complete
+  // when the next is asked for (and at the end).
+  std::vector<float> staged, unit;
+  std::optional<std::pair<checkpoint::StateKind, int>> pending;
+  auto flush = [&] {
+    if (!pending) return;
+    const auto [k, u] = *pending;
+    pending.reset();
+    if (!ex.holds(u)) return;
+    unit.resize(static_cast<size_t>(held.unit_numel(u)));
+    shard_unit(held, whole, u, staged.data(), unit.data());  // a copy at tp = 1
+    ex.write_unit(state_of(k), u, unit.data());
+  };
   const TrainState st = load_checkpoint_sharded(
-      path, l, one,
+      path, whole, one,
       [&](checkpoint::StateKind k, int u) -> float* {
-        if (ex.holds(u)) return unit_state(ex, k, u);
-        scratch.resize(static_cast<size_t>(l.unit_numel(u)));
-        return scratch.data();
+        flush();
+        staged.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
+        pending = std::make_pair(k, u);
+        return staged.data();
       },
-      nullptr, {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
+      world, {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
+  flush();
   ex.set_adam_steps(st.adam_t);
   ex.sync_replica();
   return st;
 }
 
-// model.init's weights: the whole model read on every rank, its units kept.
+// model.init's weights: the whole model read on every rank, the tensor
+// shards of its units kept.
 void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& mcfg,
                const std::string& init) {
   model::TransformerConfig wc = mcfg;
   wc.activation_checkpointing = false;
+  wc.sequence_parallel = false;
   model::Transformer whole(wc, 1, 1);
   load_model_weights(init, whole);
-  for (int u = 0; u < whole.num_units(); ++u)
-    if (ex.holds(u))
-      std::copy_n(whole.params() + whole.unit_offset(u), whole.unit_numel(u), ex.unit_params(u));
+  std::vector<float> unit;
+  for (int u = 0; u < whole.num_units(); ++u) {
+    if (!ex.holds(u)) continue;
+    unit.resize(static_cast<size_t>(ex.layout().unit_numel(u)));
+    shard_unit(ex.layout(), whole.layout(), u, whole.params() + whole.unit_offset(u), unit.data());
+    ex.write_unit(parallel::PipelineExecutor::State::kParams, u, unit.data());
+  }
   ex.sync_replica();
 }
 
 double mean_of(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// memory.host_budget / memory.nvme_dir: each stage's Adam state in pages
+// (PipelineExecutor::enable_paging). memory.compute_budget leaves the
+// compute tier what the executor's own accounting (predict) does not take;
+// returns whether the state is paged.
+bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
+                        const model::TransformerConfig& mcfg, const parallel::PipelineSetup& setup,
+                        int rank) {
+  const size_t compute_budget = cfg.get_size("memory.compute_budget");
+  const size_t host_budget = cfg.get_size("memory.host_budget");
+  if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) return false;
+  memory::PagerOptions o = pager_options(cfg, rank);
+  const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
+  parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
+  fixed.adam = 0;  // what is paged
+  if (compute_budget > 0) {
+    const size_t need = fixed.total() + least * o.page_bytes;
+    PO_CHECK(compute_budget >= need, "memory.compute_budget = ", compute_budget,
+             " bytes is too small for rank ", rank, "'s pipeline stages: at least ", need, " bytes (",
+             fixed.total(), " for parameters, gradients, activations and buffers + ", least,
+             " pages of ", o.page_bytes, ")");
+    o.compute_frames = std::min(pages, (compute_budget - fixed.total()) / o.page_bytes);
+  }
+  o.host_frames = host_budget / o.page_bytes;
+  if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
+  ex.enable_paging(o);
+  PO_LOG_INFO("paged optimizer state (rank ", rank, "): ", pages, " pages of ",
+              static_cast<double>(o.page_bytes) / (1 << 20), " MiB over its stages; compute tier ",
+              o.compute_frames == 0 ? pages : o.compute_frames, " pages, host tier ", o.host_frames,
+              o.nvme_dir.empty() ? std::string() : core::str_cat(", the rest in ", o.nvme_dir));
+  return true;
 }
 
 }  // namespace
@@ -167,20 +257,20 @@ TrainResult train_pipeline(const PipelineRun& r) {
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
   comm::Communicator& pipe = *launch.pp_group();
   comm::Communicator* data = launch.dp_group();
+  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world->rank());
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);
   TrainState state;
   state.seed = r.seed;
   if (r.resume && !existing.empty()) {
-    state = load_pipeline(ex, existing.back());
+    state = load_pipeline(ex, existing.back(), launch.world.get());
     PO_CHECK(state.seed == r.seed, existing.back(), ": written with train.seed = ", state.seed,
              ", but the config says ", r.seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
   } else if (cfg.get_string("model.init") == "random") {
     ex.init_random(r.seed);
   } else {
-    PO_CHECK(p.tp == 1, "model.init from a file with parallel.tp × parallel.pp > 1 is not built yet");
     load_init(ex, r.mcfg, cfg.get_string("model.init"));
   }
   if (launch.leader) {
@@ -252,11 +342,17 @@ TrainResult train_pipeline(const PipelineRun& r) {
     const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex.memory();
-    const double mine_mem[6] = {static_cast<double>(mem.params), static_cast<double>(mem.grads),
-                                static_cast<double>(mem.adam), static_cast<double>(mem.activations),
-                                static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers)};
-    std::vector<double> mems(6 * static_cast<size_t>(p.pp));
-    pipe.all_gather(mine_mem, mems.data(), 12, DType::kI32);  // doubles, bit-exact
+    const memory::PagerStats ps = paged ? ex.take_paging_stats() : memory::PagerStats{};
+    constexpr size_t kMem = 11;
+    const double mine_mem[kMem] = {
+        static_cast<double>(mem.params), static_cast<double>(mem.grads),
+        static_cast<double>(mem.adam), static_cast<double>(mem.activations),
+        static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
+        static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
+        static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
+        ps.hit_rate()};
+    std::vector<double> mems(kMem * static_cast<size_t>(p.pp));
+    pipe.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
     int peak = st.peak_in_flight;
     std::vector<int> peaks(static_cast<size_t>(p.pp));
     pipe.all_gather(&peak, peaks.data(), 1, DType::kI32);
@@ -284,11 +380,14 @@ TrainResult train_pipeline(const PipelineRun& r) {
       checkpoint_now();
     if (!launch.leader) continue;
     nlohmann::json per_rank = nlohmann::json::array();
+    nlohmann::json paging = nlohmann::json::array();
     for (int64_t k = 0; k < p.pp; ++k) {
-      const double* v = mems.data() + 6 * k;
+      const double* v = mems.data() + kMem * k;
       per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"adam", v[2]}, {"activations", v[3]},
-                          {"w_queue", v[4]}, {"buffers", v[5]},
-                          {"total", v[0] + v[1] + v[2] + v[3] + v[4] + v[5]}});
+                          {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
+                          {"total", v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6]}});
+      paging.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
+                        {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
     }
     metrics->write({{"step", state.step},
                     {"loss", loss},
@@ -306,6 +405,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},
                     {"pp_memory_per_rank", per_rank}});
+    if (paged) metrics->write({{"step", state.step}, {"pp_paging_per_rank", paging}});
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
       progress.step(state.step, p.steps, loss, lr, norm, tokens_per_step(p) / seconds,
                     seconds * static_cast<double>(p.steps - state.step));

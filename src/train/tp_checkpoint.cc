@@ -17,10 +17,10 @@ namespace {
 using checkpoint::StateKind;
 using tensor::DType;
 
-// Unit u of the whole model from every tp rank's held unit u (pieces[r] at
-// r · held unit size; ranks[r] is rank r's layout): the inverse of shard_unit.
-void whole_unit(const std::vector<model::Layout>& ranks, const model::Layout& whole, int u,
-                const float* pieces, float* out) {
+}  // namespace
+
+void assemble_unit(const std::vector<model::Layout>& ranks, const model::Layout& whole, int u,
+                   const float* pieces, float* out) {
   const int64_t base = whole.unit_offset(u);
   for (size_t r = 0; r < ranks.size(); ++r) {
     const model::Layout& held = ranks[r];
@@ -39,8 +39,6 @@ void whole_unit(const std::vector<model::Layout>& ranks, const model::Layout& wh
     }
   }
 }
-
-}  // namespace
 
 void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
                 const float* whole_unit, float* held_unit) {
@@ -94,7 +92,7 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
       g.tensor->all_gather(unit.data(), pieces.data(), static_cast<size_t>(n), DType::kF32);
       if (!writer) continue;
       assembled.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
-      whole_unit(ranks, whole, u, pieces.data(), assembled.data());
+      assemble_unit(ranks, whole, u, pieces.data(), assembled.data());
       mine[{k, u}].assign(assembled.begin() + whole_sl.begin(u), assembled.begin() + whole_sl.end(u));
     }
   }

@@ -69,4 +69,10 @@ TrainState load_tensor_parallel_checkpoint(const std::string& path,
 void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
                 const float* whole_unit, float* held_unit);
 
+// Unit u of the whole model from every tp rank's held unit u (pieces[r] at
+// r · held unit size; ranks[r] is tp rank r's layout): the inverse of
+// shard_unit (replicated tensors are taken from rank 0).
+void assemble_unit(const std::vector<model::Layout>& ranks, const model::Layout& whole, int u,
+                   const float* pieces, float* out);
+
 }  // namespace po::train
