@@ -218,7 +218,8 @@ double mean_of(const std::vector<double>& v) {
 // returns whether the state is paged.
 bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
                         const model::TransformerConfig& mcfg, const parallel::PipelineSetup& setup,
-                        int rank) {
+                        comm::Communicator& world) {
+  const int rank = world.rank();
   const size_t compute_budget = cfg.get_size("memory.compute_budget");
   const size_t host_budget = cfg.get_size("memory.host_budget");
   if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) return false;
@@ -227,10 +228,18 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
   fixed.adam = 0;  // what is paged
   if (compute_budget > 0) {
-    const size_t need = fixed.total() + least * o.page_bytes;
-    PO_CHECK(compute_budget >= need, "memory.compute_budget = ", compute_budget,
-             " bytes is too small for rank ", rank, "'s pipeline stages: at least ", need, " bytes (",
-             fixed.total(), " for parameters, gradients, activations and buffers + ", least,
+    // Stages differ: every rank checks the budget against the rank that needs the most.
+    const int64_t mine[3] = {static_cast<int64_t>(fixed.total() + least * o.page_bytes),
+                             static_cast<int64_t>(fixed.total()), static_cast<int64_t>(least)};
+    std::vector<int64_t> all(3 * static_cast<size_t>(world.size()));
+    world.all_gather(mine, all.data(), 6, DType::kI32);  // int64s, bit-exact
+    int worst = 0;
+    for (int k = 1; k < world.size(); ++k)
+      if (all[3 * static_cast<size_t>(k)] > all[3 * static_cast<size_t>(worst)]) worst = k;
+    const int64_t* w = all.data() + 3 * worst;
+    PO_CHECK(compute_budget >= static_cast<size_t>(w[0]), "memory.compute_budget = ", compute_budget,
+             " bytes is too small for rank ", worst, "'s pipeline stages: at least ", w[0],
+             " bytes (", w[1], " for parameters, gradients, activations and buffers + ", w[2],
              " pages of ", o.page_bytes, ")");
     o.compute_frames = std::min(pages, (compute_budget - fixed.total()) / o.page_bytes);
   }
@@ -257,7 +266,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
   comm::Communicator& pipe = *launch.pp_group();
   comm::Communicator* data = launch.dp_group();
-  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world->rank());
+  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, *launch.world);
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);
