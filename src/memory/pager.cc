@@ -391,4 +391,27 @@ PagerStats Pager::take_stats() {
   return s;
 }
 
+std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least) {
+  size_t total = 0, kept = 0;
+  for (size_t p : pages) {
+    total += p;
+    kept += std::min(p, least);
+  }
+  if (frames >= total) return pages;
+  const size_t spare = frames > kept ? frames - kept : 0;
+  std::vector<size_t> out(pages.size());
+  size_t given = 0;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    out[i] = std::min(pages[i], std::min(pages[i], least) + spare * pages[i] / total);
+    given += out[i];
+  }
+  // Rounding leftovers to whoever has room, in order.
+  for (size_t i = 0; i < pages.size() && given < frames; ++i) {
+    const size_t more = std::min(pages[i] - out[i], frames - given);
+    out[i] += more;
+    given += more;
+  }
+  return out;
+}
+
 }  // namespace po::memory

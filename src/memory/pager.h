@@ -155,4 +155,10 @@ class Pager {
   uint64_t nvme_read_seen_ = 0, nvme_written_seen_ = 0;  // store counters at the last take_stats()
 };
 
+// `frames` split over pagers of `pages` pages: each keeps min(its pages,
+// `least`), the rest goes out in proportion to their pages, none gets more
+// than its pages (all of them when everything fits); the shares add up to
+// min(frames, Σ pages) whenever frames covers the kept ones.
+std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least);
+
 }  // namespace po::memory

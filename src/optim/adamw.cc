@@ -54,32 +54,6 @@ size_t PagedAdamState::min_compute_frames(const Geometry& g, int prefetch) {
 
 namespace {
 
-// `frames` split over pagers of `pages` pages: each keeps min(its pages,
-// `least`), the rest goes out in proportion to their pages, none gets more
-// than its pages (all of them when everything fits).
-std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least) {
-  size_t total = 0, kept = 0;
-  for (size_t p : pages) {
-    total += p;
-    kept += std::min(p, least);
-  }
-  if (frames >= total) return pages;
-  const size_t spare = frames > kept ? frames - kept : 0;
-  std::vector<size_t> out(pages.size());
-  size_t given = 0;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    out[i] = std::min(pages[i], std::min(pages[i], least) + spare * pages[i] / total);
-    given += out[i];
-  }
-  // Rounding leftovers to whoever has room, in order.
-  for (size_t i = 0; i < pages.size() && given < frames; ++i) {
-    const size_t more = std::min(pages[i] - out[i], frames - given);
-    out[i] += more;
-    given += more;
-  }
-  return out;
-}
-
 std::string suffixed(const std::string& name, const char* what) {
   const std::string ext = ".swap";
   if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
@@ -94,8 +68,8 @@ PagedAdamState::PagedAdamState(int64_t numel, const Layout& layout,
     : n_(numel), layout_(layout), geo_(geometry(numel, options.page_bytes, layout)) {
   const std::vector<size_t> pages = {geo_.state_pages, geo_.param_pages, geo_.grad_pages};
   const size_t least = memory::Pager::min_compute_frames(options.prefetch);
-  const std::vector<size_t> compute = split_frames(options.compute_frames, pages, least);
-  const std::vector<size_t> host = split_frames(options.host_frames, pages, 0);
+  const std::vector<size_t> compute = memory::split_frames(options.compute_frames, pages, least);
+  const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
   auto make = [&](size_t i, const char* what) {
     memory::PagerOptions o = options;
     o.compute_frames = compute[i];

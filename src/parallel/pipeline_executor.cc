@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include "core/error.h"
@@ -753,30 +754,58 @@ std::vector<std::pair<optim::AdamW*, std::string>> PipelineExecutor::adams() con
   return out;
 }
 
-std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int prefetch) const {
+std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfig& config,
+                                                   const PipelineSetup& setup, int rank) {
+  const model::Layout layout(config.resolved(), setup.split);
+  const pipeline::Schedule& s = setup.schedule;
+  const int head = layout.head_unit();
+  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  std::vector<int64_t> out;
+  for (int stage : s.stages_of(rank)) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    out.push_back(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
+    if (layout.tied() && last == head && first > 0 && s.rank_of(0) != rank)
+      out.push_back(ShardLayout(unit_sizes(layout, 0, 0), zr, 0).local_numel());
+  }
+  return out;
+}
+
+std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::TransformerConfig& config,
+                                                         const PipelineSetup& setup, int rank,
+                                                         size_t page_bytes, int prefetch) {
   size_t pages = 0, least = 0;
-  for (const auto& [a, name] : adams()) {
-    const auto g = optim::PagedAdamState::geometry(a->num_params(), page_bytes, {});
+  for (int64_t n : adam_numels(config, setup, rank)) {
+    const auto g = optim::PagedAdamState::geometry(n, page_bytes, {});
     pages += g.pages();
     least += optim::PagedAdamState::min_compute_frames(g, prefetch);
   }
   return {pages, least};
 }
 
+std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int prefetch) const {
+  return paging_pages(config_, setup_, rank_, page_bytes, prefetch);
+}
+
 void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
-  const size_t total = paging_pages(options.page_bytes, options.prefetch).first;
-  for (const auto& [a, name] : adams()) {
-    const auto g = optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {});
+  const auto list = adams();
+  std::vector<size_t> pages;
+  for (const auto& [a, name] : list)
+    pages.push_back(optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {}).pages());
+  const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
+  const std::vector<size_t> compute = memory::split_frames(
+      options.compute_frames == 0 ? all : options.compute_frames, pages,
+      memory::Pager::min_compute_frames(options.prefetch));
+  const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
+  for (size_t k = 0; k < list.size(); ++k) {
     memory::PagerOptions o = options;
-    const size_t least = optim::PagedAdamState::min_compute_frames(g, options.prefetch);
-    o.compute_frames = options.compute_frames == 0
-                           ? g.pages()
-                           : std::max(least, options.compute_frames * g.pages() / total);
-    o.host_frames = options.host_frames * g.pages() / total;
+    o.compute_frames = compute[k];
+    o.host_frames = host[k];
+    const std::string& name = list[k].second;
     const auto dot = o.file_name.rfind('.');
     o.file_name = dot == std::string::npos ? o.file_name + name
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
-    a->enable_paging(o, {});
+    list[k].first->enable_paging(o, {});
   }
 }
 
@@ -899,14 +928,12 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     const size_t local = shard(first, last);
     m.params += n * f;
     m.grads += (n + (zr > 1 ? local : 0)) * f;
-    m.adam += 2 * local * f;
     if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       const size_t local0 = shard(0, 0);
       m.params += n0 * f;
       m.grads += (n0 + (zr > 1 ? local0 : 0)) * f;
-      m.adam += 2 * local0 * f;
     }
     m.activations += static_cast<size_t>(slots[stage]) *
                      model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
@@ -915,6 +942,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.w_queue += static_cast<size_t>(works[stage]) * static_cast<size_t>(blocks) * work;
   }
   if (zr > 1) m.buffers += static_cast<size_t>(most * (1 + zr)) * f;
+  for (int64_t n : adam_numels(config, setup, rank)) m.adam += 2 * static_cast<size_t>(n) * f;
   return m;
 }
 

@@ -165,8 +165,16 @@ class PipelineExecutor {
   void enable_paging(const memory::PagerOptions& options);
   bool paged() const;
   // Pages of every chunk at page_bytes (what enable_paging will make), and
-  // the fewest compute frames they work with.
+  // the fewest compute frames they work with; from the configuration alone
+  // for pipeline rank `rank` (the planner's).
   std::pair<size_t, size_t> paging_pages(size_t page_bytes, int prefetch) const;
+  static std::pair<size_t, size_t> paging_pages(const model::TransformerConfig& config,
+                                                const PipelineSetup& setup, int rank,
+                                                size_t page_bytes, int prefetch);
+  // The elements of each AdamW pipeline rank `rank` holds (its chunks', then
+  // a tied replica's): the local shard buffers, padding included.
+  static std::vector<int64_t> adam_numels(const model::TransformerConfig& config,
+                                          const PipelineSetup& setup, int rank);
   // All chunks' pagers: the traffic since the last call.
   memory::PagerStats take_paging_stats();
 

@@ -15,11 +15,11 @@
 
 namespace po::plan::detail {
 
-// Pipeline layouts the executor trains (fp32, ZeRO-0, in memory, cp = 1).
+// Pipeline layouts the executor trains (fp32, ZeRO 0-1, in memory or paged, cp = 1).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.cp == 1 && l.zero_stage == 0 && !l.bf16 && !l.paging && l.flash_attention &&
+  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 1 && !l.bf16 && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
@@ -39,6 +39,8 @@ void pipeline_engine_memory(Plan& p) {
   s.micro = l.micro;
   s.T = l.seq;
   s.split = {l.tp, 0};
+  s.zero_stage = l.zero_stage;
+  s.dp = l.dp;
   parallel::PipelineExecutor::Memory busiest;
   int at = 0;
   for (int r = 0; r < l.pp; ++r) {
@@ -53,7 +55,46 @@ void pipeline_engine_memory(Plan& p) {
   add_memory(p, "parameters", static_cast<double>(busiest.params), Tier::kCompute, note);
   add_memory(p, "gradients", static_cast<double>(busiest.grads), Tier::kCompute,
              "incl. the tied table's lookup part / replica");
-  add_memory(p, "Adam m, v", static_cast<double>(busiest.adam));
+  if (!l.paging) {
+    add_memory(p, "Adam m, v", static_cast<double>(busiest.adam), Tier::kCompute,
+               l.zero_stage == 1 ? "this rank's ZeRO-1 shard" : "");
+  } else {
+    // Paged as the trainer pages them: the budget is checked against the
+    // rank that needs the most; each rank's pages not in the compute tier go
+    // to the host tier, then NVMe.
+    const auto page = static_cast<double>(l.page_bytes);
+    double need = 0, frames = 0, pages = 0;
+    for (int r = 0; r < l.pp; ++r) {
+      const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
+      const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
+      need = std::max(need, static_cast<double>(m.total() - m.adam) + static_cast<double>(least) * page);
+      if (r == at) pages = static_cast<double>(n);
+    }
+    p.min_compute_budget = need;
+    frames = pages;
+    if (l.compute_budget > 0) {
+      if (static_cast<double>(l.compute_budget) < need) {
+        p.fits = false;
+        p.rejections.push_back(core::str_cat("memory.compute_budget ", gib(static_cast<double>(l.compute_budget)),
+                                             " is below the neediest pipeline rank's working set: at least ",
+                                             gib(need)));
+      } else {
+        frames = std::min(pages, std::floor((static_cast<double>(l.compute_budget) -
+                                             static_cast<double>(busiest.total() - busiest.adam)) / page));
+      }
+    }
+    const double host = std::min(pages - frames, std::floor(static_cast<double>(l.host_budget) / page));
+    add_memory(p, "pages (compute tier)", frames * page, Tier::kCompute,
+               core::str_cat(static_cast<int64_t>(frames), " of ", static_cast<int64_t>(pages),
+                             " pages of Adam m, v", l.zero_stage == 1 ? " (the ZeRO-1 shard)" : ""));
+    add_memory(p, "pages (host tier)", host * page, Tier::kHost);
+    add_memory(p, "pages (NVMe)", (pages - frames - host) * page, Tier::kNvme);
+    if (pages - frames - host > 0 && !l.nvme) {
+      p.fits = false;
+      p.rejections.push_back(core::str_cat(static_cast<int64_t>(pages - frames - host),
+                                           " pages fit in neither budget: set memory.nvme_dir"));
+    }
+  }
   add_memory(p, "activations", static_cast<double>(busiest.activations), Tier::kCompute,
              "slots of the micro-batches in flight");
   add_memory(p, "weight-gradient queue", static_cast<double>(busiest.w_queue), Tier::kCompute,

@@ -208,38 +208,50 @@ TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
 
 // The planner's memory of a pipeline layout is the executor's own, to the
 // byte, on the busiest rank (every schedule, with and without activation
-// checkpointing; GPT-2's tied table and Llama's untied head).
+// checkpointing; GPT-2's tied table and Llama's untied head; ZeRO-1 at dp 2,
+// in memory and paged: the compute tier's bytes, page frames included).
 TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
   struct Case {
     std::string model;
     const char* s;
     const char* ckpt;
+    int dp = 1;
+    std::string extra;
   };
-  const std::vector<Case> cases = {{"", "gpipe", "false"},      {"", "1f1b", "false"},
+  const std::string z1 = "--set parallel.zero_stage=1 ";
+  const std::string paged = z1 + "--set memory.page_size=4096 --set memory.host_budget=8192 "
+                                 "--set memory.nvme_dir=" + (dir_ / "swap") +
+                            " --set memory.compute_budget=1200000";
+  const std::vector<Case> cases = {{"", "gpipe", "false"},       {"", "1f1b", "false"},
                                    {"", "interleaved", "false"}, {"", "zb-h1", "false"},
                                    {"", "zbv", "false"},         {"", "1f1b", "true"},
                                    {"", "zbv", "true"},          {kLlama, "1f1b", "false"},
-                                   {kLlama, "zb-h1", "true"}};
-  for (const auto& [model, s, ckpt] : cases) {
-        const std::string args = model + " --set parallel.schedule=" + s +
-                                 " --set model.activation_checkpointing=" + ckpt;
-        const std::string what = std::string(s) + (model.empty() ? " gpt2" : " llama") +
-                                 (std::string(ckpt) == "true" ? " ckpt" : "");
-        const std::string run = train(std::string("plan_") + s + ckpt + (model.empty() ? "" : "_l"),
-                                      1, 2, args + " --set train.steps=1");
-        double engine = 0;
-        for (const auto& r : po::test::last_metric(run, "pp_memory_per_rank"))
-          engine = std::max(engine, r["total"].get<double>());
-        const auto plan = po::test::run_command(
-            std::string(PO_BINARY) + " plan --json -c " + config_ + " --set parallel.pp=2 " +
-            base(args));
-        ASSERT_EQ(plan.exit_code, 0) << plan.output;
-        const nlohmann::json j = nlohmann::json::parse(plan.output);
-        double predicted = 0;
-        for (const auto& m : j["memory"]) predicted += m["bytes"].get<double>();
-        EXPECT_EQ(predicted, engine) << what << ": the planner's bytes on the busiest rank vs the "
-                                     << "executor's\n" << j["memory"].dump(1);
-      }
+                                   {kLlama, "zb-h1", "true"},    {"", "1f1b", "false", 2, z1},
+                                   {"", "zbv", "false", 2, paged}};
+  for (const auto& [model, s, ckpt, dp, extra] : cases) {
+    const std::string args = model + " --set parallel.schedule=" + s +
+                             " --set model.activation_checkpointing=" + ckpt + " " + extra;
+    const std::string what = std::string(s) + (model.empty() ? " gpt2" : " llama") +
+                             (std::string(ckpt) == "true" ? " ckpt" : "") + " dp " +
+                             std::to_string(dp) + " " + extra;
+    const std::string run = train(std::string("plan_") + s + ckpt + (model.empty() ? "" : "_l") +
+                                      std::to_string(dp) + (extra.empty() ? "" : "_z") +
+                                      (extra.size() > z1.size() ? "p" : ""),
+                                  dp, 2, args + " --set train.steps=1");
+    double engine = 0;
+    for (const auto& r : po::test::last_metric(run, "pp_memory_per_rank"))
+      engine = std::max(engine, r["total"].get<double>());
+    const auto plan = po::test::run_command(std::string(PO_BINARY) + " plan --json -c " + config_ +
+                                            " --set parallel.pp=2 --set parallel.dp=" +
+                                            std::to_string(dp) + " " + base(args));
+    ASSERT_EQ(plan.exit_code, 0) << plan.output;
+    const nlohmann::json j = nlohmann::json::parse(plan.output);
+    double predicted = 0;
+    for (const auto& m : j["memory"])
+      if (m["tier"] == "compute") predicted += m["bytes"].get<double>();
+    EXPECT_EQ(predicted, engine) << what << ": the planner's bytes on the busiest rank vs the "
+                                 << "executor's\n" << j["memory"].dump(1);
+  }
 }
 
 TEST_F(PipelineRuns, AShapeMismatchNamesBothRanksAndShapes) {
