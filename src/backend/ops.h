@@ -178,6 +178,8 @@ void scale(float* x, float s, int64_t n);
 // double (the global norm of bf16 gradients).
 void bf16_to_f32(float* dst, const uint16_t* src, int64_t n);
 void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
+// dst = src rounded to bf16 and widened back (a bf16 store and load in one).
+void bf16_round_f32(float* dst, const float* src, int64_t n);
 void bf16_add_f32(uint16_t* dst, const float* src, int64_t n);
 void bf16_add_bf16(uint16_t* dst, const uint16_t* src, int64_t n);
 double sum_squares_bf16(const uint16_t* x, int64_t n);

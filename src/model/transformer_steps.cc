@@ -277,7 +277,11 @@ std::array<Transformer::SavedPair, 7> Transformer::saved_pairs(const LayerActs& 
 }
 
 const float* Transformer::block_input(int64_t l) {
-  if (l == first_block()) return encoded_;
+  if (l == first_block() && holds(0)) return encoded_;
+  if (l == first_block()) {  // a pipeline stage's input: block l - 1's output, kept in bf16 at pp = 1
+    ops::bf16_round_f32(in_buf_, encoded_, B_ * T_ / sp_ * config_.n_embd);
+    return in_buf_;
+  }
   ops::bf16_to_f32(in_buf_, layers16_[static_cast<size_t>(l - 1 - first_block())].residual3,
                    B_ * T_ / sp_ * config_.n_embd);
   return in_buf_;

@@ -87,9 +87,20 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
     };
     units_ = std::make_unique<UnitBuffers>(model, layout_, group_, nullptr, o);
   }
+  defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2;
+  // bf16 on one rank: the tied table's lookup part E accumulates apart in
+  // f32 over the step (the model does not add it) and is added into the
+  // bf16 gradient once, at the step: wte = bf16(H + E), H the head's part as
+  // the micro-batches rounded it in (fold_tied_lookup). A pipeline's
+  // embedding and head stages add the pair the same way, wherever they are.
+  if (bf16() && group_ == nullptr && model.layout().tied() && model.whole()) {
+    tied_lookup_ = tensor::Storage(
+        static_cast<size_t>(model.layout().token_embedding().numel()) * sizeof(float));
+    std::memset(tied_lookup_.data(), 0, tied_lookup_.size());
+    model.set_tied_lookup_grads(tied_lookup_.f32());
+  }
   if (group_ == nullptr || stage == 3) return;
 
-  defer_embedding_ = options_.overlap && stage < 2;
   if (stage < 2) {
     bucket_of_.assign(static_cast<size_t>(units), 0);
     for (const auto& [lo, hi] : bucket_units(unit_sizes(model), param_esz(), options_.bucket_bytes,
@@ -189,6 +200,32 @@ void DataParallel::take_master() {
   }
 }
 
+// wte = bf16(H + E): the step's lookup part into the bf16 gradient (whole
+// at stages 0-1, the one rank's shard at 2-3, in pages when they hold it;
+// their norm then counts unit 0 again).
+void DataParallel::fold_tied_lookup() {
+  if (tied_lookup_.size() == 0) return;
+  const int64_t at = model_.layout().token_embedding().offset - model_.unit_offset(0);
+  const auto n = static_cast<int64_t>(tied_lookup_.size() / sizeof(float));
+  const float* e = tied_lookup_.f32();
+  if (options_.zero_stage < 2) {
+    ops::bf16_add_f32(units_->full_grads() + model_.unit_offset(0) + at, e, n);
+  } else if (!paged_shards_) {
+    ops::bf16_add_f32(grad_bf16() + layout_.local_offset(0) + at, e, n);
+  } else {
+    optim::PagedAdamState& pg = *adam_->paged_state();
+    using F = optim::PagedAdamState::Field;
+    pg.update(F::kGrad, state_offset(0) + at, n, [&](void* p, int64_t first, int64_t count) {
+      ops::bf16_add_f32(static_cast<uint16_t*>(p), e + first, count);
+    });
+    std::vector<uint16_t> g(static_cast<size_t>(layout_.owned(0)));
+    pg.copy_out(F::kGrad, state_offset(0), layout_.owned(0), g.data());
+    unit_sq_[0] = {};
+    add_counted(unit_sq_[0], 0, 0, g.data(), layout_.owned(0));
+  }
+  std::memset(tied_lookup_.data(), 0, tied_lookup_.size());
+}
+
 int64_t DataParallel::state_offset(int u) const {
   if (options_.zero_stage == 0) return model_.unit_offset(u) + layout_.begin(u);
   return layout_.local_offset(u);
@@ -234,6 +271,7 @@ int64_t DataParallel::now_ns() {
 
 double DataParallel::step(double lr) {
   allocate_unpaged();  // for callers that never called shard_params() (stages 0-1)
+  if (options_.zero_stage < 2) fold_tied_lookup();
   comm_wait_s_ = 0;
   const int stage = options_.zero_stage;
   if (stage >= 2) return step_sharded_grads(lr);
@@ -313,6 +351,7 @@ double DataParallel::step_sharded_grads(double lr) {
   } leave{in_step_};
   units_->shard_params();
   units_->finish_grads();
+  fold_tied_lookup();
   units_->drain_gathers();  // speculative ones read the shard about to change
   comm_wait_s_ = units_->take_wait_seconds();
   wait_end_ns_ = now_ns();
@@ -383,6 +422,14 @@ void DataParallel::gather_params() {
   finish_slot(1);
 }
 
+// The tied table's lookup part, accumulated apart: the model's (fp32 stages
+// 0-1) or ours (bf16 on one rank).
+double DataParallel::lookup_bytes() const {
+  const bool apart = (!bf16() && options_.zero_stage < 2) || (bf16() && group_ == nullptr);
+  if (!apart || !model_.whole()) return 0;
+  return static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
+}
+
 size_t DataParallel::predicted_model_state_bytes() const {
   const auto whole = static_cast<double>(model_.num_params());
   const auto shard = static_cast<double>(layout_.local_numel());
@@ -391,30 +438,24 @@ size_t DataParallel::predicted_model_state_bytes() const {
   double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
   bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
-  // The tied table's lookup part, accumulated apart (no hooks: fp32 stages 0-1).
-  if (!bf16() && s < 2 && model_.whole())
-    bytes += static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
-  return static_cast<size_t>(bytes);
+  return static_cast<size_t>(bytes + lookup_bytes());
 }
 
 size_t DataParallel::predicted_grad_bytes() const {
   const auto whole = static_cast<double>(model_.num_params());
   const auto shard = static_cast<double>(layout_.local_numel());
   const int s = options_.zero_stage;
-  if (paged_shards_) return 0;  // ZeRO-3 paged: the gradient shard lives in the pages
+  if (paged_shards_) return lookup_bytes();  // ZeRO-3 paged: the gradient shard lives in the pages
   double bytes = (bf16() ? 2 : 4) * (s >= 2 ? shard : whole);
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
-  // The tied table's lookup part, accumulated apart (no hooks: fp32 stages 0-1).
-  if (!bf16() && s < 2 && model_.whole())
-    bytes += static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
-  return static_cast<size_t>(bytes);
+  return static_cast<size_t>(bytes + lookup_bytes());
 }
 
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();
   // (fp32 stage 1 also holds a copy of its shard of the whole gradient.)
-  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size();
+  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size() + tied_lookup_.size();
   r.master = master_.size();
   r.adam = adam_->state_bytes();
   if (adam_->paged()) {

@@ -228,6 +228,8 @@ class DataParallel {
   double full_grad_norm(const T* grads);
   double step_sharded_grads(double lr);
   void take_master();
+  void fold_tied_lookup();
+  double lookup_bytes() const;
   void allocate_unpaged();
   void add_lookup_rows_bf16();
   bool bf16() const { return options_.param_dtype == tensor::DType::kBF16; }
@@ -302,6 +304,7 @@ class DataParallel {
   // ([rows, C] f32), in the compute pool like every other buffer.
   size_t lookup_rows_ = 0;
   tensor::Storage lookup_tokens_, lookup_grads_;
+  tensor::Storage tied_lookup_;  // bf16 stages 0-1: the tied table's E in f32 (see the constructor)
   std::deque<Pending> pending_;
   std::unique_ptr<UnitBuffers> units_;  // after the gradient shards: destroyed first
 };

@@ -30,7 +30,8 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
            "DataParallel::enable_paging after shard_params()");
   paged_shards_ = options_.zero_stage == 3;
   if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), {});
-  early_ = adam_->config().grad_clip <= 0 && options_.overlap && options_.update_in_backward;
+  early_ = adam_->config().grad_clip <= 0 && options_.overlap && options_.update_in_backward &&
+           tied_lookup_.size() == 0;  // unit 0 waits for the step's lookup part
   memory::PagerOptions o = options;
   // Early updates walk the state pages down with the backward (no sweeps):
   // evict and read ahead by that walk.

@@ -10,10 +10,12 @@
 #include <numeric>
 #include <set>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "parallel/grad_norm.h"
 
 namespace po::parallel {
+namespace ops = po::backend::cpu;
 using pipeline::Action;
 using pipeline::Op;
 using pipeline::Payload;
@@ -30,8 +32,8 @@ int64_t now_ns() {
 constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 constexpr size_t kRecvWindow = 4;   // receives posted ahead of their use
 
-tensor::Storage zeroed(int64_t floats) {
-  tensor::Storage s(static_cast<size_t>(floats) * sizeof(float));
+tensor::Storage zeroed(int64_t elements, size_t esz = sizeof(float)) {
+  tensor::Storage s(static_cast<size_t>(elements) * esz);
   std::memset(s.data(), 0, s.size());
   return s;
 }
@@ -91,13 +93,15 @@ struct PipelineExecutor::Chunk {
   int stage = 0;
   int first = 0, last = 0;  // units
   int64_t base = 0, numel = 0;  // flat offset of `first`, elements held
-  tensor::Storage params, grads;
-  tensor::Storage lookup;  // the tied table's E (holds unit 0, tied)
+  // Parameters and gradients as stored: fp32, or bf16 (the fp32 master then
+  // exists for the ZeRO shard, `master`, unless paged).
+  tensor::Storage params, grads, master;
+  tensor::Storage lookup;  // the tied table's E in f32 (holds unit 0, tied)
   // The tied head without unit 0 on this rank: a replica of unit 0 (only its
   // token table is read, updated and summed).
-  tensor::Storage rep_params, rep_grads;
-  float* unit0_params = nullptr;  // where this chunk's head reads unit 0
-  float* unit0_grads = nullptr;
+  tensor::Storage rep_params, rep_grads, rep_master;
+  void* unit0_params = nullptr;  // where this chunk's head reads unit 0 (as stored)
+  void* unit0_grads = nullptr;
   // ZeRO: the units' (the replica's: unit 0's) shards over the data group
   // (one rank below ZeRO-1), AdamW over them, and with several ranks the
   // shard of the reduced gradient the update reads.
@@ -125,6 +129,8 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   PO_CHECK(setup_.zero_stage == 0 || setup_.zero_stage == 1, "pipeline: ZeRO stage ",
            setup_.zero_stage, " (stages 0 and 1 compose with pipeline parallel)");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
+  bf16_ = setup_.bf16;
+  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
   const bool sharded = setup_.zero_stage == 1 && setup_.dp > 1;
   const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
@@ -139,13 +145,14 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->last = r.last < 0 ? head : r.last;
     c->base = layout_.unit_offset(c->first);
     c->numel = layout_.unit_offset(c->last + 1) - c->base;
-    c->params = zeroed(c->numel);
-    c->grads = zeroed(c->numel);
+    c->params = zeroed(c->numel, esz);
+    c->grads = zeroed(c->numel, esz);
     c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk);
+    if (bf16_) c->master = zeroed(c->shard->local_numel());
     c->adam = std::make_unique<optim::AdamW>(
         adam, shard_ranges(layout_, c->first, c->last, *c->shard, every_tensor),
         c->shard->local_numel());
-    if (sharded) c->grad_shard = zeroed(c->shard->local_numel());
+    if (sharded && !bf16_) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.tied() && c->holds(0)) c->lookup = zeroed(layout_.token_embedding().numel());
     chunks_.push_back(std::move(c));
   }
@@ -155,15 +162,15 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     if (!layout_.tied() || !c->holds(head) || c->holds(0)) continue;
     if (emb_rank_ == rank_) {  // zbv: the embedding's chunk is here
       Chunk& e = chunk_of_stage(0);
-      c->unit0_params = e.params.f32();
-      c->unit0_grads = e.grads.f32();
+      c->unit0_params = e.params.data();
+      c->unit0_grads = e.grads.data();
       continue;
     }
     const int64_t n0 = layout_.unit_numel(0);
-    c->rep_params = zeroed(n0);
-    c->rep_grads = zeroed(n0);
-    c->unit0_params = c->rep_params.f32();
-    c->unit0_grads = c->rep_grads.f32();
+    c->rep_params = zeroed(n0, esz);
+    c->rep_grads = zeroed(n0, esz);
+    c->unit0_params = c->rep_params.data();
+    c->unit0_grads = c->rep_grads.data();
     // The embedding's shard layout of unit 0, so that both copies of the
     // table update the same elements on the same data rank.
     const int64_t wte = layout_.token_embedding().offset;
@@ -173,7 +180,8 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
         shard_ranges(layout_, 0, 0, *c->rep_shard,
                      [wte](const model::TensorSpec& t) { return t.offset == wte; }),
         c->rep_shard->local_numel());
-    if (sharded) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
+    if (sharded && !bf16_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
+    if (bf16_) c->rep_master = zeroed(c->rep_shard->local_numel());
   }
   if (sharded) {  // the gathers' send block and receive buffer, for the largest unit
     int64_t most = 0;
@@ -181,6 +189,26 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
       for (const ShardLayout* sl : {c->shard.get(), c->rep_shard.get()})
         for (int i = 0; sl != nullptr && i < sl->num_units(); ++i) most = std::max(most, sl->stride(i));
     gather_ = zeroed(most * (1 + zr));
+  }
+  if (bf16_) {  // the widened parameters and the f32 gradient accumulators: unit 0's, the others'
+    int64_t n0 = 0, other = 0;
+    for (const auto& c : chunks_) {
+      for (int u = c->first; u <= c->last; ++u)
+        (u == 0 ? n0 : other) = std::max(u == 0 ? n0 : other, layout_.unit_numel(u));
+      if (c->unit0_params != nullptr) n0 = layout_.unit_numel(0);
+    }
+    for (int k = 0; k < 2; ++k) {
+      widen_[k] = zeroed(k == 0 ? n0 : other);
+      acc_[k] = zeroed(k == 0 ? n0 : other);
+    }
+    if (setup_.dp > 1 && !setup_.reduce_bf16) {
+      int64_t most = 0;
+      for (const auto& c : chunks_) {
+        for (int u = c->first; u <= c->last; ++u) most = std::max(most, layout_.unit_numel(u));
+        if (c->replica()) most = std::max(most, layout_.unit_numel(0));
+      }
+      staging_ = zeroed(most);
+    }
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -206,33 +234,63 @@ bool PipelineExecutor::holds(int u) const {
 
 bool PipelineExecutor::has_loss() const { return head_rank_ == rank_; }
 
-const float* PipelineExecutor::tied_replica() const {
+const void* PipelineExecutor::tied_replica() const {
+  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
   for (const auto& c : chunks_)
-    if (c->replica()) return c->rep_params.f32() + layout_.token_embedding().offset;
+    if (c->replica())
+      return static_cast<const char*>(c->rep_params.data()) +
+             static_cast<size_t>(layout_.token_embedding().offset) * esz;
   return nullptr;
 }
 
-float* PipelineExecutor::unit_params(int u) {
+void* PipelineExecutor::stored_unit(int u) {
+  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
   for (auto& c : chunks_)
-    if (c->holds(u)) return c->params.f32() + (layout_.unit_offset(u) - c->base);
+    if (c->holds(u))
+      return static_cast<char*>(c->params.data()) + static_cast<size_t>(layout_.unit_offset(u) - c->base) * esz;
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
+float* PipelineExecutor::unit_params(int u) {
+  PO_ASSERT(!bf16_, "pipeline: unit_params of bf16 stages (use read_unit)");
+  return static_cast<float*>(stored_unit(u));
 }
 
 // Every data rank's shard of one unit (`mine`: this rank's owned(i)
 // elements) into dst, the whole unit: a collective over the data group.
-void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const float* mine, float* dst) {
+void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst,
+                                   DType dtype) {
+  const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
   const int64_t stride = sl.stride(i), owned = sl.owned(i);
-  float* send = gather_.f32();
-  float* recv = send + stride;
-  std::memcpy(send, mine, static_cast<size_t>(owned) * sizeof(float));
-  std::fill(send + owned, send + stride, 0.0f);
-  setup_.data->all_gather(send, recv, static_cast<size_t>(stride), DType::kF32);
-  std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * sizeof(float));
+  char* send = static_cast<char*>(gather_.data());
+  char* recv = send + static_cast<size_t>(stride) * esz;
+  std::memcpy(send, mine, static_cast<size_t>(owned) * esz);
+  std::memset(send + static_cast<size_t>(owned) * esz, 0, static_cast<size_t>(stride - owned) * esz);
+  setup_.data->all_gather(send, recv, static_cast<size_t>(stride), dtype);
+  std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
+}
+
+// Elements [offset, offset + n) of Adam m, v or (bf16) the fp32 master, in
+// state coordinates, wherever they live.
+void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
+                                  float* dst) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (kind != State::kParams) return read_state(a, kind == State::kAdamM, offset, n, dst);
+  if (a.paged()) return a.paged_state()->copy_out(optim::PagedAdamState::Field::kMaster, offset, n, dst);
+  std::memcpy(dst, (replica ? c.rep_master : c.master).f32() + offset, static_cast<size_t>(n) * sizeof(float));
+}
+
+void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
+                                   const float* src) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (kind != State::kParams) return write_state(a, kind == State::kAdamM, offset, n, src);
+  if (a.paged()) return a.paged_state()->copy_in(optim::PagedAdamState::Field::kMaster, offset, n, src);
+  std::memcpy((replica ? c.rep_master : c.master).f32() + offset, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 void PipelineExecutor::read_unit(State kind, int u, float* dst) {
   const auto n = static_cast<size_t>(layout_.unit_numel(u));
-  if (kind == State::kParams) {
+  if (kind == State::kParams && !bf16_) {
     std::memcpy(dst, unit_params(u), n * sizeof(float));
     return;
   }
@@ -240,29 +298,31 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
-    const bool m = kind == State::kAdamM;
     if (sl.ranks() == 1) {
-      read_state(*c->adam, m, sl.local_offset(i), sl.unit_numel(i), dst);
+      read_field(*c, false, kind, sl.local_offset(i), sl.unit_numel(i), dst);
       return;
     }
     std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
-    read_state(*c->adam, m, sl.local_offset(i), sl.owned(i), mine.data());
-    gather_unit(sl, i, mine.data(), dst);
+    read_field(*c, false, kind, sl.local_offset(i), sl.owned(i), mine.data());
+    gather_unit(sl, i, mine.data(), dst, DType::kF32);
     return;
   }
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
 void PipelineExecutor::write_unit(State kind, int u, const float* src) {
-  if (kind == State::kParams) {
-    std::memcpy(unit_params(u), src, static_cast<size_t>(layout_.unit_numel(u)) * sizeof(float));
+  const auto n = layout_.unit_numel(u);
+  if (kind == State::kParams && !bf16_) {
+    std::memcpy(unit_params(u), src, static_cast<size_t>(n) * sizeof(float));
     return;
   }
   for (auto& c : chunks_) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
-    write_state(*c->adam, kind == State::kAdamM, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+    write_field(*c, false, kind, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+    // bf16: the stored parameters are the master's rounding (the whole unit).
+    if (kind == State::kParams) ops::f32_to_bf16(static_cast<uint16_t*>(stored_unit(u)), src, n);
     return;
   }
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
@@ -281,25 +341,41 @@ void PipelineExecutor::init_random(uint64_t seed) {
   // The initialiser of a one-block model of the same shapes gives each
   // unit's values (they depend on (seed, tensor, index) only).
   model::Transformer init(config_, 1, 1, model::UnitRange{0, 0}, setup_.split);
+  std::vector<float> unit;
   for (auto& c : chunks_) {
-    for (int u = c->first; u <= c->last; ++u)
-      init.init_random_unit(seed, u, c->params.f32() + (layout_.unit_offset(u) - c->base));
-    if (c->replica()) init.init_random_unit(seed, 0, c->rep_params.f32());
+    for (int u = c->first; u <= c->last; ++u) {
+      unit.resize(static_cast<size_t>(layout_.unit_numel(u)));
+      init.init_random_unit(seed, u, unit.data());
+      write_unit(State::kParams, u, unit.data());
+    }
+    if (!c->replica()) continue;
+    unit.resize(static_cast<size_t>(layout_.unit_numel(0)));
+    init.init_random_unit(seed, 0, unit.data());
+    if (!bf16_) {
+      std::memcpy(c->rep_params.data(), unit.data(), unit.size() * sizeof(float));
+      continue;
+    }
+    ops::f32_to_bf16(static_cast<uint16_t*>(c->rep_params.data()), unit.data(), layout_.unit_numel(0));
+    write_field(*c, true, State::kParams, c->rep_shard->local_offset(0), c->rep_shard->owned(0),
+                unit.data() + c->rep_shard->begin(0));
   }
 }
 
 void PipelineExecutor::sync_replica() {
   if (!layout_.tied() || emb_rank_ == head_rank_) return;
   const auto n0 = static_cast<size_t>(layout_.unit_numel(0));
-  // Adam m and v of this data rank's shard of unit 0: the same elements in
-  // both copies (the same shard layout).
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  // The stored unit 0, then Adam m, v (and bf16: the master) of this data
+  // rank's shard of it: the same elements in both copies (the same shard layout).
+  const State kinds[3] = {State::kAdamM, State::kAdamV, State::kParams};
+  const int fields = bf16_ ? 3 : 2;
   if (rank_ == emb_rank_) {
     Chunk& e = chunk_of_stage(0);
     const auto own = static_cast<size_t>(e.shard->owned(0));
     std::vector<float> state(own);
-    setup_.pipe->send(unit_params(0), n0, DType::kF32, head_rank_, kPairTag);
-    for (int k = 0; k < 2; ++k) {
-      read_state(*e.adam, k == 0, e.shard->local_offset(0), e.shard->owned(0), state.data());
+    setup_.pipe->send(stored_unit(0), n0, stored, head_rank_, kPairTag);
+    for (int k = 0; k < fields; ++k) {
+      read_field(e, false, kinds[k], e.shard->local_offset(0), e.shard->owned(0), state.data());
       setup_.pipe->send(state.data(), own, DType::kF32, head_rank_, kPairTag + 3 + k);
     }
   }
@@ -308,10 +384,10 @@ void PipelineExecutor::sync_replica() {
       if (c->replica()) {
         const auto own = static_cast<size_t>(c->rep_shard->owned(0));
         std::vector<float> state(own);
-        setup_.pipe->recv(c->rep_params.f32(), n0, DType::kF32, emb_rank_, kPairTag);
-        for (int k = 0; k < 2; ++k) {
+        setup_.pipe->recv(c->rep_params.data(), n0, stored, emb_rank_, kPairTag);
+        for (int k = 0; k < fields; ++k) {
           setup_.pipe->recv(state.data(), own, DType::kF32, emb_rank_, kPairTag + 3 + k);
-          write_state(*c->rep_adam, k == 0, c->rep_shard->local_offset(0), c->rep_shard->owned(0),
+          write_field(*c, true, kinds[k], c->rep_shard->local_offset(0), c->rep_shard->owned(0),
                       state.data());
         }
       }
@@ -333,10 +409,22 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       return unit0;
     };
     model::UnitHooks h;
-    h.params = [cp, at](int u) { return at(cp->params.f32(), cp->unit0_params, u); };
-    h.grads = [cp, at](int u) { return at(cp->grads.f32(), cp->unit0_grads, u); };
-    h.done = [](int) {};
-    h.grads_ready = [](int) {};
+    if (!bf16_) {
+      h.params = [cp, at](int u) {
+        return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u);
+      };
+      h.grads = [cp, at](int u) { return at(cp->grads.f32(), static_cast<float*>(cp->unit0_grads), u); };
+      h.done = [](int) {};
+      h.grads_ready = [](int) {};
+    } else {  // bf16: widened parameters, f32 accumulators per micro-batch (see widen, accumulator)
+      h.params = [this, cp](int u) { return widen(*cp, u); };
+      h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
+      h.grads = [this, cp](int u) { return accumulator(*cp, u); };
+      h.grads_ready = [this, cp](int u) {
+        const auto it = accs_.find({cur_micro_, cp->stage, u});
+        if (it != accs_.end()) flush(it);
+      };
+    }
     m->set_unit_hooks(std::move(h));
     m->set_accumulating(true);
     if (c.lookup.size() > 0) m->set_tied_lookup_grads(c.lookup.f32());
@@ -346,6 +434,75 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
   c.slot_micro[i] = micro;
   stats_->peak_in_flight = std::max(stats_->peak_in_flight, ++in_flight_);
   return *c.slots[i];
+}
+
+// bf16: unit u's stored parameters widened to f32, one buffer for unit 0
+// and one for the others (a block, or the head with the tied table beside
+// it); the model returns each before it asks for the next of its kind.
+float* PipelineExecutor::widen(Chunk& c, int u) {
+  const int k = u == 0 ? 0 : 1;
+  PO_ASSERT(!widen_busy_[k], "pipeline: unit ", u, "'s parameters asked for while unit ",
+            k == 0 ? "0's" : "another's", " are in use");
+  widen_busy_[k] = true;
+  const auto* src = c.holds(u) ? static_cast<const uint16_t*>(c.params.data()) + (layout_.unit_offset(u) - c.base)
+                               : static_cast<const uint16_t*>(c.unit0_params);
+  PO_ASSERT(src != nullptr, "pipeline chunk ", c.stage, ": unit ", u, " not held");
+  ops::bf16_to_f32(widen_[k].f32(), src, layout_.unit_numel(u));
+  return widen_[k].f32();
+}
+
+// bf16: the f32 gradient accumulator of unit u for the micro-batch in hand,
+// zeroed at its first use; its sum is rounded into the stored bf16 gradient
+// once the micro-batch's part is complete (flush): as pp = 1 does per
+// micro-batch and unit. A block whose weight half is deferred keeps its own
+// until the W (a pool of block-sized buffers, counted with the W queue);
+// the others take the one buffer of their kind.
+float* PipelineExecutor::accumulator(Chunk& c, int u) {
+  const std::tuple<int, int, int> key{cur_micro_, c.stage, u};
+  if (const auto it = accs_.find(key); it != accs_.end()) return it->second.buf;
+  const int64_t n = layout_.unit_numel(u);
+  Acc a;
+  if (cur_deferred_ && u >= 1 && u <= static_cast<int>(config_.n_layer)) {
+    if (acc_free_.empty()) {
+      acc_pool_.push_back(zeroed(n));
+      acc_free_.push_back(acc_pool_.back().f32());
+    }
+    a.buf = acc_free_.back();
+    acc_free_.pop_back();
+  } else {
+    a.fixed = u == 0 ? 0 : 1;
+    PO_ASSERT(!acc_busy_[a.fixed], "pipeline: a second accumulator of unit ", u, "'s kind");
+    acc_busy_[a.fixed] = true;
+    a.buf = acc_[a.fixed].f32();
+  }
+  std::memset(a.buf, 0, static_cast<size_t>(n) * sizeof(float));
+  a.chunk = &c;
+  return accs_.emplace(key, a).first->second.buf;
+}
+
+void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
+  const int u = std::get<2>(it->first);
+  const Acc& a = it->second;
+  Chunk& c = *a.chunk;
+  auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
+                         : static_cast<uint16_t*>(c.unit0_grads);
+  ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));
+  if (a.fixed >= 0)
+    acc_busy_[a.fixed] = false;
+  else
+    acc_free_.push_back(a.buf);
+  accs_.erase(it);
+}
+
+// Every accumulator of (micro, the chunk's stage) into the stored gradient,
+// but, with `keep_deferred`, those of blocks whose weight half is to come.
+void PipelineExecutor::flush_micro(Chunk& c, int micro, bool keep_deferred) {
+  for (auto it = accs_.begin(); it != accs_.end();) {
+    const auto next = std::next(it);
+    const auto [k, stage, u] = it->first;
+    if (k == micro && stage == c.stage && !(keep_deferred && it->second.fixed < 0)) flush(it);
+    it = next;
+  }
 }
 
 void PipelineExecutor::release_slot(Chunk& c, int micro) {
@@ -422,6 +579,8 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   const int S = setup_.schedule.stages();
   const bool first = a.stage == 0, last = a.stage == S - 1;
   const size_t msg = static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  cur_micro_ = a.micro;  // (bf16: whose accumulators the hooks hand out)
+  cur_deferred_ = a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight;
   switch (a.op) {
     case Op::kForward: {
       if (first || last) batch(a.micro, inputs_.data(), targets_.data());
@@ -431,6 +590,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
                                          last ? targets_.data() : nullptr, grad_scale);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
+      if (bf16_ && last) flush_micro(c, a.micro, false);  // the head's gradients are complete
       if (last) {
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
       } else {
@@ -470,6 +630,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       } else {
         dres = m->stage_backward(first ? inputs_.data() : nullptr, d);
       }
+      if (bf16_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
       if (d != nullptr) give_buffer(const_cast<float*>(d));
       if (!first) {
         float* out = take_buffer();
@@ -485,6 +646,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       auto it = c.w_queue.find(a.micro);
       PO_ASSERT(it != c.w_queue.end(), "pipeline: ", pipeline::describe(a), " before its B");
       c.slots.front()->stage_backward_weight(it->second);
+      if (bf16_) flush_micro(c, a.micro, false);
       c.free_works.push_back(std::move(it->second));
       c.w_queue.erase(it);
       --w_queue_;
@@ -539,6 +701,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
 // own gradient) plus E (the lookups'), the same sum on both copies.
 void PipelineExecutor::sum_tied_pair() {
   if (!layout_.tied()) return;
+  if (bf16_) return sum_tied_pair_bf16();
   const model::TensorSpec& wte = layout_.token_embedding();
   const int64_t n = wte.numel();
   if (emb_rank_ == head_rank_) {
@@ -578,19 +741,77 @@ void PipelineExecutor::sum_tied_pair() {
   }
 }
 
+// bf16: wte = bf16(H + E), H the head's bf16 part as the micro-batches
+// rounded it in, E the lookups' f32 part (DataParallel::fold_tied_lookup's
+// sum at pp = 1); the embedding's rank and the head's exchange them.
+void PipelineExecutor::sum_tied_pair_bf16() {
+  const model::TensorSpec& wte = layout_.token_embedding();
+  const int64_t n = wte.numel();
+  auto wte_of = [&](tensor::Storage& g) { return static_cast<uint16_t*>(g.data()) + wte.offset; };
+  if (emb_rank_ == head_rank_) {
+    if (rank_ != emb_rank_) return;
+    Chunk& e = chunk_of_stage(0);
+    ops::bf16_add_f32(wte_of(e.grads), e.lookup.f32(), n);
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+    return;
+  }
+  if (rank_ == emb_rank_) {
+    Chunk& e = chunk_of_stage(0);
+    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
+                                      head_rank_, kPairTag + 1);
+    uint16_t* g = wte_of(e.grads);  // 0 here: the head is elsewhere
+    setup_.pipe->recv(g, static_cast<size_t>(n), DType::kBF16, head_rank_, kPairTag + 2);
+    s.wait();
+    ops::bf16_add_f32(g, e.lookup.f32(), n);
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+  }
+  if (rank_ == head_rank_) {
+    std::vector<float> other(static_cast<size_t>(n));
+    for (auto& c : chunks_) {
+      if (!c->replica()) continue;
+      uint16_t* h = wte_of(c->rep_grads);
+      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), DType::kBF16, emb_rank_,
+                                        kPairTag + 2);
+      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
+      s.wait();
+      ops::bf16_add_f32(h, other.data(), n);
+    }
+  }
+}
+
+// The data group's sum of stored gradients: fp32 in place; bf16 over the
+// wire in bf16, or (parallel.reduce_dtype fp32) widened unit by unit into
+// an f32 staging buffer, summed, and rounded back, as DataParallel does.
+void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
+  const int64_t n = layout_.unit_offset(last + 1) - layout_.unit_offset(first);
+  if (!bf16_) {
+    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
+    return;
+  }
+  if (setup_.reduce_bf16) {
+    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
+    return;
+  }
+  auto* g = static_cast<uint16_t*>(grads);
+  for (int u = first; u <= last; ++u) {
+    const int64_t k = layout_.unit_numel(u);
+    ops::bf16_to_f32(staging_.f32(), g, k);
+    setup_.data->allreduce(staging_.f32(), static_cast<size_t>(k), DType::kF32, comm::ReduceOp::kSum);
+    ops::f32_to_bf16(g, staging_.f32(), k);
+    g += k;
+  }
+}
+
 double PipelineExecutor::step(double lr) {
   // Data parallel: each part summed over the replicas of this stage first,
   // then the pair (so both copies add the same reduced H and E).
   if (setup_.data != nullptr) {
     for (auto& c : chunks_) {
-      setup_.data->allreduce(c->grads.data(), static_cast<size_t>(c->numel), DType::kF32,
-                             comm::ReduceOp::kSum);
+      allreduce_grads(c->grads.data(), c->first, c->last);
       if (c->lookup.size() > 0)
         setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
                                comm::ReduceOp::kSum);
-      if (c->replica())
-        setup_.data->allreduce(c->rep_grads.data(), c->rep_grads.size() / sizeof(float),
-                               DType::kF32, comm::ReduceOp::kSum);
+      if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
     }
   }
   sum_tied_pair();
@@ -604,9 +825,13 @@ double PipelineExecutor::step(double lr) {
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
       SumOfSquares acc;
-      add_counted_flat(acc, layout_.unit_offset(u),
-                       c->grads.f32() + (layout_.unit_offset(u) - c->base), layout_.unit_numel(u),
-                       uncounted);
+      const int64_t at = layout_.unit_offset(u) - c->base;
+      if (bf16_)
+        add_counted_flat(acc, layout_.unit_offset(u), static_cast<const uint16_t*>(c->grads.data()) + at,
+                         layout_.unit_numel(u), uncounted);
+      else
+        add_counted_flat(acc, layout_.unit_offset(u), c->grads.f32() + at, layout_.unit_numel(u),
+                         uncounted);
       sq[static_cast<size_t>(u)] = acc.total();
     }
   sum_units_over(sq, setup_.tensor);
@@ -627,20 +852,29 @@ double PipelineExecutor::step(double lr) {
 void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
   const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
   optim::AdamW& adam = replica ? *c.rep_adam : *c.adam;
-  float* params = replica ? c.rep_params.f32() : c.params.f32();
+  tensor::Storage& params = replica ? c.rep_params : c.params;
   tensor::Storage& grads = replica ? c.rep_grads : c.grads;
-  if (sl.ranks() == 1) {
-    adam.apply(params, grads.f32(), lr, clip);
+  if (bf16_) {
+    // The fp32 master (this rank's shard) takes the update from the bf16
+    // gradient, rounded into the stored parameters; ZeRO-1 gathers those.
+    auto* p16 = static_cast<uint16_t*>(params.data());
+    adam.apply_mixed((replica ? c.rep_master : c.master).f32(), static_cast<const uint16_t*>(grads.data()),
+                     false, p16, lr, clip);
+    int64_t at = 0;
+    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      gather_unit(sl, i, p16 + at + sl.begin(i), p16 + at, DType::kBF16);
+  } else if (sl.ranks() == 1) {
+    adam.apply(params.f32(), grads.f32(), lr, clip);
   } else {
     float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
     int64_t at = 0;  // unit i's first element in the buffers
     for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
       std::memcpy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
                   static_cast<size_t>(sl.owned(i)) * sizeof(float));
-    adam.apply(params, shard, lr, clip);
+    adam.apply(params.f32(), shard, lr, clip);
     at = 0;
     for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, params + at + sl.begin(i), params + at);
+      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
   }
   std::memset(grads.data(), 0, grads.size());
 }
@@ -776,7 +1010,7 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::Transforme
                                                          size_t page_bytes, int prefetch) {
   size_t pages = 0, least = 0;
   for (int64_t n : adam_numels(config, setup, rank)) {
-    const auto g = optim::PagedAdamState::geometry(n, page_bytes, {});
+    const auto g = optim::PagedAdamState::geometry(n, page_bytes, {.master = setup.bf16});
     pages += g.pages();
     least += optim::PagedAdamState::min_compute_frames(g, prefetch);
   }
@@ -791,7 +1025,7 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   const auto list = adams();
   std::vector<size_t> pages;
   for (const auto& [a, name] : list)
-    pages.push_back(optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {}).pages());
+    pages.push_back(optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {.master = bf16_}).pages());
   const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
   const std::vector<size_t> compute = memory::split_frames(
       options.compute_frames == 0 ? all : options.compute_frames, pages,
@@ -805,7 +1039,11 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
     const auto dot = o.file_name.rfind('.');
     o.file_name = dot == std::string::npos ? o.file_name + name
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
-    list[k].first->enable_paging(o, {});
+    list[k].first->enable_paging(o, {.master = bf16_});
+  }
+  for (auto& c : chunks_) {  // bf16: the master is in the pages now
+    c->master = tensor::Storage();
+    c->rep_master = tensor::Storage();
   }
 }
 
@@ -834,6 +1072,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     m.params += c->params.size() + c->rep_params.size();
     m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size() + c->grad_shard.size() +
                c->rep_grad_shard.size();
+    m.master += c->master.size() + c->rep_master.size();
     for (const auto& s : c->slots) m.activations += s->activation_bytes();
     m.w_queue += c->work_bytes;
   }
@@ -842,7 +1081,9 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
-              gather_.size();
+              gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
+              staging_.size();
+  for (const auto& b : acc_pool_) m.w_queue += b.size();
   return m;
 }
 
@@ -861,6 +1102,12 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   // Per chunk: the most slots and deferred works held at once, replayed.
   std::map<int, int> held, slots, queued, works;
   int64_t live = 0, peak = 0, posted = 0;
+  int64_t acc_live = 0, acc_peak = 0;  // bf16: deferred blocks' accumulators
+  auto blocks_of = [&](int stage) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    return static_cast<int64_t>(std::min(last, head - 1) - (std::max(first, 1) - 1));
+  };
   size_t next = 0;
   std::set<Key> posted_keys, local;
   const auto& list = s.actions[static_cast<size_t>(rank)];
@@ -898,7 +1145,10 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       }
     } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
       if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
-      if (a.op == Op::kBackwardInput) works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
+      if (a.op == Op::kBackwardInput) {
+        works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
+        acc_peak = std::max(acc_peak, acc_live += blocks_of(a.stage));
+      }
       if (!last) --live;
       if (!first) {
         peak = std::max(peak, ++live);
@@ -907,6 +1157,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       --held[a.stage];
     } else if (a.op == Op::kBackwardWeight) {
       --queued[a.stage];
+      acc_live -= blocks_of(a.stage);
     }
     if (s.ranks > 1) window();
   }
@@ -921,19 +1172,32 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     for (int i = 0; i < sl.num_units(); ++i) most = std::max(most, sl.stride(i));
     return static_cast<size_t>(sl.local_numel());
   };
+  // bf16: parameters and gradients stored in 2 bytes, no gradient shard
+  // copy, the fp32 master over the Adam shard, the widened parameters and the
+  // accumulators of unit 0 and of the largest other unit, and the f32 staging
+  // of a unit's reduction.
+  const size_t esz = setup.bf16 ? 2 : 4;
+  const bool shard_copy = zr > 1 && !setup.bf16;
+  int64_t n0_used = 0, other = 0, staged = 0;
   for (int stage : stages) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
     const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
     const size_t local = shard(first, last);
-    m.params += n * f;
-    m.grads += (n + (zr > 1 ? local : 0)) * f;
+    for (int u = first; u <= last; ++u) {
+      (u == 0 ? n0_used : other) = std::max(u == 0 ? n0_used : other, layout.unit_numel(u));
+      staged = std::max(staged, layout.unit_numel(u));
+    }
+    if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
+    m.params += n * esz;
+    m.grads += n * esz + (shard_copy ? local * f : 0);
     if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       const size_t local0 = shard(0, 0);
-      m.params += n0 * f;
-      m.grads += (n0 + (zr > 1 ? local0 : 0)) * f;
+      m.params += n0 * esz;
+      m.grads += n0 * esz + (shard_copy ? local0 * f : 0);
+      staged = std::max(staged, layout.unit_numel(0));
     }
     m.activations += static_cast<size_t>(slots[stage]) *
                      model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
@@ -942,7 +1206,15 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.w_queue += static_cast<size_t>(works[stage]) * static_cast<size_t>(blocks) * work;
   }
   if (zr > 1) m.buffers += static_cast<size_t>(most * (1 + zr)) * f;
-  for (int64_t n : adam_numels(config, setup, rank)) m.adam += 2 * static_cast<size_t>(n) * f;
+  for (int64_t n : adam_numels(config, setup, rank)) {
+    m.adam += 2 * static_cast<size_t>(n) * f;
+    if (setup.bf16) m.master += static_cast<size_t>(n) * f;
+  }
+  if (setup.bf16) {
+    m.buffers += static_cast<size_t>(2 * (n0_used + other)) * f;
+    if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(staged) * f;
+    m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
+  }
   return m;
 }
 

@@ -80,6 +80,11 @@ struct PipelineSetup {
   // `data` is null).
   int zero_stage = 0;
   int dp = 1;
+  // bf16 stages (train.precision = "bf16"): parameters and gradients stored
+  // in bf16, the fp32 master and Adam over the ZeRO shard; reduce_bf16: the
+  // data group sums the gradients in bf16 (parallel.reduce_dtype).
+  bool bf16 = false;
+  bool reduce_bf16 = false;
 };
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
@@ -123,10 +128,11 @@ class PipelineExecutor {
   enum class State { kParams, kAdamM, kAdamV };
   void read_unit(State kind, int u, float* dst);
   void write_unit(State kind, int u, const float* src);
-  // Unit u's parameters in place (holds(u)).
+  // Unit u's fp32 parameters in place (holds(u); not for bf16 stages).
   float* unit_params(int u);
-  // The head's replica of the tied token table on this rank (null: none here).
-  const float* tied_replica() const;
+  // The head's replica of the tied token table on this rank as stored (fp32
+  // or bf16; null: none here).
+  const void* tied_replica() const;
   // Whether this rank has the last stage (the loss).
   bool has_loss() const;
 
@@ -187,8 +193,11 @@ class PipelineExecutor {
   // memory), activation slots and W-queue works at their peak, message and
   // ZeRO-1 gather buffers, and the compute tier's page frames when paged.
   struct Memory {
-    size_t params = 0, grads = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0, pages = 0;
-    size_t total() const { return params + grads + adam + activations + w_queue + buffers + pages; }
+    size_t params = 0, grads = 0, master = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0,
+           pages = 0;
+    size_t total() const {
+      return params + grads + master + adam + activations + w_queue + buffers + pages;
+    }
   };
   Memory memory() const;
   // What memory() will be on pipeline rank `rank` after a step, from the
@@ -215,8 +224,24 @@ class PipelineExecutor {
                    PipelineStepStats& stats);
   void sum_tied_pair();
   void update(Chunk& c, bool replica, double lr, double clip);
+  void* stored_unit(int u);
+  void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
+  void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
+  void allreduce_grads(void* grads, int first, int last);
+  void sum_tied_pair_bf16();
+  // bf16 (see pipeline_executor.cc): widened parameters, f32 accumulators.
+  struct Acc {
+    float* buf = nullptr;
+    int fixed = -1;  // acc_[fixed], or a pool buffer (-1)
+    Chunk* chunk = nullptr;
+  };
+  using AccKey = std::tuple<int, int, int>;  // (micro, stage, unit)
+  float* widen(Chunk& c, int u);
+  float* accumulator(Chunk& c, int u);
+  void flush(std::map<AccKey, Acc>::iterator it);
+  void flush_micro(Chunk& c, int micro, bool keep_deferred);
   std::vector<std::pair<optim::AdamW*, std::string>> adams() const;
-  void gather_unit(const ShardLayout& sl, int i, const float* mine, float* dst);
+  void gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst, tensor::DType dtype);
   tensor::Shape message_shape() const;
 
   model::TransformerConfig config_;
@@ -237,6 +262,15 @@ class PipelineExecutor {
   std::map<Key, Posted> posted_;
   std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
   tensor::Storage gather_;       // ZeRO-1: a send block and ranks × stride (the largest unit)
+  bool bf16_ = false;
+  tensor::Storage widen_[2], acc_[2];  // bf16: unit 0's, the largest other unit's
+  bool widen_busy_[2] = {false, false}, acc_busy_[2] = {false, false};
+  std::map<AccKey, Acc> accs_;
+  std::vector<tensor::Storage> acc_pool_;  // deferred blocks' accumulators
+  std::vector<float*> acc_free_;
+  tensor::Storage staging_;  // bf16 with an fp32 reduction: one unit in f32
+  int cur_micro_ = -1;
+  bool cur_deferred_ = false;
   size_t next_recv_ = 0;         // the next kRecv of the list to post
   std::vector<int32_t> inputs_, targets_;
   std::vector<PipelineSpan> spans_;

@@ -15,11 +15,11 @@
 
 namespace po::plan::detail {
 
-// Pipeline layouts the executor trains (fp32, ZeRO 0-1, in memory or paged, cp = 1).
+// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-1, in memory or paged, cp = 1).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 1 && !l.bf16 && l.flash_attention &&
+  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 1 && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
@@ -41,6 +41,8 @@ void pipeline_engine_memory(Plan& p) {
   s.split = {l.tp, 0};
   s.zero_stage = l.zero_stage;
   s.dp = l.dp;
+  s.bf16 = l.bf16;
+  s.reduce_bf16 = l.reduce_bf16;
   parallel::PipelineExecutor::Memory busiest;
   int at = 0;
   for (int r = 0; r < l.pp; ++r) {
@@ -56,6 +58,8 @@ void pipeline_engine_memory(Plan& p) {
   add_memory(p, "gradients", static_cast<double>(busiest.grads), Tier::kCompute,
              "incl. the tied table's lookup part / replica");
   if (!l.paging) {
+    add_memory(p, "fp32 master weights", static_cast<double>(busiest.master), Tier::kCompute,
+               l.zero_stage == 1 ? "this rank's ZeRO-1 shard" : "");
     add_memory(p, "Adam m, v", static_cast<double>(busiest.adam), Tier::kCompute,
                l.zero_stage == 1 ? "this rank's ZeRO-1 shard" : "");
   } else {
@@ -67,7 +71,8 @@ void pipeline_engine_memory(Plan& p) {
     for (int r = 0; r < l.pp; ++r) {
       const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
       const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
-      need = std::max(need, static_cast<double>(m.total() - m.adam) + static_cast<double>(least) * page);
+      need = std::max(need, static_cast<double>(m.total() - m.adam - m.master) +
+                                static_cast<double>(least) * page);
       if (r == at) pages = static_cast<double>(n);
     }
     p.min_compute_budget = need;
@@ -80,13 +85,15 @@ void pipeline_engine_memory(Plan& p) {
                                              gib(need)));
       } else {
         frames = std::min(pages, std::floor((static_cast<double>(l.compute_budget) -
-                                             static_cast<double>(busiest.total() - busiest.adam)) / page));
+                                             static_cast<double>(busiest.total() - busiest.adam -
+                                                                 busiest.master)) / page));
       }
     }
     const double host = std::min(pages - frames, std::floor(static_cast<double>(l.host_budget) / page));
     add_memory(p, "pages (compute tier)", frames * page, Tier::kCompute,
                core::str_cat(static_cast<int64_t>(frames), " of ", static_cast<int64_t>(pages),
-                             " pages of Adam m, v", l.zero_stage == 1 ? " (the ZeRO-1 shard)" : ""));
+                             " pages of Adam m, v", l.bf16 ? " and the fp32 master" : "",
+                             l.zero_stage == 1 ? " (the ZeRO-1 shard)" : ""));
     add_memory(p, "pages (host tier)", host * page, Tier::kHost);
     add_memory(p, "pages (NVMe)", (pages - frames - host) * page, Tier::kNvme);
     if (pages - frames - host > 0 && !l.nvme) {

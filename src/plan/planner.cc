@@ -135,11 +135,10 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
   // TransformerConfig::shard splits the kv heads and the MLP's columns.
   if (m.n_kv_head % l.tp != 0 || m.ffn % l.tp != 0)
     why.push_back("tensor parallel replicating kv heads or splitting the MLP unevenly");
-  if (l.pp > 1) {  // the executor trains fp32 stages at ZeRO 0-1, in memory or paged (docs/pipeline.md)
+  if (l.pp > 1) {  // the executor trains fp32 or bf16 stages at ZeRO 0-1, in memory or paged (docs/pipeline.md)
     std::string with;
     auto add = [&](const std::string& w) { with += (with.empty() ? "" : ", ") + w; };
     if (l.zero_stage > 1) add(core::str_cat("ZeRO-", l.zero_stage));
-    if (l.bf16) add("bf16");
     if (!with.empty()) why.push_back("pipeline parallel with " + with);
   }
   if (l.cp > 1) why.push_back("context parallel");

@@ -130,9 +130,12 @@ void engine_plan(Plan& p) {
   if (stage == 3 && N == 1 && !l.bf16) params = psi * 4;
   double grads = stage < 2 ? psi * esz : local * esz;
   if (!l.bf16 && stage == 1) grads += local * 4;  // the update's shard of the reduced gradient
-  // fp32 stages 0-1: the tied table's lookup part, accumulated apart (Transformer::set_accumulating)
-  if (!l.bf16 && stage < 2)
-    grads += static_cast<double>(model::Transformer::predicted_lookup_bytes(cfg, l.tp));
+  // The tied table's lookup part, accumulated apart (fp32 stages 0-1:
+  // Transformer::set_accumulating; bf16 on one rank: DataParallel's own)
+  const double lookup = (!l.bf16 && stage < 2) || (l.bf16 && N == 1)
+                            ? static_cast<double>(model::Transformer::predicted_lookup_bytes(cfg, l.tp))
+                            : 0.0;
+  grads += lookup;
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
   const double unpaged_states = params + grads + master + adam;
@@ -140,7 +143,10 @@ void engine_plan(Plan& p) {
   if (paged) {
     adam = 0;
     master = 0;
-    if (paged_shards) params = grads = 0;
+    if (paged_shards) {
+      params = 0;
+      grads = lookup;
+    }
   }
   add_memory(p, "parameters", params, Tier::kCompute, l.bf16 ? "bf16" : "fp32");
   add_memory(p, "gradients", grads);

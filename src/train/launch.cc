@@ -130,8 +130,6 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
              ": ZeRO 2 and 3 are refused (they reduce each micro-batch's gradients as its backward "
              "ends, but a stage's micro-batches arrive at different times and the stage's state is "
              "already 1/pp of the model); use parallel.zero_stage = 0 or 1");
-    PO_CHECK(precision == "fp32", "train.precision = \"", precision, "\" with parallel.pp = ",
-             p.pp, ": bf16 pipeline stages are not built yet");
   }
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);

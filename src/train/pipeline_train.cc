@@ -50,6 +50,8 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   s.split = {static_cast<int>(r.p.tp), r.launch.tp_rank};
   s.tp_overlap = cfg.get_bool("parallel.tp_overlap");
   s.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
+  s.bf16 = cfg.get_string("train.precision") == "bf16";
+  s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
   s.dp = static_cast<int>(r.p.dp);
   return s;
 }
@@ -226,7 +228,7 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   memory::PagerOptions o = pager_options(cfg, rank);
   const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
   parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
-  fixed.adam = 0;  // what is paged
+  fixed.adam = fixed.master = 0;  // what is paged
   if (compute_budget > 0) {
     // Stages differ: every rank checks the budget against the rank that needs the most.
     const int64_t mine[3] = {static_cast<int64_t>(fixed.total() + least * o.page_bytes),
@@ -352,14 +354,14 @@ TrainResult train_pipeline(const PipelineRun& r) {
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex.memory();
     const memory::PagerStats ps = paged ? ex.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 11;
+    constexpr size_t kMem = 12;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
         static_cast<double>(mem.adam), static_cast<double>(mem.activations),
         static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
         static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
-        ps.hit_rate()};
+        ps.hit_rate(), static_cast<double>(mem.master)};
     std::vector<double> mems(kMem * static_cast<size_t>(p.pp));
     pipe.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
     int peak = st.peak_in_flight;
@@ -392,9 +394,9 @@ TrainResult train_pipeline(const PipelineRun& r) {
     nlohmann::json paging = nlohmann::json::array();
     for (int64_t k = 0; k < p.pp; ++k) {
       const double* v = mems.data() + kMem * k;
-      per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"adam", v[2]}, {"activations", v[3]},
-                          {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
-                          {"total", v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6]}});
+      per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"master", v[11]}, {"adam", v[2]},
+                          {"activations", v[3]}, {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
+                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6]}});
       paging.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
     }

@@ -238,7 +238,7 @@ TEST_F(Pipeline, TiedTableCopiesNeverDriftApart) {
   if (ex.rank() == emb)
     std::memcpy(table.data(), ex.unit_params(0) + l.token_embedding().offset, n * sizeof(float));
   world().broadcast(table.data(), static_cast<size_t>(n), tensor::DType::kF32, emb);
-  if (const float* replica = ex.tied_replica()) {
+  if (const auto* replica = static_cast<const float*>(ex.tied_replica())) {
     int64_t i = 0;
     while (i < n && std::memcmp(&replica[i], &table[static_cast<size_t>(i)], sizeof(float)) == 0) ++i;
     EXPECT_EQ(i, n) << "rank " << ex.rank() << "'s replica of the token table drifted from rank "

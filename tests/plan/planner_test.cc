@@ -259,14 +259,14 @@ TEST(Planner, SearchTrainableOnly) {
       plan::search(plan::model_preset("gpt2-124M"), h100(1), base, 8, /*trainable_only=*/true);
   ASSERT_FALSE(r.fitting.empty());
   // dp × tp layouts (engine-exact), or pipeline layouts the executor trains
-  // (fp32, ZeRO-0, in memory: their memory is its own, their time analytic).
+  // (fp32, ZeRO 0-1, in memory or paged: their memory is its own, their time analytic).
   for (const plan::Plan& p : r.fitting) {
     const plan::Layout& l = p.layout;
     EXPECT_TRUE(p.not_trainable.empty()) << l.describe();
     EXPECT_EQ(p.engine_exact, l.pp == 1) << l.describe();
     EXPECT_EQ(l.dp * l.tp * l.pp, 8) << l.describe();
     EXPECT_EQ(l.cp, 1) << l.describe();
-    if (l.pp > 1) EXPECT_TRUE(l.zero_stage == 0 && !l.bf16 && !l.paging) << l.describe();
+    if (l.pp > 1) EXPECT_TRUE(l.zero_stage <= 1 && !l.bf16) << l.describe();
   }
 }
 

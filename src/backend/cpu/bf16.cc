@@ -21,6 +21,11 @@ void f32_to_bf16(uint16_t* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = round(src[i]);
 }
 
+void bf16_round_f32(float* dst, const float* src, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = widen(round(src[i]));
+}
+
 void bf16_add_f32(uint16_t* dst, const float* src, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = round(widen(dst[i]) + src[i]);
