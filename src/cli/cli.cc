@@ -1,4 +1,5 @@
 #include "cli/cli.h"
+#include "core/cpus.h"
 
 #include <unistd.h>
 
@@ -237,7 +238,11 @@ int cmd_plan(const PlanOptions& o) {
     const int per_node = plan::cluster_preset(o.cluster).devices_per_node;
     nodes = std::max(1, (layout.devices() + per_node - 1) / per_node);
   }
-  const plan::ClusterSpec cluster = plan::cluster_preset(o.cluster, nodes);
+  // A rank's threads on this machine, as the trainer sets them (train/launch.cc).
+  int64_t threads = cfg.get_int("train.threads");
+  if (threads == 0) threads = std::max(1, core::usable_cpus() / std::max(1, layout.devices()));
+  const plan::ClusterSpec cluster =
+      plan::cluster_preset(o.cluster, nodes, o.search ? 0 : static_cast<int>(threads));
   if (o.search) {
     const int devices = o.devices > 0 ? o.devices : cluster.devices();
     const plan::SearchResult r = plan::search(model, cluster, layout, devices, o.trainable);

@@ -361,7 +361,13 @@ double Timing::bubble() const {
 }
 
 Timing simulate(const Schedule& s, const Costs& costs) {
+  return simulate(s, std::vector<Costs>(static_cast<size_t>(s.stages()), costs));
+}
+
+Timing simulate(const Schedule& s, const std::vector<Costs>& stage_costs) {
   const int p = s.ranks, S = s.stages();
+  PO_CHECK(static_cast<int>(stage_costs.size()) == S, "simulate: ", stage_costs.size(),
+           " stage costs for ", S, " stages");
   Progress pr(S, s.micro_batches);
   Timing t;
   t.busy.assign(static_cast<size_t>(p), 0);
@@ -384,11 +390,12 @@ Timing simulate(const Schedule& s, const Costs& costs) {
         }
         const double ready = inputs_ready(pr, a, S);
         if (ready == kNever) break;  // waits for another rank
-        const double end = std::max(free_at[ri], ready) + cost_of(a.op, costs);
+        const double cost = cost_of(a.op, stage_costs[static_cast<size_t>(a.stage)]);
+        const double end = std::max(free_at[ri], ready) + cost;
         record(pr, a, end);
-        t.spans[ri].push_back({a, end - cost_of(a.op, costs), end});
+        t.spans[ri].push_back({a, end - cost, end});
         free_at[ri] = end;
-        t.busy[ri] += cost_of(a.op, costs);
+        t.busy[ri] += cost;
         if (a.op == Op::kForward) t.peak_in_flight[ri] = std::max(t.peak_in_flight[ri], ++held[ri]);
         if (releases(a.op)) --held[ri];
         if (a.op == Op::kBackwardInput) t.peak_w_queue[ri] = std::max(t.peak_w_queue[ri], ++queued[ri]);

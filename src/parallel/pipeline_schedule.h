@@ -121,6 +121,9 @@ struct Timing {
 // Times the schedule's lists as they are (each rank in its order; a compute
 // waits for its inputs, communication takes no time).
 Timing simulate(const Schedule& s, const Costs& costs = {});
+// The same with each stage's own costs (stage_costs[stage], e.g. from
+// pipeline_stages.h's stage_costs: the head's stage is heavier).
+Timing simulate(const Schedule& s, const std::vector<Costs>& stage_costs);
 
 // Chrome trace-event JSON (opens in Perfetto or chrome://tracing) of the
 // spans: one track per rank (pid 0, tid = rank), a complete event ("ph":

@@ -108,4 +108,30 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
   return out;
 }
 
+std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,
+                               const std::vector<model::UnitRange>& stages) {
+  const model::TransformerConfig c = config.resolved();
+  const model::Layout layout(c);
+  const int head = layout.head_unit();
+  const double C = static_cast<double>(c.n_embd), attn = 2.0 * static_cast<double>(T) * C;
+  const double unit = 2.0 * static_cast<double>(layout.unit_numel(1)) + attn;  // a block's forward
+  std::vector<Costs> out;
+  for (const model::UnitRange& r : stages) {
+    const int last = r.last < 0 ? head : r.last;
+    Costs k{0, 0, 0};
+    for (int u = std::max(r.first, 1); u <= std::min(last, head - 1); ++u) {
+      const double params = 2.0 * static_cast<double>(layout.unit_numel(u));
+      k.forward += params + attn;
+      k.backward_input += params + 2 * attn;
+      k.backward_weight += params;
+    }
+    if (last == head) k.forward += 3 * 2.0 * static_cast<double>(c.vocab_size) * C;
+    k.forward /= unit;
+    k.backward_input /= unit;
+    k.backward_weight /= unit;
+    out.push_back(k);
+  }
+  return out;
+}
+
 }  // namespace po::parallel::pipeline

@@ -16,6 +16,7 @@
 
 #include "model/config.h"
 #include "model/transformer.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace po::parallel::pipeline {
 
@@ -29,5 +30,14 @@ double unit_cost(const model::TransformerConfig& config, int64_t T, int u);
 // (errors name both keys).
 std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
                                                int stages, const std::string& stage_layers = "");
+
+// Each stage's compute as the executor runs it, in forward-FLOPs-of-a-block
+// units: a block's forward 2·P + 2·T·C, its input backward 2·P + 4·T·C
+// (the GEMMs' input gradients, attention's backward), its weight backward
+// 2·P; the last stage's forward also runs the head and its fused loss
+// backward (logits, input and weight gradients: 3 × 2·V·C). For
+// simulate(): a bubble that sees the stages' imbalance.
+std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,
+                               const std::vector<model::UnitRange>& stages);
 
 }  // namespace po::parallel::pipeline

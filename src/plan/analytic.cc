@@ -165,7 +165,15 @@ void analytic_plan(Plan& p) {
     const pl::Schedule sched =
         pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages);
     const pl::Timing t = pl::simulate(sched);
-    p.bubble = t.bubble();
+    p.bubble = p.bubble_stages = t.bubble();
+    model::TransformerConfig ec = p.model.engine;
+    ec.seq_len = std::max(ec.seq_len, l.seq);
+    try {  // (a layout the partition refuses keeps the schedule's bubble)
+      p.bubble_stages =
+          pl::simulate(sched, pl::stage_costs(ec, l.seq, pl::partition_stages(ec, l.seq, sched.stages())))
+              .bubble();
+    } catch (const core::Error&) {
+    }
     in_flight = 0;
     for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
       in_flight = std::max<double>(in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);
@@ -223,10 +231,10 @@ void analytic_plan(Plan& p) {
                calls * act_bytes, l.tp, inter, false);
     }
   }
-  if (l.pp > 1) {  // the busiest rank's sends in the schedule
+  if (l.pp > 1) {  // the busiest rank's sends in the schedule, fp32 [rows, C] messages as the executor sends them
     const bool inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp * l.dp, l.pp);
     add_comm(p, "pp", "send", "activations forward, gradients backward", sends,
-             static_cast<double>(sends) * act_bytes / (sp ? l.tp : 1), 2, inter, false);
+             static_cast<double>(sends) * s * b * h * 4 / (sp ? l.tp : 1), 2, inter, false);
   }
   if (l.cp > 1) {
     const bool inter = spans_nodes(p.cluster, l.tp, l.cp);

@@ -206,7 +206,8 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
     peak *= static_cast<double>(cluster.devices_per_node) /
             std::min(layout.devices(), cluster.devices_per_node);
   p.compute_s = hw_flops / layout.devices() / (peak * cluster.efficiency);
-  if (layout.pp > 1) p.bubble_s = p.compute_s * p.bubble / (1 - p.bubble);  // (analytic_plan's)
+  if (layout.pp > 1)  // (analytic_plan's, with the stages' costs)
+    p.bubble_s = p.compute_s * p.bubble_stages / (1 - p.bubble_stages);
   double hidden_budget = p.compute_s, overlappable = 0, exposed = 0;
   for (const CommItem& c : p.comm) {
     p.comm_s += c.seconds;

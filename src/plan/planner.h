@@ -109,7 +109,10 @@ struct Plan {
   std::vector<CommItem> comm;  // per rank per step
   double model_flops = 0;      // per step, all devices
   double compute_s = 0, bubble_s = 0, comm_s = 0, exposed_comm_s = 0, io_s = 0, step_s = 0;
-  double bubble = 0;  // pipeline bubble, share of the step (the schedule's, simulated)
+  double bubble = 0;  // pipeline bubble, share of the step (the schedule's, simulated at unit costs)
+  // The same with each stage's FLOP costs (pipeline_stages.h's stage_costs:
+  // the head's stage is heavier); the step time uses it.
+  double bubble_stages = 0;
   double tokens_per_s = 0, mfu = 0;
 
   bool fits = true;

@@ -114,17 +114,28 @@ double peak_rss_bytes() {
 // Starts peak_rss_bytes() again from the current resident set (Linux: 5 to clear_refs).
 void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
-ClusterSpec local() {
+ClusterSpec local(int rank_threads) {
   ClusterSpec c;
   c.name = "local";
   c.devices_per_node = std::max(1u, std::thread::hardware_concurrency());
-  reset_peak_rss();
-  const double gemm = backend::cpu::measure_gemm_peak_gflops() * 1e9;
   // Measured, not assumed: this process is the engine's binary and has just
-  // run the GEMM probe a training run also runs at start, so its peak
-  // resident size is what a rank holds besides its model state (code,
-  // libraries, oneDNN's JIT kernels, the probe's matrices, C++ runtime).
-  const double fixed = peak_rss_bytes();
+  // run the GEMM probe a training run also runs at start, with a rank's
+  // threads, so its peak resident size is what a rank holds besides its
+  // model state (code, libraries, oneDNN's JIT kernels, per-thread buffers,
+  // the probe's matrices, C++ runtime).
+  const int all = backend::cpu::num_threads();
+  double fixed = 0;
+  if (rank_threads > 0 && rank_threads != all) {
+    backend::cpu::set_num_threads(rank_threads);
+    reset_peak_rss();
+    (void)backend::cpu::measure_gemm_peak_gflops();
+    fixed = peak_rss_bytes();
+    backend::cpu::set_num_threads(all);
+  } else {
+    reset_peak_rss();
+  }
+  const double gemm = backend::cpu::measure_gemm_peak_gflops() * 1e9;
+  if (fixed == 0) fixed = peak_rss_bytes();
   c.peak_flops_fp32 = gemm / c.devices_per_node;
   // bf16 runs its GEMMs on bf16 operands (oneDNN, AVX512-BF16 where present).
   c.peak_flops_bf16 =
@@ -156,10 +167,10 @@ std::vector<std::string> cluster_preset_names() {
   return {"local", "a100-80gb-ib200", "a100-80gb-ib400", "h100-80gb-ib200", "h100-80gb-ib400"};
 }
 
-ClusterSpec cluster_preset(const std::string& name, int nodes) {
+ClusterSpec cluster_preset(const std::string& name, int nodes, int rank_threads) {
   ClusterSpec c;
   if (name == "local") {
-    c = local();
+    c = local(rank_threads);
   } else if (name.starts_with("a100-80gb-ib") || name.starts_with("h100-80gb-ib")) {
     const std::string ib = name.substr(std::strlen("a100-80gb-ib"));
     PO_CHECK(ib == "200" || ib == "400", "--cluster ", name, ": InfiniBand is ib200 or ib400");

@@ -78,7 +78,11 @@ struct ClusterSpec {
 // "local" (this machine, peaks measured now), "a100-80gb-ib200",
 // "a100-80gb-ib400", "h100-80gb-ib200", "h100-80gb-ib400", or a TOML file
 // (see docs/planning.md). `nodes` > 0 overrides the node count.
-ClusterSpec cluster_preset(const std::string& name_or_file, int nodes = 0);
+// `rank_threads` > 0 (local): the threads a training rank of the plan's
+// layout runs its GEMMs with (train.threads, or the cores over the ranks);
+// the fixed per-rank overhead is measured with that many (OpenMP and BLAS
+// keep per-thread buffers), the peak FLOP/s with every core.
+ClusterSpec cluster_preset(const std::string& name_or_file, int nodes = 0, int rank_threads = 0);
 // A cluster file's text (docs/planning.md); `origin` names it in errors,
 // which are core::InvalidArgument naming the key (plan/cluster_file.cc).
 ClusterSpec parse_cluster(const std::string& text, const std::string& origin);

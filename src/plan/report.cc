@@ -79,10 +79,15 @@ std::string format_plan(const Plan& p) {
   }
   t += "\ntime per step\n";
   std::snprintf(line, sizeof line,
-                "  compute %s (%.3g FLOP, %.0f%% of peak), pipeline bubble %s, communication %s of which "
+                "  compute %s (%.3g FLOP, %.0f%% of peak), pipeline bubble %s%s, communication %s of which "
                 "exposed %s, paging I/O %s\n",
                 human_time(p.compute_s).c_str(), p.model_flops, p.cluster.efficiency * 100,
-                human_time(p.bubble_s).c_str(), human_time(p.comm_s).c_str(),
+                human_time(p.bubble_s).c_str(),
+                p.layout.pp > 1 ? core::str_cat(" (", static_cast<int>(p.bubble_stages * 1000) / 10.0,
+                                                "% of the step with the stages' costs; the schedule's ",
+                                                static_cast<int>(p.bubble * 1000) / 10.0, "%)").c_str()
+                                : "",
+                human_time(p.comm_s).c_str(),
                 human_time(p.exposed_comm_s).c_str(), human_time(p.io_s).c_str());
   t += line;
   std::snprintf(line, sizeof line, "  step %s, %.0f tokens/s, MFU %.1f%%\n", human_time(p.step_s).c_str(),
@@ -151,6 +156,7 @@ nlohmann::json plan_json(const Plan& p) {
                     {"wire_bytes", c.wire_bytes}, {"seconds", c.seconds}, {"overlaps", c.overlaps}});
   j["comm"] = comm;
   j["time"] = {{"model_flops", p.model_flops}, {"compute_s", p.compute_s}, {"bubble_s", p.bubble_s},
+               {"bubble", p.bubble}, {"bubble_stages", p.bubble_stages},
                {"comm_s", p.comm_s}, {"exposed_comm_s", p.exposed_comm_s}, {"io_s", p.io_s},
                {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}};
   j["fits"] = p.fits;

@@ -292,6 +292,8 @@ TrainResult train_pipeline(const PipelineRun& r) {
   const pl::Schedule& sch = setup.schedule;
   const double formula = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
   const double planned = pl::simulate(sch).bubble();
+  // The same with each stage's FLOP costs: what the stages' imbalance leaves.
+  const double costed = pl::simulate(sch, pl::stage_costs(r.mcfg, p.T, setup.stage_units)).bubble();
   PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p.pp, " stages", sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(),
               ", ", p.accum, " micro-batches of ", p.micro, "; bubble by formula ", formula,
               ", as planned ", planned);
@@ -342,13 +344,14 @@ TrainResult train_pipeline(const PipelineRun& r) {
     const double mine[4] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes)};
     std::vector<double> all(4 * static_cast<size_t>(p.pp));
     pipe.all_gather(mine, all.data(), 8, DType::kI32);  // doubles, bit-exact
-    std::vector<double> busy, secs;
+    std::vector<double> busy, secs, sent_per_rank;
     double wait_max = 0, sent = 0;
     for (int64_t k = 0; k < p.pp; ++k) {
       busy.push_back(all[4 * k]);
       secs.push_back(all[4 * k + 1]);
       wait_max = std::max(wait_max, all[4 * k + 2]);
       sent += all[4 * k + 3];
+      sent_per_rank.push_back(all[4 * k + 3]);
     }
     const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
     // Every pipeline rank's bytes (the executor's accounting), for the report.
@@ -410,8 +413,10 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_bubble", bubble},
                     {"pp_bubble_formula", formula},
                     {"pp_bubble_planned", planned},
+                    {"pp_bubble_stages", costed},
                     {"pp_wait_ms", wait_max * 1000},
                     {"pp_p2p_bytes", sent},
+                    {"pp_p2p_bytes_per_rank", sent_per_rank},
                     {"pp_peak_in_flight", peaks},
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},

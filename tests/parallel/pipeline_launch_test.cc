@@ -216,6 +216,8 @@ TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
     EXPECT_GE(b, 0.0);
     EXPECT_LT(b, 1.0);
     EXPECT_EQ(j["pp_bubble_formula"].get<double>(), 0.0) << "zbv's formula bubble";
+    const double costed = j["pp_bubble_stages"].get<double>();
+    EXPECT_TRUE(costed >= 0 && costed < 1) << "the bubble with the stages' costs: " << costed;
     for (const auto& peak : j["pp_peak_in_flight"]) EXPECT_GE(peak.get<int>(), 1);
   }
   EXPECT_EQ(seen, 6) << "every step reports its bubble";
@@ -235,7 +237,8 @@ TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
 // The planner's memory of a pipeline layout is the executor's own, to the
 // byte, on the busiest rank (every schedule, with and without activation
 // checkpointing; GPT-2's tied table and Llama's untied head; ZeRO-1 at dp 2,
-// in memory and paged: the compute tier's bytes, page frames included).
+// in memory and paged, fp32 and bf16: the compute tier's bytes, page frames
+// included), and so is its p2p volume.
 TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
   struct Case {
     std::string model;
@@ -248,12 +251,13 @@ TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
   const std::string paged = z1 + "--set memory.page_size=4096 --set memory.host_budget=8192 "
                                  "--set memory.nvme_dir=" + (dir_ / "swap") +
                             " --set memory.compute_budget=1200000";
-  const std::vector<Case> cases = {{"", "gpipe", "false"},       {"", "1f1b", "false"},
-                                   {"", "interleaved", "false"}, {"", "zb-h1", "false"},
-                                   {"", "zbv", "false"},         {"", "1f1b", "true"},
-                                   {"", "zbv", "true"},          {kLlama, "1f1b", "false"},
-                                   {kLlama, "zb-h1", "true"},    {"", "1f1b", "false", 2, z1},
-                                   {"", "zbv", "false", 2, paged}};
+  const std::vector<Case> cases = {
+      {"", "gpipe", "false", 1, ""},     {"", "1f1b", "false", 1, ""},
+      {"", "interleaved", "false", 1, ""}, {"", "zb-h1", "false", 1, ""},
+      {"", "zbv", "false", 1, ""},       {"", "1f1b", "true", 1, ""},
+      {"", "zbv", "true", 1, ""},        {kLlama, "1f1b", "false", 1, ""},
+      {kLlama, "zb-h1", "true", 1, ""},  {"", "1f1b", "false", 2, z1},
+      {"", "zbv", "false", 2, paged},    {"", "zb-h1", "false", 2, z1 + "--set train.precision=bf16"}};
   for (const auto& [model, s, ckpt, dp, extra] : cases) {
     const std::string args = model + " --set parallel.schedule=" + s +
                              " --set model.activation_checkpointing=" + ckpt + " " + extra;
@@ -277,6 +281,14 @@ TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
       if (m["tier"] == "compute") predicted += m["bytes"].get<double>();
     EXPECT_EQ(predicted, engine) << what << ": the planner's bytes on the busiest rank vs the "
                                  << "executor's\n" << j["memory"].dump(1);
+    // The p2p volume: the busiest rank's sends, to the byte.
+    double sent = 0, planned_sent = -1;
+    for (const auto& r : po::test::last_metric(run, "pp_p2p_bytes_per_rank"))
+      sent = std::max(sent, r.get<double>());
+    for (const auto& c : j["comm"])
+      if (c["dim"] == "pp") planned_sent = c["bytes"].get<double>();
+    EXPECT_EQ(planned_sent, sent) << what << ": the planner's p2p bytes of the busiest rank vs the "
+                                  << "executor's";
   }
 }
 

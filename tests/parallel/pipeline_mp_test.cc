@@ -133,8 +133,9 @@ StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, in
         << pipeline::schedule_name(sch.kind) << " m=" << m << ": rank " << ex.rank() << " held "
         << st.peak_in_flight << " micro-batches, the schedule's bound is "
         << sch.in_flight_cap(ex.rank());
-    if (sch.kind == ScheduleKind::k1F1B && ex.rank() == 0)
+    if (sch.kind == ScheduleKind::k1F1B && ex.rank() == 0) {
       EXPECT_EQ(st.peak_in_flight, std::min(m, sch.ranks)) << "1F1B's first stage holds min(m, p)";
+    }
     log.norm.push_back(ex.step(lr_at(s)));
     log.loss.push_back(static_cast<float>(st.loss_sum));  // the last stage's (0 elsewhere)
   }
@@ -196,8 +197,9 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
       const StepLog got = run_pipeline(ex, c, m, kSteps);
       for (int s = 0; s < kSteps; ++s) {
         EXPECT_EQ(got.norm[s], ref.log.norm[s]) << what << " step " << s << ": gradient norm";
-        if (ex.has_loss())
+        if (ex.has_loss()) {
           EXPECT_EQ(got.loss[s], ref.log.loss[s]) << what << " step " << s << ": loss";
+        }
       }
       for (int u = 0; u < ref.model.num_units(); ++u)
         if (ex.holds(u)) expect_unit_bits(ref, ex, u, what);

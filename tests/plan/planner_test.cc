@@ -308,8 +308,8 @@ TEST(Planner, ClusterFile) {
   EXPECT_NE(e.find("unknown preset 'tpu-v5'"), std::string::npos) << e;
 }
 
-// The command line: a plan for a layout the engine cannot train yet
-// (pipeline parallel) is printed and marked; an impossible layout is a
+// The command line: a plan for a layout the engine cannot train (pipeline
+// parallel with ZeRO-2) is printed and marked; an impossible layout is a
 // one-line error.
 TEST(Planner, Command) {
   TempDir dir;
@@ -317,9 +317,11 @@ TEST(Planner, Command) {
                              "[train]\nbatch_size = 64\nmicro_batch_size = 1\nprecision = \"bf16\"\n"
                              "[parallel]\ndp = 4\ntp = 8\npp = 2\nzero_stage = 1\n");
   CommandResult r =
-      run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") + " --cluster h100-80gb-ib400");
+      run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
+                  " --cluster h100-80gb-ib400 --set parallel.zero_stage=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("NOT YET TRAINABLE by the engine: pipeline parallel"), std::string::npos)
+  EXPECT_NE(r.output.find("NOT YET TRAINABLE by the engine: pipeline parallel with ZeRO-2"),
+            std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("8 × 8 devices"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
