@@ -63,6 +63,17 @@ struct PagerStats {
   double wait_s = 0;                // waiting for reads and writes
   double pass_s = 0;                // inside for_each (the optimizer's sweep over the pages)
   double hit_rate() const { return accesses ? static_cast<double>(hits) / accesses : 1.0; }
+  // Adds another pager's traffic (`sweep`: its pass_s too).
+  void add(const PagerStats& t, bool sweep = true) {
+    nvme_read_bytes += t.nvme_read_bytes;
+    nvme_written_bytes += t.nvme_written_bytes;
+    host_read_bytes += t.host_read_bytes;
+    host_written_bytes += t.host_written_bytes;
+    accesses += t.accesses;
+    hits += t.hits;
+    wait_s += t.wait_s;
+    if (sweep) pass_s += t.pass_s;
+  }
 };
 
 class Pager {

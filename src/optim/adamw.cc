@@ -214,14 +214,7 @@ memory::PagerStats PagedAdamState::take_stats() {
   memory::PagerStats s = state_->take_stats();
   for (memory::Pager* pg : {params_.get(), grads_.get()}) {
     if (pg == nullptr) continue;
-    const memory::PagerStats t = pg->take_stats();
-    s.nvme_read_bytes += t.nvme_read_bytes;
-    s.nvme_written_bytes += t.nvme_written_bytes;
-    s.host_read_bytes += t.host_read_bytes;
-    s.host_written_bytes += t.host_written_bytes;
-    s.accesses += t.accesses;
-    s.hits += t.hits;
-    s.wait_s += t.wait_s;  // (pass_s: the sweep is the state pager's)
+    s.add(pg->take_stats(), false);  // (pass_s: the sweep is the state pager's)
   }
   return s;
 }

@@ -1052,16 +1052,7 @@ bool PipelineExecutor::paged() const { return chunks_.front()->adam->paged(); }
 memory::PagerStats PipelineExecutor::take_paging_stats() {
   memory::PagerStats sum;
   for (const auto& [a, name] : adams()) {
-    if (!a->paged()) continue;
-    const memory::PagerStats s = a->paged_state()->take_stats();
-    sum.nvme_read_bytes += s.nvme_read_bytes;
-    sum.nvme_written_bytes += s.nvme_written_bytes;
-    sum.host_read_bytes += s.host_read_bytes;
-    sum.host_written_bytes += s.host_written_bytes;
-    sum.accesses += s.accesses;
-    sum.hits += s.hits;
-    sum.wait_s += s.wait_s;
-    sum.pass_s += s.pass_s;
+    if (a->paged()) sum.add(a->paged_state()->take_stats());
   }
   return sum;
 }

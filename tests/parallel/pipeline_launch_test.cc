@@ -96,14 +96,19 @@ TEST_F(PipelineRuns, Pp4AndLlamaAreBitIdenticalToOneStage) {
 
 // bf16 stages (parameters and gradients stored in bf16, the fp32 master and
 // Adam beside them): every schedule at pp 2 gives pp 1's bf16 bits, GPT-2
-// with its tied table (wte = bf16(H + E) on both copies) and Llama; and
-// ZeRO-1 paged to NVMe at dp 2 × pp 2 gives the in-memory ZeRO-0 bits.
+// with its tied table (wte = bf16(H + E) on both copies) and Llama, with
+// activation checkpointing too; and ZeRO-1 paged to NVMe at dp 2 × pp 2
+// gives the in-memory ZeRO-0 bits.
 TEST_F(PipelineRuns, Bf16StagesAreBitIdenticalToOneStage) {
   const std::string bf16 = "--set train.precision=bf16 ";
   const std::string ref = train("bf16_pp1", 1, 1, bf16);
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"})
     expect_bits(ref, train(std::string("bf16_pp2_") + s, 1, 2, bf16 + "--set parallel.schedule=" + s),
                 std::string("bf16 gpt2 pp 2 ") + s);
+  const std::string ckpt = bf16 + "--set model.activation_checkpointing=true ";
+  const std::string cref = train("bf16_ckpt_pp1", 1, 1, ckpt);
+  expect_bits(cref, train("bf16_ckpt_pp2", 1, 2, ckpt + "--set parallel.schedule=zb-h1"),
+              "bf16 gpt2 pp 2 zb-h1 with activation checkpointing");
   const std::string lref = train("bf16_llama_pp1", 1, 1, bf16 + kLlama);
   for (const char* s : {"1f1b", "zbv"})
     expect_bits(lref, train(std::string("bf16_llama_pp2_") + s, 1, 2, bf16 + kLlama + " --set parallel.schedule=" + s),
@@ -183,7 +188,8 @@ TEST_F(PipelineRuns, ZeroOneAndPagedStagesGiveTheInMemoryBits) {
 // dp 2 × tp 2 × pp 2 with ZeRO-1 (8 processes): follows dp 2 within 1e-5;
 // its checkpoint resumes at dp 2 and dp 2's resumes at 3-D, each on the
 // other's curve within 1e-5 (other reduction orders); 3-D resumes at 3-D on
-// its own curve bit for bit, with the same final checkpoint.
+// its own curve bit for bit, with the same final checkpoint. In bf16, with
+// activation checkpointing and paged stage state, 3-D follows dp 2 in bf16.
 TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   const std::string z1 = "--set parallel.zero_stage=1 --set parallel.schedule=1f1b";
   const std::string dp2 = train("dp2", 2, 1, z1);
@@ -197,6 +203,17 @@ TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   r = run("dp2_at_d3", 2, 2, z1 + " --resume", 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   po::test::expect_same_curve(tail(dp2), tail(dir_ / "dp2_at_d3"), "dp 2 resumed at dp2×tp2×pp2");
+  // The same 3-D layout in bf16 with activation checkpointing and its stages'
+  // state paged to NVMe, against dp 2 in bf16 (bf16 sums: 1e-4).
+  const std::string b16 = " --set train.precision=bf16";
+  const std::string dp2b = train("dp2_bf16", 2, 1, z1 + b16);
+  const std::string d3b = train("d3_bf16", 2, 2,
+                                z1 + b16 + " --set model.activation_checkpointing=true" +
+                                    " --set memory.nvme_dir=" + (dir_ / "swap") +
+                                    " --set memory.page_size=4096 --set memory.host_budget=4096", 2);
+  const auto a = metric(dp2b, "loss", 6), b = metric(d3b, "loss", 6);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "bf16 dp2×tp2×pp2 (checkpointing, paged) vs dp 2: step " << i + 1;
   copy_checkpoint(d3, 3, "d3_at_d3");
   r = run("d3_at_d3", 2, 2, z1 + " --resume", 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
