@@ -41,9 +41,15 @@
 // tier, host RAM and an NVMe swap file per chunk; the update is the same
 // element-wise computation cut at page boundaries, so the bits do not change.
 //
+// bf16 (PipelineSetup::bf16): parameters and gradients are stored in bf16
+// and the fp32 master lives with Adam (over the ZeRO shard, paged with it).
+// A slot's hooks widen each unit's parameters for its use, and give each
+// (micro-batch, unit) an f32 accumulator that is rounded into the stored
+// gradient once the micro-batch's part is complete, as pp = 1 rounds each
+// micro-batch's; the tied table is wte = bf16(H + E) on both copies.
+//
 // What it does not do (refused by the trainer): ZeRO 2-3 (gradients reduced
-// per micro-batch, while a stage's micro-batches arrive at different times)
-// and bf16 state.
+// per micro-batch, while a stage's micro-batches arrive at different times).
 #pragma once
 
 #include <cstdint>
@@ -121,10 +127,12 @@ class PipelineExecutor {
   // Whether this rank holds unit u (its owner's copy; a tied replica does not count).
   bool holds(int u) const;
   // Unit u's state on this rank (holds(u)) as unit_numel(u) floats in the
-  // held layout: its parameters, Adam m or Adam v. Reading m or v under
-  // ZeRO-1 all-gathers the shards: a collective over the data group (every
-  // data rank of this stage calls it for the same unit and kind). Writing
-  // keeps this rank's shard. Paged state is copied out of and into its pages.
+  // held layout: its parameters (bf16 stages: the fp32 master), Adam m or
+  // Adam v. Reading a sharded kind under ZeRO-1 all-gathers the shards: a
+  // collective over the data group (every data rank of this stage calls it
+  // for the same unit and kind). Writing keeps this rank's shard (bf16
+  // parameters: and the whole unit rounded into the stored bf16). Paged
+  // state is copied out of and into its pages.
   enum class State { kParams, kAdamM, kAdamV };
   void read_unit(State kind, int u, float* dst);
   void write_unit(State kind, int u, const float* src);
