@@ -82,6 +82,87 @@ std::vector<int64_t> balanced_blocks(const std::vector<double>& block, double fi
 
 }  // namespace
 
+namespace {
+
+std::vector<model::UnitRange> ranges_of(const std::vector<int64_t>& blocks, int64_t L) {
+  std::vector<model::UnitRange> out;
+  int next = 1;  // the first block's unit
+  const auto stages = static_cast<int>(blocks.size());
+  for (int s = 0; s < stages; ++s) {
+    model::UnitRange r;
+    r.first = s == 0 ? 0 : next;
+    next += static_cast<int>(blocks[static_cast<size_t>(s)]);
+    r.last = s == stages - 1 ? static_cast<int>(L) + 1 : next - 1;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int64_t> blocks_of(const std::vector<model::UnitRange>& ranges, int64_t L) {
+  std::vector<int64_t> out;
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    const int first = std::max(ranges[s].first, 1);
+    const int last = ranges[s].last < 0 || ranges[s].last > L ? static_cast<int>(L) : ranges[s].last;
+    out.push_back(last - first + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
+                                               const Schedule& schedule,
+                                               const std::string& stage_layers) {
+  const int S = schedule.stages();
+  std::vector<model::UnitRange> stages = partition_stages(config, T, S, stage_layers);
+  if (!stage_layers.empty() || schedule.chunks == 1) return stages;
+  // Several stages per rank: move blocks across stage boundaries, one at a
+  // time, while that lowers the busiest rank's total compute (forward +
+  // both backward halves, stage_costs), then the sum of squares of the
+  // ranks' totals; deterministic, from the stage-balanced split.
+  const int64_t L = config.n_layer;
+  auto score = [&](const std::vector<int64_t>& blocks) {
+    std::vector<double> rank(static_cast<size_t>(schedule.ranks), 0.0);
+    const std::vector<Costs> c = stage_costs(config, T, ranges_of(blocks, L));
+    for (int s = 0; s < S; ++s) {
+      const Costs& k = c[static_cast<size_t>(s)];
+      rank[static_cast<size_t>(schedule.rank_of(s))] += k.forward + k.backward();
+    }
+    double most = 0, squares = 0;
+    for (double r : rank) {
+      most = std::max(most, r);
+      squares += r * r;
+    }
+    return std::pair{most, squares};
+  };
+  std::vector<int64_t> blocks = blocks_of(stages, L);
+  auto best = score(blocks);
+  for (bool moved = true; moved;) {
+    moved = false;
+    std::vector<int64_t> pick;
+    for (int s = 0; s + 1 < S; ++s)
+      for (int dir : {-1, 1}) {  // -1: a block from s + 1 to s; +1: from s to s + 1
+        std::vector<int64_t> b = blocks;
+        int64_t& from = dir > 0 ? b[static_cast<size_t>(s)] : b[static_cast<size_t>(s) + 1];
+        int64_t& to = dir > 0 ? b[static_cast<size_t>(s) + 1] : b[static_cast<size_t>(s)];
+        if (from <= 1) continue;
+        --from;
+        ++to;
+        const auto v = score(b);
+        if (v.first < best.first - 1e-9 ||
+            (v.first <= best.first + 1e-9 && v.second < best.second - 1e-9)) {
+          best = v;
+          pick = b;
+        }
+      }
+    if (!pick.empty()) {
+      blocks = pick;
+      moved = true;
+    }
+  }
+  return ranges_of(blocks, L);
+}
+
 std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
                                                int stages, const std::string& stage_layers) {
   const int64_t L = config.n_layer;
@@ -96,16 +177,7 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
     blocks = balanced_blocks(cost, unit_cost(config, T, 0),
                              unit_cost(config, T, static_cast<int>(L) + 1), stages);
   }
-  std::vector<model::UnitRange> out;
-  int next = 1;  // the first block's unit
-  for (int s = 0; s < stages; ++s) {
-    model::UnitRange r;
-    r.first = s == 0 ? 0 : next;
-    next += static_cast<int>(blocks[static_cast<size_t>(s)]);
-    r.last = s == stages - 1 ? static_cast<int>(L) + 1 : next - 1;
-    out.push_back(r);
-  }
-  return out;
+  return ranges_of(blocks, L);
 }
 
 std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,

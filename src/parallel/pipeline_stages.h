@@ -31,6 +31,15 @@ double unit_cost(const model::TransformerConfig& config, int64_t T, int u);
 std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
                                                int stages, const std::string& stage_layers = "");
 
+// The same for `schedule`'s stages (the default split): where a rank holds
+// several stages (interleaved, zbv), blocks then move across stage
+// boundaries while that lowers the busiest rank's total compute (forward and
+// both backward halves, stage_costs), so that a rank holding the head's
+// stage takes fewer blocks in its other ones.
+std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
+                                               const Schedule& schedule,
+                                               const std::string& stage_layers = "");
+
 // Each stage's compute as the executor runs it, in forward-FLOPs-of-a-block
 // units: a block's forward 2·P + 2·T·C, its input backward 2·P + 4·T·C
 // (the GEMMs' input gradients, attention's backward), its weight backward

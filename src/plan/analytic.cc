@@ -35,7 +35,7 @@ void pipeline_engine_memory(Plan& p) {
   parallel::PipelineSetup s;
   s.schedule = pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()),
                                  pl::chunks_per_rank(l.schedule, l.virtual_stages));
-  s.stage_units = pl::partition_stages(cfg, l.seq, s.schedule.stages());
+  s.stage_units = pl::partition_stages(cfg, l.seq, s.schedule);
   s.micro = l.micro;
   s.T = l.seq;
   s.split = {l.tp, 0};
@@ -170,7 +170,7 @@ void analytic_plan(Plan& p) {
     ec.seq_len = std::max(ec.seq_len, l.seq);
     try {  // (a layout the partition refuses keeps the schedule's bubble)
       p.bubble_stages =
-          pl::simulate(sched, pl::stage_costs(ec, l.seq, pl::partition_stages(ec, l.seq, sched.stages())))
+          pl::simulate(sched, pl::stage_costs(ec, l.seq, pl::partition_stages(ec, l.seq, sched)))
               .bubble();
     } catch (const core::Error&) {
     }

@@ -39,7 +39,7 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   const pl::ScheduleKind kind = pl::parse_schedule(cfg.get_string("parallel.schedule"));
   const int v = pl::chunks_per_rank(kind, static_cast<int>(cfg.get_int("parallel.virtual_stages")));
   s.schedule = pl::make_schedule(kind, static_cast<int>(r.p.pp), static_cast<int>(r.p.accum), v);
-  s.stage_units = pl::partition_stages(r.mcfg, r.p.T, s.schedule.stages(),
+  s.stage_units = pl::partition_stages(r.mcfg, r.p.T, s.schedule,
                                        cfg.get_string("parallel.stage_layers"));
   s.micro = r.p.micro;
   s.T = r.p.T;

@@ -5,7 +5,9 @@
 // one-line errors naming the keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/pipeline_stages.h"
@@ -74,6 +76,42 @@ TEST(PipelineStages, StageLayersByHandAndItsErrors) {
     }
   }
   EXPECT_THROW(pl::partition_stages(c, 1024, 13), po::core::InvalidArgument);
+}
+
+// With several stages per rank (zbv, interleaved) the split balances the
+// ranks' totals. On bench-small (6 blocks, a head of about ten) interleaved
+// puts stages 1 and 3 (the head's) on rank 1: the stage-balanced split gives
+// stage 1 two blocks, the rank-balanced one a single block, and rank 1 is
+// lighter. Under zbv the stage-balanced split is already the best one (the
+// head's rank holds stage 0 with one block); it is kept. One stage per
+// rank: the stage-balanced split itself.
+double busiest(const TransformerConfig& c, const pl::Schedule& s,
+               const std::vector<po::model::UnitRange>& st) {
+  std::vector<double> rank(static_cast<size_t>(s.ranks), 0.0);
+  const std::vector<pl::Costs> k = pl::stage_costs(c, 256, st);
+  for (int i = 0; i < s.stages(); ++i)
+    rank[static_cast<size_t>(s.rank_of(i))] += k[static_cast<size_t>(i)].forward + k[static_cast<size_t>(i)].backward();
+  return *std::max_element(rank.begin(), rank.end());
+}
+
+TEST(PipelineStages, SeveralStagesPerRankBalanceTheRanks) {
+  TransformerConfig c = TransformerConfig::preset("bench-small");
+  const pl::Schedule il = pl::make_schedule(pl::ScheduleKind::kInterleaved, 2, 4, 2);
+  const auto st = pl::partition_stages(c, 256, il), by_stage = pl::partition_stages(c, 256, 4);
+  expect_cover(st, 6, "bench-small interleaved");
+  ASSERT_EQ(st.size(), 4u);
+  EXPECT_EQ(by_stage[1].last - by_stage[1].first + 1, 2) << "the stage-balanced split's stage 1";
+  EXPECT_EQ(st[1].last - st[1].first + 1, 1) << "rank 1 holds the head's stage: its other stage is lighter";
+  EXPECT_LT(busiest(c, il, st), busiest(c, il, by_stage));
+  const pl::Schedule zbv = pl::make_schedule(pl::ScheduleKind::kZbV, 2, 4, 2);
+  const auto z = pl::partition_stages(c, 256, zbv);
+  EXPECT_EQ(z[0].last - z[0].first, 1) << "zbv: the embedding and one block";
+  EXPECT_EQ(z[3].last - z[3].first, 1) << "zbv: one block and the head";
+  EXPECT_LE(busiest(c, zbv, z), busiest(c, zbv, by_stage));
+  c = TransformerConfig::preset("gpt2-124M");
+  const pl::Schedule f = pl::make_schedule(pl::ScheduleKind::k1F1B, 4, 8, 1);
+  const auto a = pl::partition_stages(c, 256, f), b = pl::partition_stages(c, 256, 4);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].last, b[i].last) << "1f1b stage " << i;
 }
 
 }  // namespace
