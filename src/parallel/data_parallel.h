@@ -39,7 +39,10 @@
 // wte's gradient is final at the START of the backward, so unit 0 is reduced
 // from there on, and each rank's embedding-lookup rows (its [B*T, C] gradient
 // and its tokens) are all-gathered at the end and added on every rank in rank
-// order (GPT2::forward_backward's defer_embedding).
+// order (GPT2::forward_backward's defer_embedding). bf16 on one rank (any
+// stage): the lookup part E accumulates apart in f32 over the step and is
+// added into the bf16 gradient once, wte = bf16(H + E) (fold_tied_lookup),
+// the sum a pipeline's embedding and head stages make the same way.
 //
 // With no communicator (a single process) stages 0-2 are the plain step;
 // stage 3 runs its hooks over the one shard (a gather is a copy).
