@@ -9,12 +9,19 @@
 
 namespace po::parallel::pipeline {
 
-double unit_cost(const model::TransformerConfig& config, int64_t T, int u) {
-  const model::Layout layout(config);
+namespace {
+
+double unit_cost(const model::TransformerConfig& config, const model::Layout& layout, int64_t T, int u) {
   const double C = static_cast<double>(config.n_embd);
   if (u == 0) return 0;
   if (u == layout.head_unit()) return 2.0 * static_cast<double>(config.vocab_size) * C;
   return 2.0 * static_cast<double>(layout.unit_numel(u)) + 2.0 * static_cast<double>(T) * C;
+}
+
+}  // namespace
+
+double unit_cost(const model::TransformerConfig& config, int64_t T, int u) {
+  return unit_cost(config, model::Layout(config), T, u);
 }
 
 namespace {
@@ -121,12 +128,20 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
   // both backward halves, stage_costs), then the sum of squares of the
   // ranks' totals; deterministic, from the stage-balanced split.
   const int64_t L = config.n_layer;
+  // Each block's total and the head's (one stage_costs of a stage per block).
+  std::vector<model::UnitRange> singles;
+  for (int u = 1; u <= L; ++u) singles.push_back({u, u});
+  std::vector<double> prefix(1, 0.0);
+  for (const Costs& k : stage_costs(config, T, singles)) prefix.push_back(prefix.back() + k.forward + k.backward());
+  const double head = stage_costs(config, T, {model::UnitRange{static_cast<int>(L) + 1, -1}})[0].forward;
   auto score = [&](const std::vector<int64_t>& blocks) {
     std::vector<double> rank(static_cast<size_t>(schedule.ranks), 0.0);
-    const std::vector<Costs> c = stage_costs(config, T, ranges_of(blocks, L));
+    int64_t at = 0;
     for (int s = 0; s < S; ++s) {
-      const Costs& k = c[static_cast<size_t>(s)];
-      rank[static_cast<size_t>(schedule.rank_of(s))] += k.forward + k.backward();
+      const int64_t n = blocks[static_cast<size_t>(s)];
+      rank[static_cast<size_t>(schedule.rank_of(s))] +=
+          prefix[static_cast<size_t>(at + n)] - prefix[static_cast<size_t>(at)] + (s == S - 1 ? head : 0.0);
+      at += n;
     }
     double most = 0, squares = 0;
     for (double r : rank) {
@@ -172,10 +187,11 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
   if (!stage_layers.empty()) {
     blocks = parse_stage_layers(stage_layers, stages, L);
   } else {
+    const model::Layout layout(config);
     std::vector<double> cost;
-    for (int u = 1; u <= L; ++u) cost.push_back(unit_cost(config, T, u));
-    blocks = balanced_blocks(cost, unit_cost(config, T, 0),
-                             unit_cost(config, T, static_cast<int>(L) + 1), stages);
+    for (int u = 1; u <= L; ++u) cost.push_back(unit_cost(config, layout, T, u));
+    blocks = balanced_blocks(cost, unit_cost(config, layout, T, 0),
+                             unit_cost(config, layout, T, static_cast<int>(L) + 1), stages);
   }
   return ranges_of(blocks, L);
 }
