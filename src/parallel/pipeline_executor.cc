@@ -60,25 +60,6 @@ std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, i
   return ranges;
 }
 
-// Adam m or v elements [offset, offset + n) (state coordinates), in memory or in pages.
-void read_state(optim::AdamW& a, bool m, int64_t offset, int64_t n, float* dst) {
-  using F = optim::PagedAdamState::Field;
-  if (a.paged()) {
-    a.paged_state()->copy_out(m ? F::kM : F::kV, offset, n, dst);
-    return;
-  }
-  std::memcpy(dst, (m ? a.m() : a.v()) + offset, static_cast<size_t>(n) * sizeof(float));
-}
-
-void write_state(optim::AdamW& a, bool m, int64_t offset, int64_t n, const float* src) {
-  using F = optim::PagedAdamState::Field;
-  if (a.paged()) {
-    a.paged_state()->copy_in(m ? F::kM : F::kV, offset, n, src);
-    return;
-  }
-  std::memcpy((m ? a.m() : a.v()) + offset, src, static_cast<size_t>(n) * sizeof(float));
-}
-
 std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int last) {
   std::vector<int64_t> n;
   for (int u = first; u <= last; ++u) n.push_back(l.unit_numel(u));
@@ -130,7 +111,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
            setup_.zero_stage, " (stages 0 and 1 compose with pipeline parallel)");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
   bf16_ = setup_.bf16;
-  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
+  const size_t esz = stored_esz();
   const bool sharded = setup_.zero_stage == 1 && setup_.dp > 1;
   const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
@@ -183,13 +164,15 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     if (sharded && !bf16_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
     if (bf16_) c->rep_master = zeroed(c->rep_shard->local_numel());
   }
-  if (sharded) {  // the gathers' send block and receive buffer, for the largest unit
-    int64_t most = 0;
-    for (const auto& c : chunks_)
-      for (const ShardLayout* sl : {c->shard.get(), c->rep_shard.get()})
-        for (int i = 0; sl != nullptr && i < sl->num_units(); ++i) most = std::max(most, sl->stride(i));
-    gather_ = zeroed(most * (1 + zr));
+  // The largest unit held (a replica's included): ZeRO-1's gathers take a
+  // send block and ranks receive blocks of its stride; bf16 stages its f32
+  // sum over the data group (parallel.reduce_dtype fp32).
+  int64_t largest = 0;
+  for (const auto& c : chunks_) {
+    for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
+    if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
   }
+  if (sharded) gather_ = zeroed((largest + zr - 1) / zr * (1 + zr));
   if (bf16_) {  // the widened parameters and the f32 gradient accumulators: unit 0's, the others'
     int64_t n0 = 0, other = 0;
     for (const auto& c : chunks_) {
@@ -201,14 +184,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
       widen_[k] = zeroed(k == 0 ? n0 : other);
       acc_[k] = zeroed(k == 0 ? n0 : other);
     }
-    if (setup_.dp > 1 && !setup_.reduce_bf16) {
-      int64_t most = 0;
-      for (const auto& c : chunks_) {
-        for (int u = c->first; u <= c->last; ++u) most = std::max(most, layout_.unit_numel(u));
-        if (c->replica()) most = std::max(most, layout_.unit_numel(0));
-      }
-      staging_ = zeroed(most);
-    }
+    if (setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -235,19 +211,18 @@ bool PipelineExecutor::holds(int u) const {
 bool PipelineExecutor::has_loss() const { return head_rank_ == rank_; }
 
 const void* PipelineExecutor::tied_replica() const {
-  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
   for (const auto& c : chunks_)
     if (c->replica())
       return static_cast<const char*>(c->rep_params.data()) +
-             static_cast<size_t>(layout_.token_embedding().offset) * esz;
+             static_cast<size_t>(layout_.token_embedding().offset) * stored_esz();
   return nullptr;
 }
 
 void* PipelineExecutor::stored_unit(int u) {
-  const size_t esz = bf16_ ? sizeof(uint16_t) : sizeof(float);
   for (auto& c : chunks_)
     if (c->holds(u))
-      return static_cast<char*>(c->params.data()) + static_cast<size_t>(layout_.unit_offset(u) - c->base) * esz;
+      return static_cast<char*>(c->params.data()) +
+             static_cast<size_t>(layout_.unit_offset(u) - c->base) * stored_esz();
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
@@ -270,22 +245,32 @@ void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* min
   std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
 }
 
-// Elements [offset, offset + n) of Adam m, v or (bf16) the fp32 master, in
-// state coordinates, wherever they live.
+// Elements [offset, offset + n) of Adam m, v or (bf16 parameters) the fp32
+// master, in state coordinates, out of and into memory or the pages.
 void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                   float* dst) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (kind != State::kParams) return read_state(a, kind == State::kAdamM, offset, n, dst);
-  if (a.paged()) return a.paged_state()->copy_out(optim::PagedAdamState::Field::kMaster, offset, n, dst);
-  std::memcpy(dst, (replica ? c.rep_master : c.master).f32() + offset, static_cast<size_t>(n) * sizeof(float));
+  if (a.paged()) return a.paged_state()->copy_out(paged_field(kind), offset, n, dst);
+  std::memcpy(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
 }
 
 void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                    const float* src) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (kind != State::kParams) return write_state(a, kind == State::kAdamM, offset, n, src);
-  if (a.paged()) return a.paged_state()->copy_in(optim::PagedAdamState::Field::kMaster, offset, n, src);
-  std::memcpy((replica ? c.rep_master : c.master).f32() + offset, src, static_cast<size_t>(n) * sizeof(float));
+  if (a.paged()) return a.paged_state()->copy_in(paged_field(kind), offset, n, src);
+  std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+optim::PagedAdamState::Field PipelineExecutor::paged_field(State kind) {
+  using F = optim::PagedAdamState::Field;
+  return kind == State::kAdamM ? F::kM : kind == State::kAdamV ? F::kV : F::kMaster;
+}
+
+float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (kind == State::kAdamM) return a.m();
+  if (kind == State::kAdamV) return a.v();
+  return (replica ? c.rep_master : c.master).f32();
 }
 
 void PipelineExecutor::read_unit(State kind, int u, float* dst) {
@@ -698,60 +683,28 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
 }
 
 // The tied table: H (the head's, in the replica or the embedding chunk's
-// own gradient) plus E (the lookups'), the same sum on both copies.
+// own gradient) plus E (the lookups', f32), the same sum on both copies;
+// bf16: wte = bf16(H + E), H as the micro-batches rounded it in
+// (DataParallel::fold_tied_lookup's sum at pp = 1). The embedding's rank
+// and the head's exchange H (as stored) and E.
 void PipelineExecutor::sum_tied_pair() {
   if (!layout_.tied()) return;
-  if (bf16_) return sum_tied_pair_bf16();
   const model::TensorSpec& wte = layout_.token_embedding();
   const int64_t n = wte.numel();
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  auto table = [&](tensor::Storage& g) {
+    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
+  };
+  auto add = [&](void* h, const float* e) {  // h = h + e, as stored
+    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), e, n);
+    float* f = static_cast<float*>(h);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) f[i] = f[i] + e[i];
+  };
   if (emb_rank_ == head_rank_) {
     if (rank_ != emb_rank_) return;
     Chunk& e = chunk_of_stage(0);
-    float* h = e.grads.f32() + wte.offset;
-    const float* x = e.lookup.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) h[i] = h[i] + x[i];
-    std::memset(e.lookup.data(), 0, e.lookup.size());
-    return;
-  }
-  std::vector<float> other(static_cast<size_t>(n));
-  if (rank_ == emb_rank_) {
-    Chunk& e = chunk_of_stage(0);
-    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
-                                      head_rank_, kPairTag + 1);
-    setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, head_rank_, kPairTag + 2);
-    s.wait();
-    float* g = e.grads.f32() + wte.offset;  // 0 here: the head is elsewhere
-    const float* x = e.lookup.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] = other[static_cast<size_t>(i)] + x[i];
-    std::memset(e.lookup.data(), 0, e.lookup.size());
-  }
-  if (rank_ == head_rank_) {
-    for (auto& c : chunks_) {
-      if (!c->replica()) continue;
-      float* h = c->rep_grads.f32() + wte.offset;
-      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), DType::kF32, emb_rank_,
-                                        kPairTag + 2);
-      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
-      s.wait();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) h[i] = h[i] + other[static_cast<size_t>(i)];
-    }
-  }
-}
-
-// bf16: wte = bf16(H + E), H the head's bf16 part as the micro-batches
-// rounded it in, E the lookups' f32 part (DataParallel::fold_tied_lookup's
-// sum at pp = 1); the embedding's rank and the head's exchange them.
-void PipelineExecutor::sum_tied_pair_bf16() {
-  const model::TensorSpec& wte = layout_.token_embedding();
-  const int64_t n = wte.numel();
-  auto wte_of = [&](tensor::Storage& g) { return static_cast<uint16_t*>(g.data()) + wte.offset; };
-  if (emb_rank_ == head_rank_) {
-    if (rank_ != emb_rank_) return;
-    Chunk& e = chunk_of_stage(0);
-    ops::bf16_add_f32(wte_of(e.grads), e.lookup.f32(), n);
+    add(table(e.grads), e.lookup.f32());
     std::memset(e.lookup.data(), 0, e.lookup.size());
     return;
   }
@@ -759,22 +712,21 @@ void PipelineExecutor::sum_tied_pair_bf16() {
     Chunk& e = chunk_of_stage(0);
     comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
                                       head_rank_, kPairTag + 1);
-    uint16_t* g = wte_of(e.grads);  // 0 here: the head is elsewhere
-    setup_.pipe->recv(g, static_cast<size_t>(n), DType::kBF16, head_rank_, kPairTag + 2);
+    void* g = table(e.grads);  // 0 here (the head is elsewhere): it takes H
+    setup_.pipe->recv(g, static_cast<size_t>(n), stored, head_rank_, kPairTag + 2);
     s.wait();
-    ops::bf16_add_f32(g, e.lookup.f32(), n);
+    add(g, e.lookup.f32());
     std::memset(e.lookup.data(), 0, e.lookup.size());
   }
   if (rank_ == head_rank_) {
     std::vector<float> other(static_cast<size_t>(n));
     for (auto& c : chunks_) {
       if (!c->replica()) continue;
-      uint16_t* h = wte_of(c->rep_grads);
-      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), DType::kBF16, emb_rank_,
-                                        kPairTag + 2);
+      void* h = table(c->rep_grads);
+      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), stored, emb_rank_, kPairTag + 2);
       setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
       s.wait();
-      ops::bf16_add_f32(h, other.data(), n);
+      add(h, other.data());
     }
   }
 }
@@ -1047,8 +999,6 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   }
 }
 
-bool PipelineExecutor::paged() const { return chunks_.front()->adam->paged(); }
-
 memory::PagerStats PipelineExecutor::take_paging_stats() {
   memory::PagerStats sum;
   for (const auto& [a, name] : adams()) {
@@ -1154,56 +1104,46 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   }
   m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
   const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
-  // ZeRO-1: Adam over the shard (padded), the reduced gradient's shard, and
-  // the gathers' send block + receive buffer for the largest unit.
+  // Adam (bf16: and the master) over the ZeRO-1 shard, padded; fp32 ZeRO-1
+  // also copies out the reduced gradient's shard, and gathers through a send
+  // block + ranks receive blocks of the largest unit's stride. bf16 stores
+  // parameters and gradients in 2 bytes, widens and accumulates in buffers
+  // of unit 0 and of the largest other unit, and stages a unit's f32 sum.
   const int zr = setup.zero_stage == 1 ? setup.dp : 1;
-  int64_t most = 0;
-  auto shard = [&](int first, int last) {
-    const ShardLayout sl(unit_sizes(layout, first, last), zr, 0);
-    for (int i = 0; i < sl.num_units(); ++i) most = std::max(most, sl.stride(i));
-    return static_cast<size_t>(sl.local_numel());
-  };
-  // bf16: parameters and gradients stored in 2 bytes, no gradient shard
-  // copy, the fp32 master over the Adam shard, the widened parameters and the
-  // accumulators of unit 0 and of the largest other unit, and the f32 staging
-  // of a unit's reduction.
   const size_t esz = setup.bf16 ? 2 : 4;
-  const bool shard_copy = zr > 1 && !setup.bf16;
-  int64_t n0_used = 0, other = 0, staged = 0;
+  int64_t n0_used = 0, other = 0, largest = 0;  // largest: of the units held, a replica's included
   for (int stage : stages) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
     const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
-    const size_t local = shard(first, last);
     for (int u = first; u <= last; ++u) {
       (u == 0 ? n0_used : other) = std::max(u == 0 ? n0_used : other, layout.unit_numel(u));
-      staged = std::max(staged, layout.unit_numel(u));
+      largest = std::max(largest, layout.unit_numel(u));
     }
     if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
     m.params += n * esz;
-    m.grads += n * esz + (shard_copy ? local * f : 0);
+    m.grads += n * esz;
     if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
-      const size_t local0 = shard(0, 0);
       m.params += n0 * esz;
-      m.grads += n0 * esz + (shard_copy ? local0 * f : 0);
-      staged = std::max(staged, layout.unit_numel(0));
+      m.grads += n0 * esz;
+      largest = std::max(largest, layout.unit_numel(0));
     }
     m.activations += static_cast<size_t>(slots[stage]) *
                      model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
                                                                           {first, last});
-    const int blocks = std::min(last, head - 1) - (std::max(first, 1) - 1);
-    m.w_queue += static_cast<size_t>(works[stage]) * static_cast<size_t>(blocks) * work;
+    m.w_queue += static_cast<size_t>(works[stage] * blocks_of(stage)) * work;
   }
-  if (zr > 1) m.buffers += static_cast<size_t>(most * (1 + zr)) * f;
   for (int64_t n : adam_numels(config, setup, rank)) {
     m.adam += 2 * static_cast<size_t>(n) * f;
     if (setup.bf16) m.master += static_cast<size_t>(n) * f;
+    if (zr > 1 && !setup.bf16) m.grads += static_cast<size_t>(n) * f;
   }
+  if (zr > 1) m.buffers += static_cast<size_t>((largest + zr - 1) / zr * (1 + zr)) * f;
   if (setup.bf16) {
     m.buffers += static_cast<size_t>(2 * (n0_used + other)) * f;
-    if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(staged) * f;
+    if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
     m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
   }
   return m;

@@ -177,7 +177,6 @@ class PipelineExecutor {
   // proportion to their pages, each keeping its minimum; each chunk's swap
   // file is options.file_name with the stage appended.
   void enable_paging(const memory::PagerOptions& options);
-  bool paged() const;
   // Pages of every chunk at page_bytes (what enable_paging will make), and
   // the fewest compute frames they work with; from the configuration alone
   // for pipeline rank `rank` (the planner's).
@@ -233,10 +232,12 @@ class PipelineExecutor {
   void sum_tied_pair();
   void update(Chunk& c, bool replica, double lr, double clip);
   void* stored_unit(int u);
+  size_t stored_esz() const { return bf16_ ? sizeof(uint16_t) : sizeof(float); }  // parameters, gradients
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
+  static optim::PagedAdamState::Field paged_field(State kind);
+  float* field_in_memory(Chunk& c, bool replica, State kind);
   void allreduce_grads(void* grads, int first, int last);
-  void sum_tied_pair_bf16();
   // bf16 (see pipeline_executor.cc): widened parameters, f32 accumulators.
   struct Acc {
     float* buf = nullptr;

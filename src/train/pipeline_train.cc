@@ -99,13 +99,14 @@ void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
   comm::Communicator* tensor = r.launch.tp_group();
   const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0;
   const bool writer = sender && pipe.rank() == 0;
-  std::vector<model::Layout> tp_layouts;  // every tp rank's held layout, for the assembly
-  if (tp > 1 && r.launch.tp_rank == 0)
-    for (int k = 0; k < tp; ++k) tp_layouts.emplace_back(ex.config(), model::TensorSplit{tp, k});
+  // Every tp rank's held layout, for the assembly.
+  const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
+                                                    ? tp_rank_layouts(ex.config(), tp)
+                                                    : std::vector<model::Layout>{};
   std::vector<float> all[3];
   if (writer)
     for (auto& w : all) w.resize(static_cast<size_t>(whole.num_params()));
-  std::vector<float> unit, pieces, assembled;
+  std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
     const int owner = owner_of(s, held, u);
     const auto n = static_cast<size_t>(held.unit_numel(u)), nw = static_cast<size_t>(whole.unit_numel(u));
@@ -114,14 +115,10 @@ void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
       if (pipe.rank() == owner) {
         unit.resize(n);
         ex.read_unit(state_of(kind), u, unit.data());
-        if (tp > 1) {
-          pieces.resize(n * static_cast<size_t>(tp));
-          tensor->all_gather(unit.data(), pieces.data(), n, DType::kF32);
-          assembled.assign(nw, 0.0f);
-          if (r.launch.tp_rank == 0) assemble_unit(tp_layouts, whole, u, pieces.data(), assembled.data());
-        } else {
+        if (tp > 1)
+          gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
+        else
           assembled = unit;
-        }
       }
       if (!sender) continue;
       const int tag = 3 * u + k;
@@ -141,11 +138,7 @@ void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
       save_checkpoint_sharded(
           path, whole, one,
           [&](checkpoint::StateKind k, int u) -> const float* {
-            return all[static_cast<size_t>(k == checkpoint::StateKind::kParams   ? 0
-                                           : k == checkpoint::StateKind::kAdamM ? 1
-                                                                                : 2)]
-                       .data() +
-                   whole.unit_offset(u);
+            return all[static_cast<size_t>(k)].data() + whole.unit_offset(u);  // kAllStateKinds' order
           },
           st, r.config_toml, nullptr,
           {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});

@@ -40,6 +40,22 @@ void assemble_unit(const std::vector<model::Layout>& ranks, const model::Layout&
   }
 }
 
+std::vector<model::Layout> tp_rank_layouts(const model::TransformerConfig& config, int tp) {
+  std::vector<model::Layout> out;
+  for (int r = 0; r < tp; ++r) out.emplace_back(config, model::TensorSplit{tp, r});
+  return out;
+}
+
+void gather_whole_unit(comm::Communicator& tensor, const std::vector<model::Layout>& ranks,
+                       const model::Layout& whole, int u, const float* held_unit, int64_t n,
+                       std::vector<float>& out) {
+  std::vector<float> pieces(static_cast<size_t>(n) * static_cast<size_t>(tensor.size()));
+  tensor.all_gather(held_unit, pieces.data(), static_cast<size_t>(n), DType::kF32);
+  if (tensor.rank() != 0) return;
+  out.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
+  assemble_unit(ranks, whole, u, pieces.data(), out.data());
+}
+
 void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
                 const float* whole_unit, float* held_unit) {
   const int64_t base = whole.unit_offset(u), held_base = held.unit_offset(u);
@@ -71,12 +87,12 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
   const int dp = g.data ? g.data->size() : 1;
   const parallel::ShardLayout whole_sl(model.config().unit_numels(), dp,
                                        g.data ? g.data->rank() : 0);
-  std::vector<model::Layout> ranks;  // every tp rank's held layout, for the assembly
-  if (writer)
-    for (int r = 0; r < tp; ++r) ranks.emplace_back(model.config(), model::TensorSplit{tp, r});
+  // Every tp rank's held layout, for the assembly.
+  const std::vector<model::Layout> ranks = writer ? tp_rank_layouts(model.config(), tp)
+                                                  : std::vector<model::Layout>{};
   // This writer's slices of the whole state, per (kind, unit).
   std::map<std::pair<StateKind, int>, std::vector<float>> mine;
-  std::vector<float> shard, unit, pieces, assembled;
+  std::vector<float> shard, unit, assembled;
   for (StateKind k : kinds) {
     for (int u = 0; u < held.num_units(); ++u) {
       const int64_t stride = held_sl.stride(u), n = held.unit_numel(u);
@@ -88,11 +104,8 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
         g.data->all_gather(shard.data(), unit.data(), static_cast<size_t>(stride), DType::kF32);
       else
         unit = shard;
-      pieces.resize(static_cast<size_t>(n) * static_cast<size_t>(tp));
-      g.tensor->all_gather(unit.data(), pieces.data(), static_cast<size_t>(n), DType::kF32);
+      gather_whole_unit(*g.tensor, ranks, whole, u, unit.data(), n, assembled);
       if (!writer) continue;
-      assembled.assign(static_cast<size_t>(whole.unit_numel(u)), 0.0f);
-      assemble_unit(ranks, whole, u, pieces.data(), assembled.data());
       mine[{k, u}].assign(assembled.begin() + whole_sl.begin(u), assembled.begin() + whole_sl.end(u));
     }
   }

@@ -75,4 +75,14 @@ void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
 void assemble_unit(const std::vector<model::Layout>& ranks, const model::Layout& whole, int u,
                    const float* pieces, float* out);
 
+// Every tp rank's layout of `config`'s model (what assemble_unit reads).
+std::vector<model::Layout> tp_rank_layouts(const model::TransformerConfig& config, int tp);
+
+// Unit u made whole over the tensor group (a collective): each rank gives its
+// held unit (n floats); tp rank 0 gets the whole unit in `out` (`ranks`:
+// tp_rank_layouts, needed there only), the others leave it as it is.
+void gather_whole_unit(comm::Communicator& tensor, const std::vector<model::Layout>& ranks,
+                       const model::Layout& whole, int u, const float* held_unit, int64_t n,
+                       std::vector<float>& out);
+
 }  // namespace po::train
