@@ -121,6 +121,15 @@ void attention_cached_forward(float* out, const float* q, int64_t q_stride, cons
                               const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
                               int64_t NKV, int64_t hs);
 
+// Serving: attention_cached_forward over a paged cache. Position j's keys
+// and values are row (block_table[j / block_size] · block_size + j %
+// block_size) of k_pool, v_pool [blocks · block_size, NKV·hs]. The same
+// arithmetic in the same order as attention_cached_forward, so a sequence
+// gives the same bits whichever blocks hold it.
+void paged_attention_forward(float* out, const float* q, int64_t q_stride, const float* k_pool,
+                             const float* v_pool, const int32_t* block_table, int64_t block_size,
+                             int64_t n, int64_t pos0, int64_t NH, int64_t NKV, int64_t hs);
+
 // out[B,T,C] = wte[tokens[b,t]] + wpe[t]  (wpe null: no learned positions)
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);

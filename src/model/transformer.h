@@ -82,6 +82,24 @@ struct WeightGradWork {
   float *d_qkv = nullptr, *in_qkv = nullptr;    // [BT,QKV], [BT,C]
 };
 
+// Serving's paged KV cache (serve/kv_cache.h owns it): per layer a pool of
+// blocks of block_size positions, [blocks · block_size, NKV·hs] for keys and
+// the same for values.
+struct PagedKv {
+  int64_t block_size = 16;
+  std::vector<float*> k, v;  // per layer
+};
+
+// One sequence's rows in a batched serving step: tokens[n] at positions
+// pos0 .. pos0 + n - 1, its keys and values at those positions written through
+// block_table (which covers pos0 + n positions); its logits wanted or not.
+struct PagedSeq {
+  const int32_t* tokens = nullptr;
+  int64_t n = 0, pos0 = 0;
+  const int32_t* block_table = nullptr;
+  bool logits = false;
+};
+
 // The keys and values of past positions, per block, for generation.
 struct KvCache {
   int64_t capacity = 0;  // positions
@@ -234,6 +252,13 @@ class Transformer {
   // [V] of the last one. n <= B*T.
   KvCache make_kv_cache(int64_t capacity) const;
   void forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits);
+  // Serving: every sequence's rows in one batch (rows concatenated, at most
+  // B·T in all), so each weight is read once for the whole step; keys and
+  // values go into `kv`, and the logits [V] of each sequence with `logits`
+  // set, in order, into logits[count, V]. Per sequence the same arithmetic
+  // as forward_cached but for the GEMMs' row count (their results may differ
+  // in the last bits with the batch: docs/serving.md).
+  void forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits);
   // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T
   // (recomputes the prefix; forward_cached is the fast path).
   void next_token_logits(const int32_t* tokens, int64_t t_len, float* logits);
@@ -357,6 +382,13 @@ class Transformer {
   void embed_backward(const int32_t* tokens, bool deferred = false);
   LayerActs load_saved(int64_t l);
   LayerActs scratch_with_stats(int64_t l) const;
+  // Generation's embedding of n tokens at positions pos0.. into x[n, C].
+  void embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, float* x);
+  // Generation's blocks over n rows (x in, the result in the returned
+  // buffer, x or the other one): per layer, `attend(l, qkv, atty)` applies
+  // RoPE, stores the new keys and values and writes the attention output.
+  const float* decode_blocks(int64_t n,
+                             const std::function<void(int64_t l, float* qkv, float* atty)>& attend);
   const float* block_input(int64_t l);
   const LayerActs& layer(int64_t l) const { return layers_[static_cast<size_t>(l - first_block())]; }
   struct HeadViews {

@@ -3,6 +3,7 @@
 // no prefix is recomputed. Uses the first block's activation buffers as
 // scratch (a generating model is not training).
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "backend/ops.h"
@@ -26,46 +27,34 @@ KvCache Transformer::make_kv_cache(int64_t capacity) const {
   return c;
 }
 
-void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits) {
-  PO_CHECK(whole(), "forward_cached runs a whole model");
-  PO_CHECK(n >= 1 && n <= B_ * T_, "forward_cached: ", n, " tokens at once, at most ", B_ * T_);
-  PO_CHECK(cache.length + n <= cache.capacity, "KV cache full: ", cache.length, " + ", n,
-           " positions exceed its ", cache.capacity);
-  PO_CHECK(static_cast<int64_t>(cache.k.size()) == config_.n_layer, "KV cache of ",
-           cache.k.size(), " blocks for a model of ", config_.n_layer);
-  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
-  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
-  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, pos0 = cache.length;
-  const int64_t kv = NKV * hs;
+void Transformer::embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, float* x) {
+  const int64_t C = config_.n_embd, V = config_.vocab_size;
+  const float* w = unit_params(0);
+  const float* wte = w + layout_.token_embedding().offset;
+  const TensorSpec* wpe = layout_.position_embedding();
+  for (int64_t i = 0; i < n; ++i) {
+    PO_CHECK(tokens[i] >= 0 && tokens[i] < V, "token ", tokens[i], " is outside the vocabulary (", V, ")");
+    const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
+    const float* p = wpe ? w + wpe->offset + (pos0 + i) * C : nullptr;
+    for (int64_t c = 0; c < C; ++c) x[i * C + c] = e[c] + (p ? p[c] : 0.0f);
+  }
+  unit_done(0);
+}
+
+const float* Transformer::decode_blocks(
+    int64_t n, const std::function<void(int64_t l, float* qkv, float* atty)>& attend) {
+  const int64_t C = config_.n_embd, hs = config_.head_dim(), QKV = config_.qkv_width();
+  const int64_t AO = config_.n_head * hs, FC = config_.fc_width(), F = config_.ffn_hidden;
   // Scratch: a full layer's views (the recompute layer, or block 0's).
   LayerActs a = config_.activation_checkpointing || config_.bf16_activations ? scratch_ : layers_[0];
   float* x = encoded_;
   float* y = dres_;  // the next block's input
-  {
-    const float* w = unit_params(0);
-    const float* wte = w + layout_.token_embedding().offset;
-    const TensorSpec* wpe = layout_.position_embedding();
-    for (int64_t i = 0; i < n; ++i) {
-      const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
-      const float* p = wpe ? w + wpe->offset + (pos0 + i) * C : nullptr;
-      for (int64_t c = 0; c < C; ++c) x[i * C + c] = e[c] + (p ? p[c] : 0.0f);
-    }
-    unit_done(0);
-  }
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const int u = static_cast<int>(l + 1);
     const BlockParams P = block_params(unit_params(u));
     norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.ln1w, P.ln1b, n);
     ops::matmul_forward(a.qkv, a.ln1, P.qkvw, P.qkvb, n, C, QKV);
-    if (rope_cos_ != nullptr) ops::rope_forward(a.qkv, 1, n, QKV, NH + NKV, hs, rope_cos_, rope_sin_, pos0);
-    float* kc = cache.k[static_cast<size_t>(l)].f32();
-    float* vc = cache.v[static_cast<size_t>(l)].f32();
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(kc + (pos0 + i) * kv, a.qkv + i * QKV + NH * hs, static_cast<size_t>(kv) * sizeof(float));
-      std::memcpy(vc + (pos0 + i) * kv, a.qkv + i * QKV + (NH + NKV) * hs,
-                  static_cast<size_t>(kv) * sizeof(float));
-    }
-    ops::attention_cached_forward(a.atty, a.qkv, QKV, kc, vc, n, pos0, NH, NKV, hs);
+    attend(l, a.qkv, a.atty);
     ops::matmul_forward(a.residual2, a.atty, P.attprojw, P.attprojb, n, AO, C);
     pops_->tp_all_reduce(a.residual2, n * C);
     ops::residual_forward(a.residual2, a.residual2, x, n * C);
@@ -78,8 +67,78 @@ void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cach
     unit_done(u);
     std::swap(x, y);
   }
+  return x;
+}
+
+void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits) {
+  PO_CHECK(whole(), "forward_cached runs a whole model");
+  PO_CHECK(n >= 1 && n <= B_ * T_, "forward_cached: ", n, " tokens at once, at most ", B_ * T_);
+  PO_CHECK(cache.length + n <= cache.capacity, "KV cache full: ", cache.length, " + ", n,
+           " positions exceed its ", cache.capacity);
+  PO_CHECK(static_cast<int64_t>(cache.k.size()) == config_.n_layer, "KV cache of ",
+           cache.k.size(), " blocks for a model of ", config_.n_layer);
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), pos0 = cache.length;
+  const int64_t kv = NKV * hs;
+  embed_rows(tokens, n, pos0, encoded_);
+  const float* x = decode_blocks(n, [&](int64_t l, float* qkv, float* atty) {
+    if (rope_cos_ != nullptr) ops::rope_forward(qkv, 1, n, QKV, NH + NKV, hs, rope_cos_, rope_sin_, pos0);
+    float* kc = cache.k[static_cast<size_t>(l)].f32();
+    float* vc = cache.v[static_cast<size_t>(l)].f32();
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(kc + (pos0 + i) * kv, qkv + i * QKV + NH * hs, static_cast<size_t>(kv) * sizeof(float));
+      std::memcpy(vc + (pos0 + i) * kv, qkv + i * QKV + (NH + NKV) * hs,
+                  static_cast<size_t>(kv) * sizeof(float));
+    }
+    ops::attention_cached_forward(atty, qkv, QKV, kc, vc, n, pos0, NH, NKV, hs);
+  });
   cache.length += n;
   head_logits(x + (n - 1) * C, 1, logits);
+}
+
+void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits) {
+  PO_CHECK(whole(), "forward_paged runs a whole model");
+  PO_CHECK(static_cast<int64_t>(kv.k.size()) == config_.n_layer, "paged KV cache of ", kv.k.size(),
+           " layers for a model of ", config_.n_layer);
+  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
+  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
+  const int64_t kvw = NKV * hs, bs = kv.block_size;
+  int64_t rows = 0;
+  for (const PagedSeq& s : seqs) {
+    PO_CHECK(s.n >= 1 && s.pos0 >= 0 && s.pos0 + s.n <= T_, "forward_paged: positions ", s.pos0, "..",
+             s.pos0 + s.n - 1, " outside the model's ", T_);
+    PO_CHECK(rows + s.n <= B_ * T_, "forward_paged: ", rows + s.n, "+ rows in one step, at most ",
+             B_ * T_);
+    embed_rows(s.tokens, s.n, s.pos0, encoded_ + rows * C);
+    rows += s.n;
+  }
+  if (rows == 0) return;
+  const float* x = decode_blocks(rows, [&](int64_t l, float* qkv, float* atty) {
+    float* kp = kv.k[static_cast<size_t>(l)];
+    float* vp = kv.v[static_cast<size_t>(l)];
+    int64_t r0 = 0;
+    for (const PagedSeq& s : seqs) {
+      float* q = qkv + r0 * QKV;
+      if (rope_cos_ != nullptr) ops::rope_forward(q, 1, s.n, QKV, NH + NKV, hs, rope_cos_, rope_sin_, s.pos0);
+      for (int64_t i = 0; i < s.n; ++i) {
+        const int64_t j = s.pos0 + i;
+        const int64_t at = (s.block_table[j / bs] * bs + j % bs) * kvw;
+        std::memcpy(kp + at, q + i * QKV + NH * hs, static_cast<size_t>(kvw) * sizeof(float));
+        std::memcpy(vp + at, q + i * QKV + (NH + NKV) * hs, static_cast<size_t>(kvw) * sizeof(float));
+      }
+      ops::paged_attention_forward(atty + r0 * AO, q, QKV, kp, vp, s.block_table, bs, s.n, s.pos0, NH,
+                                   NKV, hs);
+      r0 += s.n;
+    }
+  });
+  // The last row of each sequence that wants logits, gathered: one GEMM for all.
+  int64_t out = 0, r0 = 0;
+  float* last = dres_ == x ? encoded_ : dres_;  // the block buffer not holding x
+  for (const PagedSeq& s : seqs) {
+    r0 += s.n;
+    if (s.logits) std::memcpy(last + (out++) * C, x + (r0 - 1) * C, static_cast<size_t>(C) * sizeof(float));
+  }
+  if (out > 0) head_logits(last, out, logits);
 }
 
 }  // namespace po::model

@@ -2,7 +2,8 @@
 // position pos0 + i and sees keys 0 .. pos0 + i. Scores are materialised per
 // (query, head), which is cheap here: a handful of queries against at most
 // the context length. Grouped-query as attention.cc: query head h reads kv
-// head h / (NH/NKV). Each (query, head) item owns its output row slice.
+// head h / (NH/NKV). Each (query, head) item owns its output row slice. The paged
+// variant (serving) reads positions through a block table.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,13 +14,17 @@
 #include "core/error.h"
 
 namespace po::backend::cpu {
+namespace {
 
-void attention_cached_forward(float* out, const float* q, int64_t q_stride, const float* k_cache,
-                              const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
-                              int64_t NKV, int64_t hs) {
-  PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "attention_cached_forward: NH=", NH,
+// The kernel over any placement of the cached positions: `row(j)` is the
+// element offset of position j's keys (and values) in k, v.
+template <class Row>
+void cached_attention(float* out, const float* q, int64_t q_stride, const float* k_cache,
+                      const float* v_cache, int64_t n, int64_t pos0, int64_t NH, int64_t NKV,
+                      int64_t hs, const char* who, Row row) {
+  PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, who, ": NH=", NH,
            " must be a positive multiple of NKV=", NKV);
-  const int64_t kv_stride = NKV * hs, per = NH / NKV;
+  const int64_t per = NH / NKV;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
 #pragma omp parallel
   {
@@ -30,7 +35,7 @@ void attention_cached_forward(float* out, const float* q, int64_t q_stride, cons
       const float* qi = q + i * q_stride + h * hs;
       float mx = -INFINITY;
       for (int64_t j = 0; j < len; j++) {
-        const float* kj = k_cache + j * kv_stride + g * hs;
+        const float* kj = k_cache + row(j) + g * hs;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t d = 0; d < hs; d++) s += qi[d] * kj[d];
@@ -48,12 +53,33 @@ void attention_cached_forward(float* out, const float* q, int64_t q_stride, cons
       for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
       for (int64_t j = 0; j < len; j++) {
         const float w = p[static_cast<size_t>(j)] * inv;
-        const float* vj = v_cache + j * kv_stride + g * hs;
+        const float* vj = v_cache + row(j) + g * hs;
 #pragma omp simd
         for (int64_t d = 0; d < hs; d++) o[d] += w * vj[d];
       }
     }
   }
+}
+
+}  // namespace
+
+void attention_cached_forward(float* out, const float* q, int64_t q_stride, const float* k_cache,
+                              const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
+                              int64_t NKV, int64_t hs) {
+  const int64_t kv_stride = NKV * hs;
+  cached_attention(out, q, q_stride, k_cache, v_cache, n, pos0, NH, NKV, hs,
+                   "attention_cached_forward", [kv_stride](int64_t j) { return j * kv_stride; });
+}
+
+void paged_attention_forward(float* out, const float* q, int64_t q_stride, const float* k_pool,
+                             const float* v_pool, const int32_t* block_table, int64_t block_size,
+                             int64_t n, int64_t pos0, int64_t NH, int64_t NKV, int64_t hs) {
+  PO_CHECK(block_size > 0, "paged_attention_forward: block size ", block_size);
+  const int64_t kv_stride = NKV * hs;
+  cached_attention(out, q, q_stride, k_pool, v_pool, n, pos0, NH, NKV, hs, "paged_attention_forward",
+                   [=](int64_t j) {
+                     return (block_table[j / block_size] * block_size + j % block_size) * kv_stride;
+                   });
 }
 
 }  // namespace po::backend::cpu

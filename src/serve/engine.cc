@@ -1,0 +1,562 @@
+// The serving engine's loop (engine.h): admission, the step's schedule, the
+// batched forward, sampling and the streams.
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/log.h"
+#include "serve/detokenize.h"
+#include "serve/kv_cache.h"
+#include "serve/sampler.h"
+
+namespace po::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::kNone: return "none";
+    case Finish::kLength: return "length";
+    case Finish::kEos: return "eos_token";
+    case Finish::kStop: return "stop_sequence";
+    case Finish::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+bool Stream::next(Update& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return has_pending_; })) return false;
+  out = std::move(pending_);
+  pending_ = Update{};
+  has_pending_ = false;
+  return true;
+}
+
+void EngineStats::Histogram::add(double s) {
+  if (counts.empty()) counts.assign(std::size(kLatencyBuckets) + 1, 0);
+  size_t b = 0;
+  while (b < std::size(kLatencyBuckets) && s > kLatencyBuckets[b]) ++b;
+  ++counts[b];
+  sum += s;
+  ++count;
+}
+
+// One request as the engine thread holds it.
+struct Engine::Sequence {
+  std::shared_ptr<Stream> stream;
+  SamplingParams params;
+  std::vector<int32_t> tokens;  // the prompt, then the generated tokens
+  int64_t prompt = 0;           // tokens of the prompt
+  std::vector<int32_t> table;   // block table (KV of positions 0 .. computed-1, and room for the step's)
+  int64_t computed = 0;         // positions whose keys and values are in the cache
+  uint64_t hash = 0;            // chain hash of the full blocks published so far
+  int64_t hashed = 0;           // full blocks whose chain hash is in `hash`
+  std::unique_ptr<TextStream> text;
+  Clock::time_point arrived, admitted, last_token;
+  bool started = false;  // admitted once (queue time counted)
+  bool first_token = false;
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt; }
+};
+
+struct Engine::State {
+  std::unique_ptr<KvBlockPool> pool;
+  std::deque<std::unique_ptr<Sequence>> waiting;  // not holding blocks, oldest first (preempted at the front)
+  std::vector<std::unique_ptr<Sequence>> running;  // holding blocks, in admission order
+  std::vector<float> logits;
+  int64_t rows = 0;     // rows of one step
+  int64_t context = 0;  // the model's positions
+};
+
+Engine::Engine(model::Transformer& model, data::TextTokenizer& tokenizer, EngineOptions options)
+    : model_(model), tokenizer_(tokenizer), options_(options), state_(std::make_unique<State>()) {
+  const model::TransformerConfig& c = model_.config();
+  PO_CHECK(model_.whole(), "serve: the model must hold every unit");
+  State& s = *state_;
+  s.context = model_.seq();
+  const int64_t buffer_rows = model_.batch() * model_.seq();
+  if (options_.max_batch_total_tokens <= 0) options_.max_batch_total_tokens = buffer_rows;
+  PO_CHECK(options_.max_batch_total_tokens <= buffer_rows, "--max-batch-total-tokens ",
+           options_.max_batch_total_tokens, " exceeds the model's ", buffer_rows, " rows of buffers");
+  s.rows = options_.max_batch_total_tokens;
+  if (options_.max_total_tokens <= 0) options_.max_total_tokens = s.context;
+  PO_CHECK(options_.max_total_tokens <= s.context, "--max-total-tokens ", options_.max_total_tokens,
+           " exceeds the model's context of ", s.context, " positions");
+  if (options_.max_input_tokens <= 0) options_.max_input_tokens = options_.max_total_tokens - 1;
+  PO_CHECK(options_.max_input_tokens < options_.max_total_tokens, "--max-input-tokens ",
+           options_.max_input_tokens, " must be below --max-total-tokens ", options_.max_total_tokens);
+  PO_CHECK(options_.max_concurrent_requests >= 1, "--max-concurrent-requests must be >= 1, got ",
+           options_.max_concurrent_requests);
+  const int64_t bs = options_.block_size;
+  PO_CHECK(bs >= 1, "--kv-block-size must be >= 1, got ", bs);
+  const size_t block_bytes = KvBlockPool::block_bytes(c, bs);
+  // One request at its longest must fit alone: then preemption can always
+  // make room, and no request fails for lack of KV memory.
+  const int64_t min_blocks = (options_.max_total_tokens + bs - 1) / bs;
+  int64_t blocks = options_.kv_budget > 0 ? static_cast<int64_t>(options_.kv_budget / block_bytes)
+                                          : std::max<int64_t>(4 * min_blocks, 4 * s.rows / bs);
+  PO_CHECK(blocks >= min_blocks, "--kv-budget ", options_.kv_budget, " bytes holds ", blocks,
+           " blocks of ", block_bytes, " bytes; one request of --max-total-tokens ",
+           options_.max_total_tokens, " needs ", min_blocks, " (", min_blocks * block_bytes, " bytes)");
+  s.pool = std::make_unique<KvBlockPool>(c, bs, blocks);
+  s.logits.resize(static_cast<size_t>(s.rows * c.vocab_size));
+  stats_.kv_blocks_total = blocks;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<int32_t> Engine::encode(const std::string& text) {
+  std::lock_guard lock(tok_mu_);
+  return tokenizer_.encode(text, "the prompt");
+}
+
+std::string Engine::decode(const std::vector<int32_t>& ids) {
+  std::lock_guard lock(tok_mu_);
+  return tokenizer_.decode(ids);
+}
+
+std::shared_ptr<Stream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& p) {
+  const int64_t V = model_.config().vocab_size;
+  const auto n = static_cast<int64_t>(prompt.size());
+  PO_CHECK(n >= 1, "the prompt is empty");
+  for (int32_t t : prompt) PO_CHECK(t >= 0 && t < V, "prompt token ", t, " is outside the vocabulary (", V, ")");
+  PO_CHECK(n <= options_.max_input_tokens, "the prompt has ", n, " tokens, more than --max-input-tokens ",
+           options_.max_input_tokens);
+  PO_CHECK(p.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ", p.max_new_tokens);
+  PO_CHECK(n + p.max_new_tokens <= options_.max_total_tokens, "the prompt's ", n, " tokens + max_new_tokens ",
+           p.max_new_tokens, " exceed --max-total-tokens ", options_.max_total_tokens);
+  PO_CHECK(!p.do_sample || p.temperature > 0, "temperature must be > 0 when sampling, got ", p.temperature);
+  PO_CHECK(p.top_k >= 0, "top_k must be >= 0, got ", p.top_k);
+  PO_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1], got ", p.top_p);
+  PO_CHECK(p.typical_p > 0 && p.typical_p <= 1, "typical_p must be in (0, 1], got ", p.typical_p);
+  PO_CHECK(p.repetition_penalty > 0, "repetition_penalty must be > 0, got ", p.repetition_penalty);
+  auto seq = std::make_unique<Sequence>();
+  seq->stream = std::make_shared<Stream>();
+  seq->params = p;
+  seq->prompt = n;
+  seq->tokens = std::move(prompt);
+  seq->text = std::make_unique<TextStream>(tokenizer_, p.stop);
+  seq->arrived = Clock::now();
+  auto stream = seq->stream;
+  stream->prompt_tokens_ = n;
+  stream->seed_ = p.seed;
+  {
+    std::lock_guard lock(mu_);
+    if (draining_ || admitted_ >= options_.max_concurrent_requests) {
+      ++stats_.rejected;
+      throw Overloaded(draining_ ? "the server is shutting down"
+                                 : core::str_cat("Model is overloaded: ", admitted_,
+                                                 " requests in, --max-concurrent-requests ",
+                                                 options_.max_concurrent_requests));
+    }
+    ++admitted_;
+    ++stats_.requests;
+    stream->id_ = next_id_++;
+    incoming_.push_back(std::move(seq));
+  }
+  wake_.notify_all();
+  return stream;
+}
+
+void Engine::drain(std::chrono::milliseconds grace) {
+  const auto until = Clock::now() + grace;
+  {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+  }
+  bool cancelled = false;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (admitted_ == 0) return;
+      if (!cancelled && Clock::now() >= until) {
+        cancel_all_ = true;
+        cancelled = true;
+      }
+    }
+    wake_.notify_all();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] {
+        return stop_ || !incoming_.empty() || !state_->waiting.empty() || !state_->running.empty();
+      });
+      if (stop_) break;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A failed step ends every request it held with the error (HTTP 424);
+      // the engine keeps serving.
+      PO_LOG_WARN("serve: a step failed: ", e.what());
+      State& s = *state_;
+      for (auto& q : s.running) finish(*q, Finish::kCancelled, e.what());
+      s.running.clear();
+    }
+  }
+  // Stopping: whatever is left ends cancelled.
+  State& s = *state_;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& q : incoming_) s.waiting.push_back(std::move(q));
+    incoming_.clear();
+  }
+  for (auto& q : s.running) finish(*q, Finish::kCancelled, "");
+  for (auto& q : s.waiting) finish(*q, Finish::kCancelled, "");
+  s.running.clear();
+  s.waiting.clear();
+}
+
+void Engine::release_blocks(Sequence& q) {
+  for (int32_t b : q.table) state_->pool->unref(b);
+  q.table.clear();
+  q.computed = 0;
+  q.hash = 0;
+  q.hashed = 0;
+}
+
+// Ends a request: its stream gets the last update, its blocks go back.
+void Engine::finish(Sequence& q, Finish why, const std::string& error) {
+  release_blocks(q);
+  const auto now = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    --admitted_;
+    if (why == Finish::kCancelled)
+      ++stats_.cancelled;
+    else
+      ++stats_.finished;
+    stats_.request_duration.add(seconds(now - q.arrived));
+  }
+  Stream& st = *q.stream;
+  std::lock_guard lock(st.mu_);
+  st.pending_.finish = why;
+  st.pending_.error = error;
+  st.has_pending_ = true;
+  st.done_ = true;
+  st.cv_.notify_all();
+}
+
+// Blocks for positions [q.computed, q.computed + n) (copy-on-write for a
+// shared last block). False, with nothing taken, when the pool cannot.
+bool Engine::reserve(Sequence& q, int64_t n) {
+  KvBlockPool& pool = *state_->pool;
+  const int64_t bs = pool.block_size();
+  const int64_t have = static_cast<int64_t>(q.table.size());
+  const int64_t need = (q.computed + n + bs - 1) / bs;
+  // A shared block about to be written: positions computed.. fall in block
+  // computed / bs, if that block is partly filled and held by others.
+  const bool cow = q.computed % bs != 0 && q.computed / bs < have &&
+                   pool.refs(q.table[static_cast<size_t>(q.computed / bs)]) > 1;
+  if (pool.available() < std::max<int64_t>(0, need - have) + (cow ? 1 : 0)) return false;
+  if (cow) {
+    const int32_t old = q.table[static_cast<size_t>(q.computed / bs)];
+    const int32_t fresh = *pool.allocate();
+    pool.copy(fresh, old);
+    pool.unref(old);
+    q.table[static_cast<size_t>(q.computed / bs)] = fresh;
+  }
+  while (static_cast<int64_t>(q.table.size()) < need) q.table.push_back(*pool.allocate());
+  return true;
+}
+
+// The newest running sequence other than `keep` gives its blocks back and
+// waits again (at the front: it is recomputed first). False when there is
+// none to preempt.
+bool Engine::preempt_newest(const Sequence* keep) {
+  State& s = *state_;
+  for (auto it = s.running.rbegin(); it != s.running.rend(); ++it) {
+    if (it->get() == keep) continue;
+    std::unique_ptr<Sequence> q = std::move(*it);
+    s.running.erase(std::next(it).base());
+    release_blocks(*q);
+    s.waiting.push_front(std::move(q));
+    std::lock_guard lock(mu_);
+    ++stats_.preemptions;
+    return true;
+  }
+  return false;
+}
+
+// A waiting sequence's full prompt blocks already in the prefix cache (at
+// most up to its last token, which must be computed for its logits).
+void Engine::match_prefix(Sequence& q) {
+  KvBlockPool& pool = *state_->pool;
+  const int64_t bs = pool.block_size();
+  const int64_t full = (static_cast<int64_t>(q.tokens.size()) - 1) / bs;
+  int64_t hits = 0;
+  for (int64_t b = 0; b < full; ++b) {
+    const uint64_t h = KvBlockPool::chain_hash(
+        q.hash, std::span<const int32_t>(q.tokens.data() + b * bs, static_cast<size_t>(bs)));
+    const auto found = pool.lookup(h);
+    if (!found) break;
+    q.table.push_back(*found);
+    q.hash = h;
+    q.hashed = b + 1;
+    q.computed = (b + 1) * bs;
+    ++hits;
+  }
+  std::lock_guard lock(mu_);
+  stats_.prefix_queries += full;
+  stats_.prefix_hits += hits;
+}
+
+// After a forward: the sequence's newly full blocks go into the prefix cache.
+void Engine::publish_full(Sequence& q) {
+  if (!options_.prefix_caching) return;
+  KvBlockPool& pool = *state_->pool;
+  const int64_t bs = pool.block_size();
+  for (; (q.hashed + 1) * bs <= q.computed; ++q.hashed) {
+    q.hash = KvBlockPool::chain_hash(
+        q.hash, std::span<const int32_t>(q.tokens.data() + q.hashed * bs, static_cast<size_t>(bs)));
+    pool.publish(q.table[static_cast<size_t>(q.hashed)], q.hash);
+  }
+}
+
+bool Engine::step() {
+  State& s = *state_;
+  bool cancel_all = false;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& q : incoming_) s.waiting.push_back(std::move(q));
+    incoming_.clear();
+    cancel_all = cancel_all_;
+  }
+  // 1. Cancelled requests leave.
+  auto gone = [&](const std::unique_ptr<Sequence>& q) {
+    if (!cancel_all && !q->stream->cancelled()) return false;
+    finish(*q, Finish::kCancelled, "");
+    return true;
+  };
+  std::erase_if(s.running, gone);
+  std::erase_if(s.waiting, gone);
+  // 2. Decodes first, one row each; a sequence without room for its next
+  // position preempts the newest others, or itself waits.
+  struct Work {
+    Sequence* q;
+    int64_t n;
+  };
+  std::vector<Work> work;
+  int64_t rows = 0;
+  for (size_t i = 0; i < s.running.size() && rows < s.rows; ++i) {
+    Sequence& q = *s.running[i];
+    const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
+    if (left != 1) continue;  // still prefilling: below
+    bool ok = reserve(q, 1);
+    while (!ok && preempt_newest(&q)) ok = reserve(q, 1);
+    if (!ok) break;  // (cannot happen: one request alone always fits)
+    work.push_back({&q, 1});
+    ++rows;
+  }
+  // 3. Prefills in admission order: the running ones' next chunks, then
+  // waiting requests while the step has rows and the cache blocks.
+  for (size_t i = 0; i < s.running.size() && rows < s.rows; ++i) {
+    Sequence& q = *s.running[i];
+    const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
+    if (left <= 1) continue;
+    const int64_t n = std::min(left, s.rows - rows);
+    if (!reserve(q, n)) break;
+    work.push_back({&q, n});
+    rows += n;
+  }
+  while (!s.waiting.empty() && rows < s.rows) {
+    Sequence& q = *s.waiting.front();
+    if (options_.prefix_caching) match_prefix(q);
+    const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
+    int64_t n = std::min(left, s.rows - rows);
+    // As much of the chunk as the free blocks hold (at least one position).
+    const int64_t bs = s.pool->block_size();
+    while (n > 0 && !reserve(q, n)) n = std::min(n - 1, (q.computed / bs + s.pool->available()) * bs - q.computed);
+    if (n <= 0) {
+      release_blocks(q);  // the prefix hits go back too; it waits for room
+      break;
+    }
+    if (!q.started) {
+      q.started = true;
+      q.admitted = Clock::now();
+      std::lock_guard lock(mu_);
+      stats_.queue_duration.add(seconds(q.admitted - q.arrived));
+    }
+    s.running.push_back(std::move(s.waiting.front()));
+    s.waiting.pop_front();
+    work.push_back({s.running.back().get(), n});
+    rows += n;
+  }
+  if (work.empty()) {
+    publish_stats();
+    // Nothing could run (every request waits for blocks held by none: not
+    // possible) or nothing to do: sleep until something arrives.
+    if (!s.waiting.empty() && s.running.empty())
+      PO_THROW(core::Internal, "serve: ", s.waiting.size(), " requests wait and none runs");
+    return false;
+  }
+  // 4. One forward for every row.
+  std::vector<model::PagedSeq> seqs;
+  for (const Work& w : work) {
+    Sequence& q = *w.q;
+    const bool last = q.computed + w.n == static_cast<int64_t>(q.tokens.size());
+    seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last});
+  }
+  model_.forward_paged(seqs, s.pool->view(), s.logits.data());
+  // 5. Sample, stream, finish.
+  const int64_t V = model_.config().vocab_size;
+  const int32_t eos = tokenizer_.eos_id();
+  int64_t out = 0, sampled = 0;
+  std::vector<Sequence*> done;
+  std::vector<Finish> why;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < work.size(); ++i) {
+    Sequence& q = *work[i].q;
+    q.computed += work[i].n;
+    publish_full(q);
+    if (!seqs[i].logits) continue;
+    float* l = s.logits.data() + (out++) * V;
+    const Choice c = sample_token(l, V, q.params, q.tokens, q.generated(), static_cast<uint64_t>(q.generated()));
+    ++sampled;
+    q.tokens.push_back(c.id);
+    GeneratedToken t;
+    t.id = c.id;
+    t.logprob = c.logprob;
+    t.special = c.id == eos;
+    Finish f = Finish::kNone;
+    if (c.id == eos && !q.params.ignore_eos) {
+      f = Finish::kEos;
+    } else {
+      std::lock_guard lock(tok_mu_);
+      t.text = q.text->push(c.id);
+      if (q.text->stopped()) f = Finish::kStop;
+    }
+    if (f == Finish::kNone && (q.generated() >= q.params.max_new_tokens ||
+                               static_cast<int64_t>(q.tokens.size()) >= options_.max_total_tokens))
+      f = Finish::kLength;
+    if (f == Finish::kLength || f == Finish::kEos) {
+      std::lock_guard lock(tok_mu_);
+      t.text += q.text->flush();
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.generated_tokens;
+      if (!q.first_token) {
+        stats_.time_to_first_token.add(seconds(now - q.arrived));
+        stats_.prompt_tokens += q.prompt;
+      } else {
+        stats_.inter_token_latency.add(seconds(now - q.last_token));
+      }
+    }
+    q.first_token = true;
+    q.last_token = now;
+    {
+      Stream& st = *q.stream;
+      std::lock_guard lock(st.mu_);
+      st.pending_.text += t.text;
+      st.pending_.tokens.push_back(std::move(t));
+      st.has_pending_ = true;
+      st.cv_.notify_all();
+    }
+    if (f != Finish::kNone) {
+      done.push_back(&q);
+      why.push_back(f);
+    }
+  }
+  for (size_t i = 0; i < done.size(); ++i) {
+    finish(*done[i], why[i], "");
+    std::erase_if(s.running, [&](const std::unique_ptr<Sequence>& q) { return q.get() == done[i]; });
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.steps;
+    stats_.batch_size = sampled;
+  }
+  publish_stats();
+  return true;
+}
+
+void Engine::publish_stats() {
+  State& s = *state_;
+  int64_t held = 0;
+  for (const auto& q : s.running) held += q->computed;
+  std::lock_guard lock(mu_);
+  stats_.running = static_cast<int64_t>(s.running.size());
+  stats_.waiting = static_cast<int64_t>(s.waiting.size() + incoming_.size());
+  stats_.kv_blocks_used = s.pool->used();
+  stats_.kv_blocks_cached = s.pool->cached();
+  stats_.kv_tokens_held = held;
+}
+
+std::string Engine::metrics_text() const {
+  const EngineStats st = stats();
+  std::ostringstream o;
+  auto counter = [&](const char* name, const char* help, int64_t v) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n" << name << ' ' << v << '\n';
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " gauge\n" << name << ' ' << v << '\n';
+  };
+  auto histogram = [&](const char* name, const char* help, const EngineStats::Histogram& h) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " histogram\n";
+    int64_t cum = 0;
+    for (size_t b = 0; b < std::size(kLatencyBuckets); ++b) {
+      cum += h.counts.empty() ? 0 : h.counts[b];
+      o << name << "_bucket{le=\"" << kLatencyBuckets[b] << "\"} " << cum << '\n';
+    }
+    o << name << "_bucket{le=\"+Inf\"} " << h.count << '\n'
+      << name << "_sum " << h.sum << '\n'
+      << name << "_count " << h.count << '\n';
+  };
+  counter("tgi_request_count", "Requests received", st.requests);
+  counter("tgi_request_success", "Requests finished (length, EOS or stop sequence)", st.finished);
+  counter("tgi_request_cancelled", "Requests cancelled (client gone, shutdown, failed step)", st.cancelled);
+  counter("tgi_request_overloaded", "Requests rejected with 429", st.rejected);
+  histogram("tgi_request_duration", "Request end-to-end seconds", st.request_duration);
+  histogram("tgi_request_queue_duration", "Seconds from arrival to first scheduling", st.queue_duration);
+  histogram("tgi_request_time_to_first_token", "Seconds from arrival to the first token", st.time_to_first_token);
+  histogram("tgi_request_inter_token_latency", "Seconds between a request's tokens", st.inter_token_latency);
+  gauge("tgi_queue_size", "Requests waiting", static_cast<double>(st.waiting));
+  gauge("tgi_running_requests", "Requests holding KV blocks", static_cast<double>(st.running));
+  gauge("tgi_batch_current_size", "Sequences sampled in the last step", static_cast<double>(st.batch_size));
+  gauge("pagedoptim_kv_blocks_total", "KV blocks in the compute tier", static_cast<double>(st.kv_blocks_total));
+  gauge("pagedoptim_kv_blocks_used", "KV blocks referenced by requests", static_cast<double>(st.kv_blocks_used));
+  gauge("pagedoptim_kv_blocks_free", "KV blocks not referenced (free or prefix-cached)",
+        static_cast<double>(st.kv_blocks_total - st.kv_blocks_used));
+  gauge("pagedoptim_kv_blocks_cached", "Unreferenced KV blocks kept for the prefix cache",
+        static_cast<double>(st.kv_blocks_cached));
+  gauge("pagedoptim_kv_blocks_host", "KV blocks of preempted requests in host RAM",
+        static_cast<double>(st.kv_blocks_host));
+  gauge("pagedoptim_kv_tokens_held", "Positions whose keys and values the used blocks hold",
+        static_cast<double>(st.kv_tokens_held));
+  counter("pagedoptim_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache", st.prefix_queries);
+  counter("pagedoptim_prefix_cache_hits", "Full prompt blocks found in the prefix cache", st.prefix_hits);
+  counter("pagedoptim_preemptions", "Requests preempted for KV room", st.preemptions);
+  counter("tgi_request_input_count", "Prompt tokens of requests that produced a token", st.prompt_tokens);
+  counter("tgi_request_generated_tokens", "Tokens generated", st.generated_tokens);
+  counter("pagedoptim_steps", "Engine steps (batched forwards)", st.steps);
+  return o.str();
+}
+
+}  // namespace po::serve

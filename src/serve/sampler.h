@@ -1,0 +1,25 @@
+// Choosing a request's next token from its logits, with its own parameters
+// and its own random numbers: token i of a request draws from Philox keyed on
+// (its seed, i), so a seeded request gives the same tokens whatever else is
+// in the batch and however often it was preempted and recomputed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "serve/types.h"
+
+namespace po::serve {
+
+struct Choice {
+  int32_t id = 0;
+  float logprob = 0;  // log-softmax of the raw logits at id
+};
+
+// `logits` [V] (modified: penalties, temperature); `context` the prompt and
+// the tokens generated so far, of which the last `generated` are the
+// output; `index` the token's index in the output.
+Choice sample_token(float* logits, int64_t V, const SamplingParams& p,
+                    const std::vector<int32_t>& context, int64_t generated, uint64_t index);
+
+}  // namespace po::serve

@@ -1,0 +1,339 @@
+// The serving engine against `generate`'s decode (train::sample: one
+// sequence, a contiguous KV cache): greedy outputs token for token, alone
+// and in a batch of 32 requests of different lengths, through chunked
+// prefill, the prefix cache and preemption; seeded sampling independent of
+// the batch; the KV block pool, stop sequences and UTF-8 text.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "../data/llama_test_util.h"
+#include "data/text_tokenizer.h"
+#include "serve/detokenize.h"
+#include "serve/engine.h"
+#include "serve/kv_cache.h"
+#include "serve/sampler.h"
+#include "train/generate.h"
+
+namespace po::serve {
+namespace {
+
+using model::Transformer;
+using model::TransformerConfig;
+
+TransformerConfig tiny(const std::string& arch) {
+  TransformerConfig c = TransformerConfig::arch_defaults(arch);
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.n_kv_head = arch == "llama" ? 2 : 4;  // grouped-query attention for Llama
+  c.vocab_size = arch == "llama" ? 32000 : 50257;
+  c.seq_len = 96;
+  c.fill_derived();
+  return c;
+}
+
+std::unique_ptr<data::TextTokenizer> tokenizer_for(const std::string& arch) {
+  if (arch == "llama") {
+    const std::string dir = data::testing::llama_fixture_dir();
+    if (dir.empty()) return nullptr;
+    return data::load_tokenizer(dir + "/tokenizer.json");
+  }
+  return data::load_tokenizer(PO_SOURCE_DIR);
+}
+
+// Everything collected from one stream.
+struct Result {
+  std::vector<int32_t> ids;
+  std::string text, token_text;
+  Finish finish = Finish::kNone;
+  std::string error;
+};
+
+Result collect(Stream& s) {
+  Result r;
+  Update u;
+  for (;;) {
+    if (!s.next(u, std::chrono::milliseconds(30000))) {
+      r.error = "no update within 30 s";
+      return r;
+    }
+    for (const auto& t : u.tokens) {
+      r.ids.push_back(t.id);
+      r.token_text += t.text;
+    }
+    r.text += u.text;
+    if (u.finish != Finish::kNone) {
+      r.finish = u.finish;
+      r.error = u.error;
+      return r;
+    }
+  }
+}
+
+std::string ids_str(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += std::to_string(x) + " ";
+  return s;
+}
+
+// Prompts of different lengths (ids drawn from a fixed LCG, in the vocabulary).
+std::vector<std::vector<int32_t>> prompts(int count, int64_t V, uint32_t salt) {
+  std::vector<std::vector<int32_t>> out;
+  uint32_t x = 12345 + salt;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p;
+    const int len = 1 + (i * 7) % 40;
+    for (int j = 0; j < len; ++j) {
+      x = x * 1664525u + 1013904223u;
+      p.push_back(static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(V)));
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+class EngineGreedy : public ::testing::TestWithParam<std::string> {};
+
+// Greedy: the engine's tokens are generate's, alone and among 32 requests,
+// with the whole KV pool and with one so small that requests are preempted.
+TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
+  const std::string arch = GetParam();
+  const TransformerConfig c = tiny(arch);
+  auto tok = tokenizer_for(arch);
+  ASSERT_NE(tok, nullptr) << data::testing::kLlamaSetupHint;
+  Transformer ref(c, 1, c.seq_len);
+  ref.init_random(7);
+  const auto ps = prompts(32, c.vocab_size, arch == "llama" ? 1 : 0);
+  std::vector<std::vector<int32_t>> want;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    train::SampleOptions o;
+    o.temperature = 0;
+    o.max_new_tokens = 4 + static_cast<int64_t>(i % 5) * 6;
+    want.push_back(train::sample(ref, ps[i], o));
+  }
+  Transformer model(c, 2, c.seq_len);  // 192 rows a step
+  model.init_random(7);
+  auto params = [&](size_t i) {
+    SamplingParams p;
+    p.max_new_tokens = static_cast<int64_t>(want[i].size());
+    p.ignore_eos = true;
+    return p;
+  };
+  // block size 8: a small pool (12 blocks: 96 positions, one request at its
+  // longest) forces preemption among 32 requests; 64-row steps chunk prefills.
+  for (const auto& [blocks, rows] : {std::pair<int64_t, int64_t>{0, 0}, {12, 64}}) {
+    EngineOptions eo;
+    eo.block_size = 8;
+    eo.kv_budget = static_cast<size_t>(blocks) * KvBlockPool::block_bytes(c, 8);
+    eo.max_batch_total_tokens = rows;
+    Engine engine(model, *tok, eo);
+    const std::string where = arch + (blocks ? ", 12 KV blocks" : ", default pool");
+    {  // alone
+      Result r = collect(*engine.submit(ps[3], params(3)));
+      EXPECT_EQ(ids_str(r.ids), ids_str(want[3])) << where << ": request 3 alone";
+      EXPECT_EQ(r.finish, Finish::kLength) << r.error;
+    }
+    std::vector<std::shared_ptr<Stream>> streams;
+    for (size_t i = 0; i < ps.size(); ++i) streams.push_back(engine.submit(ps[i], params(i)));
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Result r = collect(*streams[i]);
+      EXPECT_EQ(ids_str(r.ids), ids_str(want[i])) << where << ": request " << i << " of 32 (prompt "
+                                                  << ps[i].size() << " tokens) " << r.error;
+      EXPECT_EQ(r.text, r.token_text) << where << ": the update text is not the tokens' text";
+    }
+    const EngineStats st = engine.stats();
+    EXPECT_EQ(st.finished, 33) << where;
+    EXPECT_EQ(st.kv_blocks_used, 0) << where << ": blocks still referenced after every request ended";
+    if (blocks) EXPECT_GT(st.preemptions, 0) << where << ": 12 blocks should not hold 32 requests";
+    if (!blocks) EXPECT_GT(st.batch_size + st.steps, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, EngineGreedy, ::testing::Values("gpt2", "llama"));
+
+// A shared prompt: the second request finds the first's full blocks.
+TEST(Engine, PrefixCacheServesASharedPrompt) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 1, c.seq_len);
+  model.init_random(3);
+  EngineOptions eo;
+  eo.block_size = 4;
+  Engine engine(model, *tok, eo);
+  std::vector<int32_t> p = prompts(6, c.vocab_size, 9)[5];  // 36 tokens: 8 full blocks before the last
+  SamplingParams sp;
+  sp.max_new_tokens = 5;
+  sp.ignore_eos = true;
+  const Result a = collect(*engine.submit(p, sp));
+  const Result b = collect(*engine.submit(p, sp));
+  EXPECT_EQ(ids_str(a.ids), ids_str(b.ids)) << "the cached prefix changed the output";
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.prefix_queries, 16) << "two prompts of 36 tokens, 8 full blocks each before the last token";
+  EXPECT_EQ(st.prefix_hits, 8) << "the second prompt should find all 8 blocks";
+}
+
+// Sampling: the same seed gives the same tokens alone and in a batch.
+TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 2, c.seq_len);
+  model.init_random(11);
+  Engine engine(model, *tok, {});
+  const auto ps = prompts(16, c.vocab_size, 4);
+  SamplingParams sp;
+  sp.do_sample = true;
+  sp.temperature = 0.9;
+  sp.top_k = 50;
+  sp.top_p = 0.95;
+  sp.max_new_tokens = 12;
+  sp.ignore_eos = true;
+  sp.seed = 42;
+  const Result alone = collect(*engine.submit(ps[5], sp));
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SamplingParams q = sp;
+    q.seed = i == 5 ? 42 : 1000 + i;
+    streams.push_back(engine.submit(ps[i], q));
+  }
+  std::vector<Result> rs;
+  for (auto& s : streams) rs.push_back(collect(*s));
+  EXPECT_EQ(ids_str(rs[5].ids), ids_str(alone.ids)) << "seed 42 alone vs in a batch of 16";
+  EXPECT_NE(ids_str(rs[5].ids), ids_str(rs[6].ids)) << "different seeds and prompts gave the same tokens";
+}
+
+// Admission: past max_concurrent_requests, submit throws at once; the
+// admitted ones complete; a cancelled one ends cancelled with its blocks back.
+TEST(Engine, OverloadAndCancel) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 1, c.seq_len);
+  model.init_random(5);
+  EngineOptions eo;
+  eo.max_concurrent_requests = 3;
+  Engine engine(model, *tok, eo);
+  SamplingParams sp;
+  sp.max_new_tokens = 40;
+  sp.ignore_eos = true;
+  std::vector<std::shared_ptr<Stream>> s;
+  for (int i = 0; i < 3; ++i) s.push_back(engine.submit({1, 2, 3, 4}, sp));
+  EXPECT_THROW(engine.submit({1, 2}, sp), Overloaded);
+  s[1]->cancel();
+  const Result r1 = collect(*s[1]);
+  EXPECT_EQ(r1.finish, Finish::kCancelled);
+  EXPECT_LT(r1.ids.size(), 40u) << "a cancelled request ran to its end";
+  EXPECT_EQ(collect(*s[0]).ids.size(), 40u);
+  EXPECT_EQ(collect(*s[2]).ids.size(), 40u);
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.rejected, 1);
+  EXPECT_EQ(st.cancelled, 1);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_NO_THROW(engine.submit({5}, sp)->cancel()) << "room again once requests ended";
+  // Validation: one line naming what is wrong.
+  try {
+    engine.submit({1, 2, 3}, [] { SamplingParams p; p.max_new_tokens = 200; return p; }());
+    ADD_FAILURE() << "no error for a request past the context";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--max-total-tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine.submit({c.vocab_size}, sp), core::InvalidArgument);
+  EXPECT_THROW(engine.submit({}, sp), core::InvalidArgument);
+}
+
+TEST(KvBlockPool, ReferencesPrefixCacheAndLeastRecentlyUsedEviction) {
+  const TransformerConfig c = tiny("gpt2");
+  KvBlockPool pool(c, 4, 3);
+  EXPECT_EQ(pool.available(), 3);
+  const int32_t a = *pool.allocate(), b = *pool.allocate(), d = *pool.allocate();
+  EXPECT_FALSE(pool.allocate().has_value()) << "a fourth block out of three";
+  const std::vector<int32_t> t1 = {1, 2, 3, 4}, t2 = {5, 6, 7, 8};
+  const uint64_t h1 = KvBlockPool::chain_hash(0, t1), h2 = KvBlockPool::chain_hash(h1, t2);
+  EXPECT_NE(h2, KvBlockPool::chain_hash(0, t2)) << "the hash must depend on the prefix";
+  pool.view().k[1][a * pool.block_floats() + 3] = 42.0f;
+  pool.publish(a, h1);
+  pool.publish(b, h2);
+  pool.ref(a);  // a second sequence shares a
+  pool.unref(a);
+  EXPECT_EQ(pool.refs(a), 1);
+  pool.unref(a);  // a: cached (published, unreferenced)
+  pool.unref(b);  // b: cached, released after a
+  pool.unref(d);  // d: free (never published)
+  EXPECT_EQ(pool.available(), 3);
+  EXPECT_EQ(pool.cached(), 2);
+  EXPECT_EQ(pool.lookup(h1), a) << "a cached block is found by its hash";
+  EXPECT_EQ(pool.used(), 1);
+  const int32_t e = *pool.allocate();
+  EXPECT_EQ(e, d) << "free blocks go before cached ones";
+  const int32_t f = *pool.allocate();
+  EXPECT_EQ(f, b) << "then the least recently released cached one (a is referenced again)";
+  EXPECT_FALSE(pool.lookup(h2).has_value()) << "an evicted block is no longer found";
+  pool.copy(f, a);
+  EXPECT_EQ(pool.view().k[1][f * pool.block_floats() + 3], 42.0f) << "copy-on-write's copy";
+}
+
+TEST(TextStream, StopSequencesAcrossTokensAndWholeCharacters) {
+  auto tok = tokenizer_for("gpt2");
+  // "Hello world, this is it": stop on "s is" which spans tokens.
+  const std::string text = "Hello world, this is it";
+  const std::vector<int32_t> ids = tok->encode(text);
+  TextStream s(*tok, {"s is"});
+  std::string out;
+  for (int32_t id : ids) {
+    out += s.push(id);
+    EXPECT_EQ(out.find("s i"), std::string::npos) << "a prefix of the stop leaked: '" << out << "'";
+    if (s.stopped()) break;
+  }
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(out, "Hello world, thi");
+  // A held-back prefix that does not become the stop is released later.
+  TextStream t(*tok, {"world peace"});
+  out.clear();
+  for (int32_t id : ids) out += t.push(id);
+  out += t.flush();
+  EXPECT_EQ(out, text);
+  // A character split over byte tokens arrives whole: "é" is 0xC3 0xA9,
+  // GPT-2's byte tokens Ã (195 -> id 127) and © (169 -> id 102)?  Use the
+  // tokenizer's own ids for the two bytes.
+  std::vector<int32_t> bytes;
+  for (int32_t id = 0; id < tok->vocab_size() && bytes.size() < 2; ++id) {
+    const std::string p = tok->piece_bytes(id);
+    if (bytes.empty() && p == "\xC3") bytes.push_back(id);
+  }
+  for (int32_t id = 0; id < tok->vocab_size() && bytes.size() < 2; ++id)
+    if (tok->piece_bytes(id) == "\xA9") bytes.push_back(id);
+  ASSERT_EQ(bytes.size(), 2u);
+  TextStream u(*tok, {});
+  EXPECT_EQ(u.push(bytes[0]), "") << "half a character was released";
+  EXPECT_EQ(u.push(bytes[1]), "\xC3\xA9");
+  EXPECT_EQ(complete_utf8_prefix("ab\xE2\x82"), 2u);
+  EXPECT_EQ(complete_utf8_prefix("ab\xE2\x82\xAC"), 5u);
+}
+
+TEST(Sampler, GreedyPenaltiesAndFilters) {
+  std::vector<float> l = {1, 3, 2, 3};
+  SamplingParams p;
+  EXPECT_EQ(sample_token(l.data(), 4, p, {}, 0, 0).id, 1) << "greedy takes the first maximum";
+  p.repetition_penalty = 2;
+  l = {1, 3, 2, 2.9f};
+  EXPECT_EQ(sample_token(l.data(), 4, p, {1}, 0, 0).id, 3) << "token 1 seen: 3 / 2 = 1.5";
+  p = {};
+  p.presence_penalty = 1;
+  l = {1, 3, 2.5f, 0};
+  EXPECT_EQ(sample_token(l.data(), 4, p, {1}, 1, 0).id, 2) << "token 1 in the output: 3 - 1";
+  p = {};
+  p.do_sample = true;
+  p.top_k = 1;
+  l = {1, 3, 2, 0};
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, p, {}, 0, i).id, 1) << "top_k 1";
+  p.top_k = 0;
+  p.top_p = 0.5;
+  l = {0, 5, 0, 0};
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, p, {}, 0, i).id, 1) << "top_p 0.5";
+  // logprob of the chosen token under the raw logits
+  l = {0, 0, 0, 0};
+  const Choice ch = sample_token(l.data(), 4, SamplingParams{}, {}, 0, 0);
+  EXPECT_NEAR(ch.logprob, std::log(0.25), 1e-6);
+}
+
+}  // namespace
+}  // namespace po::serve
