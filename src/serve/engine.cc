@@ -62,6 +62,9 @@ struct Engine::Sequence {
   int64_t hashed = 0;           // full blocks whose chain hash is in `hash`
   std::unique_ptr<TextStream> text;
   Clock::time_point arrived, admitted, last_token;
+  // Requests of the same prompt (submit_n) that take this one's blocks and
+  // its prompt's logits when its prefill ends.
+  std::vector<std::unique_ptr<Sequence>> forks;
   bool started = false;  // admitted once (queue time counted)
   bool first_token = false;
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt; }
@@ -131,7 +134,8 @@ std::string Engine::decode(const std::vector<int32_t>& ids) {
   return tokenizer_.decode(ids);
 }
 
-std::shared_ptr<Stream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& p) {
+std::unique_ptr<Engine::Sequence> Engine::make_sequence(const std::vector<int32_t>& prompt,
+                                                       const SamplingParams& p) {
   const int64_t V = model_.config().vocab_size;
   const auto n = static_cast<int64_t>(prompt.size());
   PO_CHECK(n >= 1, "the prompt is empty");
@@ -150,28 +154,42 @@ std::shared_ptr<Stream> Engine::submit(std::vector<int32_t> prompt, const Sampli
   seq->stream = std::make_shared<Stream>();
   seq->params = p;
   seq->prompt = n;
-  seq->tokens = std::move(prompt);
+  seq->tokens = prompt;
   seq->text = std::make_unique<TextStream>(tokenizer_, p.stop);
   seq->arrived = Clock::now();
-  auto stream = seq->stream;
-  stream->prompt_tokens_ = n;
-  stream->seed_ = p.seed;
+  seq->stream->prompt_tokens_ = n;
+  seq->stream->seed_ = p.seed;
+  return seq;
+}
+
+std::shared_ptr<Stream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& p) {
+  return submit_n(std::move(prompt), {p}).front();
+}
+
+std::vector<std::shared_ptr<Stream>> Engine::submit_n(std::vector<int32_t> prompt,
+                                                      const std::vector<SamplingParams>& params) {
+  PO_CHECK(!params.empty(), "submit_n: no request");
+  std::unique_ptr<Sequence> first = make_sequence(prompt, params[0]);
+  for (size_t i = 1; i < params.size(); ++i) first->forks.push_back(make_sequence(prompt, params[i]));
+  std::vector<std::shared_ptr<Stream>> out = {first->stream};
+  for (const auto& f : first->forks) out.push_back(f->stream);
+  const auto count = static_cast<int64_t>(params.size());
   {
     std::lock_guard lock(mu_);
-    if (draining_ || admitted_ >= options_.max_concurrent_requests) {
-      ++stats_.rejected;
+    if (draining_ || admitted_ + count > options_.max_concurrent_requests) {
+      stats_.rejected += count;
       throw Overloaded(draining_ ? "the server is shutting down"
-                                 : core::str_cat("Model is overloaded: ", admitted_,
-                                                 " requests in, --max-concurrent-requests ",
+                                 : core::str_cat("Model is overloaded: ", admitted_, " requests in, ", count,
+                                                 " more asked, --max-concurrent-requests ",
                                                  options_.max_concurrent_requests));
     }
-    ++admitted_;
-    ++stats_.requests;
-    stream->id_ = next_id_++;
-    incoming_.push_back(std::move(seq));
+    admitted_ += count;
+    stats_.requests += count;
+    for (auto& s : out) s->id_ = next_id_++;
+    incoming_.push_back(std::move(first));
   }
   wake_.notify_all();
-  return stream;
+  return out;
 }
 
 void Engine::drain(std::chrono::milliseconds grace) {
@@ -243,10 +261,14 @@ void Engine::release_blocks(Sequence& q) {
 
 // Ends a request: its stream gets the last update, its blocks go back.
 void Engine::finish(Sequence& q, Finish why, const std::string& error) {
+  for (auto& f : q.forks) finish(*f, why, error);  // not forked yet: they end with it
+  q.forks.clear();
   release_blocks(q);
   const auto now = Clock::now();
   {
     std::lock_guard lock(mu_);
+    stats_.kv_blocks_used = state_->pool->used();  // before the stream hears of its end
+    stats_.kv_blocks_cached = state_->pool->cached();
     --admitted_;
     if (why == Finish::kCancelled)
       ++stats_.cancelled;
@@ -281,6 +303,8 @@ bool Engine::reserve(Sequence& q, int64_t n) {
     pool.copy(fresh, old);
     pool.unref(old);
     q.table[static_cast<size_t>(q.computed / bs)] = fresh;
+    std::lock_guard lock(mu_);
+    ++stats_.cow_copies;
   }
   while (static_cast<int64_t>(q.table.size()) < need) q.table.push_back(*pool.allocate());
   return true;
@@ -349,13 +373,22 @@ bool Engine::step() {
     cancel_all = cancel_all_;
   }
   // 1. Cancelled requests leave.
-  auto gone = [&](const std::unique_ptr<Sequence>& q) {
+  std::vector<std::unique_ptr<Sequence>> orphans;  // forks of a cancelled request, alone now
+  auto gone = [&](std::unique_ptr<Sequence>& q) {
+    std::erase_if(q->forks, [&](const std::unique_ptr<Sequence>& f) {
+      if (!cancel_all && !f->stream->cancelled()) return false;
+      finish(*f, Finish::kCancelled, "");
+      return true;
+    });
     if (!cancel_all && !q->stream->cancelled()) return false;
+    for (auto& f : q->forks) orphans.push_back(std::move(f));
+    q->forks.clear();
     finish(*q, Finish::kCancelled, "");
     return true;
   };
   std::erase_if(s.running, gone);
   std::erase_if(s.waiting, gone);
+  for (auto it = orphans.rbegin(); it != orphans.rend(); ++it) s.waiting.push_front(std::move(*it));
   // 2. Decodes first, one row each; a sequence without room for its next
   // position preempts the newest others, or itself waits.
   struct Work {
@@ -424,64 +457,43 @@ bool Engine::step() {
     seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last});
   }
   model_.forward_paged(seqs, s.pool->view(), s.logits.data());
-  // 5. Sample, stream, finish.
+  // 5. Sample, stream, finish. A request whose prompt was just prefilled
+  // hands its blocks and its logits to its forks, which join the batch.
   const int64_t V = model_.config().vocab_size;
-  const int32_t eos = tokenizer_.eos_id();
   int64_t out = 0, sampled = 0;
   std::vector<Sequence*> done;
   std::vector<Finish> why;
   const auto now = Clock::now();
+  std::vector<float> row;
   for (size_t i = 0; i < work.size(); ++i) {
     Sequence& q = *work[i].q;
     q.computed += work[i].n;
     publish_full(q);
     if (!seqs[i].logits) continue;
     float* l = s.logits.data() + (out++) * V;
-    const Choice c = sample_token(l, V, q.params, q.tokens, q.generated(), static_cast<uint64_t>(q.generated()));
-    ++sampled;
-    q.tokens.push_back(c.id);
-    GeneratedToken t;
-    t.id = c.id;
-    t.logprob = c.logprob;
-    t.special = c.id == eos;
-    Finish f = Finish::kNone;
-    if (c.id == eos && !q.params.ignore_eos) {
-      f = Finish::kEos;
-    } else {
-      std::lock_guard lock(tok_mu_);
-      t.text = q.text->push(c.id);
-      if (q.text->stopped()) f = Finish::kStop;
-    }
-    if (f == Finish::kNone && (q.generated() >= q.params.max_new_tokens ||
-                               static_cast<int64_t>(q.tokens.size()) >= options_.max_total_tokens))
-      f = Finish::kLength;
-    if (f == Finish::kLength || f == Finish::kEos) {
-      std::lock_guard lock(tok_mu_);
-      t.text += q.text->flush();
-    }
-    {
-      std::lock_guard lock(mu_);
-      ++stats_.generated_tokens;
-      if (!q.first_token) {
-        stats_.time_to_first_token.add(seconds(now - q.arrived));
-        stats_.prompt_tokens += q.prompt;
-      } else {
-        stats_.inter_token_latency.add(seconds(now - q.last_token));
+    std::vector<std::unique_ptr<Sequence>> forks = std::move(q.forks);
+    q.forks.clear();
+    if (!forks.empty()) row.assign(l, l + V);
+    auto take = [&](Sequence& r, float* logits) {
+      ++sampled;
+      if (const Finish f = emit(r, logits, now); f != Finish::kNone) {
+        done.push_back(&r);
+        why.push_back(f);
       }
-    }
-    q.first_token = true;
-    q.last_token = now;
-    {
-      Stream& st = *q.stream;
-      std::lock_guard lock(st.mu_);
-      st.pending_.text += t.text;
-      st.pending_.tokens.push_back(std::move(t));
-      st.has_pending_ = true;
-      st.cv_.notify_all();
-    }
-    if (f != Finish::kNone) {
-      done.push_back(&q);
-      why.push_back(f);
+    };
+    take(q, l);
+    for (auto& f : forks) {
+      f->table = q.table;
+      for (int32_t b : f->table) s.pool->ref(b);
+      f->computed = f->prompt;
+      f->hash = q.hash;
+      f->hashed = q.hashed;
+      f->started = true;
+      f->admitted = q.admitted;
+      std::vector<float> mine = row;
+      Sequence& r = *f;
+      s.running.push_back(std::move(f));
+      take(r, mine.data());
     }
   }
   for (size_t i = 0; i < done.size(); ++i) {
@@ -495,6 +507,53 @@ bool Engine::step() {
   }
   publish_stats();
   return true;
+}
+
+// Samples q's next token from its logits row and streams it; the reason it
+// ends, if it does.
+Finish Engine::emit(Sequence& q, float* l, Clock::time_point now) {
+  const int64_t V = model_.config().vocab_size;
+  const int32_t eos = tokenizer_.eos_id();
+  const Choice c = sample_token(l, V, q.params, q.tokens, q.generated(), static_cast<uint64_t>(q.generated()));
+  q.tokens.push_back(c.id);
+  GeneratedToken t;
+  t.id = c.id;
+  t.logprob = c.logprob;
+  t.special = c.id == eos;
+  Finish f = Finish::kNone;
+  if (c.id == eos && !q.params.ignore_eos) {
+    f = Finish::kEos;
+  } else {
+    std::lock_guard lock(tok_mu_);
+    t.text = q.text->push(c.id);
+    if (q.text->stopped()) f = Finish::kStop;
+  }
+  if (f == Finish::kNone && (q.generated() >= q.params.max_new_tokens ||
+                             static_cast<int64_t>(q.tokens.size()) >= options_.max_total_tokens))
+    f = Finish::kLength;
+  if (f == Finish::kLength || f == Finish::kEos) {
+    std::lock_guard lock(tok_mu_);
+    t.text += q.text->flush();
+  }
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.generated_tokens;
+    if (!q.first_token) {
+      stats_.time_to_first_token.add(seconds(now - q.arrived));
+      stats_.prompt_tokens += q.prompt;
+    } else {
+      stats_.inter_token_latency.add(seconds(now - q.last_token));
+    }
+  }
+  q.first_token = true;
+  q.last_token = now;
+  Stream& st = *q.stream;
+  std::lock_guard lock(st.mu_);
+  st.pending_.text += t.text;
+  st.pending_.tokens.push_back(std::move(t));
+  st.has_pending_ = true;
+  st.cv_.notify_all();
+  return f;
 }
 
 void Engine::publish_stats() {
@@ -553,6 +612,7 @@ std::string Engine::metrics_text() const {
   counter("pagedoptim_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache", st.prefix_queries);
   counter("pagedoptim_prefix_cache_hits", "Full prompt blocks found in the prefix cache", st.prefix_hits);
   counter("pagedoptim_preemptions", "Requests preempted for KV room", st.preemptions);
+  counter("pagedoptim_kv_copy_on_write", "Shared KV blocks copied before a write", st.cow_copies);
   counter("tgi_request_input_count", "Prompt tokens of requests that produced a token", st.prompt_tokens);
   counter("tgi_request_generated_tokens", "Tokens generated", st.generated_tokens);
   counter("pagedoptim_steps", "Engine steps (batched forwards)", st.steps);

@@ -92,6 +92,7 @@ struct EngineStats {
   int64_t kv_tokens_held = 0;  // tokens whose keys and values the used blocks hold
   int64_t prefix_hits = 0, prefix_queries = 0;  // full prompt blocks found / looked up
   int64_t preemptions = 0;
+  int64_t cow_copies = 0;  // shared blocks copied before a write
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   // Sums and counts of durations in seconds, and their histograms (buckets
   // of kLatencyBuckets).
@@ -119,6 +120,12 @@ class Engine {
   // Throws Overloaded past max_concurrent_requests or while draining, and
   // InvalidArgument (one line) for a prompt or parameters out of range.
   std::shared_ptr<Stream> submit(std::vector<int32_t> prompt, const SamplingParams& params);
+  // Several requests of one prompt (OpenAI's n, TGI's best_of), one stream
+  // each: the prompt is prefilled once and its blocks shared, each request
+  // then copying a shared block before it writes into it (copy-on-write).
+  // Admitted all or none.
+  std::vector<std::shared_ptr<Stream>> submit_n(std::vector<int32_t> prompt,
+                                                const std::vector<SamplingParams>& params);
 
   // The tokenizer, serialised (it is not thread-safe).
   std::vector<int32_t> encode(const std::string& text);
@@ -145,6 +152,8 @@ class Engine {
   void match_prefix(Sequence& q);
   void publish_full(Sequence& q);
   void publish_stats();
+  std::unique_ptr<Sequence> make_sequence(const std::vector<int32_t>& prompt, const SamplingParams& p);
+  Finish emit(Sequence& q, float* logits, std::chrono::steady_clock::time_point now);
 
   model::Transformer& model_;
   data::TextTokenizer& tokenizer_;

@@ -173,6 +173,40 @@ TEST(Engine, PrefixCacheServesASharedPrompt) {
   EXPECT_EQ(st.prefix_hits, 8) << "the second prompt should find all 8 blocks";
 }
 
+// n requests of one prompt: one prefill, shared blocks, copy-on-write; each
+// gives what it gives alone.
+TEST(Engine, ForksShareThePromptAndCopyOnWrite) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 1, c.seq_len);
+  model.init_random(13);
+  EngineOptions eo;
+  eo.block_size = 8;
+  eo.prefix_caching = false;  // the sharing below is the forks' own
+  Engine engine(model, *tok, eo);
+  const std::vector<int32_t> p = prompts(4, c.vocab_size, 2)[3];  // 22 tokens: the third block partly filled
+  std::vector<SamplingParams> ps(4);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ps[i].do_sample = i > 0;  // one greedy, three sampled
+    ps[i].seed = 100 + i;
+    ps[i].max_new_tokens = 10;
+    ps[i].ignore_eos = true;
+  }
+  std::vector<Result> alone;
+  for (const auto& sp : ps) alone.push_back(collect(*engine.submit(p, sp)));
+  const int64_t prompt_rows = engine.stats().prompt_tokens;
+  auto streams = engine.submit_n(p, ps);
+  ASSERT_EQ(streams.size(), 4u);
+  for (size_t i = 0; i < streams.size(); ++i)
+    EXPECT_EQ(ids_str(collect(*streams[i]).ids), ids_str(alone[i].ids)) << "fork " << i << " vs alone";
+  const EngineStats st = engine.stats();
+  // Four hold the partly filled third block; the first three to write copy
+  // it, the last writes in place.
+  EXPECT_EQ(st.cow_copies, 3) << "copies of the shared block";
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.prompt_tokens - prompt_rows, 4 * 22) << "prompt tokens counted per request";
+}
+
 // Sampling: the same seed gives the same tokens alone and in a batch.
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   const TransformerConfig c = tiny("gpt2");
