@@ -57,6 +57,9 @@ struct Engine::Sequence {
   std::vector<int32_t> tokens;  // the prompt, then the generated tokens
   int64_t prompt = 0;           // tokens of the prompt
   std::vector<int32_t> table;   // block table (KV of positions 0 .. computed-1, and room for the step's)
+  // Swapped out (preempted to the host tier): per logical block its host
+  // block, or -1 where the compute-tier block stayed (shared with others).
+  std::vector<int32_t> host;
   int64_t computed = 0;         // positions whose keys and values are in the cache
   uint64_t hash = 0;            // chain hash of the full blocks published so far
   int64_t hashed = 0;           // full blocks whose chain hash is in `hash`
@@ -65,6 +68,7 @@ struct Engine::Sequence {
   // Requests of the same prompt (submit_n) that take this one's blocks and
   // its prompt's logits when its prefill ends.
   std::vector<std::unique_ptr<Sequence>> forks;
+  bool scheduled = false;  // has rows in the step being built (not to be preempted)
   bool started = false;  // admitted once (queue time counted)
   bool first_token = false;
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt; }
@@ -74,6 +78,10 @@ struct Engine::State {
   std::unique_ptr<KvBlockPool> pool;
   std::deque<std::unique_ptr<Sequence>> waiting;  // not holding blocks, oldest first (preempted at the front)
   std::vector<std::unique_ptr<Sequence>> running;  // holding blocks, in admission order
+  std::unique_ptr<KvBlockPool> host;  // the host tier's blocks (host_kv_budget)
+  double row_s = 0;       // measured forward seconds per row (moving average)
+  double copy_bps = 0;    // measured block copy rate, bytes per second (moving average)
+  size_t block_bytes = 0;
   std::vector<float> logits;
   int64_t rows = 0;     // rows of one step
   int64_t context = 0;  // the model's positions
@@ -110,6 +118,20 @@ Engine::Engine(model::Transformer& model, data::TextTokenizer& tokenizer, Engine
            " blocks of ", block_bytes, " bytes; one request of --max-total-tokens ",
            options_.max_total_tokens, " needs ", min_blocks, " (", min_blocks * block_bytes, " bytes)");
   s.pool = std::make_unique<KvBlockPool>(c, bs, blocks);
+  s.block_bytes = block_bytes;
+  const auto host_blocks = static_cast<int64_t>(options_.host_kv_budget / block_bytes);
+  PO_CHECK(options_.preemption != EngineOptions::Preemption::kSwap || host_blocks >= 1,
+           "preemption by swapping needs --host-kv-budget of at least one block (", block_bytes, " bytes)");
+  if (host_blocks >= 1) {
+    s.host = std::make_unique<KvBlockPool>(c, bs, host_blocks);
+    // The copy rate to start from: a few blocks there and back.
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 4; ++i) {
+      s.host->copy_from(*s.pool, 0, 0);
+      s.pool->copy_from(*s.host, 0, 0);
+    }
+    s.copy_bps = 8.0 * static_cast<double>(block_bytes) / std::max(1e-9, seconds(Clock::now() - t0));
+  }
   s.logits.resize(static_cast<size_t>(s.rows * c.vocab_size));
   stats_.kv_blocks_total = blocks;
   thread_ = std::thread([this] { loop(); });
@@ -252,8 +274,14 @@ void Engine::loop() {
 }
 
 void Engine::release_blocks(Sequence& q) {
-  for (int32_t b : q.table) state_->pool->unref(b);
+  for (size_t i = 0; i < q.table.size(); ++i) {
+    if (!q.host.empty() && q.host[i] >= 0)
+      state_->host->unref(q.host[i]);
+    else
+      state_->pool->unref(q.table[i]);
+  }
   q.table.clear();
+  q.host.clear();
   q.computed = 0;
   q.hash = 0;
   q.hashed = 0;
@@ -315,17 +343,78 @@ bool Engine::reserve(Sequence& q, int64_t n) {
 // none to preempt.
 bool Engine::preempt_newest(const Sequence* keep) {
   State& s = *state_;
-  for (auto it = s.running.rbegin(); it != s.running.rend(); ++it) {
-    if (it->get() == keep) continue;
-    std::unique_ptr<Sequence> q = std::move(*it);
-    s.running.erase(std::next(it).base());
-    release_blocks(*q);
-    s.waiting.push_front(std::move(q));
-    std::lock_guard lock(mu_);
-    ++stats_.preemptions;
-    return true;
-  }
+  for (auto it = s.running.rbegin(); it != s.running.rend(); ++it)
+    if (it->get() != keep && !(*it)->scheduled) return preempt(**it), true;
   return false;
+}
+
+// q (running, not in the step) waits again, at the front of the queue, its
+// blocks swapped out to the host tier or freed.
+void Engine::preempt(Sequence& victim) {
+  State& s = *state_;
+  const auto it = std::find_if(s.running.begin(), s.running.end(),
+                               [&](const std::unique_ptr<Sequence>& q) { return q.get() == &victim; });
+  PO_ASSERT(it != s.running.end() && !victim.scheduled, "serve: preempting a sequence not running or in the step");
+  std::unique_ptr<Sequence> q = std::move(*it);
+  s.running.erase(it);
+  const bool swapped = swap_out(*q);
+  if (!swapped) release_blocks(*q);
+  s.waiting.push_front(std::move(q));
+  std::lock_guard lock(mu_);
+  ++stats_.preemptions;
+  stats_.swapped_out += swapped ? 1 : 0;
+  stats_.kv_blocks_host = s.host ? s.host->used() : 0;
+}
+
+// Preemption to the host tier, when chosen and there is room: the blocks
+// only q holds are copied there and freed here (shared ones stay, with q's
+// reference). False: q is to be recomputed instead.
+bool Engine::swap_out(Sequence& q) {
+  State& s = *state_;
+  using P = EngineOptions::Preemption;
+  if (!s.host || options_.preemption == P::kRecompute || q.table.empty()) return false;
+  int64_t own = 0;
+  for (int32_t b : q.table) own += s.pool->refs(b) == 1 ? 1 : 0;
+  if (own > s.host->available()) return false;
+  if (options_.preemption == P::kAuto) {
+    const double copy_s = 2.0 * static_cast<double>(own) * static_cast<double>(s.block_bytes) / s.copy_bps;
+    const double recompute_s = static_cast<double>(q.computed) * s.row_s;
+    if (s.row_s <= 0 || copy_s >= recompute_s) return false;
+  }
+  const auto t0 = Clock::now();
+  q.host.assign(q.table.size(), -1);
+  for (size_t i = 0; i < q.table.size(); ++i) {
+    if (s.pool->refs(q.table[i]) != 1) continue;
+    const int32_t h = *s.host->allocate();
+    s.host->copy_from(*s.pool, q.table[i], h);
+    s.pool->unref(q.table[i]);
+    q.host[i] = h;
+  }
+  if (own > 0)
+    s.copy_bps = 0.5 * s.copy_bps + 0.5 * static_cast<double>(own) * static_cast<double>(s.block_bytes) /
+                                        std::max(1e-9, seconds(Clock::now() - t0));
+  return true;
+}
+
+// A swapped-out sequence's blocks back into the compute tier; false (nothing
+// moved) when it has no room yet.
+bool Engine::swap_in(Sequence& q) {
+  State& s = *state_;
+  int64_t need = 0;
+  for (int32_t h : q.host) need += h >= 0 ? 1 : 0;
+  if (need + 1 > s.pool->available()) return false;  // and room for its next position
+  for (size_t i = 0; i < q.host.size(); ++i) {
+    if (q.host[i] < 0) continue;
+    const int32_t b = *s.pool->allocate();
+    s.pool->copy_from(*s.host, q.host[i], b);
+    s.host->unref(q.host[i]);
+    q.table[i] = b;
+  }
+  q.host.clear();
+  std::lock_guard lock(mu_);
+  ++stats_.swapped_in;
+  stats_.kv_blocks_host = s.host->used();
+  return true;
 }
 
 // A waiting sequence's full prompt blocks already in the prefix cache (at
@@ -395,32 +484,48 @@ bool Engine::step() {
     Sequence* q;
     int64_t n;
   };
+  // Only sequences not yet in the step are preempted, so the oldest always
+  // progresses (one request alone always fits).
   std::vector<Work> work;
   int64_t rows = 0;
-  for (size_t i = 0; i < s.running.size() && rows < s.rows; ++i) {
+  for (auto& q : s.running) q->scheduled = false;
+  auto schedule = [&](Sequence& q, int64_t n) {
+    q.scheduled = true;
+    work.push_back({&q, n});
+    rows += n;
+  };
+  for (size_t i = 0; i < s.running.size() && rows < s.rows;) {
     Sequence& q = *s.running[i];
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
-    if (left != 1) continue;  // still prefilling: below
+    if (left != 1) {  // still prefilling: below
+      ++i;
+      continue;
+    }
     bool ok = reserve(q, 1);
     while (!ok && preempt_newest(&q)) ok = reserve(q, 1);
-    if (!ok) break;  // (cannot happen: one request alone always fits)
-    work.push_back({&q, 1});
-    ++rows;
+    if (!ok) {  // every other is in the step: q waits (the next one moves to index i)
+      preempt(q);
+      continue;
+    }
+    schedule(q, 1);
+    ++i;
   }
   // 3. Prefills in admission order: the running ones' next chunks, then
   // waiting requests while the step has rows and the cache blocks.
   for (size_t i = 0; i < s.running.size() && rows < s.rows; ++i) {
     Sequence& q = *s.running[i];
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
-    if (left <= 1) continue;
+    if (left <= 1 || q.scheduled) continue;
     const int64_t n = std::min(left, s.rows - rows);
-    if (!reserve(q, n)) break;
-    work.push_back({&q, n});
-    rows += n;
+    bool ok = reserve(q, n);
+    while (!ok && preempt_newest(&q)) ok = reserve(q, n);
+    if (!ok) break;  // it keeps its blocks and waits for the older ones
+    schedule(q, n);
   }
   while (!s.waiting.empty() && rows < s.rows) {
     Sequence& q = *s.waiting.front();
-    if (options_.prefix_caching) match_prefix(q);
+    if (!q.host.empty() && !swap_in(q)) break;  // swapped out: it resumes where it was
+    if (options_.prefix_caching && q.table.empty()) match_prefix(q);
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
     int64_t n = std::min(left, s.rows - rows);
     // As much of the chunk as the free blocks hold (at least one position).
@@ -438,15 +543,17 @@ bool Engine::step() {
     }
     s.running.push_back(std::move(s.waiting.front()));
     s.waiting.pop_front();
-    work.push_back({s.running.back().get(), n});
-    rows += n;
+    schedule(*s.running.back(), n);
   }
   if (work.empty()) {
     publish_stats();
     // Nothing could run (every request waits for blocks held by none: not
     // possible) or nothing to do: sleep until something arrives.
-    if (!s.waiting.empty() && s.running.empty())
-      PO_THROW(core::Internal, "serve: ", s.waiting.size(), " requests wait and none runs");
+    if (!s.waiting.empty() && s.running.empty()) {  // not expected: fail it rather than spin
+      finish(*s.waiting.front(), Finish::kCancelled,
+             core::str_cat("the KV cache (", s.pool->blocks(), " blocks) cannot hold this request now"));
+      s.waiting.pop_front();
+    }
     return false;
   }
   // 4. One forward for every row.
@@ -456,7 +563,10 @@ bool Engine::step() {
     const bool last = q.computed + w.n == static_cast<int64_t>(q.tokens.size());
     seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last});
   }
+  const auto f0 = Clock::now();
   model_.forward_paged(seqs, s.pool->view(), s.logits.data());
+  const double per_row = seconds(Clock::now() - f0) / static_cast<double>(rows);
+  s.row_s = s.row_s > 0 ? 0.8 * s.row_s + 0.2 * per_row : per_row;
   // 5. Sample, stream, finish. A request whose prompt was just prefilled
   // hands its blocks and its logits to its forks, which join the batch.
   const int64_t V = model_.config().vocab_size;
@@ -566,6 +676,7 @@ void Engine::publish_stats() {
   stats_.kv_blocks_used = s.pool->used();
   stats_.kv_blocks_cached = s.pool->cached();
   stats_.kv_tokens_held = held;
+  stats_.kv_blocks_host = s.host ? s.host->used() : 0;
 }
 
 std::string Engine::metrics_text() const {
@@ -612,6 +723,7 @@ std::string Engine::metrics_text() const {
   counter("pagedoptim_prefix_cache_queries", "Full prompt blocks looked up in the prefix cache", st.prefix_queries);
   counter("pagedoptim_prefix_cache_hits", "Full prompt blocks found in the prefix cache", st.prefix_hits);
   counter("pagedoptim_preemptions", "Requests preempted for KV room", st.preemptions);
+  counter("pagedoptim_preemptions_swapped", "Preemptions that moved blocks to the host tier", st.swapped_out);
   counter("pagedoptim_kv_copy_on_write", "Shared KV blocks copied before a write", st.cow_copies);
   counter("tgi_request_input_count", "Prompt tokens of requests that produced a token", st.prompt_tokens);
   counter("tgi_request_generated_tokens", "Tokens generated", st.generated_tokens);

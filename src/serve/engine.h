@@ -18,9 +18,14 @@
 //      characters only, text that could still become a stop sequence held
 //      back).
 // When the KV cache cannot hold the step, the newest running sequences are
-// preempted: their blocks are freed and they wait again, to be recomputed
-// from their prompt and the tokens made so far (the same tokens: sampling is
-// keyed on the request's seed and the token's index, not on the batch).
+// preempted and wait again, at the front. Their blocks either go to the host
+// tier (host_kv_budget) and come back when they resume, or are freed and
+// recomputed from the prompt and the tokens made so far (the same tokens:
+// sampling is keyed on the request's seed and the token's index, not on the
+// batch; full blocks still in the prefix cache are found again instead).
+// `preemption` chooses; kAuto compares the measured cost of the copies both
+// ways (bytes over the copy rate measured at start and on each swap) with
+// the measured forward time of the positions to recompute.
 #pragma once
 
 #include <atomic>
@@ -82,6 +87,8 @@ struct EngineOptions {
   int64_t max_input_tokens = 0;         // 0: the context - 1
   int64_t max_total_tokens = 0;         // prompt + new tokens; 0: the context
   bool prefix_caching = true;
+  enum class Preemption { kAuto, kSwap, kRecompute };
+  Preemption preemption = Preemption::kAuto;  // kSwap and kAuto need host_kv_budget
 };
 
 // Counters and gauges for /metrics (TGI's names where TGI has one).
@@ -91,7 +98,7 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, kv_blocks_host = 0;
   int64_t kv_tokens_held = 0;  // tokens whose keys and values the used blocks hold
   int64_t prefix_hits = 0, prefix_queries = 0;  // full prompt blocks found / looked up
-  int64_t preemptions = 0;
+  int64_t preemptions = 0, swapped_out = 0, swapped_in = 0;  // preemptions; of them to host, back from host
   int64_t cow_copies = 0;  // shared blocks copied before a write
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   // Sums and counts of durations in seconds, and their histograms (buckets
@@ -149,6 +156,9 @@ class Engine {
   void release_blocks(Sequence& q);
   bool reserve(Sequence& q, int64_t n);
   bool preempt_newest(const Sequence* keep);
+  void preempt(Sequence& victim);
+  bool swap_out(Sequence& q);
+  bool swap_in(Sequence& q);
   void match_prefix(Sequence& q);
   void publish_full(Sequence& q);
   void publish_stats();

@@ -94,11 +94,15 @@ void KvBlockPool::publish(int32_t block, uint64_t hash) {
   by_hash_.emplace(hash, block);
 }
 
-void KvBlockPool::copy(int32_t dst, int32_t src) {
+void KvBlockPool::copy(int32_t dst, int32_t src) { copy_from(*this, src, dst); }
+
+void KvBlockPool::copy_from(const KvBlockPool& other, int32_t src, int32_t dst) {
+  PO_ASSERT(other.block_floats_ == block_floats_ && other.view_.k.size() == view_.k.size(),
+            "KV block copy between pools of different shapes");
   const auto n = static_cast<size_t>(block_floats_) * sizeof(float);
   for (size_t l = 0; l < view_.k.size(); ++l) {
-    std::memcpy(view_.k[l] + dst * block_floats_, view_.k[l] + src * block_floats_, n);
-    std::memcpy(view_.v[l] + dst * block_floats_, view_.v[l] + src * block_floats_, n);
+    std::memcpy(view_.k[l] + dst * block_floats_, other.view_.k[l] + src * block_floats_, n);
+    std::memcpy(view_.v[l] + dst * block_floats_, other.view_.v[l] + src * block_floats_, n);
   }
 }
 

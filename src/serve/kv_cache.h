@@ -61,6 +61,9 @@ class KvBlockPool {
 
   // Copies every layer's keys and values of block `src` into `dst`.
   void copy(int32_t dst, int32_t src);
+  // The same from block `src` of another pool of the same shapes (the host
+  // tier and back).
+  void copy_from(const KvBlockPool& other, int32_t src, int32_t dst);
 
   // The model's view of the pool (per-layer key and value bases).
   const model::PagedKv& view() const { return view_; }

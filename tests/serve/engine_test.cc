@@ -122,13 +122,23 @@ TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
   };
   // block size 8: a small pool (12 blocks: 96 positions, one request at its
   // longest) forces preemption among 32 requests; 64-row steps chunk prefills.
-  for (const auto& [blocks, rows] : {std::pair<int64_t, int64_t>{0, 0}, {12, 64}}) {
+  // Preempted requests recomputed, or swapped to 40 host blocks and back.
+  using P = EngineOptions::Preemption;
+  struct Case {
+    int64_t blocks, rows;
+    P preemption;
+  };
+  for (const Case& k : {Case{0, 0, P::kRecompute}, Case{12, 64, P::kRecompute}, Case{12, 64, P::kSwap}}) {
+    const int64_t blocks = k.blocks;
     EngineOptions eo;
     eo.block_size = 8;
     eo.kv_budget = static_cast<size_t>(blocks) * KvBlockPool::block_bytes(c, 8);
-    eo.max_batch_total_tokens = rows;
+    eo.max_batch_total_tokens = k.rows;
+    eo.preemption = k.preemption;
+    if (k.preemption == P::kSwap) eo.host_kv_budget = 40 * KvBlockPool::block_bytes(c, 8);
     Engine engine(model, *tok, eo);
-    const std::string where = arch + (blocks ? ", 12 KV blocks" : ", default pool");
+    const std::string where = arch + (blocks ? ", 12 KV blocks" : ", default pool") +
+                              (k.preemption == P::kSwap ? ", swapping" : "");
     {  // alone
       Result r = collect(*engine.submit(ps[3], params(3)));
       EXPECT_EQ(ids_str(r.ids), ids_str(want[3])) << where << ": request 3 alone";
@@ -144,8 +154,14 @@ TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
     }
     const EngineStats st = engine.stats();
     EXPECT_EQ(st.finished, 33) << where;
+    EXPECT_EQ(st.cancelled, 0) << where;
     EXPECT_EQ(st.kv_blocks_used, 0) << where << ": blocks still referenced after every request ended";
     if (blocks) EXPECT_GT(st.preemptions, 0) << where << ": 12 blocks should not hold 32 requests";
+    if (k.preemption == P::kSwap) {
+      EXPECT_GT(st.swapped_out, 0) << where;
+      EXPECT_EQ(st.swapped_in, st.swapped_out) << where << ": every swapped request came back";
+      EXPECT_EQ(st.kv_blocks_host, 0) << where;
+    }
     if (!blocks) EXPECT_GT(st.batch_size + st.steps, 0);
   }
 }
