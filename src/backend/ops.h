@@ -44,6 +44,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 // out[BT,OC] = inp[BT,C] · weight[OC,C]^T + bias[OC]  (bias may be null)
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                     int64_t BT, int64_t C, int64_t OC);
+// Generation's matmul_forward: for a few rows (decode: BT <= 4) each weight
+// row is streamed once for all of them, the threads splitting the outputs
+// (the GEMM's small-M path reads the weights at a fraction of the memory's
+// rate); more rows go to matmul_forward. The same values up to rounding.
+void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
+                           int64_t BT, int64_t C, int64_t OC);
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
 // dinp, dweight and dbias may each be null (skipped): the input-gradient and

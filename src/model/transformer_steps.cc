@@ -441,7 +441,7 @@ void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
            "tensor-parallel shard");
   const HeadViews P = head_params();
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, P.norm_w, P.norm_b, rows);
-  ops::matmul_forward(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
+  ops::matmul_forward_decode(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
   head_done();
 }
 

@@ -19,6 +19,10 @@ KvBlockPool::KvBlockPool(const model::TransformerConfig& config, int64_t block_s
   for (int64_t l = 0; l < c.n_layer; ++l) {
     k_.emplace_back(bytes);
     v_.emplace_back(bytes);
+    // Touched now, not by the first requests' steps (page faults are slow
+    // here, and a budget that does not fit should fail at start).
+    std::memset(k_.back().data(), 0, bytes);
+    std::memset(v_.back().data(), 0, bytes);
     view_.k.push_back(k_.back().f32());
     view_.v.push_back(v_.back().f32());
   }

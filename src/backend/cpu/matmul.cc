@@ -24,6 +24,22 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
+void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
+                           int64_t BT, int64_t C, int64_t OC) {
+  if (BT > 4) return matmul_forward(out, inp, weight, bias, BT, C, OC);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < OC; j++) {
+    const float* w = weight + j * C;
+    for (int64_t r = 0; r < BT; r++) {
+      const float* x = inp + r * C;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < C; c++) s += x[c] * w[c];
+      out[r * OC + j] = bias != nullptr ? bias[j] + s : s;
+    }
+  }
+}
+
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
                      bool accumulate_dinp) {
