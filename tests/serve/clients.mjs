@@ -1,0 +1,55 @@
+// Real clients against `pagedoptim serve` (tests/serve/serve_clients_launch_test.cc):
+// the openai package (chat and completions, streaming and not, maxRetries 0)
+// and @huggingface/inference (textGenerationStream, TGI's stream). Prints one
+// JSON object of the texts each got; the test compares them.
+//   node tests/serve/clients.mjs BASE_URL API_KEY PROMPT MAX_TOKENS
+import OpenAI from "openai";
+import { InferenceClient } from "@huggingface/inference";
+
+const [base, key, prompt, max] = process.argv.slice(2);
+const n = Number(max);
+const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+const out = {};
+
+let text = "";
+for await (const c of await openai.completions.create({ model: "served", prompt, max_tokens: n, temperature: 0, stream: true }))
+  text += c.choices[0]?.text ?? "";
+out.completion_stream = text;
+const comp = await openai.completions.create({ model: "served", prompt, max_tokens: n, temperature: 0 });
+out.completion = comp.choices[0].text;
+out.completion_usage = comp.usage;
+
+const messages = [{ role: "user", content: prompt }];
+text = "";
+let usage = null;
+for await (const c of await openai.chat.completions.create({
+  model: "served", messages, max_tokens: n, temperature: 0, stream: true, stream_options: { include_usage: true },
+})) {
+  text += c.choices[0]?.delta?.content ?? "";
+  if (c.usage) usage = c.usage;
+}
+out.chat_stream = text;
+out.chat_stream_usage = usage;
+const chat = await openai.chat.completions.create({ model: "served", messages, max_tokens: n, temperature: 0 });
+out.chat = chat.choices[0].message.content;
+out.models = (await openai.models.list()).data.map((m) => m.id);
+
+const hf = new InferenceClient(key, { endpointUrl: base });
+text = "";
+let last = null;
+for await (const r of hf.textGenerationStream({ inputs: prompt, parameters: { max_new_tokens: n } })) {
+  text += r.token.text;
+  last = r;
+}
+out.tgi_stream = text;
+out.tgi_generated_text = last?.generated_text ?? null;
+out.tgi_finish_reason = last?.details?.finish_reason ?? null;
+
+// A wrong key: the client's error carries the 401.
+try {
+  await new OpenAI({ baseURL: `${base}/v1`, apiKey: "wrong", maxRetries: 0 }).completions.create({ model: "served", prompt, max_tokens: 1 });
+  out.wrong_key_status = 200;
+} catch (e) {
+  out.wrong_key_status = e.status ?? -1;
+}
+console.log(JSON.stringify(out));
