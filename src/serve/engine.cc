@@ -172,6 +172,7 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const std::vector<int32_
   PO_CHECK(p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1], got ", p.top_p);
   PO_CHECK(p.typical_p > 0 && p.typical_p <= 1, "typical_p must be in (0, 1], got ", p.typical_p);
   PO_CHECK(p.repetition_penalty > 0, "repetition_penalty must be > 0, got ", p.repetition_penalty);
+  PO_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= 20, "top_logprobs must be in [0, 20], got ", p.top_logprobs);
   auto seq = std::make_unique<Sequence>();
   seq->stream = std::make_shared<Stream>();
   seq->params = p;
@@ -629,6 +630,7 @@ Finish Engine::emit(Sequence& q, float* l, Clock::time_point now) {
   GeneratedToken t;
   t.id = c.id;
   t.logprob = c.logprob;
+  t.top = c.top;
   t.special = c.id == eos;
   Finish f = Finish::kNone;
   if (c.id == eos && !q.params.ignore_eos) {

@@ -25,6 +25,16 @@ double log_sum_exp(const float* x, int64_t n) {
 Choice sample_token(float* logits, int64_t V, const SamplingParams& p,
                     const std::vector<int32_t>& context, int64_t generated, uint64_t index) {
   const float logprob_base = static_cast<float>(log_sum_exp(logits, V));
+  std::vector<std::pair<int32_t, float>> top;
+  if (p.top_logprobs > 0) {  // of the raw logits, before penalties
+    std::vector<int32_t> ids(static_cast<size_t>(V));
+    std::iota(ids.begin(), ids.end(), 0);
+    const int64_t k = std::min<int64_t>(p.top_logprobs, V);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) top.push_back({ids[static_cast<size_t>(i)], logits[ids[static_cast<size_t>(i)]] - logprob_base});
+  }
   std::vector<float> raw;  // the logprob is of the raw logits
   const bool penalised = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
   if (penalised) raw.assign(logits, logits + V);
@@ -47,7 +57,7 @@ Choice sample_token(float* logits, int64_t V, const SamplingParams& p,
   }
   auto finish = [&](int32_t id) {
     const float l = penalised ? raw[static_cast<size_t>(id)] : logits[id];
-    return Choice{id, l - logprob_base};
+    return Choice{id, l - logprob_base, std::move(top)};
   };
   if (!p.do_sample)  // greedy: the first maximum, as `generate --temperature 0`
     return finish(static_cast<int32_t>(std::max_element(logits, logits + V) - logits));

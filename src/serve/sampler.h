@@ -14,6 +14,7 @@ namespace po::serve {
 struct Choice {
   int32_t id = 0;
   float logprob = 0;  // log-softmax of the raw logits at id
+  std::vector<std::pair<int32_t, float>> top;  // p.top_logprobs best (id, logprob), best first
 };
 
 // `logits` [V] (modified: penalties, temperature); `context` the prompt and

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace po::serve {
@@ -25,6 +26,7 @@ struct SamplingParams {
   uint64_t seed = 0;  // the request's stream of random numbers: token i uses (seed, i)
   std::vector<std::string> stop;  // stop sequences, matched on the text
   bool ignore_eos = false;
+  int64_t top_logprobs = 0;  // also report this many most likely tokens per step (OpenAI's logprobs)
 };
 
 enum class Finish { kNone, kLength, kEos, kStop, kCancelled };
@@ -35,7 +37,10 @@ struct GeneratedToken {
   int32_t id = 0;
   float logprob = 0;     // log-softmax of the raw logits at the chosen id
   bool special = false;  // the end-of-text token
-  std::string text;      // the token's own bytes (may be part of a character)
+  std::string text;      // the text this token released (whole characters, stop sequences held back)
+  // The top_logprobs most likely tokens (id, logprob of the raw logits),
+  // most likely first.
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // What a stream got since its last read.

@@ -383,6 +383,17 @@ TEST(Sampler, GreedyPenaltiesAndFilters) {
   l = {0, 0, 0, 0};
   const Choice ch = sample_token(l.data(), 4, SamplingParams{}, {}, 0, 0);
   EXPECT_NEAR(ch.logprob, std::log(0.25), 1e-6);
+  // The most likely tokens, best first, of the raw logits (penalties aside).
+  p = {};
+  p.top_logprobs = 2;
+  p.repetition_penalty = 5;
+  l = {0, 2, 1, 0};
+  const Choice t = sample_token(l.data(), 4, p, {1}, 0, 0);
+  ASSERT_EQ(t.top.size(), 2u);
+  EXPECT_EQ(t.top[0].first, 1);
+  EXPECT_EQ(t.top[1].first, 2);
+  EXPECT_NEAR(t.top[0].second, 2 - std::log(1 + std::exp(2.0) + std::exp(1.0) + 1), 1e-6);
+  EXPECT_EQ(t.id, 2) << "token 1 penalised: 2 / 5 < 1";
 }
 
 }  // namespace
