@@ -44,15 +44,18 @@ void build_responses(const std::string& text) {
   t.id = 7;
   t.text = text;
   t.logprob = -0.5f;
+  t.top = {{7, -0.5f}, {8, -1.5f}};
   g.tokens = {t, t};
+  const TokenText text_of = [&](int32_t) { return text; };
   g.finish = Finish::kStop;
   g.prompt_tokens = 3;
   const OpenAiMeta m{"cmpl-x", text, 1};
   (void)dump_json(tgi_generate_response(g, text, true, nlohmann::json::array(), {g}));
   (void)sse_event(tgi_stream_event(1, t, text, &g, text, true), false);
-  (void)dump_json(completion_response(m, {g, g}, text, 2));
-  (void)dump_json(chat_response(m, {g}, 1));
-  (void)sse_event(chat_chunk(m, 0, true, text, g.tokens, Finish::kNone, 0, true), true);
+  (void)dump_json(completion_response(m, {g, g}, text, 2, text_of));
+  (void)dump_json(chat_response(m, {g}, 1, text_of));
+  (void)sse_event(chat_chunk(m, 0, true, text, g.tokens, Finish::kNone, 3, true, text_of), true);
+  (void)sse_event(completion_chunk(m, 1, text, g.tokens, Finish::kLength, 1, false, 4, text_of), true);
   (void)dump_json(openai_error(text, "invalid_request_error", text, ""));
 }
 

@@ -62,16 +62,21 @@ class Fields {
   }
   // An integer in [lo, hi]; `range` is the message's wording of the bounds,
   // followed by ". Given: x" with `given` (TGI's wording for some fields).
+  // Where `range` names only the lower bound (TGI's "strictly positive"), a
+  // value above hi says "must be <= hi" instead.
   std::optional<int64_t> integer(const char* key, int64_t lo, int64_t hi, const std::string& range,
-                                 bool given = false) const {
+                                 bool given = false, bool range_names_hi = true) const {
     const json* v = get(key);
     if (!v) return std::nullopt;
     if (!v->is_number_integer()) type_error(key, "an integer", *v);
-    const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi);
+    const bool too_big = (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+                         (!v->is_number_unsigned() && v->get<int64_t>() > hi);
     const int64_t x = too_big ? hi : v->get<int64_t>();
-    if (too_big || x < lo || x > hi) {
+    if (too_big || x < lo) {
       const std::string shown = v->is_number_unsigned() ? std::to_string(v->get<uint64_t>())
                                                         : std::to_string(v->get<int64_t>());
+      if (too_big && !range_names_hi)
+        throw ValidationError(param(key), core::str_cat("`", param(key), "` must be <= ", hi, ", got ", shown));
       throw ValidationError(param(key), given ? range + ". Given: " + shown : range);
     }
     return x;
@@ -167,12 +172,12 @@ TgiRequest parse_tgi_request(std::string_view body, TgiRoute route, const ApiLim
   const auto repetition_penalty = p.number("repetition_penalty");
   const auto frequency_penalty = p.number("frequency_penalty");
   const auto top_k = p.integer("top_k", 1, std::numeric_limits<int32_t>::max(),
-                               "`top_k` must be strictly positive");
+                               "`top_k` must be strictly positive", false, false);
   const auto top_p = p.number("top_p");
   const auto typical_p = p.number("typical_p");
   const bool do_sample = p.boolean("do_sample").value_or(false);
   r.max_new_tokens = p.integer("max_new_tokens", 1, kMaxTokensLimit,
-                               "`max_new_tokens` must be strictly positive");
+                               "`max_new_tokens` must be strictly positive", false, false);
   r.return_full_text = p.boolean("return_full_text").value_or(false);
   r.params.stop = read_stop(p, false, limits.max_stop_sequences);
   p.integer("truncate", 0, std::numeric_limits<int64_t>::max(), "`truncate` must be >= 0");  // ignored
@@ -332,6 +337,7 @@ OpenAiRequest parse_completion_request(std::string_view body, const ApiLimits& l
   parse_openai_common(f, limits, r);
   r.max_tokens = read_max_tokens(f, "max_tokens").value_or(16);
   r.logprobs = f.integer("logprobs", 0, 5, "`logprobs` must be >= 0 and <= 5").value_or(-1);
+  r.params.top_logprobs = std::max<int64_t>(r.logprobs, 0);
   r.echo = f.boolean("echo").value_or(false);
   f.unsupported("suffix", "`suffix` is not supported", is_empty);
   f.unsupported("best_of", "`best_of` is not supported on /v1/completions: use `n`", is_one);
@@ -372,6 +378,7 @@ OpenAiRequest parse_chat_request(std::string_view body, const ApiLimits& limits)
   if (top && !logprobs)
     throw ValidationError("top_logprobs", "`top_logprobs` needs `logprobs` set to true");
   r.logprobs = logprobs ? top.value_or(0) : -1;
+  r.params.top_logprobs = std::max<int64_t>(r.logprobs, 0);
   f.unsupported("tools", "`tools` are not supported", is_empty);
   f.unsupported("functions", "`functions` are not supported", is_empty);
   return r;
@@ -613,13 +620,39 @@ json openai_object(const OpenAiMeta& m, const char* object) {
           {"system_fingerprint", "pagedoptim"}};
 }
 
+// The likeliest tokens of one step as (text, logprob), at most `k`: the
+// engine's alternatives named by `text_of`, the chosen token always among
+// them (OpenAI: "up to logprobs + 1"); without `text_of`, the chosen alone.
+std::vector<std::pair<std::string, float>> alternatives(const GeneratedToken& t, int64_t k,
+                                                        const TokenText& text_of) {
+  std::vector<std::pair<std::string, float>> out;
+  bool chosen = false;
+  if (text_of)
+    for (const auto& [id, lp] : t.top) {
+      if (static_cast<int64_t>(out.size()) >= k) break;
+      chosen = chosen || id == t.id;
+      out.emplace_back(id == t.id ? t.text : text_of(id), lp);
+    }
+  if (!chosen && k > 0) out.emplace_back(t.text, t.logprob);
+  return out;
+}
+
+json byte_values(const std::string& s) {
+  json bytes = json::array();
+  for (unsigned char c : s) bytes.push_back(c);
+  return bytes;
+}
+
 // Completions' logprobs: {tokens, token_logprobs, top_logprobs, text_offset}.
-json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logprobs, int64_t offset) {
+json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logprobs, int64_t offset,
+                         const TokenText& text_of) {
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const auto& t : tokens) {
     toks.push_back(t.text);
     lps.push_back(t.logprob);
-    tops.push_back(json{{t.text, t.logprob}});
+    json top = json::object();
+    for (const auto& [text, lp] : alternatives(t, logprobs, text_of)) top[text] = lp;
+    tops.push_back(std::move(top));
     offs.push_back(offset);
     offset += static_cast<int64_t>(t.text.size());
   }
@@ -628,16 +661,14 @@ json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logp
 }
 
 // Chat's logprobs: {content: [{token, logprob, bytes, top_logprobs}]}.
-json chat_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logprobs) {
+json chat_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logprobs, const TokenText& text_of) {
   json content = json::array();
   for (const auto& t : tokens) {
-    json bytes = json::array();
-    for (unsigned char c : t.text) bytes.push_back(c);
-    json entry = {{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes}};
     json top = json::array();
-    if (logprobs > 0) top.push_back(entry);
-    entry["top_logprobs"] = std::move(top);
-    content.push_back(std::move(entry));
+    for (const auto& [text, lp] : alternatives(t, logprobs, text_of))
+      top.push_back({{"token", text}, {"logprob", lp}, {"bytes", byte_values(text)}});
+    content.push_back(
+        {{"token", t.text}, {"logprob", t.logprob}, {"bytes", byte_values(t.text)}, {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}};
 }
@@ -653,7 +684,7 @@ int64_t completion_tokens(const std::vector<Generation>& choices) {
 }  // namespace
 
 json completion_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
-                         std::string_view echo, int64_t logprobs) {
+                         std::string_view echo, int64_t logprobs, const TokenText& text_of) {
   json out = openai_object(m, "text_completion");
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -661,7 +692,7 @@ json completion_response(const OpenAiMeta& m, const std::vector<Generation>& cho
     cs.push_back({{"index", i},
                   {"text", std::string(echo) + g.text},
                   {"logprobs", logprobs >= 0 ? completion_logprobs(g.tokens, logprobs,
-                                                                   static_cast<int64_t>(echo.size()))
+                                                                   static_cast<int64_t>(echo.size()), text_of)
                                              : json(nullptr)},
                   {"finish_reason", finish_json(g.finish)}});
   }
@@ -671,14 +702,15 @@ json completion_response(const OpenAiMeta& m, const std::vector<Generation>& cho
   return out;
 }
 
-json chat_response(const OpenAiMeta& m, const std::vector<Generation>& choices, int64_t logprobs) {
+json chat_response(const OpenAiMeta& m, const std::vector<Generation>& choices, int64_t logprobs,
+                   const TokenText& text_of) {
   json out = openai_object(m, "chat.completion");
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Generation& g = choices[i];
     cs.push_back({{"index", i},
                   {"message", {{"role", "assistant"}, {"content", g.text}}},
-                  {"logprobs", logprobs >= 0 ? chat_logprobs(g.tokens, logprobs) : json(nullptr)},
+                  {"logprobs", logprobs >= 0 ? chat_logprobs(g.tokens, logprobs, text_of) : json(nullptr)},
                   {"finish_reason", finish_json(g.finish)}});
   }
   out["choices"] = std::move(cs);
@@ -688,11 +720,11 @@ json chat_response(const OpenAiMeta& m, const std::vector<Generation>& choices, 
 
 json completion_chunk(const OpenAiMeta& m, int64_t index, std::string_view text,
                       const std::vector<GeneratedToken>& tokens, Finish finish, int64_t logprobs,
-                      bool usage_null, int64_t text_offset) {
+                      bool usage_null, int64_t text_offset, const TokenText& text_of) {
   json out = openai_object(m, "text_completion");
   out["choices"] = json::array({{{"index", index},
                                  {"text", text},
-                                 {"logprobs", logprobs >= 0 ? completion_logprobs(tokens, logprobs, text_offset)
+                                 {"logprobs", logprobs >= 0 ? completion_logprobs(tokens, logprobs, text_offset, text_of)
                                                             : json(nullptr)},
                                  {"finish_reason", finish_json(finish)}}});
   if (usage_null) out["usage"] = nullptr;
@@ -701,7 +733,7 @@ json completion_chunk(const OpenAiMeta& m, int64_t index, std::string_view text,
 
 json chat_chunk(const OpenAiMeta& m, int64_t index, bool role, std::string_view text,
                 const std::vector<GeneratedToken>& tokens, Finish finish, int64_t logprobs,
-                bool usage_null) {
+                bool usage_null, const TokenText& text_of) {
   json out = openai_object(m, "chat.completion.chunk");
   json delta = json::object();
   if (role) delta["role"] = "assistant";
@@ -709,7 +741,7 @@ json chat_chunk(const OpenAiMeta& m, int64_t index, bool role, std::string_view 
   if (role || !text.empty() || finish == Finish::kNone) delta["content"] = text;
   out["choices"] = json::array({{{"index", index},
                                  {"delta", std::move(delta)},
-                                 {"logprobs", logprobs >= 0 ? chat_logprobs(tokens, logprobs) : json(nullptr)},
+                                 {"logprobs", logprobs >= 0 ? chat_logprobs(tokens, logprobs, text_of) : json(nullptr)},
                                  {"finish_reason", finish_json(finish)}}});
   if (usage_null) out["usage"] = nullptr;
   return out;

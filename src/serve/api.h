@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -101,9 +102,8 @@ struct OpenAiRequest {
   std::optional<uint64_t> seed;  // choice i uses seed + i; absent: a random one
   int64_t n = 1;
   // Log-probabilities of the chosen tokens: -1 none; k >= 0 asked for them
-  // with k alternatives each (completions' logprobs = k, chat's logprobs =
-  // true with top_logprobs = k). Only the chosen token is returned: the
-  // engine reports no alternatives.
+  // with the k likeliest tokens each (completions' logprobs = k, chat's
+  // logprobs = true with top_logprobs = k; params.top_logprobs = k).
   int64_t logprobs = -1;
   bool echo = false;  // completions: the prompt precedes the text
   bool stream = false;
@@ -181,6 +181,10 @@ nlohmann::json tgi_stream_event(int64_t index, const GeneratedToken& t, std::str
 // overloaded, unauthorized, not_found, ...
 nlohmann::json tgi_error(std::string_view message, std::string_view error_type);
 
+// The text of a token id, for the alternatives of OpenAI's logprobs (the
+// server passes the tokenizer's piece_bytes); null: alternatives left out.
+using TokenText = std::function<std::string(int32_t)>;
+
 // Fields every OpenAI object of one request shares.
 struct OpenAiMeta {
   std::string id;     // "cmpl-…" / "chatcmpl-…"
@@ -190,20 +194,23 @@ struct OpenAiMeta {
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 // A whole text_completion / chat.completion, usage included; `echo` precedes
 // each choice's text (completions' echo).
+// With logprobs >= 0 each choice carries its tokens' log-probabilities and
+// their alternatives (GeneratedToken::top), named by `text_of`.
 nlohmann::json completion_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
-                                   std::string_view echo, int64_t logprobs);
+                                   std::string_view echo, int64_t logprobs, const TokenText& text_of = {});
 nlohmann::json chat_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
-                             int64_t logprobs);
+                             int64_t logprobs, const TokenText& text_of = {});
 // One stream chunk of choice `index`: `text` new text, `tokens` the tokens
 // it came with (for logprobs), `finish` kNone until the choice's last chunk.
 // `usage_null` adds "usage": null (stream_options.include_usage).
 nlohmann::json completion_chunk(const OpenAiMeta& m, int64_t index, std::string_view text,
                                 const std::vector<GeneratedToken>& tokens, Finish finish,
-                                int64_t logprobs, bool usage_null, int64_t text_offset = 0);
+                                int64_t logprobs, bool usage_null, int64_t text_offset = 0,
+                                const TokenText& text_of = {});
 // Chat: `role` adds "role": "assistant" to the delta (each choice's first chunk).
 nlohmann::json chat_chunk(const OpenAiMeta& m, int64_t index, bool role, std::string_view text,
                           const std::vector<GeneratedToken>& tokens, Finish finish,
-                          int64_t logprobs, bool usage_null);
+                          int64_t logprobs, bool usage_null, const TokenText& text_of = {});
 // The last chunk of an include_usage stream: no choices, the usage.
 nlohmann::json usage_chunk(const OpenAiMeta& m, bool chat, int64_t prompt_tokens,
                            int64_t completion_tokens);
