@@ -1,18 +1,23 @@
 #include "cli/cli.h"
 #include "core/cpus.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/sharded.h"
@@ -28,6 +33,9 @@
 #include "model/transformer.h"
 #include "cli/plan_layout.h"
 #include "plan/planner.h"
+#include "serve/api.h"
+#include "serve/engine.h"
+#include "serve/http_server.h"
 #include "train/generate.h"
 #include "train/run_state.h"
 #include "train/trainer.h"
@@ -125,8 +133,12 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
 
 // A model holding the weights of a checkpoint (any layout wrote it) or run
 // directory, or of a Hugging Face Llama directory or safetensors file, a GPT-2
-// safetensors file, or a llama2.c .bin.
-model::Transformer load_model(const std::string& src, int64_t batch) {
+// safetensors file, or a llama2.c .bin. Its buffers hold `batch` sequences of
+// the model's context, more when `min_rows` (B·T) asks for more.
+model::Transformer load_model(const std::string& src, int64_t batch, int64_t min_rows = 0) {
+  const auto batch_for = [&](const model::TransformerConfig& m) {
+    return std::max(batch, (min_rows + m.seq_len - 1) / m.seq_len);
+  };
   std::error_code ec;
   const bool run_or_ckpt = fs::is_directory(src, ec) && (fs::exists(fs::path(src) / "manifest.json", ec) ||
                                                          fs::exists(fs::path(src) / "checkpoints", ec));
@@ -149,7 +161,7 @@ model::Transformer load_model(const std::string& src, int64_t batch) {
       m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
       m.fill_derived();
     }
-    model::Transformer model(m, batch, m.seq_len);
+    model::Transformer model(m, batch_for(m), m.seq_len);
     train::load_model_weights(src, model);
     return model;
   }
@@ -173,7 +185,7 @@ model::Transformer load_model(const std::string& src, int64_t batch) {
   model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
   m.bf16_activations = false;  // inference saves nothing
-  model::Transformer model(m, batch, m.seq_len);
+  model::Transformer model(m, batch_for(m), m.seq_len);
   train::load_checkpoint(path, model, nullptr);
   return model;
 }
@@ -207,6 +219,93 @@ int cmd_generate(const std::string& src, const std::string& prompt, const std::s
     for (int32_t id : out) std::printf(" %d", id);
     std::printf("\n");
   }
+  return 0;
+}
+
+struct ServeOptions {
+  std::string model, tokenizer, host = "127.0.0.1", api_key, chat_template, model_id;
+  int port = 8080;
+  int64_t max_concurrent_requests = 128, max_batch_total_tokens = 0, max_input_tokens = 0,
+          max_total_tokens = 0, kv_block_size = 16;
+  std::string kv_budget, host_kv_budget;  // sizes such as 512MiB
+  int threads = 0;
+};
+
+// SIGINT and SIGTERM: while the model loads there is nothing to drain, so
+// the process ends at once; once it serves, the main thread hears of it
+// through a pipe (write() is async-signal-safe) and drains; a second signal
+// while it drains ends the process at once.
+int g_stop_pipe[2] = {-1, -1};
+std::atomic<bool> g_serving{false}, g_draining{false};
+extern "C" void on_stop_signal(int sig) {
+  if (!g_serving.load() || g_draining.load()) _exit(128 + sig);
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] const ssize_t n = write(g_stop_pipe[1], &c, 1);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
+// `pagedoptim serve`: TGI's and OpenAI's HTTP APIs over the serving engine.
+// The port is bound first (/health answers 503 while the model loads, and a
+// busy port fails before minutes of loading); SIGTERM or SIGINT stops
+// admitting, lets the running requests finish for up to 30 s, cancels the
+// rest and exits 0.
+int cmd_serve(ServeOptions o) {
+  if (o.api_key.empty())
+    if (const char* k = std::getenv("PAGEDOPTIM_API_KEY")) o.api_key = k;
+  if (!is_loopback(o.host) && o.api_key.empty())
+    std::fprintf(stderr, "pagedoptim: warning: serving on %s without --api-key (or PAGEDOPTIM_API_KEY): "
+                 "anyone who can reach it can use it\n", o.host.c_str());
+  backend::cpu::set_num_threads(o.threads > 0 ? o.threads : core::usable_cpus());
+  serve::EngineOptions eo;
+  eo.block_size = o.kv_block_size;
+  eo.kv_budget = o.kv_budget.empty() ? 0 : core::parse_size(o.kv_budget, "--kv-budget");
+  eo.host_kv_budget = o.host_kv_budget.empty() ? 0 : core::parse_size(o.host_kv_budget, "--host-kv-budget");
+  eo.max_batch_total_tokens = o.max_batch_total_tokens;
+  eo.max_concurrent_requests = o.max_concurrent_requests;
+  eo.max_input_tokens = o.max_input_tokens;
+  eo.max_total_tokens = o.max_total_tokens;
+  const auto tok = data::load_tokenizer(o.tokenizer.empty() ? tokenizer_root() : o.tokenizer);
+  if (o.chat_template.empty()) o.chat_template = tok->kind() == "llama" ? "llama2" : "plain";
+  serve::check_chat_template(o.chat_template);
+
+  PO_CHECK(pipe(g_stop_pipe) == 0, "serve: cannot make a pipe: ", std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  serve::HttpServerOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.api_key = o.api_key;
+  ho.model_id = o.model_id.empty() ? o.model : o.model_id;
+  ho.chat_template = o.chat_template;
+  ho.threads = static_cast<int>(o.max_concurrent_requests + 8);  // a streaming request holds a thread
+  serve::HttpServer server(ho);
+  server.start();
+
+  model::Transformer model = load_model(o.model, 1, o.max_batch_total_tokens);
+  serve::Engine engine(model, *tok, eo);
+  server.attach(engine);
+  g_serving = true;
+  const bool v6 = o.host.find(':') != std::string::npos;
+  std::printf("serving %s on http://%s%s%s:%d\n", o.model.c_str(), v6 ? "[" : "", o.host.c_str(), v6 ? "]" : "",
+              server.port());
+  std::fflush(stdout);
+
+  char sig = 0;
+  while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+  }
+  g_draining = true;
+  std::fprintf(stderr, "pagedoptim: signal %d: draining (up to 30 s; a second signal stops at once)\n", sig);
+  server.set_draining();
+  engine.drain(std::chrono::seconds(30));
+  server.stop();
+  std::fprintf(stderr, "pagedoptim: stopped\n");
   return 0;
 }
 
@@ -369,6 +468,36 @@ int run(int argc, char** argv) {
   gen->add_option("--top-k", so.top_k)->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", so.seed);
 
+  auto* sv = app.add_subcommand("serve", "Serve a model over HTTP: TGI's and OpenAI's APIs");
+  ServeOptions svo;
+  sv->add_option("model", svo.model,
+                 "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a llama2.c .bin")
+      ->required();
+  sv->add_option("--tokenizer", svo.tokenizer,
+                 "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+  sv->add_option("--host", svo.host, "Address to listen on (default 127.0.0.1)");
+  sv->add_option("--port", svo.port, "Port (default 8080; 0: any free port)")->check(CLI::Range(0, 65535));
+  sv->add_option("--max-concurrent-requests", svo.max_concurrent_requests,
+                 "Requests in at once; past it, 429 at once (default 128)")
+      ->check(CLI::PositiveNumber);
+  sv->add_option("--max-batch-total-tokens", svo.max_batch_total_tokens,
+                 "Rows of one step's forward (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  sv->add_option("--max-input-tokens", svo.max_input_tokens, "Longest prompt (default: the context - 1)")
+      ->check(CLI::NonNegativeNumber);
+  sv->add_option("--max-total-tokens", svo.max_total_tokens, "Prompt + new tokens of one request (default: the context)")
+      ->check(CLI::NonNegativeNumber);
+  sv->add_option("--kv-budget", svo.kv_budget, "Bytes of KV blocks in memory, e.g. 512MiB (default: 4 contexts' worth)");
+  sv->add_option("--host-kv-budget", svo.host_kv_budget,
+                 "Bytes of host RAM for the KV blocks of preempted requests, e.g. 1GiB (default 0: recompute)");
+  sv->add_option("--kv-block-size", svo.kv_block_size, "Tokens per KV block (default 16)")->check(CLI::PositiveNumber);
+  sv->add_option("--threads", svo.threads, "Compute threads (default: the usable CPUs)")->check(CLI::PositiveNumber);
+  sv->add_option("--api-key", svo.api_key,
+                 "Require `Authorization: Bearer KEY` on every route but /health and /ping (or PAGEDOPTIM_API_KEY)");
+  sv->add_option("--chat-template", svo.chat_template,
+                 "llama2, chatml or plain (default: llama2 for Llama tokenizers, plain for GPT-2)");
+  sv->add_option("--model-id", svo.model_id, "The model's name in /info and /v1/models (default: MODEL as given)");
+
   auto* ck = app.add_subcommand("ckpt", "Inspect checkpoints");
   ck->require_subcommand(1);
   auto* ck_info = ck->add_subcommand("info", "Print a checkpoint's manifest: tensors, files, slices");
@@ -403,6 +532,7 @@ int run(int argc, char** argv) {
     if (*pl) return cmd_plan(plo);
     if (*ex) return cmd_export(src, out);
     if (*gen) return cmd_generate(src, prompt, gen_tokenizer, print_ids, so);
+    if (*sv) return cmd_serve(svo);
     if (*ck_info) {
       std::fputs(checkpoint::format_manifest(train::resolve_checkpoint(src)).c_str(), stdout);
       return 0;

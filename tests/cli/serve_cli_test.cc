@@ -1,0 +1,179 @@
+// `pagedoptim serve` as users run it: a tiny random GPT-2 exported to
+// safetensors, the binary started on a free port, its "serving ... on" line
+// read, its greedy /generate and /v1/completions compared with `pagedoptim
+// generate --temperature 0` token for token, then SIGTERM while a stream is
+// running: the stream completes (drain) and the process exits 0. Bad flags
+// fail at start with one line naming the flag.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "../test_util.h"
+#include "model/transformer.h"
+#include "serve/http_lib.h"
+#include "train/model_setup.h"
+
+namespace {
+
+using json = nlohmann::json;
+using po::test::run_command;
+using po::test::TempDir;
+
+const std::string kBin = PO_BINARY;
+
+// A running `pagedoptim serve`: its pid, its stdout read line by line, its
+// stderr in a file.
+class ServeProcess {
+ public:
+  ServeProcess(const std::string& args, const std::string& err_path) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      close(out[1]);
+      const std::string cmd = "exec " + kBin + " serve " + args + " 2> " + err_path;
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = fdopen(out[0], "r");
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_) fclose(out_);
+  }
+  // The first stdout line ("" when the process ended first).
+  std::string line() {
+    char buf[512];
+    return out_ && fgets(buf, sizeof buf, out_) ? std::string(buf) : std::string();
+  }
+  void signal(int sig) { kill(pid_, sig); }
+  // The exit code, or -1 when it has not exited within `limit`.
+  int wait_exit(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+// The ids `pagedoptim generate --temperature 0 --print-ids` prints.
+std::vector<int32_t> generate_ids(const std::string& model, const std::string& prompt, int n) {
+  const auto r = run_command(kBin + " generate " + model + " --prompt '" + prompt +
+                             "' --temperature 0 --max-new-tokens " + std::to_string(n) + " --print-ids");
+  std::vector<int32_t> ids;
+  const size_t at = r.output.find("ids:");
+  if (r.exit_code != 0 || at == std::string::npos) {
+    ADD_FAILURE() << "generate failed: " << r.output;
+    return ids;
+  }
+  std::istringstream in(r.output.substr(at + 4));
+  for (int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+class ServeCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    po::model::TransformerConfig c = po::model::TransformerConfig::arch_defaults("gpt2");
+    c.n_layer = 2;
+    c.n_embd = 64;  // a GPT-2 safetensors file does not store the head count: 64 wide heads are assumed
+    c.n_head = 1;
+    c.vocab_size = 50257;
+    c.seq_len = 64;
+    c.fill_derived();
+    po::model::Transformer m(c, 1, c.seq_len);
+    m.init_random(3);
+    model_ = dir_ / "tiny.safetensors";
+    po::train::export_model_weights(model_, m);
+  }
+  TempDir dir_;
+  std::string model_;
+};
+
+TEST_F(ServeCli, ServesGenerateGreedyAndDrainsOnSigterm) {
+  ServeProcess p(model_ + " --port 0 --max-concurrent-requests 4 --threads 1", dir_ / "serve.err");
+  const std::string first = p.line();
+  const std::string want_head = "serving " + model_ + " on http://127.0.0.1:";
+  ASSERT_TRUE(first.starts_with(want_head)) << "stdout: " << first << "\nstderr: " << po::test::read_file(dir_ / "serve.err");
+  const int port = std::stoi(first.substr(want_head.size()));
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(30));
+
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  const auto want = generate_ids(model_, "Hello there", 8);
+  auto g = cli.Post("/generate", R"({"inputs":"Hello there","parameters":{"max_new_tokens":8}})", "application/json");
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->status, 200) << g->body;
+  std::vector<int32_t> got;
+  const json generated = json::parse(g->body);
+  for (const auto& t : generated["details"]["tokens"]) got.push_back(t["id"]);
+  ASSERT_LE(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k]) << "/generate token " << k;
+  auto o = cli.Post("/v1/completions", R"({"prompt":"Hello there","max_tokens":8,"temperature":0,"logprobs":0})",
+                    "application/json");
+  ASSERT_TRUE(o);
+  ASSERT_EQ(o->status, 200) << o->body;
+  EXPECT_EQ(json::parse(o->body)["choices"][0]["logprobs"]["tokens"].size(), got.size());
+
+  // A stream in flight when SIGTERM comes finishes (the drain's grace), then the process exits 0.
+  std::string streamed;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(std::chrono::seconds(30));
+    auto s = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":60,"ignore_eos":true,"stream":true})",
+                    "application/json");
+    if (s) streamed = s->body;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  p.signal(SIGTERM);
+  const int code = p.wait_exit(std::chrono::seconds(40));
+  client.join();
+  EXPECT_EQ(code, 0) << po::test::read_file(dir_ / "serve.err");
+  EXPECT_TRUE(streamed.ends_with("data: [DONE]\n\n")) << "the running stream was cut: " << streamed;
+  EXPECT_NE(po::test::read_file(dir_ / "serve.err").find("draining"), std::string::npos);
+}
+
+TEST_F(ServeCli, BadFlagsFailAtStartNamingTheFlag) {
+  struct Case {
+    std::string args, want;
+  } cases[] = {
+      {model_ + " --port 0 --kv-budget lots", "--kv-budget"},
+      {model_ + " --port 0 --chat-template vicuna", "chat template 'vicuna'"},
+      {model_ + " --port 0 --max-total-tokens 500", "--max-total-tokens"},
+      {dir_ / "missing.safetensors", "missing.safetensors"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_command(kBin + " serve " + c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find(c.want), std::string::npos) << c.args << ": " << r.output;
+    EXPECT_NE(r.output.find("pagedoptim: error: "), std::string::npos) << c.args << ": " << r.output;
+  }
+  const auto open = run_command(kBin + " serve " + (dir_ / "missing.safetensors") + " --host 0.0.0.0 --port 0");
+  EXPECT_NE(open.output.find("warning: serving on 0.0.0.0 without --api-key"), std::string::npos) << open.output;
+}
+
+}  // namespace
