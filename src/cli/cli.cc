@@ -228,6 +228,8 @@ struct ServeOptions {
   int64_t max_concurrent_requests = 128, max_batch_total_tokens = 0, max_input_tokens = 0,
           max_total_tokens = 0, kv_block_size = 16;
   std::string kv_budget, host_kv_budget;  // sizes such as 512MiB
+  std::string kv_preemption = "auto";
+  bool no_prefix_caching = false;
   int threads = 0;
 };
 
@@ -264,6 +266,9 @@ int cmd_serve(ServeOptions o) {
   eo.kv_budget = o.kv_budget.empty() ? 0 : core::parse_size(o.kv_budget, "--kv-budget");
   eo.host_kv_budget = o.host_kv_budget.empty() ? 0 : core::parse_size(o.host_kv_budget, "--host-kv-budget");
   eo.max_batch_total_tokens = o.max_batch_total_tokens;
+  using P = serve::EngineOptions::Preemption;
+  eo.preemption = o.kv_preemption == "swap" ? P::kSwap : o.kv_preemption == "recompute" ? P::kRecompute : P::kAuto;
+  eo.prefix_caching = !o.no_prefix_caching;
   eo.max_concurrent_requests = o.max_concurrent_requests;
   eo.max_input_tokens = o.max_input_tokens;
   eo.max_total_tokens = o.max_total_tokens;
@@ -490,6 +495,11 @@ int run(int argc, char** argv) {
   sv->add_option("--kv-budget", svo.kv_budget, "Bytes of KV blocks in memory, e.g. 512MiB (default: 4 contexts' worth)");
   sv->add_option("--host-kv-budget", svo.host_kv_budget,
                  "Bytes of host RAM for the KV blocks of preempted requests, e.g. 1GiB (default 0: recompute)");
+  sv->add_option("--kv-preemption", svo.kv_preemption,
+                 "A preempted request's KV: swap (to --host-kv-budget), recompute, or auto (the cheaper, "
+                 "measured; default)")
+      ->check(CLI::IsMember({"auto", "swap", "recompute"}));
+  sv->add_flag("--no-prefix-caching", svo.no_prefix_caching, "Do not reuse the KV blocks of equal prompt prefixes");
   sv->add_option("--kv-block-size", svo.kv_block_size, "Tokens per KV block (default 16)")->check(CLI::PositiveNumber);
   sv->add_option("--threads", svo.threads, "Compute threads (default: the usable CPUs)")->check(CLI::PositiveNumber);
   sv->add_option("--api-key", svo.api_key,

@@ -157,6 +157,40 @@ TEST_F(ServeCli, ServesGenerateGreedyAndDrainsOnSigterm) {
   EXPECT_NE(po::test::read_file(dir_ / "serve.err").find("draining"), std::string::npos);
 }
 
+// The clients users run: npm's openai (completions and chat, streaming and
+// not, maxRetries 0) and @huggingface/inference (textGenerationStream),
+// under node, against the real binary with an API key. Greedy texts must
+// agree with each other and with `generate`.
+TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
+  ServeProcess p(model_ + " --port 0 --threads 1 --api-key test-key", dir_ / "serve.err");
+  const std::string first = p.line();
+  const size_t at = first.rfind(':');
+  ASSERT_TRUE(first.starts_with("serving ") && at != std::string::npos)
+      << "stdout: " << first << "\nstderr: " << po::test::read_file(dir_ / "serve.err");
+  const std::string base = "http://127.0.0.1:" + std::to_string(std::stoi(first.substr(at + 1)));
+  const auto r = run_command("node " + std::string(PO_SOURCE_DIR) + "/tests/serve/clients.mjs " + base +
+                             " test-key 'Hello there' 12 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << "the clients failed (run scripts/setup for the npm packages): " << r.output;
+  const json got = json::parse(r.output.substr(r.output.find('{')));
+  const std::string completion = got["completion"];
+  std::printf("[clients] completion %s\n", json(completion).dump().c_str());
+  EXPECT_FALSE(completion.empty()) << "12 greedy tokens of a random model gave no text";
+  EXPECT_EQ(got["completion_stream"], completion) << "openai completions: streamed vs not";
+  EXPECT_EQ(got["hf_stream"], completion) << "@huggingface/inference's stream vs openai's completion";
+  EXPECT_EQ(got["chat_stream"], got["chat"]) << "openai chat: streamed vs not";
+  const int used = got["completion_usage"]["completion_tokens"].get<int>();
+  EXPECT_TRUE(used >= 1 && used <= 12) << "completion usage: " << got["completion_usage"];
+  EXPECT_GT(got["chat_stream_usage"]["total_tokens"].get<int>(), 0) << "no usage in the final chunk";
+  EXPECT_EQ(got["models"], json::array({model_})) << "/v1/models";
+  EXPECT_EQ(got["wrong_key_status"], 401) << "a wrong key must be refused";
+  // The text `generate` prints after the prompt.
+  const auto g = run_command(kBin + " generate " + model_ + " --prompt 'Hello there' --temperature 0 --max-new-tokens 12");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  const std::string printed = g.output.substr(0, g.output.rfind('\n'));
+  EXPECT_EQ("Hello there" + completion, printed.substr(printed.rfind("Hello there")))
+      << "the served completion differs from generate's text";
+}
+
 TEST_F(ServeCli, BadFlagsFailAtStartNamingTheFlag) {
   struct Case {
     std::string args, want;

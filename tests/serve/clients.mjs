@@ -1,6 +1,6 @@
 // Real clients against `pagedoptim serve` (tests/serve/serve_clients_launch_test.cc):
 // the openai package (chat and completions, streaming and not, maxRetries 0)
-// and @huggingface/inference (textGenerationStream, TGI's stream). Prints one
+// and @huggingface/inference (textGenerationStream). Prints one
 // JSON object of the texts each got; the test compares them.
 //   node tests/serve/clients.mjs BASE_URL API_KEY PROMPT MAX_TOKENS
 import OpenAI from "openai";
@@ -34,16 +34,14 @@ const chat = await openai.chat.completions.create({ model: "served", messages, m
 out.chat = chat.choices[0].message.content;
 out.models = (await openai.models.list()).data.map((m) => m.id);
 
+// @huggingface/inference 4.x: with an endpointUrl, textGenerationStream posts
+// to {endpointUrl}/v1/completions and yields OpenAI's chunks (older versions:
+// TGI's events at the URL itself); both shapes are read.
 const hf = new InferenceClient(key, { endpointUrl: base });
 text = "";
-let last = null;
-for await (const r of hf.textGenerationStream({ inputs: prompt, parameters: { max_new_tokens: n } })) {
-  text += r.token.text;
-  last = r;
-}
-out.tgi_stream = text;
-out.tgi_generated_text = last?.generated_text ?? null;
-out.tgi_finish_reason = last?.details?.finish_reason ?? null;
+for await (const r of hf.textGenerationStream({ inputs: prompt, parameters: { max_new_tokens: n, temperature: 0 } }))
+  text += r.choices?.[0]?.text ?? r.token?.text ?? "";
+out.hf_stream = text;
 
 // A wrong key: the client's error carries the 401.
 try {
