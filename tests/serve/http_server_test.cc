@@ -746,6 +746,112 @@ TEST_F(HttpServerTest, ADroppedStreamIsCancelled) {
   expect_alive("a dropped stream");
 }
 
+// 32 concurrent greedy requests of different lengths over the three
+// generating routes: each equals `generate`'s tokens, as it does alone. Its
+// own engine and model (the suite's admits 6 at once).
+TEST_F(HttpServerTest, ThirtyTwoConcurrentGreedyRequestsEqualGenerate) {
+  Transformer model(world->config, 2, world->config.seq_len);
+  model.init_random(11);
+  EngineOptions eo;
+  eo.block_size = 8;
+  Engine engine(model, *world->tok, eo);
+  auto server = world->start(HttpServerOptions{}, &engine);
+  const int p = server->port();
+  static const char* kWords[] = {"the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "outside"};
+  struct Case {
+    std::string route, prompt;
+    int n;
+    std::string got, want;
+  };
+  std::vector<Case> cases(32);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case& c = cases[i];
+    c.route = i % 3 == 0 ? "/generate" : i % 3 == 1 ? "/v1/completions" : "/v1/chat/completions";
+    c.prompt = "Once";
+    for (size_t w = 0; w < 1 + (i * 5) % 23; ++w) c.prompt += std::string(" ") + kWords[(i + w * 3) % 10];
+    c.n = 3 + static_cast<int>(i % 7) * 4;
+  }
+  std::vector<std::thread> threads;
+  for (Case& c : cases)
+    threads.emplace_back([&c, p] {
+      const std::string prompt = json(c.prompt).dump(), n = std::to_string(c.n);
+      const std::string body =
+          c.route == "/generate"
+              ? R"({"inputs":)" + prompt + R"(,"parameters":{"max_new_tokens":)" + n + "}}"
+          : c.route == "/v1/completions"
+              ? R"({"prompt":)" + prompt + R"(,"max_tokens":)" + n + R"(,"temperature":0})"
+              : R"({"messages":[{"role":"user","content":)" + prompt + R"(}],"max_tokens":)" + n +
+                    R"(,"temperature":0})";
+      auto r = post(c.route, body, p);
+      if (!r || r->status != 200) {
+        c.got = "HTTP error: " + (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error()));
+        return;
+      }
+      const json j = json::parse(r->body);
+      c.got = c.route == "/generate"          ? j["generated_text"].get<std::string>()
+              : c.route == "/v1/completions" ? j["choices"][0]["text"].get<std::string>()
+                                             : j["choices"][0]["message"]["content"].get<std::string>();
+    });
+  for (auto& t : threads) t.join();
+  for (Case& c : cases) {
+    std::vector<int32_t> ids = prompt_ids(c.route == "/v1/chat/completions"
+                                              ? render_chat("plain", {{"user", c.prompt}})
+                                              : c.prompt);
+    train::SampleOptions so;
+    so.temperature = 0;
+    so.max_new_tokens = c.n;
+    EXPECT_EQ(c.got, text_until_eos(train::sample(world->reference, ids, so)))
+        << c.route << " with a prompt of " << ids.size() << " tokens and " << c.n << " new, among 32 at once";
+  }
+  EXPECT_EQ(engine.stats().finished, 32);
+}
+
+// 20 clients hang up mid-stream: each is cancelled at the engine's next
+// step and its blocks freed, as /metrics shows.
+TEST_F(HttpServerTest, TwentyDroppedStreamsFreeTheirBlocks) {
+  Transformer model(world->config, 2, world->config.seq_len);
+  model.init_random(11);
+  EngineOptions eo;
+  eo.block_size = 8;
+  Engine engine(model, *world->tok, eo);
+  auto server = world->start(HttpServerOptions{}, &engine);
+  const int p = server->port();
+  auto metric = [&](const std::string& name) {
+    auto r = get("/metrics", p);
+    if (!r) return -1.0;
+    const size_t at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + name.size() + 2));
+  };
+  std::atomic<int> streaming{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 20; ++i)
+    threads.emplace_back([&, i] {
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = R"({"prompt":"drop number )" + std::to_string(i) + R"(","max_tokens":80,"ignore_eos":true,"stream":true})";
+      req.set_header("Content-Type", "application/json");
+      int chunks = 0;
+      req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+        if (++chunks == 2) ++streaming;
+        // Hang up once all 20 stream (their blocks held at once).
+        while (chunks >= 2 && streaming < 20) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return chunks < 3;
+      };
+      httplib::Response res;
+      httplib::Error err;
+      client(p).send(req, res, err);
+    });
+  for (auto& t : threads) t.join();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (metric("tgi_request_cancelled") < 20 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(metric("tgi_request_cancelled"), 20) << "not every dropped client was cancelled";
+  EXPECT_EQ(metric("pagedoptim_kv_blocks_used"), 0) << "a cancelled request's blocks are still held";
+  EXPECT_EQ(metric("tgi_request_success"), 0) << "a dropped request ran to its end";
+  expect_alive("20 dropped streams", p);
+}
+
 TEST_F(HttpServerTest, SlowLorisIsDroppedAtTheDeadline) {
   HttpServerOptions o;
   o.request_timeout = std::chrono::milliseconds(400);
