@@ -59,7 +59,7 @@ for model in ${MODELS//,/ }; do
   done
   node bench/serve_client.mjs --url "http://127.0.0.1:$PORT" --concurrency 32 --requests $([ $QUICK -eq 1 ] && echo 32 || echo 128) \
     --shared-prefix 256 --prompt 288:512 --out 32:64 --seed 7 > "$OUT/$model.shared.json"
-  grep VmHWM "/proc/$SERVER/status" | awk '{print $2 * 1024}' > "$OUT/$model.rss"
+  grep VmHWM "/proc/$SERVER/status" | awk '{print $2}' > "$OUT/$model.rss"  # kB
   kill -TERM $SERVER; wait $SERVER || true; SERVER=""
   $PY bench/torch_serve.py "${torch[@]}" --vocab 50257 --ctx 1024 --prompt 128 --new 64 --batch 1,32 --threads 2 \
     > "$OUT/$model.torch.json"
@@ -79,7 +79,7 @@ for m in models:
     loads = {c: json.loads(open(f"{out}/{m}.c{c}.json").read()) for c in (1, 8, 32, 64)}
     shared = json.loads(open(f"{out}/{m}.shared.json").read())
     torch = {r["batch"]: r for r in map(json.loads, open(f"{out}/{m}.torch.json"))}
-    rss = int(open(f"{out}/{m}.rss").read())
+    rss = int(open(f"{out}/{m}.rss").read()) * 1024
     wbytes = 4 * params(m)
     bound = bw["read_gbs"] * 1e9 / wbytes
     print(f"\n{m}: {params(m) / 1e6:.1f}M parameters, {wbytes / 2**20:.0f} MiB of fp32 weights; "

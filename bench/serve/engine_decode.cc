@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   model::Transformer m(c, 1, c.seq_len);
   m.init_random(1);
   auto tok = data::load_tokenizer("");
-  serve::Engine engine(m, *tok, {});
+  serve::EngineOptions eo;
+  eo.kv_budget = size_t{2} << 30;  // as bench/serve_load.sh: every request's KV fits
+  serve::Engine engine(m, *tok, eo);
   serve::SamplingParams sp;
   sp.max_new_tokens = N;
   sp.ignore_eos = true;
