@@ -13,10 +13,20 @@ namespace {
 // Philox stream of the serving sampler (any fixed constant: "PSRV").
 constexpr uint64_t kStream = 0x50535256ULL;
 
+// log Σ exp(x): float exps in a vectorisable loop (a double exp per logit
+// cost ~1 ms a token at GPT-2's vocabulary, per sequence of the batch), the
+// partial sums added in double.
 double log_sum_exp(const float* x, int64_t n) {
   const float mx = *std::max_element(x, x + n);
   double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - mx);
+  constexpr int64_t kChunk = 1024;
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    float part = 0;
+    const int64_t i1 = std::min(n, i0 + kChunk);
+#pragma omp simd reduction(+ : part)
+    for (int64_t i = i0; i < i1; ++i) part += std::exp(x[i] - mx);
+    s += part;
+  }
   return mx + std::log(s);
 }
 
