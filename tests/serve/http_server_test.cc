@@ -746,17 +746,27 @@ TEST_F(HttpServerTest, ADroppedStreamIsCancelled) {
   expect_alive("a dropped stream");
 }
 
+// A server around its own engine and model, as the suite's but admitting
+// 128 at once (declared last, the server stops first).
+struct OwnServer {
+  Transformer model{world->config, 2, world->config.seq_len};
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<HttpServer> server;
+  OwnServer() {
+    model.init_random(11);
+    EngineOptions eo;
+    eo.block_size = 8;
+    engine = std::make_unique<Engine>(model, *world->tok, eo);
+    server = world->start(HttpServerOptions{}, engine.get());
+  }
+  int port() const { return server->port(); }
+};
+
 // 32 concurrent greedy requests of different lengths over the three
-// generating routes: each equals `generate`'s tokens, as it does alone. Its
-// own engine and model (the suite's admits 6 at once).
+// generating routes: each equals `generate`'s tokens, as it does alone.
 TEST_F(HttpServerTest, ThirtyTwoConcurrentGreedyRequestsEqualGenerate) {
-  Transformer model(world->config, 2, world->config.seq_len);
-  model.init_random(11);
-  EngineOptions eo;
-  eo.block_size = 8;
-  Engine engine(model, *world->tok, eo);
-  auto server = world->start(HttpServerOptions{}, &engine);
-  const int p = server->port();
+  OwnServer own;
+  const int p = own.port();
   static const char* kWords[] = {"the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "outside"};
   struct Case {
     std::string route, prompt;
@@ -803,19 +813,14 @@ TEST_F(HttpServerTest, ThirtyTwoConcurrentGreedyRequestsEqualGenerate) {
     EXPECT_EQ(c.got, text_until_eos(train::sample(world->reference, ids, so)))
         << c.route << " with a prompt of " << ids.size() << " tokens and " << c.n << " new, among 32 at once";
   }
-  EXPECT_EQ(engine.stats().finished, 32);
+  EXPECT_EQ(own.engine->stats().finished, 32);
 }
 
 // 20 clients hang up mid-stream: each is cancelled at the engine's next
 // step and its blocks freed, as /metrics shows.
 TEST_F(HttpServerTest, TwentyDroppedStreamsFreeTheirBlocks) {
-  Transformer model(world->config, 2, world->config.seq_len);
-  model.init_random(11);
-  EngineOptions eo;
-  eo.block_size = 8;
-  Engine engine(model, *world->tok, eo);
-  auto server = world->start(HttpServerOptions{}, &engine);
-  const int p = server->port();
+  OwnServer own;
+  const int p = own.port();
   auto metric = [&](const std::string& name) {
     auto r = get("/metrics", p);
     if (!r) return -1.0;
