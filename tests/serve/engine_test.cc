@@ -156,13 +156,14 @@ TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
     EXPECT_EQ(st.finished, 33) << where;
     EXPECT_EQ(st.cancelled, 0) << where;
     EXPECT_EQ(st.kv_blocks_used, 0) << where << ": blocks still referenced after every request ended";
-    if (blocks) EXPECT_GT(st.preemptions, 0) << where << ": 12 blocks should not hold 32 requests";
+    if (blocks) {
+      EXPECT_GT(st.preemptions, 0) << where << ": 12 blocks should not hold 32 requests";
+    }
     if (k.preemption == P::kSwap) {
       EXPECT_GT(st.swapped_out, 0) << where;
       EXPECT_EQ(st.swapped_in, st.swapped_out) << where << ": every swapped request came back";
       EXPECT_EQ(st.kv_blocks_host, 0) << where;
     }
-    if (!blocks) EXPECT_GT(st.batch_size + st.steps, 0);
   }
 }
 
@@ -286,7 +287,7 @@ TEST(Engine, OverloadAndCancel) {
   } catch (const core::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--max-total-tokens"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(engine.submit({c.vocab_size}, sp), core::InvalidArgument);
+  EXPECT_THROW(engine.submit({static_cast<int32_t>(c.vocab_size)}, sp), core::InvalidArgument);
   EXPECT_THROW(engine.submit({}, sp), core::InvalidArgument);
 }
 
