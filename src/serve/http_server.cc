@@ -162,6 +162,8 @@ struct HttpServer::Impl {
   void metrics(Response& res) const;
   void tokenize(const std::string& body, Response& res) const;
   void tgi_generate(const std::string& body, Response& res, TgiRoute route);
+  template <class State>
+  void send_events(Response& res, std::shared_ptr<State> st, const char* what);
   void tgi_stream(Response& res, Streams ss, TgiRequest r, int64_t prompt_tokens, uint64_t seed);
   void openai(const std::string& body, Response& res, bool chat);
   void openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta, int64_t prompt_tokens,
@@ -531,34 +533,37 @@ void HttpServer::Impl::tgi_generate(const std::string& body, Response& res, TgiR
 }
 
 
+// Server-sent events from a stream state's poll() until it is finished; a
+// client that is gone, or a server stopping, ends the response, and the
+// releaser cancels what still runs.
+template <class State>
+void HttpServer::Impl::send_events(Response& res, std::shared_ptr<State> st, const char* what) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st, what](size_t, DataSink& sink) {
+        try {
+          if (stopping || !sink.is_writable()) return false;  // the releaser cancels
+          const std::string out = st->poll();
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (st->finished) sink.done();
+          return true;
+        } catch (const std::exception& e) {
+          PO_LOG_WARN("serve: ", what, " failed: ", e.what());
+          return false;
+        }
+      },
+      [st](bool) { st->ss.cancel(); });
+}
+
 void HttpServer::Impl::tgi_stream(Response& res, Streams ss, TgiRequest r, int64_t prompt_tokens, uint64_t seed) {
   auto st = std::make_shared<TgiStreamState>(std::move(ss), std::move(r));
   st->prompt_tokens = prompt_tokens;
   st->max_total = engine_ref(false).options().max_total_tokens;
   st->gen.prompt_tokens = prompt_tokens;
   if (st->r.params.do_sample) st->gen.seed = seed;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st](size_t, DataSink& sink) {
-        try {
-          if (stopping || !sink.is_writable()) return false;  // the releaser cancels
-          Update u;
-          if (!st->ss[0].next(u, kPoll)) return true;
-          const std::string out = st->on_update(u);
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (st->finished) {
-            st->ss.mark_done(0);
-            sink.done();
-          }
-          return true;
-        } catch (const std::exception& e) {
-          PO_LOG_WARN("serve: a TGI stream failed: ", e.what());
-          return false;
-        }
-      },
-      [st](bool) { st->ss.cancel(); });
+  send_events(res, st, "a TGI stream");
 }
 
 // ---------------------------------------------------------------------------
@@ -586,25 +591,10 @@ void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat)
 
 void HttpServer::Impl::openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta,
                                      int64_t prompt_tokens, Engine& e) {
-  auto st = std::make_shared<OpenAiStreamState>(std::move(ss), std::move(r), std::move(meta), prompt_tokens,
-                                                [&e](int32_t id) { return e.tokenizer().piece_bytes(id); });
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st](size_t, DataSink& sink) {
-        try {
-          if (stopping || !sink.is_writable()) return false;  // the releaser cancels
-          const std::string out = st->poll();
-          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-          if (st->finished) sink.done();
-          return true;
-        } catch (const std::exception& e) {
-          PO_LOG_WARN("serve: an OpenAI stream failed: ", e.what());
-          return false;
-        }
-      },
-      [st](bool) { st->ss.cancel(); });
+  send_events(res,
+              std::make_shared<OpenAiStreamState>(std::move(ss), std::move(r), std::move(meta), prompt_tokens,
+                                                  [&e](int32_t id) { return e.tokenizer().piece_bytes(id); }),
+              "an OpenAI stream");
 }
 
 // ---------------------------------------------------------------------------

@@ -42,6 +42,14 @@ void TgiStreamState::send(std::string& out, const GeneratedToken& t, const std::
   last_sent_ = t;
 }
 
+std::string TgiStreamState::poll() {
+  Update u;
+  if (!ss[0].next(u, kPoll)) return {};
+  std::string out = on_update(u);
+  if (finished) ss.mark_done(0);
+  return out;
+}
+
 std::string TgiStreamState::on_update(const Update& u) {
   std::string out;
   const std::vector<std::string> texts = token_texts(u);

@@ -56,6 +56,9 @@ struct TgiStreamState {
   TgiStreamState(Streams s, TgiRequest q) : ss(std::move(s)), r(std::move(q)) {}
   // The events of one update ("data:" lines); sets `finished` at the end.
   std::string on_update(const Update& u);
+  // The events of what the stream has (waiting up to kPoll), as
+  // OpenAiStreamState::poll; the stream is marked done at the end.
+  std::string poll();
 
   Streams ss;
   TgiRequest r;
