@@ -70,6 +70,10 @@ struct Engine::Sequence {
   std::vector<std::unique_ptr<Sequence>> forks;
   bool scheduled = false;  // has rows in the step being built (not to be preempted)
   bool started = false;  // admitted once (queue time counted)
+  // The last prefix-cache lookup (full blocks looked up, found): counted in
+  // the statistics when the sequence is admitted, so a request that waits
+  // for blocks, and gives its hits back, is not counted at every attempt.
+  std::pair<int64_t, int64_t> prefix_lookup{0, 0};
   bool first_token = false;
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt; }
 };
@@ -436,9 +440,7 @@ void Engine::match_prefix(Sequence& q) {
     q.computed = (b + 1) * bs;
     ++hits;
   }
-  std::lock_guard lock(mu_);
-  stats_.prefix_queries += full;
-  stats_.prefix_hits += hits;
+  q.prefix_lookup = {full, hits};
 }
 
 // After a forward: the sequence's newly full blocks go into the prefix cache.
@@ -536,11 +538,16 @@ bool Engine::step() {
       release_blocks(q);  // the prefix hits go back too; it waits for room
       break;
     }
-    if (!q.started) {
-      q.started = true;
-      q.admitted = Clock::now();
+    {
       std::lock_guard lock(mu_);
-      stats_.queue_duration.add(seconds(q.admitted - q.arrived));
+      stats_.prefix_queries += q.prefix_lookup.first;
+      stats_.prefix_hits += q.prefix_lookup.second;
+      q.prefix_lookup = {0, 0};
+      if (!q.started) {
+        q.started = true;
+        q.admitted = Clock::now();
+        stats_.queue_duration.add(seconds(q.admitted - q.arrived));
+      }
     }
     s.running.push_back(std::move(s.waiting.front()));
     s.waiting.pop_front();

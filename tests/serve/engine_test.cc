@@ -190,6 +190,36 @@ TEST(Engine, PrefixCacheServesASharedPrompt) {
   EXPECT_EQ(st.prefix_hits, 8) << "the second prompt should find all 8 blocks";
 }
 
+// A request that waits for blocks gives its prefix hits back at every
+// attempt; the cache's counters count its lookup once, when it is admitted.
+TEST(Engine, PrefixLookupsOfAWaitingRequestCountOnce) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 1, c.seq_len);
+  model.init_random(3);
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.kv_budget = 12 * KvBlockPool::block_bytes(c, 4);  // 48 positions: the first request holds them all
+  eo.max_total_tokens = 48;
+  Engine engine(model, *tok, eo);
+  const auto ps = prompts(6, c.vocab_size, 5);
+  std::vector<int32_t> p = ps[5];  // 36 tokens, then 9 of the fifth prompt's
+  p.insert(p.end(), ps[4].begin(), ps[4].end());
+  p.resize(45);  // 11 full blocks before the last token; 12 blocks with 3 new tokens
+  ASSERT_EQ(p.size(), 45u) << "the prompt helper gave fewer tokens than the test needs";
+  SamplingParams sp;
+  sp.max_new_tokens = 3;
+  sp.ignore_eos = true;
+  auto first = engine.submit(p, sp);
+  auto second = engine.submit(p, sp);  // waits for the first's blocks
+  const Result a = collect(*first), b = collect(*second);
+  EXPECT_EQ(ids_str(a.ids), ids_str(b.ids)) << "the waiting request's output changed";
+  const EngineStats st = engine.stats();
+  ASSERT_EQ(st.preemptions, 0) << "the test expects the second request to wait, not to preempt";
+  EXPECT_EQ(st.prefix_queries, 22) << "11 full blocks looked up per request, once each";
+  EXPECT_EQ(st.prefix_hits, 11) << "the second request finds the first's 11 blocks once it is admitted";
+}
+
 // n requests of one prompt: one prefill, shared blocks, copy-on-write; each
 // gives what it gives alone.
 TEST(Engine, ForksShareThePromptAndCopyOnWrite) {
