@@ -66,13 +66,15 @@ class BackgroundRun {
     }
     return -1;
   }
-  // PID of the launcher (mpirun, which `--nproc` became); -1 when gone.
+  // PID of the launcher (`pagedoptim train --nproc`, which supervises
+  // mpirun: cli/supervise.h); -1 when gone.
   int launcher_pid() const {
     for (const auto& e : std::filesystem::directory_iterator("/proc")) {
       const std::string pid = e.path().filename().string();
       if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
       const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
-      if (cmdline.rfind("mpirun", 0) == 0 && cmdline.find(run_) != std::string::npos)
+      if (cmdline.rfind("mpirun", 0) != 0 && cmdline.find(run_) != std::string::npos &&
+          cmdline.find(std::string("--nproc") + '\0') != std::string::npos)
         return std::stoi(pid);
     }
     return -1;
@@ -86,6 +88,11 @@ class BackgroundRun {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   bool exited_zero() const { return tail_.find("exit=0") != std::string::npos; }
+  // The launcher's exit code (-1 before finish()).
+  int exit_code() const {
+    const auto at = tail_.rfind("exit=");
+    return at == std::string::npos ? -1 : std::atoi(tail_.c_str() + at + 5);
+  }
   std::string output() const { return po::test::read_file(log_); }
 
  private:

@@ -22,6 +22,7 @@
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
+#include "cli/supervise.h"
 #include "comm/env.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -38,6 +39,7 @@
 #include "serve/http_server.h"
 #include "train/generate.h"
 #include "train/run_state.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 namespace po::cli {
@@ -56,36 +58,44 @@ std::string tokenizer_root() {
   return "";
 }
 
-// `--nproc N` on one machine: hand the job to OpenMPI's launcher, which starts
-// N ranks of this same binary, forwards SIGINT/SIGTERM to them and stops all
-// of them when one dies, naming its rank and signal or exit status. Only rank
-// 0 reports; every rank's errors carry its rank. Replaces this process.
-[[noreturn]] void launch_workers(int nproc, int64_t dp, int argc, char** argv) {
-  std::vector<std::string> args = {"mpirun", "-np", std::to_string(nproc), "--bind-to", "none"};
-  if (geteuid() == 0) args.push_back("--allow-run-as-root");
-  if (nproc > static_cast<int>(std::thread::hardware_concurrency())) {
-    args.insert(args.end(), {"--oversubscribe", "--mca", "mpi_yield_when_idle", "1"});
+// `--nproc N` on one machine: OpenMPI's launcher starts N ranks of this same
+// binary and stops all of them when one dies, naming its rank and signal or
+// exit status; only rank 0 reports, and every rank's errors carry its rank.
+// This process stays as their supervisor (cli/supervise.h): it turns signals
+// into a checkpoint and a clean stop, and restarts failed workers up to
+// `max_restarts` times. N = 1 with restarts: the one worker is this binary.
+int launch_workers(const core::Config& cfg, int nproc, int64_t dp, int max_restarts, int argc,
+                   char** argv) {
+  std::vector<std::string> args;
+  if (nproc > 1) {
+    args = {"mpirun", "-np", std::to_string(nproc), "--bind-to", "none", "--stdin", "none"};
+    if (geteuid() == 0) args.push_back("--allow-run-as-root");
+    if (nproc > static_cast<int>(std::thread::hardware_concurrency()))
+      args.insert(args.end(), {"--oversubscribe", "--mca", "mpi_yield_when_idle", "1"});
   }
   std::error_code ec;
   args.push_back(fs::read_symlink("/proc/self/exe", ec).string());
+  bool resumes = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--nproc") {
+    if (a == "--nproc" || a == "--max-restarts") {
       ++i;  // the workers run as ranks of one job, not as launchers
       continue;
     }
-    if (a.starts_with("--nproc=")) continue;
+    if (a.starts_with("--nproc=") || a.starts_with("--max-restarts=")) continue;
+    resumes = resumes || a == "--resume";
     args.push_back(a);
   }
-  args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(dp)});
+  if (nproc > 1) args.insert(args.end(), {"--set", "parallel.dp=" + std::to_string(dp)});
   setenv("PAGEDOPTIM_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);  // see train/metrics.cc
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  std::fflush(stdout);
-  execvp("mpirun", cargs.data());
-  PO_THROW(core::IoError, "--nproc ", nproc, ": cannot start mpirun (", std::strerror(errno),
-           "); install openmpi-bin (scripts/setup does)");
+  Supervision sv;
+  sv.command = args;
+  sv.resume_command = args;
+  if (!resumes) sv.resume_command.push_back("--resume");
+  sv.max_restarts = max_restarts;
+  sv.stop_signal = train::stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal");
+  sv.run_dir = cfg.get_string("run.dir");
+  return supervise(sv);
 }
 
 // "[rank k] " when this process is one rank of several, else "".
@@ -99,7 +109,7 @@ std::string rank_prefix() {
 }
 
 int cmd_train(const std::string& config_path, const std::vector<std::string>& sets, bool resume,
-              int nproc, int argc, char** argv) {
+              int nproc, int max_restarts, int argc, char** argv) {
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
   const int64_t tp = cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp");  // ranks per replica
@@ -113,7 +123,13 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
              cfg.get_int("parallel.dp"), " × ", tp);
     PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone, "--nproc ", nproc,
              ": already running under a launcher (mpirun, srun or torchrun); drop --nproc");
-    launch_workers(nproc, nproc / tp, argc, argv);
+    return launch_workers(cfg, nproc, nproc / tp, max_restarts, argc, argv);
+  }
+  if (max_restarts > 0) {
+    PO_CHECK(comm::detect_launch_env().source == comm::LaunchSource::kNone,
+             "--max-restarts: running under a launcher (mpirun, srun or torchrun), which restarts "
+             "nothing; use --nproc here, or the scheduler's requeue (`pagedoptim sbatch`)");
+    return launch_workers(cfg, 1, 1, max_restarts, argc, argv);
   }
   if (!cfg.is_set("parallel.dp")) {
     // Under mpirun, srun or torchrun without parallel.dp: the world is dp × tp
@@ -123,6 +139,14 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
       cfg.set_text("parallel.dp", std::to_string(env.world_size / tp), "the launcher's world size");
   }
   train::TrainResult r = train::train(cfg);
+  if (r.stopped_by != 0) {  // a stop request: checkpointed at the step it ended
+    if (r.leader)
+      std::fprintf(stderr,
+                   "pagedoptim: stopped on request after step %lld; checkpoint written; exit %d "
+                   "(resume with --resume)\n",
+                   static_cast<long long>(r.steps), train::kExitResume);
+    return train::kExitResume;
+  }
   if (!r.leader) return 0;
   std::printf("trained %lld steps; final train loss %.4f", static_cast<long long>(r.steps),
               r.last_loss);
@@ -414,6 +438,10 @@ int run(int argc, char** argv) {
   tr->add_option("--set", sets, "Override: section.key=value (repeatable)");
   tr->add_flag("--resume", resume, "Resume from run.dir's newest checkpoint");
   tr->add_option("--nproc", nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
+  int max_restarts = 0;
+  tr->add_option("--max-restarts", max_restarts,
+                 "Restart failed workers from the newest checkpoint up to this many times")
+      ->check(CLI::NonNegativeNumber);
   std::string trace;
   tr->add_option("--trace", trace,
                  "parallel.pp > 1: write the last step of every rank as Chrome trace-event JSON");
@@ -531,7 +559,7 @@ int run(int argc, char** argv) {
     }
     if (*tr) {
       if (!trace.empty()) sets.push_back("train.trace=" + trace);
-      return cmd_train(config_path, sets, resume, nproc, argc, argv);
+      return cmd_train(config_path, sets, resume, nproc, max_restarts, argc, argv);
     }
     if (*sb) {
       std::error_code ec;

@@ -71,7 +71,9 @@ const std::vector<KeySpec>& schema() {
       {"train.threads", Kind::kInt, int64_t{0}, 0, 4096},
       {"train.log_interval", Kind::kInt, int64_t{1}, 1, 1e12},
       {"train.peak_gflops", Kind::kFloat, 0.0, 0, 1e9},
-      {"train.trace", Kind::kString, std::string("")},  // pp > 1: the last step as Chrome trace JSON
+      {"train.trace", Kind::kString, std::string("")},
+      {"train.stop_signal", Kind::kString, std::string("USR1")},  // train/stop.h: besides TERM and INT
+      {"train.stop_timeout", Kind::kFloat, 600.0, 0, 1e9},        // seconds from a stop request to abort  // pp > 1: the last step as Chrome trace JSON
       {"data.train", Kind::kString, std::string("")},
       {"data.val", Kind::kString, std::string("")},
       {"run.dir", Kind::kString, std::string("runs/default")},

@@ -23,6 +23,7 @@
 #include "train/paging_setup.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/stop.h"
 #include "train/tp_checkpoint.h"
 #include "train/train_step.h"
 
@@ -383,9 +384,15 @@ TrainResult train_pipeline(const PipelineRun& r) {
       }
       vl /= static_cast<double>(batches);
     }
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
+    // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
+    const bool stop = state.step < p.steps && StopRequests::agreed(launch.world.get());
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop)
       checkpoint_now();
-    if (!launch.leader) continue;
+    if (stop) result.stopped_by = StopRequests::requested() != 0 ? StopRequests::requested() : -1;
+    if (!launch.leader) {
+      if (stop) break;
+      continue;
+    }
     nlohmann::json per_rank = nlohmann::json::array();
     nlohmann::json paging = nlohmann::json::array();
     for (int64_t k = 0; k < p.pp; ++k) {
@@ -423,8 +430,12 @@ TrainResult train_pipeline(const PipelineRun& r) {
       metrics->write({{"step", state.step}, {"val_loss", vl}});
       progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
     }
+    if (stop) break;
   }
   progress.finish();
+  // Stopped on request: every rank leaves together, once rank 0 has reported
+  // (mpirun ends the job when the first rank exits non-zero).
+  if (result.stopped_by != 0 && launch.world != nullptr) launch.world->ibarrier().wait();
   result.steps = state.step;
   return result;
 }

@@ -30,6 +30,7 @@
 #include "train/pipeline_train.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/stop.h"
 #include "train/tp_checkpoint.h"
 #include "train/train_step.h"
 
@@ -292,10 +293,16 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     // layers need every rank of the group: then all ranks evaluate.
     const bool all_evaluate = l.zero_stage == 3 || p.tp > 1;
     const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
+    // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
+    const bool stop = state.step < p.steps && StopRequests::agreed(c.world);
     // Every rank saves its part (a collective), before the leader-only reporting.
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps)
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop)
       save_step(c, l, state, progress);
-    if (!l.leader) continue;
+    if (stop) result.stopped_by = StopRequests::requested() != 0 ? StopRequests::requested() : -1;
+    if (!l.leader) {
+      if (stop) break;
+      continue;
+    }
     metrics->write(step_metrics(c, s, state, split, l.predicted, records));
     if (c.paging) metrics->write(paging_json(state.step, records));
     const double avg = timed_steps > 0 ? timed_s / timed_steps : s.seconds;
@@ -307,8 +314,12 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
       metrics->write({{"step", state.step}, {"val_loss", vl}});
       progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
     }
+    if (stop) break;
   }
   progress.finish();
+  // Stopped on request: every rank leaves together, once rank 0 has reported
+  // (mpirun ends the job when the first rank exits non-zero).
+  if (result.stopped_by != 0 && c.world != nullptr) c.world->ibarrier().wait();
   result.steps = state.step;
   return result;
 }
@@ -323,6 +334,9 @@ TrainResult train(const core::Config& cfg) {
   const std::string run_dir = cfg.get_string("run.dir");
   const bool resume = cfg.get_bool("train.resume");
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+  // From here a stop request is a checkpoint after the current step (train/stop.h).
+  const StopRequests stop_requests(stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal"),
+                                   cfg.get_float("train.stop_timeout"));
   const Launch launch(cfg, p);
   const int threads = setup_compute(cfg, launch.local_ranks);
 

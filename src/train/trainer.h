@@ -17,6 +17,7 @@ struct TrainResult {
   double last_val_loss = -1; // -1 when never evaluated
   std::string run_dir;
   bool leader = true;        // rank 0 (or the only process): the one that reports
+  int stopped_by = 0;        // a stop request's signal (train/stop.h): checkpointed, resume me
 };
 
 // Runs training as configured. Throws on bad input (naming the key or file)

@@ -1,0 +1,80 @@
+#include "train/stop.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+
+namespace po::train {
+namespace {
+
+std::atomic<int> g_requested{0};
+unsigned g_timeout_s = 0;
+struct sigaction g_previous[3];
+
+constexpr struct {
+  const char* name;
+  int number;
+} kStopSignals[] = {{"TERM", SIGTERM}, {"INT", SIGINT},   {"HUP", SIGHUP},
+                    {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"XCPU", SIGXCPU}};
+
+// First request: remember it and arm the timeout (alarm() is
+// async-signal-safe; SIGALRM's default action ends the process). Second: the
+// signal's default action, now.
+extern "C" void on_stop_request(int sig) {
+  int none = 0;
+  if (g_requested.compare_exchange_strong(none, sig)) {
+    if (g_timeout_s > 0) alarm(g_timeout_s);
+    static const char msg[] =
+        "pagedoptim: stop requested: finishing this step and writing a checkpoint (a second signal "
+        "aborts)\n";
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+    return;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+}  // namespace
+
+int stop_signal_number(const std::string& name, const std::string& key) {
+  std::string n = name;
+  if (n.starts_with("SIG")) n = n.substr(3);
+  for (const auto& s : kStopSignals)
+    if (n == s.name) return s.number;
+  PO_THROW(core::InvalidArgument, key, " = \"", name,
+           "\": choose one of TERM, INT, HUP, USR1, USR2, XCPU");
+}
+
+StopRequests::StopRequests(int extra_signal, double timeout_s) : extra_(extra_signal) {
+  g_requested = 0;
+  g_timeout_s = timeout_s > 0 ? static_cast<unsigned>(std::ceil(timeout_s)) : 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_request;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  const int sigs[3] = {SIGTERM, SIGINT, extra_};
+  for (int i = 0; i < 3; ++i) sigaction(sigs[i], &sa, &g_previous[i]);
+}
+
+StopRequests::~StopRequests() {
+  const int sigs[3] = {SIGTERM, SIGINT, extra_};
+  for (int i = 2; i >= 0; --i) sigaction(sigs[i], &g_previous[i], nullptr);
+  alarm(0);
+}
+
+int StopRequests::requested() { return g_requested.load(); }
+
+bool StopRequests::agreed(comm::Communicator* world) {
+  float flag = g_requested.load() != 0 ? 1.0f : 0.0f;
+  if (world != nullptr) world->allreduce(&flag, 1, tensor::DType::kF32, comm::ReduceOp::kMax);
+  return flag != 0;
+}
+
+}  // namespace po::train

@@ -1,0 +1,46 @@
+// Stopping a run on request, the way a cluster asks: SIGTERM (a scheduler's
+// stop, `kill`, Ctrl-C's SIGINT) or train.stop_signal (what Slurm's
+// `--signal=USR1@120` sends ahead of a time limit) makes every rank finish
+// the step it is in, write a checkpoint and exit with kExitResume ("resume
+// me"). A second signal, or train.stop_timeout seconds without finishing,
+// aborts at once: checkpoints are written atomically, so the last complete
+// one stays good.
+#pragma once
+
+#include <string>
+
+namespace po::comm {
+class Communicator;
+}
+
+namespace po::train {
+
+// sysexits.h's EX_TEMPFAIL: the run stopped cleanly at a checkpoint and asks
+// to be resumed (`--resume`, a requeue, the next job of a chain).
+inline constexpr int kExitResume = 75;
+
+// The signal number of "USR1", "SIGUSR2", "TERM", ... (the ones a stop request
+// may use: TERM, INT, HUP, USR1, USR2, XCPU); errors name `key`.
+int stop_signal_number(const std::string& name, const std::string& key);
+
+// While alive, SIGTERM, SIGINT and `extra_signal` request a stop; their
+// previous handlers come back on destruction. `timeout_s` > 0 arms an alarm at
+// the first request.
+class StopRequests {
+ public:
+  StopRequests(int extra_signal, double timeout_s);
+  ~StopRequests();
+  StopRequests(const StopRequests&) = delete;
+  StopRequests& operator=(const StopRequests&) = delete;
+
+  // The signal that asked this process to stop, 0 when none.
+  static int requested();
+  // Collective over `world` (null: this process alone): whether any rank was
+  // asked to stop, so that all stop after the same step.
+  static bool agreed(comm::Communicator* world);
+
+ private:
+  int extra_;
+};
+
+}  // namespace po::train
