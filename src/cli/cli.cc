@@ -460,6 +460,14 @@ int run(int argc, char** argv) {
   sb->add_option("--partition", sbo.partition, "Slurm partition");
   sb->add_option("--time", sbo.time, "Slurm time limit, e.g. 2:00:00");
   sb->add_option("--job-name", sbo.job_name, "Slurm job name (default pagedoptim-<run name>)");
+  sb->add_option("--signal-lead", sbo.signal_lead,
+                 "Seconds before the time limit the ranks are told to checkpoint and stop (default 120; 0: not asked)")
+      ->check(CLI::NonNegativeNumber);
+  sb->add_option("--max-restarts", sbo.max_restarts, "Start a failed step again, resuming, up to this many times")
+      ->check(CLI::NonNegativeNumber);
+  sb->add_option("--chain", sbo.chain,
+                 "Submit K jobs, each resuming where the last stopped (--dependency=afterany); writes RUN/job.sh")
+      ->check(CLI::PositiveNumber);
 
   auto* pl = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
   PlanOptions plo;
@@ -564,7 +572,19 @@ int run(int argc, char** argv) {
     if (*sb) {
       std::error_code ec;
       const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
-      std::fputs(make_sbatch_script(sbo, self, fs::current_path().string()).c_str(), stdout);
+      const std::string script = make_sbatch_script(sbo, self, fs::current_path().string());
+      if (sbo.chain == 0) {
+        std::fputs(script.c_str(), stdout);
+        return 0;
+      }
+      const core::Config cfg = core::Config::load(sbo.config_path, sbo.sets);
+      const fs::path run_dir = fs::absolute(cfg.get_string("run.dir"));
+      fs::create_directories(run_dir, ec);
+      PO_CHECK(!ec, "run.dir '", run_dir.string(), "': cannot create: ", ec.message());
+      const auto ids = submit_chain(sbo, script, (run_dir / "job.sh").string());
+      std::printf("submitted a chain of %d jobs (%s):", sbo.chain, (run_dir / "job.sh").c_str());
+      for (const auto& id : ids) std::printf(" %s", id.c_str());
+      std::printf("\n");
       return 0;
     }
     if (*pl) return cmd_plan(plo);

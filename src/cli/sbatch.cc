@@ -1,6 +1,9 @@
 #include "cli/sbatch.h"
 
 #include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -8,6 +11,8 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 namespace po::cli {
@@ -87,16 +92,87 @@ std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary
   if (o.cpus_per_task > 0) s << "#SBATCH --cpus-per-task=" << o.cpus_per_task << "\n";
   if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
   if (!o.time.empty()) s << "#SBATCH --time=" << o.time << "\n";
-  s << "set -euo pipefail\n"
+  if (o.signal_lead > 0) {
+    const int sig = train::stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal");
+    s << "# " << o.signal_lead << " s before the time limit every rank gets SIG" << sigabbrev_np(sig)
+      << ": it finishes its step,\n# checkpoints and exits " << train::kExitResume
+      << "; the job then requeues itself (or the chain's next job resumes).\n"
+      << "#SBATCH --signal=" << sigabbrev_np(sig) << "@" << o.signal_lead << "\n";
+  }
+  s << "#SBATCH --requeue\n"
+    << "#SBATCH --open-mode=append\n";
+  const fs::path run_dir = fs::absolute(fs::path(workdir) / cfg.get_string("run.dir")).lexically_normal();
+  char final_step[32];
+  std::snprintf(final_step, sizeof final_step, "step_%08lld", static_cast<long long>(cfg.get_int("train.steps")));
+  s << "set -uo pipefail\n"
     << "cd " << shell_quote(fs::absolute(workdir).lexically_normal()) << "\n"
-    << "# One task per rank. Debian's OpenMPI joins a Slurm step only through PMIx;\n"
-    << "# --kill-on-bad-exit stops every rank as soon as one fails.\n"
-    << "srun --mpi=pmix --kill-on-bad-exit=1 " << shell_quote(binary) << " train -c "
+    << "final=" << shell_quote((run_dir / "checkpoints" / final_step).string()) << "\n"
+    << "if [ -f \"$final/manifest.json\" ]; then\n"
+    << "  echo \"pagedoptim: $final exists: the run is complete, nothing to do\"\n"
+    << "  exit 0\n"
+    << "fi\n"
+    << "# A requeued job, a chain's later job and a restart resume the newest checkpoint.\n"
+    << "resume=" << (o.resume ? "--resume" : "") << "\n"
+    << "if [ \"${SLURM_RESTART_COUNT:-0}\" -gt 0 ] || [ \"${PAGEDOPTIM_CHAIN_LINK:-1}\" -gt 1 ]; then resume=--resume; fi\n"
+    << "restarts=0\n"
+    << "while :; do\n"
+    << "  # One task per rank. Debian's OpenMPI joins a Slurm step only through PMIx;\n"
+    << "  # --kill-on-bad-exit stops every rank as soon as one fails.\n"
+    << "  srun --mpi=pmix --kill-on-bad-exit=1 " << shell_quote(binary) << " train -c "
     << shell_quote(config);
-  for (const std::string& v : sets) s << " \\\n  --set " << shell_quote(v);
-  if (o.resume) s << " \\\n  --resume";
-  s << "\n";
+  for (const std::string& v : sets) s << " \\\n    --set " << shell_quote(v);
+  s << " \\\n    $resume\n"
+    << "  rc=$?\n"
+    << "  case $rc in\n"
+    << "    0) exit 0 ;;\n"
+    << "    " << train::kExitResume << ")\n"
+    << "      if [ \"${PAGEDOPTIM_CHAIN_LINK:-0}\" -gt 0 ] && [ \"${PAGEDOPTIM_CHAIN_LINK}\" -lt \"${PAGEDOPTIM_CHAIN_LENGTH}\" ]; then\n"
+    << "        echo \"pagedoptim: stopped at a checkpoint; the chain's next job resumes it\"\n"
+    << "        exit 0\n"
+    << "      fi\n"
+    << "      echo \"pagedoptim: stopped at a checkpoint; requeueing job $SLURM_JOB_ID\"\n"
+    << "      scontrol requeue \"$SLURM_JOB_ID\"\n"
+    << "      exit " << train::kExitResume << " ;;\n"
+    << "  esac\n"
+    << "  if [ $restarts -ge " << o.max_restarts << " ]; then\n"
+    << "    echo \"pagedoptim: the step failed (exit $rc)" << (o.max_restarts > 0 ? "; all restarts are used" : "") << "\"\n"
+    << "    exit $rc\n"
+    << "  fi\n"
+    << "  restarts=$((restarts + 1))\n"
+    << "  echo \"pagedoptim: the step failed (exit $rc); restart $restarts of " << o.max_restarts
+    << " from the newest checkpoint\"\n"
+    << "  resume=--resume\n"
+    << "done\n";
   return s.str();
+}
+
+std::vector<std::string> submit_chain(const SbatchOptions& o, const std::string& script,
+                                      const std::string& script_path) {
+  PO_CHECK(o.chain >= 1, "--chain ", o.chain, ": must be at least 1");
+  {
+    std::ofstream f(script_path);
+    PO_CHECK(f.good(), "--chain: cannot write the script to '", script_path, "'");
+    f << script;
+  }
+  std::vector<std::string> ids;
+  for (int k = 1; k <= o.chain; ++k) {
+    std::string cmd = core::str_cat("sbatch --parsable --export=ALL,PAGEDOPTIM_CHAIN_LINK=", k,
+                                    ",PAGEDOPTIM_CHAIN_LENGTH=", o.chain);
+    if (!ids.empty()) cmd.append(" --dependency=afterany:").append(ids.back());
+    cmd.append(" ").append(shell_quote(script_path)).append(" 2>&1");
+    std::FILE* p = popen(cmd.c_str(), "r");
+    PO_CHECK(p != nullptr, "--chain: cannot run sbatch: ", std::strerror(errno));
+    std::string out;
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = pclose(p);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    PO_CHECK(status == 0 && !out.empty(), "--chain: job ", k, " of ", o.chain, ": sbatch failed",
+             ids.empty() ? std::string() : core::str_cat(" (jobs ", ids.front(), "..", ids.back(), " are queued)"),
+             ": ", out);
+    ids.push_back(out.substr(0, out.find(';')));  // "id;cluster" on a federation
+  }
+  return ids;
 }
 
 }  // namespace po::cli

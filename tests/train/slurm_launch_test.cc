@@ -15,6 +15,10 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <fstream>
+#include <sstream>
+#include <signal.h>
+#include <nlohmann/json.hpp>
 
 #include "../test_util.h"
 
@@ -163,6 +167,130 @@ TEST_F(Slurm, SbatchRefusesALayoutTheBatchCannotBeSplitOver) {
                   " --partition 'a b'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--partition 'a b'"), std::string::npos) << r.output;
+}
+
+// Waits for job `id` to end; returns its final state ("" after `secs`).
+std::string wait_for_job(const std::string& id, int secs) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(secs);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string state = job_state(id);
+    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
+        state == "NODE_FAIL" || state == "OUT_OF_MEMORY")
+      return state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return "";
+}
+
+// The newest step in a run's metrics.jsonl (-1: none yet).
+int64_t trained_steps(const std::string& run) {
+  int64_t step = -1;
+  std::ifstream f(run + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) step = j["step"].get<int64_t>();
+    } catch (const std::exception&) {  // a line being written
+    }
+  }
+  return step;
+}
+
+// PID of the srun task of rank `rank` whose command line names `marker`.
+int srun_rank_pid(int rank, const std::string& marker) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmdline = po::test::read_file(e.path().string() + "/cmdline");
+    if (cmdline.find(marker) == std::string::npos || cmdline.rfind(kBin, 0) != 0) continue;
+    const std::string env = po::test::read_file(e.path().string() + "/environ");
+    if (env.find("SLURM_PROCID=" + std::to_string(rank) + '\0') != std::string::npos) return std::stoi(pid);
+  }
+  return -1;
+}
+
+class SlurmLong : public Slurm {
+ protected:
+  static constexpr int kSteps = 1500;
+  std::string long_args(const std::string& run) const {
+    return " --set run.dir=" + (dir_ / run) + " --set train.steps=" + std::to_string(kSteps) +
+           " --set train.checkpoint_interval=0 --set train.eval_interval=0 --set train.log_interval=100" +
+           " --set train.peak_gflops=100 --set train.batch_size=8 --set train.micro_batch_size=2";
+  }
+  // The reference: the same run, uninterrupted, under --nproc 2.
+  std::string reference() {
+    auto r = run_command(kBin + " train -c " + config_ + long_args("ref") + " --nproc 2");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return dir_ / "ref";
+  }
+};
+
+// `--chain 3`: three jobs, each after the last. The first two are told to
+// stop as Slurm tells a job near its time limit (the --signal the script
+// asks for, sent here with `scancel --signal`: Slurm's own limits are whole
+// minutes); each checkpoints, exits 75 and leaves the rest to the next job,
+// which resumes. The run ends bit-identical to an uninterrupted one.
+TEST_F(SlurmLong, ChainOfThreeJobsCompletesTheRunBitIdentical) {
+  const std::string ref = reference();
+  const std::string run = dir_ / "chain";
+  auto r = run_command("cd " + (dir_ / "") + " && " + kBin + " sbatch -c " + config_ +
+                       " --nodes 1 --ntasks-per-node 2 --chain 3 --time 0:10:00" + long_args("chain"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NE(r.output.find("submitted a chain of 3 jobs"), std::string::npos) << r.output;
+  std::vector<std::string> ids;
+  {
+    std::istringstream is(r.output.substr(r.output.find("):") + 2));
+    for (std::string id; is >> id;) ids.push_back(id);
+  }
+  ASSERT_EQ(ids.size(), 3u) << r.output;
+  const std::string script = po::test::read_file(run + "/job.sh");
+  EXPECT_NE(script.find("#SBATCH --signal=USR1@120\n"), std::string::npos) << script;
+  EXPECT_NE(script.find("#SBATCH --requeue\n"), std::string::npos) << script;
+  std::string stops;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t before = trained_steps(run);
+    // Signal once the job trains (past where the last one stopped).
+    bool training = false;
+    for (int i = 0; i < 1500 && !training; ++i) {
+      training = job_state(ids[k]) == "RUNNING" && trained_steps(run) >= before + 50;
+      if (!training) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(training) << "job " << k + 1 << " (" << ids[k] << ") never trained:\n"
+                          << po::test::read_file(dir_ / ("slurm-" + ids[k] + ".out"));
+    run_command("scancel --signal=USR1 " + ids[k]);
+    EXPECT_EQ(wait_for_job(ids[k], 120), "COMPLETED")
+        << "job " << k + 1 << ":\n" << po::test::read_file(dir_ / ("slurm-" + ids[k] + ".out"));
+    stops.append(" ").append(std::to_string(trained_steps(run)));
+  }
+  ASSERT_EQ(wait_for_job(ids[2], 180), "COMPLETED") << po::test::read_file(dir_ / ("slurm-" + ids[2] + ".out"));
+  const std::string out1 = po::test::read_file(dir_ / ("slurm-" + ids[0] + ".out"));
+  EXPECT_NE(out1.find("the chain's next job resumes it"), std::string::npos) << out1;
+  po::test::expect_same_checkpoint(ref, run, kSteps, "a chain of 3 jobs stopped after steps" + stops);
+}
+
+// A rank killed inside the job: the step fails, and the script (--max-restarts)
+// runs it again from the newest checkpoint; the run ends bit-identical.
+TEST_F(SlurmLong, SrunStepKilledRestartsInsideTheJobBitIdentical) {
+  const std::string ref = reference();
+  const std::string run = dir_ / "restart";
+  const std::string script = dir_ / "restart.sh";
+  auto r = run_command(kBin + " sbatch -c " + config_ + " --nodes 1 --ntasks-per-node 2 --max-restarts 2" +
+                       long_args("restart") + " --set train.checkpoint_interval=25 > " + script);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command("cd " + (dir_ / "") + " && sbatch --parsable --output=" + (dir_ / "restart.out") + " " + script);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string id = r.output.substr(0, r.output.find_first_of(";\n"));
+  int victim = -1;
+  for (int i = 0; i < 1500 && victim < 0; ++i) {
+    if (trained_steps(run) >= 200) victim = srun_rank_pid(1, run);
+    if (victim < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never trained:\n" << po::test::read_file(dir_ / "restart.out");
+  kill(victim, SIGKILL);
+  ASSERT_EQ(wait_for_job(id, 240), "COMPLETED") << po::test::read_file(dir_ / "restart.out");
+  const std::string out = po::test::read_file(dir_ / "restart.out");
+  EXPECT_NE(out.find("restart 1 of 2 from the newest checkpoint"), std::string::npos) << out;
+  po::test::expect_same_checkpoint(ref, run, kSteps, "srun step killed after step 200 and restarted");
 }
 
 }  // namespace
