@@ -10,13 +10,21 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <utility>
 
@@ -30,17 +38,19 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
 constexpr uint32_t kMagic = 0x56524f50;  // "PORV"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: challenge, HMAC-signed hello and welcome
+constexpr size_t kNonceBytes = 32, kMacBytes = 32;
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kMaxFrameBytes = size_t{1} << 30;
 
-enum Kind : uint32_t { kHello = 1, kWelcome, kReject, kGather, kGatherResult, kBroadcast };
+enum Kind : uint32_t { kHello = 1, kWelcome, kReject, kGather, kGatherResult, kBroadcast, kChallenge };
 
 const char* kind_name(uint32_t k) {
   switch (k) {
     case kHello: return "hello";
     case kWelcome: return "welcome";
     case kReject: return "reject";
+    case kChallenge: return "challenge";
     case kGather: return "all_gather";
     case kGatherResult: return "all_gather result";
     case kBroadcast: return "broadcast";
@@ -228,51 +238,99 @@ Frame recv_frame(int fd, Deadline deadline) {
   return f;
 }
 
+// ---- authentication ------------------------------------------------------------
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    PO_CHECK(r > 0, "rendezvous: getrandom: ", errno_text(errno));
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+// HMAC-SHA256(secret, label | parts...), each part length-prefixed so that
+// no two different messages sign alike.
+std::string mac(const std::string& secret, const char* label, std::initializer_list<std::string_view> parts) {
+  std::string msg = label;
+  for (std::string_view part : parts) {
+    put_u32(msg, static_cast<uint32_t>(part.size()));
+    msg.append(part);
+  }
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  PO_CHECK(HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+                reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len) != nullptr &&
+               len == kMacBytes,
+           "rendezvous: HMAC-SHA256 failed");
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+bool same_mac(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// Whether every address `host` resolves to is a loopback one.
+bool is_loopback(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return false;
+  bool all = true;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      all = all && (ntohl(reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    } else if (ai->ai_family == AF_INET6) {
+      const in6_addr& a = reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr;
+      all = all && (IN6_IS_ADDR_LOOPBACK(&a) ||
+                    (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127));
+    } else {
+      all = false;
+    }
+  }
+  freeaddrinfo(res);
+  return all;
+}
+
 // ---- connection set-up -------------------------------------------------------
 
-// Listens on every interface at `port`: IPv6 dual-stack where available (so
-// IPv4 and IPv6 peers both reach it), IPv4 otherwise.
+// Listens at `port` on the address `host` names, and nowhere else (the first
+// of its addresses this host has).
 Fd open_listener(const std::string& host, int port) {
-  Fd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  bool v6 = fd.get() >= 0;
-  if (v6) {
-    int zero = 0;
-    v6 = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) == 0;
-  }
-  if (!v6) fd = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (fd.get() < 0)
-    PO_THROW(core::CommError, "rendezvous: rank 0 cannot create a socket: ", errno_text(errno));
-  int one = 1;
-  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_storage ss{};
-  socklen_t len;
-  if (v6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    a->sin6_family = AF_INET6;
-    a->sin6_addr = in6addr_any;
-    a->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof *a;
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    a->sin_family = AF_INET;
-    a->sin_addr.s_addr = htonl(INADDR_ANY);
-    a->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof *a;
-  }
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    const int err = errno;
-    if (err == EADDRINUSE) {
-      PO_THROW(core::CommError, "rendezvous: MASTER_PORT ", port, " on ", host,
-               " is already in use (bind: ", errno_text(err),
-               "; another run, or a second process with RANK=0?); choose a free MASTER_PORT");
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int gai = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (gai != 0 || res == nullptr)
+    PO_THROW(core::CommError, "rendezvous: rank 0 cannot resolve MASTER_ADDR ", host, ": ", gai_strerror(gai));
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  std::string tried;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    Fd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) continue;
+    int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    const std::string addr = address_text(ai->ai_addr, ai->ai_addrlen);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      const int err = errno;
+      if (err == EADDRINUSE) {
+        PO_THROW(core::CommError, "rendezvous: MASTER_PORT ", port, " on ", host,
+                 " is already in use (bind: ", errno_text(err),
+                 "; another run, or a second process with RANK=0?); choose a free MASTER_PORT");
+      }
+      tried += core::str_cat(tried.empty() ? "" : "; ", addr, ": ", errno_text(err));
+      continue;
     }
-    PO_THROW(core::CommError, "rendezvous: rank 0 cannot listen on MASTER_PORT ", port, " (MASTER_ADDR ",
-             host, "): bind: ", errno_text(err));
+    if (::listen(fd.get(), SOMAXCONN) != 0)
+      PO_THROW(core::CommError, "rendezvous: rank 0 cannot listen on MASTER_PORT ", port, ": ",
+               errno_text(errno));
+    return fd;
   }
-  if (::listen(fd.get(), SOMAXCONN) != 0)
-    PO_THROW(core::CommError, "rendezvous: rank 0 cannot listen on MASTER_PORT ", port, ": ",
-             errno_text(errno));
-  return fd;
+  PO_THROW(core::CommError, "rendezvous: rank 0 cannot listen on MASTER_ADDR ", host, " port ", port,
+           " (", tried.empty() ? std::string("no usable address") : tried,
+           "); MASTER_ADDR must name an address of rank 0's host");
 }
 
 // True when a connection came back to its own socket: a connect to a free
@@ -343,7 +401,33 @@ Fd try_connect(const std::string& host, int port, Deadline deadline, std::string
 struct Rendezvous::Peer {
   Fd fd;
   std::string address;  // the peer's ip:port, for messages
+  std::string nonce;    // rank 0: the peer's hello nonce, which the welcome signs
 };
+
+std::string rendezvous_secret() {
+  if (const char* v = std::getenv("PAGEDOPTIM_RDZV_SECRET"); v != nullptr && *v != '\0') return v;
+  const char* file = std::getenv("PAGEDOPTIM_RDZV_KEY_FILE");
+  if (file == nullptr || *file == '\0') return "";
+  struct stat st {};
+  PO_CHECK(::stat(file, &st) == 0, "PAGEDOPTIM_RDZV_KEY_FILE=", file, ": ", errno_text(errno));
+  PO_CHECK((st.st_mode & 077) == 0, "PAGEDOPTIM_RDZV_KEY_FILE=", file,
+           ": others may read it (permissions ", (st.st_mode >> 6) & 7, (st.st_mode >> 3) & 7, st.st_mode & 7,
+           "); `chmod 600` it");
+  std::ifstream f(file, std::ios::binary);
+  const std::string key((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  PO_CHECK(f.good() || f.eof(), "PAGEDOPTIM_RDZV_KEY_FILE=", file, ": cannot read it");
+  PO_CHECK(key.size() >= 16, "PAGEDOPTIM_RDZV_KEY_FILE=", file, ": ", key.size(),
+           " bytes; a key needs at least 16 (e.g. `head -c 32 /dev/urandom > FILE`)");
+  std::string job;
+  for (const char* var : {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PAGEDOPTIM_JOB_ID"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+      job = core::str_cat(var, "=", v);
+      break;
+    }
+  PO_CHECK(!job.empty(), "PAGEDOPTIM_RDZV_KEY_FILE is set but no job id is: set SLURM_JOB_ID, "
+           "TORCHELASTIC_RUN_ID or PAGEDOPTIM_JOB_ID (the same on every rank)");
+  return mac(key, "po-rdzv-job", {job});
+}
 
 RendezvousOptions rendezvous_options(const LaunchEnv& env, Duration timeout) {
   PO_CHECK(!env.master_addr.empty(), "RANK=", env.rank, " and WORLD_SIZE=", env.world_size,
@@ -358,6 +442,7 @@ RendezvousOptions rendezvous_options(const LaunchEnv& env, Duration timeout) {
   o.rank = env.rank;
   o.world_size = env.world_size;
   o.timeout = timeout;
+  o.secret = rendezvous_secret();
   return o;
 }
 
@@ -365,6 +450,7 @@ Rendezvous::Rendezvous(const RendezvousOptions& options)
     : rank_(options.rank),
       world_size_(options.world_size),
       endpoint_(core::str_cat(options.master_addr, ":", options.master_port)),
+      secret_(options.secret),
       timeout_(options.timeout) {
   PO_CHECK(options.world_size >= 1 && options.rank >= 0 && options.rank < options.world_size,
            "rendezvous: rank ", options.rank, " is not in [0, world size ", options.world_size, ")");
@@ -373,6 +459,12 @@ Rendezvous::Rendezvous(const RendezvousOptions& options)
   PO_CHECK(!options.master_addr.empty(), "rendezvous: MASTER_ADDR is empty");
   PO_CHECK(options.hello.size() <= kMaxBlobBytes, "rendezvous: hello of ", options.hello.size(),
            " bytes exceeds ", kMaxBlobBytes);
+  // Without a secret anyone who reaches the port could join: only on loopback.
+  PO_CHECK(rank_ != 0 || !secret_.empty() || is_loopback(options.master_addr),
+           "rendezvous: MASTER_ADDR ", options.master_addr,
+           " is reachable from other hosts and the job has no secret: set PAGEDOPTIM_RDZV_SECRET "
+           "(the same on every rank), or PAGEDOPTIM_RDZV_KEY_FILE with SLURM_JOB_ID or "
+           "PAGEDOPTIM_JOB_ID");
   if (rank_ == 0) {
     join_as_root(options);
   } else {
@@ -407,11 +499,7 @@ std::string Rendezvous::missing_ranks() const {
                        format_duration(timeout_));
 }
 
-std::string Rendezvous::hello_problem(uint32_t version, int r, int w, const std::string& address) const {
-  if (version != kVersion) {
-    return core::str_cat("rank ", r, " (", address, ") speaks rendezvous protocol version ", version,
-                         ", rank 0 version ", kVersion, " (different PagedOptim builds?)");
-  }
+std::string Rendezvous::hello_problem(int r, int w, const std::string& address) const {
   if (w != world_size_) {
     return core::str_cat("rank ", r, " (", address, ") has WORLD_SIZE=", w, " but rank 0 has WORLD_SIZE=",
                          world_size_, "; every process of a run needs the same WORLD_SIZE");
@@ -451,30 +539,61 @@ void Rendezvous::join_as_root(const RendezvousOptions& options) {
     peer->fd = Fd(c);
     peer->address = address_text(reinterpret_cast<sockaddr*>(&ss), len);
     set_nodelay(c);
+    const std::string challenge = random_bytes(kNonceBytes);
     Frame hello;
     try {
-      // A real peer sends its hello right after connecting; a stray
+      // A real peer sends its hello right after the challenge; a stray
       // connection must not hold up the others for long.
-      hello = recv_frame(c, std::min(deadline, deadline_after(std::chrono::seconds(5))));
+      const Deadline soon = std::min(deadline, deadline_after(std::chrono::seconds(5)));
+      send_frame(c, kChallenge, 0, challenge, soon);
+      hello = recv_frame(c, soon);
     } catch (const WireError& e) {
       PO_LOG_WARN("rendezvous: ignored a connection from ", peer->address, " (", e.detail,
                   "): not a PagedOptim rank");
       continue;
     }
+    constexpr size_t kFixed = 12 + kNonceBytes + kMacBytes;
     if (hello.kind != kHello || hello.payload.size() < 12) {
       PO_LOG_WARN("rendezvous: ignored a connection from ", peer->address, " that sent a ",
                   kind_name(hello.kind), " frame instead of a hello");
       continue;
     }
+    // Refused one by one (the others go on joining): a hello of another
+    // protocol version, or one not signed with this job's secret for this
+    // challenge (a stranger, a replayed hello, a rank with another secret).
+    auto refuse = [&](const std::string& why) {
+      PO_LOG_WARN("rendezvous: refused a connection from ", peer->address, ": ", why);
+      try {
+        send_frame(c, kReject, 0, core::str_cat("rank 0 refused this connection: ", why),
+                   deadline_after(std::chrono::seconds(1)));
+      } catch (const WireError&) {
+      }
+    };
+    const uint32_t version = get_u32(hello.payload.data());
     const int r = static_cast<int>(get_u32(hello.payload.data() + 4));
-    const std::string reason = hello_problem(get_u32(hello.payload.data()), r,
-                                             static_cast<int>(get_u32(hello.payload.data() + 8)),
-                                             peer->address);
+    const int w = static_cast<int>(get_u32(hello.payload.data() + 8));
+    if (version != kVersion || hello.payload.size() < kFixed) {
+      refuse(core::str_cat("it speaks rendezvous protocol version ", version, ", rank 0 version ", kVersion,
+                           " (a different PagedOptim build?)"));
+      continue;
+    }
+    const std::string_view nonce(hello.payload.data() + 12, kNonceBytes);
+    const std::string_view signature(hello.payload.data() + 12 + kNonceBytes, kMacBytes);
+    const std::string_view blob(hello.payload.data() + kFixed, hello.payload.size() - kFixed);
+    if (!same_mac(signature, mac(secret_, "po-rdzv-hello",
+                                 {challenge, nonce, hello.payload.substr(0, 12), blob}))) {
+      refuse(core::str_cat("its hello (as rank ", r,
+                           ") is not signed with this job's secret for this connection's challenge "
+                           "(a stranger, a replayed hello, or another PAGEDOPTIM_RDZV_SECRET)"));
+      continue;
+    }
+    peer->nonce.assign(nonce);
+    const std::string reason = hello_problem(r, w, peer->address);
     if (!reason.empty()) {
       peers_.push_back(std::move(peer));  // so that it hears the reason too
       fail(reason);
     }
-    hellos_[static_cast<size_t>(r)] = hello.payload.substr(12);
+    hellos_[static_cast<size_t>(r)] = std::string(blob);
     peers_[static_cast<size_t>(r)] = std::move(peer);
     ++arrived;
   }
@@ -482,7 +601,9 @@ void Rendezvous::join_as_root(const RendezvousOptions& options) {
   const Deadline send_deadline = deadline_after(timeout_);
   for (int r = 1; r < world_size_; ++r) {
     try {
-      send_frame(peers_[static_cast<size_t>(r)]->fd.get(), kWelcome, 0, welcome, send_deadline);
+      const Peer& p = *peers_[static_cast<size_t>(r)];
+      send_frame(p.fd.get(), kWelcome, 0, mac(secret_, "po-rdzv-welcome", {p.nonce, welcome}) + welcome,
+                 send_deadline);
     } catch (const WireError& e) {
       fail(core::str_cat("rank ", r, " (", peers_[static_cast<size_t>(r)]->address,
                          ") went away before the group was complete (", e.detail, ")"));
@@ -515,17 +636,23 @@ void Rendezvous::join_as_peer(const RendezvousOptions& options) {
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
   set_nodelay(fd.get());
-  std::string hello;
-  put_u32(hello, kVersion);
-  put_u32(hello, static_cast<uint32_t>(rank_));
-  put_u32(hello, static_cast<uint32_t>(world_size_));
-  hello += options.hello;
   // Rank 0 was listening when we connected, so it gives up at most timeout_
   // from now: waiting that long (and a little) always hears its verdict.
   const Duration grace = std::chrono::seconds(2);
   const Deadline answer_deadline = deadline_after(timeout_ >= kNoTimeout - grace ? kNoTimeout : timeout_ + grace);
+  const std::string nonce = random_bytes(kNonceBytes);
   Frame answer;
   try {
+    const Frame challenge = recv_frame(fd.get(), answer_deadline);
+    if (challenge.kind != kChallenge || challenge.payload.size() != kNonceBytes)
+      throw WireError{WireError::kBadFrame, core::str_cat("a ", kind_name(challenge.kind), " frame first, not a challenge")};
+    std::string fixed;
+    put_u32(fixed, kVersion);
+    put_u32(fixed, static_cast<uint32_t>(rank_));
+    put_u32(fixed, static_cast<uint32_t>(world_size_));
+    const std::string hello = fixed + nonce +
+                              mac(secret_, "po-rdzv-hello", {challenge.payload, nonce, fixed, options.hello}) +
+                              options.hello;
     send_frame(fd.get(), kHello, 0, hello, answer_deadline);
     answer = recv_frame(fd.get(), answer_deadline);
   } catch (const WireError& e) {
@@ -547,6 +674,15 @@ void Rendezvous::join_as_peer(const RendezvousOptions& options) {
   if (answer.kind == kReject) {
     PO_THROW(core::CommError, "rendezvous: rank 0 at ", endpoint_, " gave up: ", answer.payload);
   }
+  if (answer.kind == kWelcome &&
+      (answer.payload.size() < kMacBytes ||
+       !same_mac(std::string_view(answer.payload).substr(0, kMacBytes),
+                 mac(secret_, "po-rdzv-welcome", {nonce, std::string_view(answer.payload).substr(kMacBytes)})))) {
+    PO_THROW(core::CommError, "rendezvous: ", endpoint_,
+             " answered with a welcome not signed with this job's secret (another job's rank 0, or "
+             "another PAGEDOPTIM_RDZV_SECRET)");
+  }
+  if (answer.kind == kWelcome) answer.payload.erase(0, kMacBytes);
   if (answer.kind != kWelcome || !decode_list(answer.payload, static_cast<size_t>(world_size_), &hellos_)) {
     PO_THROW(core::CommError, "rendezvous: ", endpoint_, " answered a ", kind_name(answer.kind),
              " frame that is not a welcome for ", world_size_, " ranks");

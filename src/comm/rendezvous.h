@@ -21,8 +21,18 @@
 // frame carries a magic number, the operation kind and its sequence number, so
 // a stray connection or ranks calling different operations are reported, not
 // misread. Blobs are at most kMaxBlobBytes each. Not thread-safe: one thread
-// at a time per Rendezvous. Traffic is unauthenticated: run it inside the
-// cluster network only, as with torchrun.
+// at a time per Rendezvous.
+//
+// Who may join: rank 0 listens only on the address MASTER_ADDR names, and
+// answers every connection with a fresh random challenge. A peer's hello
+// carries HMAC-SHA256(job secret, challenge, its own nonce, its rank, world
+// size and blob); rank 0 refuses a hello that does not verify (a stranger, a
+// replayed hello, a rank with another secret) with one warning naming its
+// address, and goes on waiting for the real ranks. Its welcome carries an
+// HMAC over the peer's nonce, so peers know rank 0 holds the secret too. The
+// secret (rendezvous_secret()) is never sent. Without one, rank 0 refuses to
+// listen anywhere but on a loopback address. Blobs after the hello travel
+// unencrypted: they are hashes and MPI port names, not secrets.
 #pragma once
 
 #include <chrono>
@@ -47,7 +57,15 @@ struct RendezvousOptions {
   // the limit of each operation.
   Duration timeout = std::chrono::seconds(60);
   std::string hello;  // this rank's blob in hellos(), e.g. a config hash
+  std::string secret;  // the job's secret (the same on every rank); empty: loopback only
 };
+
+// The job's rendezvous secret from the environment: PAGEDOPTIM_RDZV_SECRET
+// itself, or PAGEDOPTIM_RDZV_KEY_FILE (a file only its owner may read) keyed
+// with the job's id (SLURM_JOB_ID, else TORCHELASTIC_RUN_ID, else
+// PAGEDOPTIM_JOB_ID), so one key file serves every job without two jobs
+// sharing a secret. Empty when neither is set. Errors name the variable or file.
+std::string rendezvous_secret();
 
 // Options for the process described by a torchrun-style LaunchEnv; an
 // InvalidArgument when MASTER_ADDR or MASTER_PORT is missing.
@@ -83,12 +101,13 @@ class Rendezvous {
   void reject_all(const std::string& reason);
   // Rank 0: why a hello (protocol version, rank r, world size w) from
   // `address` is refused, "" when it is fine; the ranks not arrived yet.
-  std::string hello_problem(uint32_t version, int r, int w, const std::string& address) const;
+  std::string hello_problem(int r, int w, const std::string& address) const;
   std::string missing_ranks() const;
 
   int rank_ = 0;
   int world_size_ = 1;
   std::string endpoint_;
+  std::string secret_;
   Duration timeout_;
   uint32_t seq_ = 0;  // operations so far; frames carry it
   std::vector<std::string> hellos_;

@@ -7,13 +7,18 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <algorithm>
+#include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -239,6 +244,251 @@ TEST(Rendezvous, StrayConnectionIsIgnored) {
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
   EXPECT_TRUE(contains(err, "rendezvous: ignored a connection from 127.0.0.1:")) << "stderr: " << err;
+}
+
+// ---- who may join (rendezvous.h: challenge, HMAC-signed hello and welcome) ----
+
+// A TCP connection to 127.0.0.1:port (-1 when refused).
+int connect_local(int port, const char* ip = "127.0.0.1") {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads one whole frame (16-byte header: magic, kind, seq, length; then the
+// payload) from a blocking socket; "" when the connection ends first.
+std::string read_frame(int fd) {
+  std::string f(16, '\0');
+  for (size_t got = 0; got < f.size();) {
+    const ssize_t r = read(fd, f.data() + got, f.size() - got);
+    if (r <= 0) return "";
+    got += static_cast<size_t>(r);
+    if (got == 16) {
+      uint32_t n = 0;
+      std::memcpy(&n, f.data() + 12, 4);
+      f.resize(16 + n);
+    }
+  }
+  return f;
+}
+
+uint32_t frame_kind(const std::string& f) {
+  uint32_t k = 0;
+  if (f.size() >= 8) std::memcpy(&k, f.data() + 4, 4);
+  return k;
+}
+
+// A relay between a peer and rank 0 that records what the peer sends: the
+// peer's hello, captured on the wire, to be replayed.
+class Recorder {
+ public:
+  Recorder(int listen_port, int target_port) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(listen_port));
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    listen(listener_, 1);
+    thread_ = std::thread([this, target_port] {
+      const int peer = accept(listener_, nullptr, nullptr);
+      int server = -1;
+      for (int i = 0; i < 200 && server < 0; ++i) {
+        server = connect_local(target_port);
+        if (server < 0) std::this_thread::sleep_for(milliseconds(10));
+      }
+      if (peer < 0 || server < 0) return;
+      pollfd fds[2] = {{peer, POLLIN, 0}, {server, POLLIN, 0}};
+      char buf[4096];
+      for (;;) {
+        if (poll(fds, 2, 20000) <= 0) break;
+        bool closed = false;
+        for (int i = 0; i < 2; ++i) {
+          if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+          const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+          if (n <= 0) {
+            closed = true;
+            break;
+          }
+          if (i == 0) {
+            std::lock_guard lock(mu_);
+            sent_.append(buf, static_cast<size_t>(n));
+          }
+          if (write(fds[1 - i].fd, buf, static_cast<size_t>(n)) != n) closed = true;
+        }
+        if (closed) break;
+      }
+      close(peer);
+      close(server);
+    });
+  }
+  ~Recorder() {
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  // The peer's first frame (its hello), once it has passed; "" until then.
+  std::string hello() {
+    std::lock_guard lock(mu_);
+    if (sent_.size() < 16) return "";
+    uint32_t n = 0;
+    std::memcpy(&n, sent_.data() + 12, 4);
+    return sent_.size() >= 16 + n ? sent_.substr(0, 16 + n) : "";
+  }
+
+ private:
+  int listener_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::string sent_;
+};
+
+// Rank 1 joins through a relay that captures its hello. While rank 0 waits
+// for rank 2: a process with the wrong secret is refused (and told so), the
+// captured hello replayed on a new connection is refused (it signs another
+// challenge), and neither stops the group: the real rank 2 then joins and
+// the three exchange their blobs.
+TEST(Rendezvous, WrongSecretAndReplayedHelloAreRefusedWhileRealRanksJoin) {
+  const int port = test::free_tcp_port();
+  int relay_port = test::free_tcp_port();
+  while (relay_port == port) relay_port = test::free_tcp_port();
+  auto opt = [&](int rank, const std::string& secret, int at) {
+    RendezvousOptions o = options(at, rank, 3, milliseconds(15000));
+    o.secret = secret;
+    return o;
+  };
+  testing::internal::CaptureStderr();
+  std::vector<std::string> errors(3), gathered(3);
+  auto run = [&](int i, RendezvousOptions o) {
+    try {
+      Rendezvous rdv(o);
+      gathered[static_cast<size_t>(i)] = rdv.all_gather("blob " + std::to_string(i))[2];
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(i)] = e.what();
+    }
+  };
+  std::thread rank0(run, 0, opt(0, "job secret", port));
+  Recorder relay(relay_port, port);
+  std::thread rank1(run, 1, opt(1, "job secret", relay_port));
+  std::string captured;
+  for (int i = 0; i < 500 && captured.empty(); ++i) {
+    captured = relay.hello();
+    if (captured.empty()) std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_FALSE(captured.empty()) << "rank 1's hello never passed the relay";
+  // A stranger with the wrong secret.
+  std::string stranger;
+  try {
+    Rendezvous rdv(opt(2, "guessed secret", port));
+  } catch (const std::exception& e) {
+    stranger = e.what();
+  }
+  EXPECT_TRUE(contains(stranger, "rank 0 refused this connection")) << "the stranger: '" << stranger << "'";
+  EXPECT_TRUE(contains(stranger, "not signed with this job's secret")) << stranger;
+  // The replay: a genuine hello, for another connection's challenge.
+  const int fd = connect_local(port);
+  ASSERT_GE(fd, 0);
+  const std::string challenge = read_frame(fd);
+  EXPECT_EQ(frame_kind(challenge), 7u) << "rank 0 should open with a challenge";
+  ASSERT_EQ(write(fd, captured.data(), captured.size()), static_cast<ssize_t>(captured.size()));
+  const std::string verdict = read_frame(fd);
+  EXPECT_EQ(frame_kind(verdict), 3u) << "the replayed hello was not rejected";
+  EXPECT_TRUE(contains(verdict, "replayed")) << verdict.substr(std::min<size_t>(16, verdict.size()));
+  close(fd);
+  // The real rank 2.
+  std::thread rank2(run, 2, opt(2, "job secret", port));
+  rank0.join();
+  rank1.join();
+  rank2.join();
+  const std::string log = testing::internal::GetCapturedStderr();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(errors[static_cast<size_t>(i)], "") << "rank " << i;
+    EXPECT_EQ(gathered[static_cast<size_t>(i)], "blob 2") << "rank " << i;
+  }
+  // Rank 0 names each refused address in one line.
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n') >= 2, true) << log;
+  EXPECT_TRUE(contains(log, "rendezvous: refused a connection from 127.0.0.1:")) << log;
+}
+
+// Without a secret, rank 0 listens only on a loopback MASTER_ADDR; and it
+// listens on that address alone, not on every interface.
+TEST(Rendezvous, ListensOnlyOnMasterAddrAndNeedsASecretBeyondLoopback) {
+  const int port = test::free_tcp_port();
+  RendezvousOptions o = options(port, 0, 2, milliseconds(300));
+  o.master_addr = "0.0.0.0";
+  try {
+    Rendezvous rdv(o);
+    ADD_FAILURE() << "rank 0 listened on every interface without a secret";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(contains(e.what(), "MASTER_ADDR 0.0.0.0 is reachable from other hosts and the job has no secret"))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "PAGEDOPTIM_RDZV_SECRET")) << e.what();
+  }
+  // 127.0.0.2 is this host too, but not the address rank 0 was given.
+  o.master_addr = "127.0.0.2";
+  o.timeout = milliseconds(3000);
+  std::string error;
+  std::thread rank0([&] {
+    try {
+      Rendezvous rdv(o);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  int at_2 = -1;
+  for (int i = 0; i < 200 && at_2 < 0; ++i) {
+    at_2 = connect_local(port, "127.0.0.2");
+    if (at_2 < 0) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_GE(at_2, 0) << "rank 0 is not listening on MASTER_ADDR 127.0.0.2";
+  const int at_1 = connect_local(port, "127.0.0.1");
+  EXPECT_LT(at_1, 0) << "rank 0 also listens on 127.0.0.1, which MASTER_ADDR does not name";
+  if (at_1 >= 0) close(at_1);
+  if (at_2 >= 0) close(at_2);
+  rank0.join();  // it gives up: rank 1 never comes
+  EXPECT_TRUE(contains(error, "never arrived")) << error;
+}
+
+// The secret from a key file and the job id: the same for one job, different
+// for another; a key file others may read is refused.
+TEST(Rendezvous, SecretFromAKeyFileAndTheJobId) {
+  test::TempDir dir;
+  const std::string key = dir / "rdzv.key";
+  test::write_file(key, "0123456789abcdef0123456789abcdef");
+  chmod(key.c_str(), 0644);
+  unsetenv("PAGEDOPTIM_RDZV_SECRET");
+  setenv("PAGEDOPTIM_RDZV_KEY_FILE", key.c_str(), 1);
+  setenv("PAGEDOPTIM_JOB_ID", "41", 1);
+  unsetenv("SLURM_JOB_ID");
+  unsetenv("TORCHELASTIC_RUN_ID");
+  try {
+    (void)rendezvous_secret();
+    ADD_FAILURE() << "a key file others may read was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(contains(e.what(), "others may read it (permissions 644)")) << e.what();
+  }
+  chmod(key.c_str(), 0600);
+  const std::string a = rendezvous_secret(), again = rendezvous_secret();
+  setenv("PAGEDOPTIM_JOB_ID", "42", 1);
+  const std::string b = rendezvous_secret();
+  EXPECT_EQ(a, again);
+  EXPECT_NE(a, b) << "two jobs share a secret";
+  EXPECT_EQ(a.size(), 32u);
+  setenv("PAGEDOPTIM_RDZV_SECRET", "given", 1);
+  EXPECT_EQ(rendezvous_secret(), "given") << "PAGEDOPTIM_RDZV_SECRET comes first";
+  unsetenv("PAGEDOPTIM_RDZV_SECRET");
+  unsetenv("PAGEDOPTIM_RDZV_KEY_FILE");
+  unsetenv("PAGEDOPTIM_JOB_ID");
+  EXPECT_EQ(rendezvous_secret(), "");
 }
 
 TEST(Rendezvous, OperationTimeoutNamesTheMissingRank) {
