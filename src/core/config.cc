@@ -78,6 +78,7 @@ const std::vector<KeySpec>& schema() {
       {"data.val", Kind::kString, std::string("")},
       {"run.dir", Kind::kString, std::string("runs/default")},
       {"checkpoint.keep", Kind::kInt, int64_t{2}, 1, 1e6},
+      {"checkpoint.async", Kind::kBool, false},  // train/async_checkpoint.h
       {"parallel.dp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.tp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.pp", Kind::kInt, int64_t{1}, 1, 1 << 20},

@@ -133,6 +133,16 @@ void save_checkpoint_sharded(const std::string& path, const model::Layout& units
                              const checkpoint::ShardSource& source, const TrainState& state,
                              const std::string& config_toml, comm::Communicator* comm,
                              const std::vector<checkpoint::StateKind>& kinds) {
+  checkpoint::CheckpointMeta meta = checkpoint_meta(path, units, layout, state, config_toml);
+  if (layout.rank() == 0) remove_stale_staging(fs::path(path).parent_path().string());
+  checkpoint::SaveOptions options;
+  options.kinds = kinds;
+  checkpoint::save_sharded(path, meta, layout, source, comm, options);
+}
+
+checkpoint::CheckpointMeta checkpoint_meta(const std::string& path, const model::Layout& units,
+                                           const parallel::ShardLayout& layout, const TrainState& state,
+                                           const std::string& config_toml) {
   bool same_units = layout.num_units() == units.num_units();
   for (int u = 0; same_units && u < units.num_units(); ++u)
     same_units = layout.unit_numel(u) == units.unit_numel(u);
@@ -152,11 +162,8 @@ void save_checkpoint_sharded(const std::string& path, const model::Layout& units
       meta.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
     } catch (const core::Error&) {
     }
-    remove_stale_staging(fs::path(path).parent_path().string());
   }
-  checkpoint::SaveOptions options;
-  options.kinds = kinds;
-  checkpoint::save_sharded(path, meta, layout, source, comm, options);
+  return meta;
 }
 
 TrainState load_checkpoint_sharded(const std::string& path, const model::Transformer& model,

@@ -86,6 +86,12 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::Layout&
                                    const checkpoint::ShardDest& dest, comm::Communicator* comm,
                                    const std::vector<checkpoint::StateKind>& kinds);
 
+// The metadata save_checkpoint_sharded records for `state` (rank 0 also reads
+// parallel.dp and parallel.zero_stage out of `config_toml`).
+checkpoint::CheckpointMeta checkpoint_meta(const std::string& path, const model::Layout& units,
+                                           const parallel::ShardLayout& layout, const TrainState& state,
+                                           const std::string& config_toml);
+
 // The resolved config stored in a checkpoint.
 core::Config checkpoint_config(const std::string& path);
 

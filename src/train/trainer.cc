@@ -30,6 +30,7 @@
 #include "train/pipeline_train.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
+#include "train/async_checkpoint.h"
 #include "train/stop.h"
 #include "train/tp_checkpoint.h"
 #include "train/train_step.h"
@@ -221,6 +222,7 @@ struct LoopSetup {
   size_t predicted = 0;        // the memory ledger's prediction (bytes)
   int zero_stage = 0;
   bool leader = true;
+  AsyncCheckpointer* async = nullptr;  // checkpoint.async: written in the background
 };
 
 // Every rank writes what it owns, in parallel (stage 0: a 1/N slice of the
@@ -247,6 +249,14 @@ void save_step(StepContext& c, const LoopSetup& l, const TrainState& state, Prog
   const std::string path = checkpoint_path(l.run_dir, state.step);
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
                                                  checkpoint::kAllStateKinds.end());
+  if (l.async != nullptr) {  // copied now, written while training goes on, committed later
+    const double held = l.async->start(
+        path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), dp.layout(), source, kinds);
+    if (l.leader)
+      progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(held * 1000),
+                                  " ms; writing in the background"));
+    return;
+  }
   if (c.tp != nullptr)  // in the whole model's layout, written by tp rank 0 of each data group
     save_tensor_parallel_checkpoint(path, c.model, dp.layout(), source, st, l.config_toml,
                                     {&c.tp->group(), c.data, c.world}, kinds);
@@ -296,14 +306,34 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
     const bool stop = state.step < p.steps && StopRequests::agreed(c.world);
     // Every rank saves its part (a collective), before the leader-only reporting.
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop)
-      save_step(c, l, state, progress);
+    // checkpoint.async: a save in flight is committed once every rank has written it.
+    core::Timer ckpt_timer;
+    if (l.async != nullptr && l.async->pending()) {
+      const std::string done = (state.step == p.steps || stop) ? l.async->finish() : l.async->poll();
+      if (!done.empty() && l.leader) {
+        remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
+        progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
+                                    static_cast<int>(l.async->last_write_seconds() * 1000), " ms in the background)"));
+      }
+    }
+    const bool ckpt_now =
+        (p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop;
+    if (ckpt_now) save_step(c, l, state, progress);
+    if (ckpt_now && l.async != nullptr && (state.step == p.steps || stop)) {
+      l.async->finish();  // the last one is on disk before the run ends
+      if (l.leader) remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
+    }
+    const double ckpt_s = ckpt_timer.seconds();
     if (stop) result.stopped_by = StopRequests::requested() != 0 ? StopRequests::requested() : -1;
     if (!l.leader) {
       if (stop) break;
       continue;
     }
-    metrics->write(step_metrics(c, s, state, split, l.predicted, records));
+    {
+      nlohmann::json m = step_metrics(c, s, state, split, l.predicted, records);
+      m["checkpoint_ms"] = ckpt_s * 1000;  // what checkpointing held this step (a copy when async)
+      metrics->write(m);
+    }
     if (c.paging) metrics->write(paging_json(state.step, records));
     const double avg = timed_steps > 0 ? timed_s / timed_steps : s.seconds;
     if (state.step % l.cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
@@ -377,6 +407,8 @@ TrainResult train(const core::Config& cfg) {
   LoopSetup l{cfg, val_data.get(), run_dir, stored.to_toml()};
   l.zero_stage = dpo.zero_stage;
   l.leader = launch.leader;
+  std::optional<AsyncCheckpointer> async;
+  if (cfg.get_bool("checkpoint.async")) l.async = &async.emplace(c.data);
   if (l.leader) {
     prepare_run_dir(run_dir, resume);
     checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),

@@ -1,0 +1,69 @@
+// checkpoint.async = true: a checkpoint costs the step only a copy of this
+// rank's state into host memory; the files are written by a background
+// thread while training goes on, and committed (rank 0: manifest, atomic
+// rename) at a later step boundary once every rank's file is on disk.
+// - Host memory is bounded: one checkpoint in flight, whose copy is this
+//   rank's shard (params, Adam m and v) once; a new checkpoint first waits
+//   for the previous one.
+// - The phases and files are those of a synchronous save
+//   (checkpoint/sharded.h): a crash during a background write leaves a
+//   staging directory that no reader lists, and the previous checkpoint good.
+// - Paged state is read out of its tiers by the copy, on the training thread.
+#pragma once
+
+#include <cstdint>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/sharded.h"
+
+namespace po::comm {
+class Communicator;
+}
+
+namespace po::train {
+
+class AsyncCheckpointer {
+ public:
+  // `comm`: the ranks that write (nullptr: this process alone).
+  explicit AsyncCheckpointer(comm::Communicator* comm);
+  ~AsyncCheckpointer();  // waits for the writer thread (without committing)
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // Collective. Waits for (and commits) the save in flight, copies this
+  // rank's shards of `kinds` out of `source`, stages `path` and starts
+  // writing. Returns the seconds the caller was held.
+  double start(const std::string& path, const checkpoint::CheckpointMeta& meta,
+               const parallel::ShardLayout& layout, const checkpoint::ShardSource& source,
+               const std::vector<checkpoint::StateKind>& kinds);
+  // Collective while a save is in flight: when every rank's file is written,
+  // commits it and returns its path; "" otherwise (also when none is in flight).
+  std::string poll();
+  // Collective: blocks until the save in flight is committed; returns its
+  // path ("" when none was in flight).
+  std::string finish();
+  bool pending() const { return !path_.empty(); }
+  // The background write of the last committed save, seconds.
+  double last_write_seconds() const { return write_s_; }
+
+ private:
+  std::string commit();
+
+  comm::Communicator* comm_;
+  std::string path_;  // the save in flight ("" when none)
+  checkpoint::CheckpointMeta meta_;
+  int writers_ = 1;
+  std::unique_ptr<float[]> copy_;  // this rank's shards, in (kind, unit) order
+  size_t copy_size_ = 0;
+  std::thread writer_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+  double write_s_ = 0;
+};
+
+}  // namespace po::train
