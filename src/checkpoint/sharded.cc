@@ -5,6 +5,7 @@
 #include "checkpoint/sharded.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint/atomic_file.h"
 #include "comm/communicator.h"
@@ -219,32 +221,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-}  // namespace
-
-std::string staging_dir(const std::string& dir) {
-  std::string d = dir;
-  while (d.size() > 1 && d.back() == '/') d.pop_back();
-  return d + ".tmp";
-}
-
-void prepare_sharded_save(const std::string& dir) {
-  const std::string staging = staging_dir(dir);
-  std::error_code ec;
-  fs::remove_all(staging, ec);
-  PO_CHECK(!ec, staging, ": cannot remove the stale staging directory: ", ec.message());
-  fs::create_directories(staging, ec);
-  if (ec) PO_THROW(core::IoError, staging, ": cannot create: ", ec.message());
-}
-
-void write_shard(const std::string& dir, const CheckpointMeta& meta,
-                 const parallel::ShardLayout& layout, const ShardSource& source,
-                 const SaveOptions& options) {
-  const std::string staging = staging_dir(dir);
-  std::error_code ec;
-  if (!fs::is_directory(staging, ec))
-    PO_THROW(core::IoError, staging, ": missing (prepare_sharded_save runs first, on rank 0)");
-  PO_CHECK(options.chunk_bytes >= 4 && options.chunk_bytes % 4 == 0, "checkpoint chunk of ",
-           options.chunk_bytes, " bytes must be a positive multiple of 4");
+// The rank file's record for `layout`: its slices at their offsets (the
+// checksums are filled as they are written).
+ShardRecord plan_shard(const std::string& dir, const parallel::ShardLayout& layout, const SaveOptions& options) {
   ShardRecord rec;
   rec.rank = layout.rank();
   rec.ranks = layout.ranks();
@@ -271,7 +250,37 @@ void write_shard(const std::string& dir, const CheckpointMeta& meta,
     }
   }
   rec.file.bytes = pos;
+  return rec;
+}
 
+}  // namespace
+
+std::string staging_dir(const std::string& dir) {
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d + ".tmp";
+}
+
+void prepare_sharded_save(const std::string& dir) {
+  const std::string staging = staging_dir(dir);
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  PO_CHECK(!ec, staging, ": cannot remove the stale staging directory: ", ec.message());
+  fs::create_directories(staging, ec);
+  if (ec) PO_THROW(core::IoError, staging, ": cannot create: ", ec.message());
+}
+
+void write_shard(const std::string& dir, const CheckpointMeta& meta,
+                 const parallel::ShardLayout& layout, const ShardSource& source,
+                 const SaveOptions& options) {
+  const std::string staging = staging_dir(dir);
+  std::error_code ec;
+  if (!fs::is_directory(staging, ec))
+    PO_THROW(core::IoError, staging, ": missing (prepare_sharded_save runs first, on rank 0)");
+  PO_CHECK(options.chunk_bytes >= 4 && options.chunk_bytes % 4 == 0, "checkpoint chunk of ",
+           options.chunk_bytes, " bytes must be a positive multiple of 4");
+  ShardRecord rec = plan_shard(dir, layout, options);
+  const int64_t pos = rec.file.bytes;
   const std::string path = join(staging, rec.file.name);
   AtomicFile f(path);
   Header h;
@@ -298,6 +307,102 @@ void write_shard(const std::string& dir, const CheckpointMeta& meta,
   f.commit();
   write_file_atomic(join(staging, rank_name(rec.rank, "json")), [&](AtomicFile& out) {
     const std::string text = shard_record_to_json(rec);
+    out.write(text.data(), text.size());
+  });
+}
+
+ShardImage::ShardImage(const parallel::ShardLayout& layout, const SaveOptions& options)
+    : rec_(plan_shard("a background checkpoint", layout, options)) {
+  PO_CHECK(options.chunk_bytes >= 4 && options.chunk_bytes % 4 == 0, "checkpoint chunk of ",
+           options.chunk_bytes, " bytes must be a positive multiple of 4");
+  capacity_ = static_cast<size_t>(align_up(rec_.file.bytes));
+  // Mapped (page-aligned, zero: the gaps between slices stay zero), in huge
+  // pages where the kernel has them, and populated now rather than page by
+  // page inside the first checkpoint's step.
+  void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  PO_CHECK(p != MAP_FAILED, "cannot map ", capacity_, " bytes for a checkpoint's copy: ", std::strerror(errno));
+  ::madvise(p, capacity_, MADV_HUGEPAGE);
+  image_ = static_cast<char*>(p);
+  for (size_t i = 0; i < capacity_; i += 4096) image_[i] = 0;
+}
+
+ShardImage::~ShardImage() { ::munmap(image_, capacity_); }
+
+void ShardImage::fill(const CheckpointMeta& meta, const ShardSource& source) {
+  Header h;
+  h.rank = static_cast<uint32_t>(rec_.rank);
+  h.ranks = static_cast<uint32_t>(rec_.ranks);
+  h.step = meta.step;
+  h.bytes = static_cast<uint64_t>(rec_.file.bytes);
+  encode_header(h, reinterpret_cast<unsigned char*>(image_));
+  // The sources first (a paged source may stage through its own buffer:
+  // called on this thread, one at a time), then the copy on every usable
+  // core: at a step boundary the training threads are idle, and the copy is
+  // all the step waits for.
+  struct Piece {
+    const char* src;
+    char* dst;
+    size_t bytes;
+  };
+  std::vector<Piece> pieces;
+  size_t total = 0;
+  for (const SliceRecord& s : rec_.slices) {
+    const float* src = source(s.kind, s.unit);
+    PO_CHECK(src != nullptr, "checkpoint copy: no source for ", state_kind_name(s.kind), " of unit ", s.unit);
+    if (direct_sources_) {
+      pieces.push_back({reinterpret_cast<const char*>(src), image_ + s.offset, static_cast<size_t>(s.bytes())});
+      total += static_cast<size_t>(s.bytes());
+    } else {
+      std::memcpy(image_ + s.offset, src, static_cast<size_t>(s.bytes()));
+    }
+  }
+  if (pieces.empty()) return;
+  const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  auto copy_share = [&](unsigned t) {  // bytes [total·t/T, total·(t+1)/T) of the pieces, in order
+    const size_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    size_t at = 0;
+    for (const Piece& p : pieces) {
+      const size_t a = std::max(lo, at), b = std::min(hi, at + p.bytes);
+      if (a < b) std::memcpy(p.dst + (a - at), p.src + (a - at), b - a);
+      at += p.bytes;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < threads; ++t) helpers.emplace_back(copy_share, t);
+  copy_share(0);
+  for (auto& h : helpers) h.join();
+}
+
+void ShardImage::write(const std::string& dir) {
+  const std::string staging = staging_dir(dir);
+  const std::string path = join(staging, rec_.file.name);
+  for (SliceRecord& s : rec_.slices) {
+    s.file = rec_.file.name;
+    s.xxh3.clear();
+    for (int64_t done = 0; done < s.bytes(); done += rec_.chunk_bytes)
+      s.xxh3.push_back(XXH3_64bits(image_ + s.offset + done,
+                                   static_cast<size_t>(std::min(rec_.chunk_bytes, s.bytes() - done))));
+  }
+  // O_DIRECT: whole aligned blocks from the aligned image, then the file cut
+  // to its size; a file system without it (tmpfs) gets ordinary writes.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  const bool direct = fd >= 0;
+  if (!direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  PO_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
+  Fd guard;
+  guard.fd = fd;
+  const size_t total = direct ? capacity_ : static_cast<size_t>(rec_.file.bytes);
+  for (size_t done = 0; done < total;) {
+    const size_t n = std::min<size_t>(total - done, size_t{64} << 20);
+    const ssize_t w = ::pwrite(fd, image_ + done, n, static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    PO_CHECK(w > 0, path, ": write failed at byte ", done, ": ", w < 0 ? std::strerror(errno) : "no progress");
+    done += static_cast<size_t>(w);
+  }
+  PO_CHECK(::ftruncate(fd, rec_.file.bytes) == 0, path, ": cannot set its size: ", std::strerror(errno));
+  PO_CHECK(::fsync(fd) == 0, path, ": fsync failed: ", std::strerror(errno));
+  write_file_atomic(join(staging, rank_name(rec_.rank, "json")), [&](AtomicFile& out) {
+    const std::string text = shard_record_to_json(rec_);
     out.write(text.data(), text.size());
   });
 }

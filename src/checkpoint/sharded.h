@@ -68,6 +68,36 @@ void write_shard(const std::string& dir, const CheckpointMeta& meta,
                  const parallel::ShardLayout& layout, const ShardSource& source,
                  const SaveOptions& options = {});
 
+// Save phase 2 from memory (background saves, train/async_checkpoint.h): the
+// exact bytes of DIR.tmp/rank_r.bin in one buffer aligned for O_DIRECT,
+// allocated and touched once, filled at a step boundary (a copy), written
+// later by any thread: O_DIRECT where the file system allows it, so the
+// write costs little CPU and no page cache. The file is the one write_shard
+// writes for the same layout and kinds.
+class ShardImage {
+ public:
+  ShardImage(const parallel::ShardLayout& layout, const SaveOptions& options = {});
+  ~ShardImage();
+  ShardImage(const ShardImage&) = delete;
+  ShardImage& operator=(const ShardImage&) = delete;
+
+  // The header for `meta` and this rank's slices out of `source`. With
+  // `direct_sources` (the default) every pointer `source` returns stays valid
+  // until fill returns, and the copy runs on several threads; otherwise each
+  // is copied before the next call (a source that stages through one buffer).
+  void fill(const CheckpointMeta& meta, const ShardSource& source);
+  void set_direct_sources(bool direct) { direct_sources_ = direct; }
+  // Checksums the slices, writes and fsyncs DIR.tmp/rank_r.bin, then its record.
+  void write(const std::string& dir);
+  int64_t file_bytes() const { return rec_.file.bytes; }
+
+ private:
+  ShardRecord rec_;
+  char* image_ = nullptr;
+  size_t capacity_ = 0;  // file_bytes() rounded up to kShardAlign
+  bool direct_sources_ = true;
+};
+
 // Save phase 3 (rank 0 only, after every rank's write_shard returned): merges
 // the `writers` ranks' records into manifest.json (checking they tile every
 // unit), and renames DIR.tmp to DIR, replacing an existing DIR atomically.

@@ -1,52 +1,39 @@
 #include "train/async_checkpoint.h"
 
-#include <chrono>
-#include <cstring>
-
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "parallel/shard_layout.h"
 
 namespace po::train {
+namespace {
 
-AsyncCheckpointer::AsyncCheckpointer(comm::Communicator* comm) : comm_(comm) {}
+checkpoint::SaveOptions kinds_option(const std::vector<checkpoint::StateKind>& kinds) {
+  checkpoint::SaveOptions o;
+  o.kinds = kinds;
+  return o;
+}
+
+}  // namespace
+
+AsyncCheckpointer::AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout& layout,
+                                     const std::vector<checkpoint::StateKind>& kinds, bool staged_source)
+    : comm_(comm), rank_(layout.rank()), writers_(layout.ranks()), image_(layout, kinds_option(kinds)) {
+  image_.set_direct_sources(!staged_source);
+}
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
 double AsyncCheckpointer::start(const std::string& path, const checkpoint::CheckpointMeta& meta,
-                                const parallel::ShardLayout& layout,
-                                const checkpoint::ShardSource& source,
-                                const std::vector<checkpoint::StateKind>& kinds) {
+                                const checkpoint::ShardSource& source) {
   core::Timer held;
   finish();
-  // The copy: every (kind, unit) slice this rank owns, back to back.
-  size_t total = 0;
-  for (size_t k = 0; k < kinds.size(); ++k)
-    for (int u = 0; u < layout.num_units(); ++u) total += static_cast<size_t>(layout.owned(u));
-  // Kept from one save to the next: a fresh buffer would pay a page fault per
-  // 4 KiB on the training thread at every checkpoint.
-  if (copy_size_ < total) {
-    copy_.reset(new float[total]);
-    copy_size_ = total;
-  }
-  std::vector<size_t> offset;  // per (kind, unit)
-  size_t at = 0;
-  for (checkpoint::StateKind kind : kinds) {
-    for (int u = 0; u < layout.num_units(); ++u) {
-      offset.push_back(at);
-      const auto n = static_cast<size_t>(layout.owned(u));
-      if (n == 0) continue;
-      std::memcpy(copy_.get() + at, source(kind, u), n * sizeof(float));
-      at += n;
-    }
-  }
+  image_.fill(meta, source);  // from here training may change the state
   // Staged by rank 0 before any rank writes (as a synchronous save does).
-  const bool leader = layout.rank() == 0;
   std::exception_ptr e;
-  if (leader) {
+  if (rank_ == 0) {
     try {
       checkpoint::prepare_sharded_save(path);
     } catch (...) {
@@ -56,23 +43,12 @@ double AsyncCheckpointer::start(const std::string& path, const checkpoint::Check
   checkpoint::agree_on_success(comm_, e, core::str_cat(path, ": preparing the checkpoint"));
   path_ = path;
   meta_ = meta;
-  writers_ = layout.ranks();
   done_ = false;
   error_ = nullptr;
-  // The writer reads only the copy: training may change the state at once.
-  const int units = layout.num_units();
-  std::vector<checkpoint::StateKind> order = kinds;
-  checkpoint::ShardSource from_copy = [this, offset, order, units](checkpoint::StateKind kind, int u) -> const float* {
-    size_t k = 0;
-    while (order[k] != kind) ++k;
-    return copy_.get() + offset[k * static_cast<size_t>(units) + static_cast<size_t>(u)];
-  };
-  checkpoint::SaveOptions options;
-  options.kinds = kinds;
-  writer_ = std::thread([this, path, layout, from_copy, options] {
+  writer_ = std::thread([this, path] {
     core::Timer t;
     try {
-      checkpoint::write_shard(path, meta_, layout, from_copy, options);
+      image_.write(path);
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -94,19 +70,18 @@ std::string AsyncCheckpointer::poll() {
 
 std::string AsyncCheckpointer::finish() {
   if (!pending()) return "";
-  if (writer_.joinable()) writer_.join();
   return commit();
 }
 
-// Every rank's writer is done: agree on success, then rank 0 commits.
+// Every rank's writer is done (or is waited for): agree on success, then
+// rank 0 commits.
 std::string AsyncCheckpointer::commit() {
   if (writer_.joinable()) writer_.join();
   const std::string path = path_;
   path_.clear();
-  const bool leader = comm_ == nullptr || comm_->rank() == 0;
   checkpoint::agree_on_success(comm_, error_, core::str_cat(path, ": writing a shard in the background"));
   std::exception_ptr e;
-  if (leader) {
+  if (rank_ == 0) {
     try {
       checkpoint::commit_sharded(path, meta_, writers_);
     } catch (...) {

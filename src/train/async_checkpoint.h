@@ -2,17 +2,20 @@
 // rank's state into host memory; the files are written by a background
 // thread while training goes on, and committed (rank 0: manifest, atomic
 // rename) at a later step boundary once every rank's file is on disk.
-// - Host memory is bounded: one checkpoint in flight, whose copy is this
-//   rank's shard (params, Adam m and v) once; a new checkpoint first waits
-//   for the previous one.
+// - Host memory is bounded: one checkpoint in flight, in one image of this
+//   rank's file (checkpoint::ShardImage: params, Adam m and v), allocated and
+//   touched at set-up; a new checkpoint first waits for the previous one.
+// - The writer uses O_DIRECT where the file system allows it: on two cores a
+//   buffered write's page-cache copies would take a core from the training
+//   threads for seconds.
 // - The phases and files are those of a synchronous save
 //   (checkpoint/sharded.h): a crash during a background write leaves a
 //   staging directory that no reader lists, and the previous checkpoint good.
 // - Paged state is read out of its tiers by the copy, on the training thread.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -29,18 +32,20 @@ namespace po::train {
 
 class AsyncCheckpointer {
  public:
-  // `comm`: the ranks that write (nullptr: this process alone).
-  explicit AsyncCheckpointer(comm::Communicator* comm);
+  // `comm`: the ranks that write (nullptr: this process alone); `layout`:
+  // this rank's shards, of `kinds`.
+  // `staged_source`: the sources of start() share one staging buffer (paging).
+  AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout& layout,
+                    const std::vector<checkpoint::StateKind>& kinds, bool staged_source);
   ~AsyncCheckpointer();  // waits for the writer thread (without committing)
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   // Collective. Waits for (and commits) the save in flight, copies this
-  // rank's shards of `kinds` out of `source`, stages `path` and starts
+  // rank's shards out of `source` into the image, stages `path` and starts
   // writing. Returns the seconds the caller was held.
   double start(const std::string& path, const checkpoint::CheckpointMeta& meta,
-               const parallel::ShardLayout& layout, const checkpoint::ShardSource& source,
-               const std::vector<checkpoint::StateKind>& kinds);
+               const checkpoint::ShardSource& source);
   // Collective while a save is in flight: when every rank's file is written,
   // commits it and returns its path; "" otherwise (also when none is in flight).
   std::string poll();
@@ -48,6 +53,7 @@ class AsyncCheckpointer {
   // path ("" when none was in flight).
   std::string finish();
   bool pending() const { return !path_.empty(); }
+  int64_t host_bytes() const { return image_.file_bytes(); }
   // The background write of the last committed save, seconds.
   double last_write_seconds() const { return write_s_; }
 
@@ -55,11 +61,10 @@ class AsyncCheckpointer {
   std::string commit();
 
   comm::Communicator* comm_;
+  int rank_ = 0, writers_ = 1;
+  checkpoint::ShardImage image_;
   std::string path_;  // the save in flight ("" when none)
   checkpoint::CheckpointMeta meta_;
-  int writers_ = 1;
-  std::unique_ptr<float[]> copy_;  // this rank's shards, in (kind, unit) order
-  size_t copy_size_ = 0;
   std::thread writer_;
   std::atomic<bool> done_{false};
   std::exception_ptr error_;

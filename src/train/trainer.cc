@@ -250,8 +250,8 @@ void save_step(StepContext& c, const LoopSetup& l, const TrainState& state, Prog
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
                                                  checkpoint::kAllStateKinds.end());
   if (l.async != nullptr) {  // copied now, written while training goes on, committed later
-    const double held = l.async->start(
-        path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), dp.layout(), source, kinds);
+    const double held =
+        l.async->start(path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), source);
     if (l.leader)
       progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(held * 1000),
                                   " ms; writing in the background"));
@@ -408,7 +408,13 @@ TrainResult train(const core::Config& cfg) {
   l.zero_stage = dpo.zero_stage;
   l.leader = launch.leader;
   std::optional<AsyncCheckpointer> async;
-  if (cfg.get_bool("checkpoint.async")) l.async = &async.emplace(c.data);
+  if (cfg.get_bool("checkpoint.async")) {
+    l.async = &async.emplace(c.data, dp.layout(),
+                             std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
+                                                                checkpoint::kAllStateKinds.end()),
+                             c.paging);
+    PO_LOG_INFO("checkpoint.async: ", l.async->host_bytes() >> 20, " MiB of host memory hold a checkpoint's copy");
+  }
   if (l.leader) {
     prepare_run_dir(run_dir, resume);
     checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),
