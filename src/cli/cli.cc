@@ -23,6 +23,7 @@
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
 #include "cli/supervise.h"
+#include "cli/sweep.h"
 #include "comm/env.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -469,6 +470,28 @@ int run(int argc, char** argv) {
                  "Submit K jobs, each resuming where the last stopped (--dependency=afterany); writes RUN/job.sh")
       ->check(CLI::PositiveNumber);
 
+  auto* sw = app.add_subcommand("sweep", "Train the cross product of --grid values, here or as a Slurm array job");
+  SweepOptions swo;
+  std::string sweep_status_dir, sweep_point_dir;
+  int sweep_point = -1;
+  sw->add_option("-c,--config", swo.config_path, "Config TOML");
+  sw->add_option("--set", swo.sets, "Override for every point: section.key=value (repeatable)");
+  sw->add_option("--grid", swo.grid, "section.key=v1,v2,... (repeatable; the cross product is swept)");
+  sw->add_option("--dir", swo.dir, "Sweep directory, one run per point inside (default: the config's run.dir)");
+  sw->add_option("--parallel", swo.parallel, "Points trained at once here (default 1)")->check(CLI::PositiveNumber);
+  sw->add_option("--nproc", swo.nproc, "Processes per point (train --nproc)")->check(CLI::PositiveNumber);
+  sw->add_flag("--slurm", swo.slurm, "Submit one Slurm array job, a task per point");
+  sw->add_option("--throttle", swo.throttle, "--slurm: array tasks at once (the --array %% limit)")
+      ->check(CLI::PositiveNumber);
+  sw->add_option("--nodes", swo.nodes, "--slurm: nodes per point")->check(CLI::PositiveNumber);
+  sw->add_option("--ntasks-per-node", swo.tasks_per_node, "--slurm: ranks per node")->check(CLI::PositiveNumber);
+  sw->add_option("--partition", swo.partition, "--slurm: partition");
+  sw->add_option("--time", swo.time, "--slurm: time limit of each task");
+  sw->add_option("--status", sweep_status_dir, "Tabulate the sweep in this directory and exit");
+  sw->add_option("--run-point", sweep_point, "(an array task's body) train point I of the sweep in DIR")
+      ->group("");
+  sw->add_option("sweep_dir", sweep_point_dir, "(with --run-point) the sweep directory")->group("");
+
   auto* pl = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
   PlanOptions plo;
   pl->add_option("-c,--config", plo.config_path, "Config TOML")->required();
@@ -586,6 +609,20 @@ int run(int argc, char** argv) {
       for (const auto& id : ids) std::printf(" %s", id.c_str());
       std::printf("\n");
       return 0;
+    }
+    if (*sw) {
+      std::error_code ec;
+      const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+      if (!sweep_status_dir.empty()) {
+        std::fputs(sweep_status(sweep_status_dir).c_str(), stdout);
+        return 0;
+      }
+      if (sweep_point >= 0) {
+        PO_CHECK(!sweep_point_dir.empty(), "sweep --run-point ", sweep_point, ": give the sweep directory");
+        return run_sweep_point(sweep_point_dir, sweep_point, self);
+      }
+      PO_CHECK(!swo.config_path.empty(), "sweep: give -c CONFIG (or --status DIR)");
+      return run_sweep(swo, self, fs::current_path().string());
     }
     if (*pl) return cmd_plan(plo);
     if (*ex) return cmd_export(src, out);

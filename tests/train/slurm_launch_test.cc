@@ -293,4 +293,38 @@ TEST_F(SlurmLong, SrunStepKilledRestartsInsideTheJobBitIdentical) {
   po::test::expect_same_checkpoint(ref, run, kSteps, "srun step killed after step 200 and restarted");
 }
 
+// `sweep --slurm`: a 2 x 2 grid as one array job (throttled to 2 tasks at
+// once); all four points train, and --status shows them complete.
+TEST_F(Slurm, SweepAsAnArrayJobCompletesFourRuns) {
+  const std::string sw = dir_ / "sweep";
+  auto r = run_command("cd " + (dir_ / "") + " && " + kBin + " sweep -c " + config_ + " --dir " + sw +
+                       " --slurm --throttle 2 --time 0:10:00 --set train.steps=4 --set train.peak_gflops=100" +
+                       " --grid train.lr=1e-3,3e-4 --grid train.warmup_steps=0,1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = r.output.find("as array job ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string id = r.output.substr(at + 13, r.output.find(' ', at + 13) - at - 13);
+  const std::string script = po::test::read_file(sw + "/sweep.sh");
+  EXPECT_NE(script.find("#SBATCH --array=0-3%2\n"), std::string::npos) << script;
+  std::string status;
+  for (int i = 0; i < 900; ++i) {  // the array's tasks have their own ids: wait on the sweep itself
+    status = run_command(kBin + " sweep --status " + sw).output;
+    size_t complete = 0;
+    for (auto p = status.find("complete"); p != std::string::npos; p = status.find("complete", p + 1)) ++complete;
+    if (complete == 4 || status.find("failed") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  std::string outs;
+  for (const auto& e : fs::directory_iterator(sw))
+    if (e.path().filename().string().starts_with("slurm-")) outs += po::test::read_file(e.path().string());
+  for (const char* name : {"p000_lr=1e-3_warmup_steps=0", "p001_lr=1e-3_warmup_steps=1",
+                           "p002_lr=3e-4_warmup_steps=0", "p003_lr=3e-4_warmup_steps=1"}) {
+    const auto line_at = status.find(name);
+    ASSERT_NE(line_at, std::string::npos) << status;
+    const std::string line = status.substr(line_at, status.find('\n', line_at) - line_at);
+    EXPECT_NE(line.find("complete"), std::string::npos) << line << "\njob " << id << " output:\n" << outs;
+    EXPECT_NE(line.find("4/4"), std::string::npos) << line;
+  }
+}
+
 }  // namespace
