@@ -72,6 +72,8 @@ const std::vector<KeySpec>& schema() {
       {"train.log_interval", Kind::kInt, int64_t{1}, 1, 1e12},
       {"train.peak_gflops", Kind::kFloat, 0.0, 0, 1e9},
       {"train.trace", Kind::kString, std::string("")},
+      {"train.metrics_port", Kind::kInt, int64_t{0}, 0, 65535},  // 0: off (train/live_metrics.h)
+      {"train.metrics_host", Kind::kString, std::string("127.0.0.1")},
       {"train.stop_signal", Kind::kString, std::string("USR1")},  // train/stop.h: besides TERM and INT
       {"train.stop_timeout", Kind::kFloat, 600.0, 0, 1e9},        // seconds from a stop request to abort  // pp > 1: the last step as Chrome trace JSON
       {"data.train", Kind::kString, std::string("")},

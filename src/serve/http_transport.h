@@ -26,7 +26,7 @@
 #include <cstddef>
 #include <string>
 
-#include "serve/http_lib.h"
+#include "core/http_lib.h"
 
 namespace po::serve {
 

@@ -1,4 +1,5 @@
 #include "train/metrics.h"
+#include "train/live_metrics.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
+  if (LiveMetrics* live = LiveMetrics::active()) live->update(record);
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     PO_THROW(core::IoError, path_, ": write failed: ", std::strerror(errno));

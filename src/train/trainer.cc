@@ -31,6 +31,7 @@
 #include "train/rank_records.h"
 #include "train/run_state.h"
 #include "train/async_checkpoint.h"
+#include "train/live_metrics.h"
 #include "train/stop.h"
 #include "train/tp_checkpoint.h"
 #include "train/train_step.h"
@@ -368,6 +369,12 @@ TrainResult train(const core::Config& cfg) {
   const StopRequests stop_requests(stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal"),
                                    cfg.get_float("train.stop_timeout"));
   const Launch launch(cfg, p);
+  // train.metrics_port: rank 0 serves the run's latest metrics.
+  std::optional<LiveMetrics> live;
+  if (launch.leader && cfg.get_int("train.metrics_port") > 0) {
+    live.emplace(cfg.get_string("train.metrics_host"), static_cast<int>(cfg.get_int("train.metrics_port")));
+    PO_LOG_INFO("metrics: http://", cfg.get_string("train.metrics_host"), ":", live->port(), "/metrics");
+  }
   const int threads = setup_compute(cfg, launch.local_ranks);
 
   // Validate every input before touching run.dir.

@@ -16,7 +16,7 @@
 
 #include "../test_util.h"
 #include "model/transformer.h"
-#include "serve/http_lib.h"
+#include "core/http_lib.h"
 #include "train/model_setup.h"
 
 namespace {

@@ -24,7 +24,7 @@
 #include "model/transformer.h"
 #include "serve/api.h"
 #include "serve/engine.h"
-#include "serve/http_lib.h"
+#include "core/http_lib.h"
 #include "serve/http_server.h"
 #include "train/generate.h"
 
