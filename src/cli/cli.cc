@@ -23,6 +23,7 @@
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
 #include "cli/supervise.h"
+#include "cli/report.h"
 #include "cli/sweep.h"
 #include "comm/env.h"
 #include "core/config.h"
@@ -492,6 +493,12 @@ int run(int argc, char** argv) {
       ->group("");
   sw->add_option("sweep_dir", sweep_point_dir, "(with --run-point) the sweep directory")->group("");
 
+  auto* rp = app.add_subcommand("report", "Write one self-contained HTML report of one or more runs");
+  std::vector<std::string> report_runs;
+  std::string report_out = "report.html";
+  rp->add_option("runs", report_runs, "Run directories (a sweep's points overlay)")->required();
+  rp->add_option("--out", report_out, "The HTML file to write (default report.html)");
+
   auto* pl = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
   PlanOptions plo;
   pl->add_option("-c,--config", plo.config_path, "Config TOML")->required();
@@ -623,6 +630,10 @@ int run(int argc, char** argv) {
       }
       PO_CHECK(!swo.config_path.empty(), "sweep: give -c CONFIG (or --status DIR)");
       return run_sweep(swo, self, fs::current_path().string());
+    }
+    if (*rp) {
+      std::printf("wrote %s\n", write_report(report_runs, report_out).c_str());
+      return 0;
     }
     if (*pl) return cmd_plan(plo);
     if (*ex) return cmd_export(src, out);
