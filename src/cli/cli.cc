@@ -23,6 +23,7 @@
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
 #include "cli/supervise.h"
+#include "cli/k8s.h"
 #include "cli/report.h"
 #include "cli/sweep.h"
 #include "comm/env.h"
@@ -493,6 +494,22 @@ int run(int argc, char** argv) {
       ->group("");
   sw->add_option("sweep_dir", sweep_point_dir, "(with --run-point) the sweep directory")->group("");
 
+  auto* k8 = app.add_subcommand("k8s", "Print Kubernetes manifests for a gang-scheduled training job");
+  K8sOptions k8o;
+  k8->add_option("-c,--config", k8o.config_path, "Config TOML (its path inside the pods)")->required();
+  k8->add_option("--set", k8o.sets, "Override: section.key=value (repeatable)");
+  k8->add_option("--nodes", k8o.nodes, "Pods (one per node)")->required()->check(CLI::PositiveNumber);
+  k8->add_option("--procs-per-node", k8o.procs_per_node, "Ranks per pod")->required()->check(CLI::PositiveNumber);
+  k8->add_option("--image", k8o.image, "Container image holding pagedoptim")->required();
+  k8->add_option("--gang", k8o.gang, "Gang scheduling: workload (Kubernetes 1.35 Workload API), kueue or volcano")
+      ->check(CLI::IsMember({"workload", "kueue", "volcano"}));
+  k8->add_option("--queue", k8o.queue, "--gang kueue: the LocalQueue (default: default)");
+  k8->add_option("--name", k8o.name, "Job and Service name (default pagedoptim-<run name>)");
+  k8->add_option("--namespace", k8o.namespace_, "Namespace (default: default)");
+  k8->add_option("--cpus", k8o.cpus, "CPU request per pod")->check(CLI::PositiveNumber);
+  k8->add_option("--memory", k8o.memory, "Memory request per pod, e.g. 64Gi");
+  k8->add_option("--binary", k8o.binary, "pagedoptim's path inside the image (default: on PATH)");
+
   auto* rp = app.add_subcommand("report", "Write one self-contained HTML report of one or more runs");
   std::vector<std::string> report_runs;
   std::string report_out = "report.html";
@@ -630,6 +647,10 @@ int run(int argc, char** argv) {
       }
       PO_CHECK(!swo.config_path.empty(), "sweep: give -c CONFIG (or --status DIR)");
       return run_sweep(swo, self, fs::current_path().string());
+    }
+    if (*k8) {
+      std::fputs(make_k8s_manifests(k8o, fs::current_path().string()).c_str(), stdout);
+      return 0;
     }
     if (*rp) {
       std::printf("wrote %s\n", write_report(report_runs, report_out).c_str());
