@@ -1,7 +1,7 @@
 // checkpoint.async (train/async_checkpoint.h):
 // - the checkpoints written in the background are byte for byte those of a
 //   synchronous save, with one process and with two ranks under ZeRO-1, and
-//   a run resumed from one ends bit-identical;
+//   a run resumed from one ends bit-identical; also with Adam state paged to disk;
 // - SIGKILL while a background write is in flight leaves its staging
 //   directory unlisted and the previous checkpoint loading, checksummed, and
 //   resuming to the same end.
@@ -42,6 +42,24 @@ TEST_F(AsyncCheckpoint, BackgroundCheckpointsAreTheSynchronousOnesByteForByte) {
     train_ok("resumed" + tag, dp, common_ + zero + " --set checkpoint.async=true --resume");
     po::test::expect_same_checkpoint(sync, resumed, 12, tag + " resumed from an async checkpoint");
   }
+}
+
+// Paged Adam state on disk: the copy reads the pages out of their tiers (one
+// slice at a time through the pager), and the files are still the
+// synchronous save's.
+TEST_F(AsyncCheckpoint, PagedStateIsCopiedOutOfItsTiers) {
+  const std::string swap = dir_ / "swap";
+  const std::string paged = common_ + " --set memory.page_size=16KiB --set memory.nvme_dir=" + swap;
+  auto probe = run_train("probe", 1, paged + " --set memory.compute_budget=1");
+  const int64_t minimum = po::test::named_minimum_budget(probe.output);
+  ASSERT_GT(minimum, 0) << probe.output;
+  const std::string budget = " --set memory.compute_budget=" + std::to_string(minimum + 2 * 16384);
+  const std::string sync = train_ok("paged_sync", 1, paged + budget);
+  const std::string async = train_ok("paged_async", 1, paged + budget + " --set checkpoint.async=true");
+  for (int step : {4, 8, 12}) po::test::expect_same_checkpoint(sync, async, step, "paged: async vs sync");
+  bool paged_run = false;
+  for (const auto& r : po::test::read_metrics(async)) paged_run = paged_run || r.contains("paging");
+  EXPECT_TRUE(paged_run) << "the run did not page";
 }
 
 // A model of 6.5M parameters (78 MB of checkpoint per save) so that a
