@@ -52,20 +52,21 @@ int stop_signal_number(const std::string& name, const std::string& key) {
            "\": choose one of TERM, INT, HUP, USR1, USR2, XCPU");
 }
 
-StopRequests::StopRequests(int extra_signal, double timeout_s) : extra_(extra_signal) {
+StopRequests::StopRequests(int extra_signal, double timeout_s, bool sigterm)
+    : signals_{sigterm ? SIGTERM : 0, SIGINT, extra_signal} {
   g_requested = 0;
   g_timeout_s = timeout_s > 0 ? static_cast<unsigned>(std::ceil(timeout_s)) : 0;
   struct sigaction sa {};
   sa.sa_handler = on_stop_request;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  const int sigs[3] = {SIGTERM, SIGINT, extra_};
-  for (int i = 0; i < 3; ++i) sigaction(sigs[i], &sa, &g_previous[i]);
+  for (int i = 0; i < 3; ++i)
+    if (signals_[i] != 0) sigaction(signals_[i], &sa, &g_previous[i]);
 }
 
 StopRequests::~StopRequests() {
-  const int sigs[3] = {SIGTERM, SIGINT, extra_};
-  for (int i = 2; i >= 0; --i) sigaction(sigs[i], &g_previous[i], nullptr);
+  for (int i = 2; i >= 0; --i)
+    if (signals_[i] != 0) sigaction(signals_[i], &g_previous[i], nullptr);
   alarm(0);
 }
 

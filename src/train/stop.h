@@ -23,12 +23,15 @@ inline constexpr int kExitResume = 75;
 // may use: TERM, INT, HUP, USR1, USR2, XCPU); errors name `key`.
 int stop_signal_number(const std::string& name, const std::string& key);
 
-// While alive, SIGTERM, SIGINT and `extra_signal` request a stop; their
-// previous handlers come back on destruction. `timeout_s` > 0 arms an alarm at
-// the first request.
+// While alive, SIGTERM (when `sigterm`), SIGINT and `extra_signal` request a
+// stop; their previous handlers come back on destruction. `timeout_s` > 0 arms
+// an alarm at the first request. Under OpenMPI's mpirun, SIGTERM is how mpirun
+// aborts a job whose rank died: it must end the process at once (a graceful
+// stop would wait on the dead rank), so there only `extra_signal` (which
+// mpirun forwards) and SIGINT ask for a stop.
 class StopRequests {
  public:
-  StopRequests(int extra_signal, double timeout_s);
+  StopRequests(int extra_signal, double timeout_s, bool sigterm = true);
   ~StopRequests();
   StopRequests(const StopRequests&) = delete;
   StopRequests& operator=(const StopRequests&) = delete;
@@ -40,7 +43,7 @@ class StopRequests {
   static bool agreed(comm::Communicator* world);
 
  private:
-  int extra_;
+  int signals_[3];
 };
 
 }  // namespace po::train

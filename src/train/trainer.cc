@@ -5,6 +5,8 @@
 // run.dir is touched.
 #include "train/trainer.h"
 
+#include "comm/env.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -366,8 +368,11 @@ TrainResult train(const core::Config& cfg) {
   const bool resume = cfg.get_bool("train.resume");
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
   // From here a stop request is a checkpoint after the current step (train/stop.h).
-  const StopRequests stop_requests(stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal"),
-                                   cfg.get_float("train.stop_timeout"));
+  // Under mpirun a SIGTERM is mpirun aborting the job (a rank died): it ends
+  // the process at once; mpirun forwards the stop signal.
+  const StopRequests stop_requests(
+      stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal"), cfg.get_float("train.stop_timeout"),
+      comm::detect_launch_env().source != comm::LaunchSource::kOpenMpi);
   const Launch launch(cfg, p);
   // train.metrics_port: rank 0 serves the run's latest metrics.
   std::optional<LiveMetrics> live;

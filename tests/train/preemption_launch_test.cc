@@ -161,10 +161,12 @@ TEST_F(Preemption, SoakKilledAtTwentyRandomMomentsEndsBitIdentical) {
   std::string moments;
   std::set<int> old_pids;  // every rank of the attempts already killed
   for (int k = 0; k < kKills; ++k) {
-    // A rank of a new attempt (the last one's may still be dying).
+    // A rank of a new attempt (the last one's may still be dying), within a
+    // minute (start-up is seconds on two loaded cores).
     const int rank = static_cast<int>(rng() % 2);
     int pid = -1, other = -1;
-    for (int i = 0; i < 600 && c.running(); ++i) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (c.running() && std::chrono::steady_clock::now() < give_up) {
       pid = po::test::find_rank_pid(rank, run);
       other = po::test::find_rank_pid(1 - rank, run);
       // Both ranks of the new attempt up: a kill now fails that attempt alone.
@@ -176,13 +178,23 @@ TEST_F(Preemption, SoakKilledAtTwentyRandomMomentsEndsBitIdentical) {
     }
     ASSERT_GT(pid, 0) << "kill " << k + 1 << ": no rank " << rank << " to kill (the run ended?) after"
                       << moments << "\n" << read_file(run + ".log");
-    const int delay_ms = std::uniform_int_distribution<int>(0, 700)(rng);
+    // Half of the kills land in start-up, half once the attempt trains (in
+    // a step or a checkpoint write).
+    const bool in_training = rng() % 2 == 0;
+    if (in_training) {
+      const int64_t before = fs::exists(run + "/metrics.jsonl") ? last_metrics_step(run) : -1;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (po::test::alive(pid) && std::chrono::steady_clock::now() < until &&
+             (!fs::exists(run + "/metrics.jsonl") || last_metrics_step(run) <= before))
+        usleep(5000);
+    }
+    const int delay_ms = std::uniform_int_distribution<int>(0, in_training ? 300 : 700)(rng);
     usleep(delay_ms * 1000);
     kill(pid, SIGKILL);
     old_pids.insert(pid);
     old_pids.insert(other);
-    moments += " rank " + std::to_string(rank) + " at +" + std::to_string(delay_ms) + " ms (checkpoint " +
-               std::to_string(newest_step(run)) + ");";
+    moments += " rank " + std::to_string(rank) + (in_training ? " training" : " starting") + " +" +
+               std::to_string(delay_ms) + " ms (checkpoint " + std::to_string(newest_step(run)) + ");";
   }
   const int code = c.wait(300);
   const std::string log = read_file(run + ".log");
