@@ -221,6 +221,15 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Phase 2's last act, once the rank file is on disk: STAGING/rank_r.json,
+// the record commit_sharded reads.
+void write_shard_record(const std::string& staging, const ShardRecord& rec) {
+  write_file_atomic(join(staging, rank_name(rec.rank, "json")), [&](AtomicFile& out) {
+    const std::string text = shard_record_to_json(rec);
+    out.write(text.data(), text.size());
+  });
+}
+
 // The rank file's record for `layout`: its slices at their offsets (the
 // checksums are filled as they are written).
 ShardRecord plan_shard(const std::string& dir, const parallel::ShardLayout& layout, const SaveOptions& options) {
@@ -305,10 +314,7 @@ void write_shard(const std::string& dir, const CheckpointMeta& meta,
   }
   PO_ASSERT(static_cast<int64_t>(f.size()) == pos, "shard file size ", f.size(), " != ", pos);
   f.commit();
-  write_file_atomic(join(staging, rank_name(rec.rank, "json")), [&](AtomicFile& out) {
-    const std::string text = shard_record_to_json(rec);
-    out.write(text.data(), text.size());
-  });
+  write_shard_record(staging, rec);
 }
 
 ShardImage::ShardImage(const parallel::ShardLayout& layout, const SaveOptions& options)
@@ -401,10 +407,7 @@ void ShardImage::write(const std::string& dir) {
   }
   PO_CHECK(::ftruncate(fd, rec_.file.bytes) == 0, path, ": cannot set its size: ", std::strerror(errno));
   PO_CHECK(::fsync(fd) == 0, path, ": fsync failed: ", std::strerror(errno));
-  write_file_atomic(join(staging, rank_name(rec_.rank, "json")), [&](AtomicFile& out) {
-    const std::string text = shard_record_to_json(rec_);
-    out.write(text.data(), text.size());
-  });
+  write_shard_record(staging, rec_);
 }
 
 void commit_sharded(const std::string& dir, const CheckpointMeta& meta, int writers) {

@@ -59,8 +59,8 @@ std::string make_k8s_manifests(const K8sOptions& o, const std::string& workdir) 
   const int world = o.nodes * o.procs_per_node;
   // Checked here, as the ranks will resolve it (the path as seen from here).
   const std::string local = fs::absolute(fs::path(workdir) / o.config_path).lexically_normal();
-  const int64_t per_replica = core::Config::load(local, o.sets).get_int("parallel.tp") *
-                              core::Config::load(local, o.sets).get_int("parallel.pp");
+  const core::Config given = core::Config::load(local, o.sets);
+  const int64_t per_replica = given.get_int("parallel.tp") * given.get_int("parallel.pp");
   PO_CHECK(world % per_replica == 0, "--nodes × --procs-per-node = ", world,
            " is not a multiple of parallel.tp × parallel.pp = ", per_replica);
   std::vector<std::string> sets = o.sets;

@@ -19,18 +19,6 @@ namespace po::cli {
 namespace fs = std::filesystem;
 namespace {
 
-// A word the shell reads back exactly: bare when it is plainly safe, else in
-// single quotes (a ' inside becomes '\'').
-std::string shell_quote(const std::string& s) {
-  const bool safe = !s.empty() && s.find_first_not_of(
-                                      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                      "0123456789_-+=./:,@%") == std::string::npos;
-  if (safe) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Slurm rejects #SBATCH values with spaces or shell syntax only at submit
 // time, with a terse message; refuse them here, naming the option.
 void check_sbatch_value(const std::string& what, const std::string& v) {
@@ -51,6 +39,32 @@ std::string utc_now() {
 }
 
 }  // namespace
+
+// A ' inside becomes '\''.
+std::string shell_quote(const std::string& s) {
+  const bool safe = !s.empty() && s.find_first_not_of(
+                                      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789_-+=./:,@%") == std::string::npos;
+  if (safe) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string submit_batch(const std::string& options, const std::string& script, const std::string& what) {
+  std::string cmd = "sbatch --parsable";
+  if (!options.empty()) cmd.append(" ").append(options);
+  cmd.append(" ").append(shell_quote(script)).append(" 2>&1");
+  std::FILE* p = popen(cmd.c_str(), "r");
+  PO_CHECK(p != nullptr, what, ": cannot run sbatch: ", std::strerror(errno));
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  PO_CHECK(status == 0 && !out.empty(), what, ": sbatch ", script, " failed: ", out);
+  return out.substr(0, out.find(';'));  // "id;cluster" on a federation
+}
 
 std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary,
                                const std::string& workdir) {
@@ -156,21 +170,12 @@ std::vector<std::string> submit_chain(const SbatchOptions& o, const std::string&
   }
   std::vector<std::string> ids;
   for (int k = 1; k <= o.chain; ++k) {
-    std::string cmd = core::str_cat("sbatch --parsable --export=ALL,PAGEDOPTIM_CHAIN_LINK=", k,
-                                    ",PAGEDOPTIM_CHAIN_LENGTH=", o.chain);
-    if (!ids.empty()) cmd.append(" --dependency=afterany:").append(ids.back());
-    cmd.append(" ").append(shell_quote(script_path)).append(" 2>&1");
-    std::FILE* p = popen(cmd.c_str(), "r");
-    PO_CHECK(p != nullptr, "--chain: cannot run sbatch: ", std::strerror(errno));
-    std::string out;
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-    const int status = pclose(p);
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    PO_CHECK(status == 0 && !out.empty(), "--chain: job ", k, " of ", o.chain, ": sbatch failed",
-             ids.empty() ? std::string() : core::str_cat(" (jobs ", ids.front(), "..", ids.back(), " are queued)"),
-             ": ", out);
-    ids.push_back(out.substr(0, out.find(';')));  // "id;cluster" on a federation
+    std::string options = core::str_cat("--export=ALL,PAGEDOPTIM_CHAIN_LINK=", k, ",PAGEDOPTIM_CHAIN_LENGTH=", o.chain);
+    if (!ids.empty()) options.append(" --dependency=afterany:").append(ids.back());
+    ids.push_back(submit_batch(
+        options, script_path,
+        core::str_cat("--chain: job ", k, " of ", o.chain,
+                      ids.empty() ? std::string() : core::str_cat(" (jobs ", ids.front(), "..", ids.back(), " are queued)"))));
   }
   return ids;
 }

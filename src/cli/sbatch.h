@@ -38,6 +38,14 @@ struct SbatchOptions {
 std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary,
                                const std::string& workdir);
 
+// A word the shell reads back exactly: bare when it is plainly safe, else in
+// single quotes.
+std::string shell_quote(const std::string& s);
+
+// `sbatch --parsable OPTIONS SCRIPT`; returns the job id. Errors name `what`
+// and carry sbatch's own message.
+std::string submit_batch(const std::string& options, const std::string& script, const std::string& what);
+
 // --chain K: writes the script to `script_path` and submits it K times with
 // `sbatch`, each job after the last ends (afterany); returns the job ids.
 std::vector<std::string> submit_chain(const SbatchOptions& o, const std::string& script,

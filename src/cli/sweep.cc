@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/atomic_file.h"
+#include "cli/sbatch.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "train/run_state.h"
@@ -36,6 +37,15 @@ std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// DIR/sweep.json, as run_sweep wrote it.
+nlohmann::json read_sweep(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_text(path));
+  } catch (const std::exception& e) {
+    PO_THROW(core::InvalidArgument, path, ": not a sweep (", e.what(), ")");
+  }
 }
 
 // argv of `pagedoptim train` for one point.
@@ -74,12 +84,6 @@ void record_exit(const std::string& run_dir, int code) {
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   checkpoint::write_file_atomic((fs::path(run_dir) / "exit_code").string(), text.data(), text.size());
-}
-
-std::string shell_word(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 }  // namespace
@@ -157,25 +161,17 @@ int run_sweep(const SweepOptions& o, const std::string& binary, const std::strin
       << "#SBATCH --output=" << dir << "/slurm-%A_%a.out\n";
     if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
     if (!o.time.empty()) s << "#SBATCH --time=" << o.time << "\n";
-    s << "cd " << shell_word(fs::absolute(workdir).lexically_normal()) << "\n"
+    s << "cd " << shell_quote(fs::absolute(workdir).lexically_normal()) << "\n"
       << "# Each task trains its point (resuming whatever it has), one rank per Slurm task.\n"
-      << "srun --mpi=pmix --kill-on-bad-exit=1 " << shell_word(binary) << " sweep --run-point "
-      << "\"$SLURM_ARRAY_TASK_ID\" " << shell_word(dir) << "\n"
+      << "srun --mpi=pmix --kill-on-bad-exit=1 " << shell_quote(binary) << " sweep --run-point "
+      << "\"$SLURM_ARRAY_TASK_ID\" " << shell_quote(dir) << "\n"
       << "rc=$?\n"
       << "if [ $rc -eq 75 ]; then scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"; fi\n"
       << "exit $rc\n";
     const std::string script = (fs::path(dir) / "sweep.sh").string();
     const std::string st = s.str();
     checkpoint::write_file_atomic(script, st.data(), st.size());
-    std::string out;
-    {
-      FILE* p = popen(("sbatch --parsable " + shell_word(script) + " 2>&1").c_str(), "r");
-      PO_CHECK(p != nullptr, "sweep: cannot run sbatch: ", std::strerror(errno));
-      char buf[256];
-      while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-      PO_CHECK(pclose(p) == 0, "sweep: sbatch ", script, " failed: ", out);
-    }
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    const std::string out = submit_batch("", script, "sweep");
     std::printf("submitted sweep %s: %zu points as array job %s (%s); `pagedoptim sweep --status %s`\n",
                 dir.c_str(), points.size(), out.c_str(), script.c_str(), dir.c_str());
     return 0;
@@ -218,12 +214,7 @@ int run_sweep(const SweepOptions& o, const std::string& binary, const std::strin
 
 int run_sweep_point(const std::string& dir, int index, const std::string& binary) {
   const std::string path = (fs::path(dir) / "sweep.json").string();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(path));
-  } catch (const std::exception& e) {
-    PO_THROW(core::InvalidArgument, path, ": not a sweep (", e.what(), ")");
-  }
+  nlohmann::json j = read_sweep(path);  // not const: operator[] of a missing key reads as null
   PO_CHECK(index >= 0 && index < static_cast<int>(j["points"].size()), path, ": no point ", index, " (it has ",
            j["points"].size(), ")");
   const auto& p = j["points"][static_cast<size_t>(index)];
@@ -245,12 +236,7 @@ std::string sweep_status(const std::string& dir) {
   const std::string path = (fs::path(dir) / "sweep.json").string();
   std::error_code ec;
   PO_CHECK(fs::exists(path, ec), "sweep --status ", dir, ": no sweep.json there (not a sweep directory)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(path));
-  } catch (const std::exception& e) {
-    PO_THROW(core::InvalidArgument, path, ": not a sweep (", e.what(), ")");
-  }
+  nlohmann::json j = read_sweep(path);  // not const: operator[] of a missing key reads as null
   std::ostringstream out;
   char line[512];
   std::snprintf(line, sizeof line, "%-36s %-9s %13s %10s %13s\n", "point", "state", "step", "loss", "best val loss");

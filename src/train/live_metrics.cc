@@ -12,6 +12,7 @@ namespace po::train {
 namespace {
 
 std::atomic<LiveMetrics*> g_active{nullptr};
+constexpr std::string_view kPrefix = "pagedoptim_train";
 
 std::string metric_name(const std::string& s) {
   std::string out;
@@ -65,7 +66,7 @@ LiveMetrics* LiveMetrics::active() { return g_active.load(); }
 
 void LiveMetrics::update(const nlohmann::json& record) {
   std::map<std::string, std::map<std::string, double>> fresh;
-  flatten(record, "pagedoptim_train", "", fresh);
+  flatten(record, std::string(kPrefix), "", fresh);
   std::lock_guard lock(mu_);
   for (auto& [name, by_labels] : fresh)
     for (auto& [labels, v] : by_labels) values_[name][labels] = v;
@@ -76,7 +77,7 @@ std::string LiveMetrics::text() const {
   out.precision(17);
   std::lock_guard lock(mu_);
   for (const auto& [name, by_labels] : values_) {
-    out << "# HELP " << name << " The latest " << name.substr(17) << " of metrics.jsonl.\n"
+    out << "# HELP " << name << " The latest " << name.substr(kPrefix.size() + 1) << " of metrics.jsonl.\n"
         << "# TYPE " << name << " gauge\n";
     for (const auto& [labels, v] : by_labels)
       out << name << (labels.empty() ? "" : "{" + labels + "}") << " " << v << "\n";

@@ -385,10 +385,10 @@ TrainResult train_pipeline(const PipelineRun& r) {
       vl /= static_cast<double>(batches);
     }
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
-    const bool stop = state.step < p.steps && StopRequests::agreed(launch.world.get());
+    const int stop = state.step < p.steps ? StopRequests::agreed(launch.world.get()) : 0;
     if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop)
       checkpoint_now();
-    if (stop) result.stopped_by = StopRequests::requested() != 0 ? StopRequests::requested() : -1;
+    if (stop) result.stopped_by = stop;
     if (!launch.leader) {
       if (stop) break;
       continue;

@@ -70,12 +70,11 @@ StopRequests::~StopRequests() {
   alarm(0);
 }
 
-int StopRequests::requested() { return g_requested.load(); }
-
-bool StopRequests::agreed(comm::Communicator* world) {
-  float flag = g_requested.load() != 0 ? 1.0f : 0.0f;
+int StopRequests::agreed(comm::Communicator* world) {
+  const int mine = g_requested.load();
+  float flag = mine != 0 ? 1.0f : 0.0f;
   if (world != nullptr) world->allreduce(&flag, 1, tensor::DType::kF32, comm::ReduceOp::kMax);
-  return flag != 0;
+  return flag == 0 ? 0 : mine != 0 ? mine : -1;
 }
 
 }  // namespace po::train

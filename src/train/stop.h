@@ -36,11 +36,10 @@ class StopRequests {
   StopRequests(const StopRequests&) = delete;
   StopRequests& operator=(const StopRequests&) = delete;
 
-  // The signal that asked this process to stop, 0 when none.
-  static int requested();
   // Collective over `world` (null: this process alone): whether any rank was
-  // asked to stop, so that all stop after the same step.
-  static bool agreed(comm::Communicator* world);
+  // asked to stop, so that all stop after the same step. 0: none; else this
+  // process's signal, or -1 when only another rank had one.
+  static int agreed(comm::Communicator* world);
 
  private:
   int signals_[3];

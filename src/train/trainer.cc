@@ -5,8 +5,6 @@
 // run.dir is touched.
 #include "train/trainer.h"
 
-#include "comm/env.h"
-
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -16,6 +14,7 @@
 
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
+#include "comm/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -26,14 +25,14 @@
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "train/async_checkpoint.h"
 #include "train/launch.h"
+#include "train/live_metrics.h"
 #include "train/metrics.h"
 #include "train/paging_setup.h"
 #include "train/pipeline_train.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
-#include "train/async_checkpoint.h"
-#include "train/live_metrics.h"
 #include "train/stop.h"
 #include "train/tp_checkpoint.h"
 #include "train/train_step.h"
@@ -307,27 +306,27 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     const bool all_evaluate = l.zero_stage == 3 || p.tp > 1;
     const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
-    const bool stop = state.step < p.steps && StopRequests::agreed(c.world);
+    const int stop = state.step < p.steps ? StopRequests::agreed(c.world) : 0;
     // Every rank saves its part (a collective), before the leader-only reporting.
-    // checkpoint.async: a save in flight is committed once every rank has written it.
+    const bool last = state.step == p.steps || stop;
+    const bool ckpt_now = (p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last;
+    // checkpoint.async: a save in flight is committed once every rank has
+    // written it, at the latest before the next save starts and before the
+    // run ends (the last one included).
     core::Timer ckpt_timer;
-    if (l.async != nullptr && l.async->pending()) {
-      const std::string done = (state.step == p.steps || stop) ? l.async->finish() : l.async->poll();
-      if (!done.empty() && l.leader) {
-        remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
-        progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
-                                    static_cast<int>(l.async->last_write_seconds() * 1000), " ms in the background)"));
-      }
-    }
-    const bool ckpt_now =
-        (p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop;
+    auto commit_async = [&](bool wait) {
+      if (l.async == nullptr || !l.async->pending()) return;
+      const std::string done = wait ? l.async->finish() : l.async->poll();
+      if (done.empty() || !l.leader) return;
+      remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
+      progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
+                                  static_cast<int>(l.async->last_write_seconds() * 1000), " ms in the background)"));
+    };
+    commit_async(ckpt_now);
     if (ckpt_now) save_step(c, l, state, progress);
-    if (ckpt_now && l.async != nullptr && (state.step == p.steps || stop)) {
-      l.async->finish();  // the last one is on disk before the run ends
-      if (l.leader) remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
-    }
+    if (last) commit_async(true);
     const double ckpt_s = ckpt_timer.seconds();
-    if (stop) result.stopped_by = StopRequests::requested() != 0 ? StopRequests::requested() : -1;
+    if (stop) result.stopped_by = stop;
     if (!l.leader) {
       if (stop) break;
       continue;
