@@ -18,6 +18,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "train/run_state.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 namespace po::cli {
@@ -157,7 +158,8 @@ int run_sweep(const SweepOptions& o, const std::string& binary, const std::strin
       << "#SBATCH --nodes=" << o.nodes << "\n"
       << "#SBATCH --ntasks-per-node=" << o.tasks_per_node << "\n"
       << "#SBATCH --requeue\n"
-      << "#SBATCH --signal=USR1@120\n"
+      << "#SBATCH --signal=" << sigabbrev_np(train::stop_signal_number(base.get_string("train.stop_signal"), "train.stop_signal"))
+      << "@120\n"
       << "#SBATCH --output=" << dir << "/slurm-%A_%a.out\n";
     if (!o.partition.empty()) s << "#SBATCH --partition=" << o.partition << "\n";
     if (!o.time.empty()) s << "#SBATCH --time=" << o.time << "\n";
