@@ -36,14 +36,38 @@ bool native_bf16_gemm();
 // a CPU build, and the planner's "local" peaks. ~0.3 s on 2 cores.
 double measure_gemm_peak_gflops(GemmPrecision precision = GemmPrecision::kF32);
 
-// Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+// A GEMM operand: its f32 values, and (optionally) the same values already
+// rounded to bf16 (the bits of core::bf16), or the bf16 bits alone. At kBF16
+// given bits are used as they are, so an operand rounded once (a bf16
+// parameter, a saved bf16 activation, a gradient a kernel wrote in bf16)
+// costs no pass over memory per product; f32 values are rounded per call. At
+// kF32 the f32 values are used (bf16 bits alone are widened).
+struct Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  Operand() = default;
+  Operand(std::nullptr_t) {}
+  Operand(const float* f) : f32(f) {}  // NOLINT: a plain f32 operand converts
+  Operand(const uint16_t* h) : bf16(h) {}  // NOLINT: so do bf16 bits
+  Operand(const float* f, const uint16_t* h) : f32(f), bf16(h) {}
+  bool empty() const { return f32 == nullptr && bf16 == nullptr; }
+};
+
+// Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, at
+// gemm_precision().
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, Operand A,
+          int64_t lda, Operand B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The same with bf16 operands, f32 accumulation and an f32 C, whatever
+// gemm_precision() is: oneDNN's dnnl_gemm_bf16bf16f32 where
+// native_bf16_gemm(), else the operands widened through the f32 GEMM (bf16
+// values are exact in f32, so the products are the same numbers).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+               float* C, int64_t ldc);
 
 // out[BT,OC] = inp[BT,C] · weight[OC,C]^T + bias[OC]  (bias may be null)
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    int64_t BT, int64_t C, int64_t OC);
+void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int64_t BT,
+                    int64_t C, int64_t OC);
 // Generation's matmul_forward: for a few rows (decode: BT <= 4) each weight
 // row is streamed once for all of them, the threads splitting the outputs
 // (the GEMM's small-M path reads the weights at a fraction of the memory's
@@ -54,8 +78,9 @@ void matmul_forward_decode(float* out, const float* inp, const float* weight, co
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
 // dinp, dweight and dbias may each be null (skipped): the input-gradient and
 // weight-gradient halves of a backward can run apart (pipeline schedules).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+// At kBF16 an f32 dout is rounded once for both products.
+void matmul_backward(float* dinp, float* dweight, float* dbias, Operand dout, Operand inp,
+                     Operand weight, int64_t BT, int64_t C, int64_t OC,
                      bool accumulate_dinp = false);
 
 // out[BT,C] = (inp - mean) * rstd * weight + bias; saves mean[BT], rstd[BT].
@@ -149,6 +174,12 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // (The loss is the mean over BT rows, so callers pass grad_scale = 1/(BT*accum).)
 void crossentropy_forward(float* losses, float* logits, const int32_t* targets, int64_t BT,
                           int64_t V, float grad_scale);
+// The same losses, with the gradient (grad_scale != 0) written as bf16 bits
+// into grad16[BT,V] instead: each value rounded to nearest even from the f32
+// that crossentropy_forward would leave (the cast fused into the pass that
+// scales, so a bf16 GEMM reads it without another pass). logits is clobbered.
+void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
+                               const int32_t* targets, int64_t BT, int64_t V, float grad_scale);
 
 // Vocabulary-parallel embedding (tensor parallel; Layout::vocab_begin/vocab_real):
 // a rank's table holds global rows [v0, v0 + nv). Tokens in that range are

@@ -76,6 +76,8 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   lnf_mean_ = v.lnf_mean;
   lnf_rstd_ = v.lnf_rstd;
   logits_ = v.logits;
+  lnf16_ = v.lnf16;
+  logits16_ = v.logits16;
   losses_ = v.losses;
   dres_ = v.dres;
   dlnf_ = v.dlnf;
@@ -188,6 +190,10 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.logits = take(head_chunk_rows(B, T) * V);
     out.losses = take(BT);
     out.dlnf = take(BT * C);
+    if (config.bf16_activations) {
+      out.lnf16 = take16(BT * C);
+      out.logits16 = take16(head_chunk_rows(B, T) * V);
+    }
   }
   out.dres = take(R * C);
   out.dbuf_c = take(BT * std::max(C, AO));

@@ -62,7 +62,12 @@ struct UnitHooks {
   // Unit u's gradient of this micro-batch is complete. Called on every
   // micro-batch, at the points forward_backward's on_unit_ready is called.
   std::function<void(int u)> grads_ready;
-  bool empty() const { return !params && !done && !grads && !grads_ready; }
+  // Optional: unit u's parameters as stored in bf16 (the values params(u)
+  // holds widened), valid until done(u), or null where they are not held in
+  // bf16. Asked after params(u); a bf16 GEMM reads its weights from here
+  // instead of rounding the widened copy again.
+  std::function<const uint16_t*(int u)> params_bf16;
+  bool empty() const { return !params && !done && !grads && !grads_ready && !params_bf16; }
 };
 
 // Global unit ids [first, last] a model holds; last = -1: through the head.
@@ -328,6 +333,7 @@ class Transformer {
     float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
     float *dqkv = nullptr, *dfch = nullptr;
     float *full = nullptr, *gathered = nullptr, *dchunk = nullptr, *norm_dw = nullptr;
+    uint16_t *lnf16 = nullptr, *logits16 = nullptr;  // bf16_activations, with the head
   };
   // Lays out the activations of `config` (a rank's shapes) at (B, T) for
   // `n_blocks` held blocks and (with_head) the head from `base` (null: count
@@ -396,6 +402,7 @@ class Transformer {
   };
   HeadViews head_views(float* unit0, float* head_unit) const;
   HeadViews head_params();
+  const uint16_t* head_weight16(const float* weight);
   void head_done();
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,
                       float grad_scale);
@@ -435,6 +442,9 @@ class Transformer {
   float *rope_cos_ = nullptr, *rope_sin_ = nullptr;                   // [T, hs/2] each
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
   float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]
+  // bf16_activations: the head's GEMM operands rounded once: the final norm's
+  // output (every row) [BT,C] and a chunk's logits gradient [chunk,V].
+  uint16_t *lnf16_ = nullptr, *logits16_ = nullptr;
   float *dres_ = nullptr, *dlnf_ = nullptr, *dbuf_c_ = nullptr;       // [BT,C] each
   float *dqkv_ = nullptr, *dfch_ = nullptr;                           // [BT,QKV], [BT,FC]
   const float* out_ = nullptr;                                        // last stage_forward's output

@@ -398,16 +398,28 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   const int64_t R = rows / sp_;  // the final norm's rows (this rank's under sequence parallel)
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, R);
   const float* x = gather_rows(lnf_, gathered_, rows);
+  // bf16: the head's operands are rounded once, not in every chunk's three
+  // GEMMs (the same bits: a GEMM at kBF16 rounds them the same way), and the
+  // loss writes its gradient in bf16.
+  const bool bf16 = logits16_ != nullptr && ops::gemm_precision() == ops::GemmPrecision::kBF16;
+  const uint16_t* w16 = bf16 ? head_weight16(P.weight) : nullptr;
+  if (bf16) ops::f32_to_bf16(lnf16_, x, rows * C);
+  const bool grad16 = bf16 && backward && tp_size() == 1;
+  const ops::Operand w(P.weight, w16);
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
-    ops::matmul_forward(logits_, x + r0 * C, P.weight, nullptr, n, C, V);
-    if (tp_size() == 1)
+    const ops::Operand xin(x + r0 * C, bf16 ? lnf16_ + r0 * C : nullptr);
+    ops::matmul_forward(logits_, xin, w, nullptr, n, C, V);
+    if (grad16)
+      ops::crossentropy_forward_bf16(losses_ + r0, logits_, logits16_, targets + r0, n, V, grad_scale);
+    else if (tp_size() == 1)
       ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
     else
       vocab_parallel_loss(losses_ + r0, logits_, targets + r0, n, grad_scale);
-    if (backward)
-      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, x + r0 * C, P.weight, n, C,
-                           V);
+    if (backward) {
+      const ops::Operand dlogits = grad16 ? ops::Operand(logits16_) : ops::Operand(logits_);
+      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, dlogits, xin, w, n, C, V);
+    }
   }
   if (backward) {
     // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
@@ -422,6 +434,22 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   double sum = 0;
   for (int64_t i = 0; i < rows; ++i) sum += losses_[i];
   return sum;
+}
+
+// The head weight's bf16 bits: the stored bf16 parameters where the hooks
+// hand them out, else rounded here once per head pass (in a buffer of the
+// calling thread, as the GEMM's own rounding would be).
+const uint16_t* Transformer::head_weight16(const float* weight) {
+  const int u = layout_.tied() ? 0 : layout_.head_unit();
+  if (hooks_.params_bf16) {
+    const uint16_t* base = hooks_.params_bf16(u);
+    if (base != nullptr) return base + (layout_.head().offset - layout_.unit_offset(u));
+  }
+  thread_local std::vector<uint16_t> w16;
+  const int64_t n = layout_.head().numel();
+  w16.resize(static_cast<size_t>(n));
+  ops::f32_to_bf16(w16.data(), weight, n);
+  return w16.data();
 }
 
 void Transformer::vocab_parallel_loss(float* losses, float* logits, const int32_t* targets,
