@@ -1,6 +1,7 @@
 """PyTorch side of the training benchmark (bench/train_vs_torch.sh).
 
-Trains the same model as PagedOptim in fp32 on the CPU: GPT-2 presets with
+Trains the same model as PagedOptim in fp32 (or with --autocast bf16, PyTorch's CPU
+mixed precision) on the CPU: GPT-2 presets with
 tools/torch_ref/gpt2.py, Llama presets (stories42M, llama-124M) with bench/torch_llama.py
 (the reference Llama's math, tuned: fused q|k|v and gate|up, baddbmm-masked attention), with
 what a fair, informed user would do for speed: 2 intra-op threads, AdamW with
@@ -51,6 +52,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--label", default="", help="free text copied into the JSON line")
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16) "
+                         "(fp32 master weights and optimizer, as PyTorch's CPU mixed precision does)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -94,7 +98,11 @@ def main():
     for step, (x, y) in enumerate(batches):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        if args.autocast == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = model(x, y)
+        else:
+            _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -110,7 +118,7 @@ def main():
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     fpt = flops_per_token(n_params, L, C, T)
     print(json.dumps({
-        "engine": "pytorch", "preset": args.preset, "label": args.label,
+        "engine": "pytorch", "preset": args.preset, "label": args.label, "autocast": args.autocast,
         "tokens_per_s": round(tok_s, 2), "step_ms": round(step_s * 1000, 2), "loss": round(loss_v, 5),
         "batch_size": B, "seq_len": T, "threads": args.threads, "n_params": n_params,
         "flops_per_token": fpt, "gflops": round(tok_s * fpt / 1e9, 2), "peak_rss_bytes": peak,

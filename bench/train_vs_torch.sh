@@ -2,7 +2,8 @@
 # Training throughput: PagedOptim vs PyTorch (fp32, CPU, 2 threads), same machine, same run.
 #
 #   bench/train_vs_torch.sh [--presets "bench-small gpt2-124M stories42M llama-124M"] [--data FILE.bin]
-#                           [--out DIR] [--build DIR] [--torch-only] [--no-as-given]
+#                           [--precisions "fp32 bf16"] [--out DIR] [--build DIR] [--torch-only]
+#                           [--no-as-given]
 #
 # Builds nothing: expects build/pagedoptim and build/bench/gemm_bench (cmake --build build).
 # For each preset it runs, one after another:
@@ -12,14 +13,18 @@
 #   torch tuned     bench/torch_train.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset,
 #                   GLIBC_TUNABLES=glibc.malloc.hugetlb=1, OMP_WAIT_POLICY=PASSIVE
 #   torch as-given  bench/torch_train.py, environment untouched (skipped with --no-as-given)
-# and once build/bench/gemm_bench for the sgemm peak (2 threads) that MFU is measured against.
+# and once build/bench/gemm_bench for the sgemm and bf16 GEMM peaks (2 threads) that MFU is
+# measured against. Each precision has its own rows: bf16 runs the engine with
+# train.precision = "bf16" and PyTorch (tuned) under torch.autocast("cpu", dtype=torch.bfloat16),
+# its MFU against the bf16 GEMM peak (on bf16 operands; the sgemm where there is no native one).
 # STEPS (default 13) and WARMUP (default 3) in the environment shorten a run on a busy machine.
 # Prints a table per preset and one JSON line per preset; everything is also kept in --out.
 # GPT-2 presets use tools/torch_ref/gpt2.py; Llama presets (stories42M, llama-124M) use
 # bench/torch_llama.py. Data: random GPT-2 ids (< 50257) unless --data; stories42M keeps its
 # real vocabulary (32000) and always trains on its own random ids < 32000.
-# Targets: engine/torch-tuned >= 1.3, MFU >= 60% on gpt2-124M and >= 75% on llama-124M,
-# peak RSS within 20% of predicted.
+# Targets: fp32 engine/torch-tuned >= 1.3, MFU >= 60% on gpt2-124M and >= 75% on llama-124M,
+# peak RSS within 20% of predicted; bf16 engine/torch-autocast >= 1.5 on bench-small and
+# gpt2-124M, MFU >= 50% of the bf16 peak on gpt2-124M.
 # PyTorch is Debian's python3-torch (1.13) under /usr/bin/python3. See docs/benchmarks.md.
 set -uo pipefail
 
@@ -31,6 +36,7 @@ OUT=""
 BUILD="$ROOT/build"
 TORCH_ONLY=0
 AS_GIVEN=1
+PRECISIONS="fp32 bf16"
 STEPS="${STEPS:-13}"     # 3 warm-up + 10 measured, engine and PyTorch alike
 WARMUP="${WARMUP:-3}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-2400}"   # seconds per single run
@@ -43,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --build) BUILD="$(cd "$2" 2>/dev/null && pwd || echo "$2")"; shift 2 ;;
     --torch-only) TORCH_ONLY=1; shift ;;
     --no-as-given) AS_GIVEN=0; shift ;;
+    --precisions) PRECISIONS="$2"; shift 2 ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "train_vs_torch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -119,11 +126,16 @@ if [[ $TORCH_ONLY -eq 0 ]]; then
   [[ $rc -eq 0 ]] || die "gemm_bench failed (exit $rc), so there is no sgemm peak to measure MFU against; see $OUT/gemm_bench.log"
   GEMM_JSON="$(grep -m1 '"sgemm_peak"' "$OUT/gemm_bench.log" | grep '"gflops":[0-9.]*[1-9]' || true)"
   [[ -n "$GEMM_JSON" ]] || die "no sgemm_peak line with a positive gflops in $OUT/gemm_bench.log"
+  BF16_JSON="$(grep -m1 '"bf16_peak"' "$OUT/gemm_bench.log" | grep '"gflops":[0-9.]*[1-9]' || true)"
+  [[ -n "$BF16_JSON" ]] || die "no bf16_peak line with a positive gflops in $OUT/gemm_bench.log"
   echo "   $GEMM_JSON"
+  echo "   $BF16_JSON"
 else
   echo "-- gemm_bench not run (--torch-only): no MFU"
+  BF16_JSON=""
 fi
 echo "$GEMM_JSON" >"$OUT/gemm_peak.json"
+echo "$BF16_JSON" >"$OUT/bf16_peak.json"
 
 run_logged() {  # name, then the command; keeps the log, returns the exit status
   local name="$1"; shift
@@ -142,37 +154,44 @@ run_logged() {  # name, then the command; keeps the log, returns the exit status
 for p in $PRESETS; do
   cfg="$(config_for "$p")"
   pdata="$(data_for "$p")"
-  echo "-- $p"
-  # (c) engine
-  if [[ $TORCH_ONLY -eq 0 ]]; then
-    rundir="$OUT/engine-$p"
-    rm -rf "$rundir"
-    run_logged "engine-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-      "$ENGINE" train -c "$cfg" --set "run.dir=$rundir" --set "data.train=$pdata" \
-      --set "train.steps=$STEPS"
-  fi
-  # (d) PyTorch tuned, then as given
-  run_logged "torch-tuned-$p" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE \
-    "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$pdata" --warmup $WARMUP \
-    --steps $((STEPS - WARMUP)) --label tuned
-  if [[ $AS_GIVEN -eq 1 ]]; then
-    run_logged "torch-asgiven-$p" \
+  for prec in $PRECISIONS; do
+    # fp32 rows keep their names; bf16 rows end in -bf16
+    sfx=""; [[ $prec == fp32 ]] || sfx="-$prec"
+    echo "-- $p $prec"
+    # (c) engine
+    if [[ $TORCH_ONLY -eq 0 ]]; then
+      rundir="$OUT/engine-$p$sfx"
+      rm -rf "$rundir"
+      run_logged "engine-$p$sfx" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+        "$ENGINE" train -c "$cfg" --set "run.dir=$rundir" --set "data.train=$pdata" \
+        --set "train.steps=$STEPS" --set "train.precision=\"$prec\""
+    fi
+    # (d) PyTorch tuned (bf16: under autocast), then as given (fp32 only)
+    autocast=none; [[ $prec == bf16 ]] && autocast=bf16
+    run_logged "torch-tuned-$p$sfx" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+      GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE \
       "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$pdata" --warmup $WARMUP \
-      --steps $((STEPS - WARMUP)) --label as-given
-  fi
+      --steps $((STEPS - WARMUP)) --label tuned --autocast $autocast
+    if [[ $AS_GIVEN -eq 1 && $prec == fp32 ]]; then
+      run_logged "torch-asgiven-$p" \
+        "$PY" "$ROOT/bench/torch_train.py" --preset "$p" --data "$pdata" --warmup $WARMUP \
+        --steps $((STEPS - WARMUP)) --label as-given
+    fi
+  done
 done
 
 # (f) summary
-"$PY" - "$OUT" "$WARMUP" "$TORCH_ONLY" $PRESETS <<'PYEOF'
+"$PY" - "$OUT" "$WARMUP" "$TORCH_ONLY" "$PRECISIONS" $PRESETS <<'PYEOF'
 import json, os, sys
-out, warmup, torch_only, presets = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
+out, warmup, torch_only = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+precisions, presets = sys.argv[4].split(), sys.argv[5:]
 # preset: (L, C, NH, V, T, B, arch, NKV, F); Llama rows from src/model/config.cc (tied heads)
 DIMS = {"bench-small": (6, 384, 6, 50257, 256, 8, "gpt2", 6, 1536),
         "gpt2-124M": (12, 768, 12, 50257, 256, 4, "gpt2", 12, 3072),
         "stories42M": (8, 512, 8, 32000, 256, 8, "llama", 8, 1376),
         "llama-124M": (12, 768, 12, 50257, 256, 4, "llama", 12, 2048)}
-MFU_TARGET = {"gpt2-124M": 0.60, "llama-124M": 0.75}
+MFU_TARGET = {"fp32": {"gpt2-124M": 0.60, "llama-124M": 0.75}, "bf16": {"gpt2-124M": 0.50}}
+RATIO_TARGET = {"fp32": {p: 1.3 for p in DIMS}, "bf16": {"bench-small": 1.5, "gpt2-124M": 1.5}}
 
 def last_json(path, key=None):
     try:
@@ -190,12 +209,16 @@ def last_json(path, key=None):
                 return obj
     return None
 
-peak, peak_src = None, "not measured (--torch-only): no MFU"
-g = last_json(os.path.join(out, "gemm_peak.json"), "gflops")
-if g and g.get("gflops"):
-    peak, peak_src = float(g["gflops"]), "gemm_bench, %s threads" % g.get("threads", "?")
-elif not torch_only:
-    sys.exit("train_vs_torch.sh: error: no measured sgemm peak in %s" % os.path.join(out, "gemm_peak.json"))
+PEAK, PEAK_SRC = {}, {}
+for prec, name in (("fp32", "gemm_peak.json"), ("bf16", "bf16_peak.json")):
+    PEAK[prec], PEAK_SRC[prec] = None, "not measured (--torch-only): no MFU"
+    g = last_json(os.path.join(out, name), "gflops")
+    if g and g.get("gflops"):
+        PEAK[prec] = float(g["gflops"])
+        PEAK_SRC[prec] = "gemm_bench, %s threads%s" % (g.get("threads", "?"),
+                         "" if g.get("native", True) else ", no native bf16 GEMM")
+    elif not torch_only and prec in precisions:
+        sys.exit("train_vs_torch.sh: error: no measured %s peak in %s" % (prec, os.path.join(out, name)))
 
 def engine_stats(p):
     path = os.path.join(out, "engine-" + p, "metrics.jsonl")
@@ -235,18 +258,21 @@ def pct(x):
     return "n/a" if x is None else "%.1f%%" % (100 * x)
 
 print()
-print("sgemm peak: %s GFLOP/s (%s)" % (fmt(peak), peak_src))
+for prec in precisions:
+    print("%s GEMM peak: %s GFLOP/s (%s)" % (prec, fmt(PEAK[prec]), PEAK_SRC[prec]))
 rows = []
-for p in presets:
+for p, prec in [(p, prec) for p in presets for prec in precisions]:
+    sfx = "" if prec == "fp32" else "-" + prec
+    peak = PEAK[prec]
     L, C, NH, V, T, B, arch, NKV, FF = DIMS[p]
     if arch == "gpt2":
         n_params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # wpe has seq_len rows; tied head once
     else:  # q, o: C*C; k, v: C*NKV*hs; gate, up, down: C*F; two RMSNorms; final RMSNorm; tied
         n_params = V * C + L * (2 * C * C + 2 * C * (NKV * (C // NH)) + 3 * C * FF + 2 * C) + C
     fpt = 6 * n_params + 12 * L * C * T  # attention: QK^T and AV, forward and backward
-    eng = None if torch_only else engine_stats(p)
-    tuned = last_json(os.path.join(out, "torch-tuned-%s.log" % p), "tokens_per_s")
-    given = last_json(os.path.join(out, "torch-asgiven-%s.log" % p), "tokens_per_s")
+    eng = None if torch_only else engine_stats(p + sfx)
+    tuned = last_json(os.path.join(out, "torch-tuned-%s%s.log" % (p, sfx)), "tokens_per_s")
+    given = last_json(os.path.join(out, "torch-asgiven-%s%s.log" % (p, sfx)), "tokens_per_s")
     e_tps = eng.get("tokens_per_s") if eng else None
     t_tps = tuned["tokens_per_s"] if tuned else None
     g_tps = given["tokens_per_s"] if given else None
@@ -256,22 +282,24 @@ for p in presets:
     pred = eng.get("predicted_bytes") if eng else None
     rss_err = (rss - pred) / pred if rss and pred else None
     print()
-    print("%s (%s): L=%d C=%d NH=%d NKV=%d F=%d V=%d, B=%d T=%d, %d params, %.3f GFLOP/token"
-          % (p, arch, L, C, NH, NKV, FF, V, B, T, n_params, fpt / 1e9))
+    print("%s %s (%s): L=%d C=%d NH=%d NKV=%d F=%d V=%d, B=%d T=%d, %d params, %.3f GFLOP/token"
+          % (p, prec, arch, L, C, NH, NKV, FF, V, B, T, n_params, fpt / 1e9))
     if eng and "error" in eng:
         print("  engine: %s" % eng["error"])
     print("  %-26s %12s %8s %12s" % ("", "tokens/s", "MFU", "peak RSS"))
     print("  %-26s %12s %8s %12s" % ("engine", fmt(e_tps), pct(mfu(e_tps)),
           fmt(rss and rss / 2**20, "%.0f MiB")))
-    print("  %-26s %12s %8s %12s" % ("pytorch tuned", fmt(t_tps), pct(mfu(t_tps)),
+    print("  %-26s %12s %8s %12s" % ("pytorch tuned" + (", autocast" if prec == "bf16" else ""), fmt(t_tps), pct(mfu(t_tps)),
           fmt(tuned and tuned.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
-    print("  %-26s %12s %8s %12s" % ("pytorch as given", fmt(g_tps), pct(mfu(g_tps)),
-          fmt(given and given.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
+    if given:
+        print("  %-26s %12s %8s %12s" % ("pytorch as given", fmt(g_tps), pct(mfu(g_tps)),
+              fmt(given.get("peak_rss_bytes", 0) / 2**20, "%.0f MiB")))
     ok = lambda c: "n/a" if c is None else ("PASS" if c else "MISS")
-    print("  engine / torch tuned: %s   (target >= 1.3: %s)" % (fmt(ratio, "%.2fx"),
-          ok(None if ratio is None else ratio >= 1.3)))
-    if p in MFU_TARGET:
-        m, tgt = mfu(e_tps), MFU_TARGET[p]
+    rt = RATIO_TARGET[prec].get(p)
+    print("  engine / torch tuned: %s   (%s)" % (fmt(ratio, "%.2fx"), "no target" if rt is None else
+          "target >= %.1f: %s" % (rt, ok(None if ratio is None else ratio >= rt))))
+    if p in MFU_TARGET[prec]:
+        m, tgt = mfu(e_tps), MFU_TARGET[prec][p]
         print("  engine MFU: %s   (target >= %.0f%%: %s)" % (pct(m), 100 * tgt,
               ok(None if m is None else m >= tgt)))
     print("  engine peak RSS %s vs predicted %s: %s   (target within 20%%: %s)"
@@ -279,7 +307,7 @@ for p in presets:
              fmt(None if rss_err is None else 100 * rss_err, "%+.1f%%"), ok(None if rss_err is None else abs(rss_err) <= 0.2)))
     if eng and "engine_reported_mfu" in eng:
         print("  (engine's own mfu field: %.1f%%)" % (100 * eng["engine_reported_mfu"]))
-    rows.append({"bench": "train_vs_torch", "preset": p, "arch": arch, "batch_size": B, "seq_len": T,
+    rows.append({"bench": "train_vs_torch", "preset": p, "precision": prec, "arch": arch, "batch_size": B, "seq_len": T,
                  "n_params": n_params, "flops_per_token": fpt, "peak_gflops": peak,
                  "engine_tokens_per_s": e_tps, "torch_tuned_tokens_per_s": t_tps,
                  "torch_asgiven_tokens_per_s": g_tps, "ratio_engine_vs_tuned": ratio,

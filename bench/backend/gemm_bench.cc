@@ -58,6 +58,19 @@ int main(int argc, char** argv) {
   const double peak = 2.0 * n * n * n / t_sq * 1e-9;
   std::printf("%-36s %10.2f ms %8.1f GFLOP/s\n", "sgemm 3072^3", t_sq * 1e3, peak);
 
+  // The bf16 GEMM on bf16 operands (rounded before the clock), f32 accumulation:
+  // the peak of a bf16 step's products (the f32 GEMM where the CPU or BLAS has
+  // no native bf16 one).
+  std::vector<uint16_t> A16(n * n), B16(n * n);
+  cpu::f32_to_bf16(A16.data(), A.data(), n * n);
+  cpu::f32_to_bf16(B16.data(), B.data(), n * n);
+  const double t_bf = best_time([&] {
+    cpu::gemm_bf16(false, false, n, n, n, 1.0f, A16.data(), n, B16.data(), n, 0.0f, C.data(), n);
+  });
+  const double peak_bf16 = 2.0 * n * n * n / t_bf * 1e-9;
+  std::printf("%-36s %10.2f ms %8.1f GFLOP/s (%s)\n", "bf16 gemm 3072^3", t_bf * 1e3, peak_bf16,
+              cpu::native_bf16_gemm() ? "native" : "no native bf16 GEMM: through f32");
+
   const int64_t BT = 1024, Cc = 768, V = 50257;
   std::vector<float> inp(BT * Cc, 0.01f), w(V * Cc, 0.02f), out(BT * V);
   const double t_lm = best_time(
@@ -67,6 +80,8 @@ int main(int argc, char** argv) {
 
   std::printf("{\"bench\":\"sgemm_peak\",\"threads\":%d,\"gflops\":%.1f,\"blas\":\"%s\"}\n",
               threads, peak, cpu::blas_name());
+  std::printf("{\"bench\":\"bf16_peak\",\"threads\":%d,\"gflops\":%.1f,\"native\":%s}\n",
+              threads, peak_bf16, cpu::native_bf16_gemm() ? "true" : "false");
   std::printf("{\"bench\":\"lm_head_fwd\",\"threads\":%d,\"ms\":%.2f,\"gflops\":%.1f}\n",
               threads, t_lm * 1e3, 2.0 * BT * Cc * V / t_lm * 1e-9);
   return 0;

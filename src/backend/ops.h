@@ -29,8 +29,12 @@ const char* blas_name();
 enum class GemmPrecision { kF32, kBF16 };
 void set_gemm_precision(GemmPrecision p);
 GemmPrecision gemm_precision();
-// Whether kBF16 runs on native bf16 instructions here.
+// Whether kBF16 runs on native bf16 instructions here (and is allowed to).
 bool native_bf16_gemm();
+// Allows (the default) or forbids the native bf16 GEMM: forbidden, bf16
+// products go through the f32 GEMM as on a CPU without bf16 instructions (for
+// tests and benchmarks of that path on any machine).
+void allow_native_bf16_gemm(bool allowed);
 // Measured GEMM peak of this machine with the engine's BLAS at `precision`
 // (GFLOP/s, on the calling thread's OpenMP threads): the denominator of MFU on
 // a CPU build, and the planner's "local" peaks. ~0.3 s on 2 cores.
@@ -87,6 +91,13 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, Operand dout, Op
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t BT, int64_t C,
                        double eps = 1e-5);
+// Fused norm + cast: the same f32 values rounded to bf16 as they are written
+// (for an output read only by bf16 GEMMs). The statistics stay f32. The same
+// holds for the bf16 overloads of rmsnorm_forward, gelu_forward and
+// swiglu_forward: out is exactly f32_to_bf16 of the f32 kernel's out.
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t BT, int64_t C,
+                       double eps = 1e-5);
 // dinp[BT,C] += ...; dweight[C] += ...; dbias[C] += ...
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
@@ -96,12 +107,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // saves rstd[BT].
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t BT,
                      int64_t C, double eps);
+void rmsnorm_forward(uint16_t* out, float* rstd, const float* inp, const float* weight,
+                     int64_t BT, int64_t C, double eps);
 // dinp[BT,C] += ...; dweight[C] += ...
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t BT, int64_t C);
 
 // SwiGLU: inp[BT,2F] holds gate | up; out[BT,F] = silu(gate) * up.
 void swiglu_forward(float* out, const float* inp, int64_t BT, int64_t F);
+void swiglu_forward(uint16_t* out, const float* inp, int64_t BT, int64_t F);
 // dinp[BT,2F] written (d gate | d up).
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F);
 
@@ -126,6 +140,7 @@ void rope_backward(float* dx, int64_t B, int64_t T, int64_t stride, int64_t n_he
 
 // GELU, tanh approximation: out[n] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_forward(uint16_t* out, const float* inp, int64_t n);
 // dinp[n] = gelu'(inp) * dout (written; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 

@@ -37,7 +37,7 @@ struct StepContext {
   comm::Communicator* data = nullptr;  // the data-parallel group (null at dp = 1)
   parallel::TensorParallelOps* tp = nullptr;  // the tensor group's collectives (null at tp = 1)
   bool paging = false;         // Adam state in pages (train/paging_setup.h)
-  double peak_gflops = 0;      // this rank's measured (or configured) sgemm peak
+  double peak_gflops = 0;      // this rank's measured (or configured) GEMM peak at the run's precision
   std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T), sized by the loop
 };
 

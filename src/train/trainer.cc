@@ -432,8 +432,12 @@ TrainResult train(const core::Config& cfg) {
                                   l.config_toml.data(), l.config_toml.size());
   }
 
-  c.peak_gflops = cfg.get_float("train.peak_gflops") > 0 ? cfg.get_float("train.peak_gflops")
-                                                         : ops::measure_gemm_peak_gflops();
+  // MFU is against the GEMM peak of the precision the step runs in (the bf16
+  // GEMM's on bf16 operands in a bf16 run), measured here unless configured.
+  const bool bf16_peak = ops::gemm_precision() == ops::GemmPrecision::kBF16;
+  c.peak_gflops = cfg.get_float("train.peak_gflops") > 0
+                      ? cfg.get_float("train.peak_gflops")
+                      : ops::measure_gemm_peak_gflops(ops::gemm_precision());
   // The compute budget holds from here on (set up is done: the whole fp32
   // model has given way to shards, the GEMM probe's matrices are freed).
   if (c.paging)
@@ -449,7 +453,10 @@ TrainResult train(const core::Config& cfg) {
                                        p.tp, ")")
                        : std::string(),
               "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
-              ops::blas_name(), " (sgemm peak ", static_cast<int>(c.peak_gflops), " GFLOP/s)");
+              ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
+              static_cast<int>(c.peak_gflops), " GFLOP/s",
+              cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
+              ": mfu's denominator)");
   if (l.leader && p.tp > 1)
     PO_LOG_INFO("activations saved per layer: ",
                 model::Transformer::predicted_layer_bytes(mcfg, p.micro, p.T, p.tp),

@@ -46,4 +46,9 @@ printf '#!/bin/sh\necho "{\\"bench\\":\\"sgemm_peak\\",\\"threads\\":2,\\"gflops
   >"$tmp/build/bench/gemm_bench"
 expect_error zero_peak "no sgemm_peak line with a positive gflops"
 
+# bf16 rows need the bf16 GEMM's own peak, not the sgemm's.
+printf '#!/bin/sh\necho "{\\"bench\\":\\"sgemm_peak\\",\\"threads\\":2,\\"gflops\\":300.0}"\n' \
+  >"$tmp/build/bench/gemm_bench"
+expect_error no_bf16_peak "no bf16_peak line with a positive gflops"
+
 exit $fails

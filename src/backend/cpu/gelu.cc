@@ -8,16 +8,21 @@ namespace po::backend::cpu {
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCoef = 0.044715f;
-}  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+template <typename Out>
+void gelu_values(Out* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kCoef * x * x * x);
-    out[i] = x / (1.0f + detail::exp_approx(-2.0f * u));
+    detail::put(out + i, x / (1.0f + detail::exp_approx(-2.0f * u)));
   }
 }
+
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) { gelu_values(out, inp, n); }
+void gelu_forward(uint16_t* out, const float* inp, int64_t n) { gelu_values(out, inp, n); }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
 #pragma omp parallel for simd schedule(static)

@@ -87,14 +87,18 @@ const float* f32_of(const Operand& x, int64_t n, std::vector<float>& scratch) {
   return scratch.data();
 }
 
+bool g_native_allowed = true;
+
 }  // namespace
 
 void set_gemm_precision(GemmPrecision p) { g_precision = p; }
 GemmPrecision gemm_precision() { return g_precision; }
 
+void allow_native_bf16_gemm(bool allowed) { g_native_allowed = allowed; }
+
 bool native_bf16_gemm() {
 #if defined(PO_BLAS_DNNL)
-  return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
+  return g_native_allowed && dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
 #else
   return false;
 #endif

@@ -6,13 +6,16 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
 namespace po::backend::cpu {
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* weight, const float* bias, int64_t BT, int64_t C,
-                       double eps) {
+namespace {
+
+template <typename Out>
+void layernorm_rows(Out* out, float* mean, float* rstd, const float* inp, const float* weight,
+                    const float* bias, int64_t BT, int64_t C, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < BT; r++) {
     const float* x = inp + r * C;
@@ -28,12 +31,26 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
     }
     const double rs = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
     const float mf = static_cast<float>(m), rsf = static_cast<float>(rs);
-    float* o = out + r * C;
+    Out* o = out + r * C;
 #pragma omp simd
-    for (int64_t i = 0; i < C; i++) o[i] = (x[i] - mf) * rsf * weight[i] + bias[i];
+    for (int64_t i = 0; i < C; i++) detail::put(o + i, (x[i] - mf) * rsf * weight[i] + bias[i]);
     mean[r] = mf;
     rstd[r] = rsf;
   }
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t BT, int64_t C,
+                       double eps) {
+  layernorm_rows(out, mean, rstd, inp, weight, bias, BT, C, eps);
+}
+
+void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int64_t BT, int64_t C,
+                       double eps) {
+  layernorm_rows(out, mean, rstd, inp, weight, bias, BT, C, eps);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

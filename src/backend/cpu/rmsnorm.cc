@@ -8,12 +8,16 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
 namespace po::backend::cpu {
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t BT,
-                     int64_t C, double eps) {
+namespace {
+
+template <typename Out>
+void rmsnorm_rows(Out* out, float* rstd, const float* inp, const float* weight, int64_t BT,
+                  int64_t C, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < BT; r++) {
     const float* x = inp + r * C;
@@ -21,11 +25,23 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < C; i++) ss += static_cast<double>(x[i]) * x[i];
     const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
-    float* o = out + r * C;
+    Out* o = out + r * C;
 #pragma omp simd
-    for (int64_t i = 0; i < C; i++) o[i] = x[i] * rs * weight[i];
+    for (int64_t i = 0; i < C; i++) detail::put(o + i, x[i] * rs * weight[i]);
     rstd[r] = rs;
   }
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t BT,
+                     int64_t C, double eps) {
+  rmsnorm_rows(out, rstd, inp, weight, BT, C, eps);
+}
+
+void rmsnorm_forward(uint16_t* out, float* rstd, const float* inp, const float* weight,
+                     int64_t BT, int64_t C, double eps) {
+  rmsnorm_rows(out, rstd, inp, weight, BT, C, eps);
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,

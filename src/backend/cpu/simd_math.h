@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/bf16.h"
+
 namespace po::backend::cpu::detail {
 
 #pragma omp declare simd notinbranch
@@ -37,5 +39,11 @@ inline float exp_approx(float x_in) {
   const float e = p * s1 * s2;
   return x_in > 88.7f ? __builtin_inff() : (x_in < -87.3f ? 0.0f : e);
 }
+
+// A kernel's output element: f32 as computed, or its bf16 bits rounded to
+// nearest even (a fused cast: the same value a separate f32_to_bf16 pass
+// would give, without that pass over memory).
+inline void put(float* out, float v) { *out = v; }
+inline void put(uint16_t* out, float v) { *out = core::f32_to_bf16(v).bits; }
 
 }  // namespace po::backend::cpu::detail

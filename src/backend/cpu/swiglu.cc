@@ -6,15 +6,29 @@
 
 namespace po::backend::cpu {
 
-void swiglu_forward(float* out, const float* inp, int64_t BT, int64_t F) {
+namespace {
+
+template <typename Out>
+void swiglu_rows(Out* out, const float* inp, int64_t BT, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < BT; r++) {
     const float* g = inp + r * 2 * F;
     const float* u = g + F;
-    float* o = out + r * F;
+    Out* o = out + r * F;
 #pragma omp simd
-    for (int64_t i = 0; i < F; i++) o[i] = g[i] / (1.0f + detail::exp_approx(-g[i])) * u[i];
+    for (int64_t i = 0; i < F; i++)
+      detail::put(o + i, g[i] / (1.0f + detail::exp_approx(-g[i])) * u[i]);
   }
+}
+
+}  // namespace
+
+void swiglu_forward(float* out, const float* inp, int64_t BT, int64_t F) {
+  swiglu_rows(out, inp, BT, F);
+}
+
+void swiglu_forward(uint16_t* out, const float* inp, int64_t BT, int64_t F) {
+  swiglu_rows(out, inp, BT, F);
 }
 
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F) {
