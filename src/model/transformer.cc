@@ -269,6 +269,18 @@ Transformer::BlockParams Transformer::block_params(float* unit_base) const {
           at(Slot::kFc),    at(Slot::kFcBias),    at(Slot::kProj),  at(Slot::kProjBias)};
 }
 
+Transformer::BlockParams Transformer::block_params_of(int u) {
+  BlockParams P = block_params(unit_params(u));
+  const uint16_t* base = hooks_.params_bf16 ? hooks_.params_bf16(u) : nullptr;
+  if (base == nullptr) return P;
+  auto at = [&](Slot s) { return base + layout_.block_slot(s); };
+  P.qkvw16 = at(Slot::kQkv);
+  P.attprojw16 = at(Slot::kAttnOut);
+  P.fcw16 = at(Slot::kFc);
+  P.fcprojw16 = at(Slot::kProj);
+  return P;
+}
+
 // The flat buffers are allocated at first use: a model whose state lives
 // elsewhere (ZeRO-3 initialised unit by unit, hooks) never holds them whole.
 float* Transformer::params() {

@@ -319,7 +319,18 @@ class Transformer {
   struct BlockParams {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    // The GEMM weights' bf16 bits where the hooks hold them (else null).
+    const uint16_t *qkvw16 = nullptr, *attprojw16 = nullptr, *fcw16 = nullptr,
+                   *fcprojw16 = nullptr;
   };
+  // The saved bf16 copies that a block's GEMMs read and write directly
+  // (bf16_activations with saved activations, one sequence shard, a fused
+  // backward): the norms and the MLP activation write their outputs only in
+  // bf16 (fused cast), the attention output is rounded into its slot once,
+  // and the backward's weight gradients read them without widening. Null
+  // elsewhere: the f32 activations, rounded by each GEMM (the same bits).
+  const LayerActs16* direct16(int64_t l, bool save) const;
+  static bool written_direct(const SavedPair& s, const LayerActs16& h);
   // Every activation view, as laid out in one allocation.
   struct ActivationLayout {
     float* encoded = nullptr;
@@ -359,6 +370,9 @@ class Transformer {
   float* norm_grad_target(float* accumulator, int slot) const;
   void sum_norm_grads(std::initializer_list<float*> accumulators);
   BlockParams block_params(float* unit_base) const;
+  // Block unit u's parameters (through the hooks), with the bf16 weights
+  // where the hooks hand them out.
+  BlockParams block_params_of(int u);
   float* unit_params(int u);
   void unit_done(int u);
   float* unit_grads(int u);
@@ -372,21 +386,28 @@ class Transformer {
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in,
                      const float* w, const float* mean, const float* rstd, int64_t rows) const;
   void mlp_act_forward(float* out, const float* in, int64_t rows) const;
+  // The same, their outputs rounded to bf16 as written.
+  void norm_forward16(uint16_t* out, float* mean, float* rstd, const float* in, const float* w,
+                      const float* b, int64_t rows) const;
+  void mlp_act_forward16(uint16_t* out, const float* in, int64_t rows) const;
   void mlp_act_backward(float* dinp, const float* in, const float* dout, int64_t rows) const;
   void block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
-                     int64_t t);
+                     int64_t t, const LayerActs16* h = nullptr);
   // G null: input gradient only, into `work` what the weight half needs.
   void block_backward(const BlockParams& P, const BlockParams* G, const float* in,
-                      const LayerActs& a, float* dres, WeightGradWork* work);
+                      const LayerActs& a, float* dres, WeightGradWork* work,
+                      const LayerActs16* h = nullptr);
   // The saved (or, with checkpointing, recomputed) activations of block l
-  // and its input, ready for its backward.
-  LayerActs backward_acts(int64_t l, const BlockParams& P, const float*& in);
+  // and its input, ready for its backward; with `h` (direct16) the tensors
+  // only bf16 GEMMs read stay in bf16.
+  LayerActs backward_acts(int64_t l, const BlockParams& P, const float*& in,
+                          const LayerActs16* h = nullptr);
   const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
   void embed_forward(const int32_t* tokens, int64_t b, int64_t t);
   // Gathers dL/d(embedding output) of every row (sequence parallel) into
   // embedding_output_grad(); then, unless `deferred`, adds the lookup's gradient.
   void embed_backward(const int32_t* tokens, bool deferred = false);
-  LayerActs load_saved(int64_t l);
+  LayerActs load_saved(int64_t l, bool gemm_inputs_too);
   LayerActs scratch_with_stats(int64_t l) const;
   // Generation's embedding of n tokens at positions pos0.. into x[n, C].
   void embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, float* x);

@@ -19,6 +19,21 @@ void Transformer::norm_forward(float* out, float* mean, float* rstd, const float
     ops::rmsnorm_forward(out, rstd, in, w, rows, config_.n_embd, config_.norm_eps);
 }
 
+void Transformer::norm_forward16(uint16_t* out, float* mean, float* rstd, const float* in,
+                                 const float* w, const float* b, int64_t rows) const {
+  if (config_.norm == Norm::kLayerNorm)
+    ops::layernorm_forward(out, mean, rstd, in, w, b, rows, config_.n_embd, config_.norm_eps);
+  else
+    ops::rmsnorm_forward(out, rstd, in, w, rows, config_.n_embd, config_.norm_eps);
+}
+
+void Transformer::mlp_act_forward16(uint16_t* out, const float* in, int64_t rows) const {
+  if (config_.mlp == Mlp::kGeluTanh)
+    ops::gelu_forward(out, in, rows * config_.ffn_hidden);
+  else
+    ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
+}
+
 void Transformer::norm_backward(float* dinp, float* dw, float* db, const float* dout,
                                 const float* in, const float* w, const float* mean,
                                 const float* rstd, int64_t rows) const {
@@ -78,27 +93,51 @@ void Transformer::sum_norm_grads(std::initializer_list<float*> accumulators) {
 // sequence parallel the norms and residual adds run on this rank's rows and
 // the reductions are split in two around them (model/parallel_ops.h).
 void Transformer::block_forward(const BlockParams& P, const float* in, const LayerActs& a,
-                                int64_t b, int64_t t) {
+                                int64_t b, int64_t t, const LayerActs16* h) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
   const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t, R = BT / sp_;
   PO_ASSERT(sp_ == 1 || BT == B_ * T_, "sequence parallel runs whole micro-batches");
+  PO_ASSERT(h == nullptr || sp_ == 1, "bf16 GEMM inputs are written directly at one sequence shard");
   // Row-parallel biases: added by tp rank 0 alone, so the group's sum holds them once.
   const bool bias_here = pops_->tp_rank() == 0;
   float* partial2 = sp_ > 1 ? full_ : a.residual2;
   float* partial3 = sp_ > 1 ? full_ : a.residual3;
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
-  ops::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_, BT), P.qkvw, P.qkvb, BT, C, QKV);
+  // With h, the norms' and the activation's outputs exist only in bf16.
+  ops::Operand ln1, ln2, act;
+  if (h != nullptr) {
+    norm_forward16(h->ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
+    ln1 = ops::Operand(h->ln1);
+  } else {
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
+    ln1 = gather_rows(a.ln1, gathered_, BT);
+  }
+  ops::matmul_forward(a.qkv, ln1, {P.qkvw, P.qkvw16}, P.qkvb, BT, C, QKV);
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
     ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
-  ops::matmul_forward(partial2, a.atty, P.attprojw, bias_here ? P.attprojb : nullptr, BT, AO, C);
+  if (h != nullptr) ops::f32_to_bf16(h->atty, a.atty, BT * AO);  // saved, and the GEMM's operand
+  ops::matmul_forward(partial2, {a.atty, h != nullptr ? h->atty : nullptr},
+                      {P.attprojw, P.attprojw16}, bias_here ? P.attprojb : nullptr, BT, AO, C);
   reduce_rows(partial2, a.residual2, BT);  // g: the row-parallel o_proj's partial sums
   ops::residual_forward(a.residual2, a.residual2, in, R * C);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
-  ops::matmul_forward(a.fch, gather_rows(a.ln2, gathered_, BT), P.fcw, P.fcb, BT, C, FC);
-  mlp_act_forward(a.fch_gelu, a.fch, BT);
-  ops::matmul_forward(partial3, a.fch_gelu, P.fcprojw, bias_here ? P.fcprojb : nullptr, BT, F, C);
+  if (h != nullptr) {
+    norm_forward16(h->ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
+    ln2 = ops::Operand(h->ln2);
+  } else {
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
+    ln2 = gather_rows(a.ln2, gathered_, BT);
+  }
+  ops::matmul_forward(a.fch, ln2, {P.fcw, P.fcw16}, P.fcb, BT, C, FC);
+  if (h != nullptr) {
+    mlp_act_forward16(h->fch_gelu, a.fch, BT);
+    act = ops::Operand(h->fch_gelu);
+  } else {
+    mlp_act_forward(a.fch_gelu, a.fch, BT);
+    act = a.fch_gelu;
+  }
+  ops::matmul_forward(partial3, act, {P.fcprojw, P.fcprojw16}, bias_here ? P.fcprojb : nullptr,
+                      BT, F, C);
   reduce_rows(partial3, a.residual3, BT);  // g: the row-parallel down_proj's partial sums
   ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
 }
@@ -111,12 +150,15 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
 // under sequence parallel the re-gather of its input under the GEMMs before
 // (Megatron's order); the bits are the same either way.
 void Transformer::block_backward(const BlockParams& P, const BlockParams* G, const float* in,
-                                 const LayerActs& a, float* dres, WeightGradWork* work) {
+                                 const LayerActs& a, float* dres, WeightGradWork* work,
+                                 const LayerActs16* h) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
   const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_, R = BT / sp_;
   const bool split = work != nullptr;
   const bool overlap = tp_overlap_ && !split && tp_size() > 1;
+  PO_ASSERT(h == nullptr || (sp_ == 1 && !split), "bf16 GEMM inputs are read directly at one ",
+            "sequence shard in a fused backward");
   auto keep = [&](float* dst, const float* src, int64_t n) {
     if (split) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   };
@@ -128,14 +170,15 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   // A column-parallel GEMM's input for its weight gradient: this rank's norm
   // output, all-gathered again under sequence parallel (with overlap: issued
   // now, there by the tp_wait in column_backward).
-  auto gemm_input = [&](const float* norm_out) -> const float* {
+  auto gemm_input = [&](const float* norm_out, const uint16_t* norm_out16) -> ops::Operand {
+    if (norm_out16 != nullptr) return norm_out16;
     if (sp_ == 1 || !overlap) return gather_rows(norm_out, gathered_, BT);
     pops_->tp_all_gather_async(norm_out, gathered_, R * C);
     return gathered_;
   };
   // The column-parallel GEMM's input gradient, reduced over the group into
   // dnorm (f's conjugate), and its weight and bias gradients.
-  auto column_backward = [&](const float* dout, const float* x, const float* W, float* dW,
+  auto column_backward = [&](const float* dout, ops::Operand x, ops::Operand W, float* dW,
                              float* db, int64_t OC) {
     if (!overlap) {
       ops::matmul_backward(dbuf_c_, w(dW), w(db), dout, x, W, BT, C, OC);
@@ -152,26 +195,30 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
     pops_->tp_wait();
   };
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
-  const float* ln2 = gemm_input(a.ln2);
+  const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
+  const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);
   keep(split ? work->d_proj : nullptr, dy, BT * C);
   keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
-  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, a.fch_gelu, P.fcprojw, BT, F, C);
+  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, act, {P.fcprojw, P.fcprojw16}, BT,
+                       F, C);
   mlp_act_backward(dfch_, a.fch, dact, BT);
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
-  keep(split ? work->in_fc : nullptr, ln2, BT * C);
-  column_backward(dfch_, ln2, P.fcw, G->fcw, G->fcb, FC);
+  keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
+  column_backward(dfch_, ln2, {P.fcw, P.fcw16}, G->fcw, G->fcb, FC);
   norm_backward(dres, norm_grad_target(G->ln2w, 2), norm_grad_target(G->ln2b, 3), dnorm,
                 a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, R);
   dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
-  const float* ln1 = gemm_input(a.ln1);
+  const ops::Operand ln1 = gemm_input(a.ln1, h != nullptr ? h->ln1 : nullptr);
   keep(split ? work->d_out : nullptr, dy, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
-  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy, a.atty, P.attprojw, BT, AO, C);
+  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy,
+                       {a.atty, h != nullptr ? h->atty : nullptr}, {P.attprojw, P.attprojw16}, BT,
+                       AO, C);
   ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
-  keep(split ? work->in_qkv : nullptr, ln1, BT * C);
-  column_backward(dqkv_, ln1, P.qkvw, G->qkvw, G->qkvb, QKV);
+  keep(split ? work->in_qkv : nullptr, ln1.f32, BT * C);
+  column_backward(dqkv_, ln1, {P.qkvw, P.qkvw16}, G->qkvw, G->qkvb, QKV);
   norm_backward(dres, norm_grad_target(G->ln1w, 0), norm_grad_target(G->ln1b, 1), dnorm, in,
                 P.ln1w, a.ln1_mean, a.ln1_rstd, R);
   if (sp_ > 1) sum_norm_grads({G->ln1w, G->ln1b, G->ln2w, G->ln2b});
@@ -211,7 +258,7 @@ WeightGradWork Transformer::make_weight_grad_work() const {
 
 void Transformer::block_backward_input(int layer, float* dres, WeightGradWork& work) {
   const int u = layer + 1;
-  const BlockParams P = block_params(unit_params(u));
+  const BlockParams P = block_params_of(u);
   const BlockParams G = block_params(unit_grads(u));
   const float* in = nullptr;
   const LayerActs a = backward_acts(layer, P, in);
@@ -247,13 +294,15 @@ const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, 
       a.residual3 = layers_[i].residual3;
     }
     const int u = l + 1;
-    block_forward(block_params(unit_params(u)), in, a, b, t);
+    const LayerActs16* direct = direct16(l, save);
+    block_forward(block_params_of(u), in, a, b, t, direct);
     unit_done(u);
     if (config_.bf16_activations && save) {
       const LayerActs16& h = layers16_[i];
       ops::f32_to_bf16(h.residual3, a.residual3, rows * C);
       if (!config_.activation_checkpointing)
-        for (const SavedPair& s : saved_pairs(a, h)) ops::f32_to_bf16(s.h, s.f, s.numel);
+        for (const SavedPair& s : saved_pairs(a, h))
+          if (direct == nullptr || !written_direct(s, h)) ops::f32_to_bf16(s.h, s.f, s.numel);
     }
     in = a.residual3;
   }
@@ -274,6 +323,21 @@ std::array<Transformer::SavedPair, 7> Transformer::saved_pairs(const LayerActs& 
            {a.ln2, h.ln2, R * C},
            {a.fch, h.fch, BT * config_.fc_width()},
            {a.fch_gelu, h.fch_gelu, BT * config_.ffn_hidden}}};
+}
+
+const Transformer::LayerActs16* Transformer::direct16(int64_t l, bool save) const {
+  // Only where the GEMMs round their inputs anyway (an f32 GEMM reads the
+  // forward's unrounded f32 values).
+  if (!save || !config_.bf16_activations || config_.activation_checkpointing || sp_ > 1 ||
+      ops::gemm_precision() != ops::GemmPrecision::kBF16)
+    return nullptr;
+  return &layers16_[static_cast<size_t>(l - first_block())];
+}
+
+// The saved tensors block_forward writes in bf16 itself under direct16: the
+// norms' and the activation's outputs and the attention output.
+bool Transformer::written_direct(const SavedPair& s, const LayerActs16& h) {
+  return s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu || s.h == h.atty;
 }
 
 const float* Transformer::block_input(int64_t l) {
@@ -298,18 +362,24 @@ Transformer::LayerActs Transformer::scratch_with_stats(int64_t l) const {
   return a;
 }
 
-Transformer::LayerActs Transformer::load_saved(int64_t l) {
+// Widens block l's saved bf16 tensors into the f32 scratch layer; the ones
+// only bf16 GEMMs read (the norms' and the activation's outputs) stay in bf16
+// unless gemm_inputs_too.
+Transformer::LayerActs Transformer::load_saved(int64_t l, bool gemm_inputs_too) {
   const LayerActs a = scratch_with_stats(l);
-  for (const SavedPair& s : saved_pairs(a, layers16_[static_cast<size_t>(l - first_block())]))
-    ops::bf16_to_f32(s.f, s.h, s.numel);
+  const LayerActs16& h = layers16_[static_cast<size_t>(l - first_block())];
+  for (const SavedPair& s : saved_pairs(a, h)) {
+    const bool gemm_only = s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu;
+    if (gemm_inputs_too || !gemm_only) ops::bf16_to_f32(s.f, s.h, s.numel);
+  }
   return a;
 }
 
 Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& P,
-                                                  const float*& in) {
+                                                  const float*& in, const LayerActs16* h) {
   if (config_.bf16_activations) {
     in = block_input(l);
-    if (!config_.activation_checkpointing) return load_saved(l);
+    if (!config_.activation_checkpointing) return load_saved(l, h == nullptr);
     LayerActs a = scratch_;
     a.residual3 = stream_[0];  // recomputed, unused by the backward
     block_forward(P, in, a, B_, T_);
@@ -505,11 +575,12 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         break;
       case Step::kBlockBackward: {
         const int u = s.layer + 1;
-        const BlockParams P = block_params(unit_params(u));
+        const BlockParams P = block_params_of(u);
         const BlockParams G = block_params(unit_grads(u));
         const float* in = nullptr;
-        const LayerActs a = backward_acts(s.layer, P, in);
-        block_backward(P, &G, in, a, dres_, nullptr);
+        const LayerActs16* h = direct16(s.layer, true);
+        const LayerActs a = backward_acts(s.layer, P, in, h);
+        block_backward(P, &G, in, a, dres_, nullptr, h);
         unit_done(u);
         ready(u);
         break;
@@ -572,11 +643,12 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
       block_backward_input(l, dres_, (*deferred)[static_cast<size_t>(l - first_block())]);
       continue;
     }
-    const BlockParams P = block_params(unit_params(u));
+    const BlockParams P = block_params_of(u);
     const BlockParams G = block_params(unit_grads(u));
     const float* in = nullptr;
-    const LayerActs a = backward_acts(l, P, in);
-    block_backward(P, &G, in, a, dres_, nullptr);
+    const LayerActs16* h = direct16(l, true);
+    const LayerActs a = backward_acts(l, P, in, h);
+    block_backward(P, &G, in, a, dres_, nullptr, h);
     unit_done(u);
     ready(u);
   }

@@ -404,6 +404,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     } else {  // bf16: widened parameters, f32 accumulators per micro-batch (see widen, accumulator)
       h.params = [this, cp](int u) { return widen(*cp, u); };
       h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
+      h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});
@@ -429,11 +430,16 @@ float* PipelineExecutor::widen(Chunk& c, int u) {
   PO_ASSERT(!widen_busy_[k], "pipeline: unit ", u, "'s parameters asked for while unit ",
             k == 0 ? "0's" : "another's", " are in use");
   widen_busy_[k] = true;
+  ops::bf16_to_f32(widen_[k].f32(), stored_bf16(c, u), layout_.unit_numel(u));
+  return widen_[k].f32();
+}
+
+// bf16: unit u's stored parameters (the model's bf16 GEMMs read their weights here).
+const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
   const auto* src = c.holds(u) ? static_cast<const uint16_t*>(c.params.data()) + (layout_.unit_offset(u) - c.base)
                                : static_cast<const uint16_t*>(c.unit0_params);
   PO_ASSERT(src != nullptr, "pipeline chunk ", c.stage, ": unit ", u, " not held");
-  ops::bf16_to_f32(widen_[k].f32(), src, layout_.unit_numel(u));
-  return widen_[k].f32();
+  return src;
 }
 
 // bf16: the f32 gradient accumulator of unit u for the micro-batch in hand,

@@ -246,6 +246,7 @@ class PipelineExecutor {
   };
   using AccKey = std::tuple<int, int, int>;  // (micro, stage, unit)
   float* widen(Chunk& c, int u);
+  const uint16_t* stored_bf16(const Chunk& c, int u) const;
   float* accumulator(Chunk& c, int u);
   void flush(std::map<AccKey, Acc>::iterator it);
   void flush_micro(Chunk& c, int micro, bool keep_deferred);

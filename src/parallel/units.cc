@@ -71,7 +71,16 @@ UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, c
   }
   model_.release_grads();
   model_.set_unit_hooks({[this](int u) { return params(u); }, [this](int u) { done(u); },
-                         [this](int u) { return grads(u); }, [this](int u) { grads_ready(u); }});
+                         [this](int u) { return grads(u); }, [this](int u) { grads_ready(u); },
+                         [this](int u) { return params_bf16(u); }});
+}
+
+// Whole bf16 parameters are the stored copy itself; a gathered shard's bf16
+// buffer is given back once widened, so sharded units have none to offer.
+const uint16_t* UnitBuffers::params_bf16(int u) const {
+  if (options_.param_dtype != DType::kBF16 || options_.shard_params || stored_ == nullptr)
+    return nullptr;
+  return static_cast<const uint16_t*>(stored_) + model_.unit_offset(u);
 }
 
 UnitBuffers::~UnitBuffers() {

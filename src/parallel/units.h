@@ -206,6 +206,7 @@ class UnitBuffers {
   };
 
   float* params(int u);
+  const uint16_t* params_bf16(int u) const;
   void done(int u);
   float* grads(int u);
   void grads_ready(int u);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "backend/ops.h"
@@ -86,6 +87,106 @@ TEST(GPT2Bf16Activations, EachLayerSavesTwoBytesPerElement) {
   EXPECT_EQ(per_layer(true, false), 2.0 * 16 * BT * C + stats);
   EXPECT_EQ(per_layer(false, true), 4.0 * BT * C);
   EXPECT_EQ(per_layer(true, true), 2.0 * BT * C);
+}
+
+// bf16 GEMMs (the trainer's train.precision = "bf16"): with saved bf16
+// activations the norms and the MLP activation write their outputs in bf16
+// only, the GEMMs read the saved copies and the stored bf16 weights, and the
+// loss writes its gradient in bf16. Each of those is the value a GEMM would
+// round per call, so the bits are those of rounding per call: the loss of
+// f32 activations at bf16 GEMMs, the gradients of the split backward (which
+// widens every saved tensor and rounds it again), and the gradients of
+// weights widened from bf16 and rounded again.
+struct Hooked {
+  float loss;
+  std::vector<float> grads;
+};
+
+Hooked run_bf16_gemms(const TransformerConfig& c, bool split, bool bf16_weights) {
+  namespace cpu = po::backend::cpu;
+  cpu::set_num_threads(1);
+  cpu::set_gemm_precision(cpu::GemmPrecision::kBF16);
+  const int64_t B = 2, T = 32, n = B * T;
+  Transformer m(c, B, T);
+  m.init_random(11);
+  // The parameters as a bf16 run stores them, and their widened f32 values.
+  const int64_t np = m.num_params();
+  std::vector<uint16_t> stored(static_cast<size_t>(np));
+  std::vector<float> wide(static_cast<size_t>(np)), grads(static_cast<size_t>(np), 0.0f);
+  cpu::f32_to_bf16(stored.data(), m.params(), np);
+  cpu::bf16_to_f32(wide.data(), stored.data(), np);
+  po::model::UnitHooks h;
+  h.params = [&](int u) { return wide.data() + m.unit_offset(u); };
+  h.done = [](int) {};
+  h.grads = [&](int u) { return grads.data() + m.unit_offset(u); };
+  h.grads_ready = [](int) {};
+  if (bf16_weights) h.params_bf16 = [&](int u) { return stored.data() + m.unit_offset(u); };
+  m.set_unit_hooks(h);
+  std::vector<int32_t> in(n), tg(n);
+  for (int64_t i = 0; i < n; ++i) {  // no token twice: the lookup gradient's order is moot
+    in[i] = static_cast<int32_t>((i * 37 + 5) % 97);
+    tg[i] = static_cast<int32_t>((i * 53 + 2) % 97);
+  }
+  const float scale = 1.0f / static_cast<float>(n);
+  float loss = 0;
+  if (!split) {
+    loss = m.forward_backward(in.data(), tg.data(), scale);
+  } else {
+    loss = static_cast<float>(m.stage_forward(in.data(), nullptr, tg.data(), scale) /
+                              static_cast<double>(n));
+    std::vector<po::model::WeightGradWork> works;
+    for (int64_t l = 0; l < c.n_layer; ++l) works.push_back(m.make_weight_grad_work());
+    m.stage_backward(in.data(), nullptr, {}, &works);
+    m.stage_backward_weight(works);
+  }
+  cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
+  return {loss, grads};
+}
+
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return bad;
+}
+
+// GPT-2's LayerNorm and GELU, then Llama's RMSNorm, SwiGLU, RoPE and grouped KV.
+TransformerConfig family(bool llama, bool bf16) {
+  TransformerConfig c = config(bf16, false);
+  if (!llama) return c;
+  TransformerConfig l = TransformerConfig::arch_defaults("llama");
+  l.n_layer = 2;
+  l.n_embd = 64;
+  l.n_head = 4;
+  l.n_kv_head = 2;
+  l.ffn_hidden = 96;
+  l.vocab_size = 97;
+  l.seq_len = 32;
+  l.bf16_activations = bf16;
+  return l;
+}
+
+TEST(GPT2Bf16Activations, Bf16GemmsReadSavedCopiesWithTheBitsOfRoundingPerCall) {
+  for (bool llama : {false, true}) {
+    const char* name = llama ? "llama" : "gpt2";
+    const Hooked direct = run_bf16_gemms(family(llama, true), false, true);
+    const Hooked f32_acts = run_bf16_gemms(family(llama, false), false, true);
+    EXPECT_EQ(direct.loss, f32_acts.loss)
+        << name << ": the forward writing GEMM inputs in bf16 changed the loss of rounding them "
+        << "per call";
+    const Hooked split = run_bf16_gemms(family(llama, true), true, true);
+    EXPECT_EQ(direct.loss, split.loss) << name;
+    EXPECT_EQ(bits_differ(direct.grads, split.grads), 0u)
+        << name << ": gradient elements differ between the fused backward (saved bf16 GEMM "
+        << "inputs read directly) and the split one (widened and rounded again)";
+    const Hooked rounded = run_bf16_gemms(family(llama, true), false, false);
+    EXPECT_EQ(direct.loss, rounded.loss) << name;
+    EXPECT_EQ(bits_differ(direct.grads, rounded.grads), 0u)
+        << name << ": gradient elements differ between stored bf16 weights and widened ones "
+        << "rounded again";
+    double norm = 0;
+    for (float g : direct.grads) norm += static_cast<double>(g) * g;
+    EXPECT_GT(norm, 0.0) << name << ": no gradient reached the hooks";
+  }
 }
 
 }  // namespace
