@@ -3,7 +3,7 @@
 // larger than the last-level cache). Each kernel's GB/s counts the bytes it
 // must move at least: its inputs read once and its outputs written once.
 // Shapes: bench-small's (B·T = 2048 rows, C = 384, F = 1536, V = 50257; the
-// loss over one head chunk of 256 rows).
+// loss over one head chunk of 256 rows); AdamW over 8M parameters.
 //   kernels_bench [THREADS=2]
 // Prints a table and one JSON line per kernel.
 #include <omp.h>
@@ -105,6 +105,27 @@ int main(int argc, char** argv) {
          [&] { ops::gelu_backward(out.data(), x.data(), x.data(), BT * F); });
     time("f32 -> bf16", nf * 6, [&] { ops::f32_to_bf16(out16.data(), x.data(), BT * F); });
     time("bf16 -> f32", nf * 6, [&] { ops::bf16_to_f32(out.data(), out16.data(), BT * F); });
+  }
+
+  // AdamW over 8M parameters: f32 (param, grad, m, v read; param, m, v
+  // written) and mixed (bf16 grad; f32 master, m, v; bf16 parameters written).
+  {
+    const int64_t n = 8 << 20;
+    std::vector<float> p = random_floats(static_cast<size_t>(n), 0.1f), g = p, m(p.size(), 0.0f),
+                       v(p.size(), 0.0f);
+    std::vector<uint16_t> g16(p.size()), p16(p.size());
+    ops::f32_to_bf16(g16.data(), g.data(), n);
+    const double dn = static_cast<double>(n);
+    int64_t t = 0;
+    time("adamw f32", dn * 28, [&] {
+      ops::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, 1.0f, ++t);
+    });
+    t = 0;
+    time("adamw mixed (bf16 grad and params)", dn * 28, [&] {
+      ops::adamw_update_mixed(p.data(), g16.data(), m.data(), v.data(), p16.data(), n, 1e-3f,
+                              0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, ++t);
+    });
   }
 
   std::printf("kernels_bench: %d threads, memory bandwidth (triad) %.1f GB/s\n", threads, bw);

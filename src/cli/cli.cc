@@ -41,6 +41,7 @@
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "train/generate.h"
+#include "train/launch.h"
 #include "train/run_state.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -115,6 +116,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
               int nproc, int max_restarts, int argc, char** argv) {
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
+  train::resolve_precision(cfg);
   const int64_t tp = cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp");  // ranks per replica
   if (nproc > 1) {
     // The processes are the mesh: parallel.dp = nproc / parallel.tp unless given.
@@ -357,7 +359,12 @@ struct PlanOptions {
 // `pagedoptim plan`: the config's layout (or, with --search, every layout of
 // the cluster's devices) planned on a cluster preset or file.
 int cmd_plan(const PlanOptions& o) {
-  const core::Config cfg = core::Config::load(o.config_path, o.sets);
+  core::Config cfg = core::Config::load(o.config_path, o.sets);
+  // train.precision = "auto": this CPU's answer on the local cluster, bf16 on accelerators.
+  if (o.cluster == "local")
+    train::resolve_precision(cfg);
+  else if (cfg.get_string("train.precision") == "auto")
+    cfg.set_text("train.precision", "\"bf16\"", "train.precision = \"auto\" on " + o.cluster);
   const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), cfg.get_string("model.preset"));
   plan::Layout layout = cli::plan_layout(cfg, model);
   // A preset's node count follows the layout unless --nodes says otherwise;

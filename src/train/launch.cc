@@ -109,7 +109,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   p.keep = cfg.get_int("checkpoint.keep");
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,
-           "\": choose \"fp32\" or \"bf16\"");
+           "\": choose \"fp32\", \"bf16\" or \"auto\"");
   const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
   PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
            "\": choose \"fp32\" or \"bf16\"");
@@ -197,6 +197,15 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
 }
 
 Launch::~Launch() = default;
+
+std::string resolve_precision(core::Config& cfg) {
+  const std::string precision = cfg.get_string("train.precision");
+  if (precision != "auto") return precision;
+  const std::string chosen = ops::native_bf16_gemm() ? "bf16" : "fp32";
+  cfg.set_text("train.precision", "\"" + chosen + "\"",
+               "train.precision = \"auto\" on this CPU");
+  return chosen;
+}
 
 int setup_compute(const core::Config& cfg, int local_ranks) {
   int threads = static_cast<int>(cfg.get_int("train.threads"));

@@ -61,6 +61,11 @@ struct Launch {
 // train.threads (0: this rank's share of the usable CPUs) and the GEMM
 // precision of train.precision. Returns the thread count.
 int setup_compute(const core::Config& cfg, int local_ranks);
+// train.precision = "auto": "bf16" where this process's CPU and BLAS have a
+// native bf16 GEMM, else "fp32", written back into `cfg` (each process
+// resolves it from its own CPU: on a cluster of mixed CPUs name the
+// precision). Other values are left as they are. Returns the result.
+std::string resolve_precision(core::Config& cfg);
 
 // Refuses to mix a new run into a directory that holds another one.
 void prepare_run_dir(const std::string& dir, bool resume);

@@ -4,14 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "backend/ops.h"
 #include "checkpoint/sharded.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "train/launch.h"
 #include "train/run_state.h"
 
 namespace fs = std::filesystem;
@@ -110,3 +113,40 @@ TEST(Trainer, RefusesToOverwriteAnExistingRun) {
 }
 
 }  // namespace
+
+// train.precision = "auto" is bf16 exactly where the bf16 GEMM is native
+// (here: forbidden and allowed in turn), and explicit values stay as given.
+TEST(Trainer, PrecisionAutoFollowsTheNativeBf16Gemm) {
+  namespace ops = po::backend::cpu;
+  Data d;
+  for (bool allow : {false, true}) {
+    ops::allow_native_bf16_gemm(allow);
+    Config cfg = d.config("auto", 1);
+    cfg.set_override("train.precision=\"auto\"");
+    const std::string want = ops::native_bf16_gemm() ? "bf16" : "fp32";
+    EXPECT_EQ(po::train::resolve_precision(cfg), want) << "native bf16 GEMM allowed: " << allow;
+    EXPECT_EQ(cfg.get_string("train.precision"), want);
+    if (allow && !ops::native_bf16_gemm())
+      std::printf("[ path     ] this CPU/BLAS has no native bf16 GEMM: auto is fp32 here\n");
+  }
+  Config cfg = d.config("fixed", 1);
+  cfg.set_override("train.precision=\"fp32\"");
+  EXPECT_EQ(po::train::resolve_precision(cfg), "fp32");
+}
+
+// MFU is against the GEMM peak of the precision the steps run in, and the
+// start-up line says which.
+TEST(Trainer, MfuNamesThePeakOfItsPrecision) {
+  Data d;
+  for (const char* precision : {"fp32", "bf16"}) {
+    Config cfg = d.config(std::string("mfu_") + precision, 2);
+    cfg.set_override(std::string("train.precision=\"") + precision + "\"");
+    testing::internal::CaptureStderr();
+    po::train::train(cfg);
+    const std::string log = testing::internal::GetCapturedStderr();
+    const std::string want = std::string(precision) == "bf16" ? "bf16 GEMM peak" : "sgemm peak";
+    EXPECT_NE(log.find(want), std::string::npos)
+        << precision << " run: the start-up line does not name the " << want << ":\n" << log;
+  }
+  po::backend::cpu::set_gemm_precision(po::backend::cpu::GemmPrecision::kF32);
+}
