@@ -3,6 +3,8 @@
 // NH=6), next to the LM-head matmul forward (gpt2-124M shape) measured in the
 // same run. Validates a small case against a materialised softmax first.
 // Usage: attention_bench [threads=2] [B T C NH] [nolm]
+// Each shape runs on f32 tiles and at bf16 (bf16 tiles where the CPU has
+// AVX512-BF16), each against its precision's GEMM peak measured in the run.
 //   (a given shape replaces the two defaults; "nolm" skips the LM-head matmul)
 // GFLOP/s count the causal useful work only, with pairs = B*NH*T*(T+1)/2
 // (query, key) pairs: forward 2 matmuls (QK^T, PV) = 4*pairs*hs FLOPs,
@@ -56,7 +58,11 @@ bool validate() {
   return true;
 }
 
-void bench_shape(int threads, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void bench_shape(int threads, int64_t B, int64_t T, int64_t C, int64_t NH,
+                 cpu::GemmPrecision precision, double peak) {
+  cpu::set_gemm_precision(precision);
+  const bool bf16 = precision == cpu::GemmPrecision::kBF16;
+  const char* tiles = !bf16 ? "f32 tiles" : cpu::bf16_attention_tiles() ? "bf16 tiles" : "f32 tiles (no AVX512-BF16)";
   const int64_t hs = C / NH;
   std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * NH * T), dout(B * T * C),
       dqkv(B * T * 3 * C);
@@ -68,19 +74,24 @@ void bench_shape(int threads, int64_t B, int64_t T, int64_t C, int64_t NH) {
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
                             NH, hs);
   });
+  cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
   const double pairs = static_cast<double>(B) * NH * T * (T + 1) / 2.0;
   const double f_fl = 2.0 * 2 * pairs * hs, b_fl = 5.0 * 2 * pairs * hs;
-  std::printf("attention B=%ld T=%ld C=%ld NH=%ld threads=%d\n", static_cast<long>(B),
-              static_cast<long>(T), static_cast<long>(C), static_cast<long>(NH), threads);
+  const double all = (f_fl + b_fl) / (t_f + t_b) * 1e-9;
+  std::printf("attention B=%ld T=%ld C=%ld NH=%ld threads=%d, %s (%s GEMM peak %.0f GFLOP/s)\n",
+              static_cast<long>(B), static_cast<long>(T), static_cast<long>(C),
+              static_cast<long>(NH), threads, tiles, bf16 ? "bf16" : "f32", peak);
   std::printf("  forward  %8.2f ms %7.1f GFLOP/s\n", t_f * 1e3, f_fl / t_f * 1e-9);
   std::printf("  backward %8.2f ms %7.1f GFLOP/s\n", t_b * 1e3, b_fl / t_b * 1e-9);
-  std::printf("  fwd+bwd  %8.2f ms %7.1f GFLOP/s\n", (t_f + t_b) * 1e3,
-              (f_fl + b_fl) / (t_f + t_b) * 1e-9);
+  std::printf("  fwd+bwd  %8.2f ms %7.1f GFLOP/s = %.0f%% of the peak\n", (t_f + t_b) * 1e3, all,
+              100.0 * all / peak);
   std::printf(
-      "{\"bench\":\"attention\",\"B\":%ld,\"T\":%ld,\"C\":%ld,\"NH\":%ld,\"threads\":%d,"
-      "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_gflops\":%.1f,\"bwd_gflops\":%.1f}\n",
-      static_cast<long>(B), static_cast<long>(T), static_cast<long>(C), static_cast<long>(NH),
-      threads, t_f * 1e3, t_b * 1e3, f_fl / t_f * 1e-9, b_fl / t_b * 1e-9);
+      "{\"bench\":\"attention\",\"precision\":\"%s\",\"tiles\":\"%s\",\"B\":%ld,\"T\":%ld,"
+      "\"C\":%ld,\"NH\":%ld,\"threads\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_gflops\":%.1f,"
+      "\"bwd_gflops\":%.1f,\"peak_gflops\":%.1f}\n",
+      bf16 ? "bf16" : "fp32", tiles, static_cast<long>(B), static_cast<long>(T),
+      static_cast<long>(C), static_cast<long>(NH), threads, t_f * 1e3, t_b * 1e3,
+      f_fl / t_f * 1e-9, b_fl / t_b * 1e-9, peak);
 }
 
 }  // namespace
@@ -92,12 +103,17 @@ int main(int argc, char** argv) {
       !(argc > (shape_given ? 6 : 2) && std::string(argv[shape_given ? 6 : 2]) == "nolm");
   cpu::set_num_threads(threads);
   if (!validate()) return 1;
-  if (shape_given) {
-    bench_shape(threads, std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]),
-                std::atol(argv[5]));
-  } else {
-    bench_shape(threads, 4, 256, 768, 12);
-    bench_shape(threads, 8, 256, 384, 6);
+  // Each precision against its own GEMM peak, measured in this run.
+  for (const cpu::GemmPrecision prec : {cpu::GemmPrecision::kF32, cpu::GemmPrecision::kBF16}) {
+    const double peak = cpu::measure_gemm_peak_gflops(prec);
+    if (shape_given) {
+      bench_shape(threads, std::atol(argv[2]), std::atol(argv[3]), std::atol(argv[4]),
+                  std::atol(argv[5]), prec, peak);
+    } else {
+      bench_shape(threads, 4, 256, 768, 12, prec, peak);
+      bench_shape(threads, 8, 256, 384, 6, prec, peak);
+      bench_shape(threads, 4, 1024, 768, 12, prec, peak);
+    }
   }
   if (!lm) return 0;
   const int64_t BT = 4 * 256, C = 768, V = 50257;

@@ -156,6 +156,12 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n);
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                        int64_t NH, int64_t NKV, int64_t hs);
 // dqkv[B,T,(NH+2·NKV)·hs] written. Needs the forward's out and lse.
+// At GemmPrecision::kBF16, on a CPU with AVX512-BF16, both run on bf16 tiles:
+// q (pre-scaled), k, v, dout and each tile's probabilities and score
+// gradients rounded to bf16 as they are packed, every product accumulated in
+// f32 (vdpbf16ps); the online softmax, lse and the gradient accumulators stay
+// f32. Elsewhere, and at kF32, f32 tiles.
+bool bf16_attention_tiles();
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                         int64_t hs);

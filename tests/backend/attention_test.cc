@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 
 #include "backend/ops.h"
 #include "test_util.h"
@@ -167,4 +168,86 @@ TEST(Attention, FiniteDifferenceGradients) {
                                    po::test::sample_indices(qkv.size(), 60), loss, 1e-2f, 5e-3,
                                    0.02));
   }
+}
+
+// bf16 tiles (gemm_precision() == kBF16): against the double reference on the
+// bf16-rounded inputs (q, k, v, dout). What remains is the rounding of the
+// pre-scaled q and of each tile's probabilities and score gradients to bf16
+// (relative 2^-8 each, unit roundoff of an 8-bit significand) with f32
+// accumulation: out within 4 x 2^-8 relative to its scale (|want| + rms), lse
+// within 2^-8 (it sums f32 probabilities), dqkv within 12 x 2^-8: the score
+// gradient dS = P (dP - D) cancels (dP and D are close) before it is rounded,
+// and each dq, dk element sums up to T such terms (measured: up to 8 x 2^-8
+// on these shapes). The bits do not depend on the thread count.
+namespace {
+
+std::vector<float> rounded(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> w(x.size());
+  cpu::f32_to_bf16(h.data(), x.data(), static_cast<int64_t>(x.size()));
+  cpu::bf16_to_f32(w.data(), h.data(), static_cast<int64_t>(x.size()));
+  return w;
+}
+
+struct AttnOut {
+  std::vector<float> out, lse, dqkv;
+};
+
+AttnOut run_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int64_t B,
+                      int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  AttnOut r{std::vector<float>(B * T * NH * hs), std::vector<float>(B * NH * T),
+            std::vector<float>(qkv.size(), 777.0f)};
+  cpu::attention_forward(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, NKV, hs);
+  cpu::attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B, T,
+                          NH, NKV, hs);
+  return r;
+}
+
+void check_bf16_attention(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  const int64_t C = NH * hs, C3 = (NH + 2 * NKV) * hs;
+  const auto qkv = rounded(random_vec(B * T * C3, T * 17 + hs));
+  const auto dout = rounded(random_vec(B * T * C, T + 3));
+  const std::string tag = "(bf16 tiles, B=" + std::to_string(B) + ",T=" + std::to_string(T) +
+                          ",NH=" + std::to_string(NH) + ",NKV=" + std::to_string(NKV) +
+                          ",hs=" + std::to_string(hs) + ")";
+  cpu::set_gemm_precision(cpu::GemmPrecision::kBF16);
+  cpu::set_num_threads(2);
+  const AttnOut two = run_attention(qkv, dout, B, T, NH, NKV, hs);
+  cpu::set_num_threads(1);
+  const AttnOut one = run_attention(qkv, dout, B, T, NH, NKV, hs);
+  cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
+  const AttnOut f32 = run_attention(qkv, dout, B, T, NH, NKV, hs);
+  const AttnRef r = attention_ref(qkv, dout, B, T, NH, NKV, hs);
+  const double u = std::ldexp(1.0, -8);
+  EXPECT_TRUE(all_close("out" + tag, two.out.data(), r.out.data(), r.out.size(), 4 * u));
+  EXPECT_TRUE(all_close("lse" + tag, two.lse.data(), r.lse.data(), r.lse.size(), u));
+  EXPECT_TRUE(all_close("dqkv" + tag, two.dqkv.data(), r.dqkv.data(), r.dqkv.size(), 12 * u));
+  EXPECT_EQ(0, std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(float)))
+      << "out" << tag << " differs between 1 and 2 threads";
+  EXPECT_EQ(0, std::memcmp(one.dqkv.data(), two.dqkv.data(), one.dqkv.size() * sizeof(float)))
+      << "dqkv" << tag << " differs between 1 and 2 threads";
+  if (T == 1) return;  // one key: out is v itself, whatever the tiles
+  if (cpu::bf16_attention_tiles())  // else kBF16 ran the f32 tiles, as it must
+    EXPECT_NE(0, std::memcmp(f32.out.data(), two.out.data(), f32.out.size() * sizeof(float)))
+        << "out" << tag << ": the bf16 tiles gave the f32 tiles' bits: not run?";
+  else
+    EXPECT_EQ(0, std::memcmp(f32.out.data(), two.out.data(), f32.out.size() * sizeof(float)))
+        << "out" << tag << ": without bf16 tiles kBF16 must run the f32 ones";
+}
+
+}  // namespace
+
+TEST(Attention, Bf16TilesWithinBf16Rounding) {
+  std::cout << "[ path     ] attention at kBF16: "
+            << (cpu::bf16_attention_tiles() ? "bf16 tiles (AVX512-BF16)"
+                                            : "no AVX512-BF16 in this build: the f32 tiles")
+            << "\n";
+  check_bf16_attention(2, 67, 2, 2, 64);    // T straddles a block
+  check_bf16_attention(1, 1, 4, 4, 16);     // T = 1
+  check_bf16_attention(2, 130, 3, 3, 16);   // three blocks
+  check_bf16_attention(1, 129, 3, 3, 24);   // hs = 24
+  check_bf16_attention(1, 70, 2, 2, 128);   // hs = 128
+  check_bf16_attention(2, 67, 4, 2, 16);    // grouped
+  check_bf16_attention(1, 131, 6, 2, 32);   // grouped, odd T over three blocks
+  check_bf16_attention(2, 70, 4, 1, 24);    // multi-query
 }

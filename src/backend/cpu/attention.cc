@@ -33,11 +33,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
+#include "core/bf16.h"
 #include "core/error.h"
 
 namespace po::backend::cpu {
@@ -294,7 +296,269 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
     }
 }
 
+#if defined(__AVX512BF16__)
+// bf16 tiles (gemm_precision() == kBF16 on a CPU with AVX512-BF16): the same
+// items with every product's operands rounded to bf16 once, as they are
+// packed (q pre-scaled, k, v, dO; the probabilities P and dS of each tile),
+// f32 accumulation (vdpbf16ps), and the online softmax, the running max and
+// sum, lse, D and the accumulators dQ, dK, dV in f32. B operands are packed
+// pair-interleaved (attention_tiles.h): pairs_of_columns when the product
+// sums over a packed tile's columns (head dims), pairs_of_rows when it sums
+// over its rows (positions).
+
+uint16_t* scratch16(size_t n) {
+  thread_local std::vector<uint16_t> buf;
+  if (buf.size() < n + 32) buf.resize(n + 32);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint16_t*>((p + 63) & ~uintptr_t{63});
+}
+
+uint16_t bf16_bits(float x) { return core::f32_to_bf16(x).bits; }
+
+// pack_rows, rounded to bf16.
+void pack_rows16(uint16_t* dst, const float* src, int64_t stride, int64_t n, int64_t rows,
+                 int64_t hs, int64_t HP, float s) {
+  for (int64_t t = 0; t < rows; t++) {
+    uint16_t* o = dst + t * HP;
+    const float* x = src + t * stride;
+    const int64_t m = t < n ? hs : 0;
+    if (t + kPrefetch < n)
+      for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
+    for (int64_t d = 0; d < m; d++) o[d] = bf16_bits(s * x[d]);
+    for (int64_t d = m; d < HP; d++) o[d] = 0;
+  }
+}
+
+// A product's B operand summing over the columns of a packed [N, W] tile (W
+// even): dst[p][n][2] = (src[n][2p], src[n][2p + 1]), i.e. the tile's pairs
+// transposed.
+void pairs_of_columns(uint16_t* dst, const uint16_t* src, int64_t N, int64_t W) {
+  for (int64_t p = 0; p < W / 2; p++)
+    for (int64_t n = 0; n < N; n++) std::memcpy(dst + (p * N + n) * 2, src + n * W + 2 * p, 4);
+}
+
+// ... summing over the rows of a packed [K, N] tile (K even): dst[k/2][n][2] =
+// (src[k][n], src[k + 1][n]).
+void pairs_of_rows(uint16_t* dst, const uint16_t* src, int64_t K, int64_t N) {
+  for (int64_t k = 0; k < K; k += 2) {
+    uint16_t* o = dst + k * N;
+    const uint16_t* a = src + k * N;
+    const uint16_t* b = a + N;
+    for (int64_t n = 0; n < N; n++) {
+      o[2 * n] = a[n];
+      o[2 * n + 1] = b[n];
+    }
+  }
+}
+
+int64_t even(int64_t x) { return (x + 1) / 2 * 2; }
+
+void forward_item16(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
+                    int64_t qb1, int64_t T, const Heads& g) {
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
+                NH = g.NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const float* q = qkv + b * T * C3 + h * hs;
+  const float* k = qkv + b * T * C3 + g.k_col(h);
+  const float* v = qkv + b * T * C3 + g.v_col(h);
+  const int64_t r0 = qb0 * kBlock, r1 = std::min(T, qb1 * kBlock);
+  const int64_t Kp = round_up(r1, kBlock);
+
+  uint16_t* Q = scratch16((Kp - r0) * HP + 3 * Kp * HP + kBlock * kBlock);
+  uint16_t* KTp = Q + (Kp - r0) * HP;  // keys' columns paired: [HP/2][Kp][2]
+  uint16_t* Vp = KTp + Kp * HP;        // values' rows paired: [Kp/2][HP][2]
+  uint16_t* rows = Vp + Kp * HP;       // k, then v, packed [Kp, HP]
+  uint16_t* P = rows + Kp * HP;        // a tile's probabilities [kBlock, kBlock]
+  float* S = scratch(kBlock * kBlock + kBlock * HP + 2 * kBlock);
+  float* O = S + kBlock * kBlock;
+  float* m = O + kBlock * HP;
+  float* l = m + kBlock;
+  pack_rows16(Q, q + r0 * C3, C3, r1 - r0, Kp - r0, hs, HP, scale);
+  pack_rows16(rows, k, C3, r1, Kp, hs, HP, 1.0f);
+  pairs_of_columns(KTp, rows, Kp, HP);
+  pack_rows16(rows, v, C3, r1, Kp, hs, HP, 1.0f);
+  pairs_of_rows(Vp, rows, Kp, HP);
+
+  for (int64_t i0 = r0; i0 < r1; i0 += kBlock) {
+    const int64_t nq = std::min(kBlock, T - i0), nkeys = i0 + nq;
+    const uint16_t* Qi = Q + (i0 - r0) * HP;
+    for (int64_t ii = 0; ii < nq; ii++) {
+      m[ii] = -INFINITY;
+      l[ii] = 0.0f;
+    }
+    for (int64_t j0 = 0; j0 < nkeys; j0 += kBlock) {
+      const int64_t nk = std::min(kBlock, nkeys - j0);
+      const bool diag = j0 == i0;
+      tiles::gemm_tile16(nq, kBlock, HP, Qi, HP, KTp + 2 * j0, 2 * Kp, S, kBlock, false,
+                         diag ? Causal::kColsUpTo : Causal::kNone);
+      for (int64_t ii = 0; ii < nq; ii++) {
+        float* s = S + ii * kBlock;
+        float psum;
+        const float m_new = diag ? softmax_row<true>(s, ii + 1, m[ii], psum)
+                                 : softmax_row<false>(s, kBlock, m[ii], psum);
+        uint16_t* pr = P + ii * kBlock;
+#pragma omp simd
+        for (int64_t jj = 0; jj < kBlock; jj++) pr[jj] = bf16_bits(s[jj]);
+        float* o = O + ii * HP;
+        if (j0 == 0) {
+          l[ii] = psum;
+        } else {
+          const float alpha = detail::exp_approx(m[ii] - m_new);
+          l[ii] = l[ii] * alpha + psum;
+#pragma omp simd
+          for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
+        }
+        m[ii] = m_new;
+      }
+      tiles::gemm_tile16(nq, HP, even(nk), P, kBlock, Vp + j0 * HP, 2 * HP, O, HP, j0 != 0,
+                         diag ? Causal::kKUpTo : Causal::kNone);
+    }
+    for (int64_t ii = 0; ii < nq; ii++) {
+      const int64_t i = i0 + ii;
+      const float inv = 1.0f / l[ii];
+      float* dst = out + (b * T + i) * C + h * hs;
+      const float* o = O + ii * HP;
+#pragma omp simd
+      for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
+      lse[(b * NH + h) * T + i] = m[ii] + std::log(l[ii]);
+    }
+  }
+}
+
+void backward_item16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                     const float* lse, int64_t b, int64_t h, int64_t T, const Heads& g,
+                     bool accumulate_kv) {
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
+                NH = g.NH;
+  const int64_t Tp = round_up(T, kBlock);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t base3 = b * T * C3 + h * hs;
+  const int64_t kbase = b * T * C3 + g.k_col(h), vbase = b * T * C3 + g.v_col(h);
+  const float* go = dout + b * T * C + h * hs;
+  const float* o = out + b * T * C + h * hs;
+  const float* L = lse + (b * NH + h) * T;
+
+  const int64_t TH = Tp * HP, BB = kBlock * kBlock, BH = kBlock * HP;
+  uint16_t* rows = scratch16(8 * TH + 3 * BB);  // q (scaled), then dO, packed [Tp, HP]
+  uint16_t* QsTp = rows + TH;  // B of S^T: q's columns paired
+  uint16_t* Qsp = QsTp + TH;   // B of dK: q's rows paired
+  uint16_t* K = Qsp + TH;      // A of S^T [Tp, HP]
+  uint16_t* KT = K + TH;       // A of dQ^T [HP, Tp]
+  uint16_t* V = KT + TH;       // A of dP^T [Tp, HP]
+  uint16_t* dOTp = V + TH;     // B of dP^T: dO's columns paired
+  uint16_t* dOp = dOTp + TH;   // B of dV: dO's rows paired
+  uint16_t* PT16 = dOp + TH;   // a tile's P^T and dS^T in bf16 [kBlock, kBlock]
+  uint16_t* dST16 = PT16 + BB;
+  uint16_t* dSTp = dST16 + BB;  // B of dQ^T: dS^T's rows paired
+  float* dQT = scratch(TH + 2 * BB + 2 * BH + 2 * Tp);
+  float* PT = dQT + TH;
+  float* dST = PT + BB;
+  float* dK = dST + BB;
+  float* dV = dK + BH;
+  float* D = dV + BH;
+  float* Lp = D + Tp;
+  pack_rows16(rows, qkv + base3, C3, T, Tp, hs, HP, scale);
+  pairs_of_columns(QsTp, rows, Tp, HP);
+  pairs_of_rows(Qsp, rows, Tp, HP);
+  pack_rows16(K, qkv + kbase, C3, T, Tp, hs, HP, 1.0f);
+  for (int64_t t = 0; t < Tp; t++)
+    for (int64_t d = 0; d < HP; d++) KT[d * Tp + t] = K[t * HP + d];
+  pack_rows16(V, qkv + vbase, C3, T, Tp, hs, HP, 1.0f);
+  pack_rows16(rows, go, C, T, Tp, hs, HP, 1.0f);
+  pairs_of_columns(dOTp, rows, Tp, HP);
+  pairs_of_rows(dOp, rows, Tp, HP);
+  for (int64_t x = 0; x < TH; x++) dQT[x] = 0.0f;
+  for (int64_t t = 0; t < Tp; t++) {
+    float s = 0.0f;
+    if (t < T) {
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < hs; d++) s += go[t * C + d] * o[t * C + d];
+    }
+    D[t] = s;
+    Lp[t] = t < T ? L[t] : 0.0f;
+  }
+
+  for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
+    const int64_t nk = std::min(kBlock, T - j0);
+    for (int64_t i0 = j0; i0 < T; i0 += kBlock) {
+      const int64_t nq = std::min(kBlock, T - i0);
+      const bool first = i0 == j0;
+      const Causal cols = first ? Causal::kColsFrom : Causal::kNone;
+      const Causal ks = first ? Causal::kKFrom : Causal::kNone;
+      tiles::gemm_tile16(nk, kBlock, HP, K + j0 * HP, HP, QsTp + 2 * i0, 2 * Tp, PT, kBlock, false,
+                         cols);
+      tiles::gemm_tile16(nk, kBlock, HP, V + j0 * HP, HP, dOTp + 2 * i0, 2 * Tp, dST, kBlock,
+                         false, cols);
+      const float* Li = Lp + i0;
+      const float* Di = D + i0;
+      for (int64_t kk = 0; kk < nk; kk++) {
+        const int lo = static_cast<int>(j0 + kk - i0), hi = static_cast<int>(nq);
+        float* p = PT + kk * kBlock;
+        float* ds = dST + kk * kBlock;
+        uint16_t* p16 = PT16 + kk * kBlock;
+        uint16_t* ds16 = dST16 + kk * kBlock;
+#pragma omp simd
+        for (int qq = 0; qq < static_cast<int>(kBlock); qq++) {
+          const bool ok = qq >= lo && qq < hi;
+          const float e = detail::exp_approx(p[qq] - Li[qq]);
+          const float pv = ok ? e : 0.0f;
+          const float dv = ok ? e * (ds[qq] - Di[qq]) : 0.0f;
+          p16[qq] = bf16_bits(pv);
+          ds16[qq] = bf16_bits(dv);
+        }
+      }
+      if (nk % 2 != 0) {  // the pair's second key is past T: zero, not stale
+        std::memset(PT16 + nk * kBlock, 0, kBlock * sizeof(uint16_t));
+        std::memset(dST16 + nk * kBlock, 0, kBlock * sizeof(uint16_t));
+      }
+      tiles::gemm_tile16(nk, HP, even(nq), PT16, kBlock, dOp + i0 * HP, 2 * HP, dV, HP, !first, ks);
+      tiles::gemm_tile16(nk, HP, even(nq), dST16, kBlock, Qsp + i0 * HP, 2 * HP, dK, HP, !first, ks);
+      pairs_of_rows(dSTp, dST16, even(nk), kBlock);
+      if (!first) {
+        tiles::gemm_tile16(HP, kBlock, even(nk), KT + j0, Tp, dSTp, 2 * kBlock, dQT + i0, Tp, true);
+      } else {  // query column block c needs only keys <= c + 15
+        for (int64_t c = 0; c < kBlock; c += tiles::kW)
+          tiles::gemm_tile16(HP, tiles::kW, even(std::min<int64_t>(nk, c + tiles::kW)), KT + j0,
+                             Tp, dSTp + 2 * c, 2 * kBlock, dQT + i0 + c, Tp, true);
+      }
+    }
+    for (int64_t kk = 0; kk < nk; kk++) {
+      float* dk = dqkv + kbase + (j0 + kk) * C3;
+      float* dv = dqkv + vbase + (j0 + kk) * C3;
+      if (accumulate_kv) {
+#pragma omp simd
+        for (int64_t d = 0; d < hs; d++) {
+          dk[d] += dK[kk * HP + d];
+          dv[d] += dV[kk * HP + d];
+        }
+      } else {
+#pragma omp simd
+        for (int64_t d = 0; d < hs; d++) {
+          dk[d] = dK[kk * HP + d];
+          dv[d] = dV[kk * HP + d];
+        }
+      }
+    }
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += 16)
+    for (int64_t d0 = 0; d0 < hs; d0 += 16) {
+      tiles::transpose16(dQT + d0 * Tp + t0, Tp, PT, 16);
+      const int64_t nd = std::min<int64_t>(16, hs - d0);
+      for (int64_t t = t0; t < std::min(T, t0 + 16); t++) {
+        float* dq = dqkv + base3 + t * C3 + d0;
+        const float* x = PT + (t - t0) * 16;
+        for (int64_t d = 0; d < nd; d++) dq[d] = scale * x[d];
+      }
+    }
+}
+#endif  // __AVX512BF16__
+
+// Whether this call runs on bf16 tiles.
+bool bf16_tiles() { return tiles::kBf16Tiles && gemm_precision() == GemmPrecision::kBF16; }
+
 }  // namespace
+
+bool bf16_attention_tiles() { return tiles::kBf16Tiles; }
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t NKV, int64_t hs) {
@@ -307,10 +571,17 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   const int64_t nqb = (T + kBlock - 1) / kBlock;
   const int64_t per = B * NH >= 4 * num_threads() ? nqb : 1;
   const int64_t groups = nqb / per, items = B * NH * groups;
+  [[maybe_unused]] const bool bf16 = bf16_tiles();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t it = 0; it < items; it++) {
     const int64_t qb = (groups - 1 - it / (B * NH)) * per;
     const int64_t bh = it % (B * NH);
+#if defined(__AVX512BF16__)
+    if (bf16) {
+      forward_item16(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, g);
+      continue;
+    }
+#endif
     forward_item(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, g);
   }
 }
@@ -324,10 +595,18 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   // One item per (b, kv group): it owns the group's q columns and its k and v
   // columns of dqkv; the group's query heads add into dk, dv in head order.
   const int64_t per = NH / NKV;
+  [[maybe_unused]] const bool bf16 = bf16_tiles();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bg = 0; bg < B * NKV; bg++)
-    for (int64_t j = 0; j < per; j++)
+    for (int64_t j = 0; j < per; j++) {
+#if defined(__AVX512BF16__)
+      if (bf16) {
+        backward_item16(dqkv, dout, qkv, out, lse, bg / NKV, (bg % NKV) * per + j, T, g, j > 0);
+        continue;
+      }
+#endif
       backward_item(dqkv, dout, qkv, out, lse, bg / NKV, (bg % NKV) * per + j, T, g, j > 0);
+    }
 }
 
 }  // namespace po::backend::cpu

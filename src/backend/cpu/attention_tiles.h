@@ -17,6 +17,10 @@
 #include <cstring>
 #include <utility>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 // Without AVX-512 the 64-byte vectors are passed in memory; these helpers are
 // all inline, so GCC's note about that ABI is noise.
 #pragma GCC diagnostic push
@@ -169,6 +173,92 @@ inline void gemm_tile(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
     }
   }
 }
+
+// bf16 tiles (AVX512-BF16's vdpbf16ps): C[M,N] (+)= A[M,K] · B[K,N] with A
+// bf16 row-major (K even, pairs of k adjacent) and B in pair-interleaved
+// form Bp[k/2][n][2] (ldb: bf16 elements from one k pair to the next), f32
+// C. Per k pair each C element gets one vdpbf16ps term, a[k] b[k] +
+// a[k+1] b[k+1] (exact products), pairs in ascending order: as with the f32
+// tiles the bits do not depend on the blocking. The causal variants round
+// their k ranges to whole pairs (the A entries that adds are zero).
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Tiles = true;
+
+template <int R, int NV>
+inline void micro16(int64_t K, const uint16_t* __restrict A, int64_t lda,
+                    const uint16_t* __restrict B, int64_t ldb, float* __restrict C, int64_t ldc,
+                    bool acc) {
+  __m512 c[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++)
+      c[r][v] = acc ? _mm512_loadu_ps(C + r * ldc + v * kW) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2) {
+    __m512bh b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++)
+      b[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + (k / 2) * ldb + v * 2 * kW));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      uint32_t pair;
+      std::memcpy(&pair, A + r * lda + k, sizeof pair);
+      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(C + r * ldc + v * kW, c[r][v]);
+}
+
+using MicroFn16 = void (*)(int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*,
+                           int64_t, bool);
+template <int NV, int... R>
+constexpr std::array<MicroFn16, kR> row_table16(std::integer_sequence<int, R...>) {
+  return {&micro16<R + 1, NV>...};
+}
+inline constexpr std::array<std::array<MicroFn16, kR>, 4> kMicro16 = {
+    row_table16<1>(std::make_integer_sequence<int, kR>{}),
+    row_table16<2>(std::make_integer_sequence<int, kR>{}),
+    row_table16<3>(std::make_integer_sequence<int, kR>{}),
+    row_table16<4>(std::make_integer_sequence<int, kR>{})};
+
+// gemm_tile on bf16 tiles; K even, N % kW == 0.
+inline void gemm_tile16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                        const uint16_t* B, int64_t ldb, float* C, int64_t ldc, bool acc,
+                        Causal cz = Causal::kNone) {
+  for (int64_t m = 0; m < M; m += kR) {
+    const int64_t rows = std::min<int64_t>(kR, M - m);
+    int64_t n_lo = 0, n_hi = N, k_lo = 0, k_hi = K;
+    switch (cz) {
+      case Causal::kNone:
+        break;
+      case Causal::kColsUpTo:
+        n_hi = std::min(N, (m + rows + kW - 1) / kW * kW);
+        break;
+      case Causal::kColsFrom:
+        n_lo = std::min(N, m / kW * kW);
+        break;
+      case Causal::kKUpTo:
+        k_hi = std::min(K, (m + rows + 1) / 2 * 2);
+        break;
+      case Causal::kKFrom:
+        k_lo = std::min(K, m / 2 * 2);
+        break;
+    }
+    for (int64_t n0 = n_lo; n0 < n_hi; n0 += kMaxNV * kW) {
+      const int64_t nv = std::min<int64_t>(kMaxNV, (n_hi - n0) / kW);
+      kMicro16[nv - 1][rows - 1](k_hi - k_lo, A + m * lda + k_lo, lda, B + (k_lo / 2) * ldb + 2 * n0,
+                                 ldb, C + m * ldc + n0, ldc, acc);
+    }
+  }
+}
+#else
+constexpr bool kBf16Tiles = false;
+#endif
 
 }  // namespace po::backend::cpu::tiles
 
