@@ -156,6 +156,11 @@ double measure_gemm_peak_gflops(GemmPrecision precision) {
     f32_to_bf16(a16, a.f32(), n * n);
     f32_to_bf16(b16, b.f32(), n * n);
   }
+  // One warm-up (the JIT), then the best of three. More runs read the peak
+  // more steadily (a training run's start-up probe reads 10-50% low on this
+  // 2-core VM) but each GEMM call can grow the heap (the planner counts the
+  // probe's resident size as every process's fixed overhead, and more calls
+  // raised it by 3-14 MiB, past plan_vs_engine's 10%): kept at four.
   double best = 1e30;
   for (int rep = 0; rep < 4; ++rep) {
     core::Timer t;
