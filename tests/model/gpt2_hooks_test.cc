@@ -74,7 +74,8 @@ struct CopyHooks {
               float* dst = grads.data() + model.unit_offset(u);
               for (size_t i = 0; i < acc[u].size(); ++i) dst[i] += acc[u][i];
               acc[u].clear();
-            }};
+            },
+            {}};  // no bf16 parameters
   }
 };
 
@@ -153,7 +154,7 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
   int ready = 0;
   hooked.set_unit_hooks({[&](int u) { return hooked.params() + hooked.unit_offset(u); },
                          [](int) {}, [&](int u) { return hooked.grads() + hooked.unit_offset(u); },
-                         [&](int) { ++ready; }});
+                         [&](int) { ++ready; }, {}});
   plain.zero_grads();
   hooked.zero_grads();
   for (int m = 0; m < 3; ++m) {
