@@ -112,10 +112,88 @@ inline float softmax_row(float* __restrict s, int lim, float m_old, float& psum)
   return mx;
 }
 
+// Online softmax of one query row against a new key tile: its scores s (in
+// place: the probabilities after), the running max m and sum l, and the row
+// of O rescaled to the new max.
+inline void online_softmax_row(float* s, bool diag, int64_t ii, bool first_tile, float& m,
+                               float& l, float* o, int64_t HP) {
+  float psum;
+  // causal: key j0+jj <= query i0+ii (columns past it may be stale)
+  const float m_new = diag ? softmax_row<true>(s, static_cast<int>(ii + 1), m, psum)
+                           : softmax_row<false>(s, static_cast<int>(kBlock), m, psum);
+  if (first_tile) {
+    l = psum;
+  } else {
+    const float alpha = detail::exp_approx(m - m_new);
+    l = l * alpha + psum;
+#pragma omp simd
+    for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
+  }
+  m = m_new;
+}
+
+// A query block's results: out = O / l, lse = m + log l.
+void finish_rows(float* out, float* lse, const float* O, const float* m, const float* l,
+                 int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t T, const Heads& g) {
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C = g.NH * hs;
+  for (int64_t ii = 0; ii < nq; ii++) {
+    const int64_t i = i0 + ii;
+    const float inv = 1.0f / l[ii];
+    float* dst = out + (b * T + i) * C + h * hs;
+    const float* o = O + ii * HP;
+#pragma omp simd
+    for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
+    lse[(b * g.NH + h) * T + i] = m[ii] + std::log(l[ii]);
+  }
+}
+
+// D[t] = rowsum(dO * O) over the head's columns, and the lse padded to Tp rows.
+void backward_rows(float* D, float* Lp, const float* go, const float* o, const float* L,
+                   int64_t T, int64_t Tp, int64_t hs, int64_t C) {
+  for (int64_t t = 0; t < Tp; t++) {
+    float sum = 0.0f;
+    if (t < T) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t d = 0; d < hs; d++) sum += go[t * C + d] * o[t * C + d];
+    }
+    D[t] = sum;
+    Lp[t] = t < T ? L[t] : 0.0f;
+  }
+}
+
+// A key block's dK, dV into dqkv (written, or added for a kv group's later heads).
+void store_kv_grads(float* dqkv, const float* dK, const float* dV, int64_t kbase, int64_t vbase,
+                    int64_t j0, int64_t nk, int64_t C3, int64_t hs, int64_t HP,
+                    bool accumulate_kv) {
+  for (int64_t kk = 0; kk < nk; kk++) {
+    float* dk = dqkv + kbase + (j0 + kk) * C3;
+    float* dv = dqkv + vbase + (j0 + kk) * C3;
+#pragma omp simd
+    for (int64_t d = 0; d < hs; d++) {
+      dk[d] = accumulate_kv ? dk[d] + dK[kk * HP + d] : dK[kk * HP + d];
+      dv[d] = accumulate_kv ? dv[d] + dV[kk * HP + d] : dV[kk * HP + d];
+    }
+  }
+}
+
+// dq = scale * dQT^T, through a free 16 x 16 tile at a time.
+void store_dq(float* dqkv, const float* dQT, float* tile, int64_t base3, int64_t T, int64_t Tp,
+              int64_t C3, int64_t hs, float scale) {
+  for (int64_t t0 = 0; t0 < T; t0 += 16)
+    for (int64_t d0 = 0; d0 < hs; d0 += 16) {
+      tiles::transpose16(dQT + d0 * Tp + t0, Tp, tile, 16);
+      const int64_t nd = std::min<int64_t>(16, hs - d0);
+      for (int64_t t = t0; t < std::min(T, t0 + 16); t++) {
+        float* dq = dqkv + base3 + t * C3 + d0;
+        const float* x = tile + (t - t0) * 16;
+        for (int64_t d = 0; d < nd; d++) dq[d] = scale * x[d];
+      }
+    }
+}
+
 void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
                   int64_t qb1, int64_t T, const Heads& g) {
-  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
-                NH = g.NH;
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float* q = qkv + b * T * C3 + h * hs;
   const float* k = qkv + b * T * C3 + g.k_col(h);
@@ -148,35 +226,12 @@ void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h
       const bool diag = j0 == i0;
       const Causal cz = diag ? Causal::kColsUpTo : Causal::kNone;
       gemm_tile(nq, kBlock, HP, Qi, HP, KT + j0, Kp, S, kBlock, false, cz);
-      for (int64_t ii = 0; ii < nq; ii++) {
-        float* s = S + ii * kBlock;
-        float psum;
-        // causal: key j0+jj <= query i0+ii (columns past it may be stale)
-        const float m_new = diag ? softmax_row<true>(s, ii + 1, m[ii], psum)
-                                 : softmax_row<false>(s, kBlock, m[ii], psum);
-        float* o = O + ii * HP;
-        if (j0 == 0) {
-          l[ii] = psum;
-        } else {
-          const float alpha = detail::exp_approx(m[ii] - m_new);
-          l[ii] = l[ii] * alpha + psum;
-#pragma omp simd
-          for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
-        }
-        m[ii] = m_new;
-      }
+      for (int64_t ii = 0; ii < nq; ii++)
+        online_softmax_row(S + ii * kBlock, diag, ii, j0 == 0, m[ii], l[ii], O + ii * HP, HP);
       gemm_tile(nq, HP, nk, S, kBlock, V + j0 * HP, HP, O, HP, j0 != 0,
                 diag ? Causal::kKUpTo : Causal::kNone);
     }
-    for (int64_t ii = 0; ii < nq; ii++) {
-      const int64_t i = i0 + ii;
-      const float inv = 1.0f / l[ii];
-      float* dst = out + (b * T + i) * C + h * hs;
-      const float* o = O + ii * HP;
-#pragma omp simd
-      for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
-      lse[(b * NH + h) * T + i] = m[ii] + std::log(l[ii]);
-    }
+    finish_rows(out, lse, O, m, l, b, h, i0, nq, T, g);
   }
 }
 
@@ -221,15 +276,7 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
   pack_rows(dO, go, C, T, Tp, hs, HP, 1.0f);
   transpose_packed(dOT, dO, Tp, HP);
   for (int64_t x = 0; x < TH; x++) dQT[x] = 0.0f;
-  for (int64_t t = 0; t < Tp; t++) {
-    float s = 0.0f;
-    if (t < T) {
-#pragma omp simd reduction(+ : s)
-      for (int64_t d = 0; d < hs; d++) s += go[t * C + d] * o[t * C + d];
-    }
-    D[t] = s;
-    Lp[t] = t < T ? L[t] : 0.0f;
-  }
+  backward_rows(D, Lp, go, o, L, T, Tp, hs, C);
 
   for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
     const int64_t nk = std::min(kBlock, T - j0);
@@ -265,35 +312,9 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
                     kBlock, dQT + i0 + c, Tp, true);
       }
     }
-    for (int64_t kk = 0; kk < nk; kk++) {
-      float* dk = dqkv + kbase + (j0 + kk) * C3;
-      float* dv = dqkv + vbase + (j0 + kk) * C3;
-      if (accumulate_kv) {
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) {
-          dk[d] += dK[kk * HP + d];
-          dv[d] += dV[kk * HP + d];
-        }
-      } else {
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) {
-          dk[d] = dK[kk * HP + d];
-          dv[d] = dV[kk * HP + d];
-        }
-      }
-    }
+    store_kv_grads(dqkv, dK, dV, kbase, vbase, j0, nk, C3, hs, HP, accumulate_kv);
   }
-  // dq = scale * dQT^T, through the (now free) PT tile 16 x 16 at a time.
-  for (int64_t t0 = 0; t0 < T; t0 += 16)
-    for (int64_t d0 = 0; d0 < hs; d0 += 16) {
-      tiles::transpose16(dQT + d0 * Tp + t0, Tp, PT, 16);
-      const int64_t nd = std::min<int64_t>(16, hs - d0);
-      for (int64_t t = t0; t < std::min(T, t0 + 16); t++) {
-        float* dq = dqkv + base3 + t * C3 + d0;
-        const float* x = PT + (t - t0) * 16;
-        for (int64_t d = 0; d < nd; d++) dq[d] = scale * x[d];
-      }
-    }
+  store_dq(dqkv, dQT, PT, base3, T, Tp, C3, hs, scale);  // through the (now free) PT tile
 }
 
 #if defined(__AVX512BF16__)
@@ -355,8 +376,7 @@ int64_t even(int64_t x) { return (x + 1) / 2 * 2; }
 
 void forward_item16(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
                     int64_t qb1, int64_t T, const Heads& g) {
-  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
-                NH = g.NH;
+  const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float* q = qkv + b * T * C3 + h * hs;
   const float* k = qkv + b * T * C3 + g.k_col(h);
@@ -392,36 +412,16 @@ void forward_item16(float* out, float* lse, const float* qkv, int64_t b, int64_t
       tiles::gemm_tile16(nq, kBlock, HP, Qi, HP, KTp + 2 * j0, 2 * Kp, S, kBlock, false,
                          diag ? Causal::kColsUpTo : Causal::kNone);
       for (int64_t ii = 0; ii < nq; ii++) {
-        float* s = S + ii * kBlock;
-        float psum;
-        const float m_new = diag ? softmax_row<true>(s, ii + 1, m[ii], psum)
-                                 : softmax_row<false>(s, kBlock, m[ii], psum);
+        float* sr = S + ii * kBlock;
+        online_softmax_row(sr, diag, ii, j0 == 0, m[ii], l[ii], O + ii * HP, HP);
         uint16_t* pr = P + ii * kBlock;
 #pragma omp simd
-        for (int64_t jj = 0; jj < kBlock; jj++) pr[jj] = bf16_bits(s[jj]);
-        float* o = O + ii * HP;
-        if (j0 == 0) {
-          l[ii] = psum;
-        } else {
-          const float alpha = detail::exp_approx(m[ii] - m_new);
-          l[ii] = l[ii] * alpha + psum;
-#pragma omp simd
-          for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
-        }
-        m[ii] = m_new;
+        for (int64_t jj = 0; jj < kBlock; jj++) pr[jj] = bf16_bits(sr[jj]);
       }
       tiles::gemm_tile16(nq, HP, even(nk), P, kBlock, Vp + j0 * HP, 2 * HP, O, HP, j0 != 0,
                          diag ? Causal::kKUpTo : Causal::kNone);
     }
-    for (int64_t ii = 0; ii < nq; ii++) {
-      const int64_t i = i0 + ii;
-      const float inv = 1.0f / l[ii];
-      float* dst = out + (b * T + i) * C + h * hs;
-      const float* o = O + ii * HP;
-#pragma omp simd
-      for (int64_t d = 0; d < hs; d++) dst[d] = o[d] * inv;
-      lse[(b * NH + h) * T + i] = m[ii] + std::log(l[ii]);
-    }
+    finish_rows(out, lse, O, m, l, b, h, i0, nq, T, g);
   }
 }
 
@@ -468,15 +468,7 @@ void backward_item16(float* dqkv, const float* dout, const float* qkv, const flo
   pairs_of_columns(dOTp, rows, Tp, HP);
   pairs_of_rows(dOp, rows, Tp, HP);
   for (int64_t x = 0; x < TH; x++) dQT[x] = 0.0f;
-  for (int64_t t = 0; t < Tp; t++) {
-    float s = 0.0f;
-    if (t < T) {
-#pragma omp simd reduction(+ : s)
-      for (int64_t d = 0; d < hs; d++) s += go[t * C + d] * o[t * C + d];
-    }
-    D[t] = s;
-    Lp[t] = t < T ? L[t] : 0.0f;
-  }
+  backward_rows(D, Lp, go, o, L, T, Tp, hs, C);
 
   for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
     const int64_t nk = std::min(kBlock, T - j0);
@@ -522,34 +514,9 @@ void backward_item16(float* dqkv, const float* dout, const float* qkv, const flo
                              Tp, dSTp + 2 * c, 2 * kBlock, dQT + i0 + c, Tp, true);
       }
     }
-    for (int64_t kk = 0; kk < nk; kk++) {
-      float* dk = dqkv + kbase + (j0 + kk) * C3;
-      float* dv = dqkv + vbase + (j0 + kk) * C3;
-      if (accumulate_kv) {
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) {
-          dk[d] += dK[kk * HP + d];
-          dv[d] += dV[kk * HP + d];
-        }
-      } else {
-#pragma omp simd
-        for (int64_t d = 0; d < hs; d++) {
-          dk[d] = dK[kk * HP + d];
-          dv[d] = dV[kk * HP + d];
-        }
-      }
-    }
+    store_kv_grads(dqkv, dK, dV, kbase, vbase, j0, nk, C3, hs, HP, accumulate_kv);
   }
-  for (int64_t t0 = 0; t0 < T; t0 += 16)
-    for (int64_t d0 = 0; d0 < hs; d0 += 16) {
-      tiles::transpose16(dQT + d0 * Tp + t0, Tp, PT, 16);
-      const int64_t nd = std::min<int64_t>(16, hs - d0);
-      for (int64_t t = t0; t < std::min(T, t0 + 16); t++) {
-        float* dq = dqkv + base3 + t * C3 + d0;
-        const float* x = PT + (t - t0) * 16;
-        for (int64_t d = 0; d < nd; d++) dq[d] = scale * x[d];
-      }
-    }
+  store_dq(dqkv, dQT, PT, base3, T, Tp, C3, hs, scale);  // through the (now free) PT tile
 }
 #endif  // __AVX512BF16__
 

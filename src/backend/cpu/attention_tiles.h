@@ -145,27 +145,38 @@ enum class Causal { kNone, kColsUpTo, kColsFrom, kKUpTo, kKFrom };
 
 // C[M,N] (+)= A[M,K] · B[K,N], all row-major with leading dimensions; N % kW ==
 // 0.
+// The columns [n_lo, n_hi) and the k range [k_lo, k_hi) a group of `rows`
+// rows from m computes under cz, k rounded out to multiples of k_step.
+struct TileRange {
+  int64_t n_lo, n_hi, k_lo, k_hi;
+};
+inline TileRange causal_range(Causal cz, int64_t m, int64_t rows, int64_t N, int64_t K,
+                              int64_t k_step) {
+  TileRange r{0, N, 0, K};
+  switch (cz) {
+    case Causal::kNone:
+      break;
+    case Causal::kColsUpTo:
+      r.n_hi = std::min(N, (m + rows + kW - 1) / kW * kW);
+      break;
+    case Causal::kColsFrom:
+      r.n_lo = std::min(N, m / kW * kW);
+      break;
+    case Causal::kKUpTo:
+      r.k_hi = std::min(K, (m + rows + k_step - 1) / k_step * k_step);
+      break;
+    case Causal::kKFrom:
+      r.k_lo = std::min(K, m / k_step * k_step);
+      break;
+  }
+  return r;
+}
+
 inline void gemm_tile(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                       int64_t ldb, float* C, int64_t ldc, bool acc, Causal cz = Causal::kNone) {
   for (int64_t m = 0; m < M; m += kR) {
     const int64_t rows = std::min<int64_t>(kR, M - m);
-    int64_t n_lo = 0, n_hi = N, k_lo = 0, k_hi = K;
-    switch (cz) {
-      case Causal::kNone:
-        break;
-      case Causal::kColsUpTo:
-        n_hi = std::min(N, (m + rows + kW - 1) / kW * kW);
-        break;
-      case Causal::kColsFrom:
-        n_lo = std::min(N, m / kW * kW);
-        break;
-      case Causal::kKUpTo:
-        k_hi = std::min(K, m + rows);
-        break;
-      case Causal::kKFrom:
-        k_lo = std::min(K, m);
-        break;
-    }
+    const auto [n_lo, n_hi, k_lo, k_hi] = causal_range(cz, m, rows, N, K, 1);
     for (int64_t n0 = n_lo; n0 < n_hi; n0 += kMaxNV * kW) {
       const int64_t nv = std::min<int64_t>(kMaxNV, (n_hi - n0) / kW);
       kMicro[nv - 1][rows - 1](k_hi - k_lo, A + m * lda + k_lo, lda, B + k_lo * ldb + n0, ldb,
@@ -232,23 +243,7 @@ inline void gemm_tile16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int6
                         Causal cz = Causal::kNone) {
   for (int64_t m = 0; m < M; m += kR) {
     const int64_t rows = std::min<int64_t>(kR, M - m);
-    int64_t n_lo = 0, n_hi = N, k_lo = 0, k_hi = K;
-    switch (cz) {
-      case Causal::kNone:
-        break;
-      case Causal::kColsUpTo:
-        n_hi = std::min(N, (m + rows + kW - 1) / kW * kW);
-        break;
-      case Causal::kColsFrom:
-        n_lo = std::min(N, m / kW * kW);
-        break;
-      case Causal::kKUpTo:
-        k_hi = std::min(K, (m + rows + 1) / 2 * 2);
-        break;
-      case Causal::kKFrom:
-        k_lo = std::min(K, m / 2 * 2);
-        break;
-    }
+    const auto [n_lo, n_hi, k_lo, k_hi] = causal_range(cz, m, rows, N, K, 2);
     for (int64_t n0 = n_lo; n0 < n_hi; n0 += kMaxNV * kW) {
       const int64_t nv = std::min<int64_t>(kMaxNV, (n_hi - n0) / kW);
       kMicro16[nv - 1][rows - 1](k_hi - k_lo, A + m * lda + k_lo, lda, B + (k_lo / 2) * ldb + 2 * n0,
