@@ -28,8 +28,11 @@ std::optional<int64_t> checkpoint_step(const std::string& name) {
   return step;
 }
 
+// step_N.tmp: a save that did not finish; step_N.old: an old checkpoint
+// renamed out of the way before its removal (so that a process killed while
+// removing it never leaves a partial step_N behind).
 bool is_staging(const std::string& name) {
-  return name.size() > 4 && name.ends_with(".tmp") &&
+  return name.size() > 4 && (name.ends_with(".tmp") || name.ends_with(".old")) &&
          checkpoint_step(name.substr(0, name.size() - 4)).has_value();
 }
 
@@ -39,7 +42,8 @@ std::vector<int64_t> unit_numels(const model::Transformer& model) {
   return out;
 }
 
-// Removes step_*.tmp staging directories left in `dir` by saves that did not finish.
+// Removes the step_*.tmp staging directories of saves that did not finish and
+// the step_*.old ones of removals that did not finish.
 void remove_stale_staging(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
@@ -85,9 +89,14 @@ void remove_old_checkpoints(const std::string& dir, int64_t keep) {
   remove_stale_staging(dir);
   auto all = list_checkpoints(dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    // Renamed first (atomic): an abort in the middle of remove_all leaves a
+    // step_N.old, never a step_N that names files no longer there.
+    const std::string old = all[i] + ".old";
     std::error_code ec;
-    fs::remove_all(all[i], ec);
-    PO_CHECK(!ec, all[i], ": cannot remove old checkpoint: ", ec.message());
+    fs::rename(all[i], old, ec);
+    PO_CHECK(!ec, all[i], ": cannot move the old checkpoint aside for removal: ", ec.message());
+    fs::remove_all(old, ec);
+    PO_CHECK(!ec, old, ": cannot remove old checkpoint: ", ec.message());
   }
 }
 

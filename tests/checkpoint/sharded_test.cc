@@ -422,10 +422,19 @@ TEST(Sharded, KeepRetainsTheNewestAndRemovesStaleStaging) {
                  {.kinds = {StateKind::kParams}});
   }
   prepare_sharded_save(ckpts + "/step_00000011");  // a crashed save's staging directory
+  // A removal killed half-way: the old checkpoint was moved aside first, so
+  // what is left is not a checkpoint (its manifest names a shard now gone).
+  fs::rename(ckpts + "/step_00000001", ckpts + "/step_00000001.old");
+  fs::remove(ckpts + "/step_00000001.old/rank_00000.bin");
+  EXPECT_EQ(train::list_checkpoints(ckpts).front(), ckpts + "/step_00000002")
+      << "a half-removed checkpoint is listed";
   train::remove_old_checkpoints(ckpts, 2);
   EXPECT_EQ(train::list_checkpoints(ckpts),
             (std::vector<std::string>{ckpts + "/step_00000010", ckpts + "/step_100000000"}));
   EXPECT_FALSE(fs::exists(ckpts + "/step_00000011.tmp"));
+  EXPECT_FALSE(fs::exists(ckpts + "/step_00000001.old")) << "a half-removed checkpoint stays";
+  for (const char* gone : {"/step_00000002", "/step_00000003"})
+    EXPECT_FALSE(fs::exists(ckpts + gone + std::string(".old")) || fs::exists(ckpts + gone)) << gone;
   EXPECT_EQ(train::resolve_checkpoint(d.path().string()), ckpts + "/step_100000000");
 }
 
