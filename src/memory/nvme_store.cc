@@ -126,24 +126,30 @@ NvmeStore::NvmeStore(const std::string& dir, const std::string& name, size_t slo
       ring.release();  // never initialised: nothing to exit
     }
   }
-  if (!ring_) {
+  if (ring_) {
+    threads_.emplace_back([this] { completer(); });
+  } else {
     for (int i = 0; i < options.queue_depth; ++i) threads_.emplace_back([this] { worker(); });
   }
 }
 
 NvmeStore::~NvmeStore() {
-  try {
-    for (auto& [t, op] : ops_) {
-      (void)op;
-      if (ring_) {
-        while (!done(t)) reap(true);
+  {
+    // Requests in flight read or write caller buffers: let them finish.
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] {
+      return ring_error_ != 0 || (inflight_ == 0 && reads_.empty() && writes_.empty());
+    });
+    stop_ = true;
+    if (ring_ && ring_error_ == 0) {
+      // The completer's stop: a no-op without a request behind it.
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
+      if (sqe != nullptr) {
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data(sqe, nullptr);
+        io_uring_submit(&ring_->ring);
       }
     }
-  } catch (...) {
-  }
-  {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
   }
   work_cv_.notify_all();
   for (auto& th : threads_) th.join();
@@ -176,16 +182,16 @@ NvmeStore::Ticket NvmeStore::start(bool is_read, size_t slot, void* buf) {
   Ticket t;
   {
     std::lock_guard lock(mutex_);
+    if (ring_error_ != 0)
+      PO_THROW(core::IoError, path_, ": io_uring wait failed: ", std::strerror(ring_error_));
     t = next_++;
+    auto& queue = is_read ? reads_ : writes_;
     for (size_t off = 0; off < slot_bytes_; off += options_.block_bytes)
-      queue_.push_back({op.get(), off, std::min(options_.block_bytes, slot_bytes_ - off)});
+      queue.push_back({op.get(), off, std::min(options_.block_bytes, slot_bytes_ - off)});
     ops_.emplace(t, std::move(op));
+    if (ring_) pump_locked();
   }
-  if (ring_) {
-    pump();
-  } else {
-    work_cv_.notify_all();
-  }
+  if (!ring_) work_cv_.notify_all();
   return t;
 }
 
@@ -200,14 +206,22 @@ void NvmeStore::finish_request(Op* op, long res, size_t len) {
   --op->chunks_left;
 }
 
-void NvmeStore::pump() {
-  std::lock_guard lock(mutex_);
+bool NvmeStore::next_request(Request* r) {
+  auto& queue = !reads_.empty() ? reads_ : writes_;
+  if (queue.empty()) return false;
+  *r = queue.front();
+  queue.pop_front();
+  return true;
+}
+
+void NvmeStore::pump_locked() {
   bool submitted = false;
-  while (!queue_.empty() && inflight_ < options_.queue_depth) {
+  Request next{};
+  while (inflight_ < options_.queue_depth && !(reads_.empty() && writes_.empty())) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
     if (sqe == nullptr) break;
-    Request* r = new Request(queue_.front());
-    queue_.pop_front();
+    next_request(&next);
+    auto* r = new Request(next);
     const auto off = static_cast<off_t>(r->op->slot * slot_bytes_ + r->offset_in_slot);
     if (r->op->is_read)
       io_uring_prep_read(sqe, fd_, r->op->buf + r->offset_in_slot, static_cast<unsigned>(r->len), off);
@@ -220,33 +234,38 @@ void NvmeStore::pump() {
   if (submitted) io_uring_submit(&ring_->ring);
 }
 
-void NvmeStore::reap(bool block) {
-  io_uring_cqe* cqe = nullptr;
-  int r = block ? io_uring_wait_cqe(&ring_->ring, &cqe) : io_uring_peek_cqe(&ring_->ring, &cqe);
-  while (r == 0 && cqe != nullptr) {
-    auto* req = static_cast<Request*>(io_uring_cqe_get_data(cqe));
-    {
-      std::lock_guard lock(mutex_);
-      finish_request(req->op, cqe->res, req->len);
-      --inflight_;
+// The only reader of the completion queue; submissions (here and in start())
+// go through mutex_.
+void NvmeStore::completer() {
+  for (;;) {
+    io_uring_cqe* cqe = nullptr;
+    const int r = io_uring_wait_cqe(&ring_->ring, &cqe);
+    if (r == -EINTR || r == -EAGAIN) continue;
+    std::lock_guard lock(mutex_);
+    if (r < 0) {  // the ring is unusable: every waiter hears of it
+      ring_error_ = -r;
+      done_cv_.notify_all();
+      return;
     }
-    delete req;
+    auto* req = static_cast<Request*>(io_uring_cqe_get_data(cqe));
+    const long res = cqe->res;
     io_uring_cqe_seen(&ring_->ring, cqe);
-    cqe = nullptr;
-    r = io_uring_peek_cqe(&ring_->ring, &cqe);
+    if (req == nullptr) return;  // the destructor's stop
+    finish_request(req->op, res, req->len);
+    --inflight_;
+    delete req;
+    pump_locked();
+    done_cv_.notify_all();
   }
-  if (block && r < 0 && r != -EAGAIN && r != -EINTR)
-    PO_THROW(core::IoError, path_, ": io_uring wait failed: ", std::strerror(-r));
-  pump();
 }
 
 void NvmeStore::worker() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ with nothing left
-    Request r = queue_.front();
-    queue_.pop_front();
+    work_cv_.wait(lock, [&] { return stop_ || !(reads_.empty() && writes_.empty()); });
+    Request r{};
+    if (!next_request(&r)) return;  // stop_ with nothing left
+    ++inflight_;
     lock.unlock();
     const auto off = static_cast<off_t>(r.op->slot * slot_bytes_ + r.offset_in_slot);
     size_t done = 0;
@@ -266,44 +285,28 @@ void NvmeStore::worker() {
     if (res == 0) res = static_cast<long>(done);
     lock.lock();
     finish_request(r.op, res, r.len);
+    --inflight_;
     done_cv_.notify_all();
   }
 }
 
 bool NvmeStore::done(Ticket t) {
-  if (ring_) {
-    try {
-      reap(false);
-    } catch (...) {
-    }
-  }
   std::lock_guard lock(mutex_);
   auto it = ops_.find(t);
-  return it == ops_.end() || it->second->chunks_left == 0;
+  return it == ops_.end() || it->second->chunks_left == 0 || ring_error_ != 0;
 }
 
 void NvmeStore::wait(Ticket t) {
   std::unique_ptr<Op> op;
-  if (ring_) {
-    for (;;) {
-      {
-        std::lock_guard lock(mutex_);
-        auto it = ops_.find(t);
-        if (it == ops_.end()) return;
-        if (it->second->chunks_left == 0) {
-          op = std::move(it->second);
-          ops_.erase(it);
-          break;
-        }
-      }
-      reap(true);
-    }
-  } else {
+  {
     std::unique_lock lock(mutex_);
     auto it = ops_.find(t);
     if (it == ops_.end()) return;
     Op* p = it->second.get();
-    done_cv_.wait(lock, [&] { return p->chunks_left == 0; });
+    done_cv_.wait(lock, [&] { return p->chunks_left == 0 || ring_error_ != 0; });
+    if (p->chunks_left != 0)
+      PO_THROW(core::IoError, describe(*p), " failed: io_uring wait failed: ",
+               std::strerror(ring_error_));
     op = std::move(it->second);
     ops_.erase(it);
   }

@@ -8,6 +8,14 @@
 // `force_fallback` is set, a pool of `queue_depth` threads does the same
 // requests with pread/pwrite. Which one runs is logged at start-up.
 //
+// The queue keeps moving while the caller computes: with io_uring a
+// completion thread takes each finished request and submits the next one at
+// once (before, requests beyond the queue depth waited in user space until
+// the caller next called in, so the disk sat idle through every page's
+// update, and the faster the disk the longer it idled). Queued reads go
+// before queued writes: a read is a page someone waits for, a write only
+// frees a frame (the pager never reads a slot whose write is in flight).
+//
 // The file is scratch: created (O_EXCL) and preallocated (fallocate: a full
 // disk fails now, not mid-step) at construction, removed at destruction and,
 // through a signal handler installed with the first store, on SIGINT and
@@ -84,8 +92,10 @@ class NvmeStore {
     size_t offset_in_slot, len;
   };
   Ticket start(bool is_read, size_t slot, void* buf);
-  void pump();              // submits queued requests while below the queue depth
-  void reap(bool block);    // io_uring: takes completions (one blocking wait if asked)
+  // The next request to start (reads first), or false; under mutex_.
+  bool next_request(Request* r);
+  void pump_locked();       // io_uring: submits queued requests while below the queue depth
+  void completer();         // io_uring: takes completions and refills the queue
   void finish_request(Op* op, long res, size_t len);
   void worker();            // fallback thread
   std::string describe(const Op& op) const;
@@ -100,12 +110,13 @@ class NvmeStore {
   // Shared with the fallback threads (under mutex_).
   std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<Request> queue_;
+  std::deque<Request> reads_, writes_;  // requests not yet started
   std::unordered_map<Ticket, std::unique_ptr<Op>> ops_;
   Ticket next_ = 1;
   int inflight_ = 0;
   bool stop_ = false;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_;  // the fallback's workers, or io_uring's completer
+  int ring_error_ = 0;                // io_uring: the completer's wait failed (errno)
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};
 };
 
