@@ -4,11 +4,15 @@
 #      on the file system of the swap directory (io_uring engine);
 #  (b) gpt2-124M (fp32, B4 x T256, 1 process x 2 threads), Adam m and v (1 GB)
 #      in 4 MiB pages with a compute budget that keeps only a handful resident,
-#      the rest on NVMe: the page traffic's read and write bandwidth during the
-#      optimizer's sweep against fio's, the prefetch hit rate, the I/O wait,
-#      peak RSS against the compute budget;
+#      the rest on NVMe, twice: with the backward's dead activations lent to
+#      the pager (memory.lend_activations, the default: reads during the
+#      backward, writes behind the next forward) and without (all I/O in the
+#      sweep): the page traffic, the disk's read and write bandwidth while busy
+#      against fio's (target >= 0.8), the hit rate by tier, the I/O wait, peak
+#      RSS against the compute budget;
 #  (c) the same model with everything in RAM: step time paged / in RAM
-#      (target <= 1.25);
+#      (target <= 1.25) and paged / the limit max(in-RAM step, read bytes /
+#      fio read + written bytes / fio write) (target <= 1.1);
 #  (d) a model whose model states are >= 4x the budgets: 24 x 1024 blocks,
 #      vocab 8192 (311 M parameters, 5.0 GB of fp32 states), ZeRO-3 with
 #      parameters, gradients and Adam state all in pages (ZeRO-Infinity),
@@ -58,6 +62,9 @@ BUDGET=$((MIN + 8 * 4194304))
 "$BIN" "${COMMON[@]}" "${PAGED[@]}" --set memory.compute_budget="$BUDGET" --set run.dir="$OUT/paged" \
   > "$OUT/paged.log" 2>&1 || { echo "paged run failed:"; tail -5 "$OUT/paged.log"; exit 1; }
 grep -A6 "paged optimizer state" "$OUT/paged.log" | sed 's/^/  /'
+"$BIN" "${COMMON[@]}" "${PAGED[@]}" --set memory.compute_budget="$BUDGET" --set run.dir="$OUT/nolend" \
+  --set memory.lend_activations=false > "$OUT/nolend.log" 2>&1 \
+  || { echo "paged run (nothing lent) failed:"; tail -5 "$OUT/nolend.log"; exit 1; }
 
 BIG_BUDGET=0
 if [ "$BIG" = 1 ]; then
@@ -87,30 +94,49 @@ fr, fw = fio("read"), fio("write")
 def recs(run, key):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if f'"{key}"' in l]
 ram = recs("ram", "loss")[1:]     # the first step pays one-time costs
-paged = recs("paged", "loss")[1:]
-pg = [r["paging"] for r in recs("paged", "paging")][1:]
 ms = lambda rs: sum(r["step_ms"] for r in rs) / len(rs)
-t_ram, t_paged = ms(ram), ms(paged)
-rd = sum(p["nvme_read_bytes"] for p in pg); wr = sum(p["nvme_written_bytes"] for p in pg)
-sweep = sum(p["pass_ms"] for p in pg) / 1000
-wait = sum(p["io_wait_ms"] for p in pg) / len(pg)
-hit = sum(p["prefetch_hit_rate"] for p in pg) / len(pg)
-rss = paged[-1]["peak_rss_bytes"]
+t_ram = ms(ram)
 GB = 1e9
 FIXED = 0.25 * GB  # the stated fixed overhead (see the header)
 print(f"fio (O_DIRECT, 1 MiB, QD 8): read {fr/GB:.2f} GB/s, write {fw/GB:.2f} GB/s")
-print(f"page traffic per step: read {rd/len(pg)/GB:.2f} GB, written {wr/len(pg)/GB:.2f} GB; "
-      f"optimizer sweep {sweep/len(pg)*1000:.0f} ms/step")
-print(f"during the sweep: read {rd/sweep/GB:.2f} GB/s = {rd/sweep/fr:.2f} of fio, "
-      f"write {wr/sweep/GB:.2f} GB/s = {wr/sweep/fw:.2f} of fio "
-      f"(reads and writes share the disk: together {(rd+wr)/sweep/GB:.2f} GB/s)")
-print(f"prefetch hit rate {hit:.3f}; I/O wait {wait:.0f} ms/step")
-pool = max(r["memory_per_rank"][0]["peak"] for r in paged)
-print(f"peak RSS {rss/GB:.2f} GB vs compute budget {budget/GB:.2f} GB + 10% + {FIXED/GB:.2f} GB fixed "
-      f"({'PASS' if rss <= 1.10 * budget + FIXED else 'FAIL'}); the engine's compute pool peaked at "
-      f"{pool/GB:.3f} GB")
-print(f"step time: in RAM {t_ram:.0f} ms, optimizer state on NVMe {t_paged:.0f} ms -> "
-      f"{t_paged/t_ram:.3f}x   (target <= 1.25: {'PASS' if t_paged/t_ram <= 1.25 else 'FAIL'})")
+print(f"in RAM: {t_ram:.0f} ms/step")
+def paged_run(run, label):
+    steps = recs(run, "loss")[1:]
+    pg = [r["paging"] for r in recs(run, "paging")][1:]
+    n = len(pg)
+    t = ms(steps)
+    rd = sum(p["nvme_read_bytes"] for p in pg) / n
+    wr = sum(p["nvme_written_bytes"] for p in pg) / n
+    rbusy = sum(p["read_busy_ms"] for p in pg) / n / 1000
+    wbusy = sum(p["write_busy_ms"] for p in pg) / n / 1000
+    sweep = sum(p["pass_ms"] for p in pg) / n
+    wait = sum(p["io_wait_ms"] for p in pg) / n
+    claim = sum(p["claim_wait_ms"] for p in pg) / n
+    lent = sum(p["lent_read_bytes"] for p in pg) / n
+    tiers = {k: sum(p["hits_by_tier"][k] for p in pg) / n for k in ("compute", "host", "nvme")}
+    limit = max(t_ram, 1000 * (rd / fr + wr / fw))
+    rss = steps[-1]["peak_rss_bytes"]
+    pool = max(r["memory_per_rank"][0]["peak"] for r in steps)
+    print(f"{label}:")
+    print(f"  page traffic per step: read {rd/GB:.2f} GB ({lent/GB:.2f} GB of it during the backward, "
+          f"into {pg[-1]['lent_frames']} lent frames), written {wr/GB:.2f} GB; sweep {sweep:.0f} ms")
+    print(f"  disk while busy: read {rd/rbusy/GB if rbusy else 0:.2f} GB/s = {rd/rbusy/fr if rbusy else 0:.2f} of fio "
+          f"({rbusy*1000:.0f} ms busy), write {wr/wbusy/GB if wbusy else 0:.2f} GB/s = "
+          f"{wr/wbusy/fw if wbusy else 0:.2f} of fio ({wbusy*1000:.0f} ms busy)")
+    print(f"  hits by tier: compute {tiers['compute']:.3f}, host {tiers['host']:.3f}, nvme (waited) "
+          f"{tiers['nvme']:.3f}; I/O wait {wait:.0f} ms/step, of which the forward waiting for lent "
+          f"frames {claim:.0f} ms")
+    print(f"  peak RSS {rss/GB:.2f} GB vs compute budget {budget/GB:.2f} GB + 10% + {FIXED/GB:.2f} GB fixed "
+          f"({'PASS' if rss <= 1.10 * budget + FIXED else 'FAIL'}); compute pool peak {pool/GB:.3f} GB")
+    print(f"  step {t:.0f} ms: {t/t_ram:.3f}x in RAM (target <= 1.25: {'PASS' if t/t_ram <= 1.25 else 'FAIL'}), "
+          f"{t/limit:.3f}x the limit max(in RAM, {1000*(rd/fr + wr/fw):.0f} ms of disk) = {limit:.0f} ms "
+          f"(target <= 1.1: {'PASS' if t/limit <= 1.1 else 'FAIL'})")
+    return {"step_ms": t, "read_bytes": rd, "written_bytes": wr, "lent_read_bytes": lent,
+            "read_busy_s": rbusy, "write_busy_s": wbusy, "sweep_ms": sweep, "io_wait_ms": wait,
+            "claim_wait_ms": claim, "hits_by_tier": tiers, "limit_ms": limit, "peak_rss": rss,
+            "pool_peak": pool}
+lend = paged_run("paged", "paged, activations lent (default)")
+nolend = paged_run("nolend", "paged, nothing lent (memory.lend_activations = false)")
 big = {}
 if big_budget:
     b = recs("big", "loss")
@@ -129,7 +155,6 @@ if big_budget:
     big = {"psi": psi, "states": states, "budget": big_budget, "peak_rss": brss, "pool_peak": bpool,
            "step_ms": b[-1]["step_ms"], "nvme_read": bp[-1]["nvme_read_bytes"],
            "nvme_written": bp[-1]["nvme_written_bytes"]}
-print(json.dumps({"bench": "paging_nvme", "big": big, "fio_read": fr, "fio_write": fw, "read_bytes": rd,
-                  "written_bytes": wr, "sweep_s": sweep, "hit_rate": hit, "io_wait_ms": wait,
-                  "peak_rss": rss, "budget": budget, "step_ms_ram": t_ram, "step_ms_paged": t_paged}))
+print(json.dumps({"bench": "paging_nvme", "big": big, "fio_read": fr, "fio_write": fw, "budget": budget,
+                  "step_ms_ram": t_ram, "lent": lend, "nothing_lent": nolend}))
 PY

@@ -107,6 +107,7 @@ const std::vector<KeySpec>& schema() {
       {"memory.block_size", Kind::kSize, std::string("1MiB")},
       {"memory.io", Kind::kString, std::string("auto")},
       {"memory.update_in_backward", Kind::kBool, false},  // docs/benchmarks.md: slower here
+      {"memory.lend_activations", Kind::kBool, true},  // docs/paging.md: lent frames
   };
   return specs;
 }

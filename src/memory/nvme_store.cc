@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -206,6 +207,29 @@ void NvmeStore::finish_request(Op* op, long res, size_t len) {
   --op->chunks_left;
 }
 
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void NvmeStore::started(bool is_read) {
+  if (inflight_dir_[is_read]++ == 0) busy_since_ns_[is_read] = now_ns();
+}
+
+void NvmeStore::finished(bool is_read) {
+  if (--inflight_dir_[is_read] == 0) busy_ns_[is_read] += now_ns() - busy_since_ns_[is_read];
+}
+
+double NvmeStore::busy_seconds(bool reads) {
+  std::lock_guard lock(mutex_);
+  int64_t ns = busy_ns_[reads];
+  if (inflight_dir_[reads] > 0) ns += now_ns() - busy_since_ns_[reads];
+  return static_cast<double>(ns) / 1e9;
+}
+
 bool NvmeStore::next_request(Request* r) {
   auto& queue = !reads_.empty() ? reads_ : writes_;
   if (queue.empty()) return false;
@@ -229,6 +253,7 @@ void NvmeStore::pump_locked() {
       io_uring_prep_write(sqe, fd_, r->op->buf + r->offset_in_slot, static_cast<unsigned>(r->len), off);
     io_uring_sqe_set_data(sqe, r);
     ++inflight_;
+    started(r->op->is_read);
     submitted = true;
   }
   if (submitted) io_uring_submit(&ring_->ring);
@@ -251,6 +276,7 @@ void NvmeStore::completer() {
     const long res = cqe->res;
     io_uring_cqe_seen(&ring_->ring, cqe);
     if (req == nullptr) return;  // the destructor's stop
+    finished(req->op->is_read);
     finish_request(req->op, res, req->len);
     --inflight_;
     delete req;
@@ -266,6 +292,7 @@ void NvmeStore::worker() {
     Request r{};
     if (!next_request(&r)) return;  // stop_ with nothing left
     ++inflight_;
+    started(r.op->is_read);
     lock.unlock();
     const auto off = static_cast<off_t>(r.op->slot * slot_bytes_ + r.offset_in_slot);
     size_t done = 0;
@@ -284,6 +311,7 @@ void NvmeStore::worker() {
     }
     if (res == 0) res = static_cast<long>(done);
     lock.lock();
+    finished(r.op->is_read);
     finish_request(r.op, res, r.len);
     --inflight_;
     done_cv_.notify_all();

@@ -77,6 +77,9 @@ class NvmeStore {
   size_t slots() const { return slots_; }
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }
+  // Seconds during which at least one read (write) request was in flight:
+  // bytes over these are the disk's bandwidth while it was busy.
+  double busy_seconds(bool reads);
 
  private:
   struct Op {
@@ -117,6 +120,12 @@ class NvmeStore {
   bool stop_ = false;
   std::vector<std::thread> threads_;  // the fallback's workers, or io_uring's completer
   int ring_error_ = 0;                // io_uring: the completer's wait failed (errno)
+  // Busy time per direction (0: writes, 1: reads), under mutex_.
+  int inflight_dir_[2] = {0, 0};
+  int64_t busy_since_ns_[2] = {0, 0};
+  int64_t busy_ns_[2] = {0, 0};
+  void started(bool is_read);   // a request went to the disk
+  void finished(bool is_read);  // one came back
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0};
 };
 

@@ -40,6 +40,7 @@ Pager::Pager(size_t pages, const PagerOptions& options) : options_(options) {
   host_ = static_cast<char*>(host_storage_.data());
   cframes_.assign(cf, {});
   hframes_.assign(hf, {});
+  for (size_t f = 0; f < cf; ++f) cdata_.push_back(compute_ + f * options.page_bytes);
   tier_.assign(pages, Tier::kNvme);
   frame_.assign(pages, -1);
   zero_.assign(pages, true);
@@ -115,6 +116,7 @@ void Pager::wait_ticket(NvmeStore::Ticket t) {
 void Pager::write_to_nvme(size_t p, const char* data, NvmeStore::Ticket* ticket) {
   checksum_[p] = XXH3_64bits(data, options_.page_bytes);
   *ticket = io().write(p, data);
+  stats_.nvme_written_bytes += options_.page_bytes;
   on_nvme_[p] = true;
 }
 
@@ -265,6 +267,7 @@ bool Pager::bring_in(size_t p, int64_t now, bool demand) {
     c = {Frame::kPage, p, 0};
   } else {
     c = {Frame::kReading, p, io().read(p, dst)};
+    stats_.nvme_read_bytes += options_.page_bytes;
   }
   tier_[p] = Tier::kCompute;
   frame_[p] = f;
@@ -301,25 +304,38 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
   // Frames kept free or being written back, ahead of the reads.
   const int64_t spare = std::max<int64_t>(
       1, std::min<int64_t>(options_.prefetch + 1,
-                           static_cast<int64_t>(cframes_.size()) - options_.prefetch - 1));
+                           static_cast<int64_t>(usable_frames()) - options_.prefetch - 1));
+  const bool streams = n > static_cast<int64_t>(usable_frames());
+  // How far ahead reads go: memory.prefetch at least, deeper where frames
+  // allow (the one in use and the spare ones aside): lent frames make it deep.
+  // memory.prefetch = 0 turns reading ahead off.
+  const int64_t ahead =
+      options_.prefetch == 0
+          ? 0
+          : std::max<int64_t>(options_.prefetch, static_cast<int64_t>(usable_frames()) - spare - 1);
   for (int64_t k = 0; k < n; ++k) {
     const size_t p = page_at(k);
     ++stats_.accesses;
-    if (ready(p)) ++stats_.hits;
+    if (ready(p)) {
+      ++stats_.hits;
+    } else if (tier_[p] == Tier::kHost) {
+      ++stats_.host_hits;
+    }
     if (tier_[p] != Tier::kCompute) bring_in(p, k, true);
-    for (int64_t j = 1; j <= options_.prefetch && k + j < n; ++j)
+    for (int64_t j = 1; j <= ahead && k + j < n; ++j)
       if (!bring_in(page_at(k + j), k)) break;
     const size_t f = make_resident(p);
     fn(p, compute_frame(f));
     zero_[p] = false;
     on_nvme_[p] = false;
-    // Write back behind: start evicting the pages used furthest ahead so the
-    // next reads find frames.
-    if (n > static_cast<int64_t>(cframes_.size())) {
+    // Write back behind: pages this pass is done with (their next use is in
+    // the next pass) leave first, so the reads ahead find frames; a page
+    // still ahead in this pass is never written out for it.
+    if (streams) {
       int64_t ready = 0;
       for (const auto& c : cframes_) ready += c.state == Frame::kFree || c.state == Frame::kWriting;
       while (ready < spare) {
-        const int64_t victim = furthest(cframes_, k, options_.prefetch);
+        const int64_t victim = furthest(cframes_, k, n - 1 - k);
         if (victim < 0) break;
         evict_compute(static_cast<size_t>(victim), k);
         ++ready;
@@ -329,14 +345,117 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
   in_pass_ = false;
   std::fill(pos_.begin(), pos_.end(), -1);
   if (options_.alternate) forward_ = !forward_;
+  write_behind_lent();
   stats_.pass_s += pass.seconds();
+}
+
+size_t Pager::usable_frames() const {
+  size_t n = 0;
+  for (const auto& c : cframes_) n += c.state != Frame::kAway ? 1 : 0;
+  return n;
+}
+
+size_t Pager::free_frames() const {
+  size_t n = 0;
+  for (const auto& c : cframes_) n += c.state == Frame::kFree ? 1 : 0;
+  return n;
+}
+
+int64_t Pager::writing_frame(size_t p) const {
+  for (size_t f = 0; f < cframes_.size(); ++f)
+    if (cframes_[f].state == Frame::kWriting && cframes_[f].page == p) return static_cast<int64_t>(f);
+  return -1;
+}
+
+// Between passes the frames free or written back from (the oldest write
+// waited for: long done by now) take the next pass's pages in its order;
+// a page needed sooner is never evicted for one needed later.
+void Pager::read_ahead() {
+  const auto n = static_cast<int64_t>(tier_.size());
+  for (int64_t k = 0; k < n; ++k) {
+    size_t takeable = 0;
+    for (const auto& c : cframes_) takeable += c.state == Frame::kFree || c.state == Frame::kWriting;
+    if (takeable == 0) break;
+    const auto p = static_cast<size_t>(forward_ ? k : n - 1 - k);
+    if (tier_[p] == Tier::kCompute || writing_frame(p) >= 0) continue;
+    const bool from_nvme = tier_[p] == Tier::kNvme && !zero_[p];
+    if (!bring_in(p, -1)) break;
+    if (from_nvme) stats_.lent_read_bytes += options_.page_bytes;
+  }
+}
+
+size_t Pager::lend(int region, char* base, size_t bytes, bool read_ahead_pages) {
+  PO_ASSERT(!in_pass_, "Pager::lend inside a pass");
+  PO_CHECK(region >= 0, "Pager::lend: region ", region, " must be >= 0");
+  if (static_cast<size_t>(region) >= regions_.size()) regions_.resize(static_cast<size_t>(region) + 1);
+  Region& r = regions_[static_cast<size_t>(region)];
+  for (size_t f : r.frames)
+    PO_ASSERT(cframes_[f].state == Frame::kAway, "Pager::lend: region ", region, " is lent already");
+  if (r.base != base || r.bytes != bytes) {  // new memory: new frames (old ones stay away)
+    r = Region{base, bytes, {}};
+    const auto addr = reinterpret_cast<uintptr_t>(base);
+    const uintptr_t first = (addr + 4095) & ~uintptr_t{4095};
+    const uintptr_t end = addr + bytes;
+    for (uintptr_t a = first; a + options_.page_bytes <= end; a += options_.page_bytes) {
+      r.frames.push_back(cframes_.size());
+      cframes_.push_back({Frame::kAway, 0, 0, region});
+      cdata_.push_back(reinterpret_cast<char*>(a));
+    }
+  }
+  for (size_t f : r.frames) cframes_[f].state = Frame::kFree;
+  if (read_ahead_pages && options_.order == PagerOptions::Order::kPasses) read_ahead();
+  return r.frames.size();
+}
+
+void Pager::claim(int region) {
+  PO_ASSERT(!in_pass_, "Pager::claim inside a pass");
+  if (region < 0 || static_cast<size_t>(region) >= regions_.size()) return;
+  const double waited = stats_.wait_s;
+  for (size_t f : regions_[static_cast<size_t>(region)].frames) {
+    FrameState& c = cframes_[f];
+    switch (c.state) {
+      case Frame::kAway:
+      case Frame::kFree:
+        break;
+      case Frame::kWriting:
+        wait_ticket(c.ticket);
+        break;
+      case Frame::kReading:  // a read ahead not used yet: its NVMe copy is current
+        wait_ticket(c.ticket);
+        tier_[c.page] = Tier::kNvme;
+        frame_[c.page] = -1;
+        break;
+      case Frame::kPage:
+        evict_compute(f, -1);  // to the host tier, to NVMe, or dropped when clean
+        if (c.state == Frame::kWriting) wait_ticket(c.ticket);
+        break;
+    }
+    c.state = Frame::kAway;
+  }
+  stats_.claim_wait_s += stats_.wait_s - waited;
+}
+
+void Pager::claim_all() {
+  for (size_t r = 0; r < regions_.size(); ++r) claim(static_cast<int>(r));
+}
+
+void Pager::write_behind_lent() {
+  for (const Region& r : regions_)
+    for (size_t f : r.frames) {
+      const FrameState& c = cframes_[f];
+      if (c.state == Frame::kPage && !zero_[c.page] && !on_nvme_[c.page]) evict_compute(f, -1);
+    }
 }
 
 void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dirty) {
   PO_ASSERT(!in_pass_, "Pager::access inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
   ++stats_.accesses;
-  if (ready(p)) ++stats_.hits;
+  if (ready(p)) {
+    ++stats_.hits;
+  } else if (tier_[p] == Tier::kHost) {
+    ++stats_.host_hits;
+  }
   if (p != cursor_) ascending_ = p > cursor_;
   cursor_ = p;
   const size_t f = make_resident(p);
@@ -381,13 +500,14 @@ void Pager::prefetch(size_t p) {
 
 PagerStats Pager::take_stats() {
   PagerStats s = stats_;
-  if (store_) {
-    s.nvme_read_bytes = store_->bytes_read() - nvme_read_seen_;
-    s.nvme_written_bytes = store_->bytes_written() - nvme_written_seen_;
-    nvme_read_seen_ = store_->bytes_read();
-    nvme_written_seen_ = store_->bytes_written();
-  }
   stats_ = {};
+  if (store_) {
+    const double r = store_->busy_seconds(true), w = store_->busy_seconds(false);
+    s.read_busy_s = r - read_busy_seen_;
+    s.write_busy_s = w - write_busy_seen_;
+    read_busy_seen_ = r;
+    write_busy_seen_ = w;
+  }
   return s;
 }
 

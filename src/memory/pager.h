@@ -7,7 +7,9 @@
 // reverse on odd ones (`alternate`), so the pages a pass touched last are the
 // first the next one needs and are still resident. Around the page being
 // used:
-//   - prefetch: the next `prefetch` pages of the pass are brought into free
+//   - prefetch: the next `prefetch` pages of the pass (more where frames
+//     allow: all but the one in use and the few kept for write back) are
+//     brought into free
 //     compute frames ahead of use (NVMe reads in flight, host copies done);
 //   - eviction: when a frame is needed the victim is the resident page whose
 //     next use is furthest away (Belady's choice, exact here because the
@@ -22,6 +24,21 @@
 //
 // Frames are tensor::Storage of the compute and host pools, so the budgets
 // set on those pools (memory.compute_budget, memory.host_budget) bound them.
+//
+// Lent frames: memory the engine already holds but does not use for a while
+// (the activations of a block once the last backward through it is done,
+// until its next forward) can be lent to the pager as extra compute frames
+// (lend), and taken back (claim). Lent memory is counted where it was
+// allocated, so lending never moves the compute pool. The pager uses them as
+// follows, every decision from the order of calls alone:
+//   - lend, between passes: the new frames are filled at once with reads of
+//     the pages the next pass needs first that are not resident (a read
+//     ahead of the whole sweep, while the backward runs on);
+//   - in a pass, lent frames are frames like the others; reads go as far
+//     ahead as the frames allow (memory.prefetch pages at least);
+//   - at a pass's end every changed page in a lent frame starts its write
+//     back, in the order the regions will be claimed (the writes run behind
+//     the next forward); a claim waits only for what is still in flight.
 #pragma once
 
 #include <cstddef>
@@ -55,13 +72,20 @@ struct PagerOptions {
   Order order = Order::kPasses;
 };
 
-// Traffic and waiting since the last take_stats().
+// Traffic and waiting since the last take_stats(). Bytes count requests
+// as the pager starts them, so they follow its decisions, not I/O timing.
 struct PagerStats {
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   uint64_t host_read_bytes = 0, host_written_bytes = 0;  // copies host -> compute, compute -> host
-  uint64_t accesses = 0, hits = 0;  // hits: the page was resident (or its read done) when needed
+  // Every access found its page in one tier: hits (the compute tier, its
+  // read done), host_hits (a copy from the host tier), and the rest waited
+  // for NVMe (a read in flight or started then).
+  uint64_t accesses = 0, hits = 0, host_hits = 0;
+  uint64_t lent_read_bytes = 0;     // NVMe reads into lent frames started outside passes
   double wait_s = 0;                // waiting for reads and writes
+  double claim_wait_s = 0;          //   of which: claims waiting for their frames' writes
   double pass_s = 0;                // inside for_each (the optimizer's sweep over the pages)
+  double read_busy_s = 0, write_busy_s = 0;  // the swap file's disk busy reading / writing
   double hit_rate() const { return accesses ? static_cast<double>(hits) / accesses : 1.0; }
   // Adds another pager's traffic (`sweep`: its pass_s too).
   void add(const PagerStats& t, bool sweep = true) {
@@ -71,7 +95,12 @@ struct PagerStats {
     host_written_bytes += t.host_written_bytes;
     accesses += t.accesses;
     hits += t.hits;
+    host_hits += t.host_hits;
+    lent_read_bytes += t.lent_read_bytes;
     wait_s += t.wait_s;
+    claim_wait_s += t.claim_wait_s;
+    read_busy_s += t.read_busy_s;
+    write_busy_s += t.write_busy_s;
     if (sweep) pass_s += t.pass_s;
   }
 };
@@ -108,6 +137,23 @@ class Pager {
   // A hint: access() waits.
   void prefetch(size_t p);
 
+  // Outside passes: `bytes` at `base` are this pager's as compute frames
+  // (as many whole 4096-aligned pages as fit) until claim(region); a region
+  // lent again at the same place reuses its frames. Returns the frames lent.
+  // The free frames are then filled with the next pass's first pages
+  // (unless !read_ahead: pages are updated outside passes, in their order).
+  size_t lend(int region, char* base, size_t bytes, bool read_ahead = true);
+  // Outside passes: region's memory is the owner's again when this returns:
+  // changed pages in it are written (waited for) or moved, the rest dropped.
+  void claim(int region);
+  void claim_all();
+  // Outside passes: changed pages in lent frames start their writes, regions
+  // in the order they will be claimed (ascending ids); for_each does it at
+  // its end, an owner that updates pages outside passes calls it after.
+  void write_behind_lent();
+  // Compute frames that hold pages or can: the own ones and those lent now.
+  size_t usable_frames() const;
+
   PagerStats take_stats();
   // Pages in each tier now, and where the NVMe tier lives.
   size_t resident(Tier t) const;
@@ -115,13 +161,26 @@ class Pager {
   const PagerOptions& options() const { return options_; }
 
  private:
-  enum class Frame : uint8_t { kFree, kPage, kReading, kWriting };
+  // kAway: a lent frame its owner has claimed back.
+  enum class Frame : uint8_t { kFree, kPage, kReading, kWriting, kAway };
   struct FrameState {
     Frame state = Frame::kFree;
     size_t page = 0;
     NvmeStore::Ticket ticket = 0;
+    int region = -1;  // lent frames: the region they belong to
   };
-  char* compute_frame(size_t f) { return compute_ + f * options_.page_bytes; }
+  struct Region {
+    char* base = nullptr;
+    size_t bytes = 0;
+    std::vector<size_t> frames;
+  };
+  char* compute_frame(size_t f) { return cdata_[f]; }
+  // Between passes: the next pass's pages, first first, into free frames
+  // (never evicting, never waiting).
+  void read_ahead();
+  size_t free_frames() const;
+  // Page p's write back in flight from a compute frame: that frame, or -1.
+  int64_t writing_frame(size_t p) const;
   char* host_frame(size_t f) { return host_ + f * options_.page_bytes; }
   // Brings page p into a compute frame (starting a read when it is on NVMe);
   // false when no frame can be had without evicting a page needed sooner
@@ -150,6 +209,8 @@ class Pager {
   char* compute_ = nullptr;
   char* host_ = nullptr;
   std::vector<FrameState> cframes_, hframes_;
+  std::vector<char*> cdata_;          // per compute frame: its memory (own frames first)
+  std::vector<Region> regions_;       // lent memory, by region id
   std::vector<Tier> tier_;            // per page
   std::vector<int64_t> frame_;        // per page: its compute or host frame, or -1
   std::vector<bool> zero_;            // per page: never written (all zeros)
@@ -163,7 +224,7 @@ class Pager {
   size_t cursor_ = 0;      // kFollowAccesses: the page accessed last
   bool ascending_ = true;  //   and the direction accesses moved in
   PagerStats stats_;
-  uint64_t nvme_read_seen_ = 0, nvme_written_seen_ = 0;  // store counters at the last take_stats()
+  double read_busy_seen_ = 0, write_busy_seen_ = 0;  // the store's busy seconds at take_stats()
 };
 
 // `frames` split over pagers of `pages` pages: each keeps min(its pages,

@@ -63,6 +63,10 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   acts_ = tensor::Storage(
       layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v) * sizeof(float));
   layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), acts_.f32(), v);
+  for (const auto& [b, e] : v.regions)
+    regions_.push_back({reinterpret_cast<char*>(acts_.f32() + b),
+                        static_cast<size_t>(e - b) * sizeof(float)});
+  lent_.assign(regions_.size(), false);
   encoded_ = v.encoded;
   layers_ = std::move(v.layers);
   layers16_ = std::move(v.layers16);
@@ -99,6 +103,33 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
     rs.original_max_position = config_.rope_scaling.original_max_position;
     ops::rope_table(rope_cos_, rope_sin_, T_, config_.head_dim(), rs);
   }
+}
+
+void Transformer::set_activation_lender(ActivationLender lender) {
+  claim_regions();
+  lender_ = std::move(lender);
+}
+
+std::vector<size_t> Transformer::activation_region_bytes() const {
+  std::vector<size_t> out;
+  for (const auto& r : regions_) out.push_back(r.second);
+  return out;
+}
+
+void Transformer::lend_region(size_t r) {
+  if (!lender_.lend || accumulating_ || r >= regions_.size() || lent_[r]) return;
+  lent_[r] = true;
+  lender_.lend(static_cast<int>(r), regions_[r].first, regions_[r].second);
+}
+
+void Transformer::claim_region(size_t r) {
+  if (r >= lent_.size() || !lent_[r]) return;
+  lent_[r] = false;
+  lender_.claim(static_cast<int>(r));
+}
+
+void Transformer::claim_regions() {
+  for (size_t r = 0; r < lent_.size(); ++r) claim_region(r);
 }
 
 size_t Transformer::layout_activations(const TransformerConfig& unresolved, int64_t B, int64_t T,
@@ -146,6 +177,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   out.layers.assign(static_cast<size_t>(n_blocks), LayerActs{});
   out.layers16.assign(config.bf16_activations ? static_cast<size_t>(n_blocks) : 0, LayerActs16{});
   out.scratch = LayerActs{};
+  out.regions.clear();
   if (config.bf16_activations) {
     // Saved in bf16, computed in the f32 scratch layer; the block outputs
     // (the residual stream) run on in f32 through two alternating buffers.
@@ -153,7 +185,9 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
       LayerActs16& h = out.layers16[static_cast<size_t>(l)];
       LayerActs& a = out.layers[static_cast<size_t>(l)];
       h = LayerActs16{};
+      out.regions.push_back({used, 0});
       h.residual3 = take16(R * C);
+      out.regions.back().second = used;
       if (config.activation_checkpointing) continue;
       h.ln1 = take16(R * C);
       h.qkv = take16(BT * QKV);
@@ -165,6 +199,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
       stats(a);
       a.lse = take(B * NH * T);
       stats2(a);
+      out.regions.back().second = used;
     }
     full_layer(out.scratch, false);
     out.stream[0] = take(R * C);
@@ -172,10 +207,12 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.in_buf = take(R * C);
   } else {
     for (auto& a : out.layers) {
+      out.regions.push_back({used, 0});
       if (config.activation_checkpointing)
         a.residual3 = take(R * C);  // only the block outputs (= next block's inputs) stay
       else
         full_layer(a, true);
+      out.regions.back().second = used;
     }
     if (config.activation_checkpointing) full_layer(out.scratch, false);
   }
@@ -184,6 +221,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.rope_sin = take(T * config.head_dim() / 2);
   }
   if (with_head) {
+    out.regions.push_back({used, 0});
     out.lnf = take(R * C);
     out.lnf_mean = ln ? take(R) : nullptr;
     out.lnf_rstd = take(R);
@@ -194,6 +232,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
       out.lnf16 = take16(BT * C);
       out.logits16 = take16(head_chunk_rows(B, T) * V);
     }
+    out.regions.back().second = used;
   }
   out.dres = take(R * C);
   out.dbuf_c = take(BT * std::max(C, AO));

@@ -70,6 +70,20 @@ struct UnitHooks {
   bool empty() const { return !params && !done && !grads && !grads_ready && !params_bf16; }
 };
 
+// Where a whole model's activation memory goes while nothing in it will be
+// read: after the backward of a step's last micro-batch (not accumulating)
+// through block l, block l's saved activations are dead until its next
+// forward, and after the head's backward the head's until the next head.
+// Region ids: the held blocks in order (0 = the first), then the head. The
+// model calls lend(region, base, bytes) once a region is dead and
+// claim(region) before it writes there again; claim must have taken
+// everything back when it returns. The memory stays the model's allocation
+// (the compute pool does not move).
+struct ActivationLender {
+  std::function<void(int region, char* base, size_t bytes)> lend;
+  std::function<void(int region)> claim;
+};
+
 // Global unit ids [first, last] a model holds; last = -1: through the head.
 struct UnitRange {
   int first = 0;
@@ -165,6 +179,12 @@ class Transformer {
   // The collectives of split layers (model/parallel_ops.h); null by default.
   // `ops` must outlive the model.
   void set_parallel_ops(ParallelOps& ops) { pops_ = &ops; }
+  // Activation memory lent while dead (ActivationLender); an empty lender
+  // takes back whatever is lent and stops lending.
+  void set_activation_lender(ActivationLender lender);
+  // Bytes of each region a lender is offered: blocks in order, then the head
+  // (ActivationLender); the same numbers at every step.
+  std::vector<size_t> activation_region_bytes() const;
   // parallel.tp_overlap: each column-parallel GEMM's input-gradient
   // reduction runs under its weight-gradient GEMM (the same bits).
   void set_tp_overlap(bool on) { tp_overlap_ = on; }
@@ -345,6 +365,9 @@ class Transformer {
     float *dqkv = nullptr, *dfch = nullptr;
     float *full = nullptr, *gathered = nullptr, *dchunk = nullptr, *norm_dw = nullptr;
     uint16_t *lnf16 = nullptr, *logits16 = nullptr;  // bf16_activations, with the head
+    // Float offsets [begin, end) of each block's saved activations, then the
+    // head's (ActivationLender's regions).
+    std::vector<std::pair<int64_t, int64_t>> regions;
   };
   // Lays out the activations of `config` (a rank's shapes) at (B, T) for
   // `n_blocks` held blocks and (with_head) the head from `base` (null: count
@@ -447,6 +470,13 @@ class Transformer {
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;
   bool accumulating_ = false;
+  // ActivationLender: the regions' memory, which are lent now.
+  ActivationLender lender_;
+  std::vector<std::pair<char*, size_t>> regions_;
+  std::vector<bool> lent_;
+  void lend_region(size_t r);
+  void claim_region(size_t r);
+  void claim_regions();
   tensor::Storage lookup_;           // the tied table's E (set_accumulating), allocated at first use
   float* lookup_target_ = nullptr;   // set_tied_lookup_grads
   float* tied_lookup_grads();

@@ -295,6 +295,7 @@ const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, 
     }
     const int u = l + 1;
     const LayerActs16* direct = direct16(l, save);
+    claim_region(i);
     block_forward(block_params_of(u), in, a, b, t, direct);
     unit_done(u);
     if (config_.bf16_activations && save) {
@@ -466,6 +467,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     G = head_views(g0, unit_grads(layout_.head_unit()));
   }
   const int64_t R = rows / sp_;  // the final norm's rows (this rank's under sequence parallel)
+  claim_region(regions_.size() - 1);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, R);
   const float* x = gather_rows(lnf_, gathered_, rows);
   // bf16: the head's operands are rounded once, not in every chunk's three
@@ -538,6 +540,7 @@ void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
   PO_CHECK(tp_size() == 1, "generation runs one whole model (parallel.tp = 1), not a ",
            "tensor-parallel shard");
   const HeadViews P = head_params();
+  claim_region(regions_.size() - 1);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, P.norm_w, P.norm_b, rows);
   ops::matmul_forward_decode(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
   head_done();
@@ -567,6 +570,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         break;
       case Step::kHead:
         loss_sum = head_forward(x, targets, BT, grad_scale);
+        lend_region(regions_.size() - 1);  // (the last micro-batch's)
         ready(layout_.head_unit());
         if (defer_embedding) {  // all but this micro-batch's lookup rows
           if (!accumulating_) fold_tied_lookup();
@@ -582,6 +586,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         const LayerActs a = backward_acts(s.layer, P, in, h);
         block_backward(P, &G, in, a, dres_, nullptr, h);
         unit_done(u);
+        lend_region(static_cast<size_t>(s.layer - first_block()));
         ready(u);
         break;
       }

@@ -130,7 +130,12 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   }
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() {
+  // Lent activation memory goes back before the pager does (writes from it
+  // may be in flight).
+  if (paged() && options_.lend_activations && model_.whole())
+    model_.set_activation_lender({});
+}
 
 // bf16: the fp32 master weights from the model's fp32 parameters, before the
 // model's buffer gives way to bf16 storage (stage 0: all, else this rank's

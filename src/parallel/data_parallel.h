@@ -76,6 +76,9 @@ struct DataParallelOptions {
   // final, during the backward (memory.update_in_backward; off by default:
   // on this machine the sweep after the backward is faster).
   bool update_in_backward = false;
+  // Paged: the model's dead activations are lent to the state pages' pager
+  // as compute frames (memory.lend_activations; model::ActivationLender).
+  bool lend_activations = true;
 };
 
 // Bytes this rank holds for model state and communication, by kind.

@@ -38,6 +38,15 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   if (early_) o.order = memory::PagerOptions::Order::kFollowAccesses;
   adam_->enable_paging(o, paging_layout());
   optim::PagedAdamState* st = adam_->paged_state();
+  if (options_.lend_activations && model_.whole()) {
+    // Reads ahead into lent frames follow the sweep's order; early updates
+    // visit pages in their own order, which reads ahead by itself.
+    memory::Pager& pager = st->pager();
+    const bool read_ahead = !early_;
+    model_.set_activation_lender(
+        {[&pager, read_ahead](int r, char* base, size_t bytes) { pager.lend(r, base, bytes, read_ahead); },
+         [&pager](int r) { pager.claim(r); }});
+  }
   if (early_) {  // which units' gradients each page holds
     const int64_t e = st->elements_per_page();
     page_units_.assign(st->state_pages(), 0);
@@ -120,7 +129,7 @@ void DataParallel::update_final_pages(int u) {
   const auto [next_lo, next_n] = state_range(next);
   if (next_n == 0) return;
   const int64_t top = (next_lo + next_n - 1) / e, bottom = next_lo / e;
-  const auto ahead = static_cast<int64_t>(st.pager().options().compute_frames / 2);
+  const auto ahead = static_cast<int64_t>(st.pager().usable_frames() / 2);
   for (int64_t p = top; p >= std::max(bottom, top - ahead + 1); --p)
     if (!page_done_[static_cast<size_t>(p)]) st.pager().prefetch(static_cast<size_t>(p));
 }
@@ -134,6 +143,7 @@ void DataParallel::finish_early_step(double lr) {
     if (!page_done_[p]) adam_->update_page(p, lr, 1.0, outside);
   page_waiting_ = page_units_;
   std::fill(page_done_.begin(), page_done_.end(), false);
+  adam_->paged_state()->pager().write_behind_lent();  // behind the next forward
   step_begun_ = false;
   early_last_ = early_count_;
   early_count_ = 0;

@@ -24,18 +24,39 @@ PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
           s.host_written_bytes,                         s.accesses,
           s.hits,                                       static_cast<uint64_t>(s.wait_s * 1e6),
           static_cast<uint64_t>(s.pass_s * 1e6),
-          static_cast<uint64_t>(dp.pages_updated_in_backward())};
+          static_cast<uint64_t>(dp.pages_updated_in_backward()),
+          s.host_hits,
+          s.lent_read_bytes,
+          static_cast<uint64_t>(s.claim_wait_s * 1e6),
+          pg->pager().usable_frames() - pg->pager().options().compute_frames,
+          static_cast<uint64_t>(s.read_busy_s * 1e6),
+          static_cast<uint64_t>(s.write_busy_s * 1e6)};
 }
 
 // One rank's paging row as metrics: the same keys as the row, with the
-// derived prefetch_hit_rate, io_wait_ms and pass_ms.
+// derived prefetch_hit_rate, hits_by_tier (where each access found its page:
+// the compute tier ready, the host tier, or a wait for NVMe), io_wait_ms,
+// pass_ms, claim_wait_ms (the forward waiting for lent frames).
 nlohmann::json paging_object(const PagingRow& r) {
   nlohmann::json j;
   for (size_t k = 0; k < 7; ++k) j[kPagingKinds[k]] = r[k];
-  j["prefetch_hit_rate"] = r[7] ? static_cast<double>(r[8]) / static_cast<double>(r[7]) : 1.0;
+  const double accesses = static_cast<double>(r[7]);
+  auto share = [&](uint64_t n) { return r[7] ? static_cast<double>(n) / accesses : 0.0; };
+  j["accesses"] = r[7];
+  j["prefetch_hit_rate"] = r[7] ? share(r[8]) : 1.0;
+  j["hits_by_tier"] = {{"compute", share(r[8])},
+                       {"host", share(r[12])},
+                       {"nvme", share(r[7] - r[8] - r[12])}};
   j["io_wait_ms"] = static_cast<double>(r[9]) / 1000;
   j["pass_ms"] = static_cast<double>(r[10]) / 1000;
   j["pages_updated_in_backward"] = r[11];
+  j["lent_frames"] = r[15];
+  j["lent_read_bytes"] = r[13];
+  j["claim_wait_ms"] = static_cast<double>(r[14]) / 1000;
+  // The disk's time with reads (writes) in flight: bytes / these = the
+  // bandwidth while it worked.
+  j["read_busy_ms"] = static_cast<double>(r[16]) / 1000;
+  j["write_busy_ms"] = static_cast<double>(r[17]) / 1000;
   return j;
 }
 

@@ -32,7 +32,9 @@ inline constexpr const char* kPagingKinds[] = {
     "resident_compute_bytes", "resident_host_bytes", "resident_nvme_bytes",
     "nvme_read_bytes",        "nvme_written_bytes",  "host_read_bytes",
     "host_written_bytes",     "accesses",            "hits",
-    "io_wait_us",             "pass_us",             "pages_updated_in_backward"};
+    "io_wait_us",             "pass_us",             "pages_updated_in_backward",
+    "host_hits",              "lent_read_bytes",     "claim_wait_us",
+    "lent_frames",            "read_busy_us",        "write_busy_us"};
 using PagingRow = std::array<uint64_t, std::size(kPagingKinds)>;
 
 struct RankRecord {

@@ -104,6 +104,7 @@ parallel::DataParallelOptions dp_options(const core::Config& cfg) {
   o.bucket_bytes = cfg.get_size("parallel.bucket_size");
   o.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   o.update_in_backward = cfg.get_bool("memory.update_in_backward");
+  o.lend_activations = cfg.get_bool("memory.lend_activations");
   o.param_dtype = bf16 ? tensor::DType::kBF16 : tensor::DType::kF32;
   o.reduce_dtype = cfg.get_string("parallel.reduce_dtype") == "bf16" ? tensor::DType::kBF16
                                                                        : tensor::DType::kF32;

@@ -156,6 +156,87 @@ TEST(Pager, AlternatingDirectionSavesOneReadPerPass) {
   EXPECT_EQ(read[0] - read[1], 4 * kPage) << "alternating should read one page less per pass";
 }
 
+// Lent frames, as a training step lends them: between passes regions of
+// "activation" memory are lent (the backward), the pager reads the next
+// pass's first pages into them; the pass runs; the forward claims each region
+// and scribbles over it at once. Pages keep their contents through every
+// pass; the pages read ahead are the next pass's first ones (hits); the
+// traffic is the same in two runs (decisions follow the calls, not I/O
+// timing); what was lent is exactly the whole aligned pages of each region.
+TEST(Pager, LentFramesReadAheadAndAreGivenBackWhole) {
+  po::test::TempDir dir;
+  const size_t pages = 40, n = kPage / sizeof(float);
+  constexpr int kRegions = 3;
+  // Regions of 4.5, 3.5 and 6 pages, at an offset that is not page-aligned.
+  const size_t region_bytes[kRegions] = {kPage * 9 / 2, kPage * 7 / 2, kPage * 6};
+  po::tensor::Storage acts(kPage * 16);
+  struct Result {
+    uint64_t read = 0, written = 0, lent_read = 0, hits = 0, accesses = 0;
+  };
+  auto run = [&](bool fallback) {
+    Pager pager(pages, options(dir.path().string(), 4, 0, fallback));
+    for (size_t p = 0; p < pages; ++p)
+      pager.access(p, [&](char* data) {
+        auto* f = reinterpret_cast<float*>(data);
+        for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(p * 1000 + i % 1000);
+      }, true);
+    (void)pager.take_stats();
+    Result r;
+    const int passes = 6;
+    for (int pass = 0; pass < passes; ++pass) {
+      // The backward: regions freed last first; each lent region is read into.
+      char* base = static_cast<char*>(acts.data()) + 1000;
+      size_t lent = 0;
+      std::vector<char*> starts;
+      for (size_t b : region_bytes) {
+        starts.push_back(base);
+        base += b;
+      }
+      for (int g = kRegions; g-- > 0;) lent += pager.lend(g, starts[g], region_bytes[g]);
+      EXPECT_EQ(lent, 4u + 3u + 5u) << "whole 4096-aligned pages of each region";
+      EXPECT_EQ(pager.usable_frames(), 4u + lent);
+      const auto before = pager.take_stats();
+      r.lent_read += before.lent_read_bytes;
+      pager.for_each([&](size_t, char* data) {
+        auto* f = reinterpret_cast<float*>(data);
+        for (size_t i = 0; i < n; ++i) f[i] += 1.0f;
+      });
+      const auto s = pager.take_stats();
+      r.read += before.nvme_read_bytes + s.nvme_read_bytes;
+      r.written += before.nvme_written_bytes + s.nvme_written_bytes;
+      r.hits += s.hits;
+      r.accesses += s.accesses;
+      // The forward: each region claimed, then overwritten by its owner.
+      for (int g = 0; g < kRegions; ++g) {
+        pager.claim(g);
+        std::memset(starts[g], 0xA5, region_bytes[g]);
+      }
+      EXPECT_EQ(pager.usable_frames(), 4u);
+    }
+    for (size_t p = 0; p < pages; ++p)
+      pager.access(p, [&](char* data) {
+        const auto* f = reinterpret_cast<const float*>(data);
+        for (size_t i = 0; i < n; i += 97)
+          ASSERT_EQ(f[i], static_cast<float>(p * 1000 + i % 1000 + passes))
+              << (fallback ? "fallback" : "io_uring") << ": page " << p << " element " << i;
+      }, false);
+    return r;
+  };
+  const Result a = run(false), b = run(false), c = run(true);
+  std::printf("lent frames: read %llu (of which ahead %llu), written %llu bytes, hit rate %.3f\n",
+              static_cast<unsigned long long>(a.read), static_cast<unsigned long long>(a.lent_read),
+              static_cast<unsigned long long>(a.written),
+              static_cast<double>(a.hits) / static_cast<double>(a.accesses));
+  // 12 lent frames each pass, filled between passes (and the own frames
+  // left writing at the previous pass's end).
+  EXPECT_GE(a.lent_read, 6 * 12 * kPage) << "every lent frame should be read into ahead of the pass";
+  EXPECT_EQ(a.lent_read, b.lent_read) << "reads ahead differ between two identical runs";
+  EXPECT_GE(a.hits, 6u * 16u) << "the 16 resident pages at a pass's start should all be hits";
+  EXPECT_EQ(a.read, b.read) << "NVMe reads differ between two identical runs";
+  EXPECT_EQ(a.written, b.written) << "NVMe writes differ between two identical runs";
+  EXPECT_EQ(a.read, c.read) << "io_uring and the thread fallback read different pages";
+}
+
 TEST(Pager, AFlippedByteInTheSwapFileIsNamed) {
   po::test::TempDir dir;
   const size_t pages = 12;
