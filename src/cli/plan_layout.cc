@@ -33,6 +33,7 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.paging = l.host_budget > 0 || l.nvme;  // as the trainer decides (train/paging_setup.cc)
   l.page_bytes = cfg.get_size("memory.page_size");
   l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
+  l.lend_activations = cfg.get_bool("memory.lend_activations");
   return l;
 }
 

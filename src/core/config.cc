@@ -104,7 +104,7 @@ const std::vector<KeySpec>& schema() {
       {"memory.prefetch", Kind::kInt, int64_t{2}, 0, 1024},
       {"memory.alternate", Kind::kBool, true},
       {"memory.queue_depth", Kind::kInt, int64_t{8}, 1, 4096},
-      {"memory.block_size", Kind::kSize, std::string("1MiB")},
+      {"memory.block_size", Kind::kSize, std::string("4MiB")},  // docs/benchmarks.md: one request per page
       {"memory.io", Kind::kString, std::string("auto")},
       {"memory.update_in_backward", Kind::kBool, false},  // docs/benchmarks.md: slower here
       {"memory.lend_activations", Kind::kBool, true},  // docs/paging.md: lent frames

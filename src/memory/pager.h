@@ -153,6 +153,11 @@ class Pager {
   void write_behind_lent();
   // Compute frames that hold pages or can: the own ones and those lent now.
   size_t usable_frames() const;
+  // The frames lend() makes of `bytes` at address (or offset) `start`.
+  static size_t frames_in(uintptr_t start, size_t bytes, size_t page_bytes) {
+    const uintptr_t first = (start + 4095) & ~uintptr_t{4095};
+    return first + page_bytes <= start + bytes ? (start + bytes - first) / page_bytes : 0;
+  }
 
   PagerStats take_stats();
   // Pages in each tier now, and where the NVMe tier lives.

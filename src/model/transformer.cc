@@ -60,8 +60,11 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
            ") over parallel.tp = ", sp_, " ranks, which must divide them");
   ActivationLayout v;
   const int64_t n_blocks = end_block() - first_block();
-  acts_ = tensor::Storage(
-      layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v) * sizeof(float));
+  // At least 4096-aligned (2 MiB from 2 MiB up), so the pages lent out of
+  // it are where predicted_activation_regions says (an O_DIRECT frame starts
+  // on a 4096 boundary).
+  const size_t act_bytes = layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v) * sizeof(float);
+  acts_ = tensor::Storage(act_bytes, tensor::Pool::kCompute, act_bytes >= (size_t{2} << 20) ? 0 : 4096);
   layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), acts_.f32(), v);
   for (const auto& [b, e] : v.regions)
     regions_.push_back({reinterpret_cast<char*>(acts_.f32() + b),
@@ -110,9 +113,14 @@ void Transformer::set_activation_lender(ActivationLender lender) {
   lender_ = std::move(lender);
 }
 
-std::vector<size_t> Transformer::activation_region_bytes() const {
-  std::vector<size_t> out;
-  for (const auto& r : regions_) out.push_back(r.second);
+std::vector<std::pair<size_t, size_t>> Transformer::predicted_activation_regions(
+    const TransformerConfig& config, int64_t B, int64_t T, int64_t tp) {
+  const TransformerConfig local = config.shard(tp);
+  ActivationLayout counted;
+  layout_activations(local, B, T, seq_shards_of(config, tp), local.n_layer, true, nullptr, counted);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const auto& [b, e] : counted.regions)
+    out.push_back({static_cast<size_t>(b) * sizeof(float), static_cast<size_t>(e - b) * sizeof(float)});
   return out;
 }
 

@@ -182,9 +182,13 @@ class Transformer {
   // Activation memory lent while dead (ActivationLender); an empty lender
   // takes back whatever is lent and stops lending.
   void set_activation_lender(ActivationLender lender);
-  // Bytes of each region a lender is offered: blocks in order, then the head
-  // (ActivationLender); the same numbers at every step.
-  std::vector<size_t> activation_region_bytes() const;
+  // The regions a lender is offered (memory, bytes): blocks in order, then
+  // the head (ActivationLender); the same at every step.
+  const std::vector<std::pair<char*, size_t>>& activation_regions() const { return regions_; }
+  // The same as byte offsets from the start of the activations' allocation
+  // (at least 4096-aligned), for the planner.
+  static std::vector<std::pair<size_t, size_t>> predicted_activation_regions(
+      const TransformerConfig& config, int64_t B, int64_t T, int64_t tp);
   // parallel.tp_overlap: each column-parallel GEMM's input-gradient
   // reduction runs under its weight-gradient GEMM (the same bits).
   void set_tp_overlap(bool on) { tp_overlap_ = on; }

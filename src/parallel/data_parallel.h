@@ -214,6 +214,9 @@ class DataParallel {
   }
   // Pages updated during the last step's backward (early updates).
   int64_t pages_updated_in_backward() const { return early_last_; }
+  // Paged with memory.lend_activations: the compute frames the model's dead
+  // activations lend the state pages' pager every step (0: none lent).
+  size_t lent_frames() const;
   bool paged() const { return adam_->paged(); }
   // The pages (state and, at ZeRO-3, shard pages), or null.
   optim::PagedAdamState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }

@@ -74,6 +74,15 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
        }});
 }
 
+size_t DataParallel::lent_frames() const {
+  if (!paged() || !options_.lend_activations || !model_.whole()) return 0;
+  const size_t page = adam_->paged_state()->page_bytes();
+  size_t n = 0;
+  for (const auto& [base, bytes] : model_.activation_regions())
+    n += memory::Pager::frames_in(reinterpret_cast<uintptr_t>(base), bytes, page);
+  return n;
+}
+
 void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool final) {
   SumOfSquares& sq = unit_sq_[static_cast<size_t>(u)];
   adam_->paged_state()->update(

@@ -134,6 +134,7 @@ void analytic_plan(Plan& p) {
     const double bw = l.nvme ? std::min(p.cluster.nvme_read_bw, p.cluster.nvme_write_bw) / p.cluster.devices_per_node
                              : p.cluster.host_bw;
     p.io_s = bw > 0 ? 2 * opt / bw : 0;  // read and written back once per step
+    p.io_total_s = p.io_s;
   } else {
     if (l.bf16) add_memory(p, "fp32 master weights", opt / 3);
     add_memory(p, "Adam m, v", l.bf16 ? opt * 2 / 3 : opt);

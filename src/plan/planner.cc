@@ -214,7 +214,14 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
     (c.overlaps ? overlappable : exposed) += c.seconds;
   }
   p.exposed_comm_s = exposed + std::max(0.0, overlappable - hidden_budget);
-  p.step_s = p.compute_s + p.bubble_s + p.exposed_comm_s + p.io_s;
+  // Paging: the lent frames' I/O hides under the backward (reads, about 2/3
+  // of the compute) and the forward (writes, 1/3) as far as they last; the
+  // disk does one thing at a time, so a step is never shorter than its I/O.
+  const double unpaged = p.compute_s + p.bubble_s + p.exposed_comm_s;
+  p.io_s += std::max(0.0, p.io_under_backward_s - p.compute_s * 2 / 3) +
+            std::max(0.0, p.io_under_forward_s - p.compute_s / 3);
+  p.step_s = std::max(unpaged + p.io_s, p.io_total_s);
+  p.io_limit_s = std::max(unpaged, p.io_total_s);
   p.tokens_per_s = tokens / p.step_s;
   p.mfu = p.model_flops / (p.step_s * layout.devices() * peak);
   return p;

@@ -56,6 +56,7 @@ struct Layout {
   bool nvme = false;
   uint64_t page_bytes = 4u << 20;
   int page_prefetch = 2;
+  bool lend_activations = true;  // memory.lend_activations
 
   int devices() const { return dp * tp * pp * cp; }
   // Micro-batches per step on each rank (gradient accumulation).
@@ -109,6 +110,14 @@ struct Plan {
   std::vector<CommItem> comm;  // per rank per step
   double model_flops = 0;      // per step, all devices
   double compute_s = 0, bubble_s = 0, comm_s = 0, exposed_comm_s = 0, io_s = 0, step_s = 0;
+  // Paging I/O per step at the disk's (and host copies') rates: all of it,
+  // the part lent frames move under the backward (reads) and the forward
+  // (writes), and the frames lent (memory.lend_activations). io_s is what
+  // the step waits for: the sweep's share, and whatever of the lent share
+  // the forward and backward cannot hide. io_limit_s = max(the step without
+  // paging, io_total_s): the step when everything overlaps.
+  double io_total_s = 0, io_under_backward_s = 0, io_under_forward_s = 0, io_limit_s = 0;
+  double lent_frames = 0;
   double bubble = 0;  // pipeline bubble, share of the step (the schedule's, simulated at unit costs)
   // The same with each stage's FLOP costs (pipeline_stages.h's stage_costs:
   // the head's stage is heavier); the step time uses it.

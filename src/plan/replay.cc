@@ -245,11 +245,21 @@ void engine_plan(Plan& p) {
                                            " pages fit in neither budget: set memory.nvme_dir"));
     }
     // Every page not in the compute tier is read and written once per step.
+    // Lent frames (model::ActivationLender: the pages of each block's saved
+    // activations, and the head's, at their places in the 2 MiB-aligned
+    // allocation) take that many NVMe pages' reads into the backward and
+    // their writes behind the next forward; the rest moves in the sweep.
+    if (l.lend_activations && l.pp == 1)
+      for (const auto& [offset, bytes] : model::Transformer::predicted_activation_regions(cfg, l.micro, l.seq, l.tp))
+        p.lent_frames += static_cast<double>(memory::Pager::frames_in(offset, bytes, l.page_bytes));
+    const double lent = std::min(nvme_pages, p.lent_frames);
     const double host_part = host_frames * page, nvme_part = nvme_pages * page;
-    const double io = (p.cluster.host_bw > 0 ? 2 * host_part / p.cluster.host_bw : 0) +
-                      (p.cluster.nvme_read_bw > 0 ? nvme_part / p.cluster.nvme_read_bw : 0) +
-                      (p.cluster.nvme_write_bw > 0 ? nvme_part / p.cluster.nvme_write_bw : 0);
-    p.io_s = io;
+    const double rbw = p.cluster.nvme_read_bw, wbw = p.cluster.nvme_write_bw;
+    const double host_io = p.cluster.host_bw > 0 ? 2 * host_part / p.cluster.host_bw : 0;
+    p.io_under_backward_s = rbw > 0 ? lent * page / rbw : 0;
+    p.io_under_forward_s = wbw > 0 ? lent * page / wbw : 0;
+    p.io_total_s = host_io + (rbw > 0 ? nvme_part / rbw : 0) + (wbw > 0 ? nvme_part / wbw : 0);
+    p.io_s = p.io_total_s - p.io_under_backward_s - p.io_under_forward_s;  // the sweep's
   }
 }
 

@@ -90,6 +90,14 @@ std::string format_plan(const Plan& p) {
                 human_time(p.comm_s).c_str(),
                 human_time(p.exposed_comm_s).c_str(), human_time(p.io_s).c_str());
   t += line;
+  if (p.io_total_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "  paging: %s of page I/O per step, %s of it under the backward (reads) and %s behind "
+                  "the forward (writes) in %.0f lent frames; limit when everything overlaps %s\n",
+                  human_time(p.io_total_s).c_str(), human_time(p.io_under_backward_s).c_str(),
+                  human_time(p.io_under_forward_s).c_str(), p.lent_frames, human_time(p.io_limit_s).c_str());
+    t += line;
+  }
   std::snprintf(line, sizeof line, "  step %s, %.0f tokens/s, MFU %.1f%%\n", human_time(p.step_s).c_str(),
                 p.tokens_per_s, p.mfu * 100);
   t += line;
@@ -157,7 +165,9 @@ nlohmann::json plan_json(const Plan& p) {
   j["comm"] = comm;
   j["time"] = {{"model_flops", p.model_flops}, {"compute_s", p.compute_s}, {"bubble_s", p.bubble_s},
                {"bubble", p.bubble}, {"bubble_stages", p.bubble_stages},
-               {"comm_s", p.comm_s}, {"exposed_comm_s", p.exposed_comm_s}, {"io_s", p.io_s},
+               {"comm_s", p.comm_s}, {"exposed_comm_s", p.exposed_comm_s}, {"io_s", p.io_s}, {"io_total_s", p.io_total_s},
+               {"io_under_backward_s", p.io_under_backward_s}, {"io_under_forward_s", p.io_under_forward_s},
+               {"io_limit_s", p.io_limit_s}, {"lent_frames", p.lent_frames},
                {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}};
   j["fits"] = p.fits;
   j["rejections"] = p.rejections;

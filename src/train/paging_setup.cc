@@ -71,7 +71,7 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
 // The log's one-screen account of the pages and where they live.
 std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOptions& o,
                          const optim::PagedAdamState::Geometry& geo, bool master, size_t fixed,
-                         size_t compute_budget, int rank) {
+                         size_t compute_budget, size_t lent, int rank) {
   const size_t pages = geo.pages();
   const auto mib = [](double b) { return b / (1 << 20); };
   char line[256];
@@ -93,6 +93,13 @@ std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOpt
                 pg.compute_frames(), mib(static_cast<double>(pg.compute_frames() * o.page_bytes)),
                 mib(static_cast<double>(fixed)), compute_budget ? "" : " (no budget)");
   t += line;
+  if (lent > 0) {
+    std::snprintf(line, sizeof line,
+                  "\n              + %zu frames (%.1f MiB) of activations lent every backward "
+                  "(memory.lend_activations)",
+                  lent, mib(static_cast<double>(lent * o.page_bytes)));
+    t += line;
+  }
   std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.host_frames(),
                 mib(static_cast<double>(pg.host_frames() * o.page_bytes)));
   t += line;
@@ -108,7 +115,7 @@ std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOpt
                   mib(static_cast<double>(o.nvme.block_bytes)));
     t += line;
   }
-  std::snprintf(line, sizeof line, "\n  prefetch %d pages, direction %s", o.prefetch,
+  std::snprintf(line, sizeof line, "\n  prefetch %d pages or as many as free frames allow, direction %s", o.prefetch,
                 o.alternate ? "alternating every step" : "always forward");
   t += line;
   return t;
@@ -150,7 +157,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
   dp.enable_paging(o);
   const std::string t =
-      paging_table(*dp.paged_state(), o, geo, layout.master, fixed, compute_budget, rank);
+      paging_table(*dp.paged_state(), o, geo, layout.master, fixed, compute_budget, dp.lent_frames(), rank);
   if (rank == 0) PO_LOG_INFO(t);
   return true;
 }

@@ -182,6 +182,19 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   ASSERT_NE(step_record, records.rend()) << c.name << ": no step record";
   const nlohmann::json& last = *step_record;
   const nlohmann::json& ranks = last.at("memory_per_rank");
+  if (c.paged_budget) {
+    // The activations lent to the pager during the backward: the planner's
+    // frame count is every rank's, and lending them did not move the peak
+    // (checked below, to the byte).
+    auto paging = std::find_if(records.rbegin(), records.rend(),
+                               [](const nlohmann::json& j) { return j.contains("paging_per_rank"); });
+    ASSERT_NE(paging, records.rend()) << c.name << ": no paging record";
+    for (const auto& rank : paging->at("paging_per_rank")) {
+      EXPECT_EQ(plan.lent_frames, rank.at("lent_frames").get<double>())
+          << c.name << ": predicted lent frames vs the engine's";
+      EXPECT_GT(rank.at("lent_frames").get<double>(), 0) << c.name << ": nothing was lent";
+    }
+  }
   ASSERT_EQ(ranks.size(), static_cast<size_t>(world)) << c.name << ": memory_per_rank rows";
   for (size_t r = 0; r < ranks.size(); ++r) {
     const double measured = ranks[r].at("peak").get<double>();
