@@ -2,8 +2,9 @@
 // budget that keeps only a few pages resident (every page evicted to the NVMe
 // swap file every step), training is bit for bit the in-memory run — losses
 // and every byte of the checkpoint (parameters, Adam m, v) — at dp 1 and 2,
-// ZeRO stages 1 and 3, in bf16 at stages 3 and 0 (the fp32 master paged too,
-// sharded and whole), through the
+// ZeRO stages 0, 1 and 3, in bf16 at stages 3, 1 and 0 (the fp32 master paged
+// too, sharded and whole), with the backward's activations lent to the pager
+// (and once without), through the
 // thread-pool I/O fallback and with a host tier. Swap files are gone after a
 // normal exit and after SIGTERM; a paged run's checkpoint resumes unpaged
 // with the same curve; a budget below the working set is refused with the
@@ -76,9 +77,15 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
     int dp, stage;
     std::string extra;
   };
+  // Every case without memory.lend_activations=false lends the backward's
+  // dead activations to the pager (reads during the backward, writes behind
+  // the next forward): stages 0, 1 and 3, fp32 and bf16, below.
   const std::vector<Case> cases = {
+      {1, 0, ""},
       {1, 1, ""},
       {1, 3, ""},
+      {2, 1, "--set train.precision=bf16"},
+      {2, 1, "--set memory.lend_activations=false"},
       {2, 1, ""},
       {2, 3, ""},
       {2, 3, "--set train.precision=bf16"},
@@ -119,7 +126,13 @@ TEST_F(Paging, BitIdenticalToInMemoryWhenEveryPageIsEvictedEveryStep) {
     po::test::expect_same_checkpoint(ref, run, 10, what + " paged");
     const auto rec = paging_records(run);
     ASSERT_EQ(rec.size(), 10u) << what << ": paging metrics per step";
+    const bool early = c.extra.find("update_in_backward") != std::string::npos;
+    const bool lends = c.extra.find("lend_activations=false") == std::string::npos;
     for (size_t i = 1; i < rec.size(); ++i) {
+      EXPECT_EQ(rec[i]["lent_frames"].get<double>() > 0, lends) << what << ": step " << i + 1;
+      if (lends && !early && c.extra.find("host_budget") == std::string::npos)
+        EXPECT_GT(rec[i]["lent_read_bytes"].get<double>(), 0)
+            << what << ": step " << i + 1 << ": no page was read into lent frames during the backward";
       if (c.extra.find("host_budget") != std::string::npos) {
         EXPECT_GT(rec[i]["host_read_bytes"].get<double>(), 0) << what << ": step " << i + 1;
       } else {
