@@ -250,6 +250,45 @@ TEST(Planner, TensorParallelIsEngineExactWhereTheEngineTrainsIt) {
 
 // --trainable keeps what the engine runs today: data parallel × tensor parallel,
 // each planned by the engine-exact model.
+// Paged to NVMe with a tight budget (gpt2-124M on the local preset, as
+// bench/paging_nvme.sh runs it): lent frames move part of the page I/O under
+// the backward and forward; the step is never below the disk's time for all
+// of it, nor below the step without paging; without lending the whole I/O
+// is the sweep's and waited for.
+TEST(Planner, PagingIoHidesUnderTheBackwardAndForwardWithLentFrames) {
+  const plan::ModelSpec m = plan::model_preset("gpt2-124M");
+  plan::Layout l;
+  l.batch = 4;
+  l.micro = 4;
+  l.seq = 256;
+  l.paging = true;
+  l.nvme = true;
+  const plan::ClusterSpec local = plan::cluster_preset("local", 1);
+  const double minimum = plan::make_plan(m, local, l).min_compute_budget;
+  l.compute_budget = static_cast<uint64_t>(minimum) + 8 * l.page_bytes;
+  const plan::Plan lent = plan::make_plan(m, local, l);
+  plan::Layout no = l;
+  no.lend_activations = false;
+  const plan::Plan none = plan::make_plan(m, local, no);
+  ASSERT_GT(lent.io_total_s, 0);
+  // The blocks' saved activations and the head's buffers: 157 whole 4 MiB
+  // pages, as the engine counts them (the start-up table of paging_nvme.sh).
+  EXPECT_EQ(lent.lent_frames, 157) << "frames lent by gpt2-124M's activations at B4 x T256";
+  EXPECT_EQ(none.lent_frames, 0);
+  EXPECT_DOUBLE_EQ(lent.io_total_s, none.io_total_s) << "lending moves I/O, not bytes";
+  EXPECT_GT(lent.io_under_backward_s, 0);
+  EXPECT_GT(lent.io_under_forward_s, 0);
+  EXPECT_DOUBLE_EQ(none.io_s, none.io_total_s) << "without lending the sweep holds all the I/O";
+  EXPECT_LT(lent.io_s, none.io_s) << "the lent share should hide under compute";
+  EXPECT_LT(lent.step_s, none.step_s);
+  for (const plan::Plan* p : {&lent, &none}) {
+    const double unpaged = p->compute_s + p->bubble_s + p->exposed_comm_s;
+    EXPECT_GE(p->step_s, p->io_total_s) << "a step is never shorter than its I/O";
+    EXPECT_GE(p->step_s, unpaged);
+    EXPECT_DOUBLE_EQ(p->io_limit_s, std::max(unpaged, p->io_total_s));
+  }
+}
+
 TEST(Planner, SearchTrainableOnly) {
   plan::Layout base;
   base.batch = 16;
