@@ -1,7 +1,9 @@
 #include "train/metrics.h"
 #include "train/live_metrics.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,20 +16,49 @@
 namespace po::train {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  if (file_ == nullptr)
-    PO_THROW(core::IoError, path, ": cannot open for appending: ", std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd_ < 0) PO_THROW(core::IoError, path, ": cannot open for appending: ", std::strerror(errno));
+  // Drop a record cut short by a kill: everything after the last newline.
+  const int rd = ::open(path.c_str(), O_RDONLY);
+  struct stat st {};
+  if (rd >= 0 && ::fstat(rd, &st) == 0 && st.st_size > 0) {
+    off_t end = st.st_size;
+    char c = 0;
+    if (::pread(rd, &c, 1, end - 1) == 1 && c != '\n') {
+      char buf[4096];
+      off_t keep = 0;
+      while (end > 0 && keep == 0) {
+        const off_t from = end > static_cast<off_t>(sizeof buf) ? end - static_cast<off_t>(sizeof buf) : 0;
+        const ssize_t n = ::pread(rd, buf, static_cast<size_t>(end - from), from);
+        if (n <= 0) break;
+        for (ssize_t i = n; i-- > 0;)
+          if (buf[i] == '\n') {
+            keep = from + i + 1;
+            break;
+          }
+        end = from;
+      }
+      if (::ftruncate(fd_, keep) != 0)
+        PO_THROW(core::IoError, path, ": cannot drop a cut-short last record: ", std::strerror(errno));
+    }
+  }
+  if (rd >= 0) ::close(rd);
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
   if (LiveMetrics* live = LiveMetrics::active()) live->update(record);
   const std::string line = record.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
-    PO_THROW(core::IoError, path_, ": write failed: ", std::strerror(errno));
+  size_t done = 0;
+  while (done < line.size()) {  // one write(2) but for a disk that takes less
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) PO_THROW(core::IoError, path_, ": write failed: ", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
 }
 
 namespace {

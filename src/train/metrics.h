@@ -13,7 +13,10 @@ namespace po::train {
 
 class MetricsWriter {
  public:
-  // Appends to `path` (created when absent).
+  // Appends to `path` (created when absent). A last line without its
+  // newline (a record cut short when the previous run was killed) is
+  // dropped first; each record is then one write(2), so a kill cannot cut
+  // it again between buffered pieces.
   explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -23,7 +26,7 @@ class MetricsWriter {
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
 };
 
 // Progress on stdout: "step 12/100 | loss 5.4321 | 812 tok/s | ETA 1m12s".

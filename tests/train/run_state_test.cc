@@ -3,6 +3,7 @@
 // model of another shape is refused naming the tensor; checkpoint paths
 // resolve from run directories and refuse what is not a checkpoint.
 #include "train/run_state.h"
+#include "train/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -133,6 +134,38 @@ TEST(RunState, ResolveCheckpoint) {
   EXPECT_NE(
       error_of([&] { resolve_checkpoint(run + "/old.ckpt"); }).find("checkpoints are directories"),
       std::string::npos);
+}
+
+// A run killed while writing a metrics record leaves a line without its
+// newline; the resumed run's writer drops it before appending, so every line
+// of metrics.jsonl stays JSON (Preemption's soak read one such line).
+TEST(MetricsWriter, DropsARecordCutShortByAKill) {
+  po::test::TempDir dir;
+  const std::string path = (dir.path() / "metrics.jsonl").string();
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"step\":1}\n{\"step\":2,\"lo", f);
+    std::fclose(f);
+  }
+  {
+    MetricsWriter w(path);
+    w.write({{"step", 2}});
+  }
+  const auto lines = po::test::read_metrics(dir.path());
+  ASSERT_EQ(lines.size(), 2u) << "the cut-short record should be gone, the new one appended";
+  EXPECT_EQ(lines[0]["step"], 1);
+  EXPECT_EQ(lines[1]["step"], 2);
+  {  // only a cut-short record: the file starts over
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("{\"st", f);
+    std::fclose(f);
+    MetricsWriter w(path);
+    w.write({{"step", 3}});
+  }
+  const auto again = po::test::read_metrics(dir.path());
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]["step"], 3);
 }
 
 }  // namespace
