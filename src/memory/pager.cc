@@ -260,14 +260,14 @@ int64_t Pager::take_compute_frame(int64_t now, int64_t limit) {
 bool Pager::bring_in(size_t p, int64_t now, bool demand) {
   if (tier_[p] == Tier::kCompute) return true;
   // Still being written back from a compute frame: take it back.
-  for (auto& c : cframes_)
-    if (c.state == Frame::kWriting && c.page == p) {
-      wait_ticket(c.ticket);
-      c.state = Frame::kPage;
-      tier_[p] = Tier::kCompute;
-      frame_[p] = &c - cframes_.data();
-      return true;
-    }
+  if (const int64_t w = writing_frame(p); w >= 0) {
+    FrameState& c = cframes_[static_cast<size_t>(w)];
+    wait_ticket(c.ticket);
+    c.state = Frame::kPage;
+    tier_[p] = Tier::kCompute;
+    frame_[p] = w;
+    return true;
+  }
   // Read ahead only over pages needed later; a page needed now takes any frame.
   const int64_t f = take_compute_frame(now, demand ? -1 : next_use(p, now));
   if (f < 0) return false;
@@ -332,12 +332,7 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
           : std::max<int64_t>(options_.prefetch, static_cast<int64_t>(usable_frames()) - spare - 1);
   for (int64_t k = 0; k < n; ++k) {
     const size_t p = page_at(k);
-    ++stats_.accesses;
-    if (ready(p)) {
-      ++stats_.hits;
-    } else if (tier_[p] == Tier::kHost) {
-      ++stats_.host_hits;
-    }
+    count_access(p);
     if (tier_[p] != Tier::kCompute) bring_in(p, k, true);
     for (int64_t j = 1; j <= ahead && k + j < n; ++j)
       if (!bring_in(page_at(k + j), k)) break;
@@ -349,8 +344,7 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
     // the next pass) leave first, so the reads ahead find frames; a page
     // still ahead in this pass is never written out for it.
     if (streams) {
-      int64_t ready = 0;
-      for (const auto& c : cframes_) ready += c.state == Frame::kFree || c.state == Frame::kWriting;
+      auto ready = static_cast<int64_t>(takeable_frames());
       while (ready < spare) {
         const int64_t victim = furthest(cframes_, k, n - 1 - k);
         if (victim < 0) break;
@@ -366,6 +360,15 @@ void Pager::for_each(const std::function<void(size_t page, char* data)>& fn) {
   stats_.pass_s += pass.seconds();
 }
 
+void Pager::count_access(size_t p) {
+  ++stats_.accesses;
+  if (ready(p)) {
+    ++stats_.hits;
+  } else if (tier_[p] == Tier::kHost) {
+    ++stats_.host_hits;
+  }
+}
+
 size_t Pager::usable_frames() const {
   size_t n = 0;
   for (const auto& c : cframes_) n += c.state != Frame::kAway ? 1 : 0;
@@ -375,6 +378,12 @@ size_t Pager::usable_frames() const {
 size_t Pager::free_frames() const {
   size_t n = 0;
   for (const auto& c : cframes_) n += c.state == Frame::kFree ? 1 : 0;
+  return n;
+}
+
+size_t Pager::takeable_frames() const {
+  size_t n = 0;
+  for (const auto& c : cframes_) n += c.state == Frame::kFree || c.state == Frame::kWriting;
   return n;
 }
 
@@ -390,9 +399,7 @@ int64_t Pager::writing_frame(size_t p) const {
 void Pager::read_ahead() {
   const auto n = static_cast<int64_t>(tier_.size());
   for (int64_t k = 0; k < n; ++k) {
-    size_t takeable = 0;
-    for (const auto& c : cframes_) takeable += c.state == Frame::kFree || c.state == Frame::kWriting;
-    if (takeable == 0) break;
+    if (takeable_frames() == 0) break;
     const auto p = static_cast<size_t>(forward_ ? k : n - 1 - k);
     if (tier_[p] == Tier::kCompute || writing_frame(p) >= 0) continue;
     const bool from_nvme = tier_[p] == Tier::kNvme && !zero_[p];
@@ -467,12 +474,7 @@ void Pager::write_behind_lent() {
 void Pager::access(size_t p, const std::function<void(char* data)>& fn, bool dirty) {
   PO_ASSERT(!in_pass_, "Pager::access inside a pass");
   PO_CHECK(p < tier_.size(), "Pager: page ", p, " out of range (", tier_.size(), " pages)");
-  ++stats_.accesses;
-  if (ready(p)) {
-    ++stats_.hits;
-  } else if (tier_[p] == Tier::kHost) {
-    ++stats_.host_hits;
-  }
+  count_access(p);
   if (p != cursor_) ascending_ = p > cursor_;
   cursor_ = p;
   const size_t f = make_resident(p);
@@ -510,9 +512,7 @@ void Pager::prefetch(size_t p) {
   }
   // Only into a frame that is free now: a hint never evicts, and leaves one
   // frame for the pages needed at once.
-  size_t free = 0;
-  for (const auto& c : cframes_) free += c.state == Frame::kFree ? 1 : 0;
-  if (free >= 2) bring_in(p, -1);
+  if (free_frames() >= 2) bring_in(p, -1);
 }
 
 PagerStats Pager::take_stats() {

@@ -184,6 +184,11 @@ class Pager {
   // (never evicting, never waiting).
   void read_ahead();
   size_t free_frames() const;
+  // Frames free or being written back from: a frame can be had without
+  // evicting a page.
+  size_t takeable_frames() const;
+  // An access to page p, by the tier it is found in (PagerStats' hits).
+  void count_access(size_t p);
   // Page p's write back in flight from a compute frame: that frame, or -1.
   int64_t writing_frame(size_t p) const;
   char* host_frame(size_t f) { return host_ + f * options_.page_bytes; }
