@@ -1,6 +1,7 @@
 #include "cli/supervise.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -58,6 +60,79 @@ void log_event(const std::string& run_dir, const nlohmann::json& e) {
   f << e.dump() << "\n";
 }
 
+struct Proc {
+  pid_t pid, ppid;
+  char state;  // 'Z': dead, not yet reaped by its parent
+};
+
+// The processes whose parent is `parent`, from /proc/PID/stat.
+std::vector<Proc> children_of(pid_t parent) {
+  std::vector<Proc> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat;
+    if (!std::getline(f, stat)) continue;  // gone meanwhile
+    // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+    const auto paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 4 >= stat.size()) continue;
+    const pid_t ppid = static_cast<pid_t>(std::strtol(stat.c_str() + paren + 4, nullptr, 10));
+    if (ppid == parent) out.push_back({static_cast<pid_t>(std::stol(name)), ppid, stat[paren + 2]});
+  }
+  return out;
+}
+
+// SIGKILL to `launcher`, its process group and each of its children that
+// still runs (mpirun puts every rank in a process group of its own).
+void kill_job(pid_t launcher) {
+  for (const Proc& p : children_of(launcher))
+    if (p.state != 'Z') kill(p.pid, SIGKILL);
+  kill(-launcher, SIGKILL);
+}
+
+// Kills and reaps what an attempt left behind: ranks whose mpirun ended
+// first come back to this process, the subreaper.
+void end_strays() {
+  for (const Proc& p : children_of(getpid())) {
+    if (p.state != 'Z') {
+      std::fprintf(stderr, "pagedoptim: killing worker process %d, left running by its launcher\n",
+                   static_cast<int>(p.pid));
+      kill(p.pid, SIGKILL);
+    }
+    waitpid(p.pid, nullptr, 0);
+  }
+}
+
+// Watches the launcher's children for one that died and stays unreaped:
+// mpirun reaps a dead rank within milliseconds, and when it does not, it
+// hangs (seen with OpenMPI 4.1 when a rank dies while it connects to the
+// PMIx server: mpirun prints that the rank was killed and never exits).
+class ReapWatch {
+ public:
+  explicit ReapWatch(double timeout_s) : timeout_(timeout_s) {}
+  // The pid of a child of `launcher` dead for longer than the timeout, or 0.
+  pid_t stuck(pid_t launcher) {
+    const auto now = std::chrono::steady_clock::now();
+    std::map<pid_t, std::chrono::steady_clock::time_point> still;
+    pid_t out = 0;
+    for (const Proc& p : children_of(launcher)) {
+      if (p.state != 'Z') continue;
+      const auto it = dead_since_.find(p.pid);
+      const auto since = it == dead_since_.end() ? now : it->second;
+      still[p.pid] = since;
+      if (std::chrono::duration<double>(now - since).count() > timeout_) out = p.pid;
+    }
+    dead_since_ = std::move(still);
+    return out;
+  }
+
+ private:
+  double timeout_;
+  std::map<pid_t, std::chrono::steady_clock::time_point> dead_since_;
+};
+
 }  // namespace
 
 int supervise(const Supervision& s) {
@@ -65,17 +140,40 @@ int supervise(const Supervision& s) {
   sigemptyset(&set);
   for (int sig : kSignals) sigaddset(&set, sig);
   sigprocmask(SIG_BLOCK, &set, &old_mask);
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   int stops = 0;  // signals received
   for (int attempt = 0;; ++attempt) {
     const auto t0 = std::chrono::steady_clock::now();
-    const pid_t child = start(attempt == 0 ? s.command : s.resume_command, old_mask);
+    const std::vector<std::string>& argv = attempt == 0 ? s.command : s.resume_command;
+    const pid_t child = start(argv, old_mask);
     int status = 0;
-    for (;;) {
+    std::string failure;  // why the attempt failed, where its exit status does not say
+    ReapWatch watch(s.reap_timeout_s);
+    for (bool done = false; !done;) {
       siginfo_t info{};
-      const int sig = sigwaitinfo(&set, &info);
-      if (sig < 0) continue;  // EINTR
+      const timespec tick{0, 500'000'000};
+      const int sig = sigtimedwait(&set, &info, &tick);
+      if (sig < 0) {
+        if (errno != EAGAIN) continue;  // EINTR
+        if (const pid_t dead = watch.stuck(child); dead > 0 && stops < 3) {
+          failure = core::str_cat(argv[0], " hung: worker process ", dead, " died more than ",
+                                  s.reap_timeout_s, " s ago and was never reaped");
+          std::fprintf(stderr, "pagedoptim: %s; killing the job\n", failure.c_str());
+          kill_job(child);
+          waitpid(child, &status, 0);
+          done = true;
+        }
+        continue;
+      }
       if (sig == SIGCHLD) {
-        if (waitpid(child, &status, WNOHANG) == child) break;
+        // Strays (see end_strays) are reaped here too.
+        int st = 0;
+        for (pid_t p; (p = waitpid(-1, &st, WNOHANG)) > 0;) {
+          if (p == child) {
+            status = st;
+            done = true;
+          }
+        }
         continue;
       }
       // A stop request: the workers' stop signal, then SIGTERM, then SIGKILL.
@@ -84,25 +182,31 @@ int supervise(const Supervision& s) {
                    stops == 1   ? "asking the workers to checkpoint and stop (a second signal aborts)"
                    : stops == 2 ? "aborting the workers (a third signal kills them)"
                                 : "killing the workers");
-      kill(stops == 3 ? -child : child, to);
+      if (stops == 3)
+        kill_job(child);
+      else
+        kill(child, to);
     }
-    const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == train::kExitResume);
+    end_strays();
+    const bool ok = failure.empty() && WIFEXITED(status) &&
+                    (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == train::kExitResume);
+    if (failure.empty()) failure = describe(status);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (ok || stops > 0 || attempt >= s.max_restarts) {
       if (!ok && s.max_restarts > 0 && stops == 0)
         std::fprintf(stderr, "pagedoptim: the workers failed (%s) and all %d restarts are used\n",
-                     describe(status).c_str(), s.max_restarts);
+                     failure.c_str(), s.max_restarts);
       sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     std::fprintf(stderr,
                  "pagedoptim: the workers failed (%s) after %.1f s; restart %d of %d from the newest "
                  "checkpoint\n",
-                 describe(status).c_str(), secs, attempt + 1, s.max_restarts);
+                 failure.c_str(), secs, attempt + 1, s.max_restarts);
     log_event(s.run_dir, {{"event", "restart"},
                           {"restart", attempt + 1},
                           {"max_restarts", s.max_restarts},
-                          {"failure", describe(status)},
+                          {"failure", failure},
                           {"ran_s", secs},
                           {"time", static_cast<int64_t>(std::time(nullptr))}});
   }

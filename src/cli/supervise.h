@@ -9,6 +9,12 @@
 // - Failures: workers that end with anything but 0 or 75, without having
 //   been asked to stop, start again from the newest checkpoint (`--resume`),
 //   up to K times, each restart logged on stderr and in RUN/events.jsonl.
+// - Hangs: a worker that died and that mpirun has not reaped after
+//   `reap_timeout_s` means mpirun is stuck (OpenMPI can hang when a rank
+//   dies while it connects); the job is killed and counts as failed.
+// - Strays: the supervisor is the subreaper of everything it starts, so a
+//   rank that outlives its mpirun comes back to it and is killed before the
+//   next attempt starts (it would otherwise write beside the new one).
 #pragma once
 
 #include <string>
@@ -22,6 +28,7 @@ struct Supervision {
   int max_restarts = 0;
   int stop_signal = 0;  // train.stop_signal's number
   std::string run_dir;  // for events.jsonl
+  double reap_timeout_s = 10;  // a dead worker mpirun has not reaped by then: mpirun hangs
 };
 
 // Runs the workers to the end; returns the exit code to exit with (the

@@ -68,6 +68,9 @@ int64_t newest_step(const std::string& run) {
   return std::stoll(fs::path(all.back()).filename().string().substr(5));
 }
 
+// The end of a log (CI shows a failure's first and last lines only).
+std::string tail(const std::string& log) { return log.substr(log.size() > 6000 ? log.size() - 6000 : 0); }
+
 int64_t last_metrics_step(const std::string& run) {
   int64_t step = -1;
   for (const auto& r : po::test::read_metrics(run))
@@ -177,7 +180,7 @@ TEST_F(Preemption, SoakKilledAtTwentyRandomMomentsEndsBitIdentical) {
       usleep(20000);
     }
     ASSERT_GT(pid, 0) << "kill " << k + 1 << ": no rank " << rank << " to kill (the run ended?) after"
-                      << moments << "\n" << read_file(run + ".log");
+                      << moments << "\n" << tail(read_file(run + ".log"));
     // Half of the kills land in start-up, half once the attempt trains (in
     // a step or a checkpoint write).
     const bool in_training = rng() % 2 == 0;
@@ -198,7 +201,7 @@ TEST_F(Preemption, SoakKilledAtTwentyRandomMomentsEndsBitIdentical) {
   }
   const int code = c.wait(300);
   const std::string log = read_file(run + ".log");
-  ASSERT_EQ(code, 0) << "after kills:" << moments << "\n" << log.substr(log.size() > 6000 ? log.size() - 6000 : 0);
+  ASSERT_EQ(code, 0) << "after kills:" << moments << "\n" << tail(log);
   po::test::expect_same_checkpoint(ref, run, kSteps, "killed" + moments);
   // Every kill shows as one restart in the run's events.
   int restarts = 0;
