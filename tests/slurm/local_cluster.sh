@@ -48,6 +48,9 @@ SlurmUser=$user
 SlurmdUser=$user
 AuthType=auth/none
 CredType=cred/none
+# A requeued job may start again cred_expire seconds after it ended (default
+# 120): 10 lets the requeue test run in CI; launches here take well under it.
+AuthInfo=cred_expire=10
 SlurmctldPort=$base
 SlurmdPort=$((base + 1))
 SrunPortRange=$((base + 2))-$((base + 200))
