@@ -16,10 +16,13 @@ checkpoint::SaveOptions kinds_option(const std::vector<checkpoint::StateKind>& k
 
 }  // namespace
 
-AsyncCheckpointer::AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout& layout,
+AsyncCheckpointer::AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout* file, int files,
                                      const std::vector<checkpoint::StateKind>& kinds, bool staged_source)
-    : comm_(comm), rank_(layout.rank()), writers_(layout.ranks()), image_(layout, kinds_option(kinds)) {
-  image_.set_direct_sources(!staged_source);
+    : comm_(comm), rank_(comm != nullptr ? comm->rank() : 0), writers_(files) {
+  PO_ASSERT(rank_ != 0 || file != nullptr, "a background checkpoint: rank 0 commits, so it must write a file");
+  if (file == nullptr) return;
+  image_ = std::make_unique<checkpoint::ShardImage>(*file, kinds_option(kinds));
+  image_->set_direct_sources(!staged_source);
 }
 
 AsyncCheckpointer::~AsyncCheckpointer() {
@@ -30,7 +33,7 @@ double AsyncCheckpointer::start(const std::string& path, const checkpoint::Check
                                 const checkpoint::ShardSource& source) {
   core::Timer held;
   finish();
-  image_.fill(meta, source);  // from here training may change the state
+  if (image_) image_->fill(meta, source);  // from here training may change the state
   // Staged by rank 0 before any rank writes (as a synchronous save does).
   std::exception_ptr e;
   if (rank_ == 0) {
@@ -43,12 +46,13 @@ double AsyncCheckpointer::start(const std::string& path, const checkpoint::Check
   checkpoint::agree_on_success(comm_, e, core::str_cat(path, ": preparing the checkpoint"));
   path_ = path;
   meta_ = meta;
-  done_ = false;
   error_ = nullptr;
+  done_ = image_ == nullptr;
+  if (!image_) return held.seconds();
   writer_ = std::thread([this, path] {
     core::Timer t;
     try {
-      image_.write(path);
+      image_->write(path);
     } catch (...) {
       error_ = std::current_exception();
     }

@@ -12,6 +12,11 @@
 //   (checkpoint/sharded.h): a crash during a background write leaves a
 //   staging directory that no reader lists, and the previous checkpoint good.
 // - Paged state is read out of its tiers by the copy, on the training thread.
+// - Layouts whose files are written by some ranks only (tensor parallel: tp
+//   rank 0 of each data group; pipeline: one writer) gather the whole
+//   model's slices first, as a synchronous save does (train/tp_checkpoint.h,
+//   pipeline_train.cc); the other ranks hold no image but take part in every
+//   agreement, so a failed write anywhere fails the save on every rank.
 #pragma once
 
 #include <atomic>
@@ -32,18 +37,21 @@ namespace po::train {
 
 class AsyncCheckpointer {
  public:
-  // `comm`: the ranks that write (nullptr: this process alone); `layout`:
-  // this rank's shards, of `kinds`.
-  // `staged_source`: the sources of start() share one staging buffer (paging).
-  AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout& layout,
+  // `comm`: every rank of the job (each save's outcome is agreed over it;
+  // nullptr: this process alone). `file`: the shards of the file this rank
+  // writes, of `kinds` (nullptr: it writes none); `files`: how many ranks
+  // write one (the checkpoint's writers). `staged_source`: the sources of
+  // start() share one staging buffer (paging).
+  AsyncCheckpointer(comm::Communicator* comm, const parallel::ShardLayout* file, int files,
                     const std::vector<checkpoint::StateKind>& kinds, bool staged_source);
   ~AsyncCheckpointer();  // waits for the writer thread (without committing)
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   // Collective. Waits for (and commits) the save in flight, copies this
-  // rank's shards out of `source` into the image, stages `path` and starts
-  // writing. Returns the seconds the caller was held.
+  // rank's file's shards out of `source` into the image (a rank without a
+  // file ignores it), stages `path` and starts writing. Returns the seconds
+  // the caller was held.
   double start(const std::string& path, const checkpoint::CheckpointMeta& meta,
                const checkpoint::ShardSource& source);
   // Collective while a save is in flight: when every rank's file is written,
@@ -53,7 +61,7 @@ class AsyncCheckpointer {
   // path ("" when none was in flight).
   std::string finish();
   bool pending() const { return !path_.empty(); }
-  int64_t host_bytes() const { return image_.file_bytes(); }
+  int64_t host_bytes() const { return image_ ? image_->file_bytes() : 0; }
   // The background write of the last committed save, seconds.
   double last_write_seconds() const { return write_s_; }
 
@@ -62,7 +70,7 @@ class AsyncCheckpointer {
 
   comm::Communicator* comm_;
   int rank_ = 0, writers_ = 1;
-  checkpoint::ShardImage image_;
+  std::unique_ptr<checkpoint::ShardImage> image_;  // null: this rank writes no file
   std::string path_;  // the save in flight ("" when none)
   checkpoint::CheckpointMeta meta_;
   std::thread writer_;

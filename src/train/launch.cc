@@ -133,10 +133,6 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   }
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);
-  PO_CHECK(!cfg.get_bool("checkpoint.async") || (p.tp == 1 && p.pp == 1),
-           "checkpoint.async = true with parallel.tp = ", p.tp, " and parallel.pp = ", p.pp,
-           ": background checkpoints are built for data parallel (ZeRO 0-3, paging) only so far; "
-           "set checkpoint.async = false");
   (void)m.shard(p.tp);  // the heads, kv heads and MLP must split: errors name the keys
   PO_CHECK(!m.sequence_parallel || p.tp == 1 || p.micro * p.T % p.tp == 0,
            "parallel.sequence_parallel splits the micro-batch's ", p.micro * p.T,

@@ -18,6 +18,7 @@
 #include "parallel/pipeline_stages.h"
 #include "parallel/shard_layout.h"
 #include "parallel/tensor_parallel.h"
+#include "train/async_checkpoint.h"
 #include "train/metrics.h"
 #include "train/model_setup.h"
 #include "train/paging_setup.h"
@@ -83,30 +84,38 @@ parallel::PipelineExecutor::State state_of(checkpoint::StateKind k) {
   PO_THROW(core::Internal, "pipeline: unknown state kind");
 }
 
-// The whole model's checkpoint, in the layout-independent format (a
-// collective over the world). Per unit and kind, the stage that holds the
-// unit makes it whole: its ZeRO-1 shards all-gathered over each data group
-// (read_unit), its tensor-parallel shards over the tensor group, assembled
-// by tp rank 0 (assemble_unit); that stage's (dp 0, tp 0) rank sends it to
-// the writer, world rank 0, which writes the whole model as a one-process run
-// would. The writer holds the whole state while it writes.
-void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
-                   const parallel::PipelineSetup& s, TrainState st, const std::string& path) {
+// The whole model's state, made whole on one writer (a collective over the
+// world). Per unit and kind, the stage that holds the unit makes it whole:
+// its ZeRO-1 shards all-gathered over each data group (read_unit), its
+// tensor-parallel shards over the tensor group, assembled by tp rank 0
+// (assemble_unit); that stage's (dp 0, tp 0) rank sends it to the writer,
+// world rank 0, which holds the whole state (empty elsewhere).
+struct WholeState {
+  model::Layout whole;
+  std::vector<float> all[3];  // kAllStateKinds' order
+  bool writer = false;
+  checkpoint::ShardSource source() const {
+    return [this](checkpoint::StateKind k, int u) -> const float* {
+      return all[static_cast<size_t>(k)].data() + whole.unit_offset(u);
+    };
+  }
+};
+
+WholeState gather_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s) {
   const model::Layout& held = ex.layout();
-  const model::Layout whole(ex.config());
+  WholeState out{model::Layout(ex.config()), {}, false};
+  const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
-  st.adam_t = ex.adam_steps();
   comm::Communicator& pipe = *s.pipe;
   comm::Communicator* tensor = r.launch.tp_group();
   const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0;
-  const bool writer = sender && pipe.rank() == 0;
+  out.writer = sender && pipe.rank() == 0;
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
                                                     ? tp_rank_layouts(ex.config(), tp)
                                                     : std::vector<model::Layout>{};
-  std::vector<float> all[3];
-  if (writer)
-    for (auto& w : all) w.resize(static_cast<size_t>(whole.num_params()));
+  if (out.writer)
+    for (auto& w : out.all) w.resize(static_cast<size_t>(whole.num_params()));
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
     const int owner = owner_of(s, held, u);
@@ -123,31 +132,44 @@ void save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
       }
       if (!sender) continue;
       const int tag = 3 * u + k;
-      float* dst = writer ? all[k].data() + whole.unit_offset(u) : nullptr;
-      if (writer && owner == 0)
+      float* dst = out.writer ? out.all[k].data() + whole.unit_offset(u) : nullptr;
+      if (out.writer && owner == 0)
         std::copy_n(assembled.data(), nw, dst);
-      else if (writer)
+      else if (out.writer)
         pipe.recv(dst, nw, DType::kF32, owner, tag);
       else if (pipe.rank() == owner)
         pipe.send(assembled.data(), nw, DType::kF32, 0, tag);
     }
   }
+  return out;
+}
+
+// The whole model's checkpoint, in the layout-independent format (a
+// collective over the world): gather_pipeline, then the writer writes the
+// whole model as a one-process run would. With `async`, the writer's copy is
+// written in the background (train/async_checkpoint.h) and committed later;
+// returns the seconds the step was held.
+double save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
+                     TrainState st, const std::string& path, AsyncCheckpointer* async) {
+  core::Timer t;
+  st.adam_t = ex.adam_steps();
+  const WholeState w = gather_pipeline(r, ex, s);
+  const parallel::ShardLayout one(unit_numels(w.whole), 1, 0);
+  const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end());
+  if (async != nullptr) {
+    const double gathered = t.seconds();
+    return gathered + async->start(path, checkpoint_meta(path, w.whole, one, st, r.config_toml), w.source());
+  }
   std::exception_ptr error;
-  if (writer) {
+  if (w.writer) {
     try {
-      const parallel::ShardLayout one(unit_numels(whole), 1, 0);
-      save_checkpoint_sharded(
-          path, whole, one,
-          [&](checkpoint::StateKind k, int u) -> const float* {
-            return all[static_cast<size_t>(k)].data() + whole.unit_offset(u);  // kAllStateKinds' order
-          },
-          st, r.config_toml, nullptr,
-          {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
+      save_checkpoint_sharded(path, w.whole, one, w.source(), st, r.config_toml, nullptr, kinds);
     } catch (...) {
       error = std::current_exception();
     }
   }
   checkpoint::agree_on_success(r.launch.world.get(), error, path + ": saving");
+  return t.seconds();
 }
 
 // Every rank reads the whole model's units and keeps its tensor-parallel
@@ -300,15 +322,43 @@ TrainResult train_pipeline(const PipelineRun& r) {
   result.leader = launch.leader;
   const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p));
   const std::string trace = cfg.get_string("train.trace");
+  // checkpoint.async: the writer (world rank 0) holds the whole state's copy.
+  std::optional<AsyncCheckpointer> async;
+  std::optional<parallel::ShardLayout> whole_file;
+  if (cfg.get_bool("checkpoint.async")) {
+    if (launch.world == nullptr || launch.world->rank() == 0) whole_file.emplace(r.mcfg.unit_numels(), 1, 0);
+    async.emplace(launch.world.get(), whole_file ? &*whole_file : nullptr, 1,
+                  std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
+                                                     checkpoint::kAllStateKinds.end()),
+                  false);
+    PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on rank 0 hold a checkpoint's copy");
+  }
+  // A save in flight is committed once every rank has written it, at the
+  // latest before the next save starts and before the run ends.
+  auto commit_async = [&](bool wait) {
+    if (!async || !async->pending()) return;
+    const std::string done = wait ? async->finish() : async->poll();
+    if (done.empty() || !launch.leader) return;
+    remove_old_checkpoints(ckpt_dir, p.keep);
+    progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
+                                static_cast<int>(async->last_write_seconds() * 1000), " ms in the background)"));
+  };
+  double ckpt_s = 0;  // the last step's checkpoint time (the step was held)
   auto checkpoint_now = [&] {
-    core::Timer t;
-    save_pipeline(r, ex, setup, state, checkpoint_path(r.run_dir, state.step));
+    commit_async(true);
+    ckpt_s = save_pipeline(r, ex, setup, state, checkpoint_path(r.run_dir, state.step), async ? &*async : nullptr);
     if (!launch.leader) return;
+    if (async) {
+      progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(ckpt_s * 1000),
+                                  " ms; writing in the background"));
+      return;
+    }
     remove_old_checkpoints(ckpt_dir, p.keep);
     progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
-                                static_cast<int>(t.seconds() * 1000), " ms"));
+                                static_cast<int>(ckpt_s * 1000), " ms"));
   };
   if (p.steps == 0 && state.step == 0) checkpoint_now();
+  if (p.steps == 0 && state.step == 0) commit_async(true);
   std::vector<int32_t> in(static_cast<size_t>(p.micro * p.T)), tg(in.size());
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
@@ -386,8 +436,13 @@ TrainResult train_pipeline(const PipelineRun& r) {
     }
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
     const int stop = state.step < p.steps ? StopRequests::agreed(launch.world.get()) : 0;
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || state.step == p.steps || stop)
+    const bool last = state.step == p.steps || stop;
+    ckpt_s = 0;
+    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last)
       checkpoint_now();
+    else
+      commit_async(false);
+    if (last) commit_async(true);
     if (stop) result.stopped_by = stop;
     if (!launch.leader) {
       if (stop) break;
@@ -420,6 +475,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_peak_in_flight", peaks},
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},
+                    {"checkpoint_ms", ckpt_s * 1000},  // what checkpointing held this step (gather and copy when async)
                     {"pp_memory_per_rank", per_rank}});
     if (paged) metrics->write({{"step", state.step}, {"pp_paging_per_rank", paging}});
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)

@@ -73,25 +73,23 @@ void shard_unit(const model::Layout& held, const model::Layout& whole, int u,
   }
 }
 
-void save_tensor_parallel_checkpoint(const std::string& path, const model::Transformer& model,
-                                     const parallel::ShardLayout& held_sl,
-                                     const checkpoint::ShardSource& source,
-                                     const TrainState& state, const std::string& config_toml,
-                                     const TensorParallelGroups& g,
-                                     const std::vector<StateKind>& kinds) {
-  PO_ASSERT(g.tensor != nullptr, "save_tensor_parallel_checkpoint without a tensor group");
+checkpoint::ShardSource WholeSlices::source() const {
+  return [this](StateKind k, int u) -> const float* { return slices.at({k, u}).data(); };
+}
+
+WholeSlices gather_whole_slices(const model::Transformer& model, const parallel::ShardLayout& held_sl,
+                                const checkpoint::ShardSource& source, const TensorParallelGroups& g,
+                                const std::vector<StateKind>& kinds) {
+  PO_ASSERT(g.tensor != nullptr, "gather_whole_slices without a tensor group");
   const model::Layout whole(model.config());
   const model::Layout& held = model.layout();
   const int tp = g.tensor->size();
-  const bool writer = g.tensor->rank() == 0;
   const int dp = g.data ? g.data->size() : 1;
-  const parallel::ShardLayout whole_sl(model.config().unit_numels(), dp,
-                                       g.data ? g.data->rank() : 0);
+  WholeSlices out{parallel::ShardLayout(model.config().unit_numels(), dp, g.data ? g.data->rank() : 0), {},
+                  g.tensor->rank() == 0};
   // Every tp rank's held layout, for the assembly.
-  const std::vector<model::Layout> ranks = writer ? tp_rank_layouts(model.config(), tp)
-                                                  : std::vector<model::Layout>{};
-  // This writer's slices of the whole state, per (kind, unit).
-  std::map<std::pair<StateKind, int>, std::vector<float>> mine;
+  const std::vector<model::Layout> ranks = out.writer ? tp_rank_layouts(model.config(), tp)
+                                                      : std::vector<model::Layout>{};
   std::vector<float> shard, unit, assembled;
   for (StateKind k : kinds) {
     for (int u = 0; u < held.num_units(); ++u) {
@@ -105,17 +103,25 @@ void save_tensor_parallel_checkpoint(const std::string& path, const model::Trans
       else
         unit = shard;
       gather_whole_unit(*g.tensor, ranks, whole, u, unit.data(), n, assembled);
-      if (!writer) continue;
-      mine[{k, u}].assign(assembled.begin() + whole_sl.begin(u), assembled.begin() + whole_sl.end(u));
+      if (!out.writer) continue;
+      out.slices[{k, u}].assign(assembled.begin() + out.layout.begin(u), assembled.begin() + out.layout.end(u));
     }
   }
+  return out;
+}
+
+void save_tensor_parallel_checkpoint(const std::string& path, const model::Transformer& model,
+                                     const parallel::ShardLayout& held_sl,
+                                     const checkpoint::ShardSource& source,
+                                     const TrainState& state, const std::string& config_toml,
+                                     const TensorParallelGroups& g,
+                                     const std::vector<StateKind>& kinds) {
+  const WholeSlices mine = gather_whole_slices(model, held_sl, source, g, kinds);
   std::exception_ptr error;
-  if (writer) {
+  if (mine.writer) {
     try {
-      save_checkpoint_sharded(
-          path, whole, whole_sl,
-          [&](StateKind k, int u) -> const float* { return mine.at({k, u}).data(); }, state,
-          config_toml, g.data, kinds);
+      save_checkpoint_sharded(path, model::Layout(model.config()), mine.layout, mine.source(), state,
+                              config_toml, g.data, kinds);
     } catch (...) {
       error = std::current_exception();
     }

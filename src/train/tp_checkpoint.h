@@ -21,18 +21,18 @@
 // (it reads the whole checkpoint: simple, not I/O-optimal).
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/sharded.h"
+#include "parallel/shard_layout.h"
 #include "model/transformer.h"
 #include "train/run_state.h"
 
 namespace po::comm {
 class Communicator;
-}
-namespace po::parallel {
-class ShardLayout;
 }
 
 namespace po::train {
@@ -45,9 +45,27 @@ struct TensorParallelGroups {
   comm::Communicator* world = nullptr;
 };
 
-// Every rank of the mesh calls it. `held`: the ShardLayout of this rank's held
-// units over the data group (DataParallel::layout()); `source` gives its
-// shards (the contract of checkpoint::ShardSource under `held`).
+// What tp rank 0 of a data group writes: its slices of the whole model's
+// state under `layout` (the whole model's units over the data group), per
+// kind and unit. Empty on the other tp ranks.
+struct WholeSlices {
+  parallel::ShardLayout layout;
+  std::map<std::pair<checkpoint::StateKind, int>, std::vector<float>> slices;
+  bool writer = false;  // tp rank 0
+  checkpoint::ShardSource source() const;
+};
+
+// The gathers of a save (a collective over the mesh), without the writing:
+// `held` is the ShardLayout of this rank's held units over the data group
+// (DataParallel::layout()), `source` gives its shards (the contract of
+// checkpoint::ShardSource under `held`). Background saves write the result
+// later (train/async_checkpoint.h).
+WholeSlices gather_whole_slices(const model::Transformer& model, const parallel::ShardLayout& held,
+                                const checkpoint::ShardSource& source, const TensorParallelGroups& groups,
+                                const std::vector<checkpoint::StateKind>& kinds);
+
+// Every rank of the mesh calls it: gather_whole_slices, then tp rank 0 of each
+// data group writes its slices (a collective over the data group).
 void save_tensor_parallel_checkpoint(const std::string& path, const model::Transformer& model,
                                      const parallel::ShardLayout& held,
                                      const checkpoint::ShardSource& source,

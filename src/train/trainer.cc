@@ -253,8 +253,16 @@ void save_step(StepContext& c, const LoopSetup& l, const TrainState& state, Prog
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
                                                  checkpoint::kAllStateKinds.end());
   if (l.async != nullptr) {  // copied now, written while training goes on, committed later
-    const double held =
-        l.async->start(path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), source);
+    double held = 0;
+    if (c.tp != nullptr) {  // the whole model's slices, gathered now (the step waits for it)
+      const WholeSlices mine = gather_whole_slices(c.model, dp.layout(), source, {&c.tp->group(), c.data, c.world}, kinds);
+      held = t.seconds();
+      held += l.async->start(path, checkpoint_meta(path, model::Layout(c.model.config()), mine.layout,
+                                                                st, l.config_toml),
+                                          mine.source());
+    } else {
+      held = l.async->start(path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), source);
+    }
     if (l.leader)
       progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(held * 1000),
                                   " ms; writing in the background"));
@@ -421,10 +429,17 @@ TrainResult train(const core::Config& cfg) {
   l.leader = launch.leader;
   std::optional<AsyncCheckpointer> async;
   if (cfg.get_bool("checkpoint.async")) {
-    l.async = &async.emplace(c.data, dp.layout(),
+    // Tensor parallel: tp rank 0 of each data group writes the whole model's
+    // slices over the data group (tp_checkpoint.h); every rank agrees.
+    std::optional<parallel::ShardLayout> file;
+    if (p.tp == 1)
+      file.emplace(dp.layout());
+    else if (launch.tp_rank == 0)
+      file.emplace(mcfg.unit_numels(), static_cast<int>(p.dp), launch.dp_rank);
+    l.async = &async.emplace(c.world, file ? &*file : nullptr, static_cast<int>(p.dp),
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
                                                                 checkpoint::kAllStateKinds.end()),
-                             c.paging);
+                             c.paging && p.tp == 1);
     PO_LOG_INFO("checkpoint.async: ", l.async->host_bytes() >> 20, " MiB of host memory hold a checkpoint's copy");
   }
   if (l.leader) {

@@ -1,7 +1,9 @@
 // checkpoint.async (train/async_checkpoint.h):
 // - the checkpoints written in the background are byte for byte those of a
 //   synchronous save, with one process and with two ranks under ZeRO-1, and
-//   a run resumed from one ends bit-identical; also with Adam state paged to disk;
+//   a run resumed from one ends bit-identical; also with Adam state paged to
+//   disk, under tensor parallel (tp rank 0 writes) and pipeline parallel
+//   (one writer holds the whole state);
 // - SIGKILL while a background write is in flight leaves its staging
 //   directory unlisted and the previous checkpoint loading, checksummed, and
 //   resuming to the same end.
@@ -41,6 +43,39 @@ TEST_F(AsyncCheckpoint, BackgroundCheckpointsAreTheSynchronousOnesByteForByte) {
     const std::string resumed = copy_checkpoint(async, 4, "resumed" + tag);
     train_ok("resumed" + tag, dp, common_ + zero + " --set checkpoint.async=true --resume");
     po::test::expect_same_checkpoint(sync, resumed, 12, tag + " resumed from an async checkpoint");
+  }
+}
+
+// Tensor parallel (tp 2; dp 2 × tp 2): tp rank 0 of each data group gathers
+// the whole model's slices at the step boundary and writes them in the
+// background. Pipeline parallel (pp 2): world rank 0 gathers the whole state.
+// The files are the synchronous save's, and a resumed run ends the same.
+TEST_F(AsyncCheckpoint, TensorAndPipelineParallelWriteTheSynchronousFiles) {
+  struct Case {
+    std::string tag;
+    int nproc;
+    std::string layout;
+  };
+  for (const Case& k : {Case{"tp2", 2, " --set parallel.dp=1 --set parallel.tp=2"},
+                        Case{"dp2tp2", 4, " --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=1"},
+                        Case{"pp2", 2, " --set parallel.dp=1 --set parallel.pp=2"}}) {
+    auto train = [&](const std::string& name, const std::string& extra) {
+      const auto r = po::test::run_command(po::test::pagedoptim_command(
+          k.nproc, "train -c " + config_ + " --set run.dir=" + (dir_ / name) + k.layout + common_ + extra));
+      EXPECT_EQ(r.exit_code, 0) << k.tag << " " << name << ":\n" << r.output;
+      return r.output;
+    };
+    const std::string sync = dir_ / ("sync" + k.tag), async = dir_ / ("async" + k.tag);
+    train("sync" + k.tag, "");
+    const std::string out = train("async" + k.tag, " --set checkpoint.async=true");
+    EXPECT_NE(out.find("writing in the background"), std::string::npos) << k.tag << ": not async:\n" << out;
+    for (int step : {4, 8, 12}) po::test::expect_same_checkpoint(sync, async, step, k.tag + " async vs sync");
+    bool reported = false;
+    for (const auto& r : po::test::read_metrics(async)) reported = reported || r.value("checkpoint_ms", 0.0) > 0;
+    EXPECT_TRUE(reported) << k.tag << ": no checkpoint_ms in metrics.jsonl";
+    copy_checkpoint(async, 4, "resumed" + k.tag);
+    train("resumed" + k.tag, " --set checkpoint.async=true --resume");
+    po::test::expect_same_checkpoint(sync, dir_ / ("resumed" + k.tag), 12, k.tag + " resumed from an async checkpoint");
   }
 }
 
