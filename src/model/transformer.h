@@ -117,6 +117,7 @@ struct PagedSeq {
   int64_t n = 0, pos0 = 0;
   const int32_t* block_table = nullptr;
   bool logits = false;
+  int64_t row_logits = 0;  // rows 0 .. row_logits-1 also give their logits (forward_paged's `each`)
 };
 
 // The keys and values of past positions, per block, for generation.
@@ -287,7 +288,12 @@ class Transformer {
   // set, in order, into logits[count, V]. Per sequence the same arithmetic
   // as forward_cached but for the GEMMs' row count (their results may differ
   // in the last bits with the batch: docs/serving.md).
-  void forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits);
+  // `each(seq, first, rows, logits[rows, V])` is called, after that, with the
+  // logits of every row below each sequence's `row_logits` (a few rows at a
+  // time, through a buffer of this model's: prompt log-probabilities).
+  using RowLogits = std::function<void(size_t seq, int64_t first, int64_t rows, const float* logits)>;
+  void forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits,
+                     const RowLogits& each = {});
   // Logits [V] at position t_len-1 of a single sequence tokens[t_len], t_len <= T
   // (recomputes the prefix; forward_cached is the fast path).
   void next_token_logits(const int32_t* tokens, int64_t t_len, float* logits);
@@ -512,6 +518,7 @@ class Transformer {
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
   std::vector<float> row_max_;
   std::vector<double> row_sums_;
+  std::vector<float> row_logits_;  // forward_paged's `each`: a few rows' logits, at first use
 };
 
 }  // namespace po::model

@@ -2,6 +2,7 @@
 // and values appended to the cache, and attends to the cached positions, so
 // no prefix is recomputed. Uses the first block's activation buffers as
 // scratch (a generating model is not training).
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -97,7 +98,8 @@ void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cach
   head_logits(x + (n - 1) * C, 1, logits);
 }
 
-void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits) {
+void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits,
+                                const RowLogits& each) {
   PO_CHECK(whole(), "forward_paged runs a whole model");
   PO_CHECK(static_cast<int64_t>(kv.k.size()) == config_.n_layer, "paged KV cache of ", kv.k.size(),
            " layers for a model of ", config_.n_layer);
@@ -110,6 +112,8 @@ void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv
              s.pos0 + s.n - 1, " outside the model's ", T_);
     PO_CHECK(rows + s.n <= B_ * T_, "forward_paged: ", rows + s.n, "+ rows in one step, at most ",
              B_ * T_);
+    PO_CHECK(s.row_logits >= 0 && s.row_logits <= s.n, "forward_paged: logits of ", s.row_logits,
+             " rows of a sequence of ", s.n);
     embed_rows(s.tokens, s.n, s.pos0, encoded_ + rows * C);
     rows += s.n;
   }
@@ -140,6 +144,22 @@ void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv
     if (s.logits) std::memcpy(last + (out++) * C, x + (r0 - 1) * C, static_cast<size_t>(C) * sizeof(float));
   }
   if (out > 0) head_logits(last, out, logits);
+  // Every row's logits where asked, kRows at a time (x is still the last
+  // block's output: head_logits reads it and writes only its own buffers).
+  constexpr int64_t kRows = 8;
+  r0 = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const PagedSeq& s = seqs[i];
+    if (s.row_logits > 0 && each) {
+      row_logits_.resize(static_cast<size_t>(kRows * config_.vocab_size));
+      for (int64_t a = 0; a < s.row_logits; a += kRows) {
+        const int64_t n = std::min(kRows, s.row_logits - a);
+        head_logits(x + (r0 + a) * C, n, row_logits_.data());
+        each(i, a, n, row_logits_.data());
+      }
+    }
+    r0 += s.n;
+  }
 }
 
 }  // namespace po::model

@@ -202,6 +202,7 @@ TgiRequest parse_tgi_request(std::string_view body, TgiRoute route, const ApiLim
   if (r.stream && r.decoder_input_details)
     throw ValidationError("decoder_input_details",
                           "`decoder_input_details` == true is not supported when streaming tokens");
+  r.params.prompt_logprobs = r.decoder_input_details;
 
   SamplingParams& s = r.params;
   s.temperature = temperature.value_or(1.0);
@@ -339,6 +340,9 @@ OpenAiRequest parse_completion_request(std::string_view body, const ApiLimits& l
   r.logprobs = f.integer("logprobs", 0, 5, "`logprobs` must be >= 0 and <= 5").value_or(-1);
   r.params.top_logprobs = std::max<int64_t>(r.logprobs, 0);
   r.echo = f.boolean("echo").value_or(false);
+  // The prompt's tokens with their log-probabilities lead `logprobs` (not
+  // when streaming: the chunks carry the output's alone).
+  r.params.prompt_logprobs = r.echo && r.logprobs >= 0 && !r.stream;
   f.unsupported("suffix", "`suffix` is not supported", is_empty);
   f.unsupported("best_of", "`best_of` is not supported on /v1/completions: use `n`", is_one);
   return r;
@@ -649,10 +653,15 @@ json completion_logprobs(const std::vector<GeneratedToken>& tokens, int64_t logp
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const auto& t : tokens) {
     toks.push_back(t.text);
-    lps.push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [text, lp] : alternatives(t, logprobs, text_of)) top[text] = lp;
-    tops.push_back(std::move(top));
+    if (std::isnan(t.logprob)) {  // the prompt's first token: nothing before it
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [text, lp] : alternatives(t, logprobs, text_of)) top[text] = lp;
+      tops.push_back(std::move(top));
+    }
     offs.push_back(offset);
     offset += static_cast<int64_t>(t.text.size());
   }
@@ -689,11 +698,17 @@ json completion_response(const OpenAiMeta& m, const std::vector<Generation>& cho
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Generation& g = choices[i];
+    json lps = nullptr;
+    if (logprobs >= 0 && !echo.empty() && !g.prompt.empty()) {  // the prompt's tokens first
+      std::vector<GeneratedToken> all = g.prompt;
+      all.insert(all.end(), g.tokens.begin(), g.tokens.end());
+      lps = completion_logprobs(all, logprobs, 0, text_of);
+    } else if (logprobs >= 0) {
+      lps = completion_logprobs(g.tokens, logprobs, static_cast<int64_t>(echo.size()), text_of);
+    }
     cs.push_back({{"index", i},
                   {"text", std::string(echo) + g.text},
-                  {"logprobs", logprobs >= 0 ? completion_logprobs(g.tokens, logprobs,
-                                                                   static_cast<int64_t>(echo.size()), text_of)
-                                             : json(nullptr)},
+                  {"logprobs", std::move(lps)},
                   {"finish_reason", finish_json(g.finish)}});
   }
   out["choices"] = std::move(cs);

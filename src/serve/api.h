@@ -153,6 +153,9 @@ struct Generation {
   Finish finish = Finish::kNone;
   std::optional<uint64_t> seed;  // the seed it sampled with; absent when greedy
   int64_t prompt_tokens = 0;
+  // With prompt_logprobs: every prompt token with its text, the first with a
+  // NaN logprob (nothing before it: null in JSON), the others scored.
+  std::vector<GeneratedToken> prompt;
   double logprob_sum() const;
 };
 

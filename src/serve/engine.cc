@@ -75,6 +75,9 @@ struct Engine::Sequence {
   // for blocks, and gives its hits back, is not counted at every attempt.
   std::pair<int64_t, int64_t> prefix_lookup{0, 0};
   bool first_token = false;
+  // params.prompt_logprobs: prompt token j + 1 scored given 0..j, for the j
+  // computed so far (a recompute after preemption does not add them again).
+  std::vector<GeneratedToken> prompt_lp;
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt; }
 };
 
@@ -528,7 +531,8 @@ bool Engine::step() {
   while (!s.waiting.empty() && rows < s.rows) {
     Sequence& q = *s.waiting.front();
     if (!q.host.empty() && !swap_in(q)) break;  // swapped out: it resumes where it was
-    if (options_.prefix_caching && q.table.empty()) match_prefix(q);
+    // Prompt log-probabilities need every prompt position's logits: no hits.
+    if (options_.prefix_caching && q.table.empty() && !q.params.prompt_logprobs) match_prefix(q);
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
     int64_t n = std::min(left, s.rows - rows);
     // As much of the chunk as the free blocks hold (at least one position).
@@ -566,18 +570,29 @@ bool Engine::step() {
   }
   // 4. One forward for every row.
   std::vector<model::PagedSeq> seqs;
+  const int64_t V = model_.config().vocab_size;
   for (const Work& w : work) {
     Sequence& q = *w.q;
     const bool last = q.computed + w.n == static_cast<int64_t>(q.tokens.size());
-    seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last});
+    // Prompt log-probabilities: the rows whose next token is a prompt token.
+    const int64_t scored = q.params.prompt_logprobs ? std::clamp<int64_t>(q.prompt - 1 - q.computed, 0, w.n) : 0;
+    seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last, scored});
   }
   const auto f0 = Clock::now();
-  model_.forward_paged(seqs, s.pool->view(), s.logits.data());
+  model_.forward_paged(seqs, s.pool->view(), s.logits.data(),
+                       [&](size_t i, int64_t first, int64_t n, const float* l) {
+                         Sequence& q = *work[i].q;
+                         for (int64_t r = 0; r < n; ++r) {
+                           const int64_t pos = q.computed + first + r;  // predicts token pos + 1
+                           if (pos != static_cast<int64_t>(q.prompt_lp.size())) continue;  // recomputed
+                           q.prompt_lp.push_back(score_token(l + r * V, V, q.tokens[static_cast<size_t>(pos + 1)],
+                                                             q.params.top_logprobs));
+                         }
+                       });
   const double per_row = seconds(Clock::now() - f0) / static_cast<double>(rows);
   s.row_s = s.row_s > 0 ? 0.8 * s.row_s + 0.2 * per_row : per_row;
   // 5. Sample, stream, finish. A request whose prompt was just prefilled
   // hands its blocks and its logits to its forks, which join the batch.
-  const int64_t V = model_.config().vocab_size;
   int64_t out = 0, sampled = 0;
   std::vector<Sequence*> done;
   std::vector<Finish> why;
@@ -608,6 +623,7 @@ bool Engine::step() {
       f->hashed = q.hashed;
       f->started = true;
       f->admitted = q.admitted;
+      f->prompt_lp = q.prompt_lp;
       std::vector<float> mine = row;
       Sequence& r = *f;
       s.running.push_back(std::move(f));
@@ -664,10 +680,11 @@ Finish Engine::emit(Sequence& q, float* l, Clock::time_point now) {
       stats_.inter_token_latency.add(seconds(now - q.last_token));
     }
   }
-  q.first_token = true;
-  q.last_token = now;
   Stream& st = *q.stream;
   std::lock_guard lock(st.mu_);
+  if (!q.first_token && q.params.prompt_logprobs) st.pending_.prompt = q.prompt_lp;
+  q.first_token = true;
+  q.last_token = now;
   st.pending_.text += t.text;
   st.pending_.tokens.push_back(std::move(t));
   st.has_pending_ = true;

@@ -12,6 +12,8 @@
 // cancels the request.
 #include "serve/http_server.h"
 
+#include <cmath>
+#include <limits>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -383,6 +385,23 @@ std::vector<int32_t> HttpServer::Impl::encode_chat(Engine& e, const std::vector<
   return ids;
 }
 
+namespace {
+
+// With prompt_logprobs: the engine's scores of prompt tokens 1.. become every
+// prompt token with its text, the first unscored (a NaN logprob).
+void name_prompt(std::vector<Generation>& gens, const std::vector<int32_t>& ids, Engine& e) {
+  for (Generation& g : gens) {
+    std::vector<GeneratedToken> all(1);
+    all[0].id = ids.empty() ? 0 : ids[0];
+    all[0].logprob = std::numeric_limits<float>::quiet_NaN();
+    for (auto& t : g.prompt) all.push_back(std::move(t));
+    for (GeneratedToken& t : all) t.text = e.tokenizer().piece_bytes(t.id);
+    g.prompt = std::move(all);
+  }
+}
+
+}  // namespace
+
 // `count` requests of one prompt, choice i with seed + i (one prefill shared).
 Streams HttpServer::Impl::submit(Engine& e, const std::vector<int32_t>& ids, const SamplingParams& p,
                                  int64_t count, uint64_t seed) const {
@@ -410,6 +429,7 @@ std::vector<Generation> HttpServer::Impl::collect(Streams& ss, const SamplingPar
       const bool got = ss[i].next(u, waited ? milliseconds(0) : kPoll);
       waited = true;
       if (!got) continue;
+      for (auto& t : u.prompt) gens[i].prompt.push_back(std::move(t));
       for (auto& t : u.tokens) gens[i].tokens.push_back(std::move(t));
       gens[i].text += u.text;
       if (u.finish == Finish::kNone) continue;
@@ -517,8 +537,11 @@ void HttpServer::Impl::tgi_generate(const std::string& body, Response& res, TgiR
   for (size_t i = 0; i < gens.size(); ++i)
     if (i != best) others.push_back(gens[i]);
   json prefill = json::array();
-  if (r.decoder_input_details)  // ids and text; the engine computes no prompt log-probabilities
-    for (int32_t id : ids) prefill.push_back({{"id", id}, {"text", e.tokenizer().piece_bytes(id)}, {"logprob", nullptr}});
+  if (r.decoder_input_details) {  // the prompt's tokens with their log-probabilities, the first null
+    name_prompt(gens, ids, e);
+    for (const GeneratedToken& t : gens[best].prompt)
+      prefill.push_back({{"id", t.id}, {"text", t.text}, {"logprob", std::isnan(t.logprob) ? json(nullptr) : json(t.logprob)}});
+  }
   json out = tgi_generate_response(gens[best], r.return_full_text ? r.inputs : "",
                                    r.details || r.decoder_input_details, prefill, others);
   if (route == TgiRoute::kCompat) out = json::array({out});  // TGI's POST / answers a list
@@ -582,7 +605,8 @@ void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat)
   std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-", static_cast<unsigned long long>(random_u64()));
   const OpenAiMeta meta{id, o.model_id, static_cast<int64_t>(std::time(nullptr))};
   if (r.stream) return openai_stream(res, std::move(ss), std::move(r), meta, n, e);
-  const std::vector<Generation> gens = collect(ss, r.params, seed);
+  std::vector<Generation> gens = collect(ss, r.params, seed);
+  if (r.params.prompt_logprobs) name_prompt(gens, ids, e);
   const TokenText text_of = [&e](int32_t id) { return e.tokenizer().piece_bytes(id); };
   send_json(res, 200, chat ? chat_response(meta, gens, r.logprobs, text_of)
                            : completion_response(meta, gens, r.echo ? r.prompt : "", r.logprobs, text_of));

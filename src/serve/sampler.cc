@@ -30,21 +30,37 @@ double log_sum_exp(const float* x, int64_t n) {
   return mx + std::log(s);
 }
 
+// The k likeliest tokens of `logits` as (id, logit - lse), likeliest first
+// (ties: the lower id).
+std::vector<std::pair<int32_t, float>> likeliest(const float* logits, int64_t V, int64_t k, float lse) {
+  std::vector<std::pair<int32_t, float>> top;
+  if (k <= 0) return top;
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  k = std::min(k, V);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int64_t i = 0; i < k; ++i) top.push_back({ids[static_cast<size_t>(i)], logits[ids[static_cast<size_t>(i)]] - lse});
+  return top;
+}
+
 }  // namespace
+
+GeneratedToken score_token(const float* logits, int64_t V, int32_t id, int64_t top) {
+  const auto lse = static_cast<float>(log_sum_exp(logits, V));
+  GeneratedToken t;
+  t.id = id;
+  t.logprob = logits[id] - lse;
+  t.top = likeliest(logits, V, top, lse);
+  return t;
+}
 
 Choice sample_token(float* logits, int64_t V, const SamplingParams& p,
                     const std::vector<int32_t>& context, int64_t generated, uint64_t index) {
   const float logprob_base = static_cast<float>(log_sum_exp(logits, V));
-  std::vector<std::pair<int32_t, float>> top;
-  if (p.top_logprobs > 0) {  // of the raw logits, before penalties
-    std::vector<int32_t> ids(static_cast<size_t>(V));
-    std::iota(ids.begin(), ids.end(), 0);
-    const int64_t k = std::min<int64_t>(p.top_logprobs, V);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (int64_t i = 0; i < k; ++i) top.push_back({ids[static_cast<size_t>(i)], logits[ids[static_cast<size_t>(i)]] - logprob_base});
-  }
+  // Of the raw logits, before penalties.
+  std::vector<std::pair<int32_t, float>> top = likeliest(logits, V, p.top_logprobs, logprob_base);
   std::vector<float> raw;  // the logprob is of the raw logits
   const bool penalised = p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
   if (penalised) raw.assign(logits, logits + V);

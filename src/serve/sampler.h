@@ -20,6 +20,10 @@ struct Choice {
 // `logits` [V] (modified: penalties, temperature); `context` the prompt and
 // the tokens generated so far, of which the last `generated` are the
 // output; `index` the token's index in the output.
+// A prompt token's score: log-softmax of `logits` [V] at `id`, and the `top`
+// likeliest tokens (id, logprob), likeliest first; no text.
+GeneratedToken score_token(const float* logits, int64_t V, int32_t id, int64_t top);
+
 Choice sample_token(float* logits, int64_t V, const SamplingParams& p,
                     const std::vector<int32_t>& context, int64_t generated, uint64_t index);
 

@@ -27,6 +27,10 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop sequences, matched on the text
   bool ignore_eos = false;
   int64_t top_logprobs = 0;  // also report this many most likely tokens per step (OpenAI's logprobs)
+  // Also report the prompt's log-probabilities (TGI's decoder_input_details,
+  // OpenAI's echo with logprobs): every prompt position is run through the
+  // head, and the prompt's prefix-cache hits are not used.
+  bool prompt_logprobs = false;
 };
 
 enum class Finish { kNone, kLength, kEos, kStop, kCancelled };
@@ -49,6 +53,10 @@ struct Update {
   std::string text;  // newly released text: whole UTF-8 characters, no stop sequence
   Finish finish = Finish::kNone;  // set on the last update
   std::string error;  // the generation failed (HTTP 424); finish is then kCancelled
+  // With prompt_logprobs, in the update of the first token: each prompt
+  // token after the first, its log-probability given the ones before and
+  // the top_logprobs likeliest there (no text).
+  std::vector<GeneratedToken> prompt;
 };
 
 }  // namespace po::serve

@@ -181,6 +181,16 @@ TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
   const int used = got["completion_usage"]["completion_tokens"].get<int>();
   EXPECT_TRUE(used >= 1 && used <= 12) << "completion usage: " << got["completion_usage"];
   EXPECT_GT(got["chat_stream_usage"]["total_tokens"].get<int>(), 0) << "no usage in the final chunk";
+  // echo with logprobs: the prompt and the completion, every token scored but the first.
+  const json& echo = got["echo"];
+  EXPECT_EQ(echo["text"], "Hello there" + completion) << echo;
+  std::string joined;
+  for (const auto& t : echo["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, echo["text"]) << echo;
+  ASSERT_GT(echo["token_logprobs"].size(), 2u) << echo;
+  EXPECT_TRUE(echo["token_logprobs"][0].is_null()) << echo;
+  for (size_t i = 1; i < echo["token_logprobs"].size(); ++i)
+    EXPECT_TRUE(echo["token_logprobs"][i].is_number()) << "token " << i << ": " << echo;
   EXPECT_EQ(got["models"], json::array({model_})) << "/v1/models";
   EXPECT_EQ(got["wrong_key_status"], 401) << "a wrong key must be refused";
   // The text `generate` prints after the prompt.

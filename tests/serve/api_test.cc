@@ -506,6 +506,16 @@ TEST(Responses, OpenAiCompletionAndChat) {
   EXPECT_EQ(lp["text"], "Hello world!") << "echo";
   EXPECT_EQ(lp["logprobs"], json::parse(R"({"tokens":[" world","!"],"token_logprobs":[-0.5,-0.25],
       "top_logprobs":[{" world":-0.5},{"!":-0.25}],"text_offset":[5,11]})"));
+  // With the prompt scored (echo and logprobs): its tokens lead, the first null.
+  Generation gp = g;
+  gp.prompt.resize(2);
+  gp.prompt[0].text = "Hel";
+  gp.prompt[0].logprob = std::numeric_limits<float>::quiet_NaN();
+  gp.prompt[1].text = "lo";
+  gp.prompt[1].logprob = -2;
+  EXPECT_EQ(completion_response(m, {gp}, "Hello", 1)["choices"][0]["logprobs"],
+            json::parse(R"({"tokens":["Hel","lo"," world","!"],"token_logprobs":[null,-2,-0.5,-0.25],
+      "top_logprobs":[null,{"lo":-2},{" world":-0.5},{"!":-0.25}],"text_offset":[0,3,5,11]})"));
   Generation g2 = g;
   g2.finish = Finish::kStop;
   EXPECT_EQ(chat_response(m, {g, g2}, -1), json::parse(R"({"id":"cmpl-1","object":"chat.completion",

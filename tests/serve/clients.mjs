@@ -1,5 +1,6 @@
 // Real clients against `pagedoptim serve` (tests/serve/serve_clients_launch_test.cc):
-// the openai package (chat and completions, streaming and not, maxRetries 0)
+// the openai package (chat and completions, streaming and not, echo with
+// logprobs, maxRetries 0)
 // and @huggingface/inference (textGenerationStream). Prints one
 // JSON object of the texts each got; the test compares them.
 //   node tests/serve/clients.mjs BASE_URL API_KEY PROMPT MAX_TOKENS
@@ -18,6 +19,10 @@ out.completion_stream = text;
 const comp = await openai.completions.create({ model: "served", prompt, max_tokens: n, temperature: 0 });
 out.completion = comp.choices[0].text;
 out.completion_usage = comp.usage;
+// echo with logprobs: the prompt's tokens, scored (the first null), lead.
+const echo = await openai.completions.create({ model: "served", prompt, max_tokens: n, temperature: 0, echo: true, logprobs: 1 });
+out.echo = { text: echo.choices[0].text, tokens: echo.choices[0].logprobs.tokens,
+             token_logprobs: echo.choices[0].logprobs.token_logprobs };
 
 const messages = [{ role: "user", content: prompt }];
 text = "";

@@ -5,6 +5,8 @@
 // the batch; the KV block pool, stop sequences and UTF-8 text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "../data/llama_test_util.h"
@@ -188,6 +190,75 @@ TEST(Engine, PrefixCacheServesASharedPrompt) {
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.prefix_queries, 16) << "two prompts of 36 tokens, 8 full blocks each before the last token";
   EXPECT_EQ(st.prefix_hits, 8) << "the second prompt should find all 8 blocks";
+}
+
+// Prompt log-probabilities (TGI's decoder_input_details, OpenAI's echo with
+// logprobs): every prompt token after the first, scored against the logits
+// of the whole sequence up to it (Transformer::next_token_logits), through a
+// prefill chunked over three steps, for both forks of a shared prompt, and
+// again for a prompt whose blocks are in the prefix cache (not used then).
+TEST(Engine, PromptLogprobsMatchTheWholeSequenceLogits) {
+  const TransformerConfig c = tiny("gpt2");
+  auto tok = tokenizer_for("gpt2");
+  Transformer model(c, 1, c.seq_len);
+  model.init_random(5);
+  const std::vector<int32_t> p = prompts(6, c.vocab_size, 4)[5];  // 36 tokens
+  std::vector<float> want;  // log p(p[j+1] | p[0..j])
+  std::vector<int32_t> argmax;
+  {
+    Transformer ref(c, 1, c.seq_len);
+    ref.init_random(5);
+    std::vector<float> l(static_cast<size_t>(c.vocab_size));
+    for (size_t j = 0; j + 1 < p.size(); ++j) {
+      ref.next_token_logits(p.data(), static_cast<int64_t>(j + 1), l.data());
+      double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+      for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
+      want.push_back(static_cast<float>(l[static_cast<size_t>(p[j + 1])] - (mx + std::log(sum))));
+      argmax.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+    }
+  }
+  EngineOptions eo;
+  eo.block_size = 4;
+  eo.max_batch_total_tokens = 16;  // the 36-token prompt takes three steps
+  Engine engine(model, *tok, eo);
+  SamplingParams sp;
+  sp.max_new_tokens = 3;
+  sp.ignore_eos = true;
+  sp.prompt_logprobs = true;
+  sp.top_logprobs = 2;
+  auto scores = [&](Stream& s, const std::string& what) {
+    std::vector<GeneratedToken> got;
+    Update u;
+    for (int i = 0; i < 100 && s.next(u, std::chrono::milliseconds(30000)); ++i) {
+      if (!u.prompt.empty()) {
+        EXPECT_TRUE(got.empty()) << what << ": the prompt's scores came twice";
+        got = u.prompt;
+      }
+      if (u.finish != Finish::kNone) break;
+    }
+    ASSERT_EQ(got.size(), want.size()) << what << ": one score per prompt token after the first";
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(got[j].id, p[j + 1]) << what << ": token " << j + 1;
+      EXPECT_NEAR(got[j].logprob, want[j], 1e-4) << what << ": log p(token " << j + 1 << ")";
+      ASSERT_EQ(got[j].top.size(), 2u) << what;
+      EXPECT_EQ(got[j].top[0].first, argmax[j]) << what << ": the likeliest token after position " << j;
+      EXPECT_GE(got[j].top[0].second, got[j].logprob) << what;
+    }
+  };
+  scores(*engine.submit(p, sp), "alone, chunked");
+  SamplingParams two = sp;
+  two.do_sample = true;
+  auto forks = engine.submit_n(p, {two, two});
+  for (size_t i = 0; i < forks.size(); ++i) scores(*forks[i], "fork " + std::to_string(i));
+  // The prompt's blocks are cached now (the runs above published them); a
+  // plain request uses them, one that scores its prompt does not.
+  SamplingParams plain = sp;
+  plain.prompt_logprobs = false;
+  collect(*engine.submit(p, plain));
+  EXPECT_GT(engine.stats().prefix_hits, 0) << "the plain request should have hit the cache";
+  const int64_t hits = engine.stats().prefix_hits;
+  scores(*engine.submit(p, sp), "after the prompt was cached");
+  EXPECT_EQ(engine.stats().prefix_hits, hits) << "a request that scores its prompt used cached blocks";
 }
 
 // A request that waits for blocks gives its prefix hits back at every

@@ -346,18 +346,47 @@ TEST_F(HttpServerTest, StopSequencesEndEveryRouteAlike) {
   EXPECT_EQ(finish, "stop");
 }
 
-TEST_F(HttpServerTest, DecoderInputDetailsListThePrompt) {
-  auto r = post("/generate", R"({"inputs":"Hello world","parameters":{"max_new_tokens":2,"decoder_input_details":true,
-      "details":false}})");
+// decoder_input_details: the prompt's tokens with their log-probabilities
+// (the first null: nothing before it); OpenAI's echo with logprobs puts the
+// same numbers first in `logprobs`.
+TEST_F(HttpServerTest, DecoderInputDetailsScoreThePrompt) {
+  auto r = post("/generate", R"({"inputs":"Hello world, again","parameters":{"max_new_tokens":2,
+      "decoder_input_details":true,"details":false}})");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const json prefill = json::parse(r->body)["details"]["prefill"];
-  const auto ids = prompt_ids("Hello world");
+  const auto ids = prompt_ids("Hello world, again");
   ASSERT_EQ(prefill.size(), ids.size()) << r->body;
+  ASSERT_GE(ids.size(), 3u);
+  std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(prefill[i]["id"], ids[i]);
-    EXPECT_TRUE(prefill[i]["logprob"].is_null()) << "the engine computes no prompt log-probabilities";
+    text += prefill[i]["text"].get<std::string>();
+    if (i == 0) {
+      EXPECT_TRUE(prefill[i]["logprob"].is_null()) << r->body;
+    } else {
+      ASSERT_TRUE(prefill[i]["logprob"].is_number()) << "prompt token " << i << ": " << r->body;
+      EXPECT_LE(prefill[i]["logprob"].get<double>(), 0.0) << r->body;
+    }
   }
+  EXPECT_EQ(text, "Hello world, again");
+  auto o = post("/v1/completions", R"({"prompt":"Hello world, again","max_tokens":2,"echo":true,"logprobs":1})");
+  ASSERT_TRUE(o);
+  ASSERT_EQ(o->status, 200) << o->body;
+  const json lp = json::parse(o->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 2) << "the prompt's tokens, then the 2 made: " << o->body;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << o->body;
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << o->body;
+  EXPECT_EQ(lp["text_offset"][0], 0) << o->body;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), prefill[i]["logprob"].get<double>(), 1e-5)
+        << "prompt token " << i << ": TGI's and OpenAI's scores differ";
+    // The likeliest token, and the prompt's own if it is not that (OpenAI: up to logprobs + 1).
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u) << o->body;
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u) << o->body;
+    EXPECT_TRUE(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>())) << o->body;
+  }
+  EXPECT_EQ(lp["text_offset"][ids.size()], std::string("Hello world, again").size()) << o->body;
 }
 
 TEST_F(HttpServerTest, TokenizeGivesIdsAndOffsets) {
