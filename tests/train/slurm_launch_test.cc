@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "train/run_state.h"
 
 namespace fs = std::filesystem;
 using po::test::expect_same_curve;
@@ -266,6 +267,49 @@ TEST_F(SlurmLong, ChainOfThreeJobsCompletesTheRunBitIdentical) {
   const std::string out1 = po::test::read_file(dir_ / ("slurm-" + ids[0] + ".out"));
   EXPECT_NE(out1.find("the chain's next job resumes it"), std::string::npos) << out1;
   po::test::expect_same_checkpoint(ref, run, kSteps, "a chain of 3 jobs stopped after steps" + stops);
+}
+
+// Slurm's own time limit: a chain of 2 one-minute jobs that ask for the stop
+// signal 50 s before their limit. Slurm sends it itself (10-40 s in: its
+// limit checks run about every 30 s); the first job checkpoints the step it
+// is in, exits 75 and leaves the rest to the second, which resumes from that
+// checkpoint. The run (10^6 steps) fits in no job; the test cancels the
+// second once it trains past the first's checkpoint. (Bit-identity across
+// the stop is the emulated chain's test above: the same signal, sent there
+// with scancel.)
+TEST_F(SlurmLong, SlurmsOwnTimeLimitStopsAJobAndTheChainResumesIt) {
+  const std::string run = dir_ / "limit";
+  auto r = run_command("cd " + (dir_ / "") + " && " + kBin + " sbatch -c " + config_ +
+                       " --nodes 1 --ntasks-per-node 2 --chain 2 --time 0:01:00 --signal-lead 50" +
+                       long_args("limit") + " --set train.steps=1000000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> ids;
+  {
+    std::istringstream is(r.output.substr(r.output.find("):") + 2));
+    for (std::string id; is >> id;) ids.push_back(id);
+  }
+  ASSERT_EQ(ids.size(), 2u) << r.output;
+  const std::string out1 = dir_ / ("slurm-" + ids[0] + ".out"), out2 = dir_ / ("slurm-" + ids[1] + ".out");
+  ASSERT_EQ(wait_for_job(ids[0], 150), "COMPLETED") << po::test::read_file(out1);
+  const std::string log1 = po::test::read_file(out1);
+  const auto at = log1.find("stopped on request after step ");
+  ASSERT_NE(at, std::string::npos) << "the first job was not stopped by its time limit's signal:\n" << log1;
+  EXPECT_NE(log1.find("the chain's next job resumes it"), std::string::npos) << log1;
+  const int64_t stopped = std::stoll(log1.substr(at + 30));
+  EXPECT_GT(stopped, 0) << log1;
+  EXPECT_LT(stopped, 1000000) << log1;
+  // The second job resumes from the first's checkpoint and trains on.
+  bool resumed = false;
+  for (int i = 0; i < 600 && !resumed; ++i) {
+    resumed = po::test::read_file(out2).find("resuming from " + po::train::checkpoint_path(run, stopped)) !=
+                  std::string::npos &&
+              trained_steps(run) > stopped;
+    if (!resumed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  run_command("scancel " + ids[1]);
+  EXPECT_TRUE(resumed) << "the chain's second job did not resume from step " << stopped << ":\n"
+                       << po::test::read_file(out2);
+  wait_for_job(ids[1], 60);
 }
 
 // One job, no chain: told to stop (the time limit's signal), it checkpoints,
