@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -52,7 +53,11 @@ void build_responses(const std::string& text) {
   const OpenAiMeta m{"cmpl-x", text, 1};
   (void)dump_json(tgi_generate_response(g, text, true, nlohmann::json::array(), {g}));
   (void)sse_event(tgi_stream_event(1, t, text, &g, text, true), false);
-  (void)dump_json(completion_response(m, {g, g}, text, 2, text_of));
+  Generation echoed = g;
+  echoed.echo = text;
+  echoed.prompt = {t, t};
+  echoed.prompt[0].logprob = std::numeric_limits<float>::quiet_NaN();
+  (void)dump_json(completion_response(m, {g, echoed}, 6, 2, text_of));
   (void)dump_json(chat_response(m, {g}, 1, text_of));
   (void)sse_event(chat_chunk(m, 0, true, text, g.tokens, Finish::kNone, 3, true, text_of), true);
   (void)sse_event(completion_chunk(m, 1, text, g.tokens, Finish::kLength, 1, false, 4, text_of), true);
@@ -107,7 +112,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
           }
         } else {
-          build_responses(r.prompt);
+          if (r.prompts.empty()) fail("no prompts");
+          for (const auto& p : r.prompts) {
+            if (p.tokens && p.ids.empty()) fail("an empty list of token ids");
+            for (int32_t id : p.ids)
+              if (id < 0) fail("a negative token id");
+            build_responses(p.text);
+          }
         }
         break;
       }

@@ -323,17 +323,42 @@ OpenAiRequest parse_completion_request(std::string_view body, const ApiLimits& l
   const Fields f(j);
   OpenAiRequest r;
   // OpenAI: without a prompt the model starts a new document (<|endoftext|>).
+  // A prompt is text or token ids; a request holds one or a batch of them.
   if (const json* p = f.get("prompt")) {
+    auto ids_of = [&](const json& a, const std::string& where) {
+      OpenAiRequest::Prompt q;
+      q.tokens = true;
+      for (const json& t : a) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+          throw ValidationError("prompt", core::str_cat("`prompt`", where, ": token ids must be integers >= 0, got ", t.dump()));
+        q.ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      if (q.ids.empty()) throw ValidationError("prompt", core::str_cat("`prompt`", where, ": an empty list of token ids"));
+      return q;
+    };
+    r.prompts.clear();
     if (p->is_string()) {
-      r.prompt = p->get<std::string>();
-    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-      r.prompt = (*p)[0].get<std::string>();
-    } else if (p->is_array() && !p->empty() && (*p)[0].is_string()) {
-      throw ValidationError("prompt", core::str_cat("`prompt`: a batch of ", p->size(),
-                                                    " prompts is not supported; send one per request"));
+      r.prompts.push_back({p->get<std::string>(), {}, false});
+    } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {  // one prompt of ids
+      r.prompts.push_back(ids_of(*p, ""));
+    } else if (p->is_array() && !p->empty()) {  // a batch: strings or lists of ids
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json& e = (*p)[i];
+        const std::string where = core::str_cat("[", i, "]");
+        if (e.is_string())
+          r.prompts.push_back({e.get<std::string>(), {}, false});
+        else if (e.is_array())
+          r.prompts.push_back(ids_of(e, where));
+        else
+          throw ValidationError("prompt", core::str_cat("`prompt`", where, " must be a string or a list of token ids, got ",
+                                                        e.type_name()));
+      }
     } else {
-      f.type_error("prompt", "a string or an array of one string", *p);
+      f.type_error("prompt", "a string, a list of strings, a list of token ids or a list of such lists", *p);
     }
+    if (static_cast<int64_t>(r.prompts.size()) > limits.max_prompts)
+      throw ValidationError("prompt", core::str_cat("`prompt`: a batch of ", r.prompts.size(),
+                                                    " prompts; at most ", limits.max_prompts));
   }
   parse_openai_common(f, limits, r);
   r.max_tokens = read_max_tokens(f, "max_tokens").value_or(16);
@@ -692,28 +717,27 @@ int64_t completion_tokens(const std::vector<Generation>& choices) {
 
 }  // namespace
 
-json completion_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
-                         std::string_view echo, int64_t logprobs, const TokenText& text_of) {
+json completion_response(const OpenAiMeta& m, const std::vector<Generation>& choices, int64_t prompt_tokens,
+                         int64_t logprobs, const TokenText& text_of) {
   json out = openai_object(m, "text_completion");
   json cs = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const Generation& g = choices[i];
     json lps = nullptr;
-    if (logprobs >= 0 && !echo.empty() && !g.prompt.empty()) {  // the prompt's tokens first
+    if (logprobs >= 0 && !g.prompt.empty()) {  // echo: the prompt's scored tokens first
       std::vector<GeneratedToken> all = g.prompt;
       all.insert(all.end(), g.tokens.begin(), g.tokens.end());
       lps = completion_logprobs(all, logprobs, 0, text_of);
     } else if (logprobs >= 0) {
-      lps = completion_logprobs(g.tokens, logprobs, static_cast<int64_t>(echo.size()), text_of);
+      lps = completion_logprobs(g.tokens, logprobs, static_cast<int64_t>(g.echo.size()), text_of);
     }
     cs.push_back({{"index", i},
-                  {"text", std::string(echo) + g.text},
+                  {"text", g.echo + g.text},
                   {"logprobs", std::move(lps)},
                   {"finish_reason", finish_json(g.finish)}});
   }
   out["choices"] = std::move(cs);
-  // The prompt is counted once however many choices share it (OpenAI's rule).
-  out["usage"] = usage_json(choices.empty() ? 0 : choices[0].prompt_tokens, completion_tokens(choices));
+  out["usage"] = usage_json(prompt_tokens, completion_tokens(choices));
   return out;
 }
 

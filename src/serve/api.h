@@ -51,6 +51,7 @@ struct ApiLimits {
   int64_t max_stop_sequences = 4;
   int64_t max_best_of = 2;
   int64_t max_n = 16;  // OpenAI's n
+  int64_t max_prompts = 64;  // completions: prompts in one request (a batch)
 };
 
 // ---------------------------------------------------------------------------
@@ -93,7 +94,15 @@ struct ChatMessage {
 struct OpenAiRequest {
   bool chat = false;
   std::string model;                  // echoed nowhere: responses name the served model
-  std::string prompt;                 // completions
+  // Completions: the prompts (OpenAI's `prompt`: a string, a list of token
+  // ids, or a batch of either); choice k·n + j is prompt k's j-th. Absent:
+  // one empty text (a new document).
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool tokens = false;  // given as ids (checked against the vocabulary by the server)
+  };
+  std::vector<Prompt> prompts{Prompt{}};
   std::vector<ChatMessage> messages;  // chat
   SamplingParams params;              // max_new_tokens and seed: see below
   // Completions: 16 when absent (OpenAI's default); chat: absent means up
@@ -156,6 +165,7 @@ struct Generation {
   // With prompt_logprobs: every prompt token with its text, the first with a
   // NaN logprob (nothing before it: null in JSON), the others scored.
   std::vector<GeneratedToken> prompt;
+  std::string echo;  // completions with echo: the prompt's text, before the output's
   double logprob_sum() const;
 };
 
@@ -195,12 +205,15 @@ struct OpenAiMeta {
   int64_t created = 0;  // Unix seconds
 };
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
-// A whole text_completion / chat.completion, usage included; `echo` precedes
-// each choice's text (completions' echo).
+// A whole text_completion / chat.completion, usage included (completions:
+// `prompt_tokens` of every prompt once, however many choices share it, as
+// OpenAI counts; chat: the one prompt's); a choice's Generation::echo
+// precedes its text (completions' echo).
 // With logprobs >= 0 each choice carries its tokens' log-probabilities and
-// their alternatives (GeneratedToken::top), named by `text_of`.
+// their alternatives (GeneratedToken::top), named by `text_of`; with its
+// prompt scored (Generation::prompt), the prompt's tokens come first.
 nlohmann::json completion_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
-                                   std::string_view echo, int64_t logprobs, const TokenText& text_of = {});
+                                   int64_t prompt_tokens, int64_t logprobs, const TokenText& text_of = {});
 nlohmann::json chat_response(const OpenAiMeta& m, const std::vector<Generation>& choices,
                              int64_t logprobs, const TokenText& text_of = {});
 // One stream chunk of choice `index`: `text` new text, `tokens` the tokens

@@ -140,6 +140,7 @@ class Engine {
   const data::TextTokenizer& tokenizer() const { return tokenizer_; }
   const model::TransformerConfig& config() const { return model_.config(); }
   const EngineOptions& options() const { return options_; }
+  int64_t vocab_size() const { return model_.config().vocab_size; }  // the ids a prompt may hold
 
   // Stop admitting (submit throws Overloaded); wait up to `grace` for the
   // running requests, then cancel the rest. Returns when none is left.

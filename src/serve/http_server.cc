@@ -169,6 +169,7 @@ struct HttpServer::Impl {
   void tgi_stream(Response& res, Streams ss, TgiRequest r, int64_t prompt_tokens, uint64_t seed);
   void openai(const std::string& body, Response& res, bool chat);
   void openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta, int64_t prompt_tokens,
+                     std::vector<std::string> echoes,
                      Engine& e);
 };
 
@@ -595,28 +596,69 @@ void HttpServer::Impl::tgi_stream(Response& res, Streams ss, TgiRequest r, int64
 void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat) {
   Engine& e = engine_ref();
   OpenAiRequest r = chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
-  const std::vector<int32_t> ids = chat ? encode_chat(e, r.messages) : encode_prompt(e, r.prompt);
-  const auto n = static_cast<int64_t>(ids.size());
-  r.params.max_new_tokens = resolve_max_new_tokens(n, r.max_tokens, e.options().max_input_tokens,
-                                                   e.options().max_total_tokens, true, chat ? "messages" : "prompt");
+  // Every prompt's ids, checked (lengths, the vocabulary) before any is submitted.
+  struct Job {
+    std::vector<int32_t> ids;
+    SamplingParams params;
+    std::string echo;
+  };
+  std::vector<Job> jobs;
+  const int64_t V = e.vocab_size();
+  const size_t count = chat ? 1 : r.prompts.size();
+  for (size_t k = 0; k < count; ++k) {
+    Job j{chat ? encode_chat(e, r.messages) : std::vector<int32_t>{}, r.params, ""};
+    const std::string param = chat ? "messages" : count > 1 ? core::str_cat("prompt[", k, "]") : "prompt";
+    if (!chat) {
+      const OpenAiRequest::Prompt& p = r.prompts[k];
+      if (p.tokens) {
+        for (int32_t id : p.ids)
+          if (id >= V)
+            throw ValidationError("prompt", core::str_cat("`", param, "`: token id ", id, " is outside the vocabulary of ", V));
+        j.ids = p.ids;
+      } else {
+        j.ids = encode_prompt(e, p.text);
+      }
+      if (r.echo) j.echo = p.tokens ? e.tokenizer().decode(p.ids) : p.text;
+    }
+    j.params.max_new_tokens = resolve_max_new_tokens(static_cast<int64_t>(j.ids.size()), r.max_tokens,
+                                                     e.options().max_input_tokens, e.options().max_total_tokens,
+                                                     true, param);
+    jobs.push_back(std::move(j));
+  }
+  // Choice k·n + i: prompt k's i-th, with seed + k·n + i.
   const uint64_t seed = r.seed ? *r.seed : random_u64();
-  Streams ss = submit(e, ids, r.params, r.n, seed);
+  Streams ss({});
+  std::vector<std::string> echoes;
+  int64_t prompt_tokens = 0;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    ss.append(submit(e, jobs[k].ids, jobs[k].params, r.n, seed + k * static_cast<uint64_t>(r.n)));
+    echoes.resize(ss.size(), jobs[k].echo);
+    prompt_tokens += static_cast<int64_t>(jobs[k].ids.size());
+  }
   char id[32];
   std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-", static_cast<unsigned long long>(random_u64()));
   const OpenAiMeta meta{id, o.model_id, static_cast<int64_t>(std::time(nullptr))};
-  if (r.stream) return openai_stream(res, std::move(ss), std::move(r), meta, n, e);
+  if (r.stream) return openai_stream(res, std::move(ss), std::move(r), meta, prompt_tokens, std::move(echoes), e);
   std::vector<Generation> gens = collect(ss, r.params, seed);
-  if (r.params.prompt_logprobs) name_prompt(gens, ids, e);
   const TokenText text_of = [&e](int32_t id) { return e.tokenizer().piece_bytes(id); };
-  send_json(res, 200, chat ? chat_response(meta, gens, r.logprobs, text_of)
-                           : completion_response(meta, gens, r.echo ? r.prompt : "", r.logprobs, text_of));
+  if (chat) return send_json(res, 200, chat_response(meta, gens, r.logprobs, text_of));
+  for (size_t c = 0; c < gens.size(); ++c) {
+    const Job& j = jobs[c / static_cast<size_t>(r.n)];
+    if (r.params.prompt_logprobs) {
+      std::vector<Generation> one{std::move(gens[c])};
+      name_prompt(one, j.ids, e);
+      gens[c] = std::move(one[0]);
+    }
+    gens[c].echo = j.echo;
+  }
+  send_json(res, 200, completion_response(meta, gens, prompt_tokens, r.logprobs, text_of));
 }
 
-
 void HttpServer::Impl::openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta,
-                                     int64_t prompt_tokens, Engine& e) {
+                                     int64_t prompt_tokens, std::vector<std::string> echoes, Engine& e) {
   send_events(res,
               std::make_shared<OpenAiStreamState>(std::move(ss), std::move(r), std::move(meta), prompt_tokens,
+                                                  std::move(echoes),
                                                   [&e](int32_t id) { return e.tokenizer().piece_bytes(id); }),
               "an OpenAI stream");
 }

@@ -95,12 +95,14 @@ std::string TgiStreamState::on_update(const Update& u) {
   return out;
 }
 
-OpenAiStreamState::OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt, TokenText names)
+OpenAiStreamState::OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt,
+                                     std::vector<std::string> echoes, TokenText names)
     : ss(std::move(s)),
       r(std::move(q)),
       meta(std::move(m)),
       prompt_tokens_(prompt),
       text_of_(std::move(names)),
+      echoes_(std::move(echoes)),
       made_(ss.size(), 0),
       offset_(ss.size(), 0) {}
 
@@ -118,8 +120,8 @@ std::string OpenAiStreamState::start() {
   for (size_t i = 0; i < ss.size(); ++i) {
     if (r.chat) out += chunk(i, true, "", {}, Finish::kNone);  // OpenAI's first delta: the role
     if (!r.chat && r.echo) {
-      out += chunk(i, false, r.prompt, {}, Finish::kNone);
-      offset_[i] += static_cast<int64_t>(r.prompt.size());
+      out += chunk(i, false, echoes_[i], {}, Finish::kNone);
+      offset_[i] += static_cast<int64_t>(echoes_[i].size());
     }
   }
   return out;

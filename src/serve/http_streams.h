@@ -40,6 +40,15 @@ class Streams {
       if (!done_[i]) s_[i]->cancel();
   }
   size_t size() const { return s_.size(); }
+  // Takes `o`'s streams after these (a batch of prompts), leaving `o` empty.
+  void append(Streams&& o) {
+    for (size_t i = 0; i < o.s_.size(); ++i) {
+      s_.push_back(std::move(o.s_[i]));
+      done_.push_back(o.done_[i]);
+    }
+    o.s_.clear();
+    o.done_.clear();
+  }
   Stream& operator[](size_t i) { return *s_[i]; }
   bool done(size_t i) const { return done_[i]; }
   void mark_done(size_t i) { done_[i] = true; }
@@ -78,7 +87,9 @@ struct TgiStreamState {
 // One OpenAI stream in flight: chunks per update and choice, each choice's
 // finish_reason, the usage (stream_options.include_usage), then [DONE].
 struct OpenAiStreamState {
-  OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt, TokenText names);
+  // `echoes`: per choice, the text that precedes its output (completions' echo).
+  OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt, std::vector<std::string> echoes,
+                    TokenText names);
   // The chunks of what the streams have (the first open one waits up to
   // kPoll), after the ones that open the stream on the first call; sets
   // `finished` after [DONE] or an error event.
@@ -98,6 +109,7 @@ struct OpenAiStreamState {
   bool started_ = false;
   int64_t prompt_tokens_;
   TokenText text_of_;
+  std::vector<std::string> echoes_;
   std::vector<int64_t> made_, offset_;  // per choice: tokens, bytes of text so far (logprobs' text_offset)
 };
 

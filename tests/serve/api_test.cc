@@ -202,7 +202,9 @@ TEST(OpenAiCompletion, DefaultsAreOpenAis) {
   const OpenAiRequest r = parse_completion_request(R"({"model":"gpt2","prompt":"Once"})");
   EXPECT_FALSE(r.chat);
   EXPECT_EQ(r.model, "gpt2");
-  EXPECT_EQ(r.prompt, "Once");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Once");
+  EXPECT_FALSE(r.prompts[0].tokens);
   EXPECT_EQ(r.max_tokens, 16) << "OpenAI's completions default";
   EXPECT_TRUE(r.params.do_sample) << "temperature 1 samples by default";
   EXPECT_EQ(r.params.temperature, 1.0);
@@ -215,8 +217,32 @@ TEST(OpenAiCompletion, DefaultsAreOpenAis) {
   EXPECT_FALSE(r.stream);
   EXPECT_FALSE(r.include_usage);
   EXPECT_FALSE(r.seed.has_value());
-  EXPECT_EQ(parse_completion_request(R"({"model":"m"})").prompt, "") << "no prompt: a new document";
-  EXPECT_EQ(parse_completion_request(R"({"prompt":["one"]})").prompt, "one");
+  const auto none = parse_completion_request(R"({"model":"m"})").prompts;
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].text, "") << "no prompt: a new document";
+  EXPECT_FALSE(none[0].tokens);
+  EXPECT_EQ(parse_completion_request(R"({"prompt":["one"]})").prompts[0].text, "one");
+}
+
+// OpenAI's four shapes of `prompt`: a string, a list of token ids, and a
+// batch of either (mixed too).
+TEST(OpenAiCompletion, PromptsAsTextTokenIdsAndBatches) {
+  const auto ids = parse_completion_request(R"({"prompt":[15496,11,995]})").prompts;
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_TRUE(ids[0].tokens);
+  EXPECT_EQ(ids[0].ids, (std::vector<int32_t>{15496, 11, 995}));
+  const auto batch = parse_completion_request(R"({"prompt":["a","b c"]})").prompts;
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[1].text, "b c");
+  const auto mixed = parse_completion_request(R"({"prompt":[[1,2],"x",[3]]})").prompts;
+  ASSERT_EQ(mixed.size(), 3u);
+  EXPECT_EQ(mixed[0].ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_FALSE(mixed[1].tokens);
+  EXPECT_EQ(mixed[2].ids, (std::vector<int32_t>{3}));
+  ApiLimits two;
+  two.max_prompts = 2;
+  EXPECT_EQ(rejection([&] { parse_completion_request(R"({"prompt":["a","b","c"]})", two); }),
+            "prompt: `prompt`: a batch of 3 prompts; at most 2");
 }
 
 TEST(OpenAiCompletion, ReadsEveryParameter) {
@@ -287,12 +313,18 @@ TEST(OpenAiCompletion, EachBadParameterIsNamed) {
       {R"("model":3)", "model: `model` must be a string, got number"},
   };
   for (const auto& c : cases) EXPECT_EQ(completion_rejection(c.fields), c.want) << "fields " << c.fields;
-  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":["a","b"]})"); }),
-            "prompt: `prompt`: a batch of 2 prompts is not supported; send one per request");
-  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":[1,2,3]})"); }),
-            "prompt: `prompt` must be a string or an array of one string, got array");
+  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":[1,-2,3]})"); }),
+            "prompt: `prompt`: token ids must be integers >= 0, got -2");
+  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":["a",[1,1.5]]})"); }),
+            "prompt: `prompt`[1]: token ids must be integers >= 0, got 1.5");
+  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":["a",[]]})"); }),
+            "prompt: `prompt`[1]: an empty list of token ids");
+  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":["a",7]})"); }),
+            "prompt: `prompt`[1] must be a string or a list of token ids, got number");
   EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":5})"); }),
-            "prompt: `prompt` must be a string or an array of one string, got number");
+            "prompt: `prompt` must be a string, a list of strings, a list of token ids or a list of such lists, got number");
+  EXPECT_EQ(rejection([] { parse_completion_request(R"({"prompt":[]})"); }),
+            "prompt: `prompt` must be a string, a list of strings, a list of token ids or a list of such lists, got array");
 }
 
 TEST(OpenAiChat, ReadsMessagesAndParameters) {
@@ -498,22 +530,24 @@ TEST(Responses, TgiStreamEvents) {
 TEST(Responses, OpenAiCompletionAndChat) {
   const OpenAiMeta m{"cmpl-1", "gpt2", 1700000000};
   const Generation g = generation();
-  EXPECT_EQ(completion_response(m, {g}, "", -1), json::parse(R"({"id":"cmpl-1","object":"text_completion",
+  EXPECT_EQ(completion_response(m, {g}, 3, -1), json::parse(R"({"id":"cmpl-1","object":"text_completion",
       "created":1700000000,"model":"gpt2","system_fingerprint":"pagedoptim",
       "choices":[{"index":0,"text":" world!","logprobs":null,"finish_reason":"length"}],
       "usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}})"));
-  const json lp = completion_response(m, {g}, "Hello", 1)["choices"][0];
+  Generation ge = g;
+  ge.echo = "Hello";
+  const json lp = completion_response(m, {ge}, 3, 1)["choices"][0];
   EXPECT_EQ(lp["text"], "Hello world!") << "echo";
   EXPECT_EQ(lp["logprobs"], json::parse(R"({"tokens":[" world","!"],"token_logprobs":[-0.5,-0.25],
       "top_logprobs":[{" world":-0.5},{"!":-0.25}],"text_offset":[5,11]})"));
   // With the prompt scored (echo and logprobs): its tokens lead, the first null.
-  Generation gp = g;
+  Generation gp = ge;
   gp.prompt.resize(2);
   gp.prompt[0].text = "Hel";
   gp.prompt[0].logprob = std::numeric_limits<float>::quiet_NaN();
   gp.prompt[1].text = "lo";
   gp.prompt[1].logprob = -2;
-  EXPECT_EQ(completion_response(m, {gp}, "Hello", 1)["choices"][0]["logprobs"],
+  EXPECT_EQ(completion_response(m, {gp}, 3, 1)["choices"][0]["logprobs"],
             json::parse(R"({"tokens":["Hel","lo"," world","!"],"token_logprobs":[null,-2,-0.5,-0.25],
       "top_logprobs":[null,{"lo":-2},{" world":-0.5},{"!":-0.25}],"text_offset":[0,3,5,11]})"));
   Generation g2 = g;
@@ -538,7 +572,7 @@ TEST(Responses, LogprobAlternatives) {
   g.tokens[0].top = {{7, -0.125f}, {995, -0.5f}, {8, -0.875f}};  // the chosen token second
   g.tokens[1].top = {{5, -0.0625f}, {6, -0.03125f}};             // the chosen token not among them
   const TokenText text_of = [](int32_t id) { return std::string(1, 't') + std::to_string(id); };
-  EXPECT_EQ(completion_response(m, {g}, "", 2, text_of)["choices"][0]["logprobs"]["top_logprobs"],
+  EXPECT_EQ(completion_response(m, {g}, 3, 2, text_of)["choices"][0]["logprobs"]["top_logprobs"],
             json::parse(R"([{"t7":-0.125," world":-0.5},{"t5":-0.0625,"t6":-0.03125,"!":-0.25}])"));
   const json content = chat_response(m, {g}, 1, text_of)["choices"][0]["logprobs"]["content"];
   EXPECT_EQ(content[0]["top_logprobs"], json::parse(R"([{"token":"t7","logprob":-0.125,"bytes":[116,55]},

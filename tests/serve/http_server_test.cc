@@ -389,6 +389,56 @@ TEST_F(HttpServerTest, DecoderInputDetailsScoreThePrompt) {
   EXPECT_EQ(lp["text_offset"][ids.size()], std::string("Hello world, again").size()) << o->body;
 }
 
+// A batch of prompts, as text and as token ids, with n = 2: choice k·2 + j
+// is prompt k's j-th; a prompt given as ids completes as its text does; echo
+// gives each its own prompt; usage counts each prompt once; streamed, the
+// chunks carry the same indices and texts. An id outside the vocabulary is
+// a 400 naming the prompt.
+TEST_F(HttpServerTest, CompletionsTakeABatchOfTextAndTokenIdPrompts) {
+  const auto ids = prompt_ids("A B C");
+  json ids_json = json::array();
+  for (int32_t id : ids) ids_json.push_back(id);
+  json body = {{"prompt", json::array({"The cat", ids_json})}, {"max_tokens", 6}, {"temperature", 0},
+               {"n", 2}, {"echo", true}};
+  auto r = post("/v1/completions", body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 4u) << r->body;
+  for (size_t c = 0; c < 4; ++c) EXPECT_EQ(j["choices"][c]["index"], c);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_ids("The cat").size() + ids.size()) << r->body;
+  auto single = [&](const std::string& prompt) {
+    auto o = post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}}.dump());
+    EXPECT_TRUE(o && o->status == 200);
+    return json::parse(o->body)["choices"][0]["text"].get<std::string>();
+  };
+  const std::string cat = single("The cat"), abc = single("A B C");
+  EXPECT_EQ(j["choices"][0]["text"], "The cat" + cat);
+  EXPECT_EQ(j["choices"][1]["text"], "The cat" + cat);
+  EXPECT_EQ(j["choices"][2]["text"], "A B C" + abc) << "the ids' prompt, echoed as their text, completes as the text";
+  EXPECT_EQ(j["choices"][3]["text"], "A B C" + abc);
+
+  body["stream"] = true;
+  auto s = post("/v1/completions", body.dump());
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200) << s->body;
+  std::string err;
+  std::vector<std::string> texts(4);
+  for (const auto& e : sse_data(s->body, &err)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e);
+    texts.at(c["choices"][0]["index"].get<size_t>()) += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(err, "");
+  for (size_t c = 0; c < 4; ++c) EXPECT_EQ(texts[c], j["choices"][c]["text"]) << "streamed choice " << c;
+
+  auto bad = post("/v1/completions", R"({"prompt":["x",[1,99999999]],"max_tokens":2})");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_EQ(openai_error_shape(bad->body, "invalid_request_error"), "") << bad->body;
+  EXPECT_NE(bad->body.find("`prompt[1]`: token id 99999999 is outside the vocabulary"), std::string::npos) << bad->body;
+}
+
 TEST_F(HttpServerTest, TokenizeGivesIdsAndOffsets) {
   auto r = post("/tokenize", R"({"inputs":"Hello world"})");
   ASSERT_TRUE(r);
