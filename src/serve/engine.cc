@@ -551,6 +551,8 @@ bool Engine::step() {
         q.started = true;
         q.admitted = Clock::now();
         stats_.queue_duration.add(seconds(q.admitted - q.arrived));
+        q.stream->queue_s_ = seconds(q.admitted - q.arrived);
+        for (auto& f : q.forks) f->stream->queue_s_ = seconds(q.admitted - f->arrived);
       }
     }
     s.running.push_back(std::move(s.waiting.front()));

@@ -65,6 +65,8 @@ class Stream {
 
   int64_t id() const { return id_; }
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  // Seconds from arrival to admission (its first step); < 0 until admitted.
+  double queue_seconds() const { return queue_s_; }
   uint64_t seed() const { return seed_; }
 
  private:
@@ -74,6 +76,7 @@ class Stream {
   Update pending_;
   bool has_pending_ = false, done_ = false;
   std::atomic<bool> cancelled_{false};
+  std::atomic<double> queue_s_{-1};
   int64_t id_ = 0, prompt_tokens_ = 0;
   uint64_t seed_ = 0;
 };

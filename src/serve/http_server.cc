@@ -517,6 +517,7 @@ void HttpServer::Impl::tokenize(const std::string& body, Response& res) const {
 
 void HttpServer::Impl::tgi_generate(const std::string& body, Response& res, TgiRoute route) {
   Engine& e = engine_ref();
+  const auto v0 = Clock::now();  // validation: parsing, tokenizing, the length checks
   TgiRequest r = parse_tgi_request(body, route, limits());
   const std::vector<int32_t> ids = encode_prompt(e, r.inputs);
   const auto n = static_cast<int64_t>(ids.size());
@@ -524,6 +525,7 @@ void HttpServer::Impl::tgi_generate(const std::string& body, Response& res, TgiR
                                                    e.options().max_total_tokens, false, "inputs");
   const uint64_t seed = r.seed ? *r.seed : random_u64();
   const auto t0 = Clock::now();
+  const double validation_s = std::chrono::duration<double>(t0 - v0).count();
   Streams ss = submit(e, ids, r.params, r.best_of, seed);
   res.set_header("x-compute-type", "cpu");
   res.set_header("x-compute-characters", std::to_string(utf8_chars(r.inputs)));
@@ -548,8 +550,14 @@ void HttpServer::Impl::tgi_generate(const std::string& body, Response& res, TgiR
   if (route == TgiRoute::kCompat) out = json::array({out});  // TGI's POST / answers a list
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto generated = static_cast<int64_t>(gens[best].tokens.size());
+  // TGI's timing headers (milliseconds but x-compute-time): the queue is
+  // arrival to admission, the inference admission to the end.
+  const double queue_s = std::max(0.0, ss[best].queue_seconds());
   res.set_header("x-compute-time", std::to_string(secs));
-  res.set_header("x-total-time", std::to_string(static_cast<int64_t>(secs * 1000)));
+  res.set_header("x-total-time", std::to_string(static_cast<int64_t>((secs + validation_s) * 1000)));
+  res.set_header("x-validation-time", std::to_string(static_cast<int64_t>(validation_s * 1000)));
+  res.set_header("x-queue-time", std::to_string(static_cast<int64_t>(queue_s * 1000)));
+  res.set_header("x-inference-time", std::to_string(static_cast<int64_t>(std::max(0.0, secs - queue_s) * 1000)));
   res.set_header("x-time-per-token", std::to_string(static_cast<int64_t>(secs * 1000 / std::max<int64_t>(1, generated))));
   res.set_header("x-prompt-tokens", std::to_string(n));
   res.set_header("x-generated-tokens", std::to_string(generated));

@@ -207,6 +207,16 @@ TEST_F(HttpServerTest, GenerateIsGreedyGeneratesTokensWithTgisShape) {
   EXPECT_EQ(d["prefill"], json::array());
   const auto n = d["tokens"].size();
   EXPECT_EQ(r->get_header_value("x-generated-tokens"), std::to_string(n));
+  // TGI's timing headers, in whole milliseconds: total = validation + queue + inference (each rounded down).
+  int64_t parts = 0;
+  for (const char* h : {"x-validation-time", "x-queue-time", "x-inference-time"}) {
+    const std::string v = r->get_header_value(h);
+    ASSERT_FALSE(v.empty()) << h << " missing";
+    parts += std::stoll(v);
+  }
+  const int64_t total = std::stoll(r->get_header_value("x-total-time"));
+  EXPECT_LE(parts, total) << "validation + queue + inference exceed the total";
+  EXPECT_GE(parts + 3, total) << "validation + queue + inference fall short of the total";
   EXPECT_EQ(d["generated_tokens"], n);
   std::vector<int32_t> got;
   for (const auto& t : d["tokens"]) {
