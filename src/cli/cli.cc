@@ -39,6 +39,7 @@
 #include "plan/planner.h"
 #include "serve/api.h"
 #include "serve/engine.h"
+#include "serve/kv_cache.h"
 #include "serve/http_server.h"
 #include "train/generate.h"
 #include "train/launch.h"
@@ -190,6 +191,7 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
       m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
       m.fill_derived();
     }
+    m.inference = true;  // generate, serve and export: no training buffers
     model::Transformer model(m, batch_for(m), m.seq_len);
     train::load_model_weights(src, model);
     return model;
@@ -213,7 +215,8 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
     cfg.set_text("model.init", "random", path);
   model::TransformerConfig m = train::resolve_model_config(cfg);
   m.activation_checkpointing = false;
-  m.bf16_activations = false;  // inference saves nothing
+  m.bf16_activations = false;
+  m.inference = true;  // generate, serve and export: no training buffers
   model::Transformer model(m, batch_for(m), m.seq_len);
   train::load_checkpoint(path, model, nullptr);
   return model;
@@ -324,6 +327,17 @@ int cmd_serve(ServeOptions o) {
 
   model::Transformer model = load_model(o.model, 1, o.max_batch_total_tokens);
   serve::Engine engine(model, *tok, eo);
+  {
+    const int64_t blocks = engine.stats().kv_blocks_total;
+    std::fprintf(stderr,
+                 "pagedoptim: memory: weights %.1f MiB, activations %.1f MiB (one block's, %lld rows), "
+                 "KV cache %.1f MiB (%lld blocks of %lld positions)\n",
+                 static_cast<double>(model.params_bytes()) / (1 << 20),
+                 static_cast<double>(model.activation_bytes()) / (1 << 20),
+                 static_cast<long long>(model.batch() * model.seq()),
+                 static_cast<double>(blocks) * static_cast<double>(serve::KvBlockPool::block_bytes(model.config(), eo.block_size)) / (1 << 20),
+                 static_cast<long long>(blocks), static_cast<long long>(eo.block_size));
+  }
   server.attach(engine);
   g_serving = true;
   const bool v6 = o.host.find(':') != std::string::npos;

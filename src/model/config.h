@@ -51,6 +51,11 @@ struct TransformerConfig {
   // norm and residual regions hold B·T/tp rows per rank (Korthikanti et al.
   // 2022); nothing at tp = 1.
   bool sequence_parallel = false;
+  // Built to generate only (forward_cached, forward_paged): the activations
+  // are one block's tensors, reused by every block, and the head's norm; no
+  // saved activations, no backward buffers. Not a config key: the serving
+  // and generating commands set it.
+  bool inference = false;
 
   // The defaults of an architecture ("gpt2", "llama"), shapes unset.
   static TransformerConfig arch_defaults(const std::string& arch);

@@ -183,6 +183,25 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   };
   out.encoded = take(R * C);
   out.layers.assign(static_cast<size_t>(n_blocks), LayerActs{});
+  if (config.inference) {  // decode_blocks: one block's tensors, two residual buffers, the head's norm
+    out.layers16.clear();
+    out.scratch = LayerActs{};
+    out.regions.clear();
+    full_layer(out.scratch, false);
+    if (config.positions == Positions::kRope) {
+      out.rope_cos = take(T * config.head_dim() / 2);
+      out.rope_sin = take(T * config.head_dim() / 2);
+    }
+    if (with_head) {
+      out.regions.push_back({used, 0});
+      out.lnf = take(R * C);
+      out.lnf_mean = ln ? take(R) : nullptr;
+      out.lnf_rstd = take(R);
+      out.regions.back().second = used;
+    }
+    out.dres = take(R * C);
+    return static_cast<size_t>(used);
+  }
   out.layers16.assign(config.bf16_activations ? static_cast<size_t>(n_blocks) : 0, LayerActs16{});
   out.scratch = LayerActs{};
   out.regions.clear();

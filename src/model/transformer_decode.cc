@@ -48,7 +48,8 @@ const float* Transformer::decode_blocks(
   const int64_t AO = config_.n_head * hs, FC = config_.fc_width(), F = config_.ffn_hidden;
   // Scratch: a full layer's views (the recompute layer, or block 0's).
   claim_regions();
-  LayerActs a = config_.activation_checkpointing || config_.bf16_activations ? scratch_ : layers_[0];
+  LayerActs a = config_.activation_checkpointing || config_.bf16_activations || config_.inference ? scratch_
+                                                                                                   : layers_[0];
   float* x = encoded_;
   float* y = dres_;  // the next block's input
   for (int64_t l = 0; l < config_.n_layer; ++l) {

@@ -281,6 +281,8 @@ void Transformer::block_backward_weight(WeightGradWork& work) {
 }
 
 const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, bool save) {
+  PO_CHECK(!config_.inference, "a model built for inference (TransformerConfig::inference) runs ",
+           "forward_cached and forward_paged only, not a training or evaluation forward");
   const int64_t C = config_.n_embd, rows = b * t / sp_;
   const float* in = x0;
   for (int l = first_block(); l < end_block(); ++l) {

@@ -323,6 +323,43 @@ TEST_P(LlamaSchedules, CachedDecodeMatchesRecomputedLogits) {
   std::printf("[%s] cached decode: max logits rel %.2e\n", label().c_str(), worst);
 }
 
+// A model built for inference (TransformerConfig::inference: one block's
+// tensors, no saved activations or backward buffers) decodes bit-identically
+// to the training layout, in a fraction of its activation memory, and
+// refuses a training forward with a message.
+TEST_P(LlamaSchedules, InferenceLayoutDecodesBitIdenticallyInLessMemory) {
+  Fixture fx(std::get<0>(GetParam()));
+  fx.config.activation_checkpointing = std::get<1>(GetParam());
+  Transformer trained(fx.config, fx.B, fx.T);
+  load_golden(fx.file, trained);
+  po::model::TransformerConfig ic = fx.config;
+  ic.activation_checkpointing = false;
+  ic.inference = true;
+  Transformer inferring(ic, fx.B, fx.T);
+  load_golden(fx.file, inferring);
+  const int64_t V = fx.config.vocab_size, T = fx.T;
+  const int32_t* seq = fx.inputs.data() + T;
+  std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
+  po::model::KvCache ca = trained.make_kv_cache(T), cb = inferring.make_kv_cache(T);
+  for (int64_t t = 6; t < T; ++t) {
+    const int64_t start = t == 6 ? 0 : t;
+    trained.forward_cached(seq + start, t + 1 - start, ca, a.data());
+    inferring.forward_cached(seq + start, t + 1 - start, cb, b.data());
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << fx.name << ": logits at position " << t << " differ between the training and inference layouts";
+  }
+  // A third of the layout that saves every block; below even the checkpointing one.
+  EXPECT_LT(inferring.activation_bytes() * (fx.config.activation_checkpointing ? 1 : 3), trained.activation_bytes())
+      << fx.name << ": inference " << inferring.activation_bytes() << " bytes of activations, training "
+      << trained.activation_bytes();
+  try {
+    inferring.next_token_logits(seq, 4, b.data());
+    ADD_FAILURE() << "a training forward on an inference model should be refused";
+  } catch (const po::core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built for inference"), std::string::npos) << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, LlamaSchedules,
                          ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Bool()),
                          param_name);
