@@ -365,9 +365,9 @@ OpenAiRequest parse_completion_request(std::string_view body, const ApiLimits& l
   r.logprobs = f.integer("logprobs", 0, 5, "`logprobs` must be >= 0 and <= 5").value_or(-1);
   r.params.top_logprobs = std::max<int64_t>(r.logprobs, 0);
   r.echo = f.boolean("echo").value_or(false);
-  // The prompt's tokens with their log-probabilities lead `logprobs` (not
-  // when streaming: the chunks carry the output's alone).
-  r.params.prompt_logprobs = r.echo && r.logprobs >= 0 && !r.stream;
+  // The prompt's tokens with their log-probabilities lead `logprobs`
+  // (streamed: in the echo's chunk, sent with the first token).
+  r.params.prompt_logprobs = r.echo && r.logprobs >= 0;
   f.unsupported("suffix", "`suffix` is not supported", is_empty);
   f.unsupported("best_of", "`best_of` is not supported on /v1/completions: use `n`", is_one);
   return r;

@@ -169,7 +169,7 @@ struct HttpServer::Impl {
   void tgi_stream(Response& res, Streams ss, TgiRequest r, int64_t prompt_tokens, uint64_t seed);
   void openai(const std::string& body, Response& res, bool chat);
   void openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta, int64_t prompt_tokens,
-                     std::vector<std::string> echoes,
+                     std::vector<OpenAiStreamState::Echo> echoes,
                      Engine& e);
 };
 
@@ -636,11 +636,11 @@ void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat)
   // Choice k·n + i: prompt k's i-th, with seed + k·n + i.
   const uint64_t seed = r.seed ? *r.seed : random_u64();
   Streams ss({});
-  std::vector<std::string> echoes;
+  std::vector<OpenAiStreamState::Echo> echoes;
   int64_t prompt_tokens = 0;
   for (size_t k = 0; k < jobs.size(); ++k) {
     ss.append(submit(e, jobs[k].ids, jobs[k].params, r.n, seed + k * static_cast<uint64_t>(r.n)));
-    echoes.resize(ss.size(), jobs[k].echo);
+    echoes.resize(ss.size(), {jobs[k].echo, jobs[k].ids.empty() ? 0 : jobs[k].ids[0]});
     prompt_tokens += static_cast<int64_t>(jobs[k].ids.size());
   }
   char id[32];
@@ -663,7 +663,7 @@ void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat)
 }
 
 void HttpServer::Impl::openai_stream(Response& res, Streams ss, OpenAiRequest r, OpenAiMeta meta,
-                                     int64_t prompt_tokens, std::vector<std::string> echoes, Engine& e) {
+                                     int64_t prompt_tokens, std::vector<OpenAiStreamState::Echo> echoes, Engine& e) {
   send_events(res,
               std::make_shared<OpenAiStreamState>(std::move(ss), std::move(r), std::move(meta), prompt_tokens,
                                                   std::move(echoes),

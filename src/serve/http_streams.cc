@@ -2,6 +2,7 @@
 #include "serve/http_streams.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace po::serve {
 namespace {
@@ -96,13 +97,14 @@ std::string TgiStreamState::on_update(const Update& u) {
 }
 
 OpenAiStreamState::OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt,
-                                     std::vector<std::string> echoes, TokenText names)
+                                     std::vector<Echo> echoes, TokenText names)
     : ss(std::move(s)),
       r(std::move(q)),
       meta(std::move(m)),
       prompt_tokens_(prompt),
       text_of_(std::move(names)),
       echoes_(std::move(echoes)),
+      echoed_(ss.size(), false),
       made_(ss.size(), 0),
       offset_(ss.size(), 0) {}
 
@@ -119,11 +121,23 @@ std::string OpenAiStreamState::start() {
   std::string out;
   for (size_t i = 0; i < ss.size(); ++i) {
     if (r.chat) out += chunk(i, true, "", {}, Finish::kNone);  // OpenAI's first delta: the role
-    if (!r.chat && r.echo) {
-      out += chunk(i, false, echoes_[i], {}, Finish::kNone);
-      offset_[i] += static_cast<int64_t>(echoes_[i].size());
+    if (!r.chat && r.echo && !r.params.prompt_logprobs) {
+      out += chunk(i, false, echoes_[i].text, {}, Finish::kNone);
+      offset_[i] += static_cast<int64_t>(echoes_[i].text.size());
     }
   }
+  return out;
+}
+
+std::string OpenAiStreamState::scored_echo(size_t i, std::vector<GeneratedToken> prompt) {
+  std::vector<GeneratedToken> all(1);
+  all[0].id = echoes_[i].first_id;
+  all[0].logprob = std::numeric_limits<float>::quiet_NaN();
+  for (auto& t : prompt) all.push_back(std::move(t));
+  for (GeneratedToken& t : all) t.text = text_of_(t.id);
+  std::string out = chunk(i, false, echoes_[i].text, all, Finish::kNone);
+  offset_[i] += static_cast<int64_t>(echoes_[i].text.size());
+  echoed_[i] = true;
   return out;
 }
 
@@ -141,6 +155,8 @@ std::string OpenAiStreamState::poll() {
     waited = true;
     if (!got) continue;
     made_[i] += static_cast<int64_t>(u.tokens.size());
+    if (r.params.prompt_logprobs && !echoed_[i] && (!u.prompt.empty() || !u.tokens.empty()))
+      out += scored_echo(i, std::move(u.prompt));  // with the first token (a one-token prompt has no scores)
     if (!u.error.empty() || u.finish == Finish::kCancelled) {
       const std::string msg = u.error.empty() ? kCancelledMessage : "Request failed during generation: " + u.error;
       out += sse_event(openai_error(msg, "server_error"), true);

@@ -87,8 +87,15 @@ struct TgiStreamState {
 // One OpenAI stream in flight: chunks per update and choice, each choice's
 // finish_reason, the usage (stream_options.include_usage), then [DONE].
 struct OpenAiStreamState {
-  // `echoes`: per choice, the text that precedes its output (completions' echo).
-  OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt, std::vector<std::string> echoes,
+  // `echoes`: per choice, the text that precedes its output (completions'
+  // echo), and the id of its prompt's first token. With prompt
+  // log-probabilities the echo chunk waits for them (they come with the
+  // first token) and carries the prompt's tokens, the first unscored.
+  struct Echo {
+    std::string text;
+    int32_t first_id = 0;
+  };
+  OpenAiStreamState(Streams s, OpenAiRequest q, OpenAiMeta m, int64_t prompt, std::vector<Echo> echoes,
                     TokenText names);
   // The chunks of what the streams have (the first open one waits up to
   // kPoll), after the ones that open the stream on the first call; sets
@@ -109,7 +116,10 @@ struct OpenAiStreamState {
   bool started_ = false;
   int64_t prompt_tokens_;
   TokenText text_of_;
-  std::vector<std::string> echoes_;
+  std::vector<Echo> echoes_;
+  std::vector<bool> echoed_;  // the scored echo went out
+  // Sends choice i's echo with its prompt's scores (prompt_logprobs).
+  std::string scored_echo(size_t i, std::vector<GeneratedToken> prompt);
   std::vector<int64_t> made_, offset_;  // per choice: tokens, bytes of text so far (logprobs' text_offset)
 };
 

@@ -397,6 +397,28 @@ TEST_F(HttpServerTest, DecoderInputDetailsScoreThePrompt) {
     EXPECT_TRUE(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>())) << o->body;
   }
   EXPECT_EQ(lp["text_offset"][ids.size()], std::string("Hello world, again").size()) << o->body;
+  // Streamed: the echo's chunk carries the prompt's scores, the output's follow.
+  auto s = post("/v1/completions", R"({"prompt":"Hello world, again","max_tokens":2,"echo":true,"logprobs":1,
+      "stream":true})");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200) << s->body;
+  std::string err, text;
+  json tokens = json::array(), lps = json::array();
+  for (const auto& e : sse_data(s->body, &err)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    text += c["text"].get<std::string>();
+    if (c["logprobs"].is_null()) continue;
+    for (const auto& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const auto& l : c["logprobs"]["token_logprobs"]) lps.push_back(l);
+  }
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(text, json::parse(o->body)["choices"][0]["text"]) << s->body;
+  EXPECT_EQ(tokens, lp["tokens"]) << s->body;
+  ASSERT_EQ(lps.size(), lp["token_logprobs"].size()) << s->body;
+  EXPECT_TRUE(lps[0].is_null()) << s->body;
+  for (size_t i = 1; i < lps.size(); ++i)
+    EXPECT_NEAR(lps[i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-5) << "streamed token " << i;
 }
 
 // A batch of prompts, as text and as token ids, with n = 2: choice k·2 + j
