@@ -181,6 +181,17 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     a.fch_gelu = take(BT * F);
     a.residual3 = with_residual3 ? take(R * C) : nullptr;
   };
+  auto rope_tables = [&] {
+    if (config.positions != Positions::kRope) return;
+    out.rope_cos = take(T * config.head_dim() / 2);
+    out.rope_sin = take(T * config.head_dim() / 2);
+  };
+  auto head_norm = [&] {  // opens the head's region
+    out.regions.push_back({used, 0});
+    out.lnf = take(R * C);
+    out.lnf_mean = ln ? take(R) : nullptr;
+    out.lnf_rstd = take(R);
+  };
   out.encoded = take(R * C);
   out.layers.assign(static_cast<size_t>(n_blocks), LayerActs{});
   if (config.inference) {  // decode_blocks: one block's tensors, two residual buffers, the head's norm
@@ -188,15 +199,9 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.scratch = LayerActs{};
     out.regions.clear();
     full_layer(out.scratch, false);
-    if (config.positions == Positions::kRope) {
-      out.rope_cos = take(T * config.head_dim() / 2);
-      out.rope_sin = take(T * config.head_dim() / 2);
-    }
+    rope_tables();
     if (with_head) {
-      out.regions.push_back({used, 0});
-      out.lnf = take(R * C);
-      out.lnf_mean = ln ? take(R) : nullptr;
-      out.lnf_rstd = take(R);
+      head_norm();
       out.regions.back().second = used;
     }
     out.dres = take(R * C);
@@ -243,15 +248,9 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     }
     if (config.activation_checkpointing) full_layer(out.scratch, false);
   }
-  if (config.positions == Positions::kRope) {
-    out.rope_cos = take(T * config.head_dim() / 2);
-    out.rope_sin = take(T * config.head_dim() / 2);
-  }
+  rope_tables();
   if (with_head) {
-    out.regions.push_back({used, 0});
-    out.lnf = take(R * C);
-    out.lnf_mean = ln ? take(R) : nullptr;
-    out.lnf_rstd = take(R);
+    head_norm();
     out.logits = take(head_chunk_rows(B, T) * V);
     out.losses = take(BT);
     out.dlnf = take(BT * C);

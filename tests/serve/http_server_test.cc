@@ -380,7 +380,7 @@ TEST_F(HttpServerTest, DecoderInputDetailsScoreThePrompt) {
     }
   }
   EXPECT_EQ(text, "Hello world, again");
-  auto o = post("/v1/completions", R"({"prompt":"Hello world, again","max_tokens":2,"echo":true,"logprobs":1})");
+  auto o = post("/v1/completions", R"({"prompt":"Hello world, again","max_tokens":2,"echo":true,"logprobs":1,"temperature":0})");
   ASSERT_TRUE(o);
   ASSERT_EQ(o->status, 200) << o->body;
   const json lp = json::parse(o->body)["choices"][0]["logprobs"];
@@ -399,21 +399,21 @@ TEST_F(HttpServerTest, DecoderInputDetailsScoreThePrompt) {
   EXPECT_EQ(lp["text_offset"][ids.size()], std::string("Hello world, again").size()) << o->body;
   // Streamed: the echo's chunk carries the prompt's scores, the output's follow.
   auto s = post("/v1/completions", R"({"prompt":"Hello world, again","max_tokens":2,"echo":true,"logprobs":1,
-      "stream":true})");
+      "temperature":0,"stream":true})");
   ASSERT_TRUE(s);
   ASSERT_EQ(s->status, 200) << s->body;
-  std::string err, text;
+  std::string err, streamed;
   json tokens = json::array(), lps = json::array();
   for (const auto& e : sse_data(s->body, &err)) {
     if (e == "[DONE]") continue;
     const json c = json::parse(e)["choices"][0];
-    text += c["text"].get<std::string>();
+    streamed += c["text"].get<std::string>();
     if (c["logprobs"].is_null()) continue;
     for (const auto& t : c["logprobs"]["tokens"]) tokens.push_back(t);
     for (const auto& l : c["logprobs"]["token_logprobs"]) lps.push_back(l);
   }
   EXPECT_EQ(err, "");
-  EXPECT_EQ(text, json::parse(o->body)["choices"][0]["text"]) << s->body;
+  EXPECT_EQ(streamed, json::parse(o->body)["choices"][0]["text"]) << s->body;
   EXPECT_EQ(tokens, lp["tokens"]) << s->body;
   ASSERT_EQ(lps.size(), lp["token_logprobs"].size()) << s->body;
   EXPECT_TRUE(lps[0].is_null()) << s->body;
