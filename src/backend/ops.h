@@ -185,6 +185,10 @@ void paged_attention_forward(float* out, const float* q, int64_t q_stride, const
 // out[B,T,C] = wte[tokens[b,t]] + wpe[t]  (wpe null: no learned positions)
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C);
+// The same from a table stored in bf16 (its bits): each looked-up row widened
+// as it is read, the values embedding_forward gives on the widened table.
+void embedding_forward(float* out, const int32_t* tokens, const uint16_t* wte16, const float* wpe,
+                       int64_t B, int64_t T, int64_t C);
 // dwte[V,C] += scatter of dout rows; dwpe[T,C] += sum over b (dwpe may be null).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C);
@@ -207,6 +211,8 @@ void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
 // looked up (row t - v0), the others give zero rows, so the sum over the
 // tensor group is the lookup; positions are added after that sum.
 void embedding_forward_slice(float* out, const int32_t* tokens, const float* wte_slice,
+                             int64_t v0, int64_t nv, int64_t n, int64_t C);
+void embedding_forward_slice(float* out, const int32_t* tokens, const uint16_t* wte16_slice,
                              int64_t v0, int64_t nv, int64_t n, int64_t C);
 // out[i,:] += wpe[(row0 + i) % T,:] for the rows i < n: rows row0 .. of a
 // [B,T] batch (all of it: row0 = 0, n = B·T).

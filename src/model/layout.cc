@@ -220,4 +220,22 @@ std::vector<int> Layout::param_visit_order() const {
   return order;
 }
 
+bool Layout::read_as_bf16(const TensorSpec& t) {
+  return t.shape.size() == 2 && t.slot != Slot::kPositionEmbedding;
+}
+
+std::vector<std::pair<int64_t, int64_t>> Layout::f32_read_ranges(int u) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t base = unit_offset(u);
+  for (const TensorSpec& t : tensors_) {
+    if (t.unit != u || read_as_bf16(t)) continue;
+    const int64_t b = t.offset - base, e = b + t.numel();
+    if (!out.empty() && out.back().second == b)
+      out.back().second = e;
+    else
+      out.emplace_back(b, e);
+  }
+  return out;
+}
+
 }  // namespace po::model

@@ -151,6 +151,15 @@ class Layout {
   // offsets) that hold replicated tensors: on tp ranks > 0 these are copies
   // that a global reduction (the gradient norm) must not count again.
   std::vector<std::pair<int64_t, int64_t>> replicated_ranges() const;
+  // Whether the model reads `t` only through its bf16 bits when they are
+  // stored (UnitHooks::params_lean): the GEMM weights of the blocks and the
+  // head, and the token table (the lookup widens the rows it reads). The
+  // norms, the biases and the position table are read as f32.
+  static bool read_as_bf16(const TensorSpec& t);
+  // Ranges [begin, end) of unit u's elements, counted from the unit's start,
+  // holding the tensors not read_as_bf16, in order: what a lean widening of
+  // the unit writes.
+  std::vector<std::pair<int64_t, int64_t>> f32_read_ranges(int u) const;
 
   // The one-stage training schedule of a micro-batch, and the order in which
   // it asks for units' parameters (the ZeRO-3 gather order).

@@ -335,14 +335,16 @@ Transformer::BlockParams Transformer::block_params(float* unit_base) const {
 }
 
 Transformer::BlockParams Transformer::block_params_of(int u) {
-  BlockParams P = block_params(unit_params(u));
-  const uint16_t* base = hooks_.params_bf16 ? hooks_.params_bf16(u) : nullptr;
+  const UnitView v = unit_params_lean(u);
+  BlockParams P = block_params(v.f32);
+  const uint16_t* base = v.bf16;
   if (base == nullptr) return P;
   auto at = [&](Slot s) { return base + layout_.block_slot(s); };
   P.qkvw16 = at(Slot::kQkv);
   P.attprojw16 = at(Slot::kAttnOut);
   P.fcw16 = at(Slot::kFc);
   P.fcprojw16 = at(Slot::kProj);
+  if (v.lean) P.qkvw = P.attprojw = P.fcw = P.fcprojw = nullptr;  // not widened: bits only
   return P;
 }
 
@@ -390,6 +392,16 @@ float* Transformer::unit_params(int u) {
   PO_CHECK(holds(u) || hooks_.params, "a stage holding the tied head without the embedding ",
            "(units ", first_, "..", last_, ") reaches unit 0's token table through UnitHooks");
   return hooks_.params ? hooks_.params(u) : params() + unit_offset(u);
+}
+
+Transformer::UnitView Transformer::unit_params_lean(int u) {
+  UnitView v;
+  v.lean = hooks_.params_lean && hooks_.params_bf16 &&
+           ops::gemm_precision() == ops::GemmPrecision::kBF16;
+  v.f32 = v.lean ? hooks_.params_lean(u) : unit_params(u);
+  v.bf16 = hooks_.params_bf16 ? hooks_.params_bf16(u) : nullptr;
+  if (v.bf16 == nullptr) v.lean = false;  // the hooks widened every value
+  return v;
 }
 
 void Transformer::unit_done(int u) {

@@ -67,7 +67,16 @@ struct UnitHooks {
   // bf16. Asked after params(u); a bf16 GEMM reads its weights from here
   // instead of rounding the widened copy again.
   std::function<const uint16_t*(int u)> params_bf16;
-  bool empty() const { return !params && !done && !grads && !grads_ready && !params_bf16; }
+  // Optional, with params_bf16: params(u) for a model that reads the
+  // Layout::read_as_bf16 tensors (GEMM weights, the token table) through
+  // their bits: where params_bf16(u) then gives bits, those tensors' f32
+  // values are not written (no widening pass over them); where it gives null,
+  // every value is. Training steps ask for it when GEMMs run at kBF16;
+  // generation asks params(u).
+  std::function<float*(int u)> params_lean;
+  bool empty() const {
+    return !params && !done && !grads && !grads_ready && !params_bf16 && !params_lean;
+  }
 };
 
 // Where a whole model's activation memory goes while nothing in it will be
@@ -407,6 +416,16 @@ class Transformer {
   // where the hooks hand them out.
   BlockParams block_params_of(int u);
   float* unit_params(int u);
+  // unit_params for a training step: the f32 values, the stored bf16 bits
+  // (null where the hooks hold none), and whether the f32 values of the
+  // read_as_bf16 tensors are missing (params_lean hooks at kBF16 GEMMs): then
+  // those tensors are read through `bf16` alone.
+  struct UnitView {
+    float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    bool lean = false;
+  };
+  UnitView unit_params_lean(int u);
   void unit_done(int u);
   float* unit_grads(int u);
   bool holds(int u) const { return u >= first_ && u <= last_; }
@@ -455,7 +474,9 @@ class Transformer {
     float *weight, *norm_w, *norm_b;
   };
   HeadViews head_views(float* unit0, float* head_unit) const;
-  HeadViews head_params();
+  // lean: through UnitHooks::params_lean where the hooks have it and GEMMs
+  // run at kBF16; the head weight's bits in *weight16 (null: read P.weight).
+  HeadViews head_params(bool lean = false, const uint16_t** weight16 = nullptr);
   const uint16_t* head_weight16(const float* weight);
   void head_done();
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,

@@ -400,17 +400,28 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   PO_CHECK(pops_->tp_size() == tp_size() && pops_->tp_rank() == layout_.split().rank,
            "the model is tensor-parallel rank ", layout_.split().rank, " of ", tp_size(),
            " but its ParallelOps is rank ", pops_->tp_rank(), " of ", pops_->tp_size());
-  const float* w = unit_params(0);
+  const UnitView v = unit_params_lean(0);
+  const float* w = v.f32;
   const TensorSpec* wpe = layout_.position_embedding();
-  const float* wte = w + layout_.token_embedding().offset;
-  const int64_t C = config_.n_embd;
+  const int64_t C = config_.n_embd, table = layout_.token_embedding().offset;
+  // Lean: the table's f32 values were not widened; the lookup reads its bits.
+  const float* wte = v.lean ? nullptr : w + table;
+  const uint16_t* wte16 = v.lean ? v.bf16 + table : nullptr;
   if (tp_size() == 1) {
-    ops::embedding_forward(encoded_, tokens, wte, wpe ? w + wpe->offset : nullptr, b, t, C);
+    const float* pos = wpe ? w + wpe->offset : nullptr;
+    if (v.lean)
+      ops::embedding_forward(encoded_, tokens, wte16, pos, b, t, C);
+    else
+      ops::embedding_forward(encoded_, tokens, wte, pos, b, t, C);
   } else {  // each rank looks up the tokens of its vocabulary slice; the sum is the lookup
     const int64_t rows = b * t;
     float* partial = sp_ > 1 ? full_ : encoded_;
-    ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(), layout_.vocab_real(),
-                                 rows, C);
+    if (v.lean)
+      ops::embedding_forward_slice(partial, tokens, wte16, layout_.vocab_begin(),
+                                   layout_.vocab_real(), rows, C);
+    else
+      ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(),
+                                   layout_.vocab_real(), rows, C);
     reduce_rows(partial, encoded_, rows);
     if (wpe != nullptr)
       ops::position_embedding_add(encoded_, w + wpe->offset, chunk_begin(rows), rows / sp_, t, C);
@@ -446,9 +457,21 @@ Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) c
 }
 
 // The head's parameters in its order (unit 0 first when tied, then the head unit).
-Transformer::HeadViews Transformer::head_params() {
-  float* w0 = layout_.tied() ? unit_params(0) : nullptr;
-  return head_views(w0, unit_params(layout_.head_unit()));
+Transformer::HeadViews Transformer::head_params(bool lean, const uint16_t** weight16) {
+  if (!lean) {
+    float* w0 = layout_.tied() ? unit_params(0) : nullptr;
+    return head_views(w0, unit_params(layout_.head_unit()));
+  }
+  const int hu = layout_.head_unit();
+  const UnitView v0 = layout_.tied() ? unit_params_lean(0) : UnitView{};
+  const UnitView vh = unit_params_lean(hu);
+  HeadViews P = head_views(v0.f32, vh.f32);
+  const UnitView& wv = layout_.tied() ? v0 : vh;
+  *weight16 = wv.bf16 == nullptr
+                  ? nullptr
+                  : wv.bf16 + (layout_.head().offset - layout_.unit_offset(layout_.tied() ? 0 : hu));
+  if (wv.lean) P.weight = nullptr;  // not widened: bits only
+  return P;
 }
 
 void Transformer::head_done() {
@@ -462,7 +485,8 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
                                  float grad_scale) {
   const int64_t C = config_.n_embd, V = config_.vocab_size;
   const bool backward = grad_scale != 0.0f;
-  const HeadViews P = head_params();
+  const uint16_t* stored16 = nullptr;  // the head weight's stored bits (bf16 units)
+  const HeadViews P = head_params(true, &stored16);
   HeadViews G{};
   if (backward) {
     float* g0 = layout_.tied() ? unit_grads(0) : nullptr;
@@ -476,7 +500,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   // GEMMs (the same bits: a GEMM at kBF16 rounds them the same way), and the
   // loss writes its gradient in bf16.
   const bool bf16 = logits16_ != nullptr && ops::gemm_precision() == ops::GemmPrecision::kBF16;
-  const uint16_t* w16 = bf16 ? head_weight16(P.weight) : nullptr;
+  const uint16_t* w16 = stored16 != nullptr ? stored16 : bf16 ? head_weight16(P.weight) : nullptr;
   if (bf16) ops::f32_to_bf16(lnf16_, x, rows * C);
   const bool grad16 = bf16 && backward && tp_size() == 1;
   const ops::Operand w(P.weight, w16);
@@ -510,15 +534,10 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   return sum;
 }
 
-// The head weight's bf16 bits: the stored bf16 parameters where the hooks
-// hand them out, else rounded here once per head pass (in a buffer of the
-// calling thread, as the GEMM's own rounding would be).
+// The head weight rounded to bf16 once per head pass, where no stored bits
+// are handed out (in a buffer of the calling thread, as the GEMM's own
+// rounding would be).
 const uint16_t* Transformer::head_weight16(const float* weight) {
-  const int u = layout_.tied() ? 0 : layout_.head_unit();
-  if (hooks_.params_bf16) {
-    const uint16_t* base = hooks_.params_bf16(u);
-    if (base != nullptr) return base + (layout_.head().offset - layout_.unit_offset(u));
-  }
   thread_local std::vector<uint16_t> w16;
   const int64_t n = layout_.head().numel();
   w16.resize(static_cast<size_t>(n));

@@ -13,6 +13,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "parallel/grad_norm.h"
+#include "parallel/units.h"
 
 namespace po::parallel {
 namespace ops = po::backend::cpu;
@@ -405,6 +406,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       h.params = [this, cp](int u) { return widen(*cp, u); };
       h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
       h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
+      h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});
@@ -425,12 +427,12 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
 // bf16: unit u's stored parameters widened to f32, one buffer for unit 0
 // and one for the others (a block, or the head with the tied table beside
 // it); the model returns each before it asks for the next of its kind.
-float* PipelineExecutor::widen(Chunk& c, int u) {
+float* PipelineExecutor::widen(Chunk& c, int u, bool lean) {
   const int k = u == 0 ? 0 : 1;
   PO_ASSERT(!widen_busy_[k], "pipeline: unit ", u, "'s parameters asked for while unit ",
             k == 0 ? "0's" : "another's", " are in use");
   widen_busy_[k] = true;
-  ops::bf16_to_f32(widen_[k].f32(), stored_bf16(c, u), layout_.unit_numel(u));
+  widen_unit(layout_, u, stored_bf16(c, u), widen_[k].f32(), lean);
   return widen_[k].f32();
 }
 

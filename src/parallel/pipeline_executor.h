@@ -245,7 +245,7 @@ class PipelineExecutor {
     Chunk* chunk = nullptr;
   };
   using AccKey = std::tuple<int, int, int>;  // (micro, stage, unit)
-  float* widen(Chunk& c, int u);
+  float* widen(Chunk& c, int u, bool lean = false);
   const uint16_t* stored_bf16(const Chunk& c, int u) const;
   float* accumulator(Chunk& c, int u);
   void flush(std::map<AccKey, Acc>::iterator it);

@@ -65,6 +65,7 @@ UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, c
   order_ = gather_order(model.layout());
   next_ = issued_ = static_cast<int>(order_.size());    // nothing expected before a pass starts
   active_.assign(static_cast<size_t>(units), nullptr);
+  bits_.assign(static_cast<size_t>(units), nullptr);
   acc_.assign(static_cast<size_t>(units), nullptr);
   if (options_.grads == Grads::kFull) {
     full_grads_ = tensor::Storage(static_cast<size_t>(model.num_params()) * sizeof(uint16_t));
@@ -72,14 +73,17 @@ UnitBuffers::UnitBuffers(model::Transformer& model, const ShardLayout& layout, c
   model_.release_grads();
   model_.set_unit_hooks({[this](int u) { return params(u); }, [this](int u) { done(u); },
                          [this](int u) { return grads(u); }, [this](int u) { grads_ready(u); },
-                         [this](int u) { return params_bf16(u); }});
+                         [this](int u) { return params_bf16(u); },
+                         [this](int u) { return params(u, true); }});
 }
 
-// Whole bf16 parameters are the stored copy itself; a gathered shard's bf16
-// buffer is given back once widened, so sharded units have none to offer.
+// Whole bf16 parameters are the stored copy itself; a sharded unit's
+// gathered bf16 buffer is kept while a lean use of it lasts (otherwise it is
+// given back once widened, and there are no bits to offer).
 const uint16_t* UnitBuffers::params_bf16(int u) const {
-  if (options_.param_dtype != DType::kBF16 || options_.shard_params || stored_ == nullptr)
-    return nullptr;
+  if (options_.param_dtype != DType::kBF16) return nullptr;
+  if (options_.shard_params) return static_cast<const uint16_t*>(bits_[static_cast<size_t>(u)]);
+  if (stored_ == nullptr) return nullptr;
   return static_cast<const uint16_t*>(stored_) + model_.unit_offset(u);
 }
 
@@ -196,12 +200,15 @@ size_t UnitBuffers::gather_bytes(int u) const {
   return (padded + send) * param_esz();
 }
 
-float* UnitBuffers::serve(int u, void* gathered) {
+float* UnitBuffers::serve(int u, void* gathered, bool lean) {
   if (options_.param_dtype == DType::kF32) return static_cast<float*>(gathered);
   float* f = static_cast<float*>(
       work_pool_.acquire(static_cast<size_t>(model_.unit_numel(u)) * sizeof(float)));
-  ops::bf16_to_f32(f, static_cast<const uint16_t*>(gathered), model_.unit_numel(u));
-  gather_pool_.release(gathered);
+  widen_unit(model_.layout(), u, static_cast<const uint16_t*>(gathered), f, lean);
+  if (lean)
+    bits_[static_cast<size_t>(u)] = gathered;
+  else
+    gather_pool_.release(gathered);
   return f;
 }
 
@@ -222,7 +229,15 @@ void UnitBuffers::drain_gathers() {
   issued_ = next_;
 }
 
-float* UnitBuffers::params(int u) {
+void widen_unit(const model::Layout& layout, int u, const uint16_t* src, float* dst, bool lean) {
+  if (!lean) {
+    ops::bf16_to_f32(dst, src, layout.unit_numel(u));
+    return;
+  }
+  for (const auto& [b, e] : layout.f32_read_ranges(u)) ops::bf16_to_f32(dst + b, src + b, e - b);
+}
+
+float* UnitBuffers::params(int u, bool lean) {
   shard_params();
   progress();
   PO_ASSERT(active_[static_cast<size_t>(u)] == nullptr, "UnitBuffers: unit ", u,
@@ -234,8 +249,8 @@ float* UnitBuffers::params(int u) {
     } else {
       out = static_cast<float*>(
           work_pool_.acquire(static_cast<size_t>(model_.unit_numel(u)) * sizeof(float)));
-      ops::bf16_to_f32(out, static_cast<const uint16_t*>(stored_) + model_.unit_offset(u),
-                       model_.unit_numel(u));
+      widen_unit(model_.layout(), u, static_cast<const uint16_t*>(stored_) + model_.unit_offset(u),
+                 out, lean);
     }
   } else {
     const int n = static_cast<int>(order_.size());
@@ -256,12 +271,12 @@ float* UnitBuffers::params(int u) {
       while (issued_ < ahead) issue_gather(issued_);
       // Paged shards: the pages of the gather after those start coming in.
       if (paged_.prefetch && issued_ < n) paged_.prefetch(order_[static_cast<size_t>(issued_)]);
-      out = serve(u, buf);
+      out = serve(u, buf, lean);
     } else {  // off the order: served alone
       void* buf = gather_pool_.acquire(gather_bytes(u));
       comm::Work w = start_gather(u, buf);
       wait(w);
-      out = serve(u, buf);
+      out = serve(u, buf, lean);
     }
   }
   active_[static_cast<size_t>(u)] = out;
@@ -271,6 +286,10 @@ float* UnitBuffers::params(int u) {
 void UnitBuffers::done(int u) {
   float*& buf = active_[static_cast<size_t>(u)];
   PO_ASSERT(buf != nullptr, "UnitBuffers: done(", u, ") without params(", u, ")");
+  if (void*& bits = bits_[static_cast<size_t>(u)]; bits != nullptr) {
+    gather_pool_.release(bits);
+    bits = nullptr;
+  }
   if (options_.param_dtype == DType::kBF16)
     work_pool_.release(buf);
   else if (options_.shard_params)

@@ -66,6 +66,11 @@
 
 namespace po::parallel {
 
+// Unit u's stored bf16 parameters `src` widened into `dst` (unit_numel(u)
+// floats): every value, or (lean) only `layout`'s f32_read_ranges(u), the
+// rest left as they were.
+void widen_unit(const model::Layout& layout, int u, const uint16_t* src, float* dst, bool lean);
+
 class UnitBuffers {
  public:
   enum class Grads {
@@ -205,7 +210,9 @@ class UnitBuffers {
     bool final = true;
   };
 
-  float* params(int u);
+  // lean: UnitHooks::params_lean (bf16 units widen only their
+  // f32_read_ranges; params_bf16 then offers the stored or gathered bits).
+  float* params(int u, bool lean = false);
   const uint16_t* params_bf16(int u) const;
   void done(int u);
   float* grads(int u);
@@ -217,7 +224,9 @@ class UnitBuffers {
   // Unit u's gathered block (ranks x stride, param_dtype) into `buf`.
   comm::Work start_gather(int u, void* buf);
   // f32 parameters of unit u from a gathered block (fp32: the block itself).
-  float* serve(int u, void* gathered);
+  // lean (bf16): only the f32-read tensors are widened and the gathered
+  // bits stay until done(u), params_bf16's answer.
+  float* serve(int u, void* gathered, bool lean);
   void issue_gather(int pos);  // the gather of order_[pos] into a pool buffer
   void wait(comm::Work& w);    // timed
   void progress();             // polls everything in flight; takes completed reductions
@@ -244,6 +253,7 @@ class UnitBuffers {
   tensor::Storage full_grads_;   // kFull
   Pool gather_pool_, work_pool_, acc_pool_;  // declared before the Work holders: outlive them
   std::vector<float*> active_;   // per unit: the f32 parameters handed out, or null
+  std::vector<void*> bits_;      // per unit: a gathered bf16 buffer kept for a lean use, or null
   std::vector<float*> acc_;      // per unit: the accumulator of this micro-batch, or null
   std::deque<Gather> inflight_;  // positions [next_, issued_) of order_, in order
   std::deque<Reduction> pending_;

@@ -75,7 +75,12 @@ struct UnitReplay {
   std::vector<int> order;
   int next = 0, issued = 0;
   std::deque<std::pair<int, int>> inflight;  // (position, buffer)
-  std::vector<std::pair<char, int>> active;  // pool ('g' / 'w' / 0), buffer
+  struct Active {
+    char pool = 0;  // 'g' / 'w' / 0
+    int buf = -1;
+    int bits = -1;  // bf16: the gathered buffer a lean use keeps until done
+  };
+  std::vector<Active> active;
   std::vector<int> acc_of;                   // unit -> accumulator buffer or -1
   std::deque<std::pair<int, int>> pending;   // (unit, buffer) reductions in flight
 
@@ -97,7 +102,7 @@ struct UnitReplay {
   void init() {
     order = UnitBuffers::gather_order(model::Layout(engine));
     next = issued = static_cast<int>(order.size());
-    active.assign(static_cast<size_t>(layout.num_units()), {0, -1});
+    active.assign(static_cast<size_t>(layout.num_units()), Active{});
     acc_of.assign(static_cast<size_t>(layout.num_units()), -1);
   }
   void issue(int pos) {
@@ -109,17 +114,18 @@ struct UnitReplay {
     inflight.clear();
     issued = next;
   }
+  // Training steps ask UnitHooks::params_lean (bf16 GEMMs): the gathered
+  // bits stay beside the widened f32 values until done.
   void serve(int u, int buf) {
     if (!bf16) {
-      active[static_cast<size_t>(u)] = {'g', buf};
+      active[static_cast<size_t>(u)] = {'g', buf, -1};
       return;
     }
-    active[static_cast<size_t>(u)] = {'w', work.acquire(4.0 * static_cast<double>(layout.unit_numel(u)))};
-    gather.release(buf);
+    active[static_cast<size_t>(u)] = {'w', work.acquire(4.0 * static_cast<double>(layout.unit_numel(u))), buf};
   }
   void params(int u) {
     if (stage < 3) {
-      if (bf16) active[static_cast<size_t>(u)] = {'w', work.acquire(4.0 * static_cast<double>(layout.unit_numel(u)))};
+      if (bf16) active[static_cast<size_t>(u)] = {'w', work.acquire(4.0 * static_cast<double>(layout.unit_numel(u))), -1};
       return;
     }
     const int n = static_cast<int>(order.size());
@@ -140,10 +146,11 @@ struct UnitReplay {
     }
   }
   void done(int u) {
-    auto& [pool, buf] = active[static_cast<size_t>(u)];
-    if (pool == 'g') gather.release(buf);
-    if (pool == 'w') work.release(buf);
-    pool = 0;
+    Active& a = active[static_cast<size_t>(u)];
+    if (a.bits >= 0) gather.release(a.bits);
+    if (a.pool == 'g') gather.release(a.buf);
+    if (a.pool == 'w') work.release(a.buf);
+    a = Active{};
   }
   void complete_front() {
     acc.release(pending.front().second);

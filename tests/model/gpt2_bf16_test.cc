@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "backend/ops.h"
 #include "model/transformer.h"
+#include "parallel/units.h"
 
 namespace {
 
@@ -102,7 +104,11 @@ struct Hooked {
   std::vector<float> grads;
 };
 
-Hooked run_bf16_gemms(const TransformerConfig& c, bool split, bool bf16_weights) {
+// lean: the hooks also offer params_lean, whose buffer holds NaN where the
+// model must read bits (Layout::read_as_bf16), so a read of those f32 values
+// shows in the loss and every gradient.
+Hooked run_bf16_gemms(const TransformerConfig& c, bool split, bool bf16_weights,
+                      bool lean = false) {
   namespace cpu = po::backend::cpu;
   cpu::set_num_threads(1);
   cpu::set_gemm_precision(cpu::GemmPrecision::kBF16);
@@ -121,6 +127,13 @@ Hooked run_bf16_gemms(const TransformerConfig& c, bool split, bool bf16_weights)
   h.grads = [&](int u) { return grads.data() + m.unit_offset(u); };
   h.grads_ready = [](int) {};
   if (bf16_weights) h.params_bf16 = [&](int u) { return stored.data() + m.unit_offset(u); };
+  std::vector<float> poisoned(static_cast<size_t>(np), std::numeric_limits<float>::quiet_NaN());
+  if (lean) {
+    for (int u = 0; u < m.num_units(); ++u)
+      po::parallel::widen_unit(m.layout(), u, stored.data() + m.unit_offset(u),
+                               poisoned.data() + m.unit_offset(u), true);
+    h.params_lean = [&](int u) { return poisoned.data() + m.unit_offset(u); };
+  }
   m.set_unit_hooks(h);
   std::vector<int32_t> in(n), tg(n);
   for (int64_t i = 0; i < n; ++i) {  // no token twice: the lookup gradient's order is moot
@@ -165,6 +178,39 @@ TransformerConfig family(bool llama, bool bf16) {
   return l;
 }
 
+// What a lean widening leaves out: exactly the GEMM weights and the token
+// table (GPT-2: the fused c_attn, c_proj, c_fc, mlp c_proj; Llama: q/k/v,
+// o, gate/up, down and the untied lm_head), and its ranges cover the rest.
+TEST(GPT2Bf16Activations, LeanWideningSkipsExactlyTheTensorsReadAsBits) {
+  for (bool llama : {false, true}) {
+    const po::model::Layout layout(family(llama, true));
+    int64_t skipped = 0, kept = 0;
+    for (const po::model::TensorSpec& t : layout.tensors()) {
+      const bool gemm = t.name.find("attn") != std::string::npos ||
+                        t.name.find("mlp") != std::string::npos ||
+                        t.name.find("lm_head") != std::string::npos ||
+                        t.name.find("wte") != std::string::npos ||
+                        t.name.find("embed_tokens") != std::string::npos;
+      const bool expect = gemm && t.shape.size() == 2;
+      EXPECT_EQ(po::model::Layout::read_as_bf16(t), expect) << t.name;
+      (expect ? skipped : kept) += t.numel();
+    }
+    int64_t covered = 0;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      int64_t prev = 0;
+      for (const auto& [b, e] : layout.f32_read_ranges(u)) {
+        EXPECT_GE(b, prev) << "unit " << u << ": ranges overlap or go backwards";
+        EXPECT_LE(e, layout.unit_numel(u)) << "unit " << u;
+        covered += e - b;
+        prev = e;
+      }
+    }
+    EXPECT_EQ(covered, kept) << (llama ? "llama" : "gpt2")
+                             << ": the ranges do not cover exactly the f32-read tensors";
+    EXPECT_GT(skipped, 3 * kept) << "the GEMM weights and the table are most of the model";
+  }
+}
+
 TEST(GPT2Bf16Activations, Bf16GemmsReadSavedCopiesWithTheBitsOfRoundingPerCall) {
   for (bool llama : {false, true}) {
     const char* name = llama ? "llama" : "gpt2";
@@ -183,6 +229,17 @@ TEST(GPT2Bf16Activations, Bf16GemmsReadSavedCopiesWithTheBitsOfRoundingPerCall) 
     EXPECT_EQ(bits_differ(direct.grads, rounded.grads), 0u)
         << name << ": gradient elements differ between stored bf16 weights and widened ones "
         << "rounded again";
+    // Lean widening: the GEMM weights and the token table reach the model
+    // only as bits (their f32 values are NaN here), the same bits result.
+    for (bool split_backward : {false, true}) {
+      const Hooked full = split_backward ? split : direct;
+      const Hooked lean = run_bf16_gemms(family(llama, true), split_backward, true, true);
+      EXPECT_EQ(full.loss, lean.loss) << name << (split_backward ? " split" : " fused")
+                                      << ": the loss differs when only the f32-read tensors are widened";
+      EXPECT_EQ(bits_differ(full.grads, lean.grads), 0u)
+          << name << (split_backward ? " split" : " fused")
+          << ": gradient elements differ when only the f32-read tensors are widened";
+    }
     double norm = 0;
     for (float g : direct.grads) norm += static_cast<double>(g) * g;
     EXPECT_GT(norm, 0.0) << name << ": no gradient reached the hooks";

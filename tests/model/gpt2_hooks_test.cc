@@ -75,6 +75,7 @@ struct CopyHooks {
               for (size_t i = 0; i < acc[u].size(); ++i) dst[i] += acc[u][i];
               acc[u].clear();
             },
+            {},
             {}};  // no bf16 parameters
   }
 };
@@ -154,7 +155,7 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
   int ready = 0;
   hooked.set_unit_hooks({[&](int u) { return hooked.params() + hooked.unit_offset(u); },
                          [](int) {}, [&](int u) { return hooked.grads() + hooked.unit_offset(u); },
-                         [&](int) { ++ready; }, {}});
+                         [&](int) { ++ready; }, {}, {}});
   plain.zero_grads();
   hooked.zero_grads();
   for (int m = 0; m < 3; ++m) {

@@ -7,24 +7,59 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "core/bf16.h"
 
 namespace po::backend::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C) {
+namespace {
+// A table element as f32: itself, or bf16 bits widened (exact).
+inline float value(float x) { return x; }
+inline float value(uint16_t h) { return core::bf16_to_f32(core::bf16{h}); }
+
+template <typename E>
+void lookup(float* out, const int32_t* tokens, const E* wte, const float* wpe, int64_t B,
+            int64_t T, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; bt++) {
-    const float* e = wte + static_cast<int64_t>(tokens[bt]) * C;
+    const E* e = wte + static_cast<int64_t>(tokens[bt]) * C;
     float* o = out + bt * C;
     if (wpe == nullptr) {
 #pragma omp simd
-      for (int64_t i = 0; i < C; i++) o[i] = e[i];
+      for (int64_t i = 0; i < C; i++) o[i] = value(e[i]);
       continue;
     }
     const float* p = wpe + (bt % T) * C;
 #pragma omp simd
-    for (int64_t i = 0; i < C; i++) o[i] = e[i] + p[i];
+    for (int64_t i = 0; i < C; i++) o[i] = value(e[i]) + p[i];
   }
+}
+
+template <typename E>
+void lookup_slice(float* out, const int32_t* tokens, const E* wte_slice, int64_t v0, int64_t nv,
+                  int64_t n, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < n; bt++) {
+    const int64_t t = static_cast<int64_t>(tokens[bt]) - v0;
+    float* o = out + bt * C;
+    if (t < 0 || t >= nv) {
+      std::memset(o, 0, static_cast<size_t>(C) * sizeof(float));
+      continue;
+    }
+    const E* e = wte_slice + t * C;
+#pragma omp simd
+    for (int64_t i = 0; i < C; i++) o[i] = value(e[i]);
+  }
+}
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+  lookup(out, tokens, wte, wpe, B, T, C);
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const uint16_t* wte16, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+  lookup(out, tokens, wte16, wpe, B, T, C);
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
@@ -34,18 +69,12 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 void embedding_forward_slice(float* out, const int32_t* tokens, const float* wte_slice,
                              int64_t v0, int64_t nv, int64_t n, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < n; bt++) {
-    const int64_t t = static_cast<int64_t>(tokens[bt]) - v0;
-    float* o = out + bt * C;
-    if (t < 0 || t >= nv) {
-      std::memset(o, 0, static_cast<size_t>(C) * sizeof(float));
-      continue;
-    }
-    const float* e = wte_slice + t * C;
-#pragma omp simd
-    for (int64_t i = 0; i < C; i++) o[i] = e[i];
-  }
+  lookup_slice(out, tokens, wte_slice, v0, nv, n, C);
+}
+
+void embedding_forward_slice(float* out, const int32_t* tokens, const uint16_t* wte16_slice,
+                             int64_t v0, int64_t nv, int64_t n, int64_t C) {
+  lookup_slice(out, tokens, wte16_slice, v0, nv, n, C);
 }
 
 void position_embedding_add(float* out, const float* wpe, int64_t row0, int64_t n, int64_t T,
