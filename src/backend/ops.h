@@ -75,9 +75,16 @@ void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, 
 // Generation's matmul_forward: for a few rows (decode: BT <= 4) each weight
 // row is streamed once for all of them, the threads splitting the outputs
 // (the GEMM's small-M path reads the weights at a fraction of the memory's
-// rate); more rows go to matmul_forward. The same values up to rounding.
+// rate); more rows go to matmul_forward, in blocks of kDecodeRowBlock rows
+// while there are fewer than kDecodeRowsWhole and the weight is a block's
+// (at most kDecodeBlockWeight elements): oneDNN 2.6's sgemm runs 5-12 rows at
+// 130-170 GFLOP/s but 16-64 rows at 20-140 (bench/backend/gemm_rows, Zen 5),
+// while the LM head's wide product is fastest whole. The same values up to
+// rounding.
 void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
                            int64_t BT, int64_t C, int64_t OC);
+constexpr int64_t kDecodeRowBlock = 12, kDecodeRowsWhole = 128, kDecodeRowsTiled = 64;
+constexpr int64_t kDecodeBlockWeight = int64_t{1} << 23;
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
 // dinp, dweight and dbias may each be null (skipped): the input-gradient and

@@ -3,6 +3,8 @@
 // differences.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backend/ops.h"
 #include "test_util.h"
 
@@ -129,4 +131,63 @@ TEST(Matmul, FiniteDifferenceGradients) {
   EXPECT_TRUE(grad_check("dinp", inp, dinp, sample_indices(inp.size(), 20), loss, 1e-2f, 1e-3, 0.1));
   EXPECT_TRUE(grad_check("dweight", w, dw, sample_indices(w.size(), 20), loss, 1e-2f, 1e-3, 0.1));
   EXPECT_TRUE(grad_check("dbias", bias, db, sample_indices(OC, 11), loss, 1e-2f, 1e-3, 0.1));
+}
+
+namespace {
+
+// out = x · wᵀ + bias in double.
+std::vector<double> linear_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                     const std::vector<float>& bias, int64_t rows, int64_t C,
+                                     int64_t OC) {
+  std::vector<double> want(static_cast<size_t>(rows * OC));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < OC; j++) {
+      double s = bias[j];
+      for (int64_t c = 0; c < C; c++) s += static_cast<double>(x[r * C + c]) * w[j * C + c];
+      want[r * OC + j] = s;
+    }
+  return want;
+}
+
+}  // namespace
+
+// Generation's linear layer at every row count a serving step can have up to
+// past the tiled range (64) and the blocked one (128), output widths with
+// remainders, and an input width the tiles do not take (C % 16 != 0).
+TEST(Matmul, DecodeRowsMatchReferenceAtEveryRowCount) {
+  for (int64_t C : {64, 40}) {
+    for (int64_t OC : {37, 48}) {
+      const auto w = random_vec(OC * C, 5), bias = random_vec(OC, 6);
+      for (int64_t rows : {1, 2, 4, 5, 6, 7, 12, 13, 31, 32, 63, 64, 65, 127, 130}) {
+        const auto x = random_vec(rows * C, 7 + rows);
+        std::vector<float> out(static_cast<size_t>(rows * OC));
+        cpu::matmul_forward_decode(out.data(), x.data(), w.data(), bias.data(), rows, C, OC);
+        const auto want = linear_reference(x, w, bias, rows, C, OC);
+        EXPECT_TRUE(all_close("decode rows " + std::to_string(rows) + " C " + std::to_string(C) +
+                                  " OC " + std::to_string(OC),
+                              out.data(), want.data(), out.size(), 1e-5, 1e-6));
+      }
+    }
+  }
+}
+
+// Up to kDecodeRowsTiled rows every output is one dot product whose order
+// does not depend on the other rows: a decode row's values are the same bits
+// alone and in a batch (where the build has AVX-512 and C % 16 == 0).
+TEST(Matmul, DecodeRowsAreTheSameBitsAloneAndInABatch) {
+#ifndef __AVX512F__
+  GTEST_SKIP() << "this build has no AVX-512: decode rows go through the BLAS, which promises "
+                  "no batch invariance";
+#endif
+  const int64_t C = 768, OC = 53, rows = cpu::kDecodeRowsTiled;
+  const auto w = random_vec(OC * C, 8), bias = random_vec(OC, 9), x = random_vec(rows * C, 10);
+  std::vector<float> batch(static_cast<size_t>(rows * OC)), alone(static_cast<size_t>(OC));
+  cpu::matmul_forward_decode(batch.data(), x.data(), w.data(), bias.data(), rows, C, OC);
+  for (int64_t r = 0; r < rows; r += 7) {
+    cpu::matmul_forward_decode(alone.data(), x.data() + r * C, w.data(), bias.data(), 1, C, OC);
+    for (int64_t j = 0; j < OC; j++)
+      EXPECT_EQ(std::memcmp(&alone[j], &batch[r * OC + j], sizeof(float)), 0)
+          << "row " << r << " column " << j << ": " << alone[j] << " alone, " << batch[r * OC + j]
+          << " among " << rows << " rows";
+  }
 }

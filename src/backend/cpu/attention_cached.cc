@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "backend/cpu/simd_math.h"
 #include "core/error.h"
 
 // GCC 12 reports the AVX-512 intrinsics' own "undefined" operands as maybe
@@ -38,42 +39,51 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// The kernel over any placement of the cached positions: `row(j)` is the
-// element offset of position j's keys (and values) in k, v.
-template <class Row>
+// The kernel over any placement of the cached positions in blocks of
+// `block_size` positions: `base(b)` is the element offset in k, v of block
+// b's first position's keys (and values); positions in a block are
+// kv_stride apart. Walking the blocks keeps a division per position out of
+// the loops, and the exps run vectorised (exp_approx).
+template <class Base>
 void cached_attention(float* out, const float* q, int64_t q_stride, const float* k_cache,
                       const float* v_cache, int64_t n, int64_t pos0, int64_t NH, int64_t NKV,
-                      int64_t hs, const char* who, Row row) {
+                      int64_t hs, int64_t block_size, const char* who, Base base) {
   PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, who, ": NH=", NH,
            " must be a positive multiple of NKV=", NKV);
-  const int64_t per = NH / NKV;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const int64_t per = NH / NKV, kv_stride = NKV * hs;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<size_t>(pos0 + n));
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(pos0 + n));
+    float* p = scores.data();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n * NH; it++) {
       const int64_t i = it / NH, h = it % NH, g = h / per, len = pos0 + i + 1;
       const float* qi = q + i * q_stride + h * hs;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < len; j++) {
-        const float s = dot(qi, k_cache + row(j) + g * hs, hs);
-        p[static_cast<size_t>(j)] = s * static_cast<float>(scale);
-        mx = std::max(mx, p[static_cast<size_t>(j)]);
+      for (int64_t b0 = 0; b0 < len; b0 += block_size) {
+        const float* kb = k_cache + base(b0 / block_size) + g * hs;
+        const int64_t m = std::min(block_size, len - b0);
+        for (int64_t j = 0; j < m; j++) p[b0 + j] = dot(qi, kb + j * kv_stride, hs) * scale;
       }
-      float* pp = p.data();
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < len; j++) mx = std::max(mx, p[j]);
 #pragma omp simd
-      for (int64_t j = 0; j < len; j++) pp[j] = std::exp(pp[j] - mx);
+      for (int64_t j = 0; j < len; j++) p[j] = detail::exp_approx(p[j] - mx);
       double sum = 0.0;
-      for (int64_t j = 0; j < len; j++) sum += pp[j];
+      for (int64_t j = 0; j < len; j++) sum += p[j];
       const float inv = static_cast<float>(1.0 / sum);
       float* o = out + i * NH * hs + h * hs;
       for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
-      for (int64_t j = 0; j < len; j++) {
-        const float w = p[static_cast<size_t>(j)] * inv;
-        const float* vj = v_cache + row(j) + g * hs;
+      for (int64_t b0 = 0; b0 < len; b0 += block_size) {
+        const float* vb = v_cache + base(b0 / block_size) + g * hs;
+        const int64_t m = std::min(block_size, len - b0);
+        for (int64_t j = 0; j < m; j++) {
+          const float w = p[b0 + j] * inv;
+          const float* vj = vb + j * kv_stride;
 #pragma omp simd
-        for (int64_t d = 0; d < hs; d++) o[d] += w * vj[d];
+          for (int64_t d = 0; d < hs; d++) o[d] += w * vj[d];
+        }
       }
     }
   }
@@ -84,20 +94,20 @@ void cached_attention(float* out, const float* q, int64_t q_stride, const float*
 void attention_cached_forward(float* out, const float* q, int64_t q_stride, const float* k_cache,
                               const float* v_cache, int64_t n, int64_t pos0, int64_t NH,
                               int64_t NKV, int64_t hs) {
-  const int64_t kv_stride = NKV * hs;
+  // One block of every position: the cache is contiguous.
   cached_attention(out, q, q_stride, k_cache, v_cache, n, pos0, NH, NKV, hs,
-                   "attention_cached_forward", [kv_stride](int64_t j) { return j * kv_stride; });
+                   std::max<int64_t>(pos0 + n, 1), "attention_cached_forward",
+                   [](int64_t) { return int64_t{0}; });
 }
 
 void paged_attention_forward(float* out, const float* q, int64_t q_stride, const float* k_pool,
                              const float* v_pool, const int32_t* block_table, int64_t block_size,
                              int64_t n, int64_t pos0, int64_t NH, int64_t NKV, int64_t hs) {
   PO_CHECK(block_size > 0, "paged_attention_forward: block size ", block_size);
-  const int64_t kv_stride = NKV * hs;
-  cached_attention(out, q, q_stride, k_pool, v_pool, n, pos0, NH, NKV, hs, "paged_attention_forward",
-                   [=](int64_t j) {
-                     return (block_table[j / block_size] * block_size + j % block_size) * kv_stride;
-                   });
+  const int64_t block_elems = block_size * NKV * hs;
+  cached_attention(out, q, q_stride, k_pool, v_pool, n, pos0, NH, NKV, hs, block_size,
+                   "paged_attention_forward",
+                   [=](int64_t b) { return block_table[b] * block_elems; });
 }
 
 }  // namespace po::backend::cpu

@@ -1,8 +1,10 @@
 // Linear layer (llm.c matmul_forward/backward) on top of gemm(). Weights are
 // [OC, C] as torch.nn.Linear; dweight/dbias accumulate, dinp is written unless
 // the caller asks to accumulate.
+#include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/ops.h"
@@ -27,8 +29,86 @@ void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, 
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
+#ifdef __AVX512F__
+// GCC 12 reports the AVX-512 reduction's own "undefined" operands as
+// uninitialized once inlined (GCC bug 105593); nothing here is.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+// One tile of rows_out: NR input rows against NJ weight rows, every product a
+// dot over C in 16 lanes (c ascending) and one reduction: a tile's values do
+// not depend on the tile's neighbours, the row count or the threads.
+template <int NR, int NJ>
+void dot_tile(float* out, const float* x, const float* w, const float* bias, int64_t C,
+              int64_t OC) {
+  __m512 acc[NR][NJ];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < C; c += 16) {
+    __m512 wv[NJ];
+    for (int j = 0; j < NJ; ++j) wv[j] = _mm512_loadu_ps(w + j * C + c);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * C + c);
+      for (int j = 0; j < NJ; ++j) acc[r][j] = _mm512_fmadd_ps(xv, wv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NJ; ++j) {
+      const float s = _mm512_reduce_add_ps(acc[r][j]);
+      out[r * OC + j] = bias != nullptr ? bias[j] + s : s;
+    }
+}
+
+template <int NJ>
+void dot_tiles(float* out, const float* x, const float* w, const float* bias, int64_t rows,
+               int64_t C, int64_t OC) {
+  int64_t r = 0;
+  for (; r + 6 <= rows; r += 6) dot_tile<6, NJ>(out + r * OC, x + r * C, w, bias, C, OC);
+  float* o = out + r * OC;
+  const float* xr = x + r * C;
+  switch (rows - r) {
+    case 5: dot_tile<5, NJ>(o, xr, w, bias, C, OC); break;
+    case 4: dot_tile<4, NJ>(o, xr, w, bias, C, OC); break;
+    case 3: dot_tile<3, NJ>(o, xr, w, bias, C, OC); break;
+    case 2: dot_tile<2, NJ>(o, xr, w, bias, C, OC); break;
+    case 1: dot_tile<1, NJ>(o, xr, w, bias, C, OC); break;
+    default: break;
+  }
+}
+
+// out[rows, OC] for a few rows: each thread takes blocks of four weight rows,
+// read from memory once and reused from cache for every input row.
+void dot_rows(float* out, const float* x, const float* w, const float* bias, int64_t rows,
+              int64_t C, int64_t OC) {
+  const int64_t blocks = (OC + 3) / 4;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t j = b * 4;
+    const float* bj = bias != nullptr ? bias + j : nullptr;
+    if (j + 4 <= OC) {
+      dot_tiles<4>(out + j, x, w + j * C, bj, rows, C, OC);
+    } else {
+      for (int64_t k = j; k < OC; ++k)
+        dot_tiles<1>(out + k, x, w + k * C, bias != nullptr ? bias + k : nullptr, rows, C, OC);
+    }
+  }
+}
+}  // namespace
+#pragma GCC diagnostic pop
+#endif
+
 void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
                            int64_t BT, int64_t C, int64_t OC) {
+#ifdef __AVX512F__
+  if (BT <= kDecodeRowsTiled && C % 16 == 0) return dot_rows(out, inp, weight, bias, BT, C, OC);
+#endif
+  if (BT > kDecodeRowBlock && BT < kDecodeRowsWhole && OC * C <= kDecodeBlockWeight) {
+    for (int64_t r = 0; r < BT; r += kDecodeRowBlock)
+      matmul_forward(out + r * OC, inp + r * C, weight, bias, std::min(kDecodeRowBlock, BT - r), C,
+                     OC);
+    return;
+  }
   if (BT > 4) return matmul_forward(out, inp, weight, bias, BT, C, OC);
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < OC; j++) {
