@@ -72,19 +72,17 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 // out[BT,OC] = inp[BT,C] · weight[OC,C]^T + bias[OC]  (bias may be null)
 void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int64_t BT,
                     int64_t C, int64_t OC);
-// Generation's matmul_forward: for a few rows (decode: BT <= 4) each weight
-// row is streamed once for all of them, the threads splitting the outputs
-// (the GEMM's small-M path reads the weights at a fraction of the memory's
-// rate); more rows go to matmul_forward, in blocks of kDecodeRowBlock rows
-// while there are fewer than kDecodeRowsWhole and the weight is a block's
-// (at most kDecodeBlockWeight elements): oneDNN 2.6's sgemm runs 5-12 rows at
-// 130-170 GFLOP/s but 16-64 rows at 20-140 (bench/backend/gemm_rows, Zen 5),
-// while the LM head's wide product is fastest whole. The same values up to
-// rounding.
+// Generation's matmul_forward. Up to kDecodeRowsTiled rows (a serving
+// step's decodes), where the build has AVX-512 and C % 16 == 0: dot-product
+// tiles that read each block of weight rows once for every row, every output
+// one dot product in a fixed order, so a row's values do not depend on the
+// other rows. oneDNN 2.6's sgemm is 2x slower at 16-24 rows (a cliff after
+// 12) and faster past ~44 (gpt2-124M's blocks with cold weights,
+// bench/backend/decode_rows_bench). More rows go to matmul_forward. The same
+// values up to rounding.
 void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
                            int64_t BT, int64_t C, int64_t OC);
-constexpr int64_t kDecodeRowBlock = 12, kDecodeRowsWhole = 128, kDecodeRowsTiled = 64;
-constexpr int64_t kDecodeBlockWeight = int64_t{1} << 23;
+constexpr int64_t kDecodeRowsTiled = 40;
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
 // dinp, dweight and dbias may each be null (skipped): the input-gradient and

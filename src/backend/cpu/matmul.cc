@@ -112,12 +112,6 @@ void matmul_forward_decode(float* out, const float* inp, const float* weight, co
 #ifdef __AVX512F__
   if (BT <= kDecodeRowsTiled && C % 16 == 0) return dot_rows(out, inp, weight, bias, BT, C, OC);
 #endif
-  if (BT > kDecodeRowBlock && BT < kDecodeRowsWhole && OC * C <= kDecodeBlockWeight) {
-    for (int64_t r = 0; r < BT; r += kDecodeRowBlock)
-      matmul_forward(out + r * OC, inp + r * C, weight, bias, std::min(kDecodeRowBlock, BT - r), C,
-                     OC);
-    return;
-  }
   if (BT > 4) return matmul_forward(out, inp, weight, bias, BT, C, OC);
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < OC; j++) {
