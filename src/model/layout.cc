@@ -144,6 +144,17 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
     add("lm_head.weight", {V, C}, uf, Slot::kHead, Init::kNormal, P::kVocab);
   }
   unit_offsets_.push_back(offset);
+  // Each unit's f32-read ranges, once (a lean widening asks at every visit).
+  f32_ranges_.resize(static_cast<size_t>(num_units()));
+  for (const TensorSpec& t : tensors_) {
+    if (read_as_bf16(t)) continue;
+    auto& out = f32_ranges_[static_cast<size_t>(t.unit)];
+    const int64_t b = t.offset - unit_offset(t.unit), e = b + t.numel();
+    if (!out.empty() && out.back().second == b)
+      out.back().second = e;
+    else
+      out.emplace_back(b, e);
+  }
 }
 
 int64_t Layout::vocab_real() const {
@@ -222,20 +233,6 @@ std::vector<int> Layout::param_visit_order() const {
 
 bool Layout::read_as_bf16(const TensorSpec& t) {
   return t.shape.size() == 2 && t.slot != Slot::kPositionEmbedding;
-}
-
-std::vector<std::pair<int64_t, int64_t>> Layout::f32_read_ranges(int u) const {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  const int64_t base = unit_offset(u);
-  for (const TensorSpec& t : tensors_) {
-    if (t.unit != u || read_as_bf16(t)) continue;
-    const int64_t b = t.offset - base, e = b + t.numel();
-    if (!out.empty() && out.back().second == b)
-      out.back().second = e;
-    else
-      out.emplace_back(b, e);
-  }
-  return out;
 }
 
 }  // namespace po::model

@@ -159,7 +159,9 @@ class Layout {
   // Ranges [begin, end) of unit u's elements, counted from the unit's start,
   // holding the tensors not read_as_bf16, in order: what a lean widening of
   // the unit writes.
-  std::vector<std::pair<int64_t, int64_t>> f32_read_ranges(int u) const;
+  const std::vector<std::pair<int64_t, int64_t>>& f32_read_ranges(int u) const {
+    return f32_ranges_[static_cast<size_t>(u)];
+  }
 
   // The one-stage training schedule of a micro-batch, and the order in which
   // it asks for units' parameters (the ZeRO-3 gather order).
@@ -175,6 +177,7 @@ class Layout {
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> unit_offsets_;
   std::array<int64_t, kBlockSlots> block_slots_{};
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> f32_ranges_;  // per unit
   size_t final_norm_ = 0, head_ = 0;
 };
 

@@ -474,9 +474,10 @@ class Transformer {
     float *weight, *norm_w, *norm_b;
   };
   HeadViews head_views(float* unit0, float* head_unit) const;
-  // lean: through UnitHooks::params_lean where the hooks have it and GEMMs
-  // run at kBF16; the head weight's bits in *weight16 (null: read P.weight).
-  HeadViews head_params(bool lean = false, const uint16_t** weight16 = nullptr);
+  HeadViews head_params();
+  // A training step's: through unit_params_lean, the head weight's stored
+  // bits in weight16 (null where none are held: read P.weight).
+  HeadViews head_params_lean(const uint16_t*& weight16);
   const uint16_t* head_weight16(const float* weight);
   void head_done();
   double head_forward(const float* residual, const int32_t* targets, int64_t rows,

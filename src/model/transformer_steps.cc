@@ -404,24 +404,23 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   const float* w = v.f32;
   const TensorSpec* wpe = layout_.position_embedding();
   const int64_t C = config_.n_embd, table = layout_.token_embedding().offset;
-  // Lean: the table's f32 values were not widened; the lookup reads its bits.
-  const float* wte = v.lean ? nullptr : w + table;
-  const uint16_t* wte16 = v.lean ? v.bf16 + table : nullptr;
-  if (tp_size() == 1) {
-    const float* pos = wpe ? w + wpe->offset : nullptr;
-    if (v.lean)
-      ops::embedding_forward(encoded_, tokens, wte16, pos, b, t, C);
-    else
-      ops::embedding_forward(encoded_, tokens, wte, pos, b, t, C);
-  } else {  // each rank looks up the tokens of its vocabulary slice; the sum is the lookup
-    const int64_t rows = b * t;
-    float* partial = sp_ > 1 ? full_ : encoded_;
-    if (v.lean)
-      ops::embedding_forward_slice(partial, tokens, wte16, layout_.vocab_begin(),
-                                   layout_.vocab_real(), rows, C);
+  const int64_t rows = b * t;
+  float* partial = tp_size() > 1 && sp_ > 1 ? full_ : encoded_;
+  // tp = 1: the whole lookup; else each rank looks up the tokens of its
+  // vocabulary slice and the sum is the lookup. Lean: the table's f32 values
+  // were not widened and the lookup reads its bits.
+  auto lookup = [&](const auto* wte) {
+    if (tp_size() == 1)
+      ops::embedding_forward(encoded_, tokens, wte, wpe ? w + wpe->offset : nullptr, b, t, C);
     else
       ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(),
                                    layout_.vocab_real(), rows, C);
+  };
+  if (v.lean)
+    lookup(v.bf16 + table);
+  else
+    lookup(w + table);
+  if (tp_size() > 1) {
     reduce_rows(partial, encoded_, rows);
     if (wpe != nullptr)
       ops::position_embedding_add(encoded_, w + wpe->offset, chunk_begin(rows), rows / sp_, t, C);
@@ -457,19 +456,20 @@ Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) c
 }
 
 // The head's parameters in its order (unit 0 first when tied, then the head unit).
-Transformer::HeadViews Transformer::head_params(bool lean, const uint16_t** weight16) {
-  if (!lean) {
-    float* w0 = layout_.tied() ? unit_params(0) : nullptr;
-    return head_views(w0, unit_params(layout_.head_unit()));
-  }
+Transformer::HeadViews Transformer::head_params() {
+  float* w0 = layout_.tied() ? unit_params(0) : nullptr;
+  return head_views(w0, unit_params(layout_.head_unit()));
+}
+
+Transformer::HeadViews Transformer::head_params_lean(const uint16_t*& weight16) {
   const int hu = layout_.head_unit();
   const UnitView v0 = layout_.tied() ? unit_params_lean(0) : UnitView{};
   const UnitView vh = unit_params_lean(hu);
   HeadViews P = head_views(v0.f32, vh.f32);
   const UnitView& wv = layout_.tied() ? v0 : vh;
-  *weight16 = wv.bf16 == nullptr
-                  ? nullptr
-                  : wv.bf16 + (layout_.head().offset - layout_.unit_offset(layout_.tied() ? 0 : hu));
+  weight16 = wv.bf16 == nullptr
+                 ? nullptr
+                 : wv.bf16 + (layout_.head().offset - layout_.unit_offset(layout_.tied() ? 0 : hu));
   if (wv.lean) P.weight = nullptr;  // not widened: bits only
   return P;
 }
@@ -486,7 +486,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   const int64_t C = config_.n_embd, V = config_.vocab_size;
   const bool backward = grad_scale != 0.0f;
   const uint16_t* stored16 = nullptr;  // the head weight's stored bits (bf16 units)
-  const HeadViews P = head_params(true, &stored16);
+  const HeadViews P = head_params_lean(stored16);
   HeadViews G{};
   if (backward) {
     float* g0 = layout_.tied() ? unit_grads(0) : nullptr;

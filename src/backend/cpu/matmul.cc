@@ -4,7 +4,6 @@
 #include <immintrin.h>
 #include <omp.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "backend/ops.h"
