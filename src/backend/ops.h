@@ -211,6 +211,31 @@ void crossentropy_forward(float* losses, float* logits, const int32_t* targets, 
 void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
                                const int32_t* targets, int64_t BT, int64_t V, float grad_scale);
 
+// Cross-entropy over vocabulary pieces: the head's columns cut into pieces
+// that are computed one after another, or on different pipeline ranks
+// (model/vocab_head.h), with the same bits either way. Per piece, logits
+// [n, Vk] for global columns [v0, v0 + Vk):
+//   ce_piece_stats: mx[r] = the row's max, sum[r] = sum of exp(z - mx) (f32
+//     blocks of 1024 added in double, as crossentropy_forward), the exps
+//     stored in place when store_exp; zt[r] = the target's logit where the
+//     piece holds the target (other rows untouched).
+//   ce_piece_combine: for P pieces' statistics ([P, n], piece k's row r at
+//     k·n + r): M = max of the mx, S = sum over k in order of
+//     sum_k · exp(mx_k - M) (double), losses[r] = log S + M - zt[r]; with
+//     grad_scale != 0, scale[k·n + r] = f32(grad_scale · exp(mx_k - M) / S).
+//   ce_piece_grad: the piece's gradient, exps · scale[r], minus grad_scale at
+//     the target's column: f32 in place, or bf16 bits into grad16 (as
+//     crossentropy_forward_bf16 rounds them).
+// With one piece these give crossentropy_forward's (and _bf16's) bits.
+void ce_piece_stats(float* mx, double* sum, float* zt, float* logits, const int32_t* targets,
+                    int64_t n, int64_t Vk, int64_t v0, bool store_exp);
+void ce_piece_combine(float* losses, float* scale, const float* mx, const double* sum,
+                      const float* zt, int64_t pieces, int64_t n, float grad_scale);
+void ce_piece_grad(float* exps, const float* scale, const int32_t* targets, int64_t n, int64_t Vk,
+                   int64_t v0, float grad_scale);
+void ce_piece_grad(uint16_t* grad16, const float* exps, const float* scale, const int32_t* targets,
+                   int64_t n, int64_t Vk, int64_t v0, float grad_scale);
+
 // Vocabulary-parallel embedding (tensor parallel; Layout::vocab_begin/vocab_real):
 // a rank's table holds global rows [v0, v0 + nv). Tokens in that range are
 // looked up (row t - v0), the others give zero rows, so the sum over the

@@ -92,6 +92,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.micro_batches", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.virtual_stages", Kind::kInt, int64_t{2}, 1, 256},
       {"parallel.stage_layers", Kind::kString, std::string()},
+      {"parallel.vocab_parallel", Kind::kBool, false},
       {"parallel.bucket_size", Kind::kSize, std::string("25MiB")},
       {"parallel.overlap_comm", Kind::kBool, true},
       {"parallel.prefetch", Kind::kInt, int64_t{1}, 0, 1024},

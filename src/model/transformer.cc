@@ -50,6 +50,10 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
            ", ", last_, "] is not inside the model's units [0, ", layout_.head_unit(), "]");
   num_params_ = layout_.unit_offset(last_ + 1) - layout_.unit_offset(first_);
   head_chunk_ = head_chunk_rows(B_, T_);
+  if (split.size == 1) {
+    pieces_ = vocab::pieces_of(config_.vocab_size);
+    piece_stats_.resize(pieces_.count(), head_chunk_);
+  }
   if (split.size > 1) {
     row_max_.resize(static_cast<size_t>(head_chunk_));
     row_sums_.resize(2 * static_cast<size_t>(head_chunk_));

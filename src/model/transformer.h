@@ -34,6 +34,7 @@
 #include "model/config.h"
 #include "model/layout.h"
 #include "model/parallel_ops.h"
+#include "model/vocab_head.h"
 #include "tensor/tensor.h"
 
 namespace po::model {
@@ -243,7 +244,13 @@ class Transformer {
   // and hand out stage_output() [B*T, C].
   double stage_forward(const int32_t* tokens, const float* x_in, const int32_t* targets,
                        float grad_scale);
-  const float* stage_output() const { return out_; }
+  const float* stage_output() const { return external_head_ && has_head() ? lnf_ : out_; }
+  // Vocabulary-parallel pipelines (parallel/pipeline_executor.h): the last
+  // stage runs the final norm only. Its stage_forward returns 0 and hands
+  // out the norm's output [B*T, C] (the head's input, for every rank's
+  // pieces); its stage_backward takes the head's input gradient as d_out
+  // and runs the norm's backward before the blocks'. (tp = 1.)
+  void set_external_head(bool on);
   // A stage's backward: d_out [B*T, C] (ignored on the last stage, which has
   // its head's gradient), then the held blocks; returns dL/d(stage input)
   // [B*T, C] (valid until the next call), and on the first stage adds the
@@ -495,6 +502,9 @@ class Transformer {
   int first_ = 0, last_ = 0;
   int64_t num_params_ = 0;
   int64_t head_chunk_ = 0;  // rows of logits processed at once
+  bool external_head_ = false;
+  void final_norm_forward(const float* residual);
+  void final_norm_backward(const float* dlnf);
   bool tp_overlap_ = false;
   int64_t sp_ = 1;          // sequence shards: the norm and residual regions hold B·T/sp_ rows
   mutable tensor::Storage params_, grads_;  // allocated at first use
@@ -538,6 +548,8 @@ class Transformer {
   float *full_ = nullptr, *gathered_ = nullptr, *dchunk_ = nullptr, *norm_dw_ = nullptr;
   const float* emb_dout_ = nullptr;  // dL/d(embedding output) of every row [BT,C]
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
+  vocab::Pieces pieces_;       // the head's vocabulary pieces (one stage: tp = 1)
+  vocab::Stats piece_stats_;   // their statistics over one chunk of rows
   std::vector<float> row_max_;
   std::vector<double> row_sums_;
   std::vector<float> row_logits_;  // forward_paged's `each`: a few rows' logits, at first use

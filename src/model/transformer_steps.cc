@@ -507,17 +507,24 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   for (int64_t r0 = 0; r0 < rows; r0 += head_chunk_) {
     const int64_t n = std::min(head_chunk_, rows - r0);
     const ops::Operand xin(x + r0 * C, bf16 ? lnf16_ + r0 * C : nullptr);
-    ops::matmul_forward(logits_, xin, w, nullptr, n, C, V);
-    if (grad16)
-      ops::crossentropy_forward_bf16(losses_ + r0, logits_, logits16_, targets + r0, n, V, grad_scale);
-    else if (tp_size() == 1)
-      ops::crossentropy_forward(losses_ + r0, logits_, targets + r0, n, V, grad_scale);
-    else
+    if (tp_size() > 1) {
+      ops::matmul_forward(logits_, xin, w, nullptr, n, C, V);
       vocab_parallel_loss(losses_ + r0, logits_, targets + r0, n, grad_scale);
-    if (backward) {
-      const ops::Operand dlogits = grad16 ? ops::Operand(logits16_) : ops::Operand(logits_);
-      ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, dlogits, xin, w, n, C, V);
+      if (backward) ops::matmul_backward(dlnf_ + r0 * C, G.weight, nullptr, logits_, xin, w, n, C, V);
+      continue;
     }
+    // One stage: the vocabulary pieces one after another (vocab_head.h),
+    // each piece's logits at n·begin(k) of the chunk's buffer.
+    const int P = pieces_.count();
+    for (int k = 0; k < P; ++k)
+      vocab::piece_forward(pieces_, k, xin, w, targets + r0, n, C, logits_ + n * pieces_.begin(k),
+                           piece_stats_, backward);
+    vocab::combine(P, n, losses_ + r0, piece_stats_, grad_scale);
+    if (!backward) continue;
+    for (int k = 0; k < P; ++k)
+      vocab::piece_backward(pieces_, k, logits_ + n * pieces_.begin(k),
+                            grad16 ? logits16_ + n * pieces_.begin(k) : nullptr, piece_stats_,
+                            targets + r0, xin, w, G.weight, dlnf_ + r0 * C, k > 0, n, C, grad_scale);
   }
   if (backward) {
     // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
@@ -642,7 +649,40 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
   }
   out_ = forward_blocks(encoded_, B_, T_, true);
   if (!has_head()) return 0.0;
+  if (external_head_) {
+    final_norm_forward(out_);
+    return 0.0;
+  }
   return head_forward(out_, targets, BT, grad_scale);
+}
+
+void Transformer::set_external_head(bool on) {
+  PO_CHECK(!on || (tp_size() == 1 && sp_ == 1), "the head spread over pipeline ranks needs tp = 1");
+  external_head_ = on;
+}
+
+// The final norm's parameters or gradients: the head unit's (never the table's).
+void Transformer::final_norm_forward(const float* residual) {
+  const int hu = layout_.head_unit();
+  const int64_t at = layout_.unit_offset(hu);
+  const TensorSpec* nb = layout_.final_norm_bias();
+  const float* p = unit_params(hu);
+  claim_region(regions_.size() - 1);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, p + (layout_.final_norm().offset - at),
+               nb ? p + (nb->offset - at) : nullptr, B_ * T_);
+  unit_done(hu);
+}
+
+void Transformer::final_norm_backward(const float* dlnf) {
+  const int hu = layout_.head_unit();
+  const int64_t at = layout_.unit_offset(hu);
+  const TensorSpec* nb = layout_.final_norm_bias();
+  const float* p = unit_params(hu);
+  float* g = unit_grads(hu);
+  std::memset(dres_, 0, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
+  norm_backward(dres_, g + (layout_.final_norm().offset - at), nb ? g + (nb->offset - at) : nullptr,
+                dlnf, out_, p + (layout_.final_norm().offset - at), lnf_mean_, lnf_rstd_, B_ * T_);
+  unit_done(hu);
 }
 
 const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
@@ -653,6 +693,10 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     if (on_unit_ready) on_unit_ready(unit);
   };
   if (has_head()) {
+    if (external_head_) {
+      PO_CHECK(d_out != nullptr, "stage_backward: the head's input gradient is missing");
+      final_norm_backward(d_out);
+    }
     ready(layout_.head_unit());
   } else {
     PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");

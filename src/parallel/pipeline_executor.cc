@@ -12,6 +12,7 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
+#include "model/vocab_head.h"
 #include "parallel/grad_norm.h"
 #include "parallel/units.h"
 
@@ -97,6 +98,51 @@ struct PipelineExecutor::Chunk {
   size_t work_bytes = 0;  // every WeightGradWork made (the W queue at its peak)
   bool holds(int u) const { return u >= first && u <= last; }
   bool replica() const { return rep_params.size() > 0; }
+};
+
+struct PipelineExecutor::VocabPart {
+  model::vocab::Pieces pieces;
+  int k0 = 0, k1 = 0;          // this rank's pieces
+  int64_t row0 = 0, rows = 0;  // their rows of the head's table
+  float* w = nullptr;          // those rows as read ([rows, C], row0 first)
+  float* dw = nullptr;         // their gradient
+  tensor::Storage w_copy, dw_own;
+  float* table = nullptr;      // the owner's (the head's rank): the whole table and its gradient
+  float* table_grad = nullptr;
+  // One micro-batch from its S to its T: the final norm's output (a message
+  // buffer, or on the head's rank the last stage's slot's), the targets,
+  // and per chunk of head_chunk_rows rows the pieces' logits and statistics.
+  struct Held {
+    int micro = -1;
+    const float* x = nullptr;
+    bool x_buffer = false;
+    std::vector<int32_t> targets;
+    tensor::Storage logits;
+    std::vector<model::vocab::Stats> stats;
+  };
+  std::vector<std::unique_ptr<Held>> held;
+  Held& take(int micro, int64_t rows_, int64_t chunk, int P) {
+    for (auto& h : held)
+      if (h->micro < 0) {
+        h->micro = micro;
+        return *h;
+      }
+    auto h = std::make_unique<Held>();
+    h->targets.resize(static_cast<size_t>(rows_));
+    h->logits = tensor::Storage(static_cast<size_t>(rows_ * rows) * sizeof(float));
+    for (int64_t r0 = 0; r0 < rows_; r0 += chunk) {
+      h->stats.emplace_back();
+      h->stats.back().resize(P, std::min(chunk, rows_ - r0));
+    }
+    h->micro = micro;
+    held.push_back(std::move(h));
+    return *held.back();
+  }
+  Held& find(int micro) {
+    for (auto& h : held)
+      if (h->micro == micro) return *h;
+    PO_THROW(core::Internal, "pipeline: the head's T of micro-batch ", micro, " before its S");
+  }
 };
 
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
@@ -193,6 +239,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     skew_ = std::atoi(r) == rank_ && setup_.pipe != nullptr;
   inputs_.resize(static_cast<size_t>(setup_.micro * setup_.T));
   targets_.resize(inputs_.size());
+  vocab_setup();
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -345,10 +392,11 @@ void PipelineExecutor::init_random(uint64_t seed) {
     write_field(*c, true, State::kParams, c->rep_shard->local_offset(0), c->rep_shard->owned(0),
                 unit.data() + c->rep_shard->begin(0));
   }
+  vocab_init(seed);
 }
 
 void PipelineExecutor::sync_replica() {
-  if (!layout_.tied() || emb_rank_ == head_rank_) return;
+  if (!layout_.tied() || emb_rank_ == head_rank_) return vocab_refresh();
   const auto n0 = static_cast<size_t>(layout_.unit_numel(0));
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
   // The stored unit 0, then Adam m, v (and bf16: the master) of this data
@@ -377,6 +425,7 @@ void PipelineExecutor::sync_replica() {
                       state.data());
         }
       }
+  vocab_refresh();
 }
 
 model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
@@ -415,6 +464,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     }
     m->set_unit_hooks(std::move(h));
     m->set_accumulating(true);
+    if (setup_.schedule.vocab && c.holds(layout_.head_unit())) m->set_external_head(true);
     if (c.lookup.size() > 0) m->set_tied_lookup_grads(c.lookup.f32());
     c.slots.push_back(std::move(m));
     c.slot_micro.push_back(-1);
@@ -539,7 +589,12 @@ void PipelineExecutor::post_receives() {
 // The tensor the compute `consumer` reads: made on this rank (a local
 // hand-off) or received (posted ahead; waited here).
 const float* PipelineExecutor::incoming(const Action& consumer, Payload payload) {
-  const Key key{consumer.micro, consumer.stage, static_cast<int>(payload)};
+  return incoming_key(consumer, {consumer.micro, consumer.stage, static_cast<int>(payload)});
+}
+
+// The same for the message `key` (the head's, vocabulary parallel).
+float* PipelineExecutor::incoming_key(const Action& consumer, const Key& key) {
+  const auto payload = static_cast<Payload>(std::get<2>(key));
   if (auto it = ready_.find(key); it != ready_.end()) {
     float* b = it->second;
     ready_.erase(it);
@@ -568,6 +623,8 @@ const float* PipelineExecutor::incoming(const Action& consumer, Payload payload)
 
 void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float grad_scale,
                                    PipelineStepStats& stats) {
+  if (a.op == Op::kHeadStats) return vocab_stats(a, batch);
+  if (a.op == Op::kHeadGrad) return vocab_grad(a, grad_scale, stats);
   Chunk& c = chunk_of_stage(a.stage);
   const int S = setup_.schedule.stages();
   const bool first = a.stage == 0, last = a.stage == S - 1;
@@ -584,6 +641,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
                                          last ? targets_.data() : nullptr, grad_scale);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
       if (bf16_ && last) flush_micro(c, a.micro, false);  // the head's gradients are complete
+      if (last && vocab_) vocab_forward_done(m, a.micro);
       if (last) {
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
       } else {
@@ -596,7 +654,9 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
     }
     case Op::kBackward:
     case Op::kBackwardInput: {
-      const float* d = last ? nullptr : incoming(a, Payload::kGradient);
+      const float* d = !last ? incoming(a, Payload::kGradient)
+                       : vocab_ ? incoming_key(a, {a.micro, S, static_cast<int>(Payload::kHeadGrad)})
+                                : nullptr;
       if (first) batch(a.micro, inputs_.data(), targets_.data());
       const int64_t t0 = now_ns();
       model::Transformer* m = nullptr;
@@ -669,8 +729,13 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
       link_->send(it->second, skew_ ? tensor::Shape{config_.n_embd, rows_} : message_shape(),
                   a.peer, pipeline::message_tag(a));
       stats.sent_bytes += rows_ * config_.n_embd * static_cast<int64_t>(sizeof(float));
-      sending_.push_back(it->second);
-      ready_.erase(it);
+      // A tensor for several ranks (the head's statistics) leaves with its last send.
+      const auto f = fanout_.find(it->first);
+      if (f == fanout_.end() || --f->second == 0) {
+        if (f != fanout_.end()) fanout_.erase(f);
+        sending_.push_back(it->second);
+        ready_.erase(it);
+      }
       spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
       continue;
     }
@@ -763,6 +828,8 @@ void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
 }
 
 double PipelineExecutor::step(double lr) {
+  // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
+  vocab_gather_grads();
   // Data parallel: each part summed over the replicas of this stage first,
   // then the pair (so both copies add the same reduced H and E).
   if (setup_.data != nullptr) {
@@ -802,6 +869,7 @@ double PipelineExecutor::step(double lr) {
     update(*c, false, lr, clip);
     if (c->replica()) update(*c, true, lr, clip);
   }
+  vocab_refresh();
   return norm;
 }
 
@@ -859,8 +927,10 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets)
       link_->recv(x.data(), message_shape(), r.peer, pipeline::message_tag(r));
     }
     model::Transformer& m = acquire_slot(c, -2);
+    if (vocab_ && st == S - 1) m.set_external_head(false);  // the owner has the whole table
     const double sum = m.stage_forward(st == 0 ? inputs : nullptr, st == 0 ? nullptr : x.data(),
                                        st == S - 1 ? targets : nullptr, 0.0f);
+    if (vocab_ && st == S - 1) m.set_external_head(true);
     if (st == S - 1) loss = static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
     else std::memcpy(x.data(), m.stage_output(), msg * sizeof(float));
     release_slot(c, -2);
@@ -1033,6 +1103,11 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
               gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
               staging_.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
+  if (vocab_) {
+    m.params += vocab_->w_copy.size();
+    m.grads += vocab_->dw_own.size();
+    m.activations += vocab_->held.size() * vocab_held_bytes(config_, setup_, rank_);
+  }
   return m;
 }
 
@@ -1052,6 +1127,8 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   std::map<int, int> held, slots, queued, works;
   int64_t live = 0, peak = 0, posted = 0;
   int64_t acc_live = 0, acc_peak = 0;  // bf16: deferred blocks' accumulators
+  int64_t vocab_live = 0, vocab_peak = 0;  // vocabulary parallel: micro-batches from S to T
+  const int head_rank = s.rank_of(S - 1);
   auto blocks_of = [&](int stage) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
@@ -1084,21 +1161,48 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       continue;
     }
     const bool first = a.stage == 0, last = a.stage == S - 1;
-    if (a.op == Op::kForward) {
+    const int p = s.ranks;
+    const Key head_grad{a.micro, S, static_cast<int>(Payload::kHeadGrad)};
+    if (a.op == Op::kHeadStats) {  // vocab_stats' buffers, in its order
+      if (rank != head_rank) consume({a.micro, S + 1 + rank, static_cast<int>(Payload::kHeadInput)});
+      vocab_peak = std::max(vocab_peak, ++vocab_live);
+      peak = std::max(peak, ++live);  // one buffer for every rank
+      local.insert({a.micro, S + 1 + p + rank, static_cast<int>(Payload::kHeadStats)});
+    } else if (a.op == Op::kHeadGrad) {  // vocab_grad's
+      for (int q = 0; q < p; ++q)
+        if (q != rank) {
+          consume({a.micro, S + 1 + p + q, static_cast<int>(Payload::kHeadStats)});
+          --live;
+        }
+      if (s.prev_holder(rank) >= 0)
+        consume(head_grad);
+      else
+        peak = std::max(peak, ++live);
+      local.insert(head_grad);
+      if (rank != head_rank) --live;
+      --vocab_live;
+    } else if (a.op == Op::kForward) {
       if (!first) consume({a.micro, a.stage, static_cast<int>(Payload::kActivation)});
       slots[a.stage] = std::max(slots[a.stage], ++held[a.stage]);
       if (!first) --live;
+      if (last && s.vocab)  // vocab_forward_done
+        for (int q = 0; q < p; ++q)
+          if (q != rank) {
+            peak = std::max(peak, ++live);
+            local.insert({a.micro, S + 1 + q, static_cast<int>(Payload::kHeadInput)});
+          }
       if (!last) {
         peak = std::max(peak, ++live);
         local.insert({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)});
       }
     } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
       if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
+      if (last && s.vocab) consume(head_grad);
       if (a.op == Op::kBackwardInput) {
         works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
         acc_peak = std::max(acc_peak, acc_live += blocks_of(a.stage));
       }
-      if (!last) --live;
+      if (!last || s.vocab) --live;
       if (!first) {
         peak = std::max(peak, ++live);
         local.insert({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)});
@@ -1154,7 +1258,265 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
     m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
   }
+  if (s.vocab) {
+    const model::vocab::Pieces pieces = model::vocab::pieces_of(c.vocab_size);
+    const auto [k0, k1] = s.pieces_of(rank, pieces.count());
+    const auto rows = static_cast<size_t>((pieces.begin(k1) - pieces.begin(k0)) * c.n_embd) * f;
+    const auto [copy, own] = vocab_copies(layout, setup, rank);
+    if (copy) m.params += rows;
+    if (own) m.grads += rows;
+    m.activations += static_cast<size_t>(vocab_peak) * vocab_held_bytes(config, setup, rank);
+  }
   return m;
+}
+
+}  // namespace po::parallel
+
+// ---- Vocabulary parallel: the head's pieces on every rank (pipeline_executor.h) ----
+
+namespace po::parallel {
+
+namespace {
+constexpr int kVocabGradTag = 32710, kVocabRowsTag = 32711;
+}
+
+// Whether pipeline rank `rank` keeps a copy of its pieces' rows (neither
+// the owner nor, tied, the embedding's rank, which reads its own table),
+// and whether it keeps its own rows' gradient (every rank but the owner).
+std::pair<bool, bool> PipelineExecutor::vocab_copies(const model::Layout& layout,
+                                                     const PipelineSetup& setup, int rank) {
+  const pipeline::Schedule& s = setup.schedule;
+  if (!s.vocab) return {false, false};
+  const int head = s.rank_of(s.stages() - 1);
+  if (rank == head) return {false, false};
+  return {!(layout.tied() && rank == s.rank_of(0)), true};
+}
+
+size_t PipelineExecutor::vocab_held_bytes(const model::TransformerConfig& config,
+                                          const PipelineSetup& setup, int rank) {
+  const pipeline::Schedule& s = setup.schedule;
+  const model::vocab::Pieces p = model::vocab::pieces_of(config.resolved().vocab_size);
+  const auto [k0, k1] = s.pieces_of(rank, p.count());
+  const int64_t rows = setup.micro * setup.T, vr = p.begin(k1) - p.begin(k0);
+  // logits, targets, and per row and piece mx, sum, scale (4 + 8 + 4) and zt
+  return static_cast<size_t>(rows * vr) * sizeof(float) + static_cast<size_t>(rows) * sizeof(int32_t) +
+         static_cast<size_t>(rows * (16 * p.count() + 4));
+}
+
+void PipelineExecutor::vocab_setup() {
+  const pipeline::Schedule& s = setup_.schedule;
+  if (!s.vocab) return;
+  PO_CHECK(!bf16_ && setup_.split.size == 1, "pipeline: the head spread over the ranks ",
+           "(parallel.vocab_parallel) needs train.precision = \"fp32\" and parallel.tp = 1");
+  auto v = std::make_unique<VocabPart>();
+  const int64_t C = config_.n_embd;
+  v->pieces = model::vocab::pieces_of(config_.vocab_size);
+  std::tie(v->k0, v->k1) = s.pieces_of(rank_, v->pieces.count());
+  v->row0 = v->pieces.begin(v->k0);
+  v->rows = v->pieces.begin(v->k1) - v->row0;
+  PO_CHECK(3 * (v->k1 - v->k0) + 1 <= C, "pipeline: parallel.vocab_parallel sends ",
+           3 * (v->k1 - v->k0) + 1, " statistics per row in a message of model.n_embd = ", C,
+           " floats; use fewer pipeline ranks or a wider model");
+  const int64_t head_off = layout_.head().offset;
+  if (rank_ == head_rank_) {
+    Chunk& c = chunk_of_stage(s.stages() - 1);
+    v->table = layout_.tied() ? static_cast<float*>(c.unit0_params) + head_off
+                              : c.params.f32() + (head_off - c.base);
+    v->table_grad = layout_.tied() ? static_cast<float*>(c.unit0_grads) + head_off
+                                   : c.grads.f32() + (head_off - c.base);
+    v->w = v->table + v->row0 * C;
+    v->dw = v->table_grad + v->row0 * C;
+  } else {
+    const auto [copy, own] = vocab_copies(layout_, setup_, rank_);
+    if (copy) {
+      v->w_copy = zeroed(v->rows * C);
+      v->w = v->w_copy.f32();
+    } else {  // the embedding's table, updated as the owner's is
+      v->w = static_cast<float*>(stored_unit(0)) + head_off + v->row0 * C;
+    }
+    if (own) {
+      v->dw_own = zeroed(v->rows * C);
+      v->dw = v->dw_own.f32();
+    }
+  }
+  vocab_ = std::move(v);
+}
+
+// A copy's rows from the initialiser: the head weight's values (tied: the
+// token table's, unit 0).
+void PipelineExecutor::vocab_init(uint64_t seed) {
+  if (!vocab_ || vocab_->w_copy.size() == 0) return;
+  model::Transformer init(config_, 1, 1, model::UnitRange{0, 0}, setup_.split);
+  const int u = layout_.tied() ? 0 : layout_.head_unit();
+  std::vector<float> unit(static_cast<size_t>(layout_.unit_numel(u)));
+  init.init_random_unit(seed, u, unit.data());
+  const int64_t C = config_.n_embd;
+  std::memcpy(vocab_->w_copy.data(),
+              unit.data() + (layout_.head().offset - layout_.unit_offset(u)) + vocab_->row0 * C,
+              vocab_->w_copy.size());
+}
+
+// The last stage's forward is done: its final norm's output to every other rank.
+void PipelineExecutor::vocab_forward_done(model::Transformer& m, int micro) {
+  const pipeline::Schedule& s = setup_.schedule;
+  const size_t msg = static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  for (int q = 0; q < s.ranks; ++q) {
+    if (q == rank_) continue;
+    float* out = take_buffer();
+    std::memcpy(out, m.stage_output(), msg);
+    ready_[{micro, s.stages() + 1 + q, static_cast<int>(Payload::kHeadInput)}] = out;
+  }
+}
+
+// S: this rank's pieces' logits and statistics for one micro-batch, chunk by
+// chunk of rows as one stage runs them; the statistics to every other rank.
+void PipelineExecutor::vocab_stats(const Action& a, const BatchFn& batch) {
+  const pipeline::Schedule& s = setup_.schedule;
+  VocabPart& v = *vocab_;
+  const int S = s.stages(), P = v.pieces.count();
+  const int64_t C = config_.n_embd, chunk = model::Transformer::head_chunk_rows(setup_.micro, setup_.T);
+  const float* x = nullptr;
+  bool from_buffer = false;
+  if (rank_ == head_rank_) {
+    Chunk& c = chunk_of_stage(S - 1);
+    for (size_t i = 0; i < c.slots.size(); ++i)
+      if (c.slot_micro[i] == a.micro) x = c.slots[i]->stage_output();
+    PO_ASSERT(x != nullptr, "pipeline: ", pipeline::describe(a), " before the last stage's forward");
+  } else {
+    x = incoming_key(a, {a.micro, S + 1 + rank_, static_cast<int>(Payload::kHeadInput)});
+    from_buffer = true;
+  }
+  const int64_t t0 = now_ns();
+  VocabPart::Held& h = v.take(a.micro, rows_, chunk, P);
+  h.x = x;
+  h.x_buffer = from_buffer;
+  batch(a.micro, inputs_.data(), h.targets.data());
+  float* logits = h.logits.f32();
+  for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
+    const int64_t n = std::min(chunk, rows_ - r0);
+    for (int k = v.k0; k < v.k1; ++k)
+      model::vocab::piece_forward(v.pieces, k, ops::Operand(x + r0 * C), ops::Operand(v.w),
+                                  h.targets.data() + r0, n, C,
+                                  logits + r0 * v.rows + n * (v.pieces.begin(k) - v.row0),
+                                  h.stats[static_cast<size_t>(ci)], true, v.row0);
+  }
+  // Packed per chunk: the pieces' maxima, sums (doubles) and the targets'
+  // logits; one buffer sent to every other rank.
+  {
+    float* out = take_buffer();
+    float* at = out;
+    for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
+      const int64_t n = std::min(chunk, rows_ - r0);
+      const model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
+      const auto mine = static_cast<size_t>((v.k1 - v.k0) * n);
+      std::memcpy(at, st.mx.data() + v.k0 * n, mine * sizeof(float));
+      at += mine;
+      std::memcpy(at, st.sum.data() + v.k0 * n, mine * sizeof(double));
+      at += 2 * mine;
+      std::memcpy(at, st.zt.data(), static_cast<size_t>(n) * sizeof(float));
+      at += n;
+    }
+    const Key key{a.micro, S + 1 + s.ranks + rank_, static_cast<int>(Payload::kHeadStats)};
+    ready_[key] = out;
+    fanout_[key] = s.ranks - 1;
+  }
+  spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+}
+
+// T: every rank's statistics, the rows' losses, this rank's pieces' logit
+// and weight gradients, and the head's input gradient continued from the
+// previous holder (to the next one, or on the last stage's rank to its backward).
+void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineStepStats& stats) {
+  const pipeline::Schedule& s = setup_.schedule;
+  VocabPart& v = *vocab_;
+  const int S = s.stages(), P = v.pieces.count();
+  const int64_t C = config_.n_embd, chunk = model::Transformer::head_chunk_rows(setup_.micro, setup_.T);
+  VocabPart::Held& h = v.find(a.micro);
+  for (int q = 0; q < s.ranks; ++q) {
+    if (q == rank_) continue;
+    float* in = incoming_key(a, {a.micro, S + 1 + s.ranks + q, static_cast<int>(Payload::kHeadStats)});
+    const auto [q0, q1] = s.pieces_of(q, P);
+    const float* at = in;
+    for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
+      const int64_t n = std::min(chunk, rows_ - r0);
+      model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
+      const auto theirs = static_cast<size_t>((q1 - q0) * n);
+      std::memcpy(st.mx.data() + q0 * n, at, theirs * sizeof(float));
+      at += theirs;
+      std::memcpy(st.sum.data() + q0 * n, at, theirs * sizeof(double));
+      at += 2 * theirs;
+      const int64_t lo = v.pieces.begin(q0), hi = v.pieces.begin(q1);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t t = h.targets[static_cast<size_t>(r0 + r)];
+        if (t >= lo && t < hi) st.zt[static_cast<size_t>(r)] = at[r];
+      }
+      at += n;
+    }
+    give_buffer(in);
+  }
+  const int prev = s.prev_holder(rank_);
+  float* dx = prev >= 0 ? incoming_key(a, {a.micro, S, static_cast<int>(Payload::kHeadGrad)})
+                        : take_buffer();
+  const int64_t t0 = now_ns();
+  std::vector<float> losses(static_cast<size_t>(chunk));
+  double loss_sum = 0;
+  float* logits = h.logits.f32();
+  for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
+    const int64_t n = std::min(chunk, rows_ - r0);
+    model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
+    model::vocab::combine(P, n, losses.data(), st, grad_scale);
+    for (int64_t r = 0; r < n; ++r) loss_sum += losses[static_cast<size_t>(r)];
+    for (int k = v.k0; k < v.k1; ++k)
+      model::vocab::piece_backward(v.pieces, k, logits + r0 * v.rows + n * (v.pieces.begin(k) - v.row0),
+                                   nullptr, st, h.targets.data() + r0, ops::Operand(h.x + r0 * C),
+                                   ops::Operand(v.w), v.dw, dx + r0 * C, k > 0, n, C, grad_scale,
+                                   v.row0);
+  }
+  if (rank_ == head_rank_)
+    stats.loss_sum += static_cast<float>(loss_sum / static_cast<double>(setup_.micro * setup_.T));
+  ready_[{a.micro, S, static_cast<int>(Payload::kHeadGrad)}] = dx;  // sent on, or the backward's
+  if (h.x_buffer) give_buffer(const_cast<float*>(h.x));
+  h.micro = -1;
+  spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+}
+
+// Before the update: every other rank's rows of the head weight's gradient
+// into the owner's (the head's rank), in place of the zeros there.
+void PipelineExecutor::vocab_gather_grads() {
+  if (!vocab_) return;
+  const pipeline::Schedule& s = setup_.schedule;
+  VocabPart& v = *vocab_;
+  const int64_t C = config_.n_embd;
+  if (rank_ != head_rank_) {
+    setup_.pipe->send(v.dw, static_cast<size_t>(v.rows * C), DType::kF32, head_rank_, kVocabGradTag);
+    std::memset(v.dw, 0, static_cast<size_t>(v.rows * C) * sizeof(float));
+    return;
+  }
+  for (int q : s.holders) {
+    if (q == rank_) continue;
+    const auto [q0, q1] = s.pieces_of(q, v.pieces.count());
+    const int64_t r0 = v.pieces.begin(q0), n = v.pieces.begin(q1) - r0;
+    setup_.pipe->recv(v.table_grad + r0 * C, static_cast<size_t>(n * C), DType::kF32, q, kVocabGradTag);
+  }
+}
+
+// After the update (or a load): the owner's rows to the ranks that copy theirs.
+void PipelineExecutor::vocab_refresh() {
+  if (!vocab_) return;
+  const pipeline::Schedule& s = setup_.schedule;
+  VocabPart& v = *vocab_;
+  const int64_t C = config_.n_embd;
+  if (rank_ == head_rank_) {
+    for (int q : s.holders) {
+      if (q == rank_ || !vocab_copies(layout_, setup_, q).first) continue;
+      const auto [q0, q1] = s.pieces_of(q, v.pieces.count());
+      const int64_t r0 = v.pieces.begin(q0), n = v.pieces.begin(q1) - r0;
+      setup_.pipe->send(v.table + r0 * C, static_cast<size_t>(n * C), DType::kF32, q, kVocabRowsTag);
+    }
+  } else if (v.w_copy.size() > 0) {
+    setup_.pipe->recv(v.w_copy.data(), static_cast<size_t>(v.rows * C), DType::kF32, head_rank_,
+                      kVocabRowsTag);
+  }
 }
 
 }  // namespace po::parallel

@@ -48,6 +48,22 @@
 // gradient once the micro-batch's part is complete, as pp = 1 rounds each
 // micro-batch's; the tied table is wte = bf16(H + E) on both copies.
 //
+// Vocabulary parallel (Schedule::vocab, parallel.vocab_parallel): the head's
+// fixed vocabulary pieces (model/vocab_head.h) are spread over every
+// pipeline rank. The last stage's forward ends at the final norm, whose
+// output goes to every rank; each rank's S computes its pieces' logits and
+// statistics and sends the statistics to every rank; its T combines all of
+// them (in piece order, the same on every rank), computes its pieces' logit
+// gradients, their weight gradients and its part of the head's input
+// gradient, continuing the sum it receives from the previous holder; the
+// last holder is the last stage's rank, whose backward starts from it. The
+// head's rank (the owner of the head weight: the tied replica, or the head
+// unit) receives the other ranks' rows of the weight gradient before the
+// update and sends the updated rows back to ranks that keep a copy (the
+// embedding's rank reads its own table, which takes the same update). The
+// same GEMMs and sums as one stage (vocab_head.h): the bits of pp = 1.
+// (fp32 and tp = 1; the trainer refuses the rest.)
+//
 // What it does not do (refused by the trainer): ZeRO 2-3 (gradients reduced
 // per micro-batch, while a stage's micro-batches arrive at different times).
 #pragma once
@@ -199,6 +215,8 @@ class PipelineExecutor {
   // ZeRO-1 the shard of the reduced gradient the update reads), Adam (in
   // memory), activation slots and W-queue works at their peak, message and
   // ZeRO-1 gather buffers, and the compute tier's page frames when paged.
+  // (Vocabulary parallel: the pieces' rows a rank copies are in params and
+  // grads, the logits and statistics held from S to T in activations.)
   struct Memory {
     size_t params = 0, grads = 0, master = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0,
            pages = 0;
@@ -227,6 +245,20 @@ class PipelineExecutor {
   void post_next();
   void post_receives();
   const float* incoming(const pipeline::Action& consumer, pipeline::Payload payload);
+  float* incoming_key(const pipeline::Action& consumer, const Key& key);
+  // Vocabulary parallel (pipeline_vocab.cc).
+  struct VocabPart;
+  void vocab_setup();
+  void vocab_init(uint64_t seed);
+  void vocab_forward_done(model::Transformer& m, int micro);
+  void vocab_stats(const pipeline::Action& a, const BatchFn& batch);
+  void vocab_grad(const pipeline::Action& a, float grad_scale, PipelineStepStats& stats);
+  void vocab_gather_grads();
+  void vocab_refresh();
+  static size_t vocab_held_bytes(const model::TransformerConfig& config, const PipelineSetup& setup,
+                                 int rank);
+  static std::pair<bool, bool> vocab_copies(const model::Layout& layout, const PipelineSetup& setup,
+                                            int rank);  // (a copy of its rows, its own gradient rows)
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    PipelineStepStats& stats);
   void sum_tied_pair();
@@ -265,6 +297,7 @@ class PipelineExecutor {
   std::vector<std::unique_ptr<float[]>> buffers_;
   std::vector<float*> free_buffers_;
   std::map<Key, float*> ready_;  // made here, waiting for their local consumer or send
+  std::map<Key, int> fanout_;    // of those, sent to several ranks: the sends still to go
   struct Posted {
     StageLink::Incoming in;
     float* buffer = nullptr;
@@ -290,6 +323,7 @@ class PipelineExecutor {
   // The tied table: the rank and chunk of unit 0, of the head.
   int emb_rank_ = 0, head_rank_ = 0;
   bool skew_ = false;  // PAGEDOPTIM_TEST_PP_SKEW_RANK (fault tests)
+  std::unique_ptr<VocabPart> vocab_;
 };
 
 }  // namespace po::parallel

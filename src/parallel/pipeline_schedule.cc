@@ -30,17 +30,25 @@ bool is_compute(Op op) { return op != Op::kSend && op != Op::kRecv; }
 struct Progress {
   std::vector<std::vector<double>> f, b, w;  // [stage][micro]
   std::vector<int> next_f, next_b, next_w;   // [stage]
-  Progress(int stages, int micro)
+  // Vocabulary parallel: each rank's S and T ([rank][micro]).
+  std::vector<std::vector<double>> hs, hg;
+  std::vector<int> next_hs, next_hg;  // [rank]
+  Progress(int stages, int micro, int ranks)
       : f(stages, std::vector<double>(micro, kNever)),
         b(f),
         w(f),
         next_f(stages, 0),
         next_b(stages, 0),
-        next_w(stages, 0) {}
+        next_w(stages, 0),
+        hs(ranks, std::vector<double>(micro, kNever)),
+        hg(hs),
+        next_hs(ranks, 0),
+        next_hg(ranks, 0) {}
 };
 
-// A compute action's inputs, as end times (kNever where one has not run).
-double inputs_ready(const Progress& pr, const Action& a, int stages) {
+// A compute action's inputs, as end times (kNever where one has not run), on `rank`.
+double inputs_ready(const Schedule& sc, const Progress& pr, const Action& a, int rank) {
+  const int stages = sc.stages();
   double t = 0;
   auto need = [&](double end) { t = (end == kNever || t == kNever) ? kNever : std::max(t, end); };
   const size_t s = static_cast<size_t>(a.stage), mb = static_cast<size_t>(a.micro);
@@ -52,6 +60,15 @@ double inputs_ready(const Progress& pr, const Action& a, int stages) {
     case Op::kBackwardInput:
       need(pr.f[s][mb]);
       if (a.stage < stages - 1) need(pr.b[s + 1][mb]);
+      // The head's input gradient: the chain of T ends on this rank.
+      if (a.stage == stages - 1 && sc.vocab) need(pr.hg[static_cast<size_t>(rank)][mb]);
+      break;
+    case Op::kHeadStats:  // the final norm's output
+      need(pr.f[static_cast<size_t>(stages - 1)][mb]);
+      break;
+    case Op::kHeadGrad:  // every rank's statistics, and the sum so far
+      for (int q = 0; q < sc.ranks; ++q) need(pr.hs[static_cast<size_t>(q)][mb]);
+      if (sc.prev_holder(rank) >= 0) need(pr.hg[static_cast<size_t>(sc.prev_holder(rank))][mb]);
       break;
     case Op::kBackwardWeight:
       need(pr.b[s][mb]);
@@ -68,6 +85,8 @@ double cost_of(Op op, const Costs& c) {
     case Op::kBackward: return c.backward();
     case Op::kBackwardInput: return c.backward_input;
     case Op::kBackwardWeight: return c.backward_weight;
+    case Op::kHeadStats: return c.head_stats;
+    case Op::kHeadGrad: return c.head_grad;
     default: return 0;
   }
 }
@@ -77,9 +96,12 @@ double cost_of(Op op, const Costs& c) {
 // output gradients) is counted apart, as the W queue.
 bool releases(Op op) { return op == Op::kBackward || op == Op::kBackwardInput; }
 
-void record(Progress& pr, const Action& a, double end) {
+void record(Progress& pr, const Action& a, double end, int rank) {
   const size_t s = static_cast<size_t>(a.stage), mb = static_cast<size_t>(a.micro);
+  const auto r = static_cast<size_t>(rank);
   switch (a.op) {
+    case Op::kHeadStats: pr.hs[r][mb] = end; ++pr.next_hs[r]; break;
+    case Op::kHeadGrad: pr.hg[r][mb] = end; ++pr.next_hg[r]; break;
     case Op::kForward: pr.f[s][mb] = end; ++pr.next_f[s]; break;
     case Op::kBackward:
       pr.b[s][mb] = pr.w[s][mb] = end;
@@ -95,6 +117,9 @@ void record(Progress& pr, const Action& a, double end) {
 // The schedule's preference among ready actions on one rank: smaller first.
 std::array<int, 4> priority(const Schedule& s, const Action& a) {
   const int p = s.ranks, chunk = a.stage / p;
+  // The head's pieces first when ready (T, then S): the last stage waits on them.
+  if (a.op == Op::kHeadGrad) return {-2, a.micro, 0, 0};
+  if (a.op == Op::kHeadStats) return {-1, a.micro, 0, 0};
   switch (s.kind) {
     case ScheduleKind::kGPipe:  // every forward, then the backwards
       return {a.op == Op::kForward ? 0 : 1, a.micro, 0, 0};
@@ -152,21 +177,27 @@ std::vector<std::vector<Action>> interleaved_orders(const Schedule& s) {
 
 // Each rank's compute, in the order the list scheduler runs it at unit costs.
 std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
-  if (s.kind == ScheduleKind::kInterleaved) return interleaved_orders(s);
+  const bool interleaved = s.kind == ScheduleKind::kInterleaved;
+  if (interleaved && !s.vocab) return interleaved_orders(s);
+  // Interleaved with the head spread: Megatron's order of forwards and
+  // backwards stays fixed, and the head's S and T go in as they are ready.
+  const std::vector<std::vector<Action>> fixed =
+      interleaved ? interleaved_orders(s) : std::vector<std::vector<Action>>{};
+  std::vector<size_t> fixed_at(static_cast<size_t>(s.ranks), 0);
   const int p = s.ranks, m = s.micro_batches, S = s.stages();
-  Progress pr(S, m);
+  Progress pr(S, m, p);
   std::vector<double> free_at(static_cast<size_t>(p), 0);
   std::vector<int> in_flight(static_cast<size_t>(p), 0), left(static_cast<size_t>(p), 0);
   std::vector<int> w_queue(static_cast<size_t>(p), 0);  // B done, W not yet
   const int kinds = s.split_backward() ? 3 : 2;
-  for (int r = 0; r < p; ++r) left[static_cast<size_t>(r)] = s.chunks * m * kinds;
+  for (int r = 0; r < p; ++r) left[static_cast<size_t>(r)] = s.chunks * m * kinds + (s.vocab ? 2 * m : 0);
   std::set<double> ends;  // every decided end time (for idle ranks to wait to)
   std::vector<std::vector<Action>> out(static_cast<size_t>(p));
   const Costs unit;
   // Ranks with nothing ready and nothing to wait for yet: another rank at the
   // same time decides first.
   std::vector<bool> stalled(static_cast<size_t>(p), false);
-  for (int done = 0, total = p * s.chunks * m * kinds; done < total;) {
+  for (int done = 0, total = p * (s.chunks * m * kinds + (s.vocab ? 2 * m : 0)); done < total;) {
     int r = -1;
     for (int q = 0; q < p; ++q) {
       const auto qi = static_cast<size_t>(q);
@@ -180,7 +211,7 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
     bool found = false;
     Action best;
     auto consider = [&](const Action& a) {
-      const double ready = inputs_ready(pr, a, S);
+      const double ready = inputs_ready(s, pr, a, r);
       if (ready == kNever || ready > t) return;
       if (a.op == Op::kForward && in_flight[ri] >= s.in_flight_cap(r)) return;
       // A full W queue runs its oldest W before anything else.
@@ -189,13 +220,25 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
       if (!found || priority(s, a) < priority(s, best)) best = a;
       found = true;
     };
-    for (int st : s.stages_of(r)) {
+    if (interleaved && fixed_at[ri] < fixed[ri].size()) {
+      const Action& a = fixed[ri][fixed_at[ri]];
+      const double ready = inputs_ready(s, pr, a, r);
+      if (ready != kNever && ready <= t && (!found || priority(s, a) < priority(s, best))) {
+        best = a;
+        found = true;
+      }
+    }
+    for (int st : interleaved ? std::vector<int>{} : s.stages_of(r)) {
       const size_t si = static_cast<size_t>(st);
       if (pr.next_f[si] < m) consider({Op::kForward, pr.next_f[si], st});
       if (pr.next_b[si] < m)
         consider({s.split_backward() ? Op::kBackwardInput : Op::kBackward, pr.next_b[si], st});
       if (s.split_backward() && pr.next_w[si] < m && pr.next_w[si] < pr.next_b[si])
         consider({Op::kBackwardWeight, pr.next_w[si], st});
+    }
+    if (s.vocab) {
+      if (pr.next_hs[ri] < m) consider({Op::kHeadStats, pr.next_hs[ri], S - 1});
+      if (pr.next_hg[ri] < pr.next_hs[ri]) consider({Op::kHeadGrad, pr.next_hg[ri], S - 1});
     }
     if (!found) {  // wait for the next end, or the next decision, anywhere
       const auto after = ends.upper_bound(t);
@@ -211,7 +254,8 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
     }
     std::fill(stalled.begin(), stalled.end(), false);
     const double end = t + cost_of(best.op, unit);
-    record(pr, best, end);
+    record(pr, best, end, r);
+    if (interleaved && (best.op == Op::kForward || best.op == Op::kBackward)) ++fixed_at[ri];
     ends.insert(end);
     if (best.op == Op::kForward) ++in_flight[ri];
     if (releases(best.op)) --in_flight[ri];
@@ -243,6 +287,40 @@ std::vector<std::vector<Action>> with_messages(const Schedule& s,
       out[r].push_back(a);
       if ((fwd || bwd) && to >= 0 && to < S && s.rank_of(to) != rank)
         out[r].push_back({Op::kSend, a.micro, to, s.rank_of(to), pl});
+      if (!s.vocab) continue;
+      // The head's messages: the final norm's output to every rank after
+      // the last stage's forward; the statistics to every rank after an S;
+      // the input gradient's sum from holder to holder around a T.
+      const int p = s.ranks, mb = a.micro;
+      if (a.op == Op::kForward && a.stage == S - 1)
+        for (int q = 0; q < p; ++q)
+          if (q != rank) out[r].push_back({Op::kSend, mb, S + 1 + q, q, Payload::kHeadInput});
+      if (a.op == Op::kHeadStats)
+        for (int q = 0; q < p; ++q)
+          if (q != rank) out[r].push_back({Op::kSend, mb, S + 1 + p + rank, q, Payload::kHeadStats});
+      if (a.op == Op::kHeadGrad && s.next_holder(rank) >= 0)
+        out[r].push_back({Op::kSend, mb, S, s.next_holder(rank), Payload::kHeadGrad});
+    }
+  }
+  // Receives, before the compute that reads them.
+  if (s.vocab) {
+    const int p = s.ranks, head = s.rank_of(S - 1);
+    for (size_t r = 0; r < out.size(); ++r) {
+      const int rank = static_cast<int>(r);
+      std::vector<Action> with;
+      for (const Action& a : out[r]) {
+        const int mb = a.micro;
+        if (a.op == Op::kHeadStats && rank != head)
+          with.push_back({Op::kRecv, mb, S + 1 + rank, head, Payload::kHeadInput});
+        if (a.op == Op::kHeadGrad) {
+          for (int q = 0; q < p; ++q)
+            if (q != rank) with.push_back({Op::kRecv, mb, S + 1 + p + q, q, Payload::kHeadStats});
+          if (s.prev_holder(rank) >= 0)
+            with.push_back({Op::kRecv, mb, S, s.prev_holder(rank), Payload::kHeadGrad});
+        }
+        with.push_back(a);
+      }
+      out[r] = std::move(with);
     }
   }
   return out;
@@ -272,16 +350,20 @@ const char* op_name(Op op) {
     case Op::kBackwardWeight: return "backward-weight";
     case Op::kSend: return "send";
     case Op::kRecv: return "recv";
+    case Op::kHeadStats: return "head-stats";
+    case Op::kHeadGrad: return "head-grad";
   }
   return "?";
 }
 
 std::string describe(const Action& a) {
-  static constexpr const char* kLetter[] = {"F", "BW", "B", "W"};
+  static constexpr const char* kLetter[] = {"F", "BW", "B", "W", "", "", "S", "T"};
+  static constexpr const char* kPayload[] = {" act", " grad", " head-input", " head-stats",
+                                             " head-grad"};
   if (is_compute(a.op))
     return core::str_cat(kLetter[static_cast<int>(a.op)], a.micro, "@s", a.stage);
-  return core::str_cat(op_name(a.op), a.payload == Payload::kActivation ? " act" : " grad", " m",
-                       a.micro, " s", a.stage, a.op == Op::kSend ? " -> r" : " <- r", a.peer);
+  return core::str_cat(op_name(a.op), kPayload[static_cast<int>(a.payload)], " m", a.micro, " s",
+                       a.stage, a.op == Op::kSend ? " -> r" : " <- r", a.peer);
 }
 
 int Schedule::rank_of(int stage) const {
@@ -320,6 +402,28 @@ int Schedule::w_queue_cap(int rank) const {
   }
 }
 
+std::pair<int, int> Schedule::pieces_of(int rank, int pieces) const {
+  const int j = holder_index(rank), n = static_cast<int>(holders.size());
+  if (j < 0) return {0, 0};
+  return {j * pieces / n, (j + 1) * pieces / n};
+}
+
+int Schedule::holder_index(int rank) const {
+  for (size_t j = 0; j < holders.size(); ++j)
+    if (holders[j] == rank) return static_cast<int>(j);
+  return -1;
+}
+
+int Schedule::prev_holder(int rank) const {
+  const int j = holder_index(rank);
+  return j > 0 ? holders[static_cast<size_t>(j - 1)] : -1;
+}
+
+int Schedule::next_holder(int rank) const {
+  const int j = holder_index(rank);
+  return j >= 0 && j + 1 < static_cast<int>(holders.size()) ? holders[static_cast<size_t>(j + 1)] : -1;
+}
+
 int chunks_per_rank(ScheduleKind kind, int virtual_stages) {
   if (kind == ScheduleKind::kZbV) return 2;
   return kind == ScheduleKind::kInterleaved ? virtual_stages : 1;
@@ -336,7 +440,7 @@ void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual
   PO_CHECK(stages <= 64, "parallel.pp × stages per rank = ", stages, ": at most 64 stages");
 }
 
-Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks) {
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks, bool vocab) {
   check_schedule(kind, ranks, micro_batches, chunks);
   chunks = chunks_per_rank(kind, chunks);
   Schedule s;
@@ -344,6 +448,17 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chun
   s.ranks = ranks;
   s.micro_batches = micro_batches;
   s.chunks = chunks;
+  s.vocab = vocab && ranks > 1;
+  if (s.vocab) {
+    PO_CHECK(ranks <= 8, "parallel.vocab_parallel spreads the head's 8 vocabulary pieces over at ",
+             "most 8 pipeline ranks (parallel.pp = ", ranks, ")");
+    PO_CHECK(s.stages() + 2 * ranks + 1 <= 64, "parallel.vocab_parallel: ", s.stages(),
+             " stages on ", ranks, " ranks leave no message tags for the head (stages + 2·pp < 64)");
+    const int head = s.rank_of(s.stages() - 1);
+    for (int r = 0; r < ranks; ++r)
+      if (r != head) s.holders.push_back(r);
+    s.holders.push_back(head);
+  }
   s.actions = with_messages(s, compute_orders(s));
   return s;
 }
@@ -351,7 +466,8 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chun
 int message_tag(const Action& a) {
   // Micro-batches 120 apart share a tag: they are never in flight together.
   // Below 15360, so StageLink's 2·tag + 1 stays under MPI's guaranteed 32767.
-  return ((a.micro % 120) * 64 + a.stage) * 2 + (a.payload == Payload::kGradient ? 1 : 0);
+  const bool odd = a.payload == Payload::kGradient || a.payload == Payload::kHeadGrad;
+  return ((a.micro % 120) * 64 + a.stage) * 2 + (odd ? 1 : 0);
 }
 
 double Timing::bubble() const {
@@ -368,7 +484,7 @@ Timing simulate(const Schedule& s, const std::vector<Costs>& stage_costs) {
   const int p = s.ranks, S = s.stages();
   PO_CHECK(static_cast<int>(stage_costs.size()) == S, "simulate: ", stage_costs.size(),
            " stage costs for ", S, " stages");
-  Progress pr(S, s.micro_batches);
+  Progress pr(S, s.micro_batches, p);
   Timing t;
   t.busy.assign(static_cast<size_t>(p), 0);
   t.spans.assign(static_cast<size_t>(p), {});
@@ -388,11 +504,11 @@ Timing simulate(const Schedule& s, const std::vector<Costs>& stage_costs) {
           ++next[ri];
           continue;
         }
-        const double ready = inputs_ready(pr, a, S);
+        const double ready = inputs_ready(s, pr, a, r);
         if (ready == kNever) break;  // waits for another rank
         const double cost = cost_of(a.op, stage_costs[static_cast<size_t>(a.stage)]);
         const double end = std::max(free_at[ri], ready) + cost;
-        record(pr, a, end);
+        record(pr, a, end, r);
         t.spans[ri].push_back({a, end - cost, end});
         free_at[ri] = end;
         t.busy[ri] += cost;

@@ -40,17 +40,28 @@ enum class Op {
   kBackwardWeight,  // W: the GEMMs' weight gradients, deferred
   kSend,
   kRecv,
+  // Vocabulary parallel (Schedule::vocab): the head's pieces on every rank.
+  kHeadStats,  // S: this rank's pieces' logits and statistics for a micro-batch
+  kHeadGrad,   // T: their logit gradients, weight gradients and input-gradient part
 };
 const char* op_name(Op op);
 
 // What a send or receive carries: a stage's output activations (forward) or
-// the gradient of its input (backward).
-enum class Payload { kActivation, kGradient };
+// the gradient of its input (backward); with the head spread over the
+// ranks, the final norm's output (to every rank), a rank's pieces'
+// statistics (to every rank) and the head's input gradient as summed so far
+// (to the next piece holder, the last one handing it to the last stage).
+enum class Payload { kActivation, kGradient, kHeadInput, kHeadStats, kHeadGrad };
 
 struct Action {
   Op op = Op::kForward;
   int micro = 0;  // micro-batch
-  int stage = 0;  // global stage: compute on it; send/recv: the stage that computes with it
+  // Global stage: compute on it (S and T: the last stage); send/recv: the
+  // stage that computes with it. Head messages (vocabulary parallel) name
+  // virtual stages past the last, S = stages(): kHeadGrad S, kHeadInput
+  // S + 1 + receiver, kHeadStats S + 1 + ranks + sender, so that each
+  // (micro-batch, stage, payload) is one message.
+  int stage = 0;
   int peer = -1;  // send/recv: the other rank
   Payload payload = Payload::kActivation;
   bool operator==(const Action&) const = default;
@@ -64,6 +75,11 @@ struct Schedule {
   int ranks = 1;          // p
   int micro_batches = 1;  // m
   int chunks = 1;         // v: stages per rank
+  // Vocabulary parallel: the head's pieces spread over every rank, computed
+  // in S and T actions (docs/pipeline.md). `holders`: the ranks in piece
+  // order, the last stage's rank last (the input gradient's sum ends there).
+  bool vocab = false;
+  std::vector<int> holders;
   std::vector<std::vector<Action>> actions;  // per rank, in order
 
   int stages() const { return ranks * chunks; }
@@ -78,6 +94,13 @@ struct Schedule {
   int in_flight_cap(int rank) const;
   // Weight backwards a rank may defer (zero-bubble schedules; 0 otherwise).
   int w_queue_cap(int rank) const;
+  // Vocabulary parallel: the head pieces [first, second) rank r computes
+  // (model/vocab_head.h's `pieces` of them, cut evenly in holder order), its
+  // place in the chain and the previous and next holders (-1: none).
+  std::pair<int, int> pieces_of(int rank, int pieces) const;
+  int holder_index(int rank) const;
+  int prev_holder(int rank) const;
+  int next_holder(int rank) const;
 };
 
 // Stages per rank: 2 for zbv, virtual_stages for interleaved, else 1.
@@ -88,8 +111,10 @@ int chunks_per_rank(ScheduleKind kind, int virtual_stages);
 // building it: the planner checks every layout it searches).
 void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages);
 
-// check_schedule, then the schedule.
-Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1);
+// check_schedule, then the schedule; `vocab`: the head spread over the ranks
+// (at most 8, and stages() + 2·ranks + 1 <= 64 for the head messages' tags).
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1,
+                       bool vocab = false);
 
 // The p2p tag of a send/recv, unique per (micro-batch, stage, payload), the
 // same on both ends.
@@ -97,8 +122,11 @@ int message_tag(const Action& a);
 
 // Costs of one stage's compute, in any unit (the simulation's defaults are
 // the unit costs the orders are built with).
+// head_stats and head_grad: one rank's S and T (vocabulary parallel; read
+// from the last stage's Costs).
 struct Costs {
   double forward = 1, backward_input = 1, backward_weight = 1;
+  double head_stats = 0.5, head_grad = 1;
   double backward() const { return backward_input + backward_weight; }
 };
 

@@ -121,7 +121,7 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
                                                const Schedule& schedule,
                                                const std::string& stage_layers) {
   const int S = schedule.stages();
-  std::vector<model::UnitRange> stages = partition_stages(config, T, S, stage_layers);
+  std::vector<model::UnitRange> stages = partition_stages(config, T, S, stage_layers, !schedule.vocab);
   if (!stage_layers.empty() || schedule.chunks == 1) return stages;
   // Several stages per rank: move blocks across stage boundaries, one at a
   // time, while that lowers the busiest rank's total compute (forward +
@@ -140,7 +140,8 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
     for (int s = 0; s < S; ++s) {
       const int64_t n = blocks[static_cast<size_t>(s)];
       rank[static_cast<size_t>(schedule.rank_of(s))] +=
-          prefix[static_cast<size_t>(at + n)] - prefix[static_cast<size_t>(at)] + (s == S - 1 ? head : 0.0);
+          prefix[static_cast<size_t>(at + n)] - prefix[static_cast<size_t>(at)] +
+          (s == S - 1 && !schedule.vocab ? head : 0.0);
       at += n;
     }
     double most = 0, squares = 0;
@@ -179,7 +180,8 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
 }
 
 std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
-                                               int stages, const std::string& stage_layers) {
+                                               int stages, const std::string& stage_layers,
+                                               bool head_on_last) {
   const int64_t L = config.n_layer;
   PO_CHECK(stages >= 1 && stages <= L, "parallel.pp × stages per rank = ", stages,
            " must be between 1 and model.n_layer = ", L, " (every stage holds a block)");
@@ -191,13 +193,14 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
     std::vector<double> cost;
     for (int u = 1; u <= L; ++u) cost.push_back(unit_cost(config, layout, T, u));
     blocks = balanced_blocks(cost, unit_cost(config, layout, T, 0),
-                             unit_cost(config, layout, T, static_cast<int>(L) + 1), stages);
+                             head_on_last ? unit_cost(config, layout, T, static_cast<int>(L) + 1) : 0.0,
+                             stages);
   }
   return ranges_of(blocks, L);
 }
 
 std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,
-                               const std::vector<model::UnitRange>& stages) {
+                               const std::vector<model::UnitRange>& stages, int vocab_ranks) {
   const model::TransformerConfig c = config.resolved();
   const model::Layout layout(c);
   const int head = layout.head_unit();
@@ -206,14 +209,19 @@ std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T
   std::vector<Costs> out;
   for (const model::UnitRange& r : stages) {
     const int last = r.last < 0 ? head : r.last;
-    Costs k{0, 0, 0};
+    Costs k{0, 0, 0, 0, 0};
     for (int u = std::max(r.first, 1); u <= std::min(last, head - 1); ++u) {
       const double params = 2.0 * static_cast<double>(layout.unit_numel(u));
       k.forward += params + attn;
       k.backward_input += params + 2 * attn;
       k.backward_weight += params;
     }
-    if (last == head) k.forward += 3 * 2.0 * static_cast<double>(c.vocab_size) * C;
+    const double head_gemm = 2.0 * static_cast<double>(c.vocab_size) * C;
+    if (last == head && vocab_ranks == 0) k.forward += 3 * head_gemm;
+    if (last == head && vocab_ranks > 0) {  // each rank's share: S the logits, T two GEMMs
+      k.head_stats = head_gemm / vocab_ranks / unit;
+      k.head_grad = 2 * head_gemm / vocab_ranks / unit;
+    }
     k.forward /= unit;
     k.backward_input /= unit;
     k.backward_weight /= unit;

@@ -28,8 +28,11 @@ double unit_cost(const model::TransformerConfig& config, int64_t T, int u);
 // lighter); else parallel.stage_layers, blocks per stage as "4,4,3,1",
 // which must have `stages` positive entries summing to model.n_layer
 // (errors name both keys).
+// head_on_last = false: the head is spread over the ranks (vocabulary
+// parallel) and weighs on no stage.
 std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& config, int64_t T,
-                                               int stages, const std::string& stage_layers = "");
+                                               int stages, const std::string& stage_layers = "",
+                                               bool head_on_last = true);
 
 // The same for `schedule`'s stages (the default split): where a rank holds
 // several stages (interleaved, zbv), blocks then move across stage
@@ -45,8 +48,11 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
 // (the GEMMs' input gradients, attention's backward), its weight backward
 // 2·P; the last stage's forward also runs the head and its fused loss
 // backward (logits, input and weight gradients: 3 × 2·V·C). For
-// simulate(): a bubble that sees the stages' imbalance.
+// simulate(): a bubble that sees the stages' imbalance. vocab_ranks > 0:
+// the head is spread over that many ranks (vocabulary parallel): the last
+// stage's forward is its blocks', and its Costs carry one rank's S (the
+// logits, 2·V·C / ranks) and T (the input and weight gradients, twice that).
 std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,
-                               const std::vector<model::UnitRange>& stages);
+                               const std::vector<model::UnitRange>& stages, int vocab_ranks = 0);
 
 }  // namespace po::parallel::pipeline

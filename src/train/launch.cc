@@ -130,6 +130,15 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
              ": ZeRO 2 and 3 are refused (they reduce each micro-batch's gradients as its backward "
              "ends, but a stage's micro-batches arrive at different times and the stage's state is "
              "already 1/pp of the model); use parallel.zero_stage = 0 or 1");
+    if (cfg.get_bool("parallel.vocab_parallel")) {
+      PO_CHECK(cfg.get_int("parallel.tp") == 1, "parallel.vocab_parallel with parallel.tp = ",
+               cfg.get_int("parallel.tp"), " is not built (the tensor group cuts the head's ",
+               "vocabulary already); use one or the other");
+      PO_CHECK(cfg.get_string("train.precision") == "fp32", "parallel.vocab_parallel with ",
+               "train.precision = \"", cfg.get_string("train.precision"), "\" is not built yet (fp32 only)");
+      PO_CHECK(p.pp <= 8, "parallel.vocab_parallel spreads the head's 8 vocabulary pieces over at ",
+               "most 8 pipeline ranks, not parallel.pp = ", p.pp);
+    }
   }
   p.tp = cfg.get_int("parallel.tp");
   PO_CHECK(p.tp >= 1, "parallel.tp must be >= 1, got ", p.tp);

@@ -40,7 +40,8 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   parallel::PipelineSetup s;
   const pl::ScheduleKind kind = pl::parse_schedule(cfg.get_string("parallel.schedule"));
   const int v = pl::chunks_per_rank(kind, static_cast<int>(cfg.get_int("parallel.virtual_stages")));
-  s.schedule = pl::make_schedule(kind, static_cast<int>(r.p.pp), static_cast<int>(r.p.accum), v);
+  s.schedule = pl::make_schedule(kind, static_cast<int>(r.p.pp), static_cast<int>(r.p.accum), v,
+                                 cfg.get_bool("parallel.vocab_parallel"));
   s.stage_units = pl::partition_stages(r.mcfg, r.p.T, s.schedule,
                                        cfg.get_string("parallel.stage_layers"));
   s.micro = r.p.micro;
@@ -309,7 +310,9 @@ TrainResult train_pipeline(const PipelineRun& r) {
   const double formula = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
   const double planned = pl::simulate(sch).bubble();
   // The same with each stage's FLOP costs: what the stages' imbalance leaves.
-  const double costed = pl::simulate(sch, pl::stage_costs(r.mcfg, p.T, setup.stage_units)).bubble();
+  const double costed =
+      pl::simulate(sch, pl::stage_costs(r.mcfg, p.T, setup.stage_units, sch.vocab ? sch.ranks : 0))
+          .bubble();
   PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p.pp, " stages", sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(),
               ", ", p.accum, " micro-batches of ", p.micro, "; bubble by formula ", formula,
               ", as planned ", planned);

@@ -90,3 +90,90 @@ TEST(CrossEntropy, FiniteDifferenceGradient) {
   idx.insert(idx.end(), more.begin(), more.end());
   EXPECT_TRUE(po::test::grad_check("dlogits", logits, grad, idx, L, 1e-2f, 2e-3, 2e-2));
 }
+
+namespace {
+
+// The loss and gradient of [BT, V] logits computed over vocabulary pieces at
+// the given boundaries (each piece's logits packed [BT, Vk], as the head lays
+// them out), the gradient scattered back to [BT, V]; bf16: the gradient's bits.
+void ce_by_pieces(const std::vector<float>& logits, const std::vector<int32_t>& tg, int64_t BT,
+                  int64_t V, const std::vector<int64_t>& bounds, float gs, std::vector<float>& loss,
+                  std::vector<float>& grad, std::vector<uint16_t>* grad16 = nullptr) {
+  const int64_t P = static_cast<int64_t>(bounds.size()) - 1;
+  std::vector<float> mx(P * BT), zt(BT), scale(P * BT);
+  std::vector<double> sum(P * BT);
+  std::vector<std::vector<float>> z(P);
+  for (int64_t k = 0; k < P; k++) {
+    const int64_t v0 = bounds[k], Vk = bounds[k + 1] - v0;
+    z[k].resize(BT * Vk);
+    for (int64_t r = 0; r < BT; r++)
+      for (int64_t j = 0; j < Vk; j++) z[k][r * Vk + j] = logits[r * V + v0 + j];
+    cpu::ce_piece_stats(mx.data() + k * BT, sum.data() + k * BT, zt.data(), z[k].data(), tg.data(),
+                        BT, Vk, v0, gs != 0.0f);
+  }
+  loss.assign(BT, 0.0f);
+  cpu::ce_piece_combine(loss.data(), scale.data(), mx.data(), sum.data(), zt.data(), P, BT, gs);
+  grad.assign(BT * V, 0.0f);
+  if (grad16) grad16->assign(BT * V, 0);
+  if (gs == 0.0f) return;
+  for (int64_t k = 0; k < P; k++) {
+    const int64_t v0 = bounds[k], Vk = bounds[k + 1] - v0;
+    std::vector<uint16_t> g16(BT * Vk);
+    if (grad16) cpu::ce_piece_grad(g16.data(), z[k].data(), scale.data() + k * BT, tg.data(), BT, Vk, v0, gs);
+    cpu::ce_piece_grad(z[k].data(), scale.data() + k * BT, tg.data(), BT, Vk, v0, gs);
+    for (int64_t r = 0; r < BT; r++)
+      for (int64_t j = 0; j < Vk; j++) {
+        grad[r * V + v0 + j] = z[k][r * Vk + j];
+        if (grad16) (*grad16)[r * V + v0 + j] = g16[r * Vk + j];
+      }
+  }
+}
+
+}  // namespace
+
+// One piece is the fused kernel: the same loss and gradient bits, f32 and bf16.
+TEST(CrossEntropyPieces, OnePieceIsTheFusedKernelsBits) {
+  const int64_t BT = 6, V = 3001;
+  const auto logits = random_vec(BT * V, 11, -8.0f, 8.0f);
+  const auto tg = targets_for(BT, V);
+  const float gs = 1.0f / 24;
+  std::vector<float> loss, grad;
+  std::vector<uint16_t> g16;
+  ce_by_pieces(logits, tg, BT, V, {0, V}, gs, loss, grad, &g16);
+  std::vector<float> z(logits), loss_f(BT), zb(logits), loss_b(BT);
+  std::vector<uint16_t> fused16(BT * V);
+  cpu::crossentropy_forward(loss_f.data(), z.data(), tg.data(), BT, V, gs);
+  cpu::crossentropy_forward_bf16(loss_b.data(), zb.data(), fused16.data(), tg.data(), BT, V, gs);
+  EXPECT_TRUE(all_close("losses, one piece vs fused", loss.data(), loss_f.data(), BT, 0.0));
+  EXPECT_TRUE(all_close("dlogits, one piece vs fused", grad.data(), z.data(), z.size(), 0.0));
+  for (int64_t i = 0; i < BT * V; i++)
+    ASSERT_EQ(g16[i], fused16[i]) << "bf16 dlogits differ at row " << i / V << " column " << i % V;
+}
+
+// Pieces of any boundaries follow the double reference as closely as the
+// fused kernel: each piece's sum has the fused kernel's error (1024-term
+// blocks, f32 lanes), and the combination is in double, so the bound is the
+// fused test's (loss 1e-5 relative, gradient 1e-5 elementwise).
+TEST(CrossEntropyPieces, AnyPiecesMatchTheReference) {
+  for (auto [BT, V, spread] : {std::tuple<int64_t, int64_t, float>{5, 1001, 3.0f},
+                               {3, 50257, 10.0f}, {4, 37, 1000.0f}}) {
+    const auto logits = random_vec(BT * V, BT + V, -spread, spread);
+    const auto tg = targets_for(BT, V);
+    const float gs = 1.0f / (BT * 3);
+    std::vector<double> loss_ref, grad_ref;
+    ce_ref(logits, tg, BT, V, gs, loss_ref, grad_ref);
+    for (int64_t P : {2, 3, 8}) {
+      std::vector<int64_t> b{0};
+      for (int64_t k = 0; k < P; k++) b.push_back(b.back() + V / P + (k < V % P ? 1 : 0));
+      const std::string tag = "(BT=" + std::to_string(BT) + ",V=" + std::to_string(V) +
+                              ", " + std::to_string(P) + " pieces)";
+      std::vector<float> loss, grad;
+      ce_by_pieces(logits, tg, BT, V, b, gs, loss, grad);
+      EXPECT_TRUE(all_close("losses" + tag, loss.data(), loss_ref.data(), BT, 1e-5, 1e-6));
+      EXPECT_TRUE(all_close("dlogits" + tag, grad.data(), grad_ref.data(), grad.size(), 1e-5, 1e-12));
+      std::vector<float> loss0, grad0;  // grad_scale 0: the same losses
+      ce_by_pieces(logits, tg, BT, V, b, 0.0f, loss0, grad0);
+      EXPECT_TRUE(all_close("losses without gradient" + tag, loss0.data(), loss.data(), BT, 0.0));
+    }
+  }
+}

@@ -130,9 +130,28 @@ TEST(GPT2Reference, ThreeAdamWStepsMatchPyTorch) {
     clipped |= norm > oc.grad_clip;
   }
   EXPECT_TRUE(clipped) << "the golden run must exercise gradient clipping";
-  for (const auto& p : model.param_infos())
-    expect_close(model.params() + p.offset, reference(f, "after3." + p.name, p),
-                 "weights after 3 steps: " + p.name, 1e-5);
+  // The key projection's bias gets no gradient in exact arithmetic (adding
+  // a constant to every key leaves each softmax as it is): the reference's
+  // is 1e-20, and the engine's f32 one is rounding noise that Adam divides by
+  // its own size (plus eps = 1e-8), so those elements move by a
+  // layout-dependent fraction of lr and no relative bound applies. They are
+  // held apart: within 5% of one step's lr per step of the reference (a real
+  // gradient there would move them by about lr per step), the rest of the
+  // bias within the relative bound.
+  const int64_t C = fx.config.n_embd;
+  for (const auto& p : model.param_infos()) {
+    std::vector<float> want = reference(f, "after3." + p.name, p);
+    std::vector<float> got(model.params() + p.offset, model.params() + p.offset + p.numel());
+    if (p.name.find("attn.c_attn.bias") != std::string::npos) {
+      for (int64_t i = C; i < 2 * C; ++i)
+        EXPECT_LE(std::fabs(got[i] - want[i]), 0.05 * 3 * sched.lr)
+            << p.name << " key bias element " << i - C << ": engine " << got[i] << " vs reference "
+            << want[i] << " (its exact gradient is 0)";
+      got.erase(got.begin() + C, got.begin() + 2 * C);
+      want.erase(want.begin() + C, want.begin() + 2 * C);
+    }
+    expect_close(got.data(), want, "weights after 3 steps: " + p.name, 1e-5);
+  }
 }
 
 }  // namespace

@@ -110,11 +110,11 @@ struct Reference {
 };
 
 PipelineSetup setup_for(const TransformerConfig& c, ScheduleKind kind, int p, int m,
-                        comm::Communicator* pipe) {
+                        comm::Communicator* pipe, bool vocab = false) {
   PipelineSetup s;
   const int v = pipeline::chunks_per_rank(kind, 2);
-  s.schedule = pipeline::make_schedule(kind, p, m, v);
-  s.stage_units = pipeline::partition_stages(c, kT, s.schedule.stages());
+  s.schedule = pipeline::make_schedule(kind, p, m, v, vocab);
+  s.stage_units = pipeline::partition_stages(c, kT, s.schedule.stages(), "", !s.schedule.vocab);
   s.micro = kB;
   s.T = kT;
   s.pipe = pipe;
@@ -166,10 +166,11 @@ void expect_unit_bits(Reference& ref, PipelineExecutor& ex, int u, const std::st
 
 // The engine's bytes on this rank against PipelineExecutor::predict (what the planner reads).
 void expect_predicted_memory(const PipelineExecutor& ex, const TransformerConfig& c,
-                             ScheduleKind kind, int p, int m, const std::string& what) {
+                             ScheduleKind kind, int p, int m, const std::string& what,
+                             bool vocab = false) {
   const PipelineExecutor::Memory got = ex.memory();
   const PipelineExecutor::Memory want =
-      PipelineExecutor::predict(c, setup_for(c, kind, p, m, nullptr), ex.rank());
+      PipelineExecutor::predict(c, setup_for(c, kind, p, m, nullptr, vocab), ex.rank());
   EXPECT_EQ(got.params, want.params) << what << ": parameter bytes on rank " << ex.rank();
   EXPECT_EQ(got.grads, want.grads) << what << ": gradient bytes on rank " << ex.rank();
   EXPECT_EQ(got.adam, want.adam) << what << ": Adam bytes on rank " << ex.rank();
@@ -183,7 +184,8 @@ class Pipeline : public ::testing::Test {
   void SetUp() override { backend::cpu::set_num_threads(1); }
 };
 
-void check_all_schedules(const TransformerConfig& c, const std::string& model_name) {
+void check_all_schedules(const TransformerConfig& c, const std::string& model_name,
+                         bool vocab = false) {
   const int p = world().size();
   constexpr int kSteps = 3;
   for (int m : {p, 2 * p, 2 * p + 1}) {
@@ -191,9 +193,10 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
     for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
                               ScheduleKind::kZbH1, ScheduleKind::kZbV}) {
       const std::string what = model_name + " " + pipeline::schedule_name(kind) + " pp=" +
-                               std::to_string(p) + " m=" + std::to_string(m);
+                               std::to_string(p) + " m=" + std::to_string(m) +
+                               (vocab ? " vocabulary parallel" : "");
       SCOPED_TRACE(what);
-      PipelineExecutor ex(c, adam(), setup_for(c, kind, p, m, p > 1 ? &world() : nullptr));
+      PipelineExecutor ex(c, adam(), setup_for(c, kind, p, m, p > 1 ? &world() : nullptr, vocab));
       const StepLog got = run_pipeline(ex, c, m, kSteps);
       for (int s = 0; s < kSteps; ++s) {
         EXPECT_EQ(got.norm[s], ref.log.norm[s]) << what << " step " << s << ": gradient norm";
@@ -203,7 +206,7 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
       }
       for (int u = 0; u < ref.model.num_units(); ++u)
         if (ex.holds(u)) expect_unit_bits(ref, ex, u, what);
-      expect_predicted_memory(ex, c, kind, p, m, what);
+      expect_predicted_memory(ex, c, kind, p, m, what, vocab);
       // The evaluation runs through the stages too.
       std::vector<int32_t> in(kB * kT), tg(kB * kT);
       fill(c, 99, 0, in.data(), tg.data());
@@ -223,6 +226,21 @@ TEST_F(Pipeline, EverySchedulesIsBitIdenticalToOneStageGpt2) {
 TEST_F(Pipeline, EverySchedulesIsBitIdenticalToOneStageLlama) {
   if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
   check_all_schedules(llama(), "llama");
+}
+
+// The head's vocabulary pieces spread over every pipeline rank (S and T
+// actions, the statistics exchanged, the input gradient's sum handed from
+// rank to rank, the head weight's rows gathered to its owner and sent back):
+// still the bits of one stage, for every schedule, GPT-2 (tied: the
+// embedding's rank reads its own table) and Llama (untied: copies).
+TEST_F(Pipeline, VocabularyParallelIsBitIdenticalToOneStageGpt2) {
+  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  check_all_schedules(gpt2(), "gpt2", true);
+}
+
+TEST_F(Pipeline, VocabularyParallelIsBitIdenticalToOneStageLlama) {
+  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  check_all_schedules(llama(), "llama", true);
 }
 
 // The tied table's two copies (embedding rank, head rank) after training:

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -115,3 +117,26 @@ TEST(PipelineStages, SeveralStagesPerRankBalanceTheRanks) {
 }
 
 }  // namespace
+
+// Vocabulary parallel on bench-small (6 blocks, GPT-2's vocabulary, T 256)
+// at pp 2: the stages' FLOP costs with the head's pieces on both ranks, the
+// schedules ordered at those costs, simulated.
+TEST(PipelineStages, VocabularyParallelBenchSmallBubbles) {
+  TransformerConfig c = TransformerConfig::preset("bench-small");
+  c.seq_len = 256;
+  for (int m : {4, 8, 16}) {
+    std::map<std::string, double> got;
+    for (auto kind : {pl::ScheduleKind::k1F1B, pl::ScheduleKind::kZbH1, pl::ScheduleKind::kZbV}) {
+      const pl::Schedule plain = pl::make_schedule(kind, 2, m, 2);
+      const auto plain_units = pl::partition_stages(c, 256, plain);
+      const double before = pl::simulate(plain, pl::stage_costs(c, 256, plain_units)).bubble();
+      const pl::Schedule unit = pl::make_schedule(kind, 2, m, 2, true);
+      const auto units = pl::partition_stages(c, 256, unit);
+      const auto costs = pl::stage_costs(c, 256, units, 2);
+      const double b = pl::simulate(unit, costs).bubble();
+      printf("m %2d %-6s head on last %.3f  vocabulary parallel %.3f\n", m,
+             pl::schedule_name(kind), before, b);
+      got[pl::schedule_name(kind)] = b;
+    }
+  }
+}

@@ -85,6 +85,70 @@ void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
     losses[r] = crossentropy_row(logits + r * V, grad16 + r * V, targets[r], V, grad_scale);
 }
 
+// Vocabulary pieces (ops.h): crossentropy_row's steps, the row's reductions
+// split by pieces and combined in piece order.
+void ce_piece_stats(float* mx, double* sum, float* zt, float* logits, const int32_t* targets,
+                    int64_t n, int64_t Vk, int64_t v0, bool store_exp) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; r++) {
+    float* z = logits + r * Vk;
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < Vk; j++) m = z[j] > m ? z[j] : m;
+    const int64_t t = static_cast<int64_t>(targets[r]) - v0;
+    if (t >= 0 && t < Vk) zt[r] = z[t];
+    mx[r] = m;
+    sum[r] = exp_sum(z, Vk, m, store_exp);
+  }
+}
+
+void ce_piece_combine(float* losses, float* scale, const float* mx, const double* sum,
+                      const float* zt, int64_t pieces, int64_t n, float grad_scale) {
+  for (int64_t r = 0; r < n; r++) {
+    float M = -INFINITY;
+    for (int64_t k = 0; k < pieces; k++) M = std::max(M, mx[k * n + r]);
+    double S = 0.0;
+    for (int64_t k = 0; k < pieces; k++)
+      S += sum[k * n + r] * std::exp(static_cast<double>(mx[k * n + r]) - static_cast<double>(M));
+    losses[r] = static_cast<float>(std::log(S) + static_cast<double>(M) - static_cast<double>(zt[r]));
+    if (grad_scale == 0.0f) continue;
+    for (int64_t k = 0; k < pieces; k++)
+      scale[k * n + r] = static_cast<float>(
+          static_cast<double>(grad_scale) *
+          std::exp(static_cast<double>(mx[k * n + r]) - static_cast<double>(M)) / S);
+  }
+}
+
+void ce_piece_grad(float* exps, const float* scale, const int32_t* targets, int64_t n, int64_t Vk,
+                   int64_t v0, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; r++) {
+    float* z = exps + r * Vk;
+    const float k = scale[r];
+#pragma omp simd
+    for (int64_t j = 0; j < Vk; j++) z[j] *= k;
+    const int64_t t = static_cast<int64_t>(targets[r]) - v0;
+    if (t >= 0 && t < Vk) z[t] -= grad_scale;
+  }
+}
+
+void ce_piece_grad(uint16_t* grad16, const float* exps, const float* scale, const int32_t* targets,
+                   int64_t n, int64_t Vk, int64_t v0, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; r++) {
+    const float* z = exps + r * Vk;
+    uint16_t* g = grad16 + r * Vk;
+    const float k = scale[r];
+#pragma omp simd
+    for (int64_t j = 0; j < Vk; j++) g[j] = core::f32_to_bf16(z[j] * k).bits;
+    const int64_t t = static_cast<int64_t>(targets[r]) - v0;
+    if (t >= 0 && t < Vk) {
+      volatile float zk = z[t] * k;  // rounded to f32 before the subtraction, as in f32
+      g[t] = core::f32_to_bf16(zk - grad_scale).bits;
+    }
+  }
+}
+
 // The same math with the row's reductions split out (vocabulary parallel).
 void vocab_ce_max(float* row_max, const float* logits, int64_t n, int64_t Vl, int64_t nv) {
 #pragma omp parallel for schedule(static)

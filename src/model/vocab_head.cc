@@ -1,0 +1,60 @@
+#include "model/vocab_head.h"
+
+#include <algorithm>
+
+namespace po::model::vocab {
+namespace ops = po::backend::cpu;
+
+Pieces pieces_of(int64_t V) {
+  const int64_t P = std::min<int64_t>(kPieces, V);
+  Pieces p;
+  p.bounds.push_back(0);
+  for (int64_t k = 0; k < P; ++k) p.bounds.push_back(p.bounds.back() + V / P + (k < V % P ? 1 : 0));
+  return p;
+}
+
+ops::Operand rows(ops::Operand w, int64_t r0, int64_t C) {
+  return {w.f32 != nullptr ? w.f32 + r0 * C : nullptr, w.bf16 != nullptr ? w.bf16 + r0 * C : nullptr};
+}
+
+void Stats::resize(int pieces, int64_t n) {
+  const auto pn = static_cast<size_t>(pieces * n);
+  mx.resize(pn);
+  sum.resize(pn);
+  scale.resize(pn);
+  zt.resize(static_cast<size_t>(n));
+}
+
+void piece_forward(const Pieces& p, int k, ops::Operand x, ops::Operand w, const int32_t* targets,
+                   int64_t n, int64_t C, float* logits_k, Stats& st, bool backward,
+                   int64_t w_row0) {
+  const int64_t Vk = p.size(k), off = static_cast<int64_t>(k) * n;
+  ops::matmul_forward(logits_k, x, rows(w, p.begin(k) - w_row0, C), nullptr, n, C, Vk);
+  ops::ce_piece_stats(st.mx.data() + off, st.sum.data() + off, st.zt.data(), logits_k, targets, n,
+                      Vk, p.begin(k), backward);
+}
+
+void combine(int pieces, int64_t n, float* losses, Stats& st, float grad_scale) {
+  ops::ce_piece_combine(losses, st.scale.data(), st.mx.data(), st.sum.data(), st.zt.data(), pieces,
+                        n, grad_scale);
+}
+
+void piece_backward(const Pieces& p, int k, float* exps_k, uint16_t* grad16_k, const Stats& st,
+                    const int32_t* targets, ops::Operand x, ops::Operand w, float* dW, float* dX,
+                    bool accumulate_dx, int64_t n, int64_t C, float grad_scale,
+                    int64_t w_row0) {
+  const int64_t Vk = p.size(k), v0 = p.begin(k), r0 = v0 - w_row0;
+  const float* scale = st.scale.data() + static_cast<int64_t>(k) * n;
+  ops::Operand dlogits;
+  if (grad16_k != nullptr) {
+    ops::ce_piece_grad(grad16_k, exps_k, scale, targets, n, Vk, v0, grad_scale);
+    dlogits = ops::Operand(grad16_k);
+  } else {
+    ops::ce_piece_grad(exps_k, scale, targets, n, Vk, v0, grad_scale);
+    dlogits = ops::Operand(exps_k);
+  }
+  ops::matmul_backward(dX, dW != nullptr ? dW + r0 * C : nullptr, nullptr, dlogits, x,
+                       rows(w, r0, C), n, C, Vk, accumulate_dx);
+}
+
+}  // namespace po::model::vocab
