@@ -53,6 +53,9 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   if (split.size == 1) {
     pieces_ = vocab::pieces_of(config_.vocab_size);
     piece_stats_.resize(pieces_.count(), head_chunk_);
+    if (last_ == layout_.head_unit())
+      tree_scratch_.resize(static_cast<size_t>(vocab::tree_height(pieces_.count()) * head_chunk_ *
+                                               config_.n_embd));
   }
   if (split.size > 1) {
     row_max_.resize(static_cast<size_t>(head_chunk_));

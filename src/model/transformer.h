@@ -550,6 +550,7 @@ class Transformer {
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
   vocab::Pieces pieces_;       // the head's vocabulary pieces (one stage: tp = 1)
   vocab::Stats piece_stats_;   // their statistics over one chunk of rows
+  std::vector<float> tree_scratch_;  // vocab::tree_sum's buffers, [height, chunk, C]
   std::vector<float> row_max_;
   std::vector<double> row_sums_;
   std::vector<float> row_logits_;  // forward_paged's `each`: a few rows' logits, at first use

@@ -521,10 +521,18 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
                            piece_stats_, backward);
     vocab::combine(P, n, losses_ + r0, piece_stats_, grad_scale);
     if (!backward) continue;
-    for (int k = 0; k < P; ++k)
-      vocab::piece_backward(pieces_, k, logits_ + n * pieces_.begin(k),
-                            grad16 ? logits16_ + n * pieces_.begin(k) : nullptr, piece_stats_,
-                            targets + r0, xin, w, G.weight, dlnf_ + r0 * C, k > 0, n, C, grad_scale);
+    // The pieces' input-gradient parts added in the fixed tree.
+    std::vector<float*> scratch;
+    for (int h = 0; h < vocab::tree_height(P); ++h)
+      scratch.push_back(tree_scratch_.data() + h * head_chunk_ * C);
+    vocab::tree_sum(
+        0, P, dlnf_ + r0 * C, n, C,
+        [&](int k, float* dst) {
+          vocab::piece_backward(pieces_, k, logits_ + n * pieces_.begin(k),
+                                grad16 ? logits16_ + n * pieces_.begin(k) : nullptr, piece_stats_,
+                                targets + r0, xin, w, G.weight, dst, false, n, C, grad_scale);
+        },
+        {}, scratch.data());
   }
   if (backward) {
     // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.

@@ -1,6 +1,7 @@
 #include "model/vocab_head.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace po::model::vocab {
 namespace ops = po::backend::cpu;
@@ -55,6 +56,50 @@ void piece_backward(const Pieces& p, int k, float* exps_k, uint16_t* grad16_k, c
   }
   ops::matmul_backward(dX, dW != nullptr ? dW + r0 * C : nullptr, nullptr, dlogits, x,
                        rows(w, r0, C), n, C, Vk, accumulate_dx);
+}
+
+namespace {
+int tree_mid(int lo, int hi) { return lo + (hi - lo + 1) / 2; }
+
+void collect(int lo, int hi, int k0, int k1, std::vector<std::pair<int, int>>& out) {
+  if (lo >= k1 || hi <= k0) return;
+  if (lo >= k0 && hi <= k1) {
+    out.emplace_back(lo, hi);
+    return;
+  }
+  collect(lo, tree_mid(lo, hi), k0, k1, out);
+  collect(tree_mid(lo, hi), hi, k0, k1, out);
+}
+}  // namespace
+
+std::vector<std::pair<int, int>> tree_nodes(int P, int k0, int k1) {
+  std::vector<std::pair<int, int>> out;
+  collect(0, P, k0, k1, out);
+  return out;
+}
+
+int tree_height(int P) {
+  int h = 0;
+  for (int n = P; n > 1; n = (n + 1) / 2) ++h;
+  return h;
+}
+
+void tree_sum(int lo, int hi, float* out, int64_t n, int64_t C, const LeafFn& leaf,
+              const GivenFn& given, float* const* scratch) {
+  const int64_t nc = n * C;
+  if (given) {
+    if (const float* g = given(lo, hi)) {
+      std::memcpy(out, g, static_cast<size_t>(nc) * sizeof(float));
+      return;
+    }
+  }
+  if (hi - lo == 1) return leaf(lo, out);
+  const int mid = tree_mid(lo, hi);
+  tree_sum(lo, mid, out, n, C, leaf, given, scratch + 1);
+  float* right = scratch[0];
+  tree_sum(mid, hi, right, n, C, leaf, given, scratch + 1);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < nc; ++i) out[i] = out[i] + right[i];
 }
 
 }  // namespace po::model::vocab

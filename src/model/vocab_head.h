@@ -10,14 +10,16 @@
 //     GEMM and reductions;
 //   - the rows' log-sum-exp combines the pieces' statistics in piece order
 //     (ops::ce_piece_combine, in double);
-//   - the input gradient is one GEMM per piece accumulating into the same
-//     buffer in piece order (piece 0 writes, each next piece adds), so a
-//     rank that continues the sum from the previous piece's holder gets the
-//     bits of one stage;
+//   - the input gradient is one GEMM per piece, the pieces' parts added in a
+//     fixed binary tree over the pieces (tree_nodes): a rank sums the
+//     subtrees its pieces fill and the last stage adds those in the same
+//     tree, so the adds pair up as in one stage;
 //   - each piece's weight gradient is a GEMM over its own rows of the table.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -66,11 +68,26 @@ void combine(int pieces, int64_t n, float* losses, Stats& st, float grad_scale);
 // Piece k's backward over the same n rows: its logit gradient (f32 in place
 // of exps_k, or bf16 bits into grad16_k when given), dW rows of piece k +=
 // dlogits^T · x (w and dW from global row w_row0, as above; dW null: none), and dX [n, C]
-// = dlogits · W_k (accumulate_dx: +=, the input gradient's sum continued
-// from piece k - 1).
+// = dlogits · W_k (accumulate_dx: +=).
 void piece_backward(const Pieces& p, int k, float* exps_k, uint16_t* grad16_k, const Stats& st,
                     const int32_t* targets, backend::cpu::Operand x, backend::cpu::Operand w,
                     float* dW, float* dX, bool accumulate_dx, int64_t n, int64_t C,
                     float grad_scale, int64_t w_row0 = 0);
+
+// The input gradient's tree over pieces [0, P): node [lo, hi) is the sum
+// of its halves [lo, mid) + [mid, hi), mid = lo + (hi - lo + 1) / 2; a leaf
+// is one piece's GEMM. tree_nodes(P, k0, k1): the largest nodes inside
+// [k0, k1), in piece order (what a rank holding those pieces sums and sends).
+std::vector<std::pair<int, int>> tree_nodes(int P, int k0, int k1);
+// Levels below the root (the scratch buffers tree_sum needs).
+int tree_height(int P);
+
+// Node [lo, hi)'s sum of n rows [n, C] into out: `leaf(k, dst)` writes piece
+// k's part into dst, `given(lo, hi)` returns a node's sum made elsewhere
+// (null: compute it here). scratch: tree_height(P) buffers of n·C floats.
+using LeafFn = std::function<void(int k, float* dst)>;
+using GivenFn = std::function<const float*(int lo, int hi)>;
+void tree_sum(int lo, int hi, float* out, int64_t n, int64_t C, const LeafFn& leaf,
+              const GivenFn& given, float* const* scratch);
 
 }  // namespace po::model::vocab

@@ -121,6 +121,13 @@ struct PipelineExecutor::VocabPart {
     std::vector<model::vocab::Stats> stats;
   };
   std::vector<std::unique_ptr<Held>> held;
+  tensor::Storage scratch;  // vocab::tree_sum's: tree_height buffers of a chunk of rows
+  std::vector<float*> scratch_at(int64_t chunk, int64_t C) {
+    std::vector<float*> out;
+    for (int h = 0; h < model::vocab::tree_height(pieces.count()); ++h)
+      out.push_back(scratch.f32() + h * chunk * C);
+    return out;
+  }
   Held& take(int micro, int64_t rows_, int64_t chunk, int P) {
     for (auto& h : held)
       if (h->micro < 0) {
@@ -654,9 +661,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
     }
     case Op::kBackward:
     case Op::kBackwardInput: {
-      const float* d = !last ? incoming(a, Payload::kGradient)
-                       : vocab_ ? incoming_key(a, {a.micro, S, static_cast<int>(Payload::kHeadGrad)})
-                                : nullptr;
+      const float* d = !last ? incoming(a, Payload::kGradient) : vocab_ ? vocab_input_grad(a) : nullptr;
       if (first) batch(a.micro, inputs_.data(), targets_.data());
       const int64_t t0 = now_ns();
       model::Transformer* m = nullptr;
@@ -1104,6 +1109,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
               staging_.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {
+    m.buffers += vocab_->scratch.size();
     m.params += vocab_->w_copy.size();
     m.grads += vocab_->dw_own.size();
     m.activations += vocab_->held.size() * vocab_held_bytes(config_, setup_, rank_);
@@ -1162,7 +1168,9 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     }
     const bool first = a.stage == 0, last = a.stage == S - 1;
     const int p = s.ranks;
-    const Key head_grad{a.micro, S, static_cast<int>(Payload::kHeadGrad)};
+    auto node_key = [&](const std::pair<int, int>& node) {
+      return Key{a.micro, S + 1 + 2 * p + node.first, static_cast<int>(Payload::kHeadGrad)};
+    };
     if (a.op == Op::kHeadStats) {  // vocab_stats' buffers, in its order
       if (rank != head_rank) consume({a.micro, S + 1 + rank, static_cast<int>(Payload::kHeadInput)});
       vocab_peak = std::max(vocab_peak, ++vocab_live);
@@ -1174,11 +1182,10 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
           consume({a.micro, S + 1 + p + q, static_cast<int>(Payload::kHeadStats)});
           --live;
         }
-      if (s.prev_holder(rank) >= 0)
-        consume(head_grad);
-      else
+      for (const auto& node : s.grad_nodes(rank)) {
         peak = std::max(peak, ++live);
-      local.insert(head_grad);
+        local.insert(node_key(node));
+      }
       if (rank != head_rank) --live;
       --vocab_live;
     } else if (a.op == Op::kForward) {
@@ -1197,7 +1204,16 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       }
     } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
       if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
-      if (last && s.vocab) consume(head_grad);
+      if (last && s.vocab) {  // vocab_input_grad
+        int parts = 0;
+        for (int q = 0; q < p; ++q)
+          for (const auto& node : s.grad_nodes(q)) {
+            consume(node_key(node));
+            ++parts;
+          }
+        peak = std::max(peak, ++live);
+        live -= parts;
+      }
       if (a.op == Op::kBackwardInput) {
         works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
         acc_peak = std::max(acc_peak, acc_live += blocks_of(a.stage));
@@ -1265,6 +1281,9 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     const auto [copy, own] = vocab_copies(layout, setup, rank);
     if (copy) m.params += rows;
     if (own) m.grads += rows;
+    m.buffers += static_cast<size_t>(model::vocab::tree_height(pieces.count()) *
+                                     model::Transformer::head_chunk_rows(setup.micro, setup.T) *
+                                     c.n_embd) * f;
     m.activations += static_cast<size_t>(vocab_peak) * vocab_held_bytes(config, setup, rank);
   }
   return m;
@@ -1314,6 +1333,11 @@ void PipelineExecutor::vocab_setup() {
   std::tie(v->k0, v->k1) = s.pieces_of(rank_, v->pieces.count());
   v->row0 = v->pieces.begin(v->k0);
   v->rows = v->pieces.begin(v->k1) - v->row0;
+  PO_CHECK(v->pieces.count() == model::vocab::kPieces, "pipeline: parallel.vocab_parallel needs ",
+           "a vocabulary of at least ", model::vocab::kPieces, " tokens (model.vocab_size = ",
+           config_.vocab_size, ")");
+  const int64_t chunk = model::Transformer::head_chunk_rows(setup_.micro, setup_.T);
+  v->scratch = zeroed(model::vocab::tree_height(v->pieces.count()) * chunk * C);
   PO_CHECK(3 * (v->k1 - v->k0) + 1 <= C, "pipeline: parallel.vocab_parallel sends ",
            3 * (v->k1 - v->k0) + 1, " statistics per row in a message of model.n_embd = ", C,
            " floats; use fewer pipeline ranks or a wider model");
@@ -1454,30 +1478,70 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
     }
     give_buffer(in);
   }
-  const int prev = s.prev_holder(rank_);
-  float* dx = prev >= 0 ? incoming_key(a, {a.micro, S, static_cast<int>(Payload::kHeadGrad)})
-                        : take_buffer();
   const int64_t t0 = now_ns();
   std::vector<float> losses(static_cast<size_t>(chunk));
   double loss_sum = 0;
   float* logits = h.logits.f32();
   for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
     const int64_t n = std::min(chunk, rows_ - r0);
-    model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
-    model::vocab::combine(P, n, losses.data(), st, grad_scale);
+    model::vocab::combine(P, n, losses.data(), h.stats[static_cast<size_t>(ci)], grad_scale);
     for (int64_t r = 0; r < n; ++r) loss_sum += losses[static_cast<size_t>(r)];
-    for (int k = v.k0; k < v.k1; ++k)
-      model::vocab::piece_backward(v.pieces, k, logits + r0 * v.rows + n * (v.pieces.begin(k) - v.row0),
-                                   nullptr, st, h.targets.data() + r0, ops::Operand(h.x + r0 * C),
-                                   ops::Operand(v.w), v.dw, dx + r0 * C, k > 0, n, C, grad_scale,
-                                   v.row0);
   }
   if (rank_ == head_rank_)
     stats.loss_sum += static_cast<float>(loss_sum / static_cast<double>(setup_.micro * setup_.T));
-  ready_[{a.micro, S, static_cast<int>(Payload::kHeadGrad)}] = dx;  // sent on, or the backward's
+  // The input gradient's tree nodes of this rank's pieces (their leaves
+  // also add the pieces' weight gradients), for the last stage's backward.
+  const std::vector<float*> scratch = v.scratch_at(chunk, C);
+  for (const auto& [lo, hi] : s.grad_nodes(rank_)) {
+    float* node = take_buffer();
+    for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
+      const int64_t n = std::min(chunk, rows_ - r0);
+      const model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
+      model::vocab::tree_sum(
+          lo, hi, node + r0 * C, n, C,
+          [&](int k, float* dst) {
+            model::vocab::piece_backward(v.pieces, k, logits + r0 * v.rows + n * (v.pieces.begin(k) - v.row0),
+                                         nullptr, st, h.targets.data() + r0,
+                                         ops::Operand(h.x + r0 * C), ops::Operand(v.w), v.dw, dst,
+                                         false, n, C, grad_scale, v.row0);
+          },
+          {}, scratch.data());
+    }
+    ready_[{a.micro, S + 1 + 2 * s.ranks + lo, static_cast<int>(Payload::kHeadGrad)}] = node;
+  }
   if (h.x_buffer) give_buffer(const_cast<float*>(h.x));
   h.micro = -1;
   spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
+}
+
+// The last stage's backward of a micro-batch: the head's input gradient,
+// every rank's tree nodes (received, or this rank's own) added up in the
+// tree as one stage adds its pieces' parts.
+float* PipelineExecutor::vocab_input_grad(const Action& a) {
+  const pipeline::Schedule& s = setup_.schedule;
+  VocabPart& v = *vocab_;
+  const int S = s.stages(), P = v.pieces.count();
+  const int64_t C = config_.n_embd, chunk = model::Transformer::head_chunk_rows(setup_.micro, setup_.T);
+  std::map<std::pair<int, int>, float*> parts;
+  for (int q = 0; q < s.ranks; ++q)
+    for (const auto& node : s.grad_nodes(q))
+      parts[node] = incoming_key(a, {a.micro, S + 1 + 2 * s.ranks + node.first,
+                                     static_cast<int>(Payload::kHeadGrad)});
+  float* d = take_buffer();
+  const std::vector<float*> scratch = v.scratch_at(chunk, C);
+  for (int64_t r0 = 0; r0 < rows_; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows_ - r0);
+    model::vocab::tree_sum(
+        0, P, d + r0 * C, n, C,
+        [&](int k, float*) { PO_THROW(core::Internal, "pipeline: no rank sent piece ", k, "'s part"); },
+        [&](int lo, int hi) -> const float* {
+          const auto it = parts.find({lo, hi});
+          return it == parts.end() ? nullptr : it->second + r0 * C;
+        },
+        scratch.data());
+  }
+  for (const auto& [node, buffer] : parts) give_buffer(buffer);
+  return d;
 }
 
 // Before the update: every other rank's rows of the head weight's gradient

@@ -54,9 +54,10 @@
 // output goes to every rank; each rank's S computes its pieces' logits and
 // statistics and sends the statistics to every rank; its T combines all of
 // them (in piece order, the same on every rank), computes its pieces' logit
-// gradients, their weight gradients and its part of the head's input
-// gradient, continuing the sum it receives from the previous holder; the
-// last holder is the last stage's rank, whose backward starts from it. The
+// gradients, their weight gradients and the head's input gradient's parts
+// summed over the tree nodes its pieces fill (vocab::tree_nodes), sent to
+// the last stage's rank, whose backward adds all nodes up in the same tree
+// and starts from that. The
 // head's rank (the owner of the head weight: the tied replica, or the head
 // unit) receives the other ranks' rows of the weight gradient before the
 // update and sends the updated rows back to ranks that keep a copy (the
@@ -253,6 +254,7 @@ class PipelineExecutor {
   void vocab_forward_done(model::Transformer& m, int micro);
   void vocab_stats(const pipeline::Action& a, const BatchFn& batch);
   void vocab_grad(const pipeline::Action& a, float grad_scale, PipelineStepStats& stats);
+  float* vocab_input_grad(const pipeline::Action& a);
   void vocab_gather_grads();
   void vocab_refresh();
   static size_t vocab_held_bytes(const model::TransformerConfig& config, const PipelineSetup& setup,

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/vocab_head.h"
 
 namespace po::parallel::pipeline {
 namespace {
@@ -60,15 +61,15 @@ double inputs_ready(const Schedule& sc, const Progress& pr, const Action& a, int
     case Op::kBackwardInput:
       need(pr.f[s][mb]);
       if (a.stage < stages - 1) need(pr.b[s + 1][mb]);
-      // The head's input gradient: the chain of T ends on this rank.
-      if (a.stage == stages - 1 && sc.vocab) need(pr.hg[static_cast<size_t>(rank)][mb]);
+      // The head's input gradient: every rank's part of it.
+      if (a.stage == stages - 1 && sc.vocab)
+        for (int q = 0; q < sc.ranks; ++q) need(pr.hg[static_cast<size_t>(q)][mb]);
       break;
     case Op::kHeadStats:  // the final norm's output
       need(pr.f[static_cast<size_t>(stages - 1)][mb]);
       break;
-    case Op::kHeadGrad:  // every rank's statistics, and the sum so far
+    case Op::kHeadGrad:  // every rank's statistics
       for (int q = 0; q < sc.ranks; ++q) need(pr.hs[static_cast<size_t>(q)][mb]);
-      if (sc.prev_holder(rank) >= 0) need(pr.hg[static_cast<size_t>(sc.prev_holder(rank))][mb]);
       break;
     case Op::kBackwardWeight:
       need(pr.b[s][mb]);
@@ -290,7 +291,8 @@ std::vector<std::vector<Action>> with_messages(const Schedule& s,
       if (!s.vocab) continue;
       // The head's messages: the final norm's output to every rank after
       // the last stage's forward; the statistics to every rank after an S;
-      // the input gradient's sum from holder to holder around a T.
+      // after a T the input gradient's tree nodes of this rank's pieces to
+      // the last stage's rank.
       const int p = s.ranks, mb = a.micro;
       if (a.op == Op::kForward && a.stage == S - 1)
         for (int q = 0; q < p; ++q)
@@ -298,8 +300,9 @@ std::vector<std::vector<Action>> with_messages(const Schedule& s,
       if (a.op == Op::kHeadStats)
         for (int q = 0; q < p; ++q)
           if (q != rank) out[r].push_back({Op::kSend, mb, S + 1 + p + rank, q, Payload::kHeadStats});
-      if (a.op == Op::kHeadGrad && s.next_holder(rank) >= 0)
-        out[r].push_back({Op::kSend, mb, S, s.next_holder(rank), Payload::kHeadGrad});
+      if (a.op == Op::kHeadGrad && rank != s.rank_of(S - 1))
+        for (const auto& node : s.grad_nodes(rank))
+          out[r].push_back({Op::kSend, mb, S + 1 + 2 * p + node.first, s.rank_of(S - 1), Payload::kHeadGrad});
     }
   }
   // Receives, before the compute that reads them.
@@ -312,12 +315,15 @@ std::vector<std::vector<Action>> with_messages(const Schedule& s,
         const int mb = a.micro;
         if (a.op == Op::kHeadStats && rank != head)
           with.push_back({Op::kRecv, mb, S + 1 + rank, head, Payload::kHeadInput});
-        if (a.op == Op::kHeadGrad) {
+        if (a.op == Op::kHeadGrad)
           for (int q = 0; q < p; ++q)
             if (q != rank) with.push_back({Op::kRecv, mb, S + 1 + p + q, q, Payload::kHeadStats});
-          if (s.prev_holder(rank) >= 0)
-            with.push_back({Op::kRecv, mb, S, s.prev_holder(rank), Payload::kHeadGrad});
-        }
+        const bool head_backward = (a.op == Op::kBackward || a.op == Op::kBackwardInput) && a.stage == S - 1;
+        if (head_backward)
+          for (int q = 0; q < p; ++q)
+            if (q != rank)
+              for (const auto& node : s.grad_nodes(q))
+                with.push_back({Op::kRecv, mb, S + 1 + 2 * p + node.first, q, Payload::kHeadGrad});
         with.push_back(a);
       }
       out[r] = std::move(with);
@@ -414,14 +420,9 @@ int Schedule::holder_index(int rank) const {
   return -1;
 }
 
-int Schedule::prev_holder(int rank) const {
-  const int j = holder_index(rank);
-  return j > 0 ? holders[static_cast<size_t>(j - 1)] : -1;
-}
-
-int Schedule::next_holder(int rank) const {
-  const int j = holder_index(rank);
-  return j >= 0 && j + 1 < static_cast<int>(holders.size()) ? holders[static_cast<size_t>(j + 1)] : -1;
+std::vector<std::pair<int, int>> Schedule::grad_nodes(int rank) const {
+  const auto [k0, k1] = pieces_of(rank, model::vocab::kPieces);
+  return model::vocab::tree_nodes(model::vocab::kPieces, k0, k1);
 }
 
 int chunks_per_rank(ScheduleKind kind, int virtual_stages) {
@@ -452,8 +453,9 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chun
   if (s.vocab) {
     PO_CHECK(ranks <= 8, "parallel.vocab_parallel spreads the head's 8 vocabulary pieces over at ",
              "most 8 pipeline ranks (parallel.pp = ", ranks, ")");
-    PO_CHECK(s.stages() + 2 * ranks + 1 <= 64, "parallel.vocab_parallel: ", s.stages(),
-             " stages on ", ranks, " ranks leave no message tags for the head (stages + 2·pp < 64)");
+    PO_CHECK(s.stages() + 2 * ranks + 1 + model::vocab::kPieces <= 64, "parallel.vocab_parallel: ",
+             s.stages(), " stages on ", ranks, " ranks leave no message tags for the head ",
+             "(stages + 2·pp + 9 <= 64)");
     const int head = s.rank_of(s.stages() - 1);
     for (int r = 0; r < ranks; ++r)
       if (r != head) s.holders.push_back(r);

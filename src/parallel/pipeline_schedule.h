@@ -58,9 +58,10 @@ struct Action {
   int micro = 0;  // micro-batch
   // Global stage: compute on it (S and T: the last stage); send/recv: the
   // stage that computes with it. Head messages (vocabulary parallel) name
-  // virtual stages past the last, S = stages(): kHeadGrad S, kHeadInput
-  // S + 1 + receiver, kHeadStats S + 1 + ranks + sender, so that each
-  // (micro-batch, stage, payload) is one message.
+  // virtual stages past the last, S = stages(): kHeadInput S + 1 +
+  // receiver, kHeadStats S + 1 + ranks + sender, kHeadGrad S + 1 + 2·ranks +
+  // the tree node's first piece, so that each (micro-batch, stage, payload)
+  // is one message.
   int stage = 0;
   int peer = -1;  // send/recv: the other rank
   Payload payload = Payload::kActivation;
@@ -77,7 +78,7 @@ struct Schedule {
   int chunks = 1;         // v: stages per rank
   // Vocabulary parallel: the head's pieces spread over every rank, computed
   // in S and T actions (docs/pipeline.md). `holders`: the ranks in piece
-  // order, the last stage's rank last (the input gradient's sum ends there).
+  // order, the last stage's rank last.
   bool vocab = false;
   std::vector<int> holders;
   std::vector<std::vector<Action>> actions;  // per rank, in order
@@ -95,12 +96,12 @@ struct Schedule {
   // Weight backwards a rank may defer (zero-bubble schedules; 0 otherwise).
   int w_queue_cap(int rank) const;
   // Vocabulary parallel: the head pieces [first, second) rank r computes
-  // (model/vocab_head.h's `pieces` of them, cut evenly in holder order), its
-  // place in the chain and the previous and next holders (-1: none).
+  // (model/vocab_head.h's `pieces` of them, cut evenly in holder order), and
+  // the nodes of the input gradient's tree (vocab::tree_nodes) those fill:
+  // what its T sends to the last stage's rank.
   std::pair<int, int> pieces_of(int rank, int pieces) const;
   int holder_index(int rank) const;
-  int prev_holder(int rank) const;
-  int next_holder(int rank) const;
+  std::vector<std::pair<int, int>> grad_nodes(int rank) const;
 };
 
 // Stages per rank: 2 for zbv, virtual_stages for interleaved, else 1.

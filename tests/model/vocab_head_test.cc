@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 #include "backend/ops.h"
 #include "model/vocab_head.h"
@@ -73,7 +74,11 @@ HeadResult run_head(const std::vector<float>& x, const std::vector<float>& w,
           if (t >= p.begin(k) && t < p.end(k)) to.zt[r] = from.zt[r];
         }
     }
-  std::vector<float> dx(static_cast<size_t>(n * C), 0.0f);
+  // Each holder sums the tree's nodes its pieces fill; the last adds them up
+  // in the same tree (given: the holders' node sums, as messages are copies).
+  std::map<std::pair<int, int>, std::vector<float>> nodes;
+  std::vector<std::vector<float>> scratch(3, std::vector<float>(static_cast<size_t>(n * C)));
+  std::vector<float*> sp{scratch[0].data(), scratch[1].data(), scratch[2].data()};
   for (int h = 0; h < H; ++h) {
     Holder& hd = hs[static_cast<size_t>(h)];
     std::vector<float> losses(static_cast<size_t>(n));
@@ -82,18 +87,31 @@ HeadResult run_head(const std::vector<float>& x, const std::vector<float>& w,
     for (int64_t r = 0; r < n; ++r)
       EXPECT_EQ(losses[r], out.losses[r]) << "holder " << h << " combines another loss at row " << r;
     if (gs == 0.0f) continue;
-    // dX continues from the previous holder's sum (a copy, as a message is).
-    std::vector<float> mine(dx);
-    for (int k = cuts[h]; k < cuts[h + 1]; ++k) {
-      const int64_t off = n * (p.begin(k) - hd.row0);
-      vocab::piece_backward(p, k, hd.logits.data() + off, bf16 ? hd.g16.data() + off : nullptr,
-                            hd.st, targets.data(), xin,
-                            ops::Operand(hd.w.data(), bf16 ? hd.w16.data() : nullptr),
-                            hd.dw.data(), mine.data(), k > 0, n, C, gs, hd.row0);
+    for (const auto& [lo, hi] : vocab::tree_nodes(P, cuts[h], cuts[h + 1])) {
+      std::vector<float>& node = nodes[{lo, hi}];
+      node.assign(static_cast<size_t>(n * C), 0.0f);
+      vocab::tree_sum(
+          lo, hi, node.data(), n, C,
+          [&](int k, float* dst) {
+            const int64_t off = n * (p.begin(k) - hd.row0);
+            vocab::piece_backward(p, k, hd.logits.data() + off, bf16 ? hd.g16.data() + off : nullptr,
+                                  hd.st, targets.data(), xin,
+                                  ops::Operand(hd.w.data(), bf16 ? hd.w16.data() : nullptr),
+                                  hd.dw.data(), dst, false, n, C, gs, hd.row0);
+          },
+          {}, sp.data());
     }
-    dx = mine;
     out.dw.insert(out.dw.end(), hd.dw.begin(), hd.dw.end());
   }
+  std::vector<float> dx(static_cast<size_t>(n * C), 0.0f);
+  if (gs != 0.0f)
+    vocab::tree_sum(
+        0, P, dx.data(), n, C, [](int k, float*) { FAIL() << "piece " << k << " is no holder's"; },
+        [&](int lo, int hi) -> const float* {
+          const auto it = nodes.find({lo, hi});
+          return it == nodes.end() ? nullptr : it->second.data();
+        },
+        sp.data());
   out.dx = dx;
   ops::set_gemm_precision(ops::GemmPrecision::kF32);
   return out;

@@ -86,9 +86,14 @@ void expect_well_formed(const pl::Schedule& s) {
     return n;
   }();
   // Vocabulary parallel adds per micro-batch the norm's output to p - 1
-  // ranks, every rank's statistics to p - 1 ranks, and p - 1 hand-offs of
-  // the input gradient's sum.
-  const int head = s.vocab ? (s.ranks - 1) * (s.ranks + 2) : 0;
+  // ranks, every rank's statistics to p - 1 ranks, and every other rank's
+  // tree nodes of the input gradient to the last stage's rank.
+  int head = 0;
+  if (s.vocab) {
+    head = (s.ranks - 1) * (s.ranks + 1);
+    for (int q = 0; q < s.ranks; ++q)
+      if (q != s.rank_of(s.stages() - 1)) head += static_cast<int>(s.grad_nodes(q).size());
+  }
   EXPECT_EQ(sends.size(), static_cast<size_t>((2 * crossings + head) * s.micro_batches)) << what;
 }
 
