@@ -419,8 +419,7 @@ int cmd_plan(const PlanOptions& o) {
   if (!o.trace.empty()) {
     PO_CHECK(layout.pp > 1, "plan --trace ", o.trace, ": parallel.pp = 1 has no pipeline schedule to draw");
     namespace pl = parallel::pipeline;
-    const pl::Schedule s = pl::make_schedule(layout.schedule, layout.pp,
-                                             static_cast<int>(layout.accum()), layout.virtual_stages);
+    const pl::Schedule s = plan::pipeline_schedule(model, layout).schedule;
     // One unit of the simulation = one stage's forward of one micro-batch.
     const double unit_us = p.compute_s / (3.0 * static_cast<double>(layout.accum() * s.chunks)) * 1e6;
     const std::string json = pl::chrome_trace(s, pl::simulate(s), unit_us);

@@ -176,8 +176,9 @@ std::vector<std::vector<Action>> interleaved_orders(const Schedule& s) {
   return out;
 }
 
-// Each rank's compute, in the order the list scheduler runs it at unit costs.
-std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
+// Each rank's compute, in the order the list scheduler runs it at `costs`
+// (each stage's; empty: unit costs).
+std::vector<std::vector<Action>> compute_orders(const Schedule& s, const std::vector<Costs>& costs) {
   const bool interleaved = s.kind == ScheduleKind::kInterleaved;
   if (interleaved && !s.vocab) return interleaved_orders(s);
   // Interleaved with the head spread: Megatron's order of forwards and
@@ -195,6 +196,14 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
   std::set<double> ends;  // every decided end time (for idle ranks to wait to)
   std::vector<std::vector<Action>> out(static_cast<size_t>(p));
   const Costs unit;
+  // zbv: a rank's first-chunk forwards leave a place in its cap for a
+  // second-chunk forward, which alone leads to the input backwards that free
+  // the cap (at uneven costs the first chunk could otherwise fill it while
+  // the second waits for its input: a deadlock).
+  const int reserve = s.kind == ScheduleKind::kZbV ? 1 : 0;
+  auto cost = [&](const Action& a) {
+    return cost_of(a.op, costs.empty() ? unit : costs[static_cast<size_t>(a.stage)]);
+  };
   // Ranks with nothing ready and nothing to wait for yet: another rank at the
   // same time decides first.
   std::vector<bool> stalled(static_cast<size_t>(p), false);
@@ -214,7 +223,9 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
     auto consider = [&](const Action& a) {
       const double ready = inputs_ready(s, pr, a, r);
       if (ready == kNever || ready > t) return;
-      if (a.op == Op::kForward && in_flight[ri] >= s.in_flight_cap(r)) return;
+      const bool first_chunk = a.stage < s.ranks;
+      if (a.op == Op::kForward && in_flight[ri] >= s.in_flight_cap(r) - (first_chunk ? reserve : 0))
+        return;
       // A full W queue runs its oldest W before anything else.
       if (s.split_backward() && a.op != Op::kBackwardWeight && w_queue[ri] >= s.w_queue_cap(r))
         return;
@@ -254,7 +265,7 @@ std::vector<std::vector<Action>> compute_orders(const Schedule& s) {
       continue;
     }
     std::fill(stalled.begin(), stalled.end(), false);
-    const double end = t + cost_of(best.op, unit);
+    const double end = t + cost(best);
     record(pr, best, end, r);
     if (interleaved && (best.op == Op::kForward || best.op == Op::kBackward)) ++fixed_at[ri];
     ends.insert(end);
@@ -389,10 +400,10 @@ int Schedule::in_flight_cap(int rank) const {
   switch (kind) {
     case ScheduleKind::kGPipe: return m;
     case ScheduleKind::k1F1B:
-    case ScheduleKind::kZbH1: return p - rank;  // p on the first stage
+    case ScheduleKind::kZbH1: return p - rank + (vocab ? 1 : 0);  // p on the first stage
     case ScheduleKind::kInterleaved:  // Megatron's warm-up forwards, plus the steady one
       return std::min(m * chunks, (p - rank - 1) * 2 + (chunks - 1) * p + 1);
-    case ScheduleKind::kZbV: return 2 * p;  // chunks of half a stage: 1F1B's bytes
+    case ScheduleKind::kZbV: return 2 * p + (vocab ? 2 : 0);  // chunks of half a stage: 1F1B's bytes
   }
   return m;
 }
@@ -441,7 +452,8 @@ void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual
   PO_CHECK(stages <= 64, "parallel.pp × stages per rank = ", stages, ": at most 64 stages");
 }
 
-Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks, bool vocab) {
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks, bool vocab,
+                       const std::vector<Costs>& costs) {
   check_schedule(kind, ranks, micro_batches, chunks);
   chunks = chunks_per_rank(kind, chunks);
   Schedule s;
@@ -461,7 +473,14 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chun
       if (r != head) s.holders.push_back(r);
     s.holders.push_back(head);
   }
-  s.actions = with_messages(s, compute_orders(s));
+  s.actions = with_messages(s, compute_orders(s, {}));
+  if (!costs.empty()) {
+    PO_CHECK(static_cast<int>(costs.size()) == s.stages(), "make_schedule: ", costs.size(),
+             " stage costs for ", s.stages(), " stages");
+    Schedule at_costs = s;
+    at_costs.actions = with_messages(s, compute_orders(s, costs));
+    if (simulate(at_costs, costs).step < simulate(s, costs).step) return at_costs;
+  }
   return s;
 }
 

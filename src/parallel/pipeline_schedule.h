@@ -13,11 +13,12 @@
 //
 // The order of compute on each rank comes from a list-scheduling simulation
 // with unit costs (forward 1, input backward 1, weight backward 1; a fused
-// backward 2): when a rank is free it runs the ready action its schedule
-// ranks first, within the schedule's cap on micro-batches in flight. On every
-// stage, forwards, backwards and weight backwards each run in micro-batch
-// order, so every parameter's gradient accumulates in the order of one stage
-// (pp = 1): a pipelined step can give the bits of the unpipelined one.
+// backward 2) or each stage's own costs: when a rank is free it runs the
+// ready action its schedule ranks first, within the schedule's cap on
+// micro-batches in flight. On every stage, forwards, backwards and weight
+// backwards each run in micro-batch order, so every parameter's gradient
+// accumulates in the order of one stage (pp = 1): a pipelined step can give
+// the bits of the unpipelined one.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +92,11 @@ struct Schedule {
   // Micro-batches (stage activations) a rank may hold at once, from a
   // forward until its input backward: the schedule's memory bound. (A
   // deferred weight backward keeps only its GEMMs' inputs and output
-  // gradients: the W queue, counted apart.)
+  // gradients: the W queue, counted apart.) Vocabulary parallel: one
+  // micro-batch more for 1f1b, zb-h1 and zbv (p + 1 on the first stage, as
+  // Yeung et al.'s one-barrier schedules hold): the last stage's input
+  // backward waits for every rank's head pieces, and the extra micro-batch
+  // keeps the ranks computing meanwhile.
   int in_flight_cap(int rank) const;
   // Weight backwards a rank may defer (zero-bubble schedules; 0 otherwise).
   int w_queue_cap(int rank) const;
@@ -112,15 +117,6 @@ int chunks_per_rank(ScheduleKind kind, int virtual_stages);
 // building it: the planner checks every layout it searches).
 void check_schedule(ScheduleKind kind, int ranks, int micro_batches, int virtual_stages);
 
-// check_schedule, then the schedule; `vocab`: the head spread over the ranks
-// (at most 8, and stages() + 2·ranks + 1 <= 64 for the head messages' tags).
-Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1,
-                       bool vocab = false);
-
-// The p2p tag of a send/recv, unique per (micro-batch, stage, payload), the
-// same on both ends.
-int message_tag(const Action& a);
-
 // Costs of one stage's compute, in any unit (the simulation's defaults are
 // the unit costs the orders are built with).
 // head_stats and head_grad: one rank's S and T (vocabulary parallel; read
@@ -130,6 +126,19 @@ struct Costs {
   double head_stats = 0.5, head_grad = 1;
   double backward() const { return backward_input + backward_weight; }
 };
+
+// check_schedule, then the schedule; `vocab`: the head spread over the ranks
+// (at most 8, and stages() + 2·ranks + 1 <= 64 for the head messages' tags).
+// `costs` (each stage's, e.g. pipeline_stages.h's stage_costs): the list
+// scheduler also orders at these costs, and the schedule keeps whichever
+// orders, these or the unit costs', simulate the shorter step at them.
+Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chunks = 1,
+                       bool vocab = false, const std::vector<Costs>& costs = {});
+
+// The p2p tag of a send/recv, unique per (micro-batch, stage, payload), the
+// same on both ends.
+int message_tag(const Action& a);
+
 
 // One compute action as simulated (or, from the executor, as run).
 struct Span {

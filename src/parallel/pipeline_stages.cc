@@ -230,4 +230,17 @@ std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T
   return out;
 }
 
+Pipeline make_pipeline(const model::TransformerConfig& config, int64_t T, ScheduleKind kind,
+                       int ranks, int micro_batches, int virtual_stages, bool vocab,
+                       const std::string& stage_layers) {
+  const int chunks = chunks_per_rank(kind, virtual_stages);
+  Pipeline out;
+  out.schedule = make_schedule(kind, ranks, micro_batches, chunks, vocab);
+  out.stages = partition_stages(config, T, out.schedule, stage_layers);
+  if (ranks > 1)
+    out.schedule = make_schedule(kind, ranks, micro_batches, chunks, vocab,
+                                 stage_costs(config, T, out.stages, out.schedule.vocab ? ranks : 0));
+  return out;
+}
+
 }  // namespace po::parallel::pipeline

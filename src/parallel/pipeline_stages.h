@@ -55,4 +55,15 @@ std::vector<model::UnitRange> partition_stages(const model::TransformerConfig& c
 std::vector<Costs> stage_costs(const model::TransformerConfig& config, int64_t T,
                                const std::vector<model::UnitRange>& stages, int vocab_ranks = 0);
 
+// A pipeline as the engine runs it: the schedule's stages (partition_stages)
+// and the schedule ordered at their FLOP costs (make_schedule with
+// stage_costs). The trainer, the planner and `plan --trace` all build it so.
+struct Pipeline {
+  Schedule schedule;
+  std::vector<model::UnitRange> stages;
+};
+Pipeline make_pipeline(const model::TransformerConfig& config, int64_t T, ScheduleKind kind,
+                       int ranks, int micro_batches, int virtual_stages, bool vocab = false,
+                       const std::string& stage_layers = "");
+
 }  // namespace po::parallel::pipeline

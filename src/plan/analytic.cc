@@ -13,7 +13,29 @@
 #include "plan/plan_parts.h"
 #include "plan/planner.h"
 
-namespace po::plan::detail {
+namespace po::plan {
+namespace {
+
+// The engine's model at a layout's sequence length.
+model::TransformerConfig engine_config(const ModelSpec& m, const Layout& l) {
+  model::TransformerConfig c = m.engine;
+  c.seq_len = std::max(c.seq_len, l.seq);
+  return c;
+}
+
+}  // namespace
+
+parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Layout& l) {
+  namespace pl = parallel::pipeline;
+  try {
+    return pl::make_pipeline(engine_config(model, l), l.seq, l.schedule, l.pp,
+                             static_cast<int>(l.accum()), l.virtual_stages);
+  } catch (const core::Error&) {
+    return {pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages), {}};
+  }
+}
+
+namespace detail {
 
 // Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-1, in memory or paged, cp = 1).
 bool pipeline_trainable(const Plan& p) {
@@ -33,9 +55,10 @@ void pipeline_engine_memory(Plan& p) {
   cfg.activation_checkpointing = l.checkpointing;
   cfg.sequence_parallel = l.sequence_parallel && l.tp > 1;
   parallel::PipelineSetup s;
-  s.schedule = pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()),
-                                 pl::chunks_per_rank(l.schedule, l.virtual_stages));
-  s.stage_units = pl::partition_stages(cfg, l.seq, s.schedule);
+  pl::Pipeline pipe = pipeline_schedule(p.model, l);
+  if (pipe.stages.empty()) pipe.stages = pl::partition_stages(cfg, l.seq, pipe.schedule);  // (throws why)
+  s.schedule = std::move(pipe.schedule);
+  s.stage_units = std::move(pipe.stages);
   s.micro = l.micro;
   s.T = l.seq;
   s.split = {l.tp, 0};
@@ -163,18 +186,12 @@ void analytic_plan(Plan& p) {
   double in_flight = 1;
   uint64_t sends = 0;  // the busiest rank's, per step
   if (l.pp > 1) {
-    const pl::Schedule sched =
-        pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages);
+    const pl::Pipeline pipe = pipeline_schedule(p.model, l);
+    const pl::Schedule& sched = pipe.schedule;
     const pl::Timing t = pl::simulate(sched);
     p.bubble = p.bubble_stages = t.bubble();
-    model::TransformerConfig ec = p.model.engine;
-    ec.seq_len = std::max(ec.seq_len, l.seq);
-    try {  // (a layout the partition refuses keeps the schedule's bubble)
-      p.bubble_stages =
-          pl::simulate(sched, pl::stage_costs(ec, l.seq, pl::partition_stages(ec, l.seq, sched)))
-              .bubble();
-    } catch (const core::Error&) {
-    }
+    if (!pipe.stages.empty())
+      p.bubble_stages = pl::simulate(sched, pl::stage_costs(engine_config(p.model, l), l.seq, pipe.stages)).bubble();
     in_flight = 0;
     for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
       in_flight = std::max<double>(in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);
@@ -248,4 +265,5 @@ void analytic_plan(Plan& p) {
   // (Tied embedding and head gradients between the first and last stage: small, not counted.)
 }
 
-}  // namespace po::plan::detail
+}  // namespace detail
+}  // namespace po::plan

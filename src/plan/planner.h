@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "memory/nvme_store.h"
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 #include "plan/presets.h"
 
 namespace po::plan {
@@ -133,6 +133,11 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
 // what a compute budget must leave free besides model states, activations
 // and pages. The trainer's minimum budget is built on it.
 double engine_working_bytes(const ModelSpec& model, const Layout& layout);
+// A pipelined layout's schedule as the engine builds it (ordered at its
+// stages' FLOP costs, parallel/pipeline_stages.h's make_pipeline) with those
+// stages; where the partition refuses the layout, the unit-cost orders and
+// no stages.
+parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Layout& layout);
 
 // Every layout of `devices` devices (dp × tp × pp × cp, ZeRO stage, paging,
 // micro-batch, checkpointing) for the base's batch, precision and sequence;

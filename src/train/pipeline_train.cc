@@ -40,10 +40,12 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   parallel::PipelineSetup s;
   const pl::ScheduleKind kind = pl::parse_schedule(cfg.get_string("parallel.schedule"));
   const int v = pl::chunks_per_rank(kind, static_cast<int>(cfg.get_int("parallel.virtual_stages")));
-  s.schedule = pl::make_schedule(kind, static_cast<int>(r.p.pp), static_cast<int>(r.p.accum), v,
-                                 cfg.get_bool("parallel.vocab_parallel"));
-  s.stage_units = pl::partition_stages(r.mcfg, r.p.T, s.schedule,
-                                       cfg.get_string("parallel.stage_layers"));
+  pl::Pipeline pipe = pl::make_pipeline(r.mcfg, r.p.T, kind, static_cast<int>(r.p.pp),
+                                        static_cast<int>(r.p.accum), v,
+                                        cfg.get_bool("parallel.vocab_parallel"),
+                                        cfg.get_string("parallel.stage_layers"));
+  s.schedule = std::move(pipe.schedule);
+  s.stage_units = std::move(pipe.stages);
   s.micro = r.p.micro;
   s.T = r.p.T;
   s.pipe = r.launch.pp_group();

@@ -112,9 +112,9 @@ struct Reference {
 PipelineSetup setup_for(const TransformerConfig& c, ScheduleKind kind, int p, int m,
                         comm::Communicator* pipe, bool vocab = false) {
   PipelineSetup s;
-  const int v = pipeline::chunks_per_rank(kind, 2);
-  s.schedule = pipeline::make_schedule(kind, p, m, v, vocab);
-  s.stage_units = pipeline::partition_stages(c, kT, s.schedule.stages(), "", !s.schedule.vocab);
+  pipeline::Pipeline built = pipeline::make_pipeline(c, kT, kind, p, m, 2, vocab);  // the engine's
+  s.schedule = std::move(built.schedule);
+  s.stage_units = std::move(built.stages);
   s.micro = kB;
   s.T = kT;
   s.pipe = pipe;
@@ -134,7 +134,8 @@ StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, in
         << st.peak_in_flight << " micro-batches, the schedule's bound is "
         << sch.in_flight_cap(ex.rank());
     if (sch.kind == ScheduleKind::k1F1B && ex.rank() == 0) {
-      EXPECT_EQ(st.peak_in_flight, std::min(m, sch.ranks)) << "1F1B's first stage holds min(m, p)";
+      // p, or p + 1 under vocabulary parallel
+      EXPECT_EQ(st.peak_in_flight, std::min(m, sch.in_flight_cap(0))) << "1F1B's first stage holds min(m, its cap)";
     }
     log.norm.push_back(ex.step(lr_at(s)));
     log.loss.push_back(static_cast<float>(st.loss_sum));  // the last stage's (0 elsewhere)

@@ -120,6 +120,45 @@ TEST(PipelineSchedule, EveryScheduleIsWellFormedAndWithinItsMemoryBound) {
       }
 }
 
+// Ordered at each stage's own costs (make_schedule's `costs`, as the engine
+// builds its schedules): at uneven, deterministic pseudo-random costs, every
+// schedule at pp 2-5, with and without the head spread, stays well formed
+// and within its bounds (no deadlock: zbv's first chunk leaves its second a
+// place in the cap), and is never slower at those costs than the unit-cost
+// orders.
+TEST(PipelineSchedule, OrdersAtStageCostsAreWellFormedAndNeverSlower) {
+  uint32_t state = 12345;
+  auto draw = [&](double lo, double hi) {
+    state = state * 1664525u + 1013904223u;
+    return lo + (hi - lo) * static_cast<double>(state >> 8) / static_cast<double>(1u << 24);
+  };
+  for (ScheduleKind kind : kAll)
+    for (int p : {2, 3, 4, 5})
+      for (int m : {1, p, 2 * p + 1, 3 * p})
+        for (bool vocab : {false, true}) {
+          if (kind == ScheduleKind::kInterleaved && m < p) continue;
+          for (int trial = 0; trial < 3; ++trial) {
+            const int stages = p * pl::chunks_per_rank(kind, 2);
+            std::vector<pl::Costs> costs(static_cast<size_t>(stages));
+            for (pl::Costs& c : costs) {
+              c.forward = draw(0.3, 3);
+              c.backward_input = c.forward * draw(1, 2.5);
+              c.backward_weight = c.forward * draw(0.5, 1.5);
+              c.head_stats = draw(0.2, 6);
+              c.head_grad = 2 * c.head_stats;
+            }
+            const pl::Schedule s = pl::make_schedule(kind, p, m, 2, vocab, costs);
+            const std::string what = label(s) + (vocab ? " vocab" : "") + " trial " + std::to_string(trial);
+            SCOPED_TRACE(what);
+            expect_well_formed(s);
+            const pl::Timing t = pl::simulate(s, costs);
+            expect_within_bounds(s, t);
+            const pl::Schedule unit = pl::make_schedule(kind, p, m, 2, vocab);
+            EXPECT_LE(t.step, pl::simulate(unit, costs).step) << what;
+          }
+        }
+}
+
 // The head spread over the ranks: every schedule stays well formed and within
 // its bounds, every rank gets a share of the pieces in holder order (the
 // last stage's rank last), and at pp 2 with bench-small's costs (the head
