@@ -249,7 +249,22 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   vocab_setup();
 }
 
-PipelineExecutor::~PipelineExecutor() = default;
+// A step that ended in an error (a timeout, a shape mismatch, a failing
+// batch) leaves receives posted into message buffers and sends in flight
+// from them, and comm::Work leaks such operations while unwinding rather
+// than wait. Their memory is leaked with them: the buffers, the receives'
+// headers (moved with their map's nodes, which do not move) and the link
+// with its sends' headers; a message that arrives later then lands in
+// memory nobody else owns, never in a freed and reused block.
+PipelineExecutor::~PipelineExecutor() {
+  if (posted_.empty() && sending_.empty()) return;
+  std::set<const float*> busy(sending_.begin(), sending_.end());
+  for (const auto& [key, p] : posted_) busy.insert(p.buffer);
+  for (auto& b : buffers_)
+    if (busy.count(b.get()) > 0) (void)b.release();
+  (void)new std::map<Key, Posted>(std::move(posted_));
+  (void)link_.release();
+}
 
 PipelineExecutor::Chunk& PipelineExecutor::chunk_of_stage(int stage) {
   for (auto& c : chunks_)
