@@ -35,7 +35,7 @@ int64_t Transformer::head_chunk_rows(int64_t B, int64_t T) {
 }
 
 Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range,
-                         TensorSplit split)
+                         TensorSplit split, bool head_logits)
     : global_config_(config.resolved()),
       config_(global_config_.shard(split.size)),
       layout_(global_config_, split),
@@ -70,9 +70,11 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   // At least 4096-aligned (2 MiB from 2 MiB up), so the pages lent out of
   // it are where predicted_activation_regions says (an O_DIRECT frame starts
   // on a 4096 boundary).
-  const size_t act_bytes = layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v) * sizeof(float);
+  head_logits_ = head_logits;
+  const size_t act_bytes =
+      layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), nullptr, v, head_logits) * sizeof(float);
   acts_ = tensor::Storage(act_bytes, tensor::Pool::kCompute, act_bytes >= (size_t{2} << 20) ? 0 : 4096);
-  layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), acts_.f32(), v);
+  layout_activations(config_, B_, T_, sp_, n_blocks, has_head(), acts_.f32(), v, head_logits);
   for (const auto& [b, e] : v.regions)
     regions_.push_back({reinterpret_cast<char*>(acts_.f32() + b),
                         static_cast<size_t>(e - b) * sizeof(float)});
@@ -149,7 +151,7 @@ void Transformer::claim_regions() {
 
 size_t Transformer::layout_activations(const TransformerConfig& unresolved, int64_t B, int64_t T,
                                        int64_t seq_shards, int64_t n_blocks, bool with_head,
-                                       float* base, ActivationLayout& out_layout) {
+                                       float* base, ActivationLayout& out_layout, bool head_logits) {
   const TransformerConfig config = unresolved.resolved();
   ActivationLayout& out = out_layout;
   const int64_t C = config.n_embd, NH = config.n_head, V = config.vocab_size;
@@ -258,12 +260,14 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   rope_tables();
   if (with_head) {
     head_norm();
-    out.logits = take(head_chunk_rows(B, T) * V);
-    out.losses = take(BT);
+    if (head_logits) {
+      out.logits = take(head_chunk_rows(B, T) * V);
+      out.losses = take(BT);
+    }
     out.dlnf = take(BT * C);
     if (config.bf16_activations) {
       out.lnf16 = take16(BT * C);
-      out.logits16 = take16(head_chunk_rows(B, T) * V);
+      if (head_logits) out.logits16 = take16(head_chunk_rows(B, T) * V);
     }
     out.regions.back().second = used;
   }
@@ -291,14 +295,15 @@ size_t Transformer::predicted_activation_bytes(const TransformerConfig& config, 
 }
 
 size_t Transformer::predicted_stage_activation_bytes(const TransformerConfig& config, int64_t B,
-                                                     int64_t T, int64_t tp, UnitRange range) {
+                                                     int64_t T, int64_t tp, UnitRange range,
+                                                     bool head_logits) {
   const TransformerConfig local = config.shard(tp);
   const int head = static_cast<int>(local.n_layer) + 1;
   const int last = range.last < 0 ? head : range.last;
   const int64_t blocks = std::min(last, head - 1) - (std::max(range.first, 1) - 1);
   ActivationLayout counted;
   return layout_activations(local, B, T, seq_shards_of(config, tp), blocks, last == head, nullptr,
-                            counted) *
+                            counted, head_logits) *
          sizeof(float);
 }
 

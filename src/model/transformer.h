@@ -145,8 +145,12 @@ class Transformer {
   // (Layout's held shapes) and computes its heads, MLP columns and vocabulary
   // slice; the reductions between ranks go through set_parallel_ops(), whose
   // tp_size() and tp_rank() must match `split`.
+  // head_logits = false: the head's logits and loss rows are not allocated:
+  // the model runs only the final norm of its head (set_external_head), as a
+  // pipeline's last stage does when the head's pieces are spread over the
+  // ranks.
   Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range = {},
-              TensorSplit split = {});
+              TensorSplit split = {}, bool head_logits = true);
 
   // The whole model's configuration (at tp > 1, not the shapes held).
   const TransformerConfig& config() const { return global_config_; }
@@ -334,7 +338,8 @@ class Transformer {
                                       int64_t tp = 1);
   // The activations of a model over `range` (a pipeline stage), per rank of tp.
   static size_t predicted_stage_activation_bytes(const TransformerConfig& config, int64_t B,
-                                                 int64_t T, int64_t tp, UnitRange range);
+                                                 int64_t T, int64_t tp, UnitRange range,
+                                                 bool head_logits = true);
   // One make_weight_grad_work()'s bytes (a block's deferred weight half), per rank of tp.
   static size_t predicted_weight_grad_work_bytes(const TransformerConfig& config, int64_t B,
                                                  int64_t T, int64_t tp);
@@ -402,7 +407,7 @@ class Transformer {
   // constructor and predicted_bytes() both use it, so the ledger cannot drift.
   static size_t layout_activations(const TransformerConfig& config, int64_t B, int64_t T,
                                    int64_t seq_shards, int64_t n_blocks, bool with_head,
-                                   float* base, ActivationLayout& out);
+                                   float* base, ActivationLayout& out, bool head_logits = true);
   // Sequence parallel's moves of [rows, C] tensors (rows = B·T of the
   // micro-batch; a rank holds rows / sp_ of them). gather_rows: every rank's
   // chunk into `full` (returns it), or `chunk` itself at sp_ = 1.
@@ -503,6 +508,7 @@ class Transformer {
   int64_t num_params_ = 0;
   int64_t head_chunk_ = 0;  // rows of logits processed at once
   bool external_head_ = false;
+  bool head_logits_ = true;  // the head's logits and losses allocated
   void final_norm_forward(const float* residual);
   void final_norm_backward(const float* dlnf);
   bool tp_overlap_ = false;

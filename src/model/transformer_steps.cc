@@ -661,6 +661,7 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
     final_norm_forward(out_);
     return 0.0;
   }
+  PO_CHECK(head_logits_, "stage_forward: this model's head has no logits (made for an external head)");
   return head_forward(out_, targets, BT, grad_scale);
 }
 

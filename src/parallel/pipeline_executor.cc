@@ -454,8 +454,13 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
   size_t i = 0;
   while (i < c.slots.size() && c.slot_micro[i] != -1) ++i;
   if (i == c.slots.size()) {
+    // Vocabulary parallel: the last stage's slots run only the final norm;
+    // the first one keeps the logits for evaluate(), which computes the
+    // whole head there (every slot is free then, so it takes the first).
+    const bool logits = !(setup_.schedule.vocab && c.holds(layout_.head_unit())) || c.slots.empty();
     auto m = std::make_unique<model::Transformer>(config_, setup_.micro, setup_.T,
-                                                  model::UnitRange{c.first, c.last}, setup_.split);
+                                                  model::UnitRange{c.first, c.last}, setup_.split,
+                                                  logits);
     if (setup_.tp_ops) m->set_parallel_ops(*setup_.tp_ops);
     m->set_tp_overlap(setup_.tp_overlap);
     Chunk* cp = &c;
@@ -1273,9 +1278,15 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       m.grads += n0 * esz;
       largest = std::max(largest, layout.unit_numel(0));
     }
-    m.activations += static_cast<size_t>(slots[stage]) *
-                     model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp,
-                                                                          {first, last});
+    // (vocabulary parallel: the last stage's first slot alone has logits)
+    const bool spread = s.vocab && last == head;
+    const size_t with_logits =
+        model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp, {first, last});
+    const size_t without = spread ? model::Transformer::predicted_stage_activation_bytes(
+                                        c, setup.micro, setup.T, tp, {first, last}, false)
+                                  : with_logits;
+    if (slots[stage] > 0)
+      m.activations += with_logits + static_cast<size_t>(slots[stage] - 1) * without;
     m.w_queue += static_cast<size_t>(works[stage] * blocks_of(stage)) * work;
   }
   for (int64_t n : adam_numels(config, setup, rank)) {
