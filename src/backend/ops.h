@@ -171,6 +171,42 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                         int64_t hs);
 
+// Context parallel's attention, in blocks (ring attention, Liu et al. 2023):
+// the queries of one chunk of a sequence against the keys and values of
+// another chunk of it, the chunks' results merged by their log-sum-exp.
+// Operands are row views: element (b, t, c) at p[b·batch + t·row + c], query
+// head h at columns h·hs, kv head g at g·hs (of k's and v's own views).
+// causal: the two chunks are the same positions (query i sees keys 0..i, nq
+// = nk); otherwise every key precedes every query (a later query chunk
+// against an earlier key chunk; an earlier one against a later chunk is not
+// a block at all). Always f32 tiles (at kBF16 too).
+struct AttnRows {
+  const float* p = nullptr;
+  int64_t row = 0, batch = 0;
+};
+struct AttnRowsOut {
+  float* p = nullptr;
+  int64_t row = 0, batch = 0;
+};
+// Merges the block's attention into out (nq rows of NH·hs) and lse ((b, h, i)
+// at lse[(b·NH + h)·lse_stride + i]): with the block's own normalised o_b and
+// lse_b, lse' = log(e^lse + e^lse_b), out' = e^(lse − lse')·out +
+// e^(lse_b − lse')·o_b, per row in f32 (attention_lse_merge). Before a
+// query chunk's first block out holds 0 and lse −inf (the merge then gives
+// the block's own values exactly). A fixed order of blocks gives fixed bits.
+void attention_block_forward(AttnRowsOut out, float* lse, int64_t lse_stride, AttnRows q,
+                             AttnRows k, AttnRows v, int64_t B, int64_t nq, int64_t nk,
+                             int64_t NH, int64_t NKV, int64_t hs, bool causal);
+// One row of that merge: out[hs], *lse with the block's o_b[hs], lse_b.
+void attention_lse_merge(float* out, float* lse, const float* o_b, float lse_b, int64_t hs);
+// The block's gradients, added: dq (nq rows, NH heads) += and dk, dv (nk
+// rows, NKV heads) +=, from dout and the attention's final out and lse (every
+// block merged). The sum over a query chunk's blocks is attention_backward's.
+void attention_block_backward(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnRows dout,
+                              AttnRows out, const float* lse, int64_t lse_stride, AttnRows q,
+                              AttnRows k, AttnRows v, int64_t B, int64_t nq, int64_t nk,
+                              int64_t NH, int64_t NKV, int64_t hs, bool causal);
+
 // Generation: n new queries q[n rows of q_stride; NH heads of hs first] at
 // positions pos0 .. pos0+n-1 against k_cache, v_cache [pos0+n, NKV·hs]
 // (already holding the new keys and values); out[n, NH·hs].

@@ -1,0 +1,103 @@
+// The pieces the flash-style attention kernels share (attention.cc, the
+// whole causal sequence; attention_block.cc, context parallel's blocks):
+// tile sizes, per-thread scratch, packing into zero-padded tiles and the
+// online-softmax row step.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/simd_math.h"
+
+namespace po::backend::cpu::attn {
+
+constexpr int64_t kBlock = 64;    // queries and keys per tile
+constexpr int64_t kPrefetch = 8;  // rows ahead when packing
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Where a query head's q and its kv group's k and v sit in a qkv row.
+struct Heads {
+  int64_t NH, NKV, hs;
+  int64_t row() const { return (NH + 2 * NKV) * hs; }
+  int64_t group(int64_t h) const { return h / (NH / NKV); }
+  int64_t k_col(int64_t h) const { return (NH + group(h)) * hs; }
+  int64_t v_col(int64_t h) const { return (NH + NKV + group(h)) * hs; }
+};
+
+// Thread-local scratch, 64-byte aligned, grown once.
+inline float* scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
+
+// dst[t, d] = s * src[t * stride + d] for t < n, d < hs; zero elsewhere in
+// the rows x HP tile.
+inline void pack_rows(float* dst, const float* src, int64_t stride, int64_t n, int64_t rows, int64_t hs,
+               int64_t HP, float s) {
+  for (int64_t t = 0; t < rows; t++) {
+    float* o = dst + t * HP;
+    const float* x = src + t * stride;
+    const int64_t m = t < n ? hs : 0;
+    if (t + kPrefetch < n)  // rows are strided: the hardware prefetcher misses them
+      for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
+    for (int64_t d = 0; d < m; d++) o[d] = s * x[d];
+    for (int64_t d = m; d < HP; d++) o[d] = 0.0f;
+  }
+}
+
+// dst[d, t] = src[t, d] for a rows x HP packed tile (both multiples of 16).
+inline void transpose_packed(float* dst, const float* src, int64_t rows, int64_t HP) {
+  for (int64_t t0 = 0; t0 < rows; t0 += 16)
+    for (int64_t d0 = 0; d0 < HP; d0 += 16)
+      tiles::transpose16(src + t0 * HP + d0, HP, dst + d0 * rows + t0, rows);
+}
+
+// Online-softmax step on one score row: returns the new running max
+// max(m_old, s[0..lim)), writes s[jj] = exp(s[jj] - max) (0 for jj >= lim)
+// and psum = their sum.
+template <bool kMasked>
+inline float softmax_row(float* __restrict s, int lim, float m_old, float& psum) {
+  float mx = m_old;
+#pragma omp simd reduction(max : mx)
+  for (int jj = 0; jj < static_cast<int>(kBlock); jj++)
+    mx = std::max(mx, !kMasked || jj < lim ? s[jj] : -INFINITY);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int jj = 0; jj < static_cast<int>(kBlock); jj++) {
+    const float p = !kMasked || jj < lim ? detail::exp_approx(s[jj] - mx) : 0.0f;
+    s[jj] = p;
+    sum += p;
+  }
+  psum = sum;
+  return mx;
+}
+
+// Online softmax of one query row against a new key tile of which the
+// first lim columns count (the rest are masked, or past the keys' end): its
+// scores s (in place: the probabilities after), the running max m and sum l,
+// and the row of O rescaled to the new max.
+inline void online_softmax_row(float* s, int64_t lim, bool first_tile, float& m, float& l,
+                               float* o, int64_t HP) {
+  float psum;
+  const float m_new = lim < kBlock ? softmax_row<true>(s, static_cast<int>(lim), m, psum)
+                                   : softmax_row<false>(s, static_cast<int>(kBlock), m, psum);
+  if (first_tile) {
+    l = psum;
+  } else {
+    const float alpha = detail::exp_approx(m - m_new);
+    l = l * alpha + psum;
+#pragma omp simd
+    for (int64_t d = 0; d < HP; d++) o[d] *= alpha;
+  }
+  m = m_new;
+}
+
+}  // namespace po::backend::cpu::attn
