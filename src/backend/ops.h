@@ -133,8 +133,9 @@ struct RopeScaling {
   double low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position = 8192.0;
 };
 void rope_inv_freq(double* inv_freq, int64_t hs, const RopeScaling& scaling);
-// cos_t, sin_t [T, hs/2]: the angle of position t, pair i.
-void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeScaling& scaling);
+// cos_t, sin_t [T, hs/2]: row t the angle of position pos0 + t, pair i.
+void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeScaling& scaling,
+                int64_t pos0 = 0);
 // In place on x[B*T rows of `stride` floats]: the first n_heads heads of hs
 // channels of each row rotated by position pos0 + t (rotate-half: channel i
 // pairs with i + hs/2). The backward rotates the gradient back.

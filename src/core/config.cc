@@ -85,6 +85,8 @@ const std::vector<KeySpec>& schema() {
       {"parallel.tp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.pp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.cp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.cp_mode", Kind::kString, std::string("ring")},         // parallel/context_parallel.h
+      {"parallel.cp_balance", Kind::kString, std::string("zigzag")},   // | "contiguous"
       {"parallel.sequence_parallel", Kind::kBool, false},
       {"parallel.tp_overlap", Kind::kBool, false},
       {"parallel.zero_stage", Kind::kInt, int64_t{0}, 0, 3},

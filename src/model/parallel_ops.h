@@ -30,6 +30,29 @@
 
 namespace po::model {
 
+// Where a context-parallel rank's rows sit in the sequence (Liu et al.'s
+// ring attention; the zig-zag balance of Megatron-LM and torchtitan): the
+// model.seq_len positions are cut into 2·size chunks (zigzag) or size chunks
+// (contiguous) of chunk_len positions, and this rank holds chunks rank and
+// 2·size − 1 − rank (zigzag) or chunk rank alone, in that order, as its
+// local sequence of T / size rows. At size 1 the local sequence is the
+// sequence.
+struct ContextSplit {
+  int size = 1, rank = 0;
+  bool zigzag = true;
+  int total_chunks() const { return size == 1 ? 1 : zigzag ? 2 * size : size; }
+  int local_chunks() const { return size > 1 && zigzag ? 2 : 1; }
+  // The global index of local chunk i.
+  int chunk(int i) const { return i == 0 ? rank : 2 * size - 1 - rank; }
+  // Positions per chunk of a sequence of T positions.
+  int64_t chunk_len(int64_t T) const { return T / total_chunks(); }
+  // The global position of local row t of a local sequence of T_local rows.
+  int64_t position(int64_t t, int64_t T_local) const {
+    const int64_t S = T_local / local_chunks();
+    return chunk(static_cast<int>(t / S)) * S + t % S;
+  }
+};
+
 class ParallelOps {
  public:
   virtual ~ParallelOps() = default;
@@ -59,6 +82,20 @@ class ParallelOps {
   }
   // Every collective issued asynchronously has completed.
   virtual void tp_wait() {}
+
+  // Context parallel (ring attention over the context group). The model's
+  // sequence is this rank's rows (cp_split()); positions follow the split,
+  // and the causal attention over the whole sequence is these two calls,
+  // with the model's own shapes: qkv [B, T, (NH + 2·NKV)·hs] of this rank's
+  // T rows, out [B, T, NH·hs], lse [B, NH, T]; dqkv written.
+  virtual ContextSplit cp_split() const { return {}; }
+  virtual void cp_attention_forward(float* /*out*/, float* /*lse*/, const float* /*qkv*/,
+                                    int64_t /*B*/, int64_t /*T*/, int64_t /*NH*/,
+                                    int64_t /*NKV*/, int64_t /*hs*/) {}
+  virtual void cp_attention_backward(float* /*dqkv*/, const float* /*dout*/,
+                                     const float* /*qkv*/, const float* /*out*/,
+                                     const float* /*lse*/, int64_t /*B*/, int64_t /*T*/,
+                                     int64_t /*NH*/, int64_t /*NKV*/, int64_t /*hs*/) {}
 };
 
 class NullParallelOps final : public ParallelOps {

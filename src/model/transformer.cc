@@ -106,15 +106,33 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   norm_dw_ = v.norm_dw;
   emb_dout_ = dres_;
   if (norm_dw_ != nullptr) std::memset(norm_dw_, 0, 4 * static_cast<size_t>(config_.n_embd) * sizeof(float));
-  if (rope_cos_ != nullptr) {
-    ops::RopeScaling rs;
-    rs.theta = config_.rope_theta;
-    rs.factor = config_.rope_scaling.factor;
-    rs.low_freq_factor = config_.rope_scaling.low_freq_factor;
-    rs.high_freq_factor = config_.rope_scaling.high_freq_factor;
-    rs.original_max_position = config_.rope_scaling.original_max_position;
-    ops::rope_table(rope_cos_, rope_sin_, T_, config_.head_dim(), rs);
-  }
+  build_rope_tables();
+}
+
+void Transformer::build_rope_tables() {
+  if (rope_cos_ == nullptr) return;
+  ops::RopeScaling rs;
+  rs.theta = config_.rope_theta;
+  rs.factor = config_.rope_scaling.factor;
+  rs.low_freq_factor = config_.rope_scaling.low_freq_factor;
+  rs.high_freq_factor = config_.rope_scaling.high_freq_factor;
+  rs.original_max_position = config_.rope_scaling.original_max_position;
+  const int64_t half = config_.head_dim() / 2, n = cp_.local_chunks(), S = T_ / n;
+  for (int64_t i = 0; i < n; i++)
+    ops::rope_table(rope_cos_ + i * S * half, rope_sin_ + i * S * half, S, config_.head_dim(), rs,
+                    cp_.chunk(static_cast<int>(i)) * S);
+}
+
+void Transformer::set_parallel_ops(ParallelOps& ops) {
+  pops_ = &ops;
+  const ContextSplit cp = ops.cp_split();
+  if (cp.size == cp_.size && cp.rank == cp_.rank && cp.zigzag == cp_.zigzag) return;
+  PO_CHECK(T_ % cp.local_chunks() == 0 && T_ * cp.size <= global_config_.seq_len, "context parallel: ",
+           cp.size, " ranks hold ", T_, " rows each of a sequence of model.seq_len = ",
+           global_config_.seq_len, ", which must split into ", cp.total_chunks(), " equal chunks");
+  PO_CHECK(cp.size == 1 || sp_ == 1, "parallel.cp > 1 with parallel.sequence_parallel is not built");
+  cp_ = cp;
+  build_rope_tables();
 }
 
 void Transformer::set_activation_lender(ActivationLender lender) {

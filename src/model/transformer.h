@@ -193,7 +193,10 @@ class Transformer {
 
   // The collectives of split layers (model/parallel_ops.h); null by default.
   // `ops` must outlive the model.
-  void set_parallel_ops(ParallelOps& ops) { pops_ = &ops; }
+  // Context parallel: the model's T rows are the ops' cp_split() share of
+  // the sequence (their positions, and attention through the ops).
+  void set_parallel_ops(ParallelOps& ops);
+  const ContextSplit& context_split() const { return cp_; }
   // Activation memory lent while dead (ActivationLender); an empty lender
   // takes back whatever is lent and stops lending.
   void set_activation_lender(ActivationLender lender);
@@ -539,6 +542,13 @@ class Transformer {
   float* in_buf_ = nullptr;
   LayerActs scratch_{};
   float *rope_cos_ = nullptr, *rope_sin_ = nullptr;                   // [T, hs/2] each
+  ContextSplit cp_;  // the rows' place in the sequence (context parallel)
+  // The rope tables at the rows' positions (cp_).
+  void build_rope_tables();
+  // out[b, t, :] += wpe[position of row t] for B × T rows (whole sequences'
+  // rows at context parallel); dwpe[position] += the rows' gradients.
+  void add_positions(float* out, const float* wpe, int64_t b, int64_t t) const;
+  void position_grads(float* dwpe, const float* dout) const;
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
   float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]
   // bf16_activations: the head's GEMM operands rounded once: the final norm's

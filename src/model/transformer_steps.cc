@@ -115,7 +115,12 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
   ops::matmul_forward(a.qkv, ln1, {P.qkvw, P.qkvw16}, P.qkvb, BT, C, QKV);
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
     ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
-  ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
+  if (cp_.size > 1) {
+    PO_ASSERT(b == B_ && t == T_, "context parallel runs whole micro-batches");
+    pops_->cp_attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
+  } else {
+    ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
+  }
   if (h != nullptr) ops::f32_to_bf16(h->atty, a.atty, BT * AO);  // saved, and the GEMM's operand
   ops::matmul_forward(partial2, {a.atty, h != nullptr ? h->atty : nullptr},
                       {P.attprojw, P.attprojw16}, bias_here ? P.attprojb : nullptr, BT, AO, C);
@@ -214,7 +219,10 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy,
                        {a.atty, h != nullptr ? h->atty : nullptr}, {P.attprojw, P.attprojw16}, BT,
                        AO, C);
-  ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
+  if (cp_.size > 1)
+    pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
+  else
+    ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, ln1.f32, BT * C);
@@ -411,7 +419,8 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   // were not widened and the lookup reads its bits.
   auto lookup = [&](const auto* wte) {
     if (tp_size() == 1)
-      ops::embedding_forward(encoded_, tokens, wte, wpe ? w + wpe->offset : nullptr, b, t, C);
+      ops::embedding_forward(encoded_, tokens, wte,
+                             wpe != nullptr && cp_.size == 1 ? w + wpe->offset : nullptr, b, t, C);
     else
       ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(),
                                    layout_.vocab_real(), rows, C);
@@ -420,11 +429,8 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
     lookup(v.bf16 + table);
   else
     lookup(w + table);
-  if (tp_size() > 1) {
-    reduce_rows(partial, encoded_, rows);
-    if (wpe != nullptr)
-      ops::position_embedding_add(encoded_, w + wpe->offset, chunk_begin(rows), rows / sp_, t, C);
-  }
+  if (tp_size() > 1) reduce_rows(partial, encoded_, rows);
+  if (wpe != nullptr && (tp_size() > 1 || cp_.size > 1)) add_positions(encoded_, w + wpe->offset, b, t);
   unit_done(0);
 }
 
@@ -440,8 +446,37 @@ void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   const TensorSpec* wpe = layout_.position_embedding();
   const bool apart = layout_.tied() && (lookup_target_ != nullptr || !hooks_.grads);
   float* wte = apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
-  ops::embedding_backward_slice(wte, wpe ? g0 + wpe->offset : nullptr, emb_dout_, tokens, B_, T_,
-                                config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
+  ops::embedding_backward_slice(wte, wpe != nullptr && cp_.size == 1 ? g0 + wpe->offset : nullptr,
+                                emb_dout_, tokens, B_, T_, config_.n_embd, layout_.vocab_begin(),
+                                layout_.vocab_real());
+  if (wpe != nullptr && cp_.size > 1) position_grads(g0 + wpe->offset, emb_dout_);
+}
+
+void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t t) const {
+  const int64_t C = config_.n_embd;
+  if (cp_.size == 1) {
+    const int64_t rows = b * t;
+    ops::position_embedding_add(out, wpe, chunk_begin(rows), rows / sp_, t, C);
+    return;
+  }
+  // Each local chunk's rows are consecutive positions.
+  const int64_t n = cp_.local_chunks(), S = t / n;
+  for (int64_t s = 0; s < b; s++)
+    for (int64_t i = 0; i < n; i++)
+      ops::position_embedding_add(out + (s * t + i * S) * C,
+                                  wpe + cp_.chunk(static_cast<int>(i)) * S * C, 0, S, S, C);
+}
+
+void Transformer::position_grads(float* dwpe, const float* dout) const {
+  const int64_t C = config_.n_embd, n = cp_.local_chunks(), S = T_ / n;
+  for (int64_t i = 0; i < n; i++) {
+    float* d = dwpe + cp_.chunk(static_cast<int>(i)) * S * C;
+    for (int64_t s = 0; s < B_; s++) {  // sequences in order, as embedding_backward adds them
+      const float* g = dout + (s * T_ + i * S) * C;
+#pragma omp parallel for schedule(static)
+      for (int64_t x = 0; x < S * C; x++) d[x] += g[x];
+    }
+  }
 }
 
 // The head's tensors inside unit 0's and the head unit's buffers (parameters

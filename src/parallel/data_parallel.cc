@@ -87,7 +87,10 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
     };
     units_ = std::make_unique<UnitBuffers>(model, layout_, group_, nullptr, o);
   }
-  defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2;
+  // (Not at context parallel: the gathered lookup rows would be added at
+  // each row's local place, not at its position in the sequence.)
+  defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2 &&
+                     model.context_split().size == 1;
   // bf16 on one rank: the tied table's lookup part E accumulates apart in
   // f32 over the step (the model does not add it) and is added into the
   // bf16 gradient once, at the step: wte = bf16(H + E), H the head's part as

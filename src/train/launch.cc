@@ -21,6 +21,7 @@
 #include "core/cpus.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/run_state.h"
 
@@ -56,6 +57,9 @@ void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
 
 // "parallel.dp = 2" or "parallel.dp × parallel.tp = 2 × 2 = 4": the keys behind a world size.
 std::string world_keys(const Plan& p) {
+  if (p.cp > 1)
+    return core::str_cat("parallel.dp × parallel.tp × parallel.pp × parallel.cp = ", p.dp, " × ",
+                         p.tp, " × ", p.pp, " × ", p.cp, " = ", p.world());
   if (p.tp == 1 && p.pp == 1) return core::str_cat("parallel.dp = ", p.dp);
   if (p.pp == 1)
     return core::str_cat("parallel.dp × parallel.tp = ", p.dp, " × ", p.tp, " = ", p.world());
@@ -113,9 +117,20 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   const std::string& reduce = cfg.get_string("parallel.reduce_dtype");
   PO_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.reduce_dtype = \"", reduce,
            "\": choose \"fp32\" or \"bf16\"");
-  PO_CHECK(cfg.get_int("parallel.cp") == 1,
-           "parallel.cp > 1 is not built yet (parallel.dp, parallel.tp and parallel.pp are)");
   p.pp = cfg.get_int("parallel.pp");
+  p.cp = cfg.get_int("parallel.cp");
+  (void)parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode"));
+  const std::string balance = cfg.get_string("parallel.cp_balance");
+  PO_CHECK(balance == "zigzag" || balance == "contiguous", "parallel.cp_balance = \"", balance,
+           "\": choose \"zigzag\" or \"contiguous\"");
+  if (p.cp > 1) {
+    const int64_t chunks = balance == "zigzag" ? 2 * p.cp : p.cp;
+    PO_CHECK(p.T % chunks == 0, "parallel.cp = ", p.cp, " with parallel.cp_balance = \"", balance,
+             "\" cuts model.seq_len = ", p.T, " into ", chunks, " equal chunks, which it must divide");
+    PO_CHECK(p.pp == 1, "parallel.cp > 1 with parallel.pp > 1 is not built yet (dp × tp × cp is)");
+    PO_CHECK(!m.sequence_parallel || cfg.get_int("parallel.tp") == 1,
+             "parallel.cp > 1 with parallel.sequence_parallel is not built yet");
+  }
   const int64_t mb = cfg.get_int("parallel.micro_batches");
   PO_CHECK(mb == 1 || mb == p.accum, "parallel.micro_batches = ", mb, " but train.batch_size / ",
            "(parallel.dp × train.micro_batch_size) = ", p.batch, " / (", p.dp, " × ", p.micro,
@@ -172,16 +187,18 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
   rank = world ? world->rank() : 0;
   leader = rank == 0;
   dp_rank = rank;  // at tp = 1
-  if (world && (p.tp > 1 || p.pp > 1)) {
+  if (world && (p.tp > 1 || p.pp > 1 || p.cp > 1)) {
     // Megatron's rank order: tp fastest, so a tensor group is consecutive
     // ranks; pp slowest, so a stage is a block of dp × tp ranks.
     const comm::DeviceMesh mesh(static_cast<int>(n), {.dp = static_cast<int>(p.dp),
                                                       .tp = static_cast<int>(p.tp),
-                                                      .pp = static_cast<int>(p.pp)});
+                                                      .pp = static_cast<int>(p.pp),
+                                                      .cp = static_cast<int>(p.cp)});
     const comm::MeshCoords at = mesh.coords(rank);
     dp_rank = at.dp;
     tp_rank = at.tp;
     pp_rank = at.pp;
+    cp_rank = at.cp;
     meshed = true;
     auto group = [&](comm::Axis axis, const char* name) -> std::unique_ptr<comm::Communicator> {
       auto g = world->split(mesh.group_color(rank, axis), mesh.rank_in_group(rank, axis),
@@ -189,7 +206,8 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
       if (g->size() == 1) return nullptr;
       return g;
     };
-    data = group(comm::Axis::kData, "dp");
+    data = p.cp > 1 ? group(comm::Axis::kDataContext, "dp-cp") : group(comm::Axis::kData, "dp");
+    context = group(comm::Axis::kContext, "cp");
     tensor = group(comm::Axis::kTensor, "tp");
     pipeline = group(comm::Axis::kPipeline, "pp");
   }

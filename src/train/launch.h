@@ -24,7 +24,8 @@ struct Plan {
   int64_t dp = 1;  // data-parallel ranks; accum counts this rank's micro-batches
   int64_t tp = 1;  // tensor-parallel ranks (each dp replica is tp processes)
   int64_t pp = 1;  // pipeline stages (each replica is tp × pp processes); m = accum micro-batches
-  int64_t world() const { return dp * tp * pp; }
+  int64_t cp = 1;  // context-parallel ranks: each holds T / cp of every sequence's positions
+  int64_t world() const { return dp * tp * pp * cp; }
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
@@ -50,11 +51,14 @@ struct Launch {
   }
   comm::Communicator* tp_group() const { return tensor.get(); }
   comm::Communicator* pp_group() const { return pipeline.get(); }
-  std::unique_ptr<comm::Communicator> data, tensor, pipeline;
-  bool meshed = false;  // the world is split into groups (tp or pp > 1)
+  // At cp > 1 the data group is dp × cp (gradients, the loss and ZeRO's
+  // shards span it, as in Megatron-LM) and the context group is cp's.
+  comm::Communicator* cp_group() const { return context.get(); }
+  std::unique_ptr<comm::Communicator> data, tensor, pipeline, context;
+  bool meshed = false;  // the world is split into groups (tp, pp or cp > 1)
   int local_ranks = 1;                              // ranks sharing this node's CPUs
   int rank = 0;
-  int dp_rank = 0, tp_rank = 0, pp_rank = 0;        // this rank's mesh coordinates
+  int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;  // this rank's mesh coordinates
   bool leader = true;  // only rank 0 writes the run directory
 };
 

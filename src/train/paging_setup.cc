@@ -42,7 +42,7 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
                              const model::TransformerConfig& mcfg, const Plan& p,
                              size_t paged_bytes) {
   const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
-                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T, p.tp);
+                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T / p.cp, p.tp);
   // Allocations outside the engine's ledger (token files, ...).
   const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
   const size_t known = dp.memory().total();
@@ -51,7 +51,7 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   // planner reports too.
   const parallel::DataParallelOptions& d = dp.options();
   parallel::WorkingSetOptions wo;
-  wo.ranks = static_cast<int>(p.dp);
+  wo.ranks = static_cast<int>(p.dp * p.cp);  // ZeRO shards over dp × cp
   wo.zero_stage = d.zero_stage;
   wo.prefetch = d.prefetch;
   wo.bf16 = d.param_dtype == tensor::DType::kBF16;

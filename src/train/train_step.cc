@@ -10,6 +10,38 @@
 
 namespace po::train {
 
+void size_batch_buffers(StepContext& c) {
+  c.inputs.resize(static_cast<size_t>(c.p.micro * c.p.T / c.cp.size));
+  c.targets.resize(c.inputs.size());
+  if (c.cp.size > 1) {
+    c.seq_inputs.resize(static_cast<size_t>(c.p.micro * c.p.T));
+    c.seq_targets.resize(c.seq_inputs.size());
+  }
+}
+
+namespace {
+
+// fill(inputs, targets) writes p.micro whole sequences; at cp > 1 this
+// rank's chunks of each (model/parallel_ops.h's ContextSplit) are cut out of
+// them into c.inputs and c.targets: the same tokens as at cp = 1.
+template <class Fill>
+void fill_batch(StepContext& c, Fill fill) {
+  if (c.cp.size == 1) {
+    fill(c.inputs.data(), c.targets.data());
+    return;
+  }
+  fill(c.seq_inputs.data(), c.seq_targets.data());
+  const int64_t T = c.p.T, Tl = T / c.cp.size, n = c.cp.local_chunks(), S = Tl / n;
+  for (int64_t b = 0; b < c.p.micro; b++)
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t from = b * T + c.cp.chunk(static_cast<int>(i)) * S, to = b * Tl + i * S;
+      std::copy_n(c.seq_inputs.begin() + from, S, c.inputs.begin() + to);
+      std::copy_n(c.seq_targets.begin() + from, S, c.targets.begin() + to);
+    }
+}
+
+}  // namespace
+
 StepStats train_step(StepContext& c, int64_t step) {
   const Plan& p = c.p;
   core::Timer step_timer;
@@ -27,7 +59,7 @@ StepStats train_step(StepContext& c, int64_t step) {
   for (int64_t micro = 0; micro < p.accum; ++micro) {
     // This rank's slice of the step's global batch: layout-independent data.
     const int64_t first = (c.rank * p.accum + micro) * p.micro;
-    c.sampler.fill(step, first, p.micro, c.inputs.data(), c.targets.data());
+    fill_batch(c, [&](int32_t* in, int32_t* tg) { c.sampler.fill(step, first, p.micro, in, tg); });
     // Gradients are final after the last micro-batch: reduce them as they come.
     const bool last_micro = micro == p.accum - 1;
     c.dp.start_micro_batch(last_micro);
@@ -45,12 +77,13 @@ StepStats train_step(StepContext& c, int64_t step) {
   }
   s.comm_wait_s = c.dp.comm_wait_seconds();
   if (c.paging) s.paging = c.dp.paged_state()->take_stats();
-  if (c.data) {  // tensor-parallel ranks hold the same loss: summed over dp only
+  if (c.data) {  // tensor-parallel ranks hold the same loss: summed over dp (× cp) only
     float l = static_cast<float>(loss);
     c.data->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
     loss = l;
   }
-  s.loss = loss / static_cast<double>(p.accum * p.dp);
+  // Context-parallel ranks each hold the mean over their own (equally many) tokens.
+  s.loss = loss / static_cast<double>(p.accum * p.dp * p.cp);
   s.seconds = step_timer.seconds();
   return s;
 }
@@ -105,8 +138,13 @@ double evaluate(StepContext& c, const data::TokenFile& val) {
   const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
   PO_ASSERT(batches >= 1, "validation file shrank after start-up: ", val.path());
   for (int64_t b = 0; b < batches; ++b) {
-    windows.fill(b * p.micro, p.micro, c.inputs.data(), c.targets.data());
+    fill_batch(c, [&](int32_t* in, int32_t* tg) { windows.fill(b * p.micro, p.micro, in, tg); });
     sum += c.model.evaluate(c.inputs.data(), c.targets.data());
+  }
+  if (c.context != nullptr) {  // each rank's mean is over its own share of the tokens
+    float l = static_cast<float>(sum);
+    c.context->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);
+    sum = static_cast<double>(l) / c.context->size();
   }
   return sum / static_cast<double>(batches);
 }

@@ -16,6 +16,7 @@
 #include "memory/pager.h"
 #include "model/transformer.h"
 #include "optim/schedule.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/launch.h"
@@ -38,8 +39,17 @@ struct StepContext {
   parallel::TensorParallelOps* tp = nullptr;  // the tensor group's collectives (null at tp = 1)
   bool paging = false;         // Adam state in pages (train/paging_setup.h)
   double peak_gflops = 0;      // this rank's measured (or configured) GEMM peak at the run's precision
-  std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T), sized by the loop
+  std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T / p.cp), sized by the loop
+  // Context parallel: this rank's share of each sequence, the context group
+  // and its ops (null at parallel.cp = 1), whole sequences before the cut.
+  model::ContextSplit cp{};
+  comm::Communicator* context = nullptr;
+  parallel::ContextParallelOps* cpo = nullptr;
+  std::vector<int32_t> seq_inputs{}, seq_targets{};
 };
+
+// Sizes inputs and targets (and the whole sequences' buffers at cp > 1).
+void size_batch_buffers(StepContext& c);
 
 // Tokens in one step's global batch, all ranks.
 inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batch * p.T); }

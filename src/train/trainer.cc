@@ -286,8 +286,7 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
   std::optional<MetricsWriter> metrics;
   if (l.leader) metrics.emplace((fs::path(l.run_dir) / "metrics.jsonl").string());
   Progress progress;
-  c.inputs.resize(static_cast<size_t>(p.micro * p.T));
-  c.targets.resize(c.inputs.size());
+  size_batch_buffers(c);
   TrainResult result;
   result.run_dir = l.run_dir;
   result.leader = l.leader;
@@ -312,7 +311,7 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
                                     state.step == p.steps);
     // ZeRO-3 gathers parameters from every rank, and tensor parallel's
     // layers need every rank of the group: then all ranks evaluate.
-    const bool all_evaluate = l.zero_stage == 3 || p.tp > 1;
+    const bool all_evaluate = l.zero_stage == 3 || p.tp > 1 || p.cp > 1;
     const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
     const int stop = state.step < p.steps ? StopRequests::agreed(c.world) : 0;
@@ -407,16 +406,31 @@ TrainResult train(const core::Config& cfg) {
   PO_CHECK(cfg.get_string("train.trace").empty(), "train.trace (--trace) draws a pipeline's ",
            "step: it needs parallel.pp > 1");
   // At parallel.tp > 1 the model is this rank's shard of every layer.
-  model::Transformer model(mcfg, p.micro, p.T, {},
+  // At parallel.cp > 1 it holds T / cp rows of each sequence (ContextSplit).
+  const int64_t T_local = p.T / p.cp;
+  model::Transformer model(mcfg, p.micro, T_local, {},
                            {static_cast<int>(p.tp), launch.tp_rank});
   std::optional<parallel::TensorParallelOps> tp_ops;
   if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
+  std::optional<parallel::ContextParallelOps> cp_ops;
+  if (launch.cp_group() != nullptr) {
+    model::ParallelOps& inner = tp_ops ? static_cast<model::ParallelOps&>(*tp_ops)
+                                       : model::NullParallelOps::instance();
+    model.set_parallel_ops(cp_ops.emplace(*launch.cp_group(),
+                                          parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                                          cfg.get_string("parallel.cp_balance") == "zigzag", inner));
+  }
   model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
   const parallel::DataParallelOptions dpo = dp_options(cfg);
   parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.dp_rank};
   c.data = launch.dp_group();
   c.tp = tp_ops ? &*tp_ops : nullptr;
+  if (cp_ops) {
+    c.cp = cp_ops->cp_split();
+    c.context = launch.cp_group();
+    c.cpo = &*cp_ops;
+  }
   c.paging = setup_paging(cfg, dp, mcfg, p, launch.rank);
   dp.set_tensor_group(launch.tp_group());
   TrainState state = start_state(cfg, c, (fs::path(run_dir) / "checkpoints").string(), resume,
@@ -432,11 +446,13 @@ TrainResult train(const core::Config& cfg) {
     // Tensor parallel: tp rank 0 of each data group writes the whole model's
     // slices over the data group (tp_checkpoint.h); every rank agrees.
     std::optional<parallel::ShardLayout> file;
+    // The data group is dp × cp ranks at context parallel.
+    const int data_ranks = static_cast<int>(p.dp * p.cp);
     if (p.tp == 1)
       file.emplace(dp.layout());
     else if (launch.tp_rank == 0)
-      file.emplace(mcfg.unit_numels(), static_cast<int>(p.dp), launch.dp_rank);
-    l.async = &async.emplace(c.world, file ? &*file : nullptr, static_cast<int>(p.dp),
+      file.emplace(mcfg.unit_numels(), data_ranks, launch.dp_group() ? launch.dp_group()->rank() : 0);
+    l.async = &async.emplace(c.world, file ? &*file : nullptr, data_ranks,
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
                                                                 checkpoint::kAllStateKinds.end()),
                              c.paging && p.tp == 1);
@@ -462,11 +478,15 @@ TrainResult train(const core::Config& cfg) {
   // stage and precision) + activations. Working buffers (gathers,
   // accumulators, buckets) are not predicted here; the planner does that.
   l.predicted = dp.predicted_model_state_bytes() +
-                model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T, p.tp);
+                model::Transformer::predicted_activation_bytes(mcfg, p.micro, T_local, p.tp);
   PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
               mcfg.vocab_size, " seq ", p.T, ": ", mcfg.num_params(), " parameters",
               p.tp > 1 ? core::str_cat(" (", model.num_params(), " per tensor-parallel rank of ",
                                        p.tp, ")")
+                       : std::string(),
+              p.cp > 1 ? core::str_cat("; context parallel: ", T_local, " positions per rank of ",
+                                       p.cp, " (", cfg.get_string("parallel.cp_balance"), ", ",
+                                       cfg.get_string("parallel.cp_mode"), ")")
                        : std::string(),
               "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
               ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
@@ -475,7 +495,7 @@ TrainResult train(const core::Config& cfg) {
               ": mfu's denominator)");
   if (l.leader && p.tp > 1)
     PO_LOG_INFO("activations saved per layer: ",
-                model::Transformer::predicted_layer_bytes(mcfg, p.micro, p.T, p.tp),
+                model::Transformer::predicted_layer_bytes(mcfg, p.micro, T_local, p.tp),
                 " bytes per rank (parallel.tp = ", p.tp, ", sequence parallel ",
                 model.sequence_shards() > 1 ? "on" : "off", ")");
   {

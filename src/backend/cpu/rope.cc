@@ -33,14 +33,15 @@ void rope_inv_freq(double* inv_freq, int64_t hs, const RopeScaling& rs) {
   }
 }
 
-void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeScaling& rs) {
+void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeScaling& rs,
+                int64_t pos0) {
   const int64_t half = hs / 2;
   double inv_freq[1024];
   PO_CHECK(half <= 1024, "RoPE head size ", hs, " above 2048");
   rope_inv_freq(inv_freq, hs, rs);
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < half; i++) {
-      const double a = static_cast<double>(t) * inv_freq[i];
+      const double a = static_cast<double>(pos0 + t) * inv_freq[i];
       cos_t[t * half + i] = static_cast<float>(std::cos(a));
       sin_t[t * half + i] = static_cast<float>(std::sin(a));
     }

@@ -1,0 +1,203 @@
+#include "parallel/context_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace po::parallel {
+namespace ops = backend::cpu;
+using tensor::DType;
+
+CpMode parse_cp_mode(const std::string& mode) {
+  if (mode == "ring") return CpMode::kRing;
+  if (mode == "allgather") return CpMode::kAllGather;
+  PO_THROW(core::InvalidArgument, "parallel.cp_mode = \"", mode,
+           "\": choose \"ring\" or \"allgather\"");
+}
+
+ContextParallelOps::ContextParallelOps(comm::Communicator& group, CpMode mode, bool zigzag,
+                                       model::ParallelOps& inner)
+    : group_(group), mode_(mode), split_{group.size(), group.rank(), zigzag}, inner_(inner) {}
+
+void ContextParallelOps::pack_kv(float* kv, const float* qkv, const Shape& s) const {
+  const int64_t KV = s.kv(), QKV = s.qkv(), rows = s.B * s.T, q = s.NH * s.hs;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; r++) std::memcpy(kv + r * KV, qkv + r * QKV + q, KV * sizeof(float));
+}
+
+void ContextParallelOps::forward_blocks(float* out, float* lse, const float* qkv, const float* kv,
+                                        int owner, const Shape& s) {
+  const model::ContextSplit theirs{split_.size, owner, split_.zigzag};
+  const int64_t n = split_.local_chunks(), S = s.T / n, QKV = s.qkv(), KV = s.kv(),
+                C = s.NH * s.hs, kcol = s.NKV * s.hs;
+  for (int64_t a = 0; a < n; a++)
+    for (int64_t i = 0; i < n; i++) {
+      const int qa = split_.chunk(static_cast<int>(a)), kb = theirs.chunk(static_cast<int>(i));
+      if (kb > qa) continue;  // every key of the chunk follows every query
+      ops::attention_block_forward(
+          {out + a * S * C, C, s.T * C}, lse + a * S, s.T, {qkv + a * S * QKV, QKV, s.T * QKV},
+          {kv + i * S * KV, KV, s.T * KV}, {kv + i * S * KV + kcol, KV, s.T * KV}, s.B, S, S,
+          s.NH, s.NKV, s.hs, kb == qa);
+    }
+}
+
+void ContextParallelOps::backward_blocks(float* dqkv, float* dkv, const float* dout,
+                                         const float* qkv, const float* out, const float* lse,
+                                         const float* kv, int owner, const Shape& s) {
+  const model::ContextSplit theirs{split_.size, owner, split_.zigzag};
+  const int64_t n = split_.local_chunks(), S = s.T / n, QKV = s.qkv(), KV = s.kv(),
+                C = s.NH * s.hs, kcol = s.NKV * s.hs;
+  for (int64_t a = 0; a < n; a++)
+    for (int64_t i = 0; i < n; i++) {
+      const int qa = split_.chunk(static_cast<int>(a)), kb = theirs.chunk(static_cast<int>(i));
+      if (kb > qa) continue;
+      ops::attention_block_backward(
+          {dqkv + a * S * QKV, QKV, s.T * QKV}, {dkv + i * S * KV, KV, s.T * KV},
+          {dkv + i * S * KV + kcol, KV, s.T * KV}, {dout + a * S * C, C, s.T * C},
+          {out + a * S * C, C, s.T * C}, lse + a * S, s.T, {qkv + a * S * QKV, QKV, s.T * QKV},
+          {kv + i * S * KV, KV, s.T * KV}, {kv + i * S * KV + kcol, KV, s.T * KV}, s.B, S, S,
+          s.NH, s.NKV, s.hs, kb == qa);
+    }
+}
+
+void ContextParallelOps::wait(comm::Work& w) {
+  core::Timer t;
+  w.wait();
+  wait_s_ += t.seconds();
+}
+
+void ContextParallelOps::cp_attention_forward(float* out, float* lse, const float* qkv,
+                                              int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                              int64_t hs) {
+  const Shape s{B, T, NH, NKV, hs};
+  const int c = split_.size, r = split_.rank;
+  const size_t n = static_cast<size_t>(B * T * s.kv());
+  std::fill(out, out + B * T * NH * hs, 0.0f);
+  std::fill(lse, lse + B * NH * T, -INFINITY);
+  if (mode_ == CpMode::kAllGather) {
+    mine_.resize(n);
+    gathered_.resize(n * static_cast<size_t>(c));
+    pack_kv(mine_.data(), qkv, s);
+    comm::Work w = group_.iall_gather(mine_.data(), gathered_.data(), n, DType::kF32);
+    wait(w);
+    core::Timer t;
+    for (int owner = 0; owner < c; owner++)  // ascending ranks: a fixed order
+      forward_blocks(out, lse, qkv, gathered_.data() + owner * n, owner, s);
+    attention_s_ += t.seconds();
+    return;
+  }
+  kv_[0].resize(n);
+  kv_[1].resize(n);
+  pack_kv(kv_[0].data(), qkv, s);
+  const int next = (r + 1) % c, prev = (r + c - 1) % c;
+  for (int step = 0; step < c; step++) {
+    float* cur = kv_[step % 2].data();
+    comm::Work send, recv;
+    if (step + 1 < c) {  // the next block travels while this one is computed
+      recv = group_.irecv(kv_[(step + 1) % 2].data(), n, DType::kF32, prev, step);
+      send = group_.isend(cur, n, DType::kF32, next, step);
+    }
+    core::Timer t;
+    forward_blocks(out, lse, qkv, cur, (r + c - step) % c, s);
+    attention_s_ += t.seconds();
+    wait(recv);
+    wait(send);
+  }
+}
+
+void ContextParallelOps::cp_attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                               const float* out, const float* lse, int64_t B,
+                                               int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  const Shape s{B, T, NH, NKV, hs};
+  const int c = split_.size, r = split_.rank;
+  const size_t n = static_cast<size_t>(B * T * s.kv());
+  const int64_t QKV = s.qkv(), KV = s.kv(), q = NH * hs, rows = B * T;
+  std::fill(dqkv, dqkv + rows * QKV, 0.0f);
+  float* home = nullptr;  // this rank's summed key/value gradients [B, T, KV]
+  if (mode_ == CpMode::kAllGather) {
+    mine_.resize(n);
+    gathered_.resize(n * static_cast<size_t>(c));
+    dgathered_.assign(n * static_cast<size_t>(c), 0.0f);
+    pack_kv(mine_.data(), qkv, s);
+    comm::Work w = group_.iall_gather(mine_.data(), gathered_.data(), n, DType::kF32);
+    wait(w);
+    core::Timer t;
+    for (int owner = 0; owner < c; owner++)
+      backward_blocks(dqkv, dgathered_.data() + owner * n, dout, qkv, out, lse,
+                      gathered_.data() + owner * n, owner, s);
+    attention_s_ += t.seconds();
+    comm::Work rs = group_.ireduce_scatter(dgathered_.data(), mine_.data(), n, DType::kF32,
+                                           comm::ReduceOp::kSum);
+    wait(rs);
+    home = mine_.data();
+  } else {
+    kv_[0].resize(n);
+    kv_[1].resize(n);
+    acc_[0].resize(n);
+    acc_[1].resize(n);
+    mine_.resize(n);
+    pack_kv(kv_[0].data(), qkv, s);
+    const int next = (r + 1) % c, prev = (r + c - 1) % c;
+    comm::Work acc_send;
+    // Tags: 2·step for the keys and values of step's block, 2·step + 1 for
+    // the gradient accumulator of the block held at step (sent after it).
+    for (int step = 0; step < c; step++) {
+      float* cur = kv_[step % 2].data();
+      comm::Work send, recv, acc_recv;
+      if (step + 1 < c) {
+        recv = group_.irecv(kv_[(step + 1) % 2].data(), n, DType::kF32, prev, 2 * step);
+        send = group_.isend(cur, n, DType::kF32, next, 2 * step);
+      }
+      // The accumulator of this step's block, from the rank that held it last
+      // step, lands in acc_[step % 2] (the other one may still be sending).
+      float* acc = acc_[step % 2].data();
+      if (step > 0) acc_recv = group_.irecv(acc, n, DType::kF32, prev, 2 * step - 1);
+      std::fill(mine_.begin(), mine_.end(), 0.0f);
+      core::Timer t;
+      backward_blocks(dqkv, mine_.data(), dout, qkv, out, lse, cur, (r + c - step) % c, s);
+      attention_s_ += t.seconds();
+      if (step > 0) {
+        wait(acc_recv);
+        for (size_t x = 0; x < n; x++) acc[x] += mine_[x];
+      } else {
+        std::copy(mine_.begin(), mine_.end(), acc);
+      }
+      wait(acc_send);  // the previous accumulator's buffer is free again
+      acc_send = group_.isend(acc, n, DType::kF32, next, 2 * step + 1);
+      wait(recv);
+      wait(send);
+    }
+    // After the last hop the accumulator of this rank's own block comes home.
+    comm::Work last = group_.irecv(mine_.data(), n, DType::kF32, prev, 2 * c - 1);
+    wait(last);
+    wait(acc_send);
+    home = mine_.data();
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t x = 0; x < rows; x++)
+    std::memcpy(dqkv + x * QKV + q, home + x * KV, KV * sizeof(float));
+}
+
+double ContextParallelOps::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+double ContextParallelOps::take_attention_seconds() {
+  const double s = attention_s_;
+  attention_s_ = 0;
+  return s;
+}
+
+size_t ContextParallelOps::buffer_bytes() const {
+  size_t n = mine_.capacity() + gathered_.capacity() + dgathered_.capacity();
+  for (int i = 0; i < 2; i++) n += kv_[i].capacity() + acc_[i].capacity();
+  return n * sizeof(float);
+}
+
+}  // namespace po::parallel
