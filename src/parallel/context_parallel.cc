@@ -200,4 +200,12 @@ size_t ContextParallelOps::buffer_bytes() const {
   return n * sizeof(float);
 }
 
+size_t ContextParallelOps::predicted_buffer_bytes(CpMode mode, int cp, int64_t B,
+                                                 int64_t T_local, int64_t kv_width) {
+  const auto n = static_cast<size_t>(B * T_local * 2 * kv_width);  // one rank's keys and values
+  // ring: two key/value buffers, two accumulators and this rank's share;
+  // allgather: this rank's, every rank's, and every rank's gradients.
+  return (mode == CpMode::kRing ? 5 * n : (1 + 2 * static_cast<size_t>(cp)) * n) * sizeof(float);
+}
+
 }  // namespace po::parallel

@@ -75,9 +75,13 @@ class ContextParallelOps final : public model::ParallelOps {
   // the attention did not hide), and seconds in the attention blocks.
   double take_wait_seconds();
   double take_attention_seconds();
-  // Bytes of the ring's (or the gather's) buffers: outside the model's
-  // activation accounting, freed with this object.
+  // Bytes of the ring's (or the gather's) buffers once the attention has
+  // run (outside the model's activation accounting, freed with this
+  // object), and that figure predicted for a micro-batch of B sequences of
+  // T_local rows per rank and kv_width = NKV·hs.
   size_t buffer_bytes() const;
+  static size_t predicted_buffer_bytes(CpMode mode, int cp, int64_t B, int64_t T_local,
+                                       int64_t kv_width);
   comm::Communicator& group() { return group_; }
 
  private:

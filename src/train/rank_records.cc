@@ -69,7 +69,9 @@ RankRecord own_record(parallel::DataParallel& dp, const memory::PagerStats& pagi
   return {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets, m.activations, m.pages,
            m.host, m.total(), tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
           dp.backward_end_ns(),
-          paging_row(dp, paging)};
+          paging_row(dp, paging),
+          0,
+          0};
 }
 
 std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine) {
@@ -85,8 +87,12 @@ std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine
 }  // namespace
 
 std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
-                                       const memory::PagerStats& paging) {
-  return gather(world, own_record(dp, paging, false));
+                                       const memory::PagerStats& paging, double cp_attention_ms,
+                                       double cp_wait_ms) {
+  RankRecord mine = own_record(dp, paging, false);
+  mine.cp_attention_ms = cp_attention_ms;
+  mine.cp_wait_ms = cp_wait_ms;
+  return gather(world, mine);
 }
 
 std::vector<RankRecord> gather_setup_records(comm::Communicator* world,

@@ -41,12 +41,16 @@ struct RankRecord {
   MemoryRow memory;
   int64_t backward_end_ns;
   PagingRow paging;
+  // Context parallel: the step's milliseconds in attention blocks and
+  // blocked on the ring (or the gather) that the blocks did not hide.
+  double cp_attention_ms = 0, cp_wait_ms = 0;
 };
 static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
 
 // One row per rank (a collective over `world`; null: this process's only).
 std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
-                                       const memory::PagerStats& paging = {});
+                                       const memory::PagerStats& paging = {},
+                                       double cp_attention_ms = 0, double cp_wait_ms = 0);
 
 // The start-up table's rows: as gather_records, but gradients not yet
 // allocated (they are at first use) count as what the steps will hold

@@ -50,6 +50,10 @@ StepStats train_step(StepContext& c, int64_t step) {
   const comm::Traffic traffic_before = dpc ? dpc->traffic() : comm::Traffic{};
   const comm::Traffic tp_before = c.tp ? c.tp->group().traffic() : comm::Traffic{};
   if (c.tp) (void)c.tp->take_seconds();  // (an evaluation's are not the step's)
+  if (c.cpo) {
+    (void)c.cpo->take_attention_seconds();
+    (void)c.cpo->take_wait_seconds();
+  }
   c.model.zero_grads();
   StepStats s;
   s.lr = c.sched.at(step);
@@ -74,6 +78,10 @@ StepStats train_step(StepContext& c, int64_t step) {
   if (c.tp) {
     s.tp_traffic = c.tp->group().traffic().since(tp_before);
     s.tp_seconds = c.tp->take_seconds();
+  }
+  if (c.cpo) {
+    s.cp_attention_s = c.cpo->take_attention_seconds();
+    s.cp_wait_s = c.cpo->take_wait_seconds();
   }
   s.comm_wait_s = c.dp.comm_wait_seconds();
   if (c.paging) s.paging = c.dp.paged_state()->take_stats();
@@ -111,7 +119,7 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
   // Each rank measured the peak of its own share of the cores.
   const double mfu =
       tps * c.mcfg.flops_per_token(c.p.T) / (c.peak_gflops * 1e9 * static_cast<double>(c.p.world()));
-  return {{"step", state.step},
+  nlohmann::json m = {{"step", state.step},
           {"loss", s.loss},
           {"lr", s.lr},
           {"grad_norm", s.grad_norm},
@@ -128,6 +136,16 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
           {"tp_comm", traffic_json(s.tp_traffic)},
           {"tp_comm_ms", s.tp_seconds * 1000},
           {"memory_per_rank", memory_json(records)}};
+  if (c.cpo) {  // per rank: the balance of the attention, and what the ring left exposed
+    nlohmann::json att = nlohmann::json::array(), wait = nlohmann::json::array();
+    for (const RankRecord& r : records) {
+      att.push_back(r.cp_attention_ms);
+      wait.push_back(r.cp_wait_ms);
+    }
+    m["cp_attention_ms"] = att;
+    m["cp_exposed_ms"] = wait;
+  }
+  return m;
 }
 
 double evaluate(StepContext& c, const data::TokenFile& val) {

@@ -304,7 +304,8 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
       ++timed_steps;
     }
     result.last_loss = s.loss;
-    const auto records = gather_records(c.world, c.dp, s.paging);
+    const auto records =
+        gather_records(c.world, c.dp, s.paging, s.cp_attention_s * 1e3, s.cp_wait_s * 1e3);
     const CommSplit split = comm_split(c, records, s.comm_wait_s);
     // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
     const bool eval_now = l.val && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
@@ -493,6 +494,15 @@ TrainResult train(const core::Config& cfg) {
               static_cast<int>(c.peak_gflops), " GFLOP/s",
               cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
               ": mfu's denominator)");
+  if (l.leader && cp_ops) {
+    const model::TransformerConfig& local = model.local_config();
+    PO_LOG_INFO("context parallel: ", T_local, " of ", p.T, " positions per rank; the ",
+                cfg.get_string("parallel.cp_mode"), "'s buffers ",
+                parallel::ContextParallelOps::predicted_buffer_bytes(
+                    parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                    static_cast<int>(p.cp), p.micro, T_local, local.n_kv_head * local.head_dim()),
+                " bytes per rank (besides the table)");
+  }
   if (l.leader && p.tp > 1)
     PO_LOG_INFO("activations saved per layer: ",
                 model::Transformer::predicted_layer_bytes(mcfg, p.micro, T_local, p.tp),
