@@ -90,6 +90,24 @@ TEST_F(ContextParallelRuns, DataTimesContextTimesTensorOnEightRanks) {
                   "dp 2 × cp 2 × tp 2, ZeRO 1 vs dp 1");
 }
 
+// The data group spans dp × cp: ZeRO 3 shards over it; bf16 with activation
+// checkpointing (the recomputed forward runs the ring again) stays within
+// bf16's 1e-3 of its cp = 1 curve.
+TEST_F(ContextParallelRuns, ComposesWithZeroThreeBf16AndCheckpointing) {
+  const std::string ref = train("ref", 1, 1, 1, kLlamaGqa);
+  expect_same_run(ref, train("cp2_z3", 1, 2, 1, kLlamaGqa + " --set parallel.zero_stage=3"),
+                  "cp 2, ZeRO 3 vs cp 1");
+  expect_same_run(ref, train("dp2cp2_z1", 2, 2, 1, kLlamaGqa + " --set parallel.zero_stage=1"),
+                  "dp 2 × cp 2, ZeRO 1 vs cp 1");
+  const std::string bf = kLlamaGqa + " --set train.precision=bf16 --set model.activation_checkpointing=true";
+  const std::string bref = train("bf16_ref", 1, 1, 1, bf);
+  const std::string b2 = train("bf16_cp2", 1, 2, 1, bf);
+  const auto a = losses(bref, 20), b = losses(b2, 20);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], 1e-3 * a[i]) << "bf16 + checkpointing, cp 2 vs cp 1: loss at step " << i + 1;
+}
+
 TEST_F(ContextParallelRuns, LayoutsThatDoNotDivideAreErrorsNamingTheKeys) {
   // seq_len 32 into 2·3 zigzag chunks does not divide.
   const auto r = run("bad", 1, 3, 1, kGpt2);
