@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "../test_util.h"
 
@@ -90,7 +91,8 @@ TEST_F(ContextParallelRuns, DataTimesContextTimesTensorOnEightRanks) {
                   "dp 2 × cp 2 × tp 2, ZeRO 1 vs dp 1");
 }
 
-// The data group spans dp × cp: ZeRO 3 shards over it; bf16 with activation
+// The data group spans dp × cp: ZeRO 3 shards over it, and paged state
+// pages each rank's shard (bit for bit the in-memory run); bf16 with activation
 // checkpointing (the recomputed forward runs the ring again) stays within
 // bf16's 1e-3 of its cp = 1 curve.
 TEST_F(ContextParallelRuns, ComposesWithZeroThreeBf16AndCheckpointing) {
@@ -99,6 +101,19 @@ TEST_F(ContextParallelRuns, ComposesWithZeroThreeBf16AndCheckpointing) {
                   "cp 2, ZeRO 3 vs cp 1");
   expect_same_run(ref, train("dp2cp2_z1", 2, 2, 1, kLlamaGqa + " --set parallel.zero_stage=1"),
                   "dp 2 × cp 2, ZeRO 1 vs cp 1");
+  // Adam's state paged to NVMe through a small host tier: the in-memory cp 2
+  // run's bits.
+  const std::string paged = train("cp2_z1_paged", 2, 2, 1,
+                                  kLlamaGqa + " --set parallel.zero_stage=1 --set memory.nvme_dir=" +
+                                      (dir_ / "swap") +
+                                      " --set memory.page_size=4096 --set memory.host_budget=4096");
+  const std::string inmem = dir_ / "dp2cp2_z1";
+  for (const char* key : {"loss", "grad_norm"}) {
+    const auto a = metric(inmem, key, 20), b = metric(paged, key, 20);
+    ASSERT_EQ(a.size(), b.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i], b[i]) << "dp 2 × cp 2 paged vs in memory: " << key << " at step " << i + 1;
+  }
   const std::string bf = kLlamaGqa + " --set train.precision=bf16 --set model.activation_checkpointing=true";
   const std::string bref = train("bf16_ref", 1, 1, 1, bf);
   const std::string b2 = train("bf16_cp2", 1, 2, 1, bf);
@@ -106,6 +121,38 @@ TEST_F(ContextParallelRuns, ComposesWithZeroThreeBf16AndCheckpointing) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(b[i], a[i], 1e-3 * a[i]) << "bf16 + checkpointing, cp 2 vs cp 1: loss at step " << i + 1;
+}
+
+// A rank's state is its data group's shard (dp × cp ranks), so checkpoints do
+// not depend on cp: a dp 2 × cp 2 checkpoint (ZeRO 1: four shards) resumes at
+// cp 1 × dp 1, at dp 4 and at cp 4 with the uninterrupted curve, a cp 1 one
+// resumes at cp 2, and resuming the cp 2 run at its own layout gives its
+// own losses bit for bit.
+TEST_F(ContextParallelRuns, CheckpointsDoNotDependOnCp) {
+  const std::string ck = " --set train.checkpoint_interval=9 --set parallel.zero_stage=1";
+  const std::string ref = train("ref", 1, 1, 1, kGpt2 + ck);
+  const auto base = losses(ref, 20);
+  const std::string src = train("src", 2, 2, 1, kGpt2 + ck);
+  expect_same_curve(base, losses(src, 20), "dp 2 × cp 2 source run");
+  struct To {
+    int dp, cp;
+    std::string from;
+  };
+  for (const To& to : {To{1, 1, src}, To{4, 1, src}, To{1, 4, src}, To{1, 2, ref}, To{2, 2, src}}) {
+    const std::string name = "dp" + std::to_string(to.dp) + "_cp" + std::to_string(to.cp) +
+                             (to.from == ref ? "_from_cp1" : "");
+    const std::string run = copy_checkpoint(to.from, 9, name);
+    train(name, to.dp, to.cp, 1, kGpt2 + ck + " --resume");
+    const std::string what = std::string(to.from == ref ? "cp 1" : "dp 2 × cp 2") +
+                             " checkpoint resumed at " + name;
+    expect_same_curve(std::vector<double>(base.begin() + 9, base.end()), losses(run, 11), what);
+    if (to.dp == 2 && to.cp == 2) {  // its own layout: its own bits
+      const auto a = losses(src, 20), b = losses(run, 11);
+      ASSERT_EQ(b.size(), 11u) << what;
+      for (size_t i = 0; i < b.size(); ++i)
+        EXPECT_EQ(b[i], a[9 + i]) << what << ": loss at step " << 10 + i;
+    }
+  }
 }
 
 TEST_F(ContextParallelRuns, LayoutsThatDoNotDivideAreErrorsNamingTheKeys) {
