@@ -130,7 +130,6 @@ void Transformer::set_parallel_ops(ParallelOps& ops) {
   PO_CHECK(T_ % cp.local_chunks() == 0 && T_ * cp.size <= global_config_.seq_len, "context parallel: ",
            cp.size, " ranks hold ", T_, " rows each of a sequence of model.seq_len = ",
            global_config_.seq_len, ", which must split into ", cp.total_chunks(), " equal chunks");
-  PO_CHECK(cp.size == 1 || sp_ == 1, "parallel.cp > 1 with parallel.sequence_parallel is not built");
   cp_ = cp;
   build_rope_tables();
 }

@@ -459,6 +459,16 @@ void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t
     ops::position_embedding_add(out, wpe, chunk_begin(rows), rows / sp_, t, C);
     return;
   }
+  if (sp_ > 1) {  // this rank's rows of the micro-batch, each at its position
+    const int64_t rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      const float* w = wpe + cp_.position((row0 + i) % t, t) * C;
+      float* o = out + i * C;
+      for (int64_t c = 0; c < C; c++) o[c] += w[c];
+    }
+    return;
+  }
   // Each local chunk's rows are consecutive positions.
   const int64_t n = cp_.local_chunks(), S = t / n;
   for (int64_t s = 0; s < b; s++)

@@ -128,8 +128,6 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
     PO_CHECK(p.T % chunks == 0, "parallel.cp = ", p.cp, " with parallel.cp_balance = \"", balance,
              "\" cuts model.seq_len = ", p.T, " into ", chunks, " equal chunks, which it must divide");
     PO_CHECK(p.pp == 1, "parallel.cp > 1 with parallel.pp > 1 is not built yet (dp × tp × cp is)");
-    PO_CHECK(!m.sequence_parallel || cfg.get_int("parallel.tp") == 1,
-             "parallel.cp > 1 with parallel.sequence_parallel is not built yet");
   }
   const int64_t mb = cfg.get_int("parallel.micro_batches");
   PO_CHECK(mb == 1 || mb == p.accum, "parallel.micro_batches = ", mb, " but train.batch_size / ",

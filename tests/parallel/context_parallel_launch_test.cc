@@ -3,10 +3,11 @@
 // relative 1e-5 over 20 steps) for GPT-2 (learned positions) and for Llama
 // with grouped-query attention (RoPE), in both modes (ring, allgather) and
 // both balances (zigzag, contiguous); dp 2 × cp 2 × tp 2 on 8 ranks with
-// ZeRO 1 gives it too. A block's attention is normalised and merged by its
-// log-sum-exp and the key/value gradients are summed over the ring, so the
-// bits differ from cp = 1's one online softmax and the tolerance bounds it.
-// Layouts that do not divide are one-line errors naming the keys.
+// ZeRO 1 gives it too, and cp 2 × tp 2 with sequence parallel. A block's
+// attention is normalised and merged by its log-sum-exp and the key/value
+// gradients are summed over the ring, so the bits differ from cp = 1's one
+// online softmax and the tolerance bounds it. Checkpoints do not depend on
+// cp. Layouts that do not divide are one-line errors naming the keys.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -89,6 +90,17 @@ TEST_F(ContextParallelRuns, DataTimesContextTimesTensorOnEightRanks) {
   expect_same_run(ref,
                   train("dp2cp2tp2_z1", 2, 2, 2, kLlamaGqa + " --set parallel.zero_stage=1"),
                   "dp 2 × cp 2 × tp 2, ZeRO 1 vs dp 1");
+}
+
+// Sequence parallel splits each context rank's rows over the tensor group:
+// positions are looked up per row (GPT-2's learned table), RoPE per chunk.
+TEST_F(ContextParallelRuns, SequenceParallelWithinEachContextRank) {
+  const std::string sp = " --set parallel.sequence_parallel=true";
+  const std::string ref = train("gpt2_ref", 1, 1, 1, kGpt2);
+  expect_same_run(ref, train("gpt2_cp2tp2_sp", 1, 2, 2, kGpt2 + sp), "gpt2 cp 2 × tp 2 + SP vs cp 1");
+  const std::string lref = train("llama_ref", 1, 1, 1, kLlamaGqa);
+  expect_same_run(lref, train("llama_cp2tp2_sp", 1, 2, 2, kLlamaGqa + sp),
+                  "llama GQA cp 2 × tp 2 + SP vs cp 1");
 }
 
 // The data group spans dp × cp: ZeRO 3 shards over it, and paged state
