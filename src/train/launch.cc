@@ -127,7 +127,8 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
     const int64_t chunks = balance == "zigzag" ? 2 * p.cp : p.cp;
     PO_CHECK(p.T % chunks == 0, "parallel.cp = ", p.cp, " with parallel.cp_balance = \"", balance,
              "\" cuts model.seq_len = ", p.T, " into ", chunks, " equal chunks, which it must divide");
-    PO_CHECK(p.pp == 1, "parallel.cp > 1 with parallel.pp > 1 is not built yet (dp × tp × cp is)");
+    PO_CHECK(p.pp == 1 || !cfg.get_bool("parallel.vocab_parallel"),
+             "parallel.vocab_parallel with parallel.cp > 1 is not built yet");
   }
   const int64_t mb = cfg.get_int("parallel.micro_batches");
   PO_CHECK(mb == 1 || mb == p.accum, "parallel.micro_batches = ", mb, " but train.batch_size / ",

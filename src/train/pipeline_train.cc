@@ -35,7 +35,7 @@ using tensor::DType;
 
 namespace {
 
-parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorParallelOps* tp_ops) {
+parallel::PipelineSetup pipeline_setup(const PipelineRun& r, model::ParallelOps* tp_ops) {
   const core::Config& cfg = r.cfg;
   parallel::PipelineSetup s;
   const pl::ScheduleKind kind = pl::parse_schedule(cfg.get_string("parallel.schedule"));
@@ -47,7 +47,7 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, parallel::TensorPar
   s.schedule = std::move(pipe.schedule);
   s.stage_units = std::move(pipe.stages);
   s.micro = r.p.micro;
-  s.T = r.p.T;
+  s.T = r.p.T / r.p.cp;  // context parallel: this rank's rows of each sequence
   s.pipe = r.launch.pp_group();
   s.data = r.launch.dp_group();
   s.tensor = r.launch.tp_group();
@@ -111,7 +111,7 @@ WholeState gather_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   comm::Communicator& pipe = *s.pipe;
   comm::Communicator* tensor = r.launch.tp_group();
-  const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0;
+  const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0 && r.launch.cp_rank == 0;
   out.writer = sender && pipe.rank() == 0;
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
@@ -283,7 +283,18 @@ TrainResult train_pipeline(const PipelineRun& r) {
   PO_CHECK(launch.pp_group() != nullptr, "parallel.pp = ", p.pp, " needs its pipeline group");
   std::optional<parallel::TensorParallelOps> tp_ops;
   if (launch.tp_group() != nullptr) tp_ops.emplace(*launch.tp_group());
-  const parallel::PipelineSetup setup = pipeline_setup(r, tp_ops ? &*tp_ops : nullptr);
+  // Context parallel: every stage's models run their attention over the
+  // context group (its ops hand the tensor group's calls on).
+  std::optional<parallel::ContextParallelOps> cp_ops;
+  if (launch.cp_group() != nullptr)
+    cp_ops.emplace(*launch.cp_group(), parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                   cfg.get_string("parallel.cp_balance") == "zigzag",
+                   tp_ops ? static_cast<model::ParallelOps&>(*tp_ops) : model::NullParallelOps::instance());
+  model::ParallelOps* stage_ops = cp_ops ? static_cast<model::ParallelOps*>(&*cp_ops)
+                                  : tp_ops ? static_cast<model::ParallelOps*>(&*tp_ops)
+                                           : nullptr;
+  const model::ContextSplit cp = cp_ops ? cp_ops->cp_split() : model::ContextSplit{};
+  const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
   comm::Communicator& pipe = *launch.pp_group();
   comm::Communicator* data = launch.dp_group();
@@ -365,13 +376,27 @@ TrainResult train_pipeline(const PipelineRun& r) {
   if (p.steps == 0 && state.step == 0) checkpoint_now();
   if (p.steps == 0 && state.step == 0) commit_async(true);
   std::vector<int32_t> in(static_cast<size_t>(p.micro * p.T)), tg(in.size());
+  std::vector<int32_t> seq_in, seq_tg;  // whole sequences, cut into this rank's rows at cp > 1
+  if (cp.size > 1) {
+    seq_in.resize(in.size());
+    seq_tg.resize(in.size());
+  }
+  // `micro` whole sequences from fill(in, tg), as this rank's rows.
+  auto fill_rows = [&](int32_t* inputs, int32_t* targets, const auto& fill) {
+    if (cp.size == 1) return fill(inputs, targets);
+    fill(seq_in.data(), seq_tg.data());
+    cut_context_rows(cp, p.micro, p.T, seq_in.data(), inputs);
+    cut_context_rows(cp, p.micro, p.T, seq_tg.data(), targets);
+  };
   for (int64_t step = state.step; step < p.steps; ++step) {
     core::Timer step_timer;
     const double lr = r.sched.at(step);
     const int rank = launch.dp_rank;
     const parallel::PipelineStepStats st = ex.forward_backward(
         [&](int micro, int32_t* inputs, int32_t* targets) {
-          r.sampler.fill(step, (rank * p.accum + micro) * p.micro, p.micro, inputs, targets);
+          fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
+            r.sampler.fill(step, (rank * p.accum + micro) * p.micro, p.micro, i, t);
+          });
         },
         grad_scale);
     const double norm = ex.step(lr);
@@ -387,7 +412,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
       data->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
       loss = l;
     }
-    loss /= static_cast<double>(p.accum * p.dp);
+    loss /= static_cast<double>(p.accum * p.dp * p.cp);  // cp ranks: means over their own tokens
     const double seconds = step_timer.seconds();
     // The measured bubble: 1 - mean compute / the slowest stage's step.
     const double mine[4] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes)};
@@ -434,10 +459,16 @@ TrainResult train_pipeline(const PipelineRun& r) {
       data::EvalSampler windows(*r.val, p.T);
       const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
       for (int64_t b = 0; b < batches; ++b) {
-        windows.fill(b * p.micro, p.micro, in.data(), tg.data());
+        fill_rows(in.data(), tg.data(),
+                  [&](int32_t* i, int32_t* t) { windows.fill(b * p.micro, p.micro, i, t); });
         vl += ex.evaluate(in.data(), tg.data());
       }
       vl /= static_cast<double>(batches);
+      if (launch.cp_group() != nullptr) {  // each cp rank's mean is over its own tokens
+        float l = static_cast<float>(vl);
+        launch.cp_group()->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
+        vl = static_cast<double>(l) / static_cast<double>(p.cp);
+      }
     }
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
     const int stop = state.step < p.steps ? StopRequests::agreed(launch.world.get()) : 0;

@@ -31,16 +31,19 @@ void fill_batch(StepContext& c, Fill fill) {
     return;
   }
   fill(c.seq_inputs.data(), c.seq_targets.data());
-  const int64_t T = c.p.T, Tl = T / c.cp.size, n = c.cp.local_chunks(), S = Tl / n;
-  for (int64_t b = 0; b < c.p.micro; b++)
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t from = b * T + c.cp.chunk(static_cast<int>(i)) * S, to = b * Tl + i * S;
-      std::copy_n(c.seq_inputs.begin() + from, S, c.inputs.begin() + to);
-      std::copy_n(c.seq_targets.begin() + from, S, c.targets.begin() + to);
-    }
+  cut_context_rows(c.cp, c.p.micro, c.p.T, c.seq_inputs.data(), c.inputs.data());
+  cut_context_rows(c.cp, c.p.micro, c.p.T, c.seq_targets.data(), c.targets.data());
 }
 
 }  // namespace
+
+void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
+                      const int32_t* seq, int32_t* local) {
+  const int64_t Tl = T / cp.size, n = cp.local_chunks(), S = Tl / n;
+  for (int64_t b = 0; b < micro; b++)
+    for (int64_t i = 0; i < n; i++)
+      std::copy_n(seq + b * T + cp.chunk(static_cast<int>(i)) * S, S, local + b * Tl + i * S);
+}
 
 StepStats train_step(StepContext& c, int64_t step) {
   const Plan& p = c.p;

@@ -51,6 +51,11 @@ struct StepContext {
 // Sizes inputs and targets (and the whole sequences' buffers at cp > 1).
 void size_batch_buffers(StepContext& c);
 
+// Context parallel: this rank's chunks (model/parallel_ops.h) of `micro`
+// whole sequences of T tokens, seq[micro × T] → local[micro × T / cp].
+void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
+                      const int32_t* seq, int32_t* local);
+
 // Tokens in one step's global batch, all ranks.
 inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batch * p.T); }
 

@@ -23,20 +23,23 @@ using po::test::metric;
 
 class ContextParallelRuns : public po::test::TinyTraining {
  protected:
-  // dp × cp × tp ranks.
+  // dp × cp × tp (× pp) ranks.
   po::test::CommandResult run(const std::string& name, int dp, int cp, int tp,
-                              const std::string& extra) {
+                              const std::string& extra, int pp = 1) {
     return po::test::run_command(po::test::pagedoptim_command(
-        dp * cp * tp, "train -c " + config_ + " --set run.dir=" + (dir_ / name) +
+        dp * cp * tp * pp, "train -c " + config_ + " --set run.dir=" + (dir_ / name) +
+                               " --set parallel.pp=" + std::to_string(pp) +
                           " --set parallel.dp=" + std::to_string(dp) + " --set parallel.cp=" +
                           std::to_string(cp) + " --set parallel.tp=" + std::to_string(tp) +
                           " --set train.checkpoint_interval=0 --set train.eval_interval=5"
                           " --set train.grad_clip=0.5 --set train.batch_size=8 " +
                           extra));
   }
-  std::string train(const std::string& name, int dp, int cp, int tp, const std::string& extra) {
-    const auto r = run(name, dp, cp, tp, extra);
-    EXPECT_EQ(r.exit_code, 0) << name << " (dp " << dp << " × cp " << cp << " × tp " << tp << ") "
+  std::string train(const std::string& name, int dp, int cp, int tp, const std::string& extra,
+                    int pp = 1) {
+    const auto r = run(name, dp, cp, tp, extra, pp);
+    EXPECT_EQ(r.exit_code, 0) << name << " (dp " << dp << " × cp " << cp << " × tp " << tp
+                              << " × pp " << pp << ") "
                               << extra << "\n"
                               << r.output;
     return dir_ / name;
@@ -101,6 +104,36 @@ TEST_F(ContextParallelRuns, SequenceParallelWithinEachContextRank) {
   const std::string lref = train("llama_ref", 1, 1, 1, kLlamaGqa);
   expect_same_run(lref, train("llama_cp2tp2_sp", 1, 2, 2, kLlamaGqa + sp),
                   "llama GQA cp 2 × tp 2 + SP vs cp 1");
+}
+
+// The fourth dimension with the third: pp 2 × cp 2 (each stage's models run
+// their attention over the context group) gives cp 1's curve and pp 1 ×
+// cp 2's, for GPT-2 (its tied table on both stages) and Llama. Not bit for
+// bit against pp 1 × cp 2: with a data group of two ranks the pipeline sums
+// the embedding's lookup gradient over the group before adding it, where
+// DataParallel adds every rank's rows in rank order (as dp 2 × pp 2 against
+// dp 2, pipeline_launch_test). And cp 2 × tp 2 × pp 2 on 8 ranks.
+TEST_F(ContextParallelRuns, PipelineTimesContextMatchesOneStage) {
+  const std::string layers = " --set model.n_layer=4";
+  for (const std::string& m : {kGpt2 + layers, kLlamaGqa + layers}) {
+    const std::string tag = m == kGpt2 + layers ? "gpt2" : "llama";
+    const std::string ref = train(tag + "_cp1", 1, 1, 1, m);
+    const std::string one = train(tag + "_pp1cp2", 1, 2, 1, m);
+    for (const char* schedule : {"1f1b", "zbv"}) {
+      const std::string run =
+          train(tag + "_pp2cp2_" + schedule, 1, 2, 1,
+                m + " --set parallel.micro_batches=4 --set parallel.schedule=" + schedule, 2);
+      const std::string what = tag + " pp 2 × cp 2 (" + schedule + ")";
+      expect_same_run(ref, run, what + " vs cp 1");
+      expect_same_run(one, run, what + " vs pp 1 × cp 2");
+    }
+  }
+  // cp 2 × tp 2 × pp 2 on 8 ranks (Megatron's order: tp fastest, then cp, dp, pp).
+  const std::string m = kLlamaGqa + layers;
+  expect_same_run(dir_ / "llama_cp1",
+                  train("llama_cp2tp2pp2", 1, 2, 2,
+                        m + " --set parallel.micro_batches=4 --set parallel.schedule=zb-h1", 2),
+                  "llama cp 2 × tp 2 × pp 2 (zb-h1) vs cp 1");
 }
 
 // The data group spans dp × cp: ZeRO 3 shards over it, and paged state
