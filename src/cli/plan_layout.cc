@@ -10,6 +10,7 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
   l.pp = static_cast<int>(cfg.get_int("parallel.pp"));
   l.cp = static_cast<int>(cfg.get_int("parallel.cp"));
+  l.cp_allgather = cfg.get_string("parallel.cp_mode") == "allgather";
   l.sequence_parallel = cfg.get_bool("parallel.sequence_parallel");
   l.schedule = parallel::pipeline::parse_schedule(cfg.get_string("parallel.schedule"));
   l.virtual_stages = static_cast<int>(cfg.get_int("parallel.virtual_stages"));

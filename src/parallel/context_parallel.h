@@ -30,6 +30,7 @@
 
 #include "comm/communicator.h"
 #include "model/parallel_ops.h"
+#include "tensor/tensor.h"
 
 namespace po::parallel {
 
@@ -76,10 +77,10 @@ class ContextParallelOps final : public model::ParallelOps {
   double take_wait_seconds();
   double take_attention_seconds();
   // Bytes of the ring's (or the gather's) buffers once the attention has
-  // run (outside the model's activation accounting, freed with this
+  // run (compute pool, besides the model's activations; freed with this
   // object), and that figure predicted for a micro-batch of B sequences of
   // T_local rows per rank and kv_width = NKV·hs.
-  size_t buffer_bytes() const;
+  size_t buffer_bytes() const { return storage_.size(); }
   static size_t predicted_buffer_bytes(CpMode mode, int cp, int64_t B, int64_t T_local,
                                        int64_t kv_width);
   comm::Communicator& group() { return group_; }
@@ -92,6 +93,10 @@ class ContextParallelOps final : public model::ParallelOps {
   };
   // This rank's keys and values [B, T, 2·NKV·hs] (k then v per row).
   void pack_kv(float* kv, const float* qkv, const Shape& s) const;
+  // fn(a, i, causal) for each block: this rank's local query chunk a against
+  // `owner`'s local key chunk i, in a fixed order.
+  template <class Fn>
+  void each_block(int owner, Fn fn) const;
   // Every block of this rank's query chunks against the chunks of `owner`,
   // whose keys and values are kv (its local layout); backward: dkv += too.
   void forward_blocks(float* out, float* lse, const float* qkv, const float* kv, int owner,
@@ -100,12 +105,19 @@ class ContextParallelOps final : public model::ParallelOps {
                        const float* out, const float* lse, const float* kv, int owner,
                        const Shape& s);
   void wait(comm::Work& w);
+  // The buffers for one rank's keys and values of n floats, carved out of
+  // one compute-pool allocation of predicted_buffer_bytes (kept across
+  // layers and steps, grown if a call needs more).
+  void buffers(size_t n);
 
   comm::Communicator& group_;
   CpMode mode_;
   model::ContextSplit split_;
   model::ParallelOps& inner_;
-  std::vector<float> kv_[2], acc_[2], mine_, gathered_, dgathered_;
+  tensor::Storage storage_;
+  // ring: kv_ (two blocks in flight), acc_ (two accumulators), mine_;
+  // allgather: mine_, gathered_ (every rank's), dgathered_ (their gradients).
+  float *kv_[2] = {}, *acc_[2] = {}, *mine_ = nullptr, *gathered_ = nullptr, *dgathered_ = nullptr;
   double wait_s_ = 0, attention_s_ = 0;
 };
 

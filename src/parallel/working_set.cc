@@ -241,7 +241,7 @@ WorkingSet working_set(const model::TransformerConfig& cfg, const WorkingSetOpti
   const double esz = o.bf16 ? 2 : 4;
   const double resz = o.reduce_bf16 && o.bf16 ? 2 : 4;  // gradient bytes on the wire
   const bool has_units = stage >= 2 || o.bf16;
-  ws.defer = grouped && o.overlap && stage < 2;
+  ws.defer = grouped && o.overlap && stage < 2 && !o.context;  // as DataParallel decides
   if (grouped && stage < 2) {
     ws.buckets = DataParallel::bucket_units(units, static_cast<size_t>(esz), o.bucket_bytes, ws.defer);
     for (auto [lo, hi] : ws.buckets) {

@@ -26,6 +26,7 @@ struct WorkingSetOptions {
   uint64_t bucket_bytes = 25u << 20;      // parallel.bucket_size
   int tp = 1;  // parallel.tp: the units are one tensor-parallel rank's
   bool sequence_parallel = false;  // parallel.sequence_parallel (with tp > 1)
+  bool context = false;  // parallel.cp > 1 (ranks = dp × cp; no deferred embedding)
 };
 
 struct WorkingSet {

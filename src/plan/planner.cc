@@ -141,7 +141,8 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
     if (l.zero_stage > 1) add(core::str_cat("ZeRO-", l.zero_stage));
     if (!with.empty()) why.push_back("pipeline parallel with " + with);
   }
-  if (l.cp > 1) why.push_back("context parallel");
+  if (l.cp > 1 && l.seq % (2 * l.cp) != 0)
+    why.push_back("context parallel whose sequence does not split into 2·cp zig-zag chunks");
   return why;
 }
 

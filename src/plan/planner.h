@@ -3,7 +3,8 @@
 //
 // Two models, one report:
 //   * engine-exact: what the engine trains today — GPT-2 and Llama shapes,
-//     data parallel × tensor parallel, with sequence parallel and paging.
+//     data parallel × tensor parallel × context parallel, with sequence
+//     parallel and paging.
 //     Sizes come from the engine's own rules — a tensor-parallel
 //     rank's layout, its ZeRO shards over the data group, the all-reduce
 //     buckets, the activation layout, the pools' size classes replayed along
@@ -11,7 +12,7 @@
 //     peak is what the engine's compute pool reaches, and the predicted
 //     collectives of both groups (calls and payload bytes) are what its
 //     Communicators count (tests/plan/plan_vs_engine_launch_test).
-//   * analytic: everything else (pipeline / context parallel, attention that
+//   * analytic: everything else (pipeline parallel, attention that
 //     keeps the s×s scores). Model states by the ZeRO ledger, activations by
 //     Korthikanti et al.'s formula, communication by the collectives
 //     Megatron-style layouts issue. Marked "not yet trainable" with the reason.
@@ -33,6 +34,7 @@ namespace po::plan {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  bool cp_allgather = false;  // parallel.cp_mode = "allgather" (else the ring)
   // With pp > 1: parallel.schedule and parallel.virtual_stages (interleaved;
   // zbv holds 2). The plan times and sizes the schedule's own action lists
   // (parallel/pipeline_schedule.h), the same ones the engine runs.

@@ -15,6 +15,7 @@
 #include "model/layout.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/shard_layout.h"
 #include "parallel/units.h"
@@ -76,7 +77,53 @@ void add_tensor_comm(Plan& p, const model::TransformerConfig& cfg) {
 
 }  // namespace
 
+// `cp_buffers`: context parallel's buffers (compute tier, beside the model's
+// activations), 0 without it.
+void engine_plan_dp(Plan& p, bool context, double cp_buffers);
+
+// Context parallel: a rank holds T / cp rows of each sequence and its data
+// group is dp × cp (train/trainer.cc), so its model states, activations,
+// working buffers and data-group collectives are those of the data-parallel
+// layout of dp × cp ranks at sequence T / cp (without the deferred
+// embedding, which context parallel turns off); on top come the ring's
+// buffers and the context group's transfers (parallel/context_parallel.h):
+// per layer and micro-batch, ring: cp − 1 key/value blocks sent and received
+// in the forward (again in the recompute under checkpointing), cp − 1 in
+// the backward and cp gradient accumulators; allgather: one all-gather in
+// the forward (and recompute), one all-gather and one reduce-scatter in the
+// backward. The transfers hide behind the blocks' attention.
 void engine_plan(Plan& p) {
+  const Layout l = p.layout;
+  if (l.cp == 1) return engine_plan_dp(p, false, 0);
+  model::TransformerConfig cfg = p.model.engine.shard(l.tp);
+  const int64_t kv_width = cfg.n_kv_head * cfg.head_dim(), T = l.seq / l.cp;
+  const parallel::CpMode mode = l.cp_allgather ? parallel::CpMode::kAllGather : parallel::CpMode::kRing;
+  Layout twin = l;
+  twin.dp = l.dp * l.cp;
+  twin.cp = 1;
+  twin.seq = l.seq / l.cp;
+  twin.batch = l.batch * l.cp;  // the same micro-batches per rank
+  p.layout = twin;
+  engine_plan_dp(p, true,
+                 static_cast<double>(parallel::ContextParallelOps::predicted_buffer_bytes(mode, l.cp, l.micro, T, kv_width)));
+  p.layout = l;
+  const double n = static_cast<double>(l.micro * T * 2 * kv_width), bytes = 4 * n;  // one rank's keys and values, f32
+  const auto L = static_cast<uint64_t>(p.model.engine.n_layer), accum = static_cast<uint64_t>(l.accum());
+  const uint64_t forwards = l.checkpointing ? 2 : 1, c = static_cast<uint64_t>(l.cp);
+  const bool inter = spans_nodes(p.cluster, l.tp, l.cp);
+  if (l.cp_allgather) {
+    const uint64_t gathers = accum * L * (forwards + 1), scatters = accum * L;
+    add_comm(p, "cp", "all_gather", "keys and values", gathers, static_cast<double>(gathers) * bytes * l.cp, l.cp, inter, false);
+    add_comm(p, "cp", "reduce_scatter", "key and value gradients", scatters, static_cast<double>(scatters) * bytes * l.cp, l.cp, inter, false);
+  } else {
+    const uint64_t blocks = accum * L * (forwards * (c - 1) + (c - 1) + c);
+    add_comm(p, "cp", "send", "ring: key/value blocks and gradient accumulators", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
+    add_comm(p, "cp", "recv", "ring: the sends' other ends", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
+    p.comm.back().wire_bytes = p.comm.back().seconds = 0;  // the sends carry the time
+  }
+}
+
+void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
   model::TransformerConfig cfg = m.engine;
@@ -112,6 +159,7 @@ void engine_plan(Plan& p) {
   wo.bucket_bytes = l.bucket_bytes;
   wo.tp = l.tp;
   wo.sequence_parallel = cfg.sequence_parallel;
+  wo.context = context;
   const parallel::WorkingSet ws = parallel::working_set(cfg, wo);
   const bool defer = ws.defer;
   const std::vector<std::pair<int, int>>& buckets = ws.buckets;
@@ -162,6 +210,9 @@ void engine_plan(Plan& p) {
   const double acts = static_cast<double>(model::Transformer::predicted_activation_bytes(cfg, l.micro, l.seq, l.tp));
   add_memory(p, "activations", acts - logits, Tier::kCompute, l.checkpointing ? "checkpointed" : "");
   add_memory(p, "logits / loss buffers", logits);
+  add_memory(p, "context-parallel buffers", cp_buffers, Tier::kCompute,
+             p.layout.cp_allgather ? "all-gathered keys and values, their gradients"
+                                   : "ring: 2 blocks in flight, 2 accumulators, its own share");
   model::TransformerConfig other = cfg;
   other.activation_checkpointing = !l.checkpointing;
   const double acts_other = static_cast<double>(model::Transformer::predicted_activation_bytes(other, l.micro, l.seq, l.tp));
@@ -218,7 +269,7 @@ void engine_plan(Plan& p) {
         optim::PagedAdamState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
     const auto pages = static_cast<double>(geo.pages());
     const double page = static_cast<double>(l.page_bytes);
-    const double fixed = unpaged_states - paged_bytes + acts + p.working_bytes;
+    const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;
     const auto min_frames = static_cast<double>(optim::PagedAdamState::min_compute_frames(geo, l.page_prefetch));
     double frames = pages;
     p.min_compute_budget = fixed + min_frames * page;
@@ -274,7 +325,7 @@ double engine_working_bytes(const ModelSpec& model, const Layout& layout) {
   p.model = model;
   p.layout = layout;
   detail::engine_plan(p);
-  return p.working_bytes;
+  return p.working_bytes;  // (context parallel's buffers are apart: Plan::memory)
 }
 
 }  // namespace po::plan

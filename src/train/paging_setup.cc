@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "memory/pager.h"
 #include "optim/adamw.h"
+#include "parallel/context_parallel.h"
 #include "parallel/working_set.h"
 #include "tensor/tensor.h"
 
@@ -52,6 +53,7 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   const parallel::DataParallelOptions& d = dp.options();
   parallel::WorkingSetOptions wo;
   wo.ranks = static_cast<int>(p.dp * p.cp);  // ZeRO shards over dp × cp
+  wo.context = p.cp > 1;
   wo.zero_stage = d.zero_stage;
   wo.prefetch = d.prefetch;
   wo.bf16 = d.param_dtype == tensor::DType::kBF16;
@@ -59,13 +61,20 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   wo.overlap = d.overlap;
   wo.paged = true;  // set-up runs only for a paged run
   wo.micro = p.micro;
-  wo.seq = p.T;
+  wo.seq = p.T / p.cp;  // this rank's rows of each sequence
   wo.accum = p.accum;
   wo.bucket_bytes = d.bucket_bytes;
   wo.tp = static_cast<int>(p.tp);
   wo.sequence_parallel = mcfg.sequence_parallel;
   const auto working = static_cast<size_t>(parallel::working_set(mcfg, wo).total());
-  return predicted + (live > known ? live - known : 0) + working;
+  // Context parallel's ring (or gather) buffers, allocated at the first forward.
+  const model::TransformerConfig local = mcfg.shard(static_cast<int>(p.tp));
+  const size_t ring = p.cp > 1 ? parallel::ContextParallelOps::predicted_buffer_bytes(
+                                     parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                                     static_cast<int>(p.cp), p.micro, p.T / p.cp,
+                                     local.n_kv_head * local.head_dim())
+                               : 0;
+  return predicted + (live > known ? live - known : 0) + working + ring;
 }
 
 // The log's one-screen account of the pages and where they live.

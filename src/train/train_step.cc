@@ -52,6 +52,7 @@ StepStats train_step(StepContext& c, int64_t step) {
   comm::Communicator* dpc = c.data != nullptr ? c.data : c.world;
   const comm::Traffic traffic_before = dpc ? dpc->traffic() : comm::Traffic{};
   const comm::Traffic tp_before = c.tp ? c.tp->group().traffic() : comm::Traffic{};
+  const comm::Traffic cp_before = c.context ? c.context->traffic() : comm::Traffic{};
   if (c.tp) (void)c.tp->take_seconds();  // (an evaluation's are not the step's)
   if (c.cpo) {
     (void)c.cpo->take_attention_seconds();
@@ -83,6 +84,7 @@ StepStats train_step(StepContext& c, int64_t step) {
     s.tp_seconds = c.tp->take_seconds();
   }
   if (c.cpo) {
+    s.cp_traffic = c.context->traffic().since(cp_before);
     s.cp_attention_s = c.cpo->take_attention_seconds();
     s.cp_wait_s = c.cpo->take_wait_seconds();
   }
@@ -145,6 +147,7 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
       att.push_back(r.cp_attention_ms);
       wait.push_back(r.cp_wait_ms);
     }
+    m["cp_comm"] = traffic_json(s.cp_traffic);
     m["cp_attention_ms"] = att;
     m["cp_exposed_ms"] = wait;
   }

@@ -69,6 +69,7 @@ struct StepStats {
   comm::Traffic tp_traffic;  // what it moved over the tensor group
   double tp_seconds = 0;     // in the tensor group's collectives (on the critical path)
   double cp_attention_s = 0, cp_wait_s = 0;  // context parallel's blocks, and its exposed waits
+  comm::Traffic cp_traffic;  // what it moved over the context group
   memory::PagerStats paging;
 };
 

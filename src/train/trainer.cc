@@ -480,6 +480,12 @@ TrainResult train(const core::Config& cfg) {
   // accumulators, buckets) are not predicted here; the planner does that.
   l.predicted = dp.predicted_model_state_bytes() +
                 model::Transformer::predicted_activation_bytes(mcfg, p.micro, T_local, p.tp);
+  if (cp_ops) {  // the ring's buffers, in the compute pool from the first forward
+    const model::TransformerConfig& local = model.local_config();
+    l.predicted += parallel::ContextParallelOps::predicted_buffer_bytes(
+        parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")), static_cast<int>(p.cp),
+        p.micro, T_local, local.n_kv_head * local.head_dim());
+  }
   PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
               mcfg.vocab_size, " seq ", p.T, ": ", mcfg.num_params(), " parameters",
               p.tp > 1 ? core::str_cat(" (", model.num_params(), " per tensor-parallel rank of ",

@@ -1,12 +1,12 @@
 // The planner against the engine: each layout is trained for a few steps by
-// the real binary (dp × tp ranks under mpirun), and the planner's prediction
+// the real binary (dp × cp × tp ranks under mpirun), and the planner's prediction
 // for the same config is held to what the run measured:
 //   * the compute-tier peak per rank (the compute pool's high-water mark over
 //     the training steps, `memory_per_rank[r].peak`) equal to the byte: every
 //     layout here is engine-exact (src/plan/planner.h), whose sizes come from
 //     the engine's own rules, so any difference is a bug. The ±10% that
 //     docs/planning.md states is for what the planner does not claim exact
-//     (the analytic model: pipeline/context parallel), so no layout
+//     (the analytic model: pipeline parallel), so no layout
 //     here is held to it;
 //   * the step's collectives on the data group (`comm` in metrics) and on the
 //     tensor group (`tp_comm`): calls and payload bytes per operation
@@ -70,6 +70,14 @@ const Case kCases[] = {
     {"llama_dp2_tp2_s3_bf16_sp_ckpt", 2, "parallel.tp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.zero_stage=3 train.precision=bf16 parallel.sequence_parallel=true model.activation_checkpointing=true"},
     {"dp2_tp2_s3_fp32_paged_nvme", 2, "parallel.tp=2 parallel.zero_stage=3 memory.page_size=16KiB", true},
     {"tp2_s0_fp32_sp_ring", 1, "parallel.tp=2 parallel.sequence_parallel=true model.n_layer=1 model.n_embd=256 model.n_head=4 model.seq_len=256 train.batch_size=4 train.micro_batch_size=4"},
+    // Context parallel (dp × cp × tp ranks): the data group is dp × cp, the
+    // context group carries the ring's blocks (or the gathers).
+    {"cp2_s0_fp32", 1, "parallel.cp=2"},
+    {"dp2_cp2_s1_fp32_ckpt", 2, "parallel.cp=2 parallel.zero_stage=1 model.activation_checkpointing=true"},
+    {"llama_cp2_s3_bf16", 1, "parallel.cp=2 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.zero_stage=3 train.precision=bf16"},
+    {"cp2_allgather_s2_fp32_contiguous", 1, "parallel.cp=2 parallel.cp_mode=allgather parallel.cp_balance=contiguous parallel.zero_stage=2"},
+    {"cp2_tp2_s0_fp32_sp", 1, "parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true"},
+    {"cp2_s1_fp32_paged_nvme", 1, "parallel.cp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
 };
 
 class PlanVsEngine : public ::testing::TestWithParam<Case> {
@@ -232,13 +240,21 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   // counters, on each group.
   const OpTotals dp_measured = measured_comm(last.at("comm"));
   const OpTotals tp_measured = measured_comm(last.at("tp_comm"));
+  const OpTotals cp_measured =
+      last.contains("cp_comm") ? measured_comm(last.at("cp_comm")) : OpTotals{};
   expect_same_comm(predicted_comm(plan, "dp"), dp_measured, std::string(c.name) + " dp");
   expect_same_comm(predicted_comm(plan, "tp"), tp_measured, std::string(c.name) + " tp");
-  EXPECT_EQ(dp_measured.empty(), c.dp == 1) << c.name << ": collectives on the data group at dp " << c.dp;
+  expect_same_comm(predicted_comm(plan, "cp"), cp_measured, std::string(c.name) + " cp");
+  const int data_ranks = c.dp * plan.layout.cp;  // the data group spans dp × cp
+  EXPECT_EQ(dp_measured.empty(), data_ranks == 1)
+      << c.name << ": collectives on the data group at dp × cp " << data_ranks;
   EXPECT_EQ(tp_measured.empty(), plan.layout.tp == 1)
       << c.name << ": collectives on the tensor group at tp " << plan.layout.tp;
+  EXPECT_EQ(cp_measured.empty(), plan.layout.cp == 1)
+      << c.name << ": transfers on the context group at cp " << plan.layout.cp;
   for (const plan::CommItem& item : plan.comm)
-    EXPECT_TRUE(item.dim == "dp" || item.dim == "tp") << c.name << ": a collective on " << item.dim;
+    EXPECT_TRUE(item.dim == "dp" || item.dim == "tp" || item.dim == "cp")
+        << c.name << ": a collective on " << item.dim;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsEngine, ::testing::ValuesIn(kCases),

@@ -206,21 +206,8 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
       const Causal ks = first ? Causal::kKFrom : Causal::kNone;
       gemm_tile(nk, kBlock, HP, K + j0 * HP, HP, QsT + i0, Tp, PT, kBlock, false, cols);
       gemm_tile(nk, kBlock, HP, V + j0 * HP, HP, dOT + i0, Tp, dST, kBlock, false, cols);
-      const float* Li = Lp + i0;
-      const float* Di = D + i0;
-      for (int64_t kk = 0; kk < nk; kk++) {
-        // causal: query i0+qq >= key j0+kk (columns before it may be stale)
-        const int lo = static_cast<int>(j0 + kk - i0), hi = static_cast<int>(nq);
-        float* p = PT + kk * kBlock;
-        float* ds = dST + kk * kBlock;
-#pragma omp simd
-        for (int qq = 0; qq < static_cast<int>(kBlock); qq++) {
-          const bool ok = qq >= lo && qq < hi;
-          const float e = detail::exp_approx(p[qq] - Li[qq]);
-          p[qq] = ok ? e : 0.0f;
-          ds[qq] = ok ? e * (ds[qq] - Di[qq]) : 0.0f;
-        }
-      }
+      // causal: query i0+qq >= key j0+kk (columns before it may be stale)
+      tile_score_grads(PT, dST, Lp + i0, D + i0, nk, nq, j0 - i0);
       gemm_tile(nk, HP, nq, PT, kBlock, dO + i0 * HP, HP, dV, HP, !first, ks);
       gemm_tile(nk, HP, nq, dST, kBlock, Qs + i0 * HP, HP, dK, HP, !first, ks);
       if (!first) {

@@ -143,21 +143,8 @@ void block_backward_item(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnRow
       const Causal ks = diag ? Causal::kKFrom : Causal::kNone;
       gemm_tile(nj, kBlock, HP, K + j0 * HP, HP, QsT + i0, Qp, PT, kBlock, false, cols);
       gemm_tile(nj, kBlock, HP, V + j0 * HP, HP, dOT + i0, Qp, dST, kBlock, false, cols);
-      const float* Li = Lp + i0;
-      const float* Di = D + i0;
-      for (int64_t kk = 0; kk < nj; kk++) {
-        // causal diagonal: query i0+qq >= key j0+kk (columns before it may be stale)
-        const int lo = diag ? static_cast<int>(j0 + kk - i0) : 0, hi = static_cast<int>(ni);
-        float* p = PT + kk * kBlock;
-        float* ds = dST + kk * kBlock;
-#pragma omp simd
-        for (int qq = 0; qq < static_cast<int>(kBlock); qq++) {
-          const bool ok = qq >= lo && qq < hi;
-          const float e = detail::exp_approx(p[qq] - Li[qq]);
-          p[qq] = ok ? e : 0.0f;
-          ds[qq] = ok ? e * (ds[qq] - Di[qq]) : 0.0f;
-        }
-      }
+      // causal diagonal: query i0+qq >= key j0+kk (columns before it may be stale)
+      tile_score_grads(PT, dST, Lp + i0, D + i0, nj, ni, diag ? 0 : -kBlock);
       const bool acc = i0 != i_start;
       gemm_tile(nj, HP, ni, PT, kBlock, dO + i0 * HP, HP, dV, HP, acc, ks);
       gemm_tile(nj, HP, ni, dST, kBlock, Qs + i0 * HP, HP, dK, HP, acc, ks);

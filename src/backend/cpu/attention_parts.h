@@ -100,4 +100,25 @@ inline void online_softmax_row(float* s, int64_t lim, bool first_tile, float& m,
   m = m_new;
 }
 
+// A backward tile's probabilities and score gradients, in place on the
+// transposed tiles (row kk = key j0 + kk, column qq = query i0 + qq):
+// P^T = exp(S^T − lse), dS^T = P^T (dP^T − D), zero where a query does not
+// see the key (qq < kk + offset: offset = j0 − i0 for the causal diagonal,
+// −kBlock where every query sees every key) or past the nq queries.
+inline void tile_score_grads(float* PT, float* dST, const float* Li, const float* Di, int64_t nk,
+                             int64_t nq, int64_t offset) {
+  for (int64_t kk = 0; kk < nk; kk++) {
+    const int lo = static_cast<int>(kk + offset), hi = static_cast<int>(nq);
+    float* p = PT + kk * kBlock;
+    float* ds = dST + kk * kBlock;
+#pragma omp simd
+    for (int qq = 0; qq < static_cast<int>(kBlock); qq++) {
+      const bool ok = qq >= lo && qq < hi;
+      const float e = detail::exp_approx(p[qq] - Li[qq]);
+      p[qq] = ok ? e : 0.0f;
+      ds[qq] = ok ? e * (ds[qq] - Di[qq]) : 0.0f;
+    }
+  }
+}
+
 }  // namespace po::backend::cpu::attn
