@@ -73,15 +73,18 @@ std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary
   const int world = o.nodes * o.tasks_per_node;
   const std::string config = fs::absolute(fs::path(workdir) / o.config_path).lexically_normal();
 
-  // The tasks are the mesh: parallel.dp = tasks / parallel.tp.
-  const int64_t tp = core::Config::load(config, o.sets).get_int("parallel.tp");
+  // The tasks are the mesh: parallel.dp = tasks / (a replica's ranks: tp × pp × cp).
+  const core::Config given = core::Config::load(config, o.sets);
+  const int64_t tp = given.get_int("parallel.tp") * given.get_int("parallel.pp") *
+                     given.get_int("parallel.cp");
   PO_CHECK(world % tp == 0, "--nodes × --ntasks-per-node = ", world,
-           " is not a multiple of parallel.tp = ", tp);
+           " is not a multiple of parallel.tp × parallel.pp × parallel.cp = ", tp);
   std::vector<std::string> sets = o.sets;
   sets.push_back("parallel.dp=" + std::to_string(world / tp));
   core::Config cfg = core::Config::load(config, sets);
   PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == world,
-           "parallel.dp × parallel.tp disagrees with --nodes × --ntasks-per-node = ", world);
+           "parallel.dp × parallel.tp × parallel.pp × parallel.cp disagrees with --nodes × "
+           "--ntasks-per-node = ", world);
   train::check_config(cfg);
 
   std::string job = o.job_name;

@@ -248,6 +248,13 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
   parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
   fixed.adam = fixed.master = 0;  // what is paged
+  if (cfg.get_int("parallel.cp") > 1) {  // context parallel's buffers, allocated at the first forward
+    const model::TransformerConfig local = mcfg.shard(setup.split.size);
+    fixed.buffers += parallel::ContextParallelOps::predicted_buffer_bytes(
+        parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+        static_cast<int>(cfg.get_int("parallel.cp")), setup.micro, setup.T,
+        local.n_kv_head * local.head_dim());
+  }
   if (compute_budget > 0) {
     // Stages differ: every rank checks the budget against the rank that needs the most.
     const int64_t mine[3] = {static_cast<int64_t>(fixed.total() + least * o.page_bytes),

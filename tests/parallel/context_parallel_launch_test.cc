@@ -86,6 +86,8 @@ TEST_F(ContextParallelRuns, LlamaGroupedQueryAtCp2AndCp4MatchesCp1) {
                   "llama GQA cp 2 ring contiguous vs cp 1");
   expect_same_run(ref, train("llama_cp4_ag", 1, 4, 1, kLlamaGqa + kAllGather),
                   "llama GQA cp 4 allgather zigzag vs cp 1");
+  expect_same_run(ref, train("llama_cp2_ag_c", 1, 2, 1, kLlamaGqa + kAllGather + kContiguous),
+                  "llama GQA cp 2 allgather contiguous vs cp 1");
 }
 
 TEST_F(ContextParallelRuns, DataTimesContextTimesTensorOnEightRanks) {
@@ -127,6 +129,27 @@ TEST_F(ContextParallelRuns, PipelineTimesContextMatchesOneStage) {
       expect_same_run(ref, run, what + " vs cp 1");
       expect_same_run(one, run, what + " vs pp 1 × cp 2");
     }
+  }
+  // Paged at the smallest compute budget the stages accept (the context
+  // buffers counted in it): pages move every step, and the bits are the
+  // in-memory run's.
+  const std::string paged = kLlamaGqa + layers + " --set parallel.micro_batches=4 --set parallel.schedule=1f1b"
+                            " --set parallel.zero_stage=1 --set memory.page_size=4096 --set memory.nvme_dir=" +
+                            (dir_ / "swap");
+  const auto probe = run("probe", 1, 2, 1, paged + " --set memory.compute_budget=4096", 2);
+  const int64_t least = po::test::named_minimum_budget(probe.output);
+  ASSERT_GT(least, 0) << probe.output;
+  const std::string inmem = train("llama_pp2cp2_z1", 1, 2, 1,
+                                  kLlamaGqa + layers + " --set parallel.micro_batches=4 --set parallel.schedule=1f1b"
+                                  " --set parallel.zero_stage=1", 2);
+  const std::string pg = train("llama_pp2cp2_z1_paged", 1, 2, 1,
+                               paged + " --set memory.compute_budget=" + std::to_string(least + 2 * 4096), 2);
+  for (const char* key : {"loss", "grad_norm"}) {
+    const auto a = metric(inmem, key, 20), b = metric(pg, key, 20);
+    ASSERT_EQ(a.size(), b.size()) << key;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i], b[i]) << "pp 2 × cp 2 paged at the minimum budget vs in memory: " << key
+                            << " at step " << i + 1;
   }
   // cp 2 × tp 2 × pp 2 on 8 ranks (Megatron's order: tp fastest, then cp, dp, pp).
   const std::string m = kLlamaGqa + layers;

@@ -168,6 +168,13 @@ TEST_F(Slurm, SbatchRefusesALayoutTheBatchCannotBeSplitOver) {
                   " --partition 'a b'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--partition 'a b'"), std::string::npos) << r.output;
+  // A replica is tp × pp × cp tasks: 3 tasks do not split into replicas of 2.
+  r = run_command(kBin + " sbatch -c " + config_ + " --nodes 3 --ntasks-per-node 1" +
+                  " --set parallel.cp=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("is not a multiple of parallel.tp × parallel.pp × parallel.cp = 2"),
+            std::string::npos)
+      << r.output;
 }
 
 // Waits for job `id` to end; returns its final state ("" after `secs`).
