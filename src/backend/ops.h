@@ -180,7 +180,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // causal: the two chunks are the same positions (query i sees keys 0..i, nq
 // = nk); otherwise every key precedes every query (a later query chunk
 // against an earlier key chunk; an earlier one against a later chunk is not
-// a block at all). Always f32 tiles (at kBF16 too).
+// a block at all). Tiles as attention_forward's: bf16 at kBF16 on a CPU with
+// AVX512-BF16, f32 elsewhere.
 struct AttnRows {
   const float* p = nullptr;
   int64_t row = 0, batch = 0;

@@ -16,7 +16,16 @@
 #include "test_util.h"
 
 namespace cpu = po::backend::cpu;
+using po::test::all_close;
 using po::test::random_vec;
+
+std::vector<float> rounded(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> w(x.size());
+  cpu::f32_to_bf16(h.data(), x.data(), static_cast<int64_t>(x.size()));
+  cpu::bf16_to_f32(w.data(), h.data(), static_cast<int64_t>(x.size()));
+  return w;
+}
 
 namespace {
 
@@ -44,18 +53,28 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 // Chunk c of n holds rows [c·S, (c+1)·S) of each sequence; query chunk a takes
 // its blocks in a ring's order: itself (causal), then a-1, a-2, .., 0 (full).
-void check_blocks(int64_t B, int64_t T, int64_t n, int64_t NH, int64_t NKV, int64_t hs) {
+// bf16: inputs rounded to bf16, blocks at kBF16, each result held to the f32
+// unsplit attention within bf16 tiles' bounds (as attention_test holds the
+// unsplit bf16 tiles: out 4u, lse u, dqkv 12u of |x| + the tensor's rms, u =
+// 2^-8); else the f32 blocks within 2e-5 and 1e-4 of the tensor's scale.
+void check_blocks(int64_t B, int64_t T, int64_t n, int64_t NH, int64_t NKV, int64_t hs,
+                  bool bf16 = false) {
   SCOPED_TRACE(testing::Message() << "B=" << B << " T=" << T << " chunks=" << n << " NH=" << NH
                                   << " NKV=" << NKV << " hs=" << hs);
   const int64_t C = NH * hs, C3 = (NH + 2 * NKV) * hs, S = T / n;
   ASSERT_EQ(S * n, T);
-  const auto qkv = random_vec(B * T * C3, T * 17 + C3, -1.5f, 1.5f);
-  const auto dout = random_vec(B * T * C, T + 3, -1.0f, 1.0f);
+  auto qkv = random_vec(B * T * C3, T * 17 + C3, -1.5f, 1.5f);
+  auto dout = random_vec(B * T * C, T + 3, -1.0f, 1.0f);
+  if (bf16) {
+    qkv = rounded(qkv);
+    dout = rounded(dout);
+  }
   std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(B * T * C3);
   cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);
   cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
                           NKV, hs);
 
+  if (bf16) cpu::set_gemm_precision(cpu::GemmPrecision::kBF16);
   std::vector<float> bout(B * T * C, 0.0f), blse(B * NH * T, -INFINITY), bd(B * T * C3, 0.0f);
   auto rows = [&](const float* base, int64_t chunk, int64_t col, int64_t row) {
     return cpu::AttnRows{base + chunk * S * row + col, row, T * row};
@@ -69,8 +88,22 @@ void check_blocks(int64_t B, int64_t T, int64_t n, int64_t NH, int64_t NKV, int6
                                    rows(qkv.data(), a, 0, C3), rows(qkv.data(), kb, NH * hs, C3),
                                    rows(qkv.data(), kb, (NH + NKV) * hs, C3), B, S, S, NH, NKV,
                                    hs, kb == a);
-  expect_close(bout, out, 2e-5, "out");
-  expect_close(blse, lse, 2e-5, "lse");
+  if (bf16) {
+    cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
+    const double u = std::ldexp(1.0, -8);
+    EXPECT_TRUE(all_close("out (bf16 blocks)", bout.data(), out.data(), out.size(), 4 * u));
+    EXPECT_TRUE(all_close("lse (bf16 blocks)", blse.data(), lse.data(), lse.size(), u));
+    if (cpu::bf16_attention_tiles()) {  // the bf16 tiles ran: their rounding shows
+      double worst = 0;
+      for (size_t i = 0; i < out.size(); i++)
+        worst = std::max(worst, std::abs(static_cast<double>(bout[i]) - out[i]));
+      EXPECT_GT(worst, 1e-4) << "out at kBF16 is the f32 tiles' (within " << worst << ")";
+    }
+    cpu::set_gemm_precision(cpu::GemmPrecision::kBF16);
+  } else {
+    expect_close(bout, out, 2e-5, "out");
+    expect_close(blse, lse, 2e-5, "lse");
+  }
   // The backward from the unsplit forward's out and lse, so that only the
   // backward's blocks are compared.
   for (int64_t a = 0; a < n; a++)
@@ -81,7 +114,13 @@ void check_blocks(int64_t B, int64_t T, int64_t n, int64_t NH, int64_t NKV, int6
           rows(out.data(), a, 0, C), lse.data() + a * S, T, rows(qkv.data(), a, 0, C3),
           rows(qkv.data(), kb, NH * hs, C3), rows(qkv.data(), kb, (NH + NKV) * hs, C3), B, S, S,
           NH, NKV, hs, kb == a);
-  expect_close(bd, dqkv, 1e-4, "dqkv");
+  if (bf16) {
+    cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
+    EXPECT_TRUE(all_close("dqkv (bf16 blocks)", bd.data(), dqkv.data(), dqkv.size(),
+                          12 * std::ldexp(1.0, -8)));
+  } else {
+    expect_close(bd, dqkv, 1e-4, "dqkv");
+  }
 }
 
 }  // namespace
@@ -96,6 +135,16 @@ TEST(AttentionBlock, RingOfChunksEqualsUnsplitAttention) {
 TEST(AttentionBlock, GroupedAndMultiQueryEqualUnsplitAttention) {
   check_blocks(2, 192, 2, 4, 2, 32);   // grouped-query
   check_blocks(1, 200, 4, 4, 1, 16);   // multi-query, chunks of 50
+}
+
+// At kBF16 (on a CPU with AVX512-BF16: bf16 tiles, q, k, v, dO and each
+// tile's probabilities and score gradients rounded to bf16; elsewhere the f32
+// tiles) the blocks stay within bf16 tiles' bounds of the f32 attention.
+TEST(AttentionBlock, Bf16TilesWithinBf16Rounding) {
+  check_blocks(2, 256, 2, 4, 4, 32, true);
+  check_blocks(2, 160, 4, 3, 3, 24, true);  // partial tiles, odd keys per tile
+  check_blocks(1, 200, 4, 4, 1, 16, true);  // multi-query
+  check_blocks(1, 42, 6, 2, 2, 64, true);   // chunks of 7
 }
 
 TEST(AttentionBlock, MergeIntoAnEmptyRowGivesTheBlockExactly) {

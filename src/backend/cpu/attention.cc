@@ -233,52 +233,6 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
 // sums over a packed tile's columns (head dims), pairs_of_rows when it sums
 // over its rows (positions).
 
-uint16_t* scratch16(size_t n) {
-  thread_local std::vector<uint16_t> buf;
-  if (buf.size() < n + 32) buf.resize(n + 32);
-  const auto p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<uint16_t*>((p + 63) & ~uintptr_t{63});
-}
-
-uint16_t bf16_bits(float x) { return core::f32_to_bf16(x).bits; }
-
-// pack_rows, rounded to bf16.
-void pack_rows16(uint16_t* dst, const float* src, int64_t stride, int64_t n, int64_t rows,
-                 int64_t hs, int64_t HP, float s) {
-  for (int64_t t = 0; t < rows; t++) {
-    uint16_t* o = dst + t * HP;
-    const float* x = src + t * stride;
-    const int64_t m = t < n ? hs : 0;
-    if (t + kPrefetch < n)
-      for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
-    for (int64_t d = 0; d < m; d++) o[d] = bf16_bits(s * x[d]);
-    for (int64_t d = m; d < HP; d++) o[d] = 0;
-  }
-}
-
-// A product's B operand summing over the columns of a packed [N, W] tile (W
-// even): dst[p][n][2] = (src[n][2p], src[n][2p + 1]), i.e. the tile's pairs
-// transposed.
-void pairs_of_columns(uint16_t* dst, const uint16_t* src, int64_t N, int64_t W) {
-  for (int64_t p = 0; p < W / 2; p++)
-    for (int64_t n = 0; n < N; n++) std::memcpy(dst + (p * N + n) * 2, src + n * W + 2 * p, 4);
-}
-
-// ... summing over the rows of a packed [K, N] tile (K even): dst[k/2][n][2] =
-// (src[k][n], src[k + 1][n]).
-void pairs_of_rows(uint16_t* dst, const uint16_t* src, int64_t K, int64_t N) {
-  for (int64_t k = 0; k < K; k += 2) {
-    uint16_t* o = dst + k * N;
-    const uint16_t* a = src + k * N;
-    const uint16_t* b = a + N;
-    for (int64_t n = 0; n < N; n++) {
-      o[2 * n] = a[n];
-      o[2 * n + 1] = b[n];
-    }
-  }
-}
-
-int64_t even(int64_t x) { return (x + 1) / 2 * 2; }
 
 void forward_item16(float* out, float* lse, const float* qkv, int64_t b, int64_t h, int64_t qb0,
                     int64_t qb1, int64_t T, const Heads& g) {
@@ -426,8 +380,6 @@ void backward_item16(float* dqkv, const float* dout, const float* qkv, const flo
 }
 #endif  // __AVX512BF16__
 
-// Whether this call runs on bf16 tiles.
-bool bf16_tiles() { return tiles::kBf16Tiles && gemm_precision() == GemmPrecision::kBF16; }
 
 }  // namespace
 

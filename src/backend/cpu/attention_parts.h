@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/simd_math.h"
+#include "backend/ops.h"
+#include "core/bf16.h"
 
 namespace po::backend::cpu::attn {
 
@@ -120,5 +123,59 @@ inline void tile_score_grads(float* PT, float* dST, const float* Li, const float
     }
   }
 }
+
+// Whether this call runs on bf16 tiles (gemm_precision() == kBF16 on a CPU
+// with AVX512-BF16).
+inline bool bf16_tiles() { return tiles::kBf16Tiles && gemm_precision() == GemmPrecision::kBF16; }
+
+#if defined(__AVX512BF16__)
+// The bf16 tiles' packing (attention.cc's bf16 items, attention_block.cc's).
+inline uint16_t* scratch16(size_t n) {
+  thread_local std::vector<uint16_t> buf;
+  if (buf.size() < n + 32) buf.resize(n + 32);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint16_t*>((p + 63) & ~uintptr_t{63});
+}
+
+inline uint16_t bf16_bits(float x) { return core::f32_to_bf16(x).bits; }
+
+// pack_rows, rounded to bf16.
+inline void pack_rows16(uint16_t* dst, const float* src, int64_t stride, int64_t n, int64_t rows,
+                 int64_t hs, int64_t HP, float s) {
+  for (int64_t t = 0; t < rows; t++) {
+    uint16_t* o = dst + t * HP;
+    const float* x = src + t * stride;
+    const int64_t m = t < n ? hs : 0;
+    if (t + kPrefetch < n)
+      for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
+    for (int64_t d = 0; d < m; d++) o[d] = bf16_bits(s * x[d]);
+    for (int64_t d = m; d < HP; d++) o[d] = 0;
+  }
+}
+
+// A product's B operand summing over the columns of a packed [N, W] tile (W
+// even): dst[p][n][2] = (src[n][2p], src[n][2p + 1]), i.e. the tile's pairs
+// transposed.
+inline void pairs_of_columns(uint16_t* dst, const uint16_t* src, int64_t N, int64_t W) {
+  for (int64_t p = 0; p < W / 2; p++)
+    for (int64_t n = 0; n < N; n++) std::memcpy(dst + (p * N + n) * 2, src + n * W + 2 * p, 4);
+}
+
+// ... summing over the rows of a packed [K, N] tile (K even): dst[k/2][n][2] =
+// (src[k][n], src[k + 1][n]).
+inline void pairs_of_rows(uint16_t* dst, const uint16_t* src, int64_t K, int64_t N) {
+  for (int64_t k = 0; k < K; k += 2) {
+    uint16_t* o = dst + k * N;
+    const uint16_t* a = src + k * N;
+    const uint16_t* b = a + N;
+    for (int64_t n = 0; n < N; n++) {
+      o[2 * n] = a[n];
+      o[2 * n + 1] = b[n];
+    }
+  }
+}
+
+inline int64_t even(int64_t x) { return (x + 1) / 2 * 2; }
+#endif  // __AVX512BF16__
 
 }  // namespace po::backend::cpu::attn
