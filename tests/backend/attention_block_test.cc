@@ -19,14 +19,6 @@ namespace cpu = po::backend::cpu;
 using po::test::all_close;
 using po::test::random_vec;
 
-std::vector<float> rounded(const std::vector<float>& x) {
-  std::vector<uint16_t> h(x.size());
-  std::vector<float> w(x.size());
-  cpu::f32_to_bf16(h.data(), x.data(), static_cast<int64_t>(x.size()));
-  cpu::bf16_to_f32(w.data(), h.data(), static_cast<int64_t>(x.size()));
-  return w;
-}
-
 namespace {
 
 // Largest |a - b| / (|b| + 1% of the largest |b|) over the elements, and
@@ -66,8 +58,8 @@ void check_blocks(int64_t B, int64_t T, int64_t n, int64_t NH, int64_t NKV, int6
   auto qkv = random_vec(B * T * C3, T * 17 + C3, -1.5f, 1.5f);
   auto dout = random_vec(B * T * C, T + 3, -1.0f, 1.0f);
   if (bf16) {
-    qkv = rounded(qkv);
-    dout = rounded(dout);
+    qkv = po::test::rounded_bf16(qkv);
+    dout = po::test::rounded_bf16(dout);
   }
   std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(B * T * C3);
   cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hs);

@@ -181,14 +181,6 @@ TEST(Attention, FiniteDifferenceGradients) {
 // on these shapes). The bits do not depend on the thread count.
 namespace {
 
-std::vector<float> rounded(const std::vector<float>& x) {
-  std::vector<uint16_t> h(x.size());
-  std::vector<float> w(x.size());
-  cpu::f32_to_bf16(h.data(), x.data(), static_cast<int64_t>(x.size()));
-  cpu::bf16_to_f32(w.data(), h.data(), static_cast<int64_t>(x.size()));
-  return w;
-}
-
 struct AttnOut {
   std::vector<float> out, lse, dqkv;
 };
@@ -205,8 +197,8 @@ AttnOut run_attention(const std::vector<float>& qkv, const std::vector<float>& d
 
 void check_bf16_attention(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
   const int64_t C = NH * hs, C3 = (NH + 2 * NKV) * hs;
-  const auto qkv = rounded(random_vec(B * T * C3, T * 17 + hs));
-  const auto dout = rounded(random_vec(B * T * C, T + 3));
+  const auto qkv = po::test::rounded_bf16(random_vec(B * T * C3, T * 17 + hs));
+  const auto dout = po::test::rounded_bf16(random_vec(B * T * C, T + 3));
   const std::string tag = "(bf16 tiles, B=" + std::to_string(B) + ",T=" + std::to_string(T) +
                           ",NH=" + std::to_string(NH) + ",NKV=" + std::to_string(NKV) +
                           ",hs=" + std::to_string(hs) + ")";

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
+
 namespace po::test {
 
 inline std::vector<float> random_vec(size_t n, uint64_t seed, float lo = -1.0f,
@@ -22,6 +24,15 @@ inline std::vector<float> random_vec(size_t n, uint64_t seed, float lo = -1.0f,
   std::vector<float> v(n);
   for (auto& x : v) x = u(g);
   return v;
+}
+
+// x with every value rounded to bf16 (nearest even) and widened back.
+inline std::vector<float> rounded_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  std::vector<float> w(x.size());
+  backend::cpu::f32_to_bf16(h.data(), x.data(), static_cast<int64_t>(x.size()));
+  backend::cpu::bf16_to_f32(w.data(), h.data(), static_cast<int64_t>(x.size()));
+  return w;
 }
 
 inline std::vector<double> to_double(const std::vector<float>& v) {

@@ -45,6 +45,60 @@ void check_heads(const char* what, int64_t NH, int64_t NKV, int64_t hs, int64_t 
            nq, " and ", nk);
 }
 
+// A query tile's normalised rows (O / l) and their lse (m + log l), merged
+// into out and lse; ob is a row of scratch.
+void merge_tile(AttnRowsOut out, float* lse, int64_t lse_stride, const float* O, const float* m,
+                const float* l, float* ob, int64_t b, int64_t h, int64_t i0, int64_t ni,
+                int64_t NH, int64_t hs, int64_t HP) {
+  for (int64_t ii = 0; ii < ni; ii++) {
+    const float inv = 1.0f / l[ii];
+    for (int64_t d = 0; d < hs; d++) ob[d] = O[ii * HP + d] * inv;
+    attention_lse_merge(out.p + b * out.batch + (i0 + ii) * out.row + h * hs,
+                        lse + (b * NH + h) * lse_stride + i0 + ii, ob, m[ii] + std::log(l[ii]), hs);
+  }
+}
+
+// D[t] = rowsum(dO · O) over the head's columns and the lse, padded to Qp rows.
+void backward_rows(float* D, float* Lp, const float* go, int64_t go_row, const float* o,
+                   int64_t o_row, const float* L, int64_t nq, int64_t Qp, int64_t hs) {
+  for (int64_t t = 0; t < Qp; t++) {
+    float sum = 0.0f;
+    if (t < nq)
+      for (int64_t d = 0; d < hs; d++) sum += go[t * go_row + d] * o[t * o_row + d];
+    D[t] = sum;
+    Lp[t] = t < nq ? L[t] : 0.0f;
+  }
+}
+
+// A key tile's dK, dV added into kv group g's rows of dk, dv.
+void add_kv_tile(AttnRowsOut dk, AttnRowsOut dv, const float* dK, const float* dV, int64_t b,
+                 int64_t g, int64_t j0, int64_t nj, int64_t hs, int64_t HP) {
+  for (int64_t kk = 0; kk < nj; kk++) {
+    float* dkr = dk.p + b * dk.batch + (j0 + kk) * dk.row + g * hs;
+    float* dvr = dv.p + b * dv.batch + (j0 + kk) * dv.row + g * hs;
+#pragma omp simd
+    for (int64_t d = 0; d < hs; d++) {
+      dkr[d] += dK[kk * HP + d];
+      dvr[d] += dV[kk * HP + d];
+    }
+  }
+}
+
+// dq += scale · dQT^T, a 16 x 16 tile at a time through `tile`.
+void add_dq(AttnRowsOut dq, const float* dQT, float* tile, int64_t b, int64_t h, int64_t nq,
+            int64_t Qp, int64_t hs, int64_t HP, float scale) {
+  for (int64_t t0 = 0; t0 < nq; t0 += 16)
+    for (int64_t d0 = 0; d0 < HP; d0 += 16) {
+      tiles::transpose16(dQT + d0 * Qp + t0, Qp, tile, 16);
+      const int64_t nd = std::min<int64_t>(16, hs - d0);
+      for (int64_t t = t0; t < std::min(nq, t0 + 16); t++) {
+        float* r = dq.p + b * dq.batch + t * dq.row + h * hs + d0;
+        const float* x = tile + (t - t0) * 16;
+        for (int64_t d = 0; d < nd; d++) r[d] += scale * x[d];
+      }
+    }
+}
+
 void block_forward_item(AttnRowsOut out, float* lse, int64_t lse_stride, AttnRows q, AttnRows k,
                         AttnRows v, int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t NH,
                         int64_t NKV, int64_t hs, bool causal) {
@@ -83,13 +137,7 @@ void block_forward_item(AttnRowsOut out, float* lse, int64_t lse_stride, AttnRow
       gemm_tile(ni, HP, nj, S, kBlock, V + j0 * HP, HP, O, HP, j0 != 0,
                 diag ? Causal::kKUpTo : Causal::kNone);
     }
-    for (int64_t ii = 0; ii < ni; ii++) {
-      const float inv = 1.0f / l[ii];
-      for (int64_t d = 0; d < hs; d++) ob[d] = O[ii * HP + d] * inv;
-      attention_lse_merge(out.p + b * out.batch + (i0 + ii) * out.row + h * hs,
-                          lse + (b * NH + h) * lse_stride + i0 + ii, ob,
-                          m[ii] + std::log(l[ii]), hs);
-    }
+    merge_tile(out, lse, lse_stride, O, m, l, ob, b, h, i0, ni, NH, hs, HP);
   }
 }
 
@@ -126,14 +174,7 @@ void block_backward_item(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnRow
   transpose_packed(KT, K, Kp, HP);
   pack_rows(V, v.p + b * v.batch + g * hs, v.row, nk, Kp, hs, HP, 1.0f);
   for (int64_t x = 0; x < QH; x++) dQT[x] = 0.0f;
-  const float* L = lse + (b * NH + h) * lse_stride;
-  for (int64_t t = 0; t < Qp; t++) {
-    float sum = 0.0f;
-    if (t < nq)
-      for (int64_t d = 0; d < hs; d++) sum += go[t * dout.row + d] * o[t * out.row + d];
-    D[t] = sum;
-    Lp[t] = t < nq ? L[t] : 0.0f;
-  }
+  backward_rows(D, Lp, go, dout.row, o, out.row, lse + (b * NH + h) * lse_stride, nq, Qp, hs);
 
   for (int64_t j0 = 0; j0 < nk; j0 += kBlock) {
     const int64_t nj = std::min(kBlock, nk - j0), i_start = causal ? j0 : 0;
@@ -158,27 +199,9 @@ void block_backward_item(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnRow
       }
     }
     if (i_start >= nq) continue;  // no query tile sees this key tile
-    for (int64_t kk = 0; kk < nj; kk++) {
-      float* dkr = dk.p + b * dk.batch + (j0 + kk) * dk.row + g * hs;
-      float* dvr = dv.p + b * dv.batch + (j0 + kk) * dv.row + g * hs;
-#pragma omp simd
-      for (int64_t d = 0; d < hs; d++) {
-        dkr[d] += dK[kk * HP + d];
-        dvr[d] += dV[kk * HP + d];
-      }
-    }
+    add_kv_tile(dk, dv, dK, dV, b, g, j0, nj, hs, HP);
   }
-  // dq += scale · dQT^T, a 16 x 16 tile at a time.
-  for (int64_t t0 = 0; t0 < nq; t0 += 16)
-    for (int64_t d0 = 0; d0 < HP; d0 += 16) {
-      tiles::transpose16(dQT + d0 * Qp + t0, Qp, tile, 16);
-      const int64_t nd = std::min<int64_t>(16, hs - d0);
-      for (int64_t t = t0; t < std::min(nq, t0 + 16); t++) {
-        float* r = dq.p + b * dq.batch + t * dq.row + h * hs + d0;
-        const float* x = tile + (t - t0) * 16;
-        for (int64_t d = 0; d < nd; d++) r[d] += scale * x[d];
-      }
-    }
+  add_dq(dq, dQT, tile, b, h, nq, Qp, hs, HP, scale);
 }
 
 #if defined(__AVX512BF16__)
@@ -230,13 +253,7 @@ void block_forward_item16(AttnRowsOut out, float* lse, int64_t lse_stride, AttnR
       tiles::gemm_tile16(ni, HP, even(nj), P, kBlock, Vp + j0 * HP, 2 * HP, O, HP, j0 != 0,
                          diag ? Causal::kKUpTo : Causal::kNone);
     }
-    for (int64_t ii = 0; ii < ni; ii++) {
-      const float inv = 1.0f / l[ii];
-      for (int64_t d = 0; d < hs; d++) ob[d] = O[ii * HP + d] * inv;
-      attention_lse_merge(out.p + b * out.batch + (i0 + ii) * out.row + h * hs,
-                          lse + (b * NH + h) * lse_stride + i0 + ii, ob,
-                          m[ii] + std::log(l[ii]), hs);
-    }
+    merge_tile(out, lse, lse_stride, O, m, l, ob, b, h, i0, ni, NH, hs, HP);
   }
 }
 
@@ -280,14 +297,7 @@ void block_backward_item16(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnR
   pairs_of_columns(dOTp, rows, Qp, HP);
   pairs_of_rows(dOp, rows, Qp, HP);
   for (int64_t x = 0; x < QH; x++) dQT[x] = 0.0f;
-  const float* L = lse + (b * NH + h) * lse_stride;
-  for (int64_t t = 0; t < Qp; t++) {
-    float sum = 0.0f;
-    if (t < nq)
-      for (int64_t d = 0; d < hs; d++) sum += go[t * dout.row + d] * o[t * out.row + d];
-    D[t] = sum;
-    Lp[t] = t < nq ? L[t] : 0.0f;
-  }
+  backward_rows(D, Lp, go, dout.row, o, out.row, lse + (b * NH + h) * lse_stride, nq, Qp, hs);
 
   for (int64_t j0 = 0; j0 < nk; j0 += kBlock) {
     const int64_t nj = std::min(kBlock, nk - j0), i_start = causal ? j0 : 0;
@@ -322,26 +332,9 @@ void block_backward_item16(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnR
       }
     }
     if (i_start >= nq) continue;
-    for (int64_t kk = 0; kk < nj; kk++) {
-      float* dkr = dk.p + b * dk.batch + (j0 + kk) * dk.row + g * hs;
-      float* dvr = dv.p + b * dv.batch + (j0 + kk) * dv.row + g * hs;
-#pragma omp simd
-      for (int64_t d = 0; d < hs; d++) {
-        dkr[d] += dK[kk * HP + d];
-        dvr[d] += dV[kk * HP + d];
-      }
-    }
+    add_kv_tile(dk, dv, dK, dV, b, g, j0, nj, hs, HP);
   }
-  for (int64_t t0 = 0; t0 < nq; t0 += 16)
-    for (int64_t d0 = 0; d0 < HP; d0 += 16) {
-      tiles::transpose16(dQT + d0 * Qp + t0, Qp, tile, 16);
-      const int64_t nd = std::min<int64_t>(16, hs - d0);
-      for (int64_t t = t0; t < std::min(nq, t0 + 16); t++) {
-        float* r = dq.p + b * dq.batch + t * dq.row + h * hs + d0;
-        const float* x = tile + (t - t0) * 16;
-        for (int64_t d = 0; d < nd; d++) r[d] += scale * x[d];
-      }
-    }
+  add_dq(dq, dQT, tile, b, h, nq, Qp, hs, HP, scale);
 }
 #endif  // __AVX512BF16__
 
