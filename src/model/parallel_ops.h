@@ -33,7 +33,7 @@ namespace po::model {
 // Where a context-parallel rank's rows sit in the sequence (Liu et al.'s
 // ring attention; the zig-zag balance of Megatron-LM and torchtitan): the
 // model.seq_len positions are cut into 2·size chunks (zigzag) or size chunks
-// (contiguous) of chunk_len positions, and this rank holds chunks rank and
+// (contiguous) of equal length, and this rank holds chunks rank and
 // 2·size − 1 − rank (zigzag) or chunk rank alone, in that order, as its
 // local sequence of T / size rows. At size 1 the local sequence is the
 // sequence.
@@ -44,8 +44,6 @@ struct ContextSplit {
   int local_chunks() const { return size > 1 && zigzag ? 2 : 1; }
   // The global index of local chunk i.
   int chunk(int i) const { return i == 0 ? rank : 2 * size - 1 - rank; }
-  // Positions per chunk of a sequence of T positions.
-  int64_t chunk_len(int64_t T) const { return T / total_chunks(); }
   // The global position of local row t of a local sequence of T_local rows.
   int64_t position(int64_t t, int64_t T_local) const {
     const int64_t S = T_local / local_chunks();

@@ -453,28 +453,17 @@ void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
 }
 
 void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t t) const {
-  const int64_t C = config_.n_embd;
-  if (cp_.size == 1) {
-    const int64_t rows = b * t;
-    ops::position_embedding_add(out, wpe, chunk_begin(rows), rows / sp_, t, C);
-    return;
-  }
-  if (sp_ > 1) {  // this rank's rows of the micro-batch, each at its position
-    const int64_t rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
+  const int64_t C = config_.n_embd, rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
+  if (cp_.size == 1) return ops::position_embedding_add(out, wpe, row0, n, t, C);
+  // This rank's rows of the micro-batch (all of them without sequence
+  // parallel), each at its position in the sequence.
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-      const float* w = wpe + cp_.position((row0 + i) % t, t) * C;
-      float* o = out + i * C;
-      for (int64_t c = 0; c < C; c++) o[c] += w[c];
-    }
-    return;
+  for (int64_t i = 0; i < n; i++) {
+    const float* w = wpe + cp_.position((row0 + i) % t, t) * C;
+    float* o = out + i * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] += w[c];
   }
-  // Each local chunk's rows are consecutive positions.
-  const int64_t n = cp_.local_chunks(), S = t / n;
-  for (int64_t s = 0; s < b; s++)
-    for (int64_t i = 0; i < n; i++)
-      ops::position_embedding_add(out + (s * t + i * S) * C,
-                                  wpe + cp_.chunk(static_cast<int>(i)) * S * C, 0, S, S, C);
 }
 
 void Transformer::position_grads(float* dwpe, const float* dout) const {
