@@ -39,8 +39,14 @@ for tool in slurmctld slurmd sinfo; do
 done
 
 mkdir -p "$dir/state" "$dir/spool" "$dir/log"
-base=$((20000 + RANDOM % 40000))
 user=$(id -un)
+
+# One try: a fresh random port base, the configuration, both daemons, and a
+# wait for the node to come up idle. A port taken by another process (another
+# test's cluster, whose srun port range is 200 wide) leaves the node 'unk*',
+# so start() is retried with new ports before giving up.
+start() {
+base=$((20000 + RANDOM % 40000))
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=po-local
 SlurmctldHost=localhost
@@ -84,14 +90,26 @@ cat > "$dir/mpi.conf" <<CONF
 PMIxCliTmpDirBase=$dir/pmix
 CONF
 export SLURM_CONF=$dir/slurm.conf
-slurmctld -c -f "$dir/slurm.conf" >"$dir/log/slurmctld.out" 2>&1
-slurmd -c -N localhost -f "$dir/slurm.conf" >"$dir/log/slurmd.out" 2>&1
-for _ in $(seq 200); do
+slurmctld -c -f "$dir/slurm.conf" >"$dir/log/slurmctld.out" 2>&1 || return 1
+slurmd -c -N localhost -f "$dir/slurm.conf" >"$dir/log/slurmd.out" 2>&1 || return 1
+for _ in $(seq 300); do
   state=$(sinfo -h -N -o %t 2>/dev/null | head -1 || true)
-  case "$state" in idle|mix|alloc) exit 0 ;; esac
+  case "$state" in idle|mix|alloc) return 0 ;; esac
   sleep 0.1
 done
-echo "local_cluster.sh: node did not become idle within 20 s (state '${state:-none}'); logs in $dir/log" >&2
-tail -5 "$dir/log/slurmctld.log" "$dir/log/slurmd.log" >&2 || true
-stop
+return 1
+}
+
+for attempt in 1 2 3; do
+  if start; then exit 0; fi
+  echo "local_cluster.sh: try $attempt: node did not become idle within 30 s (state '${state:-none}', ports from $base); logs in $dir/log.try$attempt" >&2
+  for f in "$dir/log/slurmctld.log" "$dir/log/slurmd.log" "$dir/log/slurmctld.out" "$dir/log/slurmd.out"; do
+    [ -s "$f" ] && { echo "--- $f" >&2; tail -n 5 "$f" >&2; }
+  done
+  stop
+  rm -f "$dir/slurmctld.pid" "$dir/slurmd.pid"
+  rm -rf "$dir/state" "$dir/spool"
+  mkdir -p "$dir/state" "$dir/spool"
+  mv "$dir/log" "$dir/log.try$attempt" && mkdir -p "$dir/log"
+done
 exit 1
