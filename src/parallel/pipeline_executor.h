@@ -125,6 +125,7 @@ struct PipelineStepStats {
   double wait_s = 0;    // of which waiting for messages
   int peak_in_flight = 0;  // micro-batches held at once on this rank (all chunks)
   int peak_w_queue = 0;    // deferred weight backwards waiting at once
+  int64_t sends = 0;       // p2p messages sent
   int64_t sent_bytes = 0;  // p2p payload sent
 };
 

@@ -422,17 +422,19 @@ TrainResult train_pipeline(const PipelineRun& r) {
     loss /= static_cast<double>(p.accum * p.dp * p.cp);  // cp ranks: means over their own tokens
     const double seconds = step_timer.seconds();
     // The measured bubble: 1 - mean compute / the slowest stage's step.
-    const double mine[4] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes)};
-    std::vector<double> all(4 * static_cast<size_t>(p.pp));
-    pipe.all_gather(mine, all.data(), 8, DType::kI32);  // doubles, bit-exact
-    std::vector<double> busy, secs, sent_per_rank;
+    const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
+                            static_cast<double>(st.sends)};
+    std::vector<double> all(5 * static_cast<size_t>(p.pp));
+    pipe.all_gather(mine, all.data(), 10, DType::kI32);  // doubles, bit-exact
+    std::vector<double> busy, secs, sent_per_rank, sends_per_rank;
     double wait_max = 0, sent = 0;
     for (int64_t k = 0; k < p.pp; ++k) {
-      busy.push_back(all[4 * k]);
-      secs.push_back(all[4 * k + 1]);
-      wait_max = std::max(wait_max, all[4 * k + 2]);
-      sent += all[4 * k + 3];
-      sent_per_rank.push_back(all[4 * k + 3]);
+      busy.push_back(all[5 * k]);
+      secs.push_back(all[5 * k + 1]);
+      wait_max = std::max(wait_max, all[5 * k + 2]);
+      sent += all[5 * k + 3];
+      sent_per_rank.push_back(all[5 * k + 3]);
+      sends_per_rank.push_back(all[5 * k + 4]);
     }
     const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
     // Every pipeline rank's bytes (the executor's accounting), for the report.
@@ -515,6 +517,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_wait_ms", wait_max * 1000},
                     {"pp_p2p_bytes", sent},
                     {"pp_p2p_bytes_per_rank", sent_per_rank},
+                    {"pp_p2p_sends_per_rank", sends_per_rank},
                     {"pp_peak_in_flight", peaks},
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},

@@ -252,6 +252,15 @@ TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   po::test::expect_same_checkpoint(d3, dir_ / "d3_at_d3", 6, "dp2×tp2×pp2 resumed in its own layout");
 }
 
+// Sequence parallel inside each stage: tp 2 × pp 2 (4 processes) gives
+// the bits of tp 2 at pp 1, both with the tensor group's rows split.
+TEST_F(PipelineRuns, SequenceParallelStagesAreBitIdenticalToOneStage) {
+  const std::string sp = "--set parallel.sequence_parallel=true --set parallel.schedule=zb-h1";
+  const std::string one = train("tp2_sp", 1, 1, sp, 2);
+  const std::string two = train("tp2_sp_pp2", 1, 2, sp, 2);
+  expect_bits(one, two, "tp 2 × pp 2 with sequence parallel vs tp 2");
+}
+
 TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
   const std::string trace = dir_ / "zbv.json";
   const std::string run = train("zbv", 1, 2, "--set parallel.schedule=zbv --trace " + trace);
