@@ -14,6 +14,8 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.sequence_parallel = cfg.get_bool("parallel.sequence_parallel");
   l.schedule = parallel::pipeline::parse_schedule(cfg.get_string("parallel.schedule"));
   l.virtual_stages = static_cast<int>(cfg.get_int("parallel.virtual_stages"));
+  l.vocab_parallel = cfg.get_bool("parallel.vocab_parallel");
+  l.stage_layers = cfg.get_string("parallel.stage_layers");
   l.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   const std::string& precision = cfg.get_string("train.precision");
   PO_CHECK(precision == "fp32" || precision == "bf16", "train.precision = \"", precision,

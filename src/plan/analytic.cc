@@ -29,9 +29,12 @@ parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Lay
   namespace pl = parallel::pipeline;
   try {
     return pl::make_pipeline(engine_config(model, l), l.seq, l.schedule, l.pp,
-                             static_cast<int>(l.accum()), l.virtual_stages);
+                             static_cast<int>(l.accum()), l.virtual_stages, l.vocab_parallel,
+                             l.stage_layers);
   } catch (const core::Error&) {
-    return {pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages), {}};
+    return {pl::make_schedule(l.schedule, l.pp, static_cast<int>(l.accum()), l.virtual_stages,
+                              l.vocab_parallel),
+            {}};
   }
 }
 
@@ -191,7 +194,9 @@ void analytic_plan(Plan& p) {
     const pl::Timing t = pl::simulate(sched);
     p.bubble = p.bubble_stages = t.bubble();
     if (!pipe.stages.empty())
-      p.bubble_stages = pl::simulate(sched, pl::stage_costs(engine_config(p.model, l), l.seq, pipe.stages)).bubble();
+      p.bubble_stages = pl::simulate(sched, pl::stage_costs(engine_config(p.model, l), l.seq, pipe.stages,
+                                                            sched.vocab ? l.pp : 0))
+                            .bubble();
     in_flight = 0;
     for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
       in_flight = std::max<double>(in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);

@@ -32,6 +32,7 @@ std::string Layout::describe() const {
     s += core::str_cat(", ", parallel::pipeline::schedule_name(schedule));
     if (virtual_stages > 1 && schedule == parallel::pipeline::ScheduleKind::kInterleaved)
       s += core::str_cat(" v", virtual_stages);
+    if (vocab_parallel) s += ", vocab parallel";
   }
   if (checkpointing) s += ", ckpt";
   if (paging) s += nvme ? ", paged (nvme)" : ", paged (host)";
@@ -80,6 +81,8 @@ void check_layout(const ModelSpec& m, const Layout& l, int devices) {
              "\") exceeds the ", m.n_layer, " layers");
     parallel::pipeline::check_schedule(l.schedule, l.pp, static_cast<int>(l.accum()),
                                        l.virtual_stages);
+    PO_CHECK(!l.vocab_parallel || l.pp <= 8, "parallel.vocab_parallel spreads the head's 8 vocabulary ",
+             "pieces over at most 8 pipeline ranks, not parallel.pp = ", l.pp);
   }
   PO_CHECK(l.seq % l.cp == 0, "parallel.cp = ", l.cp, " must divide the sequence of ", l.seq,
            " tokens");
@@ -139,6 +142,9 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
     std::string with;
     auto add = [&](const std::string& w) { with += (with.empty() ? "" : ", ") + w; };
     if (l.zero_stage > 1) add(core::str_cat("ZeRO-", l.zero_stage));
+    if (l.vocab_parallel && l.bf16) add("vocabulary parallel in bf16");
+    if (l.vocab_parallel && l.tp > 1) add("vocabulary parallel with tp > 1");
+    if (l.vocab_parallel && l.cp > 1) add("vocabulary parallel with cp > 1");
     if (!with.empty()) why.push_back("pipeline parallel with " + with);
   }
   if (l.cp > 1 && l.seq % (2 * l.cp) != 0)

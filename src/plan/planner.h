@@ -40,6 +40,10 @@ struct Layout {
   // (parallel/pipeline_schedule.h), the same ones the engine runs.
   parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::k1F1B;
   int virtual_stages = 2;
+  // parallel.vocab_parallel: the head's vocabulary pieces spread over the
+  // pipeline ranks (fp32, tp 1); parallel.stage_layers: the split by hand.
+  bool vocab_parallel = false;
+  std::string stage_layers;
   int zero_stage = 0;
   bool bf16 = false;         // train.precision
   bool reduce_bf16 = false;  // parallel.reduce_dtype

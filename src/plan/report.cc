@@ -38,7 +38,7 @@ std::string format_plan(const Plan& p) {
                                                            " tokens, ", p.layout.accum(), " micro-batches per step\n");
   t += p.engine_exact ? "model: the engine's own layout (exact)\n"
        : p.not_trainable.empty()
-           ? "model: the pipeline executor's memory (exact), analytic time and bubble\n"
+           ? "model: the pipeline executor's memory and messages (exact), analytic time and bubble\n"
            : "model: analytic (ZeRO ledger, Korthikanti et al. activations)\n";
   if (!p.not_trainable.empty()) {
     std::string why;

@@ -28,9 +28,14 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
         for (int stage = 0; stage <= 3; ++stage) {
           for (int64_t micro : {1, 2, 4, 8, 16}) {
             for (bool ckpt : {false, true}) {
+             // With pp > 1 the head on the last stage, and spread over the
+             // ranks (vocabulary parallel, fp32 at tp 1, as the engine trains it).
+             for (bool vocab : {false, true}) {
+              if (vocab && (pp == 1 || pp > 8 || tp > 1 || cp > 1 || base.bf16)) continue;
               bool unpaged_fits = false;
               for (int paging = 0; paging < 2; ++paging) {
                 Layout l = base;
+                l.vocab_parallel = vocab;
                 l.dp = dp;
                 l.tp = tp;
                 l.pp = pp;
@@ -65,6 +70,7 @@ SearchResult search(const ModelSpec& model, const ClusterSpec& cluster, const La
                 if (trainable_only && !p.not_trainable.empty()) continue;
                 (p.fits ? r.fitting : r.rejected).push_back(std::move(p));
               }
+             }
             }
           }
         }

@@ -80,20 +80,6 @@ const Case kCases[] = {
     {"cp2_s1_fp32_paged_nvme", 1, "parallel.cp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
 };
 
-class PlanVsEngine : public ::testing::TestWithParam<Case> {
- protected:
-  void SetUp() override {
-    write_tokens(train_, 20000, 512);
-    write_file(config_,
-               "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\nn_embd = 64\nn_head = 2\n"
-               "vocab_size = 512\nseq_len = 32\n"
-               "[train]\nbatch_size = 8\nmicro_batch_size = 2\nsteps = 3\nlr = 1e-3\nthreads = 1\n"
-               "[data]\ntrain = \"" + train_ + "\"\n[run]\ndir = \"" + (dir_ / "unused") + "\"\n");
-  }
-  TempDir dir_;
-  std::string train_ = dir_ / "train.bin", config_ = dir_ / "c.toml";
-};
-
 std::vector<std::string> split_sets(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream in(s);
@@ -112,6 +98,49 @@ plan::ClusterSpec test_cluster() {
   c.intra_bw = c.inter_bw = c.host_bw = 1e9;
   c.nvme_read_bw = c.nvme_write_bw = 1e9;
   return c;
+}
+
+class PlanVsEngine : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    write_tokens(train_, 20000, 512);
+    write_file(config_,
+               "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\nn_embd = 64\nn_head = 2\n"
+               "vocab_size = 512\nseq_len = 32\n"
+               "[train]\nbatch_size = 8\nmicro_batch_size = 2\nsteps = 3\nlr = 1e-3\nthreads = 1\n"
+               "[data]\ntrain = \"" + train_ + "\"\n[run]\ndir = \"" + (dir_ / "unused") + "\"\n");
+  }
+  // The case's --set overrides (paged: the smallest budget the engine
+  // accepts, + 2 pages, so pages move every step) and the plan of them.
+  std::vector<std::string> case_sets(const Case& c) const;
+  plan::Plan plan_of(const std::vector<std::string>& sets) const {
+    const core::Config cfg = core::Config::load(config_, sets);
+    const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), "test");
+    return plan::make_plan(model, test_cluster(), po::cli::plan_layout(cfg, model));
+  }
+  // `pagedoptim train` with the overrides on `world` ranks, into dir_/run.
+  CommandResult train_run(const std::vector<std::string>& sets, int world) const {
+    std::string args = "train -c " + config_ + " --set run.dir=" + (dir_ / "run");
+    for (const auto& s : sets) args += " --set " + s;
+    CommandResult r = run_command(pagedoptim_command(world, args));
+    r.output = args + "\n" + r.output;
+    return r;
+  }
+  TempDir dir_;
+  std::string train_ = dir_ / "train.bin", config_ = dir_ / "c.toml";
+};
+
+std::vector<std::string> PlanVsEngine::case_sets(const Case& c) const {
+  std::vector<std::string> sets = split_sets(c.sets);
+  sets.push_back("parallel.dp=" + std::to_string(c.dp));
+  if (c.paged_budget) {
+    sets.push_back("memory.nvme_dir=" + dir_.path().string());
+    const plan::Plan p = plan_of(sets);
+    EXPECT_GT(p.min_compute_budget, 0) << c.name;
+    sets.push_back("memory.compute_budget=" +
+                   std::to_string(static_cast<uint64_t>(p.min_compute_budget) + 2 * 16384));
+  }
+  return sets;
 }
 
 using OpTotals = std::map<std::string, std::pair<uint64_t, double>>;  // op -> (calls, bytes)
@@ -154,29 +183,13 @@ void expect_same_comm(const OpTotals& predicted, const OpTotals& measured, const
 
 TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   const Case& c = GetParam();
-  std::vector<std::string> sets = split_sets(c.sets);
-  sets.push_back("parallel.dp=" + std::to_string(c.dp));
-  if (c.paged_budget) {
-    sets.push_back("memory.nvme_dir=" + dir_.path().string());
-    // The smallest budget the engine accepts, + 2 pages: pages move every step.
-    core::Config probe = core::Config::load(config_, sets);
-    const plan::ModelSpec m = plan::model_spec(train::resolve_model_config(probe), "test");
-    const plan::Plan p = plan::make_plan(m, test_cluster(), po::cli::plan_layout(probe, m));
-    ASSERT_GT(p.min_compute_budget, 0) << c.name;
-    sets.push_back("memory.compute_budget=" +
-                   std::to_string(static_cast<uint64_t>(p.min_compute_budget) + 2 * 16384));
-  }
-  const core::Config cfg = core::Config::load(config_, sets);
-  const plan::ModelSpec model = plan::model_spec(train::resolve_model_config(cfg), "test");
-  const plan::Plan plan = plan::make_plan(model, test_cluster(), po::cli::plan_layout(cfg, model));
+  const std::vector<std::string> sets = case_sets(c);
+  const plan::Plan plan = plan_of(sets);
   ASSERT_TRUE(plan.engine_exact) << c.name << ": planned as not trainable ("
                                  << (plan.not_trainable.empty() ? "" : plan.not_trainable.front()) << ")";
   const int world = plan.layout.devices();
-
-  std::string args = "train -c " + config_ + " --set run.dir=" + (dir_ / "run");
-  for (const auto& s : sets) args += " --set " + s;
-  const CommandResult r = run_command(pagedoptim_command(world, args));
-  ASSERT_EQ(r.exit_code, 0) << c.name << ": " << args << "\n" << r.output;
+  const CommandResult r = train_run(sets, world);
+  ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
   if (c.paged_budget) {  // the budget did force pages out of the compute tier
     EXPECT_GT(plan.nvme_bytes + plan.host_bytes, 0) << c.name;
     EXPECT_NE(r.output.find("nvme tier:"), std::string::npos) << r.output;
@@ -258,6 +271,75 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsEngine, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Pipeline layouts: the plan's memory is the executor's own accounting on
+// the busiest pipeline rank (PipelineExecutor::predict) and its messages the
+// schedule's sends, so both equal the run's to the byte: the largest
+// `pp_memory_per_rank` total (the executor's memory()) and the busiest
+// rank's p2p sends and payload bytes. What this holds is the path from the
+// configuration to the pipeline (stages, schedule, micro-batches, the head's
+// pieces), the same in `plan` and in `train`. The bubble is the schedule
+// simulated at the stages' FLOP costs (a time: bench/pp_bubble.sh prints it
+// beside the measured one); the data and tensor groups' collectives of a
+// pipeline layout are analytic.
+const Case kPipelineCases[] = {
+    {"pp2_1f1b", 1, "parallel.pp=2"},
+    {"pp2_zbv_vocab", 1, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true"},
+    {"pp4_interleaved", 1, "model.n_layer=8 parallel.pp=4 parallel.schedule=interleaved"},
+    {"dp2_pp2_zbh1_s1_ckpt", 2, "parallel.pp=2 parallel.schedule=zb-h1 parallel.zero_stage=1 model.activation_checkpointing=true"},
+    {"pp2_tp2_gpipe_bf16_sp", 1, "parallel.pp=2 parallel.tp=2 parallel.schedule=gpipe train.precision=bf16 parallel.sequence_parallel=true"},
+    {"llama_pp2_zbv_vocab_m3", 1, "model.n_layer=4 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true train.batch_size=6"},
+    {"pp2_1f1b_s1_paged_nvme", 1, "parallel.pp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
+};
+
+class PlanVsPipeline : public PlanVsEngine {};
+
+TEST_P(PlanVsPipeline, MemoryAndMessages) {
+  const Case& c = GetParam();
+  const std::vector<std::string> sets = case_sets(c);
+  const plan::Plan plan = plan_of(sets);
+  ASSERT_TRUE(plan.not_trainable.empty()) << c.name << ": planned as not trainable ("
+                                          << plan.not_trainable.front() << ")";
+  ASSERT_GT(plan.layout.pp, 1) << c.name;
+  const CommandResult r = train_run(sets, plan.layout.devices());
+  ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+  const auto records = read_metrics(dir_ / "run");
+  auto step_record = std::find_if(records.rbegin(), records.rend(),
+                                  [](const nlohmann::json& j) { return j.contains("pp_memory_per_rank"); });
+  ASSERT_NE(step_record, records.rend()) << c.name << ": no pipeline step record";
+  const nlohmann::json& last = *step_record;
+
+  double busiest = 0;
+  for (const auto& rank : last.at("pp_memory_per_rank")) busiest = std::max(busiest, rank.at("total").get<double>());
+  EXPECT_EQ(plan.compute_peak, busiest) << c.name << ": predicted " << plan.compute_peak
+                                        << " bytes on the busiest pipeline rank, the run's executor held "
+                                        << busiest << " (" << plan.compute_peak - busiest << " bytes off)";
+  std::printf("[ %-26s ] busiest pipeline rank: predicted %.0f, measured %.0f bytes\n", c.name,
+              plan.compute_peak, busiest);
+  if (c.paged_budget) {
+    EXPECT_GT(plan.nvme_bytes, 0) << c.name << ": the budget moved no page to NVMe";
+  }
+
+  const OpTotals predicted = predicted_comm(plan, "pp");
+  ASSERT_EQ(predicted.size(), 1u) << c.name << ": the plan's pipeline messages";
+  double sends = 0, bytes = 0;
+  const auto& per_sends = last.at("pp_p2p_sends_per_rank");
+  const auto& per_bytes = last.at("pp_p2p_bytes_per_rank");
+  for (size_t k = 0; k < per_sends.size(); ++k) {
+    sends = std::max(sends, per_sends[k].get<double>());
+    bytes = std::max(bytes, per_bytes[k].get<double>());
+  }
+  const auto [calls, payload] = predicted.begin()->second;
+  EXPECT_EQ(static_cast<double>(calls), sends)
+      << c.name << ": predicted " << calls << " sends on the busiest rank, the run's busiest made " << sends;
+  EXPECT_EQ(payload, bytes) << c.name << ": predicted " << payload
+                            << " payload bytes from the busiest rank, the run's busiest sent " << bytes;
+  std::printf("[ %-26s ] busiest sender: predicted %llu sends, %.0f bytes; measured %.0f, %.0f\n", c.name,
+              static_cast<unsigned long long>(calls), payload, sends, bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsPipeline, ::testing::ValuesIn(kPipelineCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -130,6 +130,87 @@ TEST(Planner, PipelineSchedulesSetTheBubbleAndTheActivationsInFlight) {
   EXPECT_EQ(sends(plans[pl::ScheduleKind::kInterleaved]), 2 * sends(plans[pl::ScheduleKind::k1F1B]));
 }
 
+// parallel.vocab_parallel in the plan: the engine's pipeline with the head's
+// pieces over the ranks (the schedule's head messages among the sends, the
+// stages' costs with each rank's share of the head), trainable in fp32 at
+// tp 1 and named as missing otherwise, and offered by the search. On
+// bench-small (the head outweighs the six blocks) it is what lets zbv reach
+// a quarter of 1f1b's bubble.
+TEST(Planner, VocabularyParallelLayouts) {
+  namespace pl = po::parallel::pipeline;
+  const plan::ModelSpec m = plan::model_preset("bench-small");
+  plan::Layout l;
+  l.pp = 2;
+  l.batch = 8;
+  l.micro = 1;
+  l.seq = 256;
+  auto sends = [](const plan::Plan& p) {
+    uint64_t n = 0;
+    for (const auto& c : p.comm) n += c.dim == "pp" ? c.calls : 0;
+    return n;
+  };
+  std::map<std::pair<pl::ScheduleKind, bool>, plan::Plan> plans;
+  for (pl::ScheduleKind k : {pl::ScheduleKind::k1F1B, pl::ScheduleKind::kZbH1, pl::ScheduleKind::kZbV}) {
+    for (bool vocab : {false, true}) {
+      l.schedule = k;
+      l.vocab_parallel = vocab;
+      plan::Plan p = plan::make_plan(m, h100(1), l);
+      EXPECT_TRUE(p.not_trainable.empty()) << p.layout.describe();
+      EXPECT_EQ(p.layout.describe().find("vocab parallel") != std::string::npos, vocab) << p.layout.describe();
+      const pl::Pipeline engine = plan::pipeline_schedule(m, p.layout);
+      EXPECT_EQ(engine.schedule.vocab, vocab) << p.layout.describe();
+      std::printf("%s: bubble at the stages' costs %.4f, %llu sends\n", p.layout.describe().c_str(),
+                  p.bubble_stages, static_cast<unsigned long long>(sends(p)));
+      plans[std::make_pair(k, vocab)] = std::move(p);
+    }
+  }
+  auto at = [&](pl::ScheduleKind k, bool vocab) -> const plan::Plan& { return plans.at(std::make_pair(k, vocab)); };
+  for (pl::ScheduleKind k : {pl::ScheduleKind::k1F1B, pl::ScheduleKind::kZbH1, pl::ScheduleKind::kZbV}) {
+    // The head's statistics and gradients travel too; its share off the last stage shrinks the bubble.
+    EXPECT_GT(sends(at(k, true)), sends(at(k, false))) << pl::schedule_name(k);
+    EXPECT_LT(at(k, true).bubble_stages, at(k, false).bubble_stages / 2) << pl::schedule_name(k);
+  }
+  EXPECT_LE(at(pl::ScheduleKind::kZbV, true).bubble_stages, at(pl::ScheduleKind::k1F1B, true).bubble_stages / 4);
+  EXPECT_GT(at(pl::ScheduleKind::kZbV, false).bubble_stages, 0.25) << "the head alone on a stage";
+
+  // What the engine refuses is named; a pp past the 8 pieces is an error.
+  l.vocab_parallel = true;
+  l.schedule = pl::ScheduleKind::k1F1B;
+  l.bf16 = true;
+  EXPECT_EQ(plan::make_plan(m, h100(1), l).not_trainable,
+            std::vector<std::string>{"pipeline parallel with vocabulary parallel in bf16"});
+  l.bf16 = false;
+  l.pp = 4;
+  l.tp = 2;
+  EXPECT_EQ(plan::make_plan(m, h100(1), l).not_trainable,
+            std::vector<std::string>{"pipeline parallel with vocabulary parallel with tp > 1"});
+  l.tp = 1;
+  l.pp = 16;
+  l.batch = 16;
+  try {
+    plan::check_layout(plan::model_preset("llama2-7b"), l);
+    ADD_FAILURE() << "pp 16 with the head's 8 pieces was accepted";
+  } catch (const po::core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.vocab_parallel spreads the head's 8 vocabulary pieces over "
+                                         "at most 8 pipeline ranks, not parallel.pp = 16"),
+              std::string::npos) << e.what();
+  }
+
+  // The search offers it where the engine trains it, fastest first on bench-small.
+  plan::Layout base;
+  base.batch = 8;
+  base.micro = 1;
+  base.seq = 256;
+  const plan::SearchResult r = plan::search(m, h100(1), base, 2, /*trainable_only=*/true);
+  bool offered = false;
+  for (const plan::Plan& p : r.fitting) {
+    if (!p.layout.vocab_parallel) continue;
+    offered = true;
+    EXPECT_TRUE(p.layout.pp > 1 && p.layout.tp == 1 && !p.layout.bf16) << p.layout.describe();
+  }
+  EXPECT_TRUE(offered) << "no vocabulary-parallel layout among the trainable ones";
+}
+
 TEST(Planner, PresetParameterCounts) {
   EXPECT_EQ(plan::model_preset("gpt2-124M").num_params(), 124439808);
   EXPECT_EQ(plan::model_preset("llama2-7b").num_params(), 6738415616);
