@@ -261,6 +261,17 @@ TEST_F(PipelineRuns, SequenceParallelStagesAreBitIdenticalToOneStage) {
   expect_bits(one, two, "tp 2 × pp 2 with sequence parallel vs tp 2");
 }
 
+// dp 2 × tp 2 × pp 2 (8 processes, ZeRO-1, zbv) over 20 steps follows one
+// process at the same global batch within 1e-5 (other reduction orders).
+TEST_F(PipelineRuns, ThreeDimensionalFollowsOneProcessOverTwentySteps) {
+  const std::string x = "--set parallel.zero_stage=1 --set parallel.schedule=zbv --set train.steps=20"
+                        " --set train.checkpoint_interval=0 --set train.eval_interval=10";
+  const std::string one = train("one_20", 1, 1, x);
+  const std::string d3 = train("d3_20", 2, 2, x, 2);
+  po::test::expect_same_curve(metric(one, "loss", 20), metric(d3, "loss", 20),
+                              "dp2×tp2×pp2 (zbv, ZeRO-1) vs one process, 20 steps");
+}
+
 TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
   const std::string trace = dir_ / "zbv.json";
   const std::string run = train("zbv", 1, 2, "--set parallel.schedule=zbv --trace " + trace);
