@@ -69,6 +69,16 @@ struct TransformerConfig {
   // Throws InvalidArgument naming the offending key (model.n_kv_head ...).
   void validate() const;
 
+  // The same units for a model that only holds weights (built to initialise,
+  // load or assemble them, with one row): no activation checkpointing and no
+  // sequence-parallel row split, which would refuse one row over tp ranks.
+  TransformerConfig weights_only() const {
+    TransformerConfig c = *this;
+    c.activation_checkpointing = false;
+    c.sequence_parallel = false;
+    return c;
+  }
+
   // The same config with the derived fields filled (what the layout uses).
   TransformerConfig resolved() const {
     TransformerConfig c = *this;

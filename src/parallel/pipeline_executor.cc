@@ -34,15 +34,6 @@ int64_t now_ns() {
 constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 constexpr size_t kRecvWindow = 4;   // receives posted ahead of their use
 
-// A one-row model of the same units, whose initialiser gives each unit's
-// values: they depend on (seed, tensor, index) only, not on how a step's rows
-// are split (sequence parallel would refuse its one row over tp ranks).
-model::TransformerConfig initialiser_config(model::TransformerConfig c) {
-  c.sequence_parallel = false;
-  c.activation_checkpointing = false;
-  return c;
-}
-
 tensor::Storage zeroed(int64_t elements, size_t esz = sizeof(float)) {
   tensor::Storage s(static_cast<size_t>(elements) * esz);
   std::memset(s.data(), 0, s.size());
@@ -404,7 +395,7 @@ void PipelineExecutor::set_adam_steps(int64_t t) {
 void PipelineExecutor::init_random(uint64_t seed) {
   // The initialiser of a one-block model of the same shapes gives each
   // unit's values (they depend on (seed, tensor, index) only).
-  model::Transformer init(initialiser_config(config_), 1, 1, model::UnitRange{0, 0}, setup_.split);
+  model::Transformer init(config_.weights_only(), 1, 1, model::UnitRange{0, 0}, setup_.split);
   std::vector<float> unit;
   for (auto& c : chunks_) {
     for (int u = c->first; u <= c->last; ++u) {
@@ -1406,7 +1397,7 @@ void PipelineExecutor::vocab_setup() {
 // token table's, unit 0).
 void PipelineExecutor::vocab_init(uint64_t seed) {
   if (!vocab_ || vocab_->w_copy.size() == 0) return;
-  model::Transformer init(initialiser_config(config_), 1, 1, model::UnitRange{0, 0}, setup_.split);
+  model::Transformer init(config_.weights_only(), 1, 1, model::UnitRange{0, 0}, setup_.split);
   const int u = layout_.tied() ? 0 : layout_.head_unit();
   std::vector<float> unit(static_cast<size_t>(layout_.unit_numel(u)));
   init.init_random_unit(seed, u, unit.data());

@@ -214,10 +214,7 @@ TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path
 // shards of its units kept.
 void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& mcfg,
                const std::string& init) {
-  model::TransformerConfig wc = mcfg;
-  wc.activation_checkpointing = false;
-  wc.sequence_parallel = false;
-  model::Transformer whole(wc, 1, 1);
+  model::Transformer whole(mcfg.weights_only(), 1, 1);
   load_model_weights(init, whole);
   std::vector<float> unit;
   for (int u = 0; u < whole.num_units(); ++u) {

@@ -134,10 +134,7 @@ TrainState load_state(const std::string& path, StepContext& c, const parallel::S
 // model.init's weights into this rank's shards: the whole model is read on
 // each rank and its shard kept (train/tp_checkpoint.h's shard_unit).
 void load_weights_into_shard(const std::string& init, model::Transformer& model) {
-  model::TransformerConfig wc = model.config();
-  wc.activation_checkpointing = false;
-  wc.sequence_parallel = false;
-  model::Transformer whole(wc, 1, 1);
+  model::Transformer whole(model.config().weights_only(), 1, 1);
   load_model_weights(init, whole);
   float* held = model.params();
   for (int u = 0; u < model.num_units(); ++u)

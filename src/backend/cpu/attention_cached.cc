@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "backend/ops.h"
@@ -149,22 +150,15 @@ void cached_attention(float* out, const float* q, int64_t q_stride, const float*
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < groups * NH; it++) {
         const int64_t i0 = (it / NH) * kGroup, h = it % NH;
+        auto rows = [&](auto G) {
+          attend_group<decltype(G)::value>(out, q, q_stride, k_cache, v_cache, i0, h, pos0, NH, hs, per,
+                                           kv_stride, block_size, scale, scores.data(), ld, base);
+        };
         switch (std::min<int64_t>(kGroup, n - i0)) {
-          case 1:
-            attend_group<1>(out, q, q_stride, k_cache, v_cache, i0, h, pos0, NH, hs, per, kv_stride,
-                            block_size, scale, scores.data(), ld, base);
-            break;
-          case 2:
-            attend_group<2>(out, q, q_stride, k_cache, v_cache, i0, h, pos0, NH, hs, per, kv_stride,
-                            block_size, scale, scores.data(), ld, base);
-            break;
-          case 3:
-            attend_group<3>(out, q, q_stride, k_cache, v_cache, i0, h, pos0, NH, hs, per, kv_stride,
-                            block_size, scale, scores.data(), ld, base);
-            break;
-          default:
-            attend_group<4>(out, q, q_stride, k_cache, v_cache, i0, h, pos0, NH, hs, per, kv_stride,
-                            block_size, scale, scores.data(), ld, base);
+          case 1: rows(std::integral_constant<int, 1>{}); break;
+          case 2: rows(std::integral_constant<int, 2>{}); break;
+          case 3: rows(std::integral_constant<int, 3>{}); break;
+          default: rows(std::integral_constant<int, 4>{});
         }
       }
     }
