@@ -264,9 +264,12 @@ class Transformer {
   // embedding's gradient. on_unit_ready as in forward_backward.
   // With `deferred` (one work per held block, from make_weight_grad_work) only
   // the blocks' input halves run, keeping what stage_backward_weight needs.
+  // With `defer_embedding` the first stage's lookup rows are left in
+  // embedding_output_grad() instead of added (as forward_backward's).
   const float* stage_backward(const int32_t* tokens, const float* d_out,
                               const std::function<void(int unit)>& on_unit_ready = {},
-                              std::vector<WeightGradWork>* deferred = nullptr);
+                              std::vector<WeightGradWork>* deferred = nullptr,
+                              bool defer_embedding = false);
   // The weight halves of a stage_backward(..., deferred): the blocks from the
   // highest down, as the fused backward adds them.
   void stage_backward_weight(std::vector<WeightGradWork>& works);

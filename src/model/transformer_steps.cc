@@ -730,7 +730,8 @@ void Transformer::final_norm_backward(const float* dlnf) {
 
 const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
                                          const std::function<void(int unit)>& on_unit_ready,
-                                         std::vector<WeightGradWork>* deferred) {
+                                         std::vector<WeightGradWork>* deferred,
+                                         bool defer_embedding) {
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
@@ -766,7 +767,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     ready(u);
   }
   if (holds(0)) {
-    embed_backward(tokens);
+    embed_backward(tokens, defer_embedding);
     if (!accumulating_) fold_tied_lookup();
     ready(0);
   }

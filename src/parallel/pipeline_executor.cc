@@ -70,7 +70,22 @@ std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int last) {
 
 bool every_tensor(const model::TensorSpec&) { return true; }
 
+// defer_lookup's rows on `rank` (each C floats and a token): the
+// embedding's rank keeps its last micro-batch's and gathers every data
+// rank's; a tied head's rank elsewhere receives the gathered ones.
+int64_t lookup_tail_rows(const PipelineSetup& s, const model::Layout& l, int rank, bool gathered) {
+  if (!s.defer_lookup) return 0;
+  const int64_t n = s.micro * s.T;
+  if (rank == s.schedule.rank_of(0)) return gathered ? n * s.dp : n;
+  const bool tied_head = l.tied() && rank == s.schedule.rank_of(s.schedule.stages() - 1);
+  return tied_head && gathered ? n * s.dp : 0;
+}
+
 }  // namespace
+
+bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16) {
+  return dp > 1 && overlap_comm && cp == 1 && !bf16;
+}
 
 struct PipelineExecutor::Chunk {
   int stage = 0;
@@ -227,6 +242,15 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
   }
   if (sharded) gather_ = zeroed((largest + zr - 1) / zr * (1 + zr));
+  PO_CHECK(!setup_.defer_lookup || (!bf16_ && setup_.data != nullptr),
+           "pipeline: deferred lookup rows need fp32 and a data group");
+  const int64_t C = config_.n_embd;
+  for (const bool all : {false, true}) {
+    const int64_t n = lookup_tail_rows(setup_, layout_, rank_, all);
+    if (n == 0) continue;
+    (all ? rows_all_ : tail_rows_) = zeroed(n * C);
+    (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
+  }
   if (bf16_) {  // the widened parameters and the f32 gradient accumulators: unit 0's, the others'
     int64_t n0 = 0, other = 0;
     for (const auto& c : chunks_) {
@@ -688,6 +712,8 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       for (size_t i = 0; i < c.slots.size(); ++i)
         if (c.slot_micro[i] == a.micro) m = c.slots[i].get();
       PO_ASSERT(m != nullptr, "pipeline: ", pipeline::describe(a), " before its forward");
+      // (as the one-stage model's last micro-batch with DataParallel's deferred embedding)
+      const bool keep = first && setup_.defer_lookup && a.micro == setup_.schedule.micro_batches - 1;
       const float* dres = nullptr;
       if (a.op == Op::kBackwardInput) {
         std::vector<model::WeightGradWork> works;
@@ -702,12 +728,13 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
             c.work_bytes += works.back().storage.size();
           }
         }
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, keep);
         c.w_queue[a.micro] = std::move(works);
         stats.peak_w_queue = std::max(stats.peak_w_queue, ++w_queue_);
       } else {
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep);
       }
+      if (keep) keep_lookup_tail(*m);
       if (bf16_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
       if (d != nullptr) give_buffer(const_cast<float*>(d));
       if (!first) {
@@ -853,21 +880,68 @@ void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
   }
 }
 
+// defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
+// kept until the step.
+void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
+  std::memcpy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
+  std::memcpy(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
+}
+
+// defer_lookup: every data rank's last lookup rows, added into the reduced
+// token (and position) table in rank order, as DataParallel adds them at
+// pp = 1; a tied head elsewhere gets the gathered rows and adds them the
+// same way into its copy.
+void PipelineExecutor::add_lookup_tail() {
+  if (!setup_.defer_lookup || rows_all_.size() == 0) return;
+  const int64_t C = config_.n_embd, T = setup_.T, B = setup_.micro * setup_.dp;
+  const auto count = static_cast<size_t>(B * T);
+  const model::TensorSpec* pos = layout_.position_embedding();
+  float* wpe = nullptr;
+  float* wte = nullptr;
+  if (rank_ == emb_rank_) {
+    float* g = chunk_of_stage(0).grads.f32();
+    wte = g + layout_.token_embedding().offset;
+    wpe = pos != nullptr ? g + pos->offset : nullptr;
+    setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
+                            DType::kI32);
+    setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float),
+                            DType::kF32);
+    if (emb_rank_ != head_rank_ && layout_.tied()) {
+      setup_.pipe->send(tokens_all_.data(), count, DType::kI32, head_rank_, kPairTag + 6);
+      setup_.pipe->send(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, head_rank_,
+                        kPairTag + 7);
+    }
+  } else {  // the tied head's replica of the table
+    for (auto& c : chunks_)
+      if (c->replica()) wte = c->rep_grads.f32() + layout_.token_embedding().offset;
+    setup_.pipe->recv(tokens_all_.data(), count, DType::kI32, emb_rank_, kPairTag + 6);
+    setup_.pipe->recv(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, emb_rank_,
+                      kPairTag + 7);
+  }
+  PO_ASSERT(wte != nullptr, "pipeline rank ", rank_, ": deferred lookup rows without a table");
+  ops::embedding_backward_slice(wte, wpe, rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B,
+                                T, C, layout_.vocab_begin(), layout_.vocab_real());
+}
+
 double PipelineExecutor::step(double lr) {
   // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
   vocab_gather_grads();
-  // Data parallel: each part summed over the replicas of this stage first,
-  // then the pair (so both copies add the same reduced H and E).
+  // The tied table's two parts: fp32 adds them on each data rank before the
+  // data group's sum, as the one-stage model adds E before its reduction;
+  // bf16 sums each part over the replicas first, then the pair (so both
+  // copies add the same reduced H and E).
+  if (!bf16_) sum_tied_pair();
   if (setup_.data != nullptr) {
     for (auto& c : chunks_) {
       allreduce_grads(c->grads.data(), c->first, c->last);
-      if (c->lookup.size() > 0)
+      if (bf16_ && c->lookup.size() > 0)
         setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
                                comm::ReduceOp::kSum);
       if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
     }
   }
-  sum_tied_pair();
+  if (bf16_) sum_tied_pair();
+  add_lookup_tail();
   // The norm: per unit, over the tensor group, then over the stages.
   std::vector<std::pair<int64_t, int64_t>> uncounted;
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
@@ -1127,7 +1201,8 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
               gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
-              staging_.size();
+              staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
+              tokens_all_.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {
     m.buffers += vocab_->scratch.size();
@@ -1301,6 +1376,8 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
     m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
   }
+  for (const bool all : {false, true})  // defer_lookup's rows and tokens
+    m.buffers += static_cast<size_t>(lookup_tail_rows(setup, layout, rank, all) * (c.n_embd + 1)) * f;
   if (s.vocab) {
     const model::vocab::Pieces pieces = model::vocab::pieces_of(c.vocab_size);
     const auto [k0, k1] = s.pieces_of(rank, pieces.count());

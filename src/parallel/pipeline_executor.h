@@ -108,7 +108,20 @@ struct PipelineSetup {
   // data group sums the gradients in bf16 (parallel.reduce_dtype).
   bool bf16 = false;
   bool reduce_bf16 = false;
+  // The data-parallel trainer's deferred embedding (DataParallel at dp > 1
+  // with parallel.overlap_comm, cp 1): the last micro-batch's lookup rows
+  // are not added on the embedding's stage but gathered over the data group
+  // at the step and added after the reduction, in rank order, on both copies
+  // of a tied table. fp32 only (defers_lookup).
+  bool defer_lookup = false;
 };
+
+// Whether a pipeline at this layout defers its last lookup rows as
+// DataParallel does, which gives dp > 1 the one-stage run's bits. Not in
+// bf16: there the one-stage run rounds each micro-batch's lookup rows into
+// the bf16 gradient together with the head's part, a sum a stage split
+// could only repeat by exchanging the pair every micro-batch.
+bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16);
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
 // the step's start).
@@ -265,6 +278,8 @@ class PipelineExecutor {
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    PipelineStepStats& stats);
   void sum_tied_pair();
+  void keep_lookup_tail(const model::Transformer& m);
+  void add_lookup_tail();
   void update(Chunk& c, bool replica, double lr, double clip);
   void* stored_unit(int u);
   size_t stored_esz() const { return bf16_ ? sizeof(uint16_t) : sizeof(float); }  // parameters, gradients
@@ -315,6 +330,9 @@ class PipelineExecutor {
   std::vector<tensor::Storage> acc_pool_;  // deferred blocks' accumulators
   std::vector<float*> acc_free_;
   tensor::Storage staging_;  // bf16 with an fp32 reduction: one unit in f32
+  // defer_lookup: the last micro-batch's lookup rows [micro·T, C] and tokens
+  // (the embedding's rank), every data rank's (there and on a tied head's).
+  tensor::Storage tail_rows_, tail_tokens_, rows_all_, tokens_all_;
   int cur_micro_ = -1;
   bool cur_deferred_ = false;
   size_t next_recv_ = 0;         // the next kRecv of the list to post

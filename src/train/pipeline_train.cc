@@ -58,6 +58,8 @@ parallel::PipelineSetup pipeline_setup(const PipelineRun& r, model::ParallelOps*
   s.bf16 = cfg.get_string("train.precision") == "bf16";
   s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
   s.dp = static_cast<int>(r.p.dp);
+  s.defer_lookup = parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
+                                           static_cast<int>(r.p.cp), s.bf16);
   return s;
 }
 
