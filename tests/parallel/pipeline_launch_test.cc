@@ -116,8 +116,8 @@ TEST_F(PipelineRuns, Pp4AndLlamaAreBitIdenticalToOneStage) {
 // the data group's sum and the last micro-batch's lookup rows after it, in
 // rank order, as data parallel adds them (with parallel.overlap_comm, and
 // without it all rows before the sum); GPT-2 with its tied table on two
-// ranks (1f1b, ZeRO-1 too) and on one (zbv), Llama, and dp 2 × tp 2 × pp 2
-// against dp 2 × tp 2.
+// ranks (1f1b, ZeRO-1 too) and on one (zbv), Llama; dp 2 × tp 2 × pp 2
+// against dp 2 × tp 2; and cp 2 × pp 2 against cp 2 (the cp ranks' sum).
 TEST_F(PipelineRuns, DataParallelPipelinesAreBitIdenticalToDataParallel) {
   const std::string dp2 = train("dp2", 2, 1, "");
   expect_bits(dp2, train("dp2pp2_1f1b", 2, 2, "--set parallel.schedule=1f1b"), "dp 2 × pp 2 1f1b", false);
@@ -131,6 +131,12 @@ TEST_F(PipelineRuns, DataParallelPipelinesAreBitIdenticalToDataParallel) {
               train("llama_dp2pp2", 2, 2, kLlama + " --set parallel.schedule=zbv"), "llama dp 2 × pp 2 zbv", false);
   expect_bits(train("dp2tp2", 2, 1, "", 2), train("dp2tp2pp2", 2, 2, "--set parallel.schedule=zbv", 2),
               "dp 2 × tp 2 × pp 2 zbv", false);
+  const std::string cp2 = "--set parallel.dp=1 --set parallel.cp=2 --set model.seq_len=16 ";
+  expect_bits(train("cp2", 2, 1, cp2), train("cp2pp2", 2, 2, cp2 + "--set parallel.schedule=1f1b"),
+              "cp 2 × pp 2 1f1b", false);
+  bool context = false;  // (the reference's records say it ran context parallel)
+  for (const auto& j : read_metrics(dir_ / "cp2")) context = context || j.contains("cp_comm");
+  EXPECT_TRUE(context) << "the cp 2 reference has no cp_comm record: not context parallel";
 }
 
 // bf16 stages (parameters and gradients stored in bf16, the fp32 master and
