@@ -107,6 +107,11 @@ void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C);
+// The saved input in bf16 (its widened values, the same bits as widening it
+// first). The same for rmsnorm_backward, gelu_backward and swiglu_backward.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const uint16_t* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t BT, int64_t C);
 
 // RMSNorm (Llama): out[BT,C] = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps);
 // saves rstd[BT].
@@ -117,12 +122,15 @@ void rmsnorm_forward(uint16_t* out, float* rstd, const float* inp, const float* 
 // dinp[BT,C] += ...; dweight[C] += ...
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int64_t BT, int64_t C);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const uint16_t* inp,
+                      const float* weight, const float* rstd, int64_t BT, int64_t C);
 
 // SwiGLU: inp[BT,2F] holds gate | up; out[BT,F] = silu(gate) * up.
 void swiglu_forward(float* out, const float* inp, int64_t BT, int64_t F);
 void swiglu_forward(uint16_t* out, const float* inp, int64_t BT, int64_t F);
 // dinp[BT,2F] written (d gate | d up).
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F);
+void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int64_t BT, int64_t F);
 
 // Rotary embedding frequencies: inv_freq[i] = theta^(-2i/hs), i < hs/2, with
 // Llama-3.1's scaling when factor > 0 (long wavelengths divided by factor,
@@ -149,6 +157,7 @@ void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_forward(uint16_t* out, const float* inp, int64_t n);
 // dinp[n] = gelu'(inp) * dout (written; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void gelu_backward(float* dinp, const uint16_t* inp, const float* dout, int64_t n);
 
 // out[n] = a[n] + b[n] (out may alias a or b).
 void residual_forward(float* out, const float* a, const float* b, int64_t n);

@@ -453,31 +453,33 @@ class Transformer {
 
   void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
                     const float* b, int64_t rows) const;
-  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* in,
-                     const float* w, const float* mean, const float* rstd, int64_t rows) const;
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout,
+                     backend::cpu::Operand in, const float* w, const float* mean, const float* rstd,
+                     int64_t rows) const;
   void mlp_act_forward(float* out, const float* in, int64_t rows) const;
   // The same, their outputs rounded to bf16 as written.
   void norm_forward16(uint16_t* out, float* mean, float* rstd, const float* in, const float* w,
                       const float* b, int64_t rows) const;
   void mlp_act_forward16(uint16_t* out, const float* in, int64_t rows) const;
-  void mlp_act_backward(float* dinp, const float* in, const float* dout, int64_t rows) const;
+  void mlp_act_backward(float* dinp, backend::cpu::Operand in, const float* dout, int64_t rows) const;
   void block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
                      int64_t t, const LayerActs16* h = nullptr);
   // G null: input gradient only, into `work` what the weight half needs.
-  void block_backward(const BlockParams& P, const BlockParams* G, const float* in,
+  void block_backward(const BlockParams& P, const BlockParams* G, backend::cpu::Operand in,
                       const LayerActs& a, float* dres, WeightGradWork* work,
                       const LayerActs16* h = nullptr);
   // The saved (or, with checkpointing, recomputed) activations of block l
   // and its input, ready for its backward; with `h` (direct16) the tensors
-  // only bf16 GEMMs read stay in bf16.
-  LayerActs backward_acts(int64_t l, const BlockParams& P, const float*& in,
+  // the backward reads in bf16 stay in bf16 (load_saved), and so does the
+  // block's input (`in`) after the first held block.
+  LayerActs backward_acts(int64_t l, const BlockParams& P, backend::cpu::Operand& in,
                           const LayerActs16* h = nullptr);
   const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
   void embed_forward(const int32_t* tokens, int64_t b, int64_t t);
   // Gathers dL/d(embedding output) of every row (sequence parallel) into
   // embedding_output_grad(); then, unless `deferred`, adds the lookup's gradient.
   void embed_backward(const int32_t* tokens, bool deferred = false);
-  LayerActs load_saved(int64_t l, bool gemm_inputs_too);
+  LayerActs load_saved(int64_t l, bool widen_all);
   LayerActs scratch_with_stats(int64_t l) const;
   // Generation's embedding of n tokens at positions pos0.. into x[n, C].
   void embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, float* x);

@@ -34,13 +34,17 @@ void Transformer::mlp_act_forward16(uint16_t* out, const float* in, int64_t rows
     ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
 }
 
+// The input as saved: f32, or bf16 read as its widened values (the same bits).
 void Transformer::norm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                const float* in, const float* w, const float* mean,
+                                ops::Operand in, const float* w, const float* mean,
                                 const float* rstd, int64_t rows) const {
-  if (config_.norm == Norm::kLayerNorm)
-    ops::layernorm_backward(dinp, dw, db, dout, in, w, mean, rstd, rows, config_.n_embd);
-  else
-    ops::rmsnorm_backward(dinp, dw, dout, in, w, rstd, rows, config_.n_embd);
+  const int64_t C = config_.n_embd;
+  if (config_.norm == Norm::kLayerNorm) {
+    if (in.f32 != nullptr) return ops::layernorm_backward(dinp, dw, db, dout, in.f32, w, mean, rstd, rows, C);
+    return ops::layernorm_backward(dinp, dw, db, dout, in.bf16, w, mean, rstd, rows, C);
+  }
+  if (in.f32 != nullptr) return ops::rmsnorm_backward(dinp, dw, dout, in.f32, w, rstd, rows, C);
+  ops::rmsnorm_backward(dinp, dw, dout, in.bf16, w, rstd, rows, C);
 }
 
 void Transformer::mlp_act_forward(float* out, const float* in, int64_t rows) const {
@@ -50,12 +54,15 @@ void Transformer::mlp_act_forward(float* out, const float* in, int64_t rows) con
     ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
 }
 
-void Transformer::mlp_act_backward(float* dinp, const float* in, const float* dout,
+void Transformer::mlp_act_backward(float* dinp, ops::Operand in, const float* dout,
                                    int64_t rows) const {
-  if (config_.mlp == Mlp::kGeluTanh)
-    ops::gelu_backward(dinp, in, dout, rows * config_.ffn_hidden);
-  else
-    ops::swiglu_backward(dinp, in, dout, rows, config_.ffn_hidden);
+  const int64_t F = config_.ffn_hidden;
+  if (config_.mlp == Mlp::kGeluTanh) {
+    if (in.f32 != nullptr) return ops::gelu_backward(dinp, in.f32, dout, rows * F);
+    return ops::gelu_backward(dinp, in.bf16, dout, rows * F);
+  }
+  if (in.f32 != nullptr) return ops::swiglu_backward(dinp, in.f32, dout, rows, F);
+  ops::swiglu_backward(dinp, in.bf16, dout, rows, F);
 }
 
 const float* Transformer::gather_rows(const float* chunk, float* full, int64_t rows) {
@@ -154,7 +161,7 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
 // GEMM's input-gradient reduction runs under its weight-gradient GEMM, and
 // under sequence parallel the re-gather of its input under the GEMMs before
 // (Megatron's order); the bits are the same either way.
-void Transformer::block_backward(const BlockParams& P, const BlockParams* G, const float* in,
+void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops::Operand in,
                                  const LayerActs& a, float* dres, WeightGradWork* work,
                                  const LayerActs16* h) {
   const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
@@ -206,12 +213,13 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, con
   keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
   ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, act, {P.fcprojw, P.fcprojw16}, BT,
                        F, C);
-  mlp_act_backward(dfch_, a.fch, dact, BT);
+  mlp_act_backward(dfch_, h != nullptr ? ops::Operand(h->fch) : ops::Operand(a.fch), dact, BT);
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
   keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
   column_backward(dfch_, ln2, {P.fcw, P.fcw16}, G->fcw, G->fcb, FC);
   norm_backward(dres, norm_grad_target(G->ln2w, 2), norm_grad_target(G->ln2b, 3), dnorm,
-                a.residual2, P.ln2w, a.ln2_mean, a.ln2_rstd, R);
+                h != nullptr ? ops::Operand(h->residual2) : ops::Operand(a.residual2), P.ln2w,
+                a.ln2_mean, a.ln2_rstd, R);
   dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
   const ops::Operand ln1 = gemm_input(a.ln1, h != nullptr ? h->ln1 : nullptr);
   keep(split ? work->d_out : nullptr, dy, BT * C);
@@ -268,7 +276,7 @@ void Transformer::block_backward_input(int layer, float* dres, WeightGradWork& w
   const int u = layer + 1;
   const BlockParams P = block_params_of(u);
   const BlockParams G = block_params(unit_grads(u));
-  const float* in = nullptr;
+  ops::Operand in;
   const LayerActs a = backward_acts(layer, P, in);
   block_backward(P, &G, in, a, dres, &work);
   work.layer = layer;
@@ -373,34 +381,42 @@ Transformer::LayerActs Transformer::scratch_with_stats(int64_t l) const {
   return a;
 }
 
-// Widens block l's saved bf16 tensors into the f32 scratch layer; the ones
-// only bf16 GEMMs read (the norms' and the activation's outputs) stay in bf16
-// unless gemm_inputs_too.
-Transformer::LayerActs Transformer::load_saved(int64_t l, bool gemm_inputs_too) {
+// Widens block l's saved bf16 tensors into the f32 scratch layer. Unless
+// `widen_all`, the ones the backward reads in bf16 stay there: the norms' and
+// the activation's outputs (bf16 GEMMs' operands), the second norm's input
+// and the activation's input (their backwards read bf16); the attention's
+// q, k, v and output are widened.
+Transformer::LayerActs Transformer::load_saved(int64_t l, bool widen_all) {
   const LayerActs a = scratch_with_stats(l);
   const LayerActs16& h = layers16_[static_cast<size_t>(l - first_block())];
   for (const SavedPair& s : saved_pairs(a, h)) {
-    const bool gemm_only = s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu;
-    if (gemm_inputs_too || !gemm_only) ops::bf16_to_f32(s.f, s.h, s.numel);
+    const bool read16 = s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu || s.h == h.residual2 ||
+                        s.h == h.fch;
+    if (widen_all || !read16) ops::bf16_to_f32(s.f, s.h, s.numel);
   }
   return a;
 }
 
 Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& P,
-                                                  const float*& in, const LayerActs16* h) {
+                                                  ops::Operand& in, const LayerActs16* h) {
   if (config_.bf16_activations) {
-    in = block_input(l);
+    // With h, the first norm's backward reads the previous block's saved
+    // bf16 output as it is.
+    if (h != nullptr && l > first_block())
+      in = layers16_[static_cast<size_t>(l - 1 - first_block())].residual3;
+    else
+      in = block_input(l);
     if (!config_.activation_checkpointing) return load_saved(l, h == nullptr);
     LayerActs a = scratch_;
     a.residual3 = stream_[0];  // recomputed, unused by the backward
-    block_forward(P, in, a, B_, T_);
+    block_forward(P, in.f32, a, B_, T_);
     return a;
   }
   in = l == first_block() ? encoded_ : layer(l - 1).residual3;
   if (!config_.activation_checkpointing) return layer(l);
   LayerActs a = scratch_;
   a.residual3 = layer(l).residual3;  // recompute rewrites the same values
-  block_forward(P, in, a, B_, T_);
+  block_forward(P, in.f32, a, B_, T_);
   return a;
 }
 
@@ -651,7 +667,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         const int u = s.layer + 1;
         const BlockParams P = block_params_of(u);
         const BlockParams G = block_params(unit_grads(u));
-        const float* in = nullptr;
+        ops::Operand in;
         const LayerActs16* h = direct16(s.layer, true);
         const LayerActs a = backward_acts(s.layer, P, in, h);
         block_backward(P, &G, in, a, dres_, nullptr, h);
@@ -759,7 +775,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     }
     const BlockParams P = block_params_of(u);
     const BlockParams G = block_params(unit_grads(u));
-    const float* in = nullptr;
+    ops::Operand in;
     const LayerActs16* h = direct16(l, true);
     const LayerActs a = backward_acts(l, P, in, h);
     block_backward(P, &G, in, a, dres_, nullptr, h);

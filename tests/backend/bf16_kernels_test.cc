@@ -97,6 +97,61 @@ TEST(Bf16Kernels, ActivationsWriteTheirF32ValuesRounded) {
   EXPECT_TRUE(rounded_from("swiglu out", out16, out));
 }
 
+// The backwards that read a saved bf16 input (the norms' input, the
+// activation's pre-activation) compute on its widened values, which are
+// exact: so their outputs are the f32 kernels' on the widened copy, bit for
+// bit, and their error against the unrounded input is the input's rounding
+// (2^-8 relative per element) carried through the derivative, as when the
+// model widened the copy first. Odd sizes, several threads.
+TEST(Bf16Kernels, BackwardsReadingBf16GiveTheWidenedInputsBits) {
+  const int64_t BT = 37, C = 96, F = 88;
+  const auto x = random_vec(BT * C, 31, -3.0f, 3.0f), dy = random_vec(BT * C, 32);
+  const auto w = random_vec(C, 33, 0.5f, 1.5f);
+  const std::vector<uint16_t> x16 = round16(x);
+  std::vector<float> xw(x.size());
+  cpu::bf16_to_f32(xw.data(), x16.data(), BT * C);
+  std::vector<float> mean(BT), rstd(BT), out(x.size());
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), xw.data(), w.data(), w.data(), BT, C);
+  auto same = [](const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+        return ::testing::AssertionResult(false) << what << "[" << i << "]: " << b[i]
+                                                 << " reading bf16, " << a[i] << " on the widened copy";
+    return ::testing::AssertionSuccess();
+  };
+  {
+    std::vector<float> dx(x.size(), 0.5f), dw(C, 0.25f), db(C), dx16 = dx, dw16 = dw, db16 = db;
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), xw.data(), w.data(), mean.data(),
+                            rstd.data(), BT, C);
+    cpu::layernorm_backward(dx16.data(), dw16.data(), db16.data(), dy.data(), x16.data(), w.data(),
+                            mean.data(), rstd.data(), BT, C);
+    EXPECT_TRUE(same("layernorm dinp", dx, dx16));
+    EXPECT_TRUE(same("layernorm dweight", dw, dw16));
+    EXPECT_TRUE(same("layernorm dbias", db, db16));
+  }
+  {
+    cpu::rmsnorm_forward(out.data(), rstd.data(), xw.data(), w.data(), BT, C, 1e-5);
+    std::vector<float> dx(x.size(), 0.5f), dw(C, 0.25f), dx16 = dx, dw16 = dw;
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), xw.data(), w.data(), rstd.data(), BT, C);
+    cpu::rmsnorm_backward(dx16.data(), dw16.data(), dy.data(), x16.data(), w.data(), rstd.data(), BT, C);
+    EXPECT_TRUE(same("rmsnorm dinp", dx, dx16));
+    EXPECT_TRUE(same("rmsnorm dweight", dw, dw16));
+  }
+  {
+    const auto a = random_vec(BT * 2 * F, 34, -6.0f, 6.0f), d = random_vec(BT * 2 * F, 35);
+    const std::vector<uint16_t> a16 = round16(a);
+    std::vector<float> aw(a.size());
+    cpu::bf16_to_f32(aw.data(), a16.data(), static_cast<int64_t>(a.size()));
+    std::vector<float> g(a.size()), g16(a.size());
+    cpu::gelu_backward(g.data(), aw.data(), d.data(), BT * 2 * F);
+    cpu::gelu_backward(g16.data(), a16.data(), d.data(), BT * 2 * F);
+    EXPECT_TRUE(same("gelu dinp", g, g16));
+    cpu::swiglu_backward(g.data(), aw.data(), d.data(), BT, F);
+    cpu::swiglu_backward(g16.data(), a16.data(), d.data(), BT, F);
+    EXPECT_TRUE(same("swiglu dinp", g, g16));
+  }
+}
+
 TEST(Bf16Kernels, LossGradientIsTheF32GradientRounded) {
   const int64_t BT = 9, V = 5003;  // V spans several of the row sum's blocks
   const auto logits = random_vec(BT * V, 31, -8.0f, 8.0f);

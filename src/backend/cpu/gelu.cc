@@ -24,16 +24,28 @@ void gelu_values(Out* out, const float* inp, int64_t n) {
 void gelu_forward(float* out, const float* inp, int64_t n) { gelu_values(out, inp, n); }
 void gelu_forward(uint16_t* out, const float* inp, int64_t n) { gelu_values(out, inp, n); }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+namespace {
+
+template <typename In>
+void gelu_grad(float* dinp, const In* inp, const float* dout, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    const float x = inp[i];
+    const float x = detail::get(inp, i);
     const float u = kSqrt2OverPi * (x + kCoef * x * x * x);
     const float s = 1.0f / (1.0f + detail::exp_approx(-2.0f * u));  // = (1 + tanh u) / 2
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCoef * x * x);
     // d/dx [x s(2u)] = s + x * 2 s (1 - s) du
     dinp[i] = (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
   }
+}
+
+}  // namespace
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  gelu_grad(dinp, inp, dout, n);
+}
+void gelu_backward(float* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+  gelu_grad(dinp, inp, dout, n);
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {

@@ -53,9 +53,12 @@ void layernorm_forward(uint16_t* out, float* mean, float* rstd, const float* inp
   layernorm_rows(out, mean, rstd, inp, weight, bias, BT, C, eps);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int64_t BT, int64_t C) {
+namespace {
+
+template <typename In>
+void layernorm_grad(float* dinp, float* dweight, float* dbias, const float* dout, const In* inp,
+                    const float* weight, const float* mean, const float* rstd, int64_t BT,
+                    int64_t C) {
   // Per-thread partial dweight/dbias, reduced after the row loop; grows once.
   // One per calling thread: models computing on several threads at once
   // (tensor-parallel ranks in one process, a server's requests) must not share it.
@@ -72,7 +75,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     for (int64_t i = 0; i < C; i++) pw[i] = pb[i] = 0.0f;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < BT; r++) {
-      const float* x = inp + r * C;
+      const In* x = inp + r * C;
       const float* dy = dout + r * C;
       float* dx = dinp + r * C;
       const float m = mean[r], rs = rstd[r];
@@ -80,7 +83,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       double s1 = 0.0, s2 = 0.0;
 #pragma omp simd reduction(+ : s1, s2)
       for (int64_t i = 0; i < C; i++) {
-        const float xh = (x[i] - m) * rs;
+        const float xh = (detail::get(x, i) - m) * rs;
         const float dn = dy[i] * weight[i];
         s1 += dn;
         s2 += dn * xh;
@@ -89,7 +92,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       const float b = static_cast<float>(s2 / static_cast<double>(C));
 #pragma omp simd
       for (int64_t i = 0; i < C; i++) {
-        const float xh = (x[i] - m) * rs;
+        const float xh = (detail::get(x, i) - m) * rs;
         const float dn = dy[i] * weight[i];
         pb[i] += dy[i];
         pw[i] += dy[i] * xh;
@@ -108,6 +111,19 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       dbias[i] += bb;
     }
   }
+}
+
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t BT, int64_t C) {
+  layernorm_grad(dinp, dweight, dbias, dout, inp, weight, mean, rstd, BT, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const uint16_t* inp, const float* weight, const float* mean,
+                        const float* rstd, int64_t BT, int64_t C) {
+  layernorm_grad(dinp, dweight, dbias, dout, inp, weight, mean, rstd, BT, C);
 }
 
 }  // namespace po::backend::cpu

@@ -44,8 +44,11 @@ void rmsnorm_forward(uint16_t* out, float* rstd, const float* inp, const float* 
   rmsnorm_rows(out, rstd, inp, weight, BT, C, eps);
 }
 
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int64_t BT, int64_t C) {
+namespace {
+
+template <typename In>
+void rmsnorm_grad(float* dinp, float* dweight, const float* dout, const In* inp,
+                  const float* weight, const float* rstd, int64_t BT, int64_t C) {
   // Per-OpenMP-thread partial dweight, grows once; one per calling thread (as
   // layernorm_backward's).
   thread_local std::vector<float> scratch;
@@ -59,18 +62,18 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     for (int64_t i = 0; i < C; i++) pw[i] = 0.0f;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < BT; r++) {
-      const float* x = inp + r * C;
+      const In* x = inp + r * C;
       const float* dy = dout + r * C;
       float* dx = dinp + r * C;
       const float rs = rstd[r];
       // xhat = x * rs; dx += rs * (dy*w - xhat * mean(dy*w*xhat))
       double s = 0.0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < C; i++) s += static_cast<double>(dy[i] * weight[i]) * (x[i] * rs);
+      for (int64_t i = 0; i < C; i++) s += static_cast<double>(dy[i] * weight[i]) * (detail::get(x, i) * rs);
       const float b = static_cast<float>(s / static_cast<double>(C));
 #pragma omp simd
       for (int64_t i = 0; i < C; i++) {
-        const float xh = x[i] * rs;
+        const float xh = detail::get(x, i) * rs;
         pw[i] += dy[i] * xh;
         dx[i] += rs * (dy[i] * weight[i] - xh * b);
       }
@@ -82,6 +85,17 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
       dweight[i] += w;
     }
   }
+}
+
+}  // namespace
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t BT, int64_t C) {
+  rmsnorm_grad(dinp, dweight, dout, inp, weight, rstd, BT, C);
+}
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const uint16_t* inp,
+                      const float* weight, const float* rstd, int64_t BT, int64_t C) {
+  rmsnorm_grad(dinp, dweight, dout, inp, weight, rstd, BT, C);
 }
 
 }  // namespace po::backend::cpu

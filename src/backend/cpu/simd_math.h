@@ -46,4 +46,15 @@ inline float exp_approx(float x_in) {
 inline void put(float* out, float v) { *out = v; }
 inline void put(uint16_t* out, float v) { *out = core::f32_to_bf16(v).bits; }
 
+// A kernel's input element as f32: as stored, or a bf16 activation widened
+// (exact), so a kernel reading bf16 computes what it computes on the
+// widened f32 copy, without that copy's pass over memory.
+inline float get(const float* in, int64_t i) { return in[i]; }
+inline float get(const uint16_t* in, int64_t i) {
+  const uint32_t u = uint32_t{in[i]} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 }  // namespace po::backend::cpu::detail

@@ -31,23 +31,36 @@ void swiglu_forward(uint16_t* out, const float* inp, int64_t BT, int64_t F) {
   swiglu_rows(out, inp, BT, F);
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F) {
+namespace {
+
+template <typename In>
+void swiglu_grad(float* dinp, const In* inp, const float* dout, int64_t BT, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < BT; r++) {
-    const float* g = inp + r * 2 * F;
-    const float* u = g + F;
+    const In* g = inp + r * 2 * F;
+    const In* u = g + F;
     const float* dy = dout + r * F;
     float* dg = dinp + r * 2 * F;
     float* du = dg + F;
 #pragma omp simd
     for (int64_t i = 0; i < F; i++) {
-      const float s = 1.0f / (1.0f + detail::exp_approx(-g[i]));  // sigmoid(g)
-      const float silu = g[i] * s;
+      const float gi = detail::get(g, i);
+      const float s = 1.0f / (1.0f + detail::exp_approx(-gi));  // sigmoid(g)
+      const float silu = gi * s;
       // d silu / dg = s (1 + g (1 - s))
-      dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      dg[i] = dy[i] * detail::get(u, i) * s * (1.0f + gi * (1.0f - s));
       du[i] = dy[i] * silu;
     }
   }
+}
+
+}  // namespace
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t BT, int64_t F) {
+  swiglu_grad(dinp, inp, dout, BT, F);
+}
+void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int64_t BT, int64_t F) {
+  swiglu_grad(dinp, inp, dout, BT, F);
 }
 
 }  // namespace po::backend::cpu
