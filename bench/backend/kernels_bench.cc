@@ -103,6 +103,31 @@ int main(int argc, char** argv) {
     time("gelu forward f32", nf * 8, [&] { ops::gelu_forward(out.data(), x.data(), BT * F); });
     time("gelu backward f32", nf * 12,
          [&] { ops::gelu_backward(out.data(), x.data(), x.data(), BT * F); });
+    // The backwards from a saved bf16 input: read as it is, against widening
+    // it into f32 first (the model's path before 2026-12-04).
+    std::vector<uint16_t> x16(x.size());
+    ops::f32_to_bf16(x16.data(), x.data(), BT * F);
+    std::vector<float> xw(x.size()), dx(x.size()), dw(static_cast<size_t>(2 * C));
+    time("gelu backward, bf16 input", nf * 10,
+         [&] { ops::gelu_backward(out.data(), x16.data(), x.data(), BT * F); });
+    time("gelu backward, widened first", nf * 18, [&] {
+      ops::bf16_to_f32(xw.data(), x16.data(), BT * F);
+      ops::gelu_backward(out.data(), xw.data(), x.data(), BT * F);
+    });
+    ops::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), BT, C);
+    time("layernorm backward f32", nc * 16, [&] {
+      ops::layernorm_backward(dx.data(), dw.data(), dw.data() + C, x.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), BT, C);
+    });
+    time("layernorm backward, bf16 input", nc * 14, [&] {
+      ops::layernorm_backward(dx.data(), dw.data(), dw.data() + C, x.data(), x16.data(), w.data(),
+                              mean.data(), rstd.data(), BT, C);
+    });
+    time("layernorm backward, widened first", nc * 22, [&] {
+      ops::bf16_to_f32(xw.data(), x16.data(), BT * C);
+      ops::layernorm_backward(dx.data(), dw.data(), dw.data() + C, x.data(), xw.data(), w.data(),
+                              mean.data(), rstd.data(), BT, C);
+    });
     time("f32 -> bf16", nf * 6, [&] { ops::f32_to_bf16(out16.data(), x.data(), BT * F); });
     time("bf16 -> f32", nf * 6, [&] { ops::bf16_to_f32(out.data(), out16.data(), BT * F); });
   }

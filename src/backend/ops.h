@@ -180,6 +180,11 @@ bool bf16_attention_tiles();
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                         int64_t hs);
+// The saved q, k, v and output in bf16 (read as their widened values: the
+// same bits as widening them first).
+void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t hs);
 
 // Context parallel's attention, in blocks (ring attention, Liu et al. 2023):
 // the queries of one chunk of a sequence against the keys and values of

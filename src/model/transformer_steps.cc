@@ -225,10 +225,12 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops
   keep(split ? work->d_out : nullptr, dy, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
   ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy,
-                       {a.atty, h != nullptr ? h->atty : nullptr}, {P.attprojw, P.attprojw16}, BT,
-                       AO, C);
+                       h != nullptr ? ops::Operand(h->atty) : ops::Operand(a.atty),
+                       {P.attprojw, P.attprojw16}, BT, AO, C);
   if (cp_.size > 1)
     pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
+  else if (h != nullptr)  // the saved bf16 q, k, v and output as they are
+    ops::attention_backward(dqkv_, dbuf_c_, h->qkv, h->atty, a.lse, B_, T_, NH, NKV, hs);
   else
     ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
@@ -383,15 +385,16 @@ Transformer::LayerActs Transformer::scratch_with_stats(int64_t l) const {
 
 // Widens block l's saved bf16 tensors into the f32 scratch layer. Unless
 // `widen_all`, the ones the backward reads in bf16 stay there: the norms' and
-// the activation's outputs (bf16 GEMMs' operands), the second norm's input
-// and the activation's input (their backwards read bf16); the attention's
-// q, k, v and output are widened.
+// the activation's outputs (bf16 GEMMs' operands), the second norm's input,
+// the activation's input, and the attention's q, k, v and output (their
+// backwards read bf16), but for context parallel's attention, which widens.
 Transformer::LayerActs Transformer::load_saved(int64_t l, bool widen_all) {
   const LayerActs a = scratch_with_stats(l);
   const LayerActs16& h = layers16_[static_cast<size_t>(l - first_block())];
   for (const SavedPair& s : saved_pairs(a, h)) {
+    const bool attention = s.h == h.qkv || s.h == h.atty;
     const bool read16 = s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu || s.h == h.residual2 ||
-                        s.h == h.fch;
+                        s.h == h.fch || (attention && cp_.size == 1);
     if (widen_all || !read16) ops::bf16_to_f32(s.f, s.h, s.numel);
   }
   return a;

@@ -218,6 +218,25 @@ void check_bf16_attention(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t
       << "out" << tag << " differs between 1 and 2 threads";
   EXPECT_EQ(0, std::memcmp(one.dqkv.data(), two.dqkv.data(), one.dqkv.size() * sizeof(float)))
       << "dqkv" << tag << " differs between 1 and 2 threads";
+  // The backward from the saved bf16 q, k, v and output as they are: their
+  // widened copies' bits, on either tiles.
+  std::vector<uint16_t> qkv16(qkv.size()), out16(two.out.size());
+  cpu::f32_to_bf16(qkv16.data(), qkv.data(), static_cast<int64_t>(qkv.size()));
+  cpu::f32_to_bf16(out16.data(), two.out.data(), static_cast<int64_t>(out16.size()));
+  std::vector<float> outw(out16.size());
+  cpu::bf16_to_f32(outw.data(), out16.data(), static_cast<int64_t>(out16.size()));
+  for (const auto p : {cpu::GemmPrecision::kBF16, cpu::GemmPrecision::kF32}) {
+    cpu::set_gemm_precision(p);
+    std::vector<float> widened(qkv.size(), 777.0f), direct(qkv.size(), 777.0f);
+    cpu::attention_backward(widened.data(), dout.data(), qkv.data(), outw.data(), two.lse.data(), B, T,
+                            NH, NKV, hs);
+    cpu::attention_backward(direct.data(), dout.data(), qkv16.data(), out16.data(), two.lse.data(), B,
+                            T, NH, NKV, hs);
+    EXPECT_EQ(0, std::memcmp(widened.data(), direct.data(), widened.size() * sizeof(float)))
+        << "dqkv" << tag << " from bf16 q, k, v and output differs from their widened copies' at "
+        << (p == cpu::GemmPrecision::kBF16 ? "kBF16" : "kF32");
+  }
+  cpu::set_gemm_precision(cpu::GemmPrecision::kF32);
   if (T == 1) return;  // one key: out is v itself, whatever the tiles
   if (cpu::bf16_attention_tiles())  // else kBF16 ran the f32 tiles, as it must
     EXPECT_NE(0, std::memcmp(f32.out.data(), two.out.data(), f32.out.size() * sizeof(float)))

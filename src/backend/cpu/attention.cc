@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/attention_parts.h"
@@ -67,13 +68,29 @@ void finish_rows(float* out, float* lse, const float* O, const float* m, const f
 }
 
 // D[t] = rowsum(dO * O) over the head's columns, and the lse padded to Tp rows.
-void backward_rows(float* D, float* Lp, const float* go, const float* o, const float* L,
+// (One copy of the dot product's code for both input types, so that its
+// vector reduction adds in the same order: bf16 rows are widened first.)
+[[gnu::noinline]] float row_dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < n; d++) sum += a[d] * b[d];
+  return sum;
+}
+
+template <typename In>
+void backward_rows(float* D, float* Lp, const float* go, const In* o, const float* L,
                    int64_t T, int64_t Tp, int64_t hs, int64_t C) {
+  std::vector<float> row(std::is_same_v<In, float> ? 0 : static_cast<size_t>(hs));
   for (int64_t t = 0; t < Tp; t++) {
     float sum = 0.0f;
     if (t < T) {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t d = 0; d < hs; d++) sum += go[t * C + d] * o[t * C + d];
+      const In* ot = o + t * C;
+      if constexpr (std::is_same_v<In, float>) {
+        sum = row_dot(go + t * C, ot, hs);
+      } else {
+        for (int64_t d = 0; d < hs; d++) row[static_cast<size_t>(d)] = detail::get(ot, d);
+        sum = row_dot(go + t * C, row.data(), hs);
+      }
     }
     D[t] = sum;
     Lp[t] = t < T ? L[t] : 0.0f;
@@ -156,7 +173,8 @@ void forward_item(float* out, float* lse, const float* qkv, int64_t b, int64_t h
 
 // accumulate_kv: add into dk, dv instead of writing them (the second and
 // later query heads of a kv group).
-void backward_item(float* dqkv, const float* dout, const float* qkv, const float* out,
+template <typename In>
+void backward_item(float* dqkv, const float* dout, const In* qkv, const In* out,
                    const float* lse, int64_t b, int64_t h, int64_t T, const Heads& g,
                    bool accumulate_kv) {
   const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
@@ -165,11 +183,11 @@ void backward_item(float* dqkv, const float* dout, const float* qkv, const float
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t base3 = b * T * C3 + h * hs;
   const int64_t kbase = b * T * C3 + g.k_col(h), vbase = b * T * C3 + g.v_col(h);
-  const float* q = qkv + base3;
-  const float* k = qkv + kbase;
-  const float* v = qkv + vbase;
+  const In* q = qkv + base3;
+  const In* k = qkv + kbase;
+  const In* v = qkv + vbase;
   const float* go = dout + b * T * C + h * hs;
-  const float* o = out + b * T * C + h * hs;
+  const In* o = out + b * T * C + h * hs;
   const float* L = lse + (b * NH + h) * T;
 
   const int64_t TH = Tp * HP, BB = kBlock * kBlock, BH = kBlock * HP;
@@ -285,7 +303,8 @@ void forward_item16(float* out, float* lse, const float* qkv, int64_t b, int64_t
   }
 }
 
-void backward_item16(float* dqkv, const float* dout, const float* qkv, const float* out,
+template <typename In>
+void backward_item16(float* dqkv, const float* dout, const In* qkv, const In* out,
                      const float* lse, int64_t b, int64_t h, int64_t T, const Heads& g,
                      bool accumulate_kv) {
   const int64_t hs = g.hs, HP = round_up(hs, tiles::kW), C3 = g.row(), C = g.NH * hs,
@@ -295,7 +314,7 @@ void backward_item16(float* dqkv, const float* dout, const float* qkv, const flo
   const int64_t base3 = b * T * C3 + h * hs;
   const int64_t kbase = b * T * C3 + g.k_col(h), vbase = b * T * C3 + g.v_col(h);
   const float* go = dout + b * T * C + h * hs;
-  const float* o = out + b * T * C + h * hs;
+  const In* o = out + b * T * C + h * hs;
   const float* L = lse + (b * NH + h) * T;
 
   const int64_t TH = Tp * HP, BB = kBlock * kBlock, BH = kBlock * HP;
@@ -411,9 +430,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                        int64_t hs) {
+namespace {
+
+template <typename In>
+void attention_grads(float* dqkv, const float* dout, const In* qkv, const In* out,
+                     const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
   PO_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0, "attention_backward: NH=", NH,
            " must be a positive multiple of NKV=", NKV);
   const Heads g{NH, NKV, hs};
@@ -432,6 +453,19 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 #endif
       backward_item(dqkv, dout, qkv, out, lse, bg / NKV, (bg % NKV) * per + j, T, g, j > 0);
     }
+}
+
+}  // namespace
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t hs) {
+  attention_grads(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
+}
+void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                        int64_t hs) {
+  attention_grads(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
 }
 
 }  // namespace po::backend::cpu

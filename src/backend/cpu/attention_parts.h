@@ -42,16 +42,17 @@ inline float* scratch(size_t n) {
 }
 
 // dst[t, d] = s * src[t * stride + d] for t < n, d < hs; zero elsewhere in
-// the rows x HP tile.
-inline void pack_rows(float* dst, const float* src, int64_t stride, int64_t n, int64_t rows, int64_t hs,
-               int64_t HP, float s) {
+// the rows x HP tile. src f32, or saved bf16 (its widened values).
+template <typename In>
+inline void pack_rows(float* dst, const In* src, int64_t stride, int64_t n, int64_t rows, int64_t hs,
+                      int64_t HP, float s) {
   for (int64_t t = 0; t < rows; t++) {
     float* o = dst + t * HP;
-    const float* x = src + t * stride;
+    const In* x = src + t * stride;
     const int64_t m = t < n ? hs : 0;
     if (t + kPrefetch < n)  // rows are strided: the hardware prefetcher misses them
       for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
-    for (int64_t d = 0; d < m; d++) o[d] = s * x[d];
+    for (int64_t d = 0; d < m; d++) o[d] = s * detail::get(x, d);
     for (int64_t d = m; d < HP; d++) o[d] = 0.0f;
   }
 }
@@ -139,16 +140,17 @@ inline uint16_t* scratch16(size_t n) {
 
 inline uint16_t bf16_bits(float x) { return core::f32_to_bf16(x).bits; }
 
-// pack_rows, rounded to bf16.
-inline void pack_rows16(uint16_t* dst, const float* src, int64_t stride, int64_t n, int64_t rows,
-                 int64_t hs, int64_t HP, float s) {
+// pack_rows, rounded to bf16 (bf16 src at s = 1: its bits).
+template <typename In>
+inline void pack_rows16(uint16_t* dst, const In* src, int64_t stride, int64_t n, int64_t rows,
+                        int64_t hs, int64_t HP, float s) {
   for (int64_t t = 0; t < rows; t++) {
     uint16_t* o = dst + t * HP;
-    const float* x = src + t * stride;
+    const In* x = src + t * stride;
     const int64_t m = t < n ? hs : 0;
     if (t + kPrefetch < n)
       for (int64_t d = 0; d < hs; d += 16) __builtin_prefetch(x + kPrefetch * stride + d);
-    for (int64_t d = 0; d < m; d++) o[d] = bf16_bits(s * x[d]);
+    for (int64_t d = 0; d < m; d++) o[d] = bf16_bits(s * detail::get(x, d));
     for (int64_t d = m; d < HP; d++) o[d] = 0;
   }
 }
