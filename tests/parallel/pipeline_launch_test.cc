@@ -116,12 +116,15 @@ TEST_F(PipelineRuns, Pp4AndLlamaAreBitIdenticalToOneStage) {
 // the data group's sum and the last micro-batch's lookup rows after it, in
 // rank order, as data parallel adds them (with parallel.overlap_comm, and
 // without it all rows before the sum); GPT-2 with its tied table on two
-// ranks (1f1b, ZeRO-1 too) and on one (zbv), Llama; dp 2 × tp 2 × pp 2
-// against dp 2 × tp 2; and cp 2 × pp 2 against cp 2 (the cp ranks' sum).
+// ranks (1f1b, ZeRO-1 too, vocabulary parallel) and on one (zbv), Llama;
+// dp 2 × tp 2 × pp 2 against dp 2 × tp 2; and cp 2 × pp 2 against cp 2
+// (the cp ranks' sum).
 TEST_F(PipelineRuns, DataParallelPipelinesAreBitIdenticalToDataParallel) {
   const std::string dp2 = train("dp2", 2, 1, "");
   expect_bits(dp2, train("dp2pp2_1f1b", 2, 2, "--set parallel.schedule=1f1b"), "dp 2 × pp 2 1f1b", false);
   expect_bits(dp2, train("dp2pp2_zbv", 2, 2, "--set parallel.schedule=zbv"), "dp 2 × pp 2 zbv", false);
+  expect_bits(dp2, train("dp2pp2_vocab", 2, 2, "--set parallel.schedule=1f1b --set parallel.vocab_parallel=true"),
+              "dp 2 × pp 2 1f1b, vocabulary parallel", false);
   expect_bits(dp2, train("dp2pp2_z1", 2, 2, "--set parallel.schedule=zb-h1 --set parallel.zero_stage=1"),
               "dp 2 × pp 2 zb-h1, ZeRO-1", false);
   const std::string plain = "--set parallel.overlap_comm=false ";
