@@ -388,6 +388,10 @@ class Transformer {
   // elsewhere: the f32 activations, rounded by each GEMM (the same bits).
   const LayerActs16* direct16(int64_t l, bool save) const;
   static bool written_direct(const SavedPair& s, const LayerActs16& h);
+  // Whether block_backward's attention reads the saved bf16 q, k, v and
+  // output under direct16 (load_saved then leaves them unwidened): not under
+  // context parallel, whose block kernels take f32.
+  bool attention_reads16() const { return cp_.size == 1; }
   // Every activation view, as laid out in one allocation.
   struct ActivationLayout {
     float* encoded = nullptr;

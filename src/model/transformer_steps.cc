@@ -227,10 +227,10 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops
   ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy,
                        h != nullptr ? ops::Operand(h->atty) : ops::Operand(a.atty),
                        {P.attprojw, P.attprojw16}, BT, AO, C);
-  if (cp_.size > 1)
-    pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
-  else if (h != nullptr)  // the saved bf16 q, k, v and output as they are
+  if (h != nullptr && attention_reads16())  // the saved bf16 q, k, v and output as they are
     ops::attention_backward(dqkv_, dbuf_c_, h->qkv, h->atty, a.lse, B_, T_, NH, NKV, hs);
+  else if (cp_.size > 1)
+    pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   else
     ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
@@ -394,7 +394,7 @@ Transformer::LayerActs Transformer::load_saved(int64_t l, bool widen_all) {
   for (const SavedPair& s : saved_pairs(a, h)) {
     const bool attention = s.h == h.qkv || s.h == h.atty;
     const bool read16 = s.h == h.ln1 || s.h == h.ln2 || s.h == h.fch_gelu || s.h == h.residual2 ||
-                        s.h == h.fch || (attention && cp_.size == 1);
+                        s.h == h.fch || (attention && attention_reads16());
     if (widen_all || !read16) ops::bf16_to_f32(s.f, s.h, s.numel);
   }
   return a;

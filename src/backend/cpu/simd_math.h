@@ -50,11 +50,6 @@ inline void put(uint16_t* out, float v) { *out = core::f32_to_bf16(v).bits; }
 // (exact), so a kernel reading bf16 computes what it computes on the
 // widened f32 copy, without that copy's pass over memory.
 inline float get(const float* in, int64_t i) { return in[i]; }
-inline float get(const uint16_t* in, int64_t i) {
-  const uint32_t u = uint32_t{in[i]} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float get(const uint16_t* in, int64_t i) { return core::bf16_to_f32(core::bf16{in[i]}); }
 
 }  // namespace po::backend::cpu::detail
