@@ -37,13 +37,17 @@ class Slurm : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     cluster_ = new po::test::TempDir();
-    auto r = run_command("bash " + kClusterScript + " start " + (*cluster_ / "slurm"));
+    // The script bounds itself (three tries of 30 s); the timeout is for a hang
+    // outside its loop, which then fails here instead of holding CI.
+    auto r = run_command("timeout -k 5 200 bash " + kClusterScript + " start " +
+                         (*cluster_ / "slurm"));
     started_ = r.exit_code == 0;
-    start_output_ = r.output;
+    start_output_ = "exit code " + std::to_string(r.exit_code) +
+                    (r.exit_code == 124 ? " (timed out after 200 s)" : "") + "\n" + r.output;
     setenv("SLURM_CONF", (*cluster_ / "slurm/slurm.conf").c_str(), 1);
   }
   static void TearDownTestSuite() {
-    run_command("bash " + kClusterScript + " stop " + (*cluster_ / "slurm"));
+    run_command("timeout -k 5 60 bash " + kClusterScript + " stop " + (*cluster_ / "slurm"));
     delete cluster_;
     cluster_ = nullptr;
   }
@@ -60,7 +64,7 @@ class Slurm : public ::testing::Test {
   }
   // The reference: the same job through our own single-node launcher.
   std::vector<double> nproc2() {
-    auto r = run_command(kBin + args("nproc2") + " --nproc 2");
+    auto r = run_command("timeout -k 5 300 " + kBin + args("nproc2") + " --nproc 2");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return losses(dir_ / "nproc2", 8);
   }
@@ -92,7 +96,7 @@ std::string Slurm::start_output_;
 TEST_F(Slurm, SrunTwoTasksMatchesNprocTwo) {
   const auto ref = nproc2();
   const std::string cmd =
-      "timeout 120 srun --mpi=pmix -n 2 " + kBin + args("srun") + " --set parallel.dp=2";
+      "timeout -k 5 120 srun --mpi=pmix -n 2 " + kBin + args("srun") + " --set parallel.dp=2";
   auto r = srun(cmd);
   ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   expect_same_curve(ref, losses(dir_ / "srun", 8), "srun -n 2 vs --nproc 2");
@@ -101,7 +105,7 @@ TEST_F(Slurm, SrunTwoTasksMatchesNprocTwo) {
 }
 
 TEST_F(Slurm, SrunWithoutPmixIsAClearError) {
-  auto r = srun("timeout 60 srun --mpi=none -n 2 " + kBin + args("nopmix") +
+  auto r = srun("timeout -k 5 60 srun --mpi=none -n 2 " + kBin + args("nopmix") +
                        " --set parallel.dp=2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("srun --mpi=pmix"), std::string::npos) << r.output;
@@ -109,7 +113,7 @@ TEST_F(Slurm, SrunWithoutPmixIsAClearError) {
 }
 
 TEST_F(Slurm, SrunWithTheWrongTaskCountIsAClearError) {
-  auto r = srun("timeout 60 srun --mpi=pmix -n 3 " + kBin + args("three") +
+  auto r = srun("timeout -k 5 60 srun --mpi=pmix -n 3 " + kBin + args("three") +
                        " --set parallel.dp=2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("parallel.dp = 2 but slurm started 3 processes"), std::string::npos)
