@@ -250,10 +250,13 @@ def engine_stats(p):
     if not timed:
         return {"error": "fewer than %d training steps in %s" % (warmup + 1, path)}
     tps = len(timed) / sum(1.0 / m["tokens_per_s"] for m in timed)  # total tokens / total time
-    plan = last_json(os.path.join(out, "engine-" + p, "plan.json"), "device_peak_bytes")
+    try:  # one JSON document over many lines
+        plan = json.load(open(os.path.join(out, "engine-" + p, "plan.json")))
+    except (OSError, ValueError):
+        plan = None
     r = {"tokens_per_s": tps, "loss": timed[-1].get("loss"), "steps_timed": len(timed),
          "peak_rss_bytes": max(rss) if rss else None, "predicted_bytes": pred,
-         "planned_peak_bytes": plan["device_peak_bytes"] if plan else None}
+         "planned_peak_bytes": plan.get("device_peak_bytes") if plan else None}
     if all("mfu" in m for m in timed):
         r["engine_reported_mfu"] = sum(m["mfu"] for m in timed) / len(timed)
     return r
