@@ -440,6 +440,10 @@ int cmd_plan(const PlanOptions& o) {
 }  // namespace
 
 int run(int argc, char** argv) {
+  // A stop signal that arrives from here on while the process starts is kept
+  // for the subcommand (train/stop.h): `train` turns it into a stop after its
+  // first step, the others get it back as it was.
+  train::hold_early_signals();
   CLI::App app{"PagedOptim: train GPT-style models with paged optimizer state"};
   app.require_subcommand(1);
   bool verbose = false;
@@ -627,6 +631,8 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
   if (verbose) core::set_log_level(core::LogLevel::kDebug);
+  if (!*tr)
+    if (const int early = train::release_early_signals()) raise(early);
   try {
     if (*prep) {
       if (popt.tokenizer_root.empty()) popt.tokenizer_root = tokenizer_root();

@@ -140,6 +140,8 @@ int supervise(const Supervision& s) {
   sigemptyset(&set);
   for (int sig : kSignals) sigaddset(&set, sig);
   sigprocmask(SIG_BLOCK, &set, &old_mask);
+  // One that came while this process started waits for sigtimedwait below.
+  if (const int early = train::release_early_signals()) raise(early);
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   int stops = 0;  // signals received
   for (int attempt = 0;; ++attempt) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 
@@ -41,7 +42,54 @@ extern "C" void on_stop_request(int sig) {
   raise(sig);
 }
 
+// hold_early_signals(): the signals held, their dispositions before, and the
+// first that arrived.
+constexpr int kHeld[] = {SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU};
+struct sigaction g_before_hold[std::size(kHeld)];
+bool g_holding[std::size(kHeld)] = {};
+std::atomic<int> g_early{0};
+
+extern "C" void on_early_signal(int sig) {
+  int none = 0;
+  g_early.compare_exchange_strong(none, sig);
+}
+
+bool is_early_handler(const struct sigaction& a) {
+  return (a.sa_flags & SA_SIGINFO) == 0 && a.sa_handler == on_early_signal;
+}
+
+// The disposition hold_early_signals() replaced for `sig` (null: not held).
+const struct sigaction* before_hold(int sig) {
+  for (size_t i = 0; i < std::size(kHeld); ++i)
+    if (kHeld[i] == sig && g_holding[i]) return &g_before_hold[i];
+  return nullptr;
+}
+
 }  // namespace
+
+void hold_early_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_early_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (size_t i = 0; i < std::size(kHeld); ++i) {
+    struct sigaction now {};
+    if (sigaction(kHeld[i], nullptr, &now) != 0 || now.sa_handler == SIG_IGN) continue;
+    g_before_hold[i] = now;
+    g_holding[i] = sigaction(kHeld[i], &sa, nullptr) == 0;
+  }
+}
+
+int release_early_signals() {
+  for (size_t i = 0; i < std::size(kHeld); ++i) {
+    if (!g_holding[i]) continue;
+    struct sigaction now {};
+    if (sigaction(kHeld[i], nullptr, &now) == 0 && is_early_handler(now))
+      sigaction(kHeld[i], &g_before_hold[i], nullptr);
+    g_holding[i] = false;
+  }
+  return g_early.exchange(0);
+}
 
 int stop_signal_number(const std::string& name, const std::string& key) {
   std::string n = name;
@@ -60,8 +108,14 @@ StopRequests::StopRequests(int extra_signal, double timeout_s, bool sigterm)
   sa.sa_handler = on_stop_request;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int i = 0; i < 3; ++i)
-    if (signals_[i] != 0) sigaction(signals_[i], &sa, &g_previous[i]);
+  for (int i = 0; i < 3; ++i) {
+    if (signals_[i] == 0) continue;
+    sigaction(signals_[i], &sa, &g_previous[i]);
+    // Taking over a held signal: what comes back on destruction is what it
+    // had before the hold.
+    if (is_early_handler(g_previous[i]))
+      if (const struct sigaction* b = before_hold(signals_[i])) g_previous[i] = *b;
+  }
 }
 
 StopRequests::~StopRequests() {

@@ -23,6 +23,25 @@ inline constexpr int kExitResume = 75;
 // may use: TERM, INT, HUP, USR1, USR2, XCPU); errors name `key`.
 int stop_signal_number(const std::string& name, const std::string& key);
 
+// From the first line of main until the process knows what to do with them:
+// HUP, USR1, USR2 and XCPU (stop signals whose default action ends the
+// process) are caught and the first one remembered, so that a stop request
+// that arrives while the process starts is neither fatal nor lost. Slurm
+// sends its time-limit signal (`--signal=USR1@120`) when its periodic check
+// falls, which can be while a step's tasks are still starting. A signal the
+// process inherited as ignored stays ignored; TERM and INT are left alone
+// (under mpirun, TERM must end a rank at once). The window before main, while
+// the dynamic loader runs, remains.
+void hold_early_signals();
+
+// Gives the held signals back their dispositions from before
+// hold_early_signals() (those not taken over since by StopRequests or
+// another handler) and returns the one that arrived, 0 if none. The caller
+// raises it again once its own handling is in place, so that it lands where
+// it would have: a stop request, a blocked signal for sigtimedwait, or its
+// default action.
+int release_early_signals();
+
 // While alive, SIGTERM (when `sigterm`), SIGINT and `extra_signal` request a
 // stop; their previous handlers come back on destruction. `timeout_s` > 0 arms
 // an alarm at the first request. Under OpenMPI's mpirun, SIGTERM is how mpirun

@@ -5,6 +5,8 @@
 // run.dir is touched.
 #include "train/trainer.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -378,6 +380,8 @@ TrainResult train(const core::Config& cfg) {
   const StopRequests stop_requests(
       stop_signal_number(cfg.get_string("train.stop_signal"), "train.stop_signal"), cfg.get_float("train.stop_timeout"),
       comm::detect_launch_env().source != comm::LaunchSource::kOpenMpi);
+  // One that came while the process started: a stop after the first step.
+  if (const int early = release_early_signals()) raise(early);
   const Launch launch(cfg, p);
   // train.metrics_port: rank 0 serves the run's latest metrics.
   std::optional<LiveMetrics> live;

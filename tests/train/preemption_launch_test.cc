@@ -182,17 +182,22 @@ TEST_F(Preemption, SoakKilledAtTwentyRandomMomentsEndsBitIdentical) {
     ASSERT_GT(pid, 0) << "kill " << k + 1 << ": no rank " << rank << " to kill (the run ended?) after"
                       << moments << "\n" << tail(read_file(run + ".log"));
     // Half of the kills land in start-up, half once the attempt trains (in
-    // a step or a checkpoint write).
+    // a step or a checkpoint write: one is written every step). Either way
+    // the attempt trains a few steps at most before it dies, so that the 20
+    // kills fit in the run however fast this machine steps (a delay in
+    // milliseconds alone let a fast machine finish the run first).
     const bool in_training = rng() % 2 == 0;
-    if (in_training) {
-      const int64_t before = fs::exists(run + "/metrics.jsonl") ? last_metrics_step(run) : -1;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (po::test::alive(pid) && std::chrono::steady_clock::now() < until &&
-             (!fs::exists(run + "/metrics.jsonl") || last_metrics_step(run) <= before))
-        usleep(5000);
-    }
-    const int delay_ms = std::uniform_int_distribution<int>(0, in_training ? 300 : 700)(rng);
-    usleep(delay_ms * 1000);
+    const int64_t resumed_at = newest_step(run);
+    const int64_t steps_in = in_training ? std::uniform_int_distribution<int>(1, 6)(rng) : 2;
+    const int delay_ms = std::uniform_int_distribution<int>(0, in_training ? 5 : 700)(rng);
+    const auto until = std::chrono::steady_clock::now() +
+                       (in_training ? std::chrono::milliseconds(30000) : std::chrono::milliseconds(delay_ms));
+    // Training: until the attempt has checkpointed `steps_in` steps, then
+    // up to 5 ms more. Start-up: `delay_ms`, unless it trains 2 steps first.
+    while (po::test::alive(pid) && std::chrono::steady_clock::now() < until &&
+           newest_step(run) < resumed_at + steps_in)
+      usleep(2000);
+    if (in_training) usleep(delay_ms * 1000);
     kill(pid, SIGKILL);
     old_pids.insert(pid);
     old_pids.insert(other);

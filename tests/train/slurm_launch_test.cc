@@ -281,8 +281,10 @@ TEST_F(SlurmLong, ChainOfThreeJobsCompletesTheRunBitIdentical) {
 }
 
 // Slurm's own time limit: a chain of 2 one-minute jobs that ask for the stop
-// signal 50 s before their limit. Slurm sends it itself (10-40 s in: its
-// limit checks run about every 30 s); the first job checkpoints the step it
+// signal 40 s before their limit. Slurm sends it itself (20-50 s in: its
+// limit checks run about every 30 s; late enough that the step's tasks have
+// started, though one still starting holds it: train/stop.h's
+// hold_early_signals); the first job checkpoints the step it
 // is in, exits 75 and leaves the rest to the second, which resumes from that
 // checkpoint. The run (10^6 steps) fits in no job; the test cancels the
 // second once it trains past the first's checkpoint. (Bit-identity across
@@ -291,7 +293,7 @@ TEST_F(SlurmLong, ChainOfThreeJobsCompletesTheRunBitIdentical) {
 TEST_F(SlurmLong, SlurmsOwnTimeLimitStopsAJobAndTheChainResumesIt) {
   const std::string run = dir_ / "limit";
   auto r = run_command("cd " + (dir_ / "") + " && " + kBin + " sbatch -c " + config_ +
-                       " --nodes 1 --ntasks-per-node 2 --chain 2 --time 0:01:00 --signal-lead 50" +
+                       " --nodes 1 --ntasks-per-node 2 --chain 2 --time 0:01:00 --signal-lead 40" +
                        long_args("limit") + " --set train.steps=1000000");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::string> ids;
