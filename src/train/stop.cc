@@ -75,6 +75,7 @@ void hold_early_signals() {
   for (size_t i = 0; i < std::size(kHeld); ++i) {
     struct sigaction now {};
     if (sigaction(kHeld[i], nullptr, &now) != 0 || now.sa_handler == SIG_IGN) continue;
+    if (is_early_handler(now)) continue;  // held already
     g_before_hold[i] = now;
     g_holding[i] = sigaction(kHeld[i], &sa, nullptr) == 0;
   }

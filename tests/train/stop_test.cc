@@ -42,6 +42,7 @@ TEST(EarlySignals, NoneArrivedIsZeroAndEveryDispositionComesBack) {
   signal(SIGUSR2, SIG_DFL);
   signal(SIGHUP, SIG_IGN);  // as under nohup
   hold_early_signals();
+  hold_early_signals();  // twice: the second must not take the hold for the old disposition
   EXPECT_NE(handler_of(SIGUSR2), SIG_DFL) << "SIGUSR2 is not held";
   EXPECT_EQ(handler_of(SIGHUP), SIG_IGN) << "an ignored SIGHUP was caught instead of staying ignored";
   EXPECT_EQ(release_early_signals(), 0);
