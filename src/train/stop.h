@@ -31,7 +31,7 @@ int stop_signal_number(const std::string& name, const std::string& key);
 // falls, which can be while a step's tasks are still starting. A signal the
 // process inherited as ignored stays ignored; TERM and INT are left alone
 // (under mpirun, TERM must end a rank at once). The window before main, while
-// the dynamic loader runs, remains.
+// the dynamic loader maps the libraries (3-6 ms here), remains.
 void hold_early_signals();
 
 // Gives the held signals back their dispositions from before
