@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <sstream>
@@ -151,6 +152,26 @@ inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   for (size_t n = 1; std::getline(f, line); ++n) {
     try {
       out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(path + ":" + std::to_string(n) + ": not JSON: " + e.what());
+    }
+  }
+  return out;
+}
+
+// The records of a run that is still writing: as read_metrics, but a last
+// line without its newline (being written while this reads) is left for the
+// next look instead of failing the parse.
+inline std::vector<nlohmann::json> read_metrics_so_far(const std::string& run_dir) {
+  const std::string path = run_dir + "/metrics.jsonl";
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read metrics file " + path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<nlohmann::json> out;
+  size_t n = 1;
+  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1, ++n) {
+    try {
+      out.push_back(nlohmann::json::parse(text.substr(at, end - at)));
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error(path + ":" + std::to_string(n) + ": not JSON: " + e.what());
     }

@@ -31,6 +31,19 @@ TEST(TestUtil, MissingMetricsFileIsAnErrorNamingIt) {
   EXPECT_NE(thrown([&] { last_metric(run, "memory_per_rank"); }), "");
 }
 
+// A run still writing its metrics: the last line may be cut short.
+TEST(TestUtil, MetricsSoFarLeaveALineBeingWrittenForLater) {
+  TempDir dir;
+  write_file(dir / "metrics.jsonl", "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"imbal");
+  EXPECT_NE(thrown([&] { read_metrics(dir.path().string()); }), "") << "a cut line in a finished run must fail";
+  const auto so_far = read_metrics_so_far(dir.path().string());
+  ASSERT_EQ(so_far.size(), 1u) << "the complete record, and not the one being written";
+  EXPECT_EQ(so_far[0]["step"], 1);
+  write_file(dir / "metrics.jsonl", "{\"step\": 1}\nnot json\n");
+  EXPECT_NE(thrown([&] { read_metrics_so_far(dir.path().string()); }).find("metrics.jsonl:2: not JSON"), std::string::npos)
+      << "a complete line that is not JSON is still an error";
+}
+
 TEST(TestUtil, CallersStateTheNumberOfSteps) {
   TempDir dir;
   write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":4.5}\n{\"step\":2,\"loss\":4.25}\n"

@@ -73,7 +73,7 @@ std::string tail(const std::string& log) { return log.substr(log.size() > 6000 ?
 
 int64_t last_metrics_step(const std::string& run) {
   int64_t step = -1;
-  for (const auto& r : po::test::read_metrics(run))
+  for (const auto& r : po::test::read_metrics_so_far(run))  // the run may be writing
     if (r.contains("loss")) step = r["step"].get<int64_t>();
   return step;
 }
