@@ -139,44 +139,48 @@ inline std::string tiny_config(const std::string& train, const std::string& val,
   return os.str();
 }
 
-// Every record of a run directory's metrics.jsonl, in order. A file that
-// cannot be read, or a line that is not JSON, throws an error naming the file
-// (the test fails there): a missing file must never read as an empty curve,
-// which would "match" another empty one.
-inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
-  const std::string path = run_dir + "/metrics.jsonl";
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error("cannot read metrics file " + path);
-  std::vector<nlohmann::json> out;
-  std::string line;
-  for (size_t n = 1; std::getline(f, line); ++n) {
-    try {
-      out.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(path + ":" + std::to_string(n) + ": not JSON: " + e.what());
-    }
-  }
-  return out;
-}
-
-// The records of a run that is still writing: as read_metrics, but a last
-// line without its newline (being written while this reads) is left for the
-// next look instead of failing the parse.
-inline std::vector<nlohmann::json> read_metrics_so_far(const std::string& run_dir) {
+namespace detail {
+// metrics.jsonl's records, a line each; a last line without its newline is
+// parsed too (a finished run's file must be whole) or, with
+// `complete_lines_only`, left out (a run still writing it).
+inline std::vector<nlohmann::json> metrics_records(const std::string& run_dir,
+                                                   bool complete_lines_only) {
   const std::string path = run_dir + "/metrics.jsonl";
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot read metrics file " + path);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<nlohmann::json> out;
   size_t n = 1;
-  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1, ++n) {
+  for (size_t at = 0; at < text.size(); ++n) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) {
+      if (complete_lines_only) break;
+      end = text.size();
+    }
     try {
       out.push_back(nlohmann::json::parse(text.substr(at, end - at)));
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error(path + ":" + std::to_string(n) + ": not JSON: " + e.what());
     }
+    at = end + 1;
   }
   return out;
+}
+}  // namespace detail
+
+// Every record of a run directory's metrics.jsonl, in order. A file that
+// cannot be read, or a line that is not JSON, throws an error naming the file
+// (the test fails there): a missing file must never read as an empty curve,
+// which would "match" another empty one.
+inline std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+  return detail::metrics_records(run_dir, false);
+}
+
+// The records of a run that is still writing: as read_metrics, but a last
+// line without its newline (being written while this reads) is left for the
+// next look instead of failing the parse.
+inline std::vector<nlohmann::json> read_metrics_so_far(const std::string& run_dir) {
+  return detail::metrics_records(run_dir, true);
 }
 
 // The values of one metric (e.g. "grad_norm", "val_loss") in record order.

@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <iterator>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "comm/communicator.h"
 #include "core/error.h"
