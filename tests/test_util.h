@@ -124,6 +124,13 @@ inline void write_tokens(const std::string& path, size_t n, int vocab, uint32_t 
   po::data::write_token_file(path, t);
 }
 
+// Bit-identity across layouts (and with an uninterrupted run) is defined at
+// equal threads per rank: oneDNN splits a GEMM's work by the thread count, so
+// pp 1 on two threads differs from pp 2 on one thread per rank in the 8th
+// digit, while pp 1 on one thread equals it bit for bit. tiny_config runs
+// every rank on this many threads, and losses() checks that each run did.
+inline constexpr int kThreadsPerRank = 1;
+
 // A tiny model config (1 layer, 32 wide, vocab 64, seq 16) training on `train`.
 inline std::string tiny_config(const std::string& train, const std::string& val,
                                const std::string& run_dir, int steps) {
@@ -131,7 +138,7 @@ inline std::string tiny_config(const std::string& train, const std::string& val,
   os << "[model]\npreset = \"gpt2-tiny\"\nn_layer = 2\nn_embd = 32\nn_head = 2\n"
      << "vocab_size = 64\nseq_len = 16\n"
      << "[train]\nbatch_size = 4\nmicro_batch_size = 2\nsteps = " << steps
-     << "\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\nthreads = 1\n"
+     << "\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\nthreads = " << kThreadsPerRank << "\n"
      << "eval_interval = 2\neval_batches = 2\ncheckpoint_interval = 3\n"
      << "[checkpoint]\nkeep = 10\n"
      << "[data]\ntrain = \"" << train << "\"\nval = \"" << val << "\"\n"
@@ -207,8 +214,17 @@ inline nlohmann::json last_metric(const std::string& run_dir, const std::string&
 }
 
 // The train losses of a run directory's metrics.jsonl, in step order: exactly
-// `steps` of them.
-inline std::vector<double> losses(const std::string& run_dir, size_t steps) {
+// `steps` of them, each from a step run at `threads_per_rank` compute threads
+// per rank (the count the comparison relies on; a record without the field,
+// from an older build, is taken as it is).
+inline std::vector<double> losses(const std::string& run_dir, size_t steps,
+                                  int threads_per_rank = kThreadsPerRank) {
+  for (const auto& j : read_metrics(run_dir))
+    if (j.contains("loss") && j.contains("threads_per_rank") &&
+        j["threads_per_rank"].get<int>() != threads_per_rank)
+      throw std::runtime_error(run_dir + "/metrics.jsonl: step " + j["step"].dump() + " ran at " +
+                               j["threads_per_rank"].dump() + " threads per rank; the comparison "
+                               "relies on " + std::to_string(threads_per_rank));
   return metric(run_dir, "loss", steps);
 }
 

@@ -401,6 +401,7 @@ Json manifest_json(const Manifest& m) {
   j["tokens"] = m.meta.tokens;
   j["adam_t"] = m.meta.adam_t;
   j["layout"] = Json{{"dp", m.meta.dp}, {"zero_stage", m.meta.zero_stage}, {"writers", m.writers}};
+  if (m.meta.threads > 0) j["layout"]["threads"] = m.meta.threads;  // absent in older manifests
   j["unit_numel"] = std::move(numel);
   j["kinds"] = kinds_to_json(m.kinds);
   j["checksum"] = Json{{"algorithm", "xxh3-64"}, {"chunk_bytes", m.chunk_bytes}};
@@ -454,6 +455,8 @@ Manifest parse_manifest(std::string_view text, const std::string& origin, bool v
   meta.dp = static_cast<int>(f.integer(layout, "layout", "dp", 1, 1 << 30));
   meta.zero_stage = static_cast<int>(f.integer(layout, "layout", "zero_stage", 0, 3));
   m.writers = static_cast<int>(f.integer(layout, "layout", "writers", 1, 1 << 30));
+  if (layout.is_object() && layout.contains("threads"))
+    meta.threads = static_cast<int>(f.integer(layout, "layout", "threads", 1, 1 << 20));
   m.unit_numel = numel_from_json(f, j);
   m.kinds = kinds_from_json(f, j);
   const Json& checksum = f.get(j, "", "checksum");

@@ -65,6 +65,7 @@ struct CheckpointMeta {
   std::string config_toml;  // the resolved config of the run that wrote it
   int dp = 1;               // informational: parallel.dp of the writing run
   int zero_stage = 0;       // informational: parallel.zero_stage of the writing run
+  int threads = 0;          // compute threads per rank of the writing run (0: not recorded)
   std::vector<TensorRecord> tensors;
 };
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ struct RunData {
   std::map<std::string, double> memory;  // tier -> bytes (the largest rank's, last step)
   std::vector<int64_t> restarts_at;      // the step each restart resumed after (approximate: the last logged)
   int restarts = 0;
+  std::set<int> threads;                 // threads_per_rank of its steps (older runs: none recorded)
 };
 
 double num(const nlohmann::json& r, const char* key, double fallback = 0) {
@@ -73,6 +75,7 @@ RunData load_run(const std::string& dir) {
     const double exposed = num(r, "exposed_comm_ms", num(r, "pp_wait_ms"));
     const double bubble = num(r, "pp_bubble") * step_ms;
     d.loss.push_back({step, num(r, "loss")});
+    if (r.contains("threads_per_rank")) d.threads.insert(static_cast<int>(num(r, "threads_per_rank")));
     d.tps.push_back({step, num(r, "tokens_per_s")});
     if (r.contains("mfu")) d.mfu.push_back({step, num(r, "mfu")});
     double bytes = 0;
@@ -277,6 +280,20 @@ std::string write_report(const std::vector<std::string>& dirs, const std::string
        ".t{font-size:13px;font-weight:bold}.yt{text-anchor:end}.xt{text-anchor:middle}.lg{fill:#222}"
        ".frame{fill:none;stroke:#999}.grid{stroke:#eee}</style></head><body>\n"
     << "<h1>PagedOptim: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << "</h1>\n";
+  // Curves compared bit for bit need equal threads per rank (oneDNN splits a
+  // GEMM's work by the thread count): a mix is said, here and on stderr.
+  std::set<int> threads;
+  for (const auto& r : runs) threads.insert(r.threads.begin(), r.threads.end());
+  if (threads.size() > 1) {
+    std::string list;
+    for (const auto& r : runs)
+      for (int t : r.threads) list += core::str_cat(list.empty() ? "" : ", ", r.name, ": ", t);
+    const std::string note = core::str_cat(
+        "these runs mix compute threads per rank (", list, "): their curves agree to rounding, not "
+        "bit for bit (oneDNN splits a GEMM's work by the thread count)");
+    std::fprintf(stderr, "report: warning: %s\n", note.c_str());
+    h << "<p id=\"threads-warning\"><b>Note:</b> " << escape(note) << "</p>\n";
+  }
   h << "<table id=\"summary\"><tr><th>run</th><th>steps</th><th>last loss</th><th>best val loss</th>"
        "<th>tokens/s</th><th>MFU</th><th>restarts</th></tr>\n";
   for (const auto& r : runs) {

@@ -92,16 +92,33 @@ void kill_job(pid_t launcher) {
   kill(-launcher, SIGKILL);
 }
 
-// Kills and reaps what an attempt left behind: ranks whose mpirun ended
-// first come back to this process, the subreaper.
-void end_strays() {
+// Ends and reaps what an attempt left behind: ranks whose mpirun ended first
+// come back to this process, the subreaper. Each gets SIGTERM (a rank's
+// handlers remove its swap files on it) and `grace_s` seconds to exit before
+// SIGKILL, so that this process returns only once every worker has exited
+// and, given the time, cleaned up.
+void end_strays(double grace_s) {
+  std::vector<pid_t> running;
   for (const Proc& p : children_of(getpid())) {
-    if (p.state != 'Z') {
-      std::fprintf(stderr, "pagedoptim: killing worker process %d, left running by its launcher\n",
-                   static_cast<int>(p.pid));
-      kill(p.pid, SIGKILL);
+    if (p.state == 'Z') {
+      waitpid(p.pid, nullptr, 0);
+      continue;
     }
-    waitpid(p.pid, nullptr, 0);
+    std::fprintf(stderr, "pagedoptim: ending worker process %d, left running by its launcher\n",
+                 static_cast<int>(p.pid));
+    kill(p.pid, SIGTERM);
+    running.push_back(p.pid);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  while (!running.empty() && std::chrono::steady_clock::now() < until) {
+    std::erase_if(running, [](pid_t pid) { return waitpid(pid, nullptr, WNOHANG) == pid; });
+    if (!running.empty()) usleep(20'000);
+  }
+  for (pid_t pid : running) {
+    std::fprintf(stderr, "pagedoptim: killing worker process %d: still running %.0f s after SIGTERM\n",
+                 static_cast<int>(pid), grace_s);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
   }
 }
 
@@ -189,7 +206,7 @@ int supervise(const Supervision& s) {
       else
         kill(child, to);
     }
-    end_strays();
+    end_strays(s.stray_grace_s);
     const bool ok = failure.empty() && WIFEXITED(status) &&
                     (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == train::kExitResume);
     if (failure.empty()) failure = describe(status);

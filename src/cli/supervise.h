@@ -13,8 +13,10 @@
 //   `reap_timeout_s` means mpirun is stuck (OpenMPI can hang when a rank
 //   dies while it connects); the job is killed and counts as failed.
 // - Strays: the supervisor is the subreaper of everything it starts, so a
-//   rank that outlives its mpirun comes back to it and is killed before the
-//   next attempt starts (it would otherwise write beside the new one).
+//   rank that outlives its mpirun comes back to it and is ended (SIGTERM,
+//   then SIGKILL after `stray_grace_s`) before the next attempt starts or
+//   the supervisor returns: a scheduler that sees the job end sees no rank
+//   still writing.
 #pragma once
 
 #include <string>
@@ -29,6 +31,7 @@ struct Supervision {
   int stop_signal = 0;  // train.stop_signal's number
   std::string run_dir;  // for events.jsonl
   double reap_timeout_s = 10;  // a dead worker mpirun has not reaped by then: mpirun hangs
+  double stray_grace_s = 10;   // a stray worker's time to exit after SIGTERM
 };
 
 // Runs the workers to the end; returns the exit code to exit with (the

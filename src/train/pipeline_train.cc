@@ -35,7 +35,7 @@ using tensor::DType;
 
 namespace {
 
-parallel::PipelineSetup pipeline_setup(const PipelineRun& r, model::ParallelOps* tp_ops) {
+parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* tp_ops) {
   const core::Config& cfg = r.cfg;
   parallel::PipelineSetup s;
   const pl::ScheduleKind kind = pl::parse_schedule(cfg.get_string("parallel.schedule"));
@@ -106,7 +106,7 @@ struct WholeState {
   }
 };
 
-WholeState gather_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s) {
+WholeState gather_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s) {
   const model::Layout& held = ex.layout();
   WholeState out{model::Layout(ex.config()), {}, false};
   const model::Layout& whole = out.whole;
@@ -154,7 +154,7 @@ WholeState gather_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex,
 // whole model as a one-process run would. With `async`, the writer's copy is
 // written in the background (train/async_checkpoint.h) and committed later;
 // returns the seconds the step was held.
-double save_pipeline(const PipelineRun& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
+double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
                      TrainState st, const std::string& path, AsyncCheckpointer* async) {
   core::Timer t;
   st.adam_t = ex.adam_steps();
@@ -282,7 +282,7 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
 
 }  // namespace
 
-TrainResult train_pipeline(const PipelineRun& r) {
+TrainResult train_pipeline(const RunInputs& r) {
   const Plan& p = r.p;
   const core::Config& cfg = r.cfg;
   const Launch& launch = r.launch;
@@ -320,6 +320,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
   } else {
     load_init(ex, r.mcfg, cfg.get_string("model.init"));
   }
+  keep_threads(state, r.threads, launch.leader);
   if (launch.leader) {
     prepare_run_dir(r.run_dir, r.resume);
     checkpoint::write_file_atomic((fs::path(r.run_dir) / "config.toml").string(),
@@ -334,7 +335,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
           .bubble();
   PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p.pp, " stages", sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(),
               ", ", p.accum, " micro-batches of ", p.micro, "; bubble by formula ", formula,
-              ", as planned ", planned);
+              ", as planned ", planned, "; ", r.threads, " threads per rank");
 
   std::optional<MetricsWriter> metrics;
   if (launch.leader) metrics.emplace((fs::path(r.run_dir) / "metrics.jsonl").string());
@@ -521,6 +522,7 @@ TrainResult train_pipeline(const PipelineRun& r) {
                     {"pp_schedule", pl::schedule_name(sch.kind)},
                     {"peak_rss_bytes", peak_rss_bytes()},
                     {"checkpoint_ms", ckpt_s * 1000},  // what checkpointing held this step (gather and copy when async)
+                    {"threads_per_rank", r.threads},  // bit-identity across layouts holds at equal threads
                     {"pp_memory_per_rank", per_rank}});
     if (paged) metrics->write({{"step", state.step}, {"pp_paging_per_rank", paging}});
     if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
@@ -534,9 +536,6 @@ TrainResult train_pipeline(const PipelineRun& r) {
     if (stop) break;
   }
   progress.finish();
-  // Stopped on request: every rank leaves together, once rank 0 has reported
-  // (mpirun ends the job when the first rank exits non-zero).
-  if (result.stopped_by != 0 && launch.world != nullptr) launch.world->ibarrier().wait();
   result.steps = state.step;
   return result;
 }

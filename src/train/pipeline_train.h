@@ -14,31 +14,13 @@
 
 #include <string>
 
-#include "core/config.h"
-#include "data/loader.h"
-#include "data/token_file.h"
-#include "model/config.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
-#include "train/launch.h"
+#include "train/run_inputs.h"
 #include "train/trainer.h"
 
 namespace po::train {
 
-struct PipelineRun {
-  const core::Config& cfg;
-  const model::TransformerConfig& mcfg;
-  const Plan& p;
-  const Launch& launch;
-  data::BatchSampler& sampler;
-  const optim::LrSchedule& sched;
-  const data::TokenFile* val;  // null without data.val
-  optim::AdamWConfig adam;
-  std::string run_dir, config_toml;
-  uint64_t seed = 0;
-  bool resume = false;
-};
-
-TrainResult train_pipeline(const PipelineRun& run);
+// Returns with every rank's state freed (swap files removed); the caller
+// (train()) holds the ranks together after that on a stop.
+TrainResult train_pipeline(const RunInputs& run);
 
 }  // namespace po::train

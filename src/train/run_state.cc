@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "parallel/shard_layout.h"
 
 namespace po::train {
@@ -161,6 +162,7 @@ checkpoint::CheckpointMeta checkpoint_meta(const std::string& path, const model:
   meta.seed = state.seed;
   meta.tokens = state.tokens;
   meta.adam_t = state.adam_t;
+  meta.threads = state.threads;
   meta.config_toml = config_toml;
   meta.tensors = checkpoint_tensors(units);
   if (layout.rank() == 0) {
@@ -201,6 +203,7 @@ TrainState load_checkpoint_sharded(const std::string& path, const model::Layout&
     s.seed = m.meta.seed;
     s.tokens = m.meta.tokens;
     s.adam_t = m.meta.adam_t;
+    s.threads = m.meta.threads;
   } catch (...) {
     error = std::current_exception();
   }
@@ -219,6 +222,15 @@ void save_checkpoint(const std::string& path, const model::Transformer& model, o
       path, model, layout,
       [&](StateKind k, int u) { return flat_unit(model, model.params(), m, v, k, u); }, s,
       config_toml, nullptr);
+}
+
+void keep_threads(TrainState& state, int threads, bool leader) {
+  if (leader && state.threads > 0 && state.threads != threads)
+    PO_LOG_WARN("resuming at ", threads, " compute threads per rank from a checkpoint written at ",
+                state.threads, ": the continued run matches an uninterrupted one to rounding, not "
+                "bit for bit (oneDNN splits a GEMM's work by the thread count; set train.threads = ",
+                state.threads, " for the same bits)");
+  state.threads = threads;
 }
 
 core::Config checkpoint_config(const std::string& path) {

@@ -33,7 +33,16 @@ struct TrainState {
   uint64_t seed = 0;    // data order and sampling seed (train.seed)
   uint64_t tokens = 0;  // tokens consumed so far
   int64_t adam_t = 0;   // AdamW steps taken (bias correction); set by the loaders
+  // Compute threads per rank of the run (0: unknown, a checkpoint written
+  // before they were recorded). Bit-identity across layouts and with an
+  // uninterrupted run holds at equal threads per rank: oneDNN splits a
+  // GEMM's work by the thread count.
+  int threads = 0;
 };
+
+// After a resume: warns (on the leader) when the checkpoint was written at
+// another thread count than `threads`, this run's, which `state` then takes.
+void keep_threads(TrainState& state, int threads, bool leader);
 
 // Writes checkpoint directory `path` from one process holding the whole state
 // (atomic; the previous checkpoints survive a crash). state.adam_t is taken from `opt`.

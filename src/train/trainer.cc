@@ -33,6 +33,7 @@
 #include "train/metrics.h"
 #include "train/paging_setup.h"
 #include "train/pipeline_train.h"
+#include "train/run_inputs.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
 #include "train/stop.h"
@@ -224,6 +225,7 @@ struct LoopSetup {
   size_t predicted = 0;        // the memory ledger's prediction (bytes)
   int zero_stage = 0;
   bool leader = true;
+  int threads = 1;  // compute threads per rank
   AsyncCheckpointer* async = nullptr;  // checkpoint.async: written in the background
 };
 
@@ -342,6 +344,7 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     {
       nlohmann::json m = step_metrics(c, s, state, split, l.predicted, records);
       m["checkpoint_ms"] = ckpt_s * 1000;  // what checkpointing held this step (a copy when async)
+      m["threads_per_rank"] = l.threads;  // bit-identity across layouts holds at equal threads
       metrics->write(m);
     }
     if (c.paging) metrics->write(paging_json(state.step, records));
@@ -357,11 +360,139 @@ TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
     if (stop) break;
   }
   progress.finish();
-  // Stopped on request: every rank leaves together, once rank 0 has reported
-  // (mpirun ends the job when the first rank exits non-zero).
-  if (result.stopped_by != 0 && c.world != nullptr) c.world->ibarrier().wait();
   result.steps = state.step;
   return result;
+}
+
+// parallel.pp = 1: the model and DataParallel (ZeRO 0-3), tensor and
+// context parallel through the model's ParallelOps. Returns with this rank's
+// state freed.
+TrainResult train_one_stage(const RunInputs& r) {
+  const core::Config& cfg = r.cfg;
+  const model::TransformerConfig& mcfg = r.mcfg;
+  const Plan& p = r.p;
+  const Launch& launch = r.launch;
+  const std::string& run_dir = r.run_dir;
+  const int threads = r.threads;
+  PO_CHECK(cfg.get_string("train.trace").empty(), "train.trace (--trace) draws a pipeline's ",
+           "step: it needs parallel.pp > 1");
+  // At parallel.tp > 1 the model is this rank's shard of every layer.
+  // At parallel.cp > 1 it holds T / cp rows of each sequence (ContextSplit).
+  const int64_t T_local = p.T / p.cp;
+  model::Transformer model(mcfg, p.micro, T_local, {},
+                           {static_cast<int>(p.tp), launch.tp_rank});
+  std::optional<parallel::TensorParallelOps> tp_ops;
+  if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
+  std::optional<parallel::ContextParallelOps> cp_ops;
+  if (launch.cp_group() != nullptr) {
+    model::ParallelOps& inner = tp_ops ? static_cast<model::ParallelOps&>(*tp_ops)
+                                       : model::NullParallelOps::instance();
+    model.set_parallel_ops(cp_ops.emplace(*launch.cp_group(),
+                                          parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                                          cfg.get_string("parallel.cp_balance") == "zigzag", inner));
+  }
+  model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
+  const parallel::DataParallelOptions dpo = dp_options(cfg);
+  parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
+  StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, r.sched, launch.dp_rank};
+  c.data = launch.dp_group();
+  c.tp = tp_ops ? &*tp_ops : nullptr;
+  if (cp_ops) {
+    c.cp = cp_ops->cp_split();
+    c.context = launch.cp_group();
+    c.cpo = &*cp_ops;
+  }
+  c.paging = setup_paging(cfg, dp, mcfg, p, launch.rank);
+  dp.set_tensor_group(launch.tp_group());
+  TrainState state = start_state(cfg, c, (fs::path(run_dir) / "checkpoints").string(), r.resume,
+                                 r.seed, dpo.zero_stage);
+  keep_threads(state, r.threads, launch.leader);
+  LoopSetup l{cfg, r.val, run_dir, r.config_toml};
+  l.threads = r.threads;
+  l.zero_stage = dpo.zero_stage;
+  l.leader = launch.leader;
+  std::optional<AsyncCheckpointer> async;
+  if (cfg.get_bool("checkpoint.async")) {
+    // Tensor parallel: tp rank 0 of each data group writes the whole model's
+    // slices over the data group (tp_checkpoint.h); every rank agrees.
+    std::optional<parallel::ShardLayout> file;
+    // The data group is dp × cp ranks at context parallel.
+    const int data_ranks = static_cast<int>(p.dp * p.cp);
+    if (p.tp == 1)
+      file.emplace(dp.layout());
+    else if (launch.tp_rank == 0)
+      file.emplace(mcfg.unit_numels(), data_ranks, launch.dp_group() ? launch.dp_group()->rank() : 0);
+    l.async = &async.emplace(c.world, file ? &*file : nullptr, data_ranks,
+                             std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
+                                                                checkpoint::kAllStateKinds.end()),
+                             c.paging && p.tp == 1);
+    PO_LOG_INFO("checkpoint.async: ", l.async->host_bytes() >> 20, " MiB of host memory hold a checkpoint's copy");
+  }
+  if (l.leader) {
+    prepare_run_dir(run_dir, r.resume);
+    checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),
+                                  l.config_toml.data(), l.config_toml.size());
+  }
+
+  // MFU is against the GEMM peak of the precision the step runs in (the bf16
+  // GEMM's on bf16 operands in a bf16 run), measured here unless configured.
+  const bool bf16_peak = ops::gemm_precision() == ops::GemmPrecision::kBF16;
+  c.peak_gflops = cfg.get_float("train.peak_gflops") > 0
+                      ? cfg.get_float("train.peak_gflops")
+                      : ops::measure_gemm_peak_gflops(ops::gemm_precision());
+  // The compute budget holds from here on (set up is done: the whole fp32
+  // model has given way to shards, the GEMM probe's matrices are freed).
+  if (c.paging)
+    tensor::set_pool_budget(tensor::Pool::kCompute, cfg.get_size("memory.compute_budget"));
+  // The memory ledger: this rank's model states (DESIGN.md's formulas for the
+  // stage and precision) + activations. Working buffers (gathers,
+  // accumulators, buckets) are not predicted here; the planner does that.
+  l.predicted = dp.predicted_model_state_bytes() +
+                model::Transformer::predicted_activation_bytes(mcfg, p.micro, T_local, p.tp);
+  if (cp_ops) {  // the ring's buffers, in the compute pool from the first forward
+    const model::TransformerConfig& local = model.local_config();
+    l.predicted += parallel::ContextParallelOps::predicted_buffer_bytes(
+        parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")), static_cast<int>(p.cp),
+        p.micro, T_local, local.n_kv_head * local.head_dim());
+  }
+  PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
+              mcfg.vocab_size, " seq ", p.T, ": ", mcfg.num_params(), " parameters",
+              p.tp > 1 ? core::str_cat(" (", model.num_params(), " per tensor-parallel rank of ",
+                                       p.tp, ")")
+                       : std::string(),
+              p.cp > 1 ? core::str_cat("; context parallel: ", T_local, " positions per rank of ",
+                                       p.cp, " (", cfg.get_string("parallel.cp_balance"), ", ",
+                                       cfg.get_string("parallel.cp_mode"), ")")
+                       : std::string(),
+              "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads per rank, BLAS ",
+              ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
+              static_cast<int>(c.peak_gflops), " GFLOP/s",
+              cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
+              ": mfu's denominator)");
+  if (l.leader && cp_ops) {
+    const model::TransformerConfig& local = model.local_config();
+    PO_LOG_INFO("context parallel: ", T_local, " of ", p.T, " positions per rank; the ",
+                cfg.get_string("parallel.cp_mode"), "'s buffers ",
+                parallel::ContextParallelOps::predicted_buffer_bytes(
+                    parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
+                    static_cast<int>(p.cp), p.micro, T_local, local.n_kv_head * local.head_dim()),
+                " bytes per rank (besides the table)");
+  }
+  if (l.leader && p.tp > 1)
+    PO_LOG_INFO("activations saved per layer: ",
+                model::Transformer::predicted_layer_bytes(mcfg, p.micro, T_local, p.tp),
+                " bytes per rank (parallel.tp = ", p.tp, ", sequence parallel ",
+                model.sequence_shards() > 1 ? "on" : "off", ")");
+  {
+    // Gradients as the steps will hold them (allocated at their first use).
+    const auto rows = gather_setup_records(launch.world.get(), dp);
+    if (l.leader)
+      PO_LOG_INFO(memory_table(rows, "(grads and total: as the steps will hold them; gradients "
+                                     "are allocated at their first use)"));
+  }
+  // From here "peak" is the training steps' own (the planner's prediction).
+  tensor::reset_pool_peak(tensor::Pool::kCompute);
+  return train_loop(c, l, state);
 }
 
 }  // namespace
@@ -399,132 +530,17 @@ TrainResult train(const core::Config& cfg) {
   if (val_data) check_val_batch(*val_data, p);
   const optim::LrSchedule sched = lr_schedule(cfg, p);
 
-  if (p.pp > 1) {
-    core::Config stored = cfg;
-    store_resolved_model(stored, mcfg);
-    return train_pipeline({cfg, mcfg, p, launch, sampler, sched, val_data.get(), adamw_config(cfg),
-                           run_dir, stored.to_toml(), seed, resume});
-  }
-  PO_CHECK(cfg.get_string("train.trace").empty(), "train.trace (--trace) draws a pipeline's ",
-           "step: it needs parallel.pp > 1");
-  // At parallel.tp > 1 the model is this rank's shard of every layer.
-  // At parallel.cp > 1 it holds T / cp rows of each sequence (ContextSplit).
-  const int64_t T_local = p.T / p.cp;
-  model::Transformer model(mcfg, p.micro, T_local, {},
-                           {static_cast<int>(p.tp), launch.tp_rank});
-  std::optional<parallel::TensorParallelOps> tp_ops;
-  if (launch.tp_group() != nullptr) model.set_parallel_ops(tp_ops.emplace(*launch.tp_group()));
-  std::optional<parallel::ContextParallelOps> cp_ops;
-  if (launch.cp_group() != nullptr) {
-    model::ParallelOps& inner = tp_ops ? static_cast<model::ParallelOps&>(*tp_ops)
-                                       : model::NullParallelOps::instance();
-    model.set_parallel_ops(cp_ops.emplace(*launch.cp_group(),
-                                          parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
-                                          cfg.get_string("parallel.cp_balance") == "zigzag", inner));
-  }
-  model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
-  const parallel::DataParallelOptions dpo = dp_options(cfg);
-  parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
-  StepContext c{p, mcfg, model, dp, launch.world.get(), sampler, sched, launch.dp_rank};
-  c.data = launch.dp_group();
-  c.tp = tp_ops ? &*tp_ops : nullptr;
-  if (cp_ops) {
-    c.cp = cp_ops->cp_split();
-    c.context = launch.cp_group();
-    c.cpo = &*cp_ops;
-  }
-  c.paging = setup_paging(cfg, dp, mcfg, p, launch.rank);
-  dp.set_tensor_group(launch.tp_group());
-  TrainState state = start_state(cfg, c, (fs::path(run_dir) / "checkpoints").string(), resume,
-                                 seed, dpo.zero_stage);
-  // The stored config names the shape that was trained, not only where it came from.
   core::Config stored = cfg;
   store_resolved_model(stored, mcfg);
-  LoopSetup l{cfg, val_data.get(), run_dir, stored.to_toml()};
-  l.zero_stage = dpo.zero_stage;
-  l.leader = launch.leader;
-  std::optional<AsyncCheckpointer> async;
-  if (cfg.get_bool("checkpoint.async")) {
-    // Tensor parallel: tp rank 0 of each data group writes the whole model's
-    // slices over the data group (tp_checkpoint.h); every rank agrees.
-    std::optional<parallel::ShardLayout> file;
-    // The data group is dp × cp ranks at context parallel.
-    const int data_ranks = static_cast<int>(p.dp * p.cp);
-    if (p.tp == 1)
-      file.emplace(dp.layout());
-    else if (launch.tp_rank == 0)
-      file.emplace(mcfg.unit_numels(), data_ranks, launch.dp_group() ? launch.dp_group()->rank() : 0);
-    l.async = &async.emplace(c.world, file ? &*file : nullptr, data_ranks,
-                             std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
-                                                                checkpoint::kAllStateKinds.end()),
-                             c.paging && p.tp == 1);
-    PO_LOG_INFO("checkpoint.async: ", l.async->host_bytes() >> 20, " MiB of host memory hold a checkpoint's copy");
-  }
-  if (l.leader) {
-    prepare_run_dir(run_dir, resume);
-    checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),
-                                  l.config_toml.data(), l.config_toml.size());
-  }
-
-  // MFU is against the GEMM peak of the precision the step runs in (the bf16
-  // GEMM's on bf16 operands in a bf16 run), measured here unless configured.
-  const bool bf16_peak = ops::gemm_precision() == ops::GemmPrecision::kBF16;
-  c.peak_gflops = cfg.get_float("train.peak_gflops") > 0
-                      ? cfg.get_float("train.peak_gflops")
-                      : ops::measure_gemm_peak_gflops(ops::gemm_precision());
-  // The compute budget holds from here on (set up is done: the whole fp32
-  // model has given way to shards, the GEMM probe's matrices are freed).
-  if (c.paging)
-    tensor::set_pool_budget(tensor::Pool::kCompute, cfg.get_size("memory.compute_budget"));
-  // The memory ledger: this rank's model states (DESIGN.md's formulas for the
-  // stage and precision) + activations. Working buffers (gathers,
-  // accumulators, buckets) are not predicted here; the planner does that.
-  l.predicted = dp.predicted_model_state_bytes() +
-                model::Transformer::predicted_activation_bytes(mcfg, p.micro, T_local, p.tp);
-  if (cp_ops) {  // the ring's buffers, in the compute pool from the first forward
-    const model::TransformerConfig& local = model.local_config();
-    l.predicted += parallel::ContextParallelOps::predicted_buffer_bytes(
-        parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")), static_cast<int>(p.cp),
-        p.micro, T_local, local.n_kv_head * local.head_dim());
-  }
-  PO_LOG_INFO("model ", mcfg.n_layer, "L/", mcfg.n_embd, "C/", mcfg.n_head, "H vocab ",
-              mcfg.vocab_size, " seq ", p.T, ": ", mcfg.num_params(), " parameters",
-              p.tp > 1 ? core::str_cat(" (", model.num_params(), " per tensor-parallel rank of ",
-                                       p.tp, ")")
-                       : std::string(),
-              p.cp > 1 ? core::str_cat("; context parallel: ", T_local, " positions per rank of ",
-                                       p.cp, " (", cfg.get_string("parallel.cp_balance"), ", ",
-                                       cfg.get_string("parallel.cp_mode"), ")")
-                       : std::string(),
-              "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads, BLAS ",
-              ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
-              static_cast<int>(c.peak_gflops), " GFLOP/s",
-              cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
-              ": mfu's denominator)");
-  if (l.leader && cp_ops) {
-    const model::TransformerConfig& local = model.local_config();
-    PO_LOG_INFO("context parallel: ", T_local, " of ", p.T, " positions per rank; the ",
-                cfg.get_string("parallel.cp_mode"), "'s buffers ",
-                parallel::ContextParallelOps::predicted_buffer_bytes(
-                    parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
-                    static_cast<int>(p.cp), p.micro, T_local, local.n_kv_head * local.head_dim()),
-                " bytes per rank (besides the table)");
-  }
-  if (l.leader && p.tp > 1)
-    PO_LOG_INFO("activations saved per layer: ",
-                model::Transformer::predicted_layer_bytes(mcfg, p.micro, T_local, p.tp),
-                " bytes per rank (parallel.tp = ", p.tp, ", sequence parallel ",
-                model.sequence_shards() > 1 ? "on" : "off", ")");
-  {
-    // Gradients as the steps will hold them (allocated at their first use).
-    const auto rows = gather_setup_records(launch.world.get(), dp);
-    if (l.leader)
-      PO_LOG_INFO(memory_table(rows, "(grads and total: as the steps will hold them; gradients "
-                                     "are allocated at their first use)"));
-  }
-  // From here "peak" is the training steps' own (the planner's prediction).
-  tensor::reset_pool_peak(tensor::Pool::kCompute);
-  return train_loop(c, l, state);
+  const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), adamw_config(cfg),
+                      run_dir, stored.to_toml(), seed, resume, threads};
+  TrainResult result = p.pp > 1 ? train_pipeline(run) : train_one_stage(run);
+  // Stopped on request: every rank leaves together, once rank 0 has reported
+  // and every rank has freed its state (its swap files removed): mpirun ends
+  // the job when the first rank exits non-zero, killing the others wherever
+  // they are, and the --nproc launcher returns when mpirun does.
+  if (result.stopped_by != 0 && launch.world != nullptr) launch.world->ibarrier().wait();
+  return result;
 }
 
 }  // namespace po::train

@@ -50,6 +50,7 @@ TEST_F(Report, TwoRunsInOneSelfContainedFileThatChromiumDraws) {
     EXPECT_FALSE(run["memory"].empty()) << name;
   }
   EXPECT_EQ(data[1]["restarts"], 1);
+  EXPECT_EQ(text.find("threads-warning"), std::string::npos) << "both runs ran at 1 thread per rank";
   EXPECT_NE(text.find("data-label=\"lr_high\""), std::string::npos);
   EXPECT_NE(text.find("data-label=\"lr_low val\""), std::string::npos);
   // Chromium draws it.
@@ -71,6 +72,20 @@ TEST_F(Report, TwoRunsInOneSelfContainedFileThatChromiumDraws) {
   EXPECT_GT(blue, 200) << "the first run's curves are not on the screenshot";
   EXPECT_GT(orange, 200) << "the second run's curves are not on the screenshot";
   EXPECT_GT(ink, 20000) << "the screenshot is nearly blank";
+}
+
+// Runs at different threads per rank are compared only to rounding: the
+// report says so, on stderr and in the file.
+TEST_F(Report, RunsAtDifferentThreadCountsAreFlagged) {
+  train_ok("one", 1, "--set train.steps=2");
+  train_ok("two", 1, "--set train.steps=2 --set train.threads=2");
+  const std::string html = dir_ / "mixed.html";
+  auto r = run_command(std::string(PO_BINARY) + " report " + (dir_ / "one") + " " + (dir_ / "two") +
+                       " --out " + html);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("these runs mix compute threads per rank (one: 1, two: 2)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(read_file(html).find("id=\"threads-warning\""), std::string::npos);
 }
 
 TEST_F(Report, ARunDirectoryWithoutMetricsIsNamed) {

@@ -1,7 +1,8 @@
 // The supervisor of `--nproc` and `--max-restarts` (cli/supervise.h), with
 // shell commands standing in for mpirun: a launcher that hangs with a dead
 // worker it never reaps is killed and restarted, and a worker left running
-// by its launcher is killed before the supervisor goes on.
+// by its launcher is ended (SIGTERM, a grace to clean up, then SIGKILL)
+// before the supervisor goes on.
 #include "cli/supervise.h"
 
 #include <gtest/gtest.h>
@@ -67,6 +68,44 @@ TEST_F(Supervise, AWorkerLeftRunningByItsLauncherIsKilled) {
   ASSERT_FALSE(pid.empty());
   EXPECT_FALSE(po::test::alive(std::stoi(pid))) << "the stray worker " << pid << " still runs";
   EXPECT_FALSE(fs::exists(dir_ / "events.jsonl")) << "no restarts were allowed";
+}
+
+TEST_F(Supervise, AStrayWorkerCleansUpOnSigtermBeforeTheSupervisorReturns) {
+  // The launcher exits first; its worker removes its file on SIGTERM, slowly
+  // (as a rank unlinks its swap files): the supervisor returns only after it.
+  const std::string pid_file = dir_ / "worker.pid", swap = dir_ / "swap.file";
+  po::cli::Supervision s;
+  s.command = {"sh", "-c",
+               "sh -c 'trap \"sleep 1; rm -f " + swap + "; exit 0\" TERM; touch " + swap +
+                   "; while :; do sleep 0.1; done' & echo $! > " + pid_file +
+                   "; while [ ! -e " + swap + " ]; do sleep 0.05; done; exit 75"};
+  s.resume_command = s.command;
+  s.run_dir = dir_;
+  s.stray_grace_s = 20;
+  EXPECT_EQ(po::cli::supervise(s), 75) << "the launcher's exit code should be the supervisor's";
+  const std::string pid = read_file(pid_file);
+  ASSERT_FALSE(pid.empty());
+  EXPECT_FALSE(po::test::alive(std::stoi(pid))) << "the stray worker " << pid << " still runs";
+  EXPECT_FALSE(fs::exists(swap)) << "the supervisor returned before the stray worker cleaned up";
+}
+
+TEST_F(Supervise, AStrayWorkerThatIgnoresSigtermIsKilledAfterTheGrace) {
+  const std::string pid_file = dir_ / "worker.pid";
+  po::cli::Supervision s;
+  s.command = {"sh", "-c",
+               "sh -c 'trap \"\" TERM; while :; do sleep 0.1; done' & echo $! > " + pid_file +
+                   "; sleep 0.3; exit 3"};
+  s.resume_command = s.command;
+  s.run_dir = dir_;
+  s.stray_grace_s = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(po::cli::supervise(s), 3);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string pid = read_file(pid_file);
+  ASSERT_FALSE(pid.empty());
+  EXPECT_FALSE(po::test::alive(std::stoi(pid))) << "the stray worker " << pid << " still runs";
+  EXPECT_GE(secs, 1.0) << "killed before its grace was over";
+  EXPECT_LT(secs, 30) << "the grace did not end";
 }
 
 TEST_F(Supervise, ALauncherThatReapsItsWorkersIsLeftAlone) {

@@ -246,8 +246,13 @@ TEST_F(Paging, SwapFilesAreRemovedOnSigterm) {
     }
     if (!gone) kill(pid, SIGKILL);
     EXPECT_TRUE(gone) << "dp " << dp << ": still running 15 s after SIGTERM";
-    usleep(300000);
-    EXPECT_TRUE(fs::is_empty(swap)) << "dp " << dp << ": swap files left after SIGTERM in " << swap;
+    // The launcher returns only once every worker has exited and cleaned up:
+    // at that moment no worker runs and no swap file is left (no grace period).
+    const auto workers = run_command("pgrep -f -- '[r]un.dir=" + std::string(dir_ / ("sig" + std::to_string(dp))) + "' || true");
+    std::string left;
+    for (const auto& e : fs::directory_iterator(swap)) left += " " + e.path().filename().string();
+    EXPECT_EQ(workers.output, "") << "dp " << dp << ": workers still running when the launcher returned";
+    EXPECT_TRUE(left.empty()) << "dp " << dp << ": swap files left after SIGTERM in " << swap << ":" << left;
   }
 }
 

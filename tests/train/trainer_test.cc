@@ -94,6 +94,34 @@ TEST(Trainer, ResumeIsBitIdentical) {
   EXPECT_EQ(la, lb);
 }
 
+// The threads per rank are recorded (metrics, manifest), and a resume at
+// another count says it will not give the uninterrupted run's bits.
+TEST(Trainer, ResumeAtAnotherThreadCountWarns) {
+  Data d;
+  auto full = po::train::train(d.config("threads1", 3));  // tiny_config: train.threads = 1
+  for (const auto& rec : read_metrics(full.run_dir))
+    if (rec.contains("loss"))
+      EXPECT_EQ(rec.value("threads_per_rank", -1), 1) << "metrics record: " << rec.dump();
+  EXPECT_EQ(po::checkpoint::read_sharded_meta(po::train::checkpoint_path(full.run_dir, 3)).threads, 1)
+      << "the manifest does not record the writer's threads per rank";
+  for (int threads : {1, 2}) {
+    const std::string run = d.dir / ("resumed" + std::to_string(threads));
+    fs::create_directories(run + "/checkpoints");
+    fs::copy(po::train::checkpoint_path(full.run_dir, 3), po::train::checkpoint_path(run, 3),
+             fs::copy_options::recursive);
+    Config cfg = d.config("resumed" + std::to_string(threads), 4);
+    cfg.set_override("train.resume=true");
+    cfg.set_override("train.threads=" + std::to_string(threads));
+    testing::internal::CaptureStderr();
+    po::train::train(cfg);
+    const std::string err = testing::internal::GetCapturedStderr();
+    const bool warned = err.find("from a checkpoint written at 1") != std::string::npos;
+    EXPECT_EQ(warned, threads != 1) << "resumed at " << threads << " threads per rank:\n" << err;
+    EXPECT_EQ(po::checkpoint::read_sharded_meta(po::train::checkpoint_path(run, 4)).threads, threads);
+  }
+  po::backend::cpu::set_num_threads(1);
+}
+
 TEST(Trainer, GradientAccumulationMatchesOneBigMicroBatch) {
   Data d;
   Config a = d.config("accum", 3);
