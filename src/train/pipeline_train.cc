@@ -26,6 +26,7 @@
 #include "train/run_state.h"
 #include "train/stop.h"
 #include "train/tp_checkpoint.h"
+#include "train/train_loop.h"
 #include "train/train_step.h"
 
 namespace po::train {
@@ -280,6 +281,183 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   return true;
 }
 
+// The pipeline's steps for the one loop (train/train_loop.h).
+class PipelineSteps : public LayoutSteps {
+ public:
+  PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
+                const model::ContextSplit& cp, bool paged)
+      : r_(r), p_(r.p), ex_(ex), setup_(setup), cp_(cp), paged_(paged),
+        pipe_(*r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
+        in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
+    const pl::Schedule& sch = setup.schedule;
+    formula_ = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
+    planned_ = pl::simulate(sch).bubble();
+    // The same with each stage's FLOP costs: what the stages' imbalance leaves.
+    costed_ = pl::simulate(sch, pl::stage_costs(r.mcfg, p_.T, setup.stage_units, sch.vocab ? sch.ranks : 0))
+                  .bubble();
+    PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p_.pp, " stages",
+                sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(), ", ",
+                p_.accum, " micro-batches of ", p_.micro, "; bubble by formula ", formula_,
+                ", as planned ", planned_, "; ", r.threads, " threads per rank");
+    if (cp_.size > 1) {  // whole sequences, cut into this rank's rows
+      seq_in_.resize(in_.size());
+      seq_tg_.resize(in_.size());
+    }
+  }
+
+  Outcome step(int64_t step, double lr, const TrainState& after) override {
+    core::Timer step_timer;
+    const pl::Schedule& sch = setup_.schedule;
+    const int rank = r_.launch.dp_rank;
+    const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p_));
+    const parallel::PipelineStepStats st = ex_.forward_backward(
+        [&](int micro, int32_t* inputs, int32_t* targets) {
+          fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
+            r_.sampler.fill(step, (rank * p_.accum + micro) * p_.micro, p_.micro, i, t);
+          });
+        },
+        grad_scale);
+    const double norm = ex_.step(lr);
+    // The loss: the last stage's, then summed over the replicas as pp = 1 does.
+    double loss = 0;
+    {
+      std::vector<double> sums(static_cast<size_t>(p_.pp));
+      pipe_.all_gather(&st.loss_sum, sums.data(), 2, DType::kI32);  // doubles, bit-exact
+      loss = sums[static_cast<size_t>(sch.rank_of(sch.stages() - 1))];
+    }
+    if (comm::Communicator* data = r_.launch.dp_group(); data != nullptr) {
+      float l = static_cast<float>(loss);
+      data->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
+      loss = l;
+    }
+    loss /= static_cast<double>(p_.accum * p_.dp * p_.cp);  // cp ranks: means over their own tokens
+    const double seconds = step_timer.seconds();
+    Outcome o{loss, norm, seconds, {}};
+    nlohmann::json record = report(st, seconds);
+    if (!trace_.empty() && after.step == p_.steps) {
+      const std::string json = ex_.gather_trace();
+      if (pipe_.rank() == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
+        checkpoint::write_file_atomic(trace_, json.data(), json.size());
+    }
+    if (!r_.launch.leader) return o;
+    record["step"] = after.step;
+    record["loss"] = loss;
+    record["lr"] = lr;
+    record["grad_norm"] = norm;
+    record["tokens"] = after.tokens;
+    o.records.push_back(std::move(record));
+    if (paged_) o.records.push_back({{"step", after.step}, {"pp_paging_per_rank", paging_}});
+    return o;
+  }
+
+  bool evaluates_everywhere() const override { return true; }  // every stage takes part
+
+  double evaluate(const data::TokenFile& val) override {
+    data::EvalSampler windows(val, p_.T);
+    const int64_t batches = std::min(p_.eval_batches, windows.num_sequences() / p_.micro);
+    double vl = 0;
+    for (int64_t b = 0; b < batches; ++b) {
+      fill_rows(in_.data(), tg_.data(),
+                [&](int32_t* i, int32_t* t) { windows.fill(b * p_.micro, p_.micro, i, t); });
+      vl += ex_.evaluate(in_.data(), tg_.data());
+    }
+    vl /= static_cast<double>(batches);
+    if (r_.launch.cp_group() != nullptr) {  // each cp rank's mean is over its own tokens
+      float l = static_cast<float>(vl);
+      r_.launch.cp_group()->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
+      vl = static_cast<double>(l) / static_cast<double>(p_.cp);
+    }
+    return vl;
+  }
+
+  double save(const std::string& path, const TrainState& state, AsyncCheckpointer* async) override {
+    return save_pipeline(r_, ex_, setup_, state, path, async);
+  }
+
+ private:
+  // `micro` whole sequences from fill(in, tg), as this rank's rows.
+  template <typename Fill>
+  void fill_rows(int32_t* inputs, int32_t* targets, const Fill& fill) {
+    if (cp_.size == 1) return fill(inputs, targets);
+    fill(seq_in_.data(), seq_tg_.data());
+    cut_context_rows(cp_, p_.micro, p_.T, seq_in_.data(), inputs);
+    cut_context_rows(cp_, p_.micro, p_.T, seq_tg_.data(), targets);
+  }
+
+  // The step's pipeline record (collectives over the pipeline group): the
+  // measured bubble (1 - mean compute / the slowest stage's step), the p2p
+  // traffic, every rank's memory and paging traffic, the micro-batches held.
+  nlohmann::json report(const parallel::PipelineStepStats& st, double seconds) {
+    const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
+                            static_cast<double>(st.sends)};
+    std::vector<double> all(5 * static_cast<size_t>(p_.pp));
+    pipe_.all_gather(mine, all.data(), 10, DType::kI32);  // doubles, bit-exact
+    std::vector<double> busy, secs, sent_per_rank, sends_per_rank;
+    double wait_max = 0, sent = 0;
+    for (int64_t k = 0; k < p_.pp; ++k) {
+      busy.push_back(all[5 * k]);
+      secs.push_back(all[5 * k + 1]);
+      wait_max = std::max(wait_max, all[5 * k + 2]);
+      sent += all[5 * k + 3];
+      sent_per_rank.push_back(all[5 * k + 3]);
+      sends_per_rank.push_back(all[5 * k + 4]);
+    }
+    const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
+    // Every pipeline rank's bytes (the executor's accounting), for the report.
+    const parallel::PipelineExecutor::Memory mem = ex_.memory();
+    const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
+    constexpr size_t kMem = 12;
+    const double mine_mem[kMem] = {
+        static_cast<double>(mem.params), static_cast<double>(mem.grads),
+        static_cast<double>(mem.adam), static_cast<double>(mem.activations),
+        static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
+        static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
+        static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
+        ps.hit_rate(), static_cast<double>(mem.master)};
+    std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
+    pipe_.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
+    int peak = st.peak_in_flight;
+    std::vector<int> peaks(static_cast<size_t>(p_.pp));
+    pipe_.all_gather(&peak, peaks.data(), 1, DType::kI32);
+    nlohmann::json per_rank = nlohmann::json::array();
+    paging_ = nlohmann::json::array();
+    for (int64_t k = 0; k < p_.pp; ++k) {
+      const double* v = mems.data() + kMem * k;
+      per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"master", v[11]}, {"adam", v[2]},
+                          {"activations", v[3]}, {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
+                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6]}});
+      paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
+                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
+    }
+    return {{"tokens_per_s", tokens_per_step(p_) / seconds},
+            {"step_ms", seconds * 1000},
+            {"pp_bubble", bubble},
+            {"pp_bubble_formula", formula_},
+            {"pp_bubble_planned", planned_},
+            {"pp_bubble_stages", costed_},
+            {"pp_wait_ms", wait_max * 1000},
+            {"pp_p2p_bytes", sent},
+            {"pp_p2p_bytes_per_rank", sent_per_rank},
+            {"pp_p2p_sends_per_rank", sends_per_rank},
+            {"pp_peak_in_flight", peaks},
+            {"pp_schedule", pl::schedule_name(setup_.schedule.kind)},
+            {"peak_rss_bytes", peak_rss_bytes()},
+            {"pp_memory_per_rank", per_rank}};
+  }
+
+  const RunInputs& r_;
+  const Plan& p_;
+  parallel::PipelineExecutor& ex_;
+  const parallel::PipelineSetup& setup_;
+  model::ContextSplit cp_;
+  bool paged_;
+  comm::Communicator& pipe_;
+  std::string trace_;
+  double formula_ = 0, planned_ = 0, costed_ = 0;
+  std::vector<int32_t> in_, tg_, seq_in_, seq_tg_;
+  nlohmann::json paging_;
+};
+
 }  // namespace
 
 TrainResult train_pipeline(const RunInputs& r) {
@@ -302,8 +480,6 @@ TrainResult train_pipeline(const RunInputs& r) {
   const model::ContextSplit cp = cp_ops ? cp_ops->cp_split() : model::ContextSplit{};
   const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
-  comm::Communicator& pipe = *launch.pp_group();
-  comm::Communicator* data = launch.dp_group();
   const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, *launch.world);
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
@@ -326,218 +502,20 @@ TrainResult train_pipeline(const RunInputs& r) {
     checkpoint::write_file_atomic((fs::path(r.run_dir) / "config.toml").string(),
                                   r.config_toml.data(), r.config_toml.size());
   }
-  const pl::Schedule& sch = setup.schedule;
-  const double formula = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
-  const double planned = pl::simulate(sch).bubble();
-  // The same with each stage's FLOP costs: what the stages' imbalance leaves.
-  const double costed =
-      pl::simulate(sch, pl::stage_costs(r.mcfg, p.T, setup.stage_units, sch.vocab ? sch.ranks : 0))
-          .bubble();
-  PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p.pp, " stages", sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(),
-              ", ", p.accum, " micro-batches of ", p.micro, "; bubble by formula ", formula,
-              ", as planned ", planned, "; ", r.threads, " threads per rank");
-
-  std::optional<MetricsWriter> metrics;
-  if (launch.leader) metrics.emplace((fs::path(r.run_dir) / "metrics.jsonl").string());
-  Progress progress;
-  TrainResult result;
-  result.run_dir = r.run_dir;
-  result.leader = launch.leader;
-  const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p));
-  const std::string trace = cfg.get_string("train.trace");
+  LoopSetup l = loop_setup(r);
   // checkpoint.async: the writer (world rank 0) holds the whole state's copy.
   std::optional<AsyncCheckpointer> async;
   std::optional<parallel::ShardLayout> whole_file;
   if (cfg.get_bool("checkpoint.async")) {
     if (launch.world == nullptr || launch.world->rank() == 0) whole_file.emplace(r.mcfg.unit_numels(), 1, 0);
-    async.emplace(launch.world.get(), whole_file ? &*whole_file : nullptr, 1,
-                  std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
-                                                     checkpoint::kAllStateKinds.end()),
-                  false);
+    l.async = &async.emplace(launch.world.get(), whole_file ? &*whole_file : nullptr, 1,
+                             std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
+                                                                checkpoint::kAllStateKinds.end()),
+                             false);
     PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on rank 0 hold a checkpoint's copy");
   }
-  // A save in flight is committed once every rank has written it, at the
-  // latest before the next save starts and before the run ends.
-  auto commit_async = [&](bool wait) {
-    if (!async || !async->pending()) return;
-    const std::string done = wait ? async->finish() : async->poll();
-    if (done.empty() || !launch.leader) return;
-    remove_old_checkpoints(ckpt_dir, p.keep);
-    progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
-                                static_cast<int>(async->last_write_seconds() * 1000), " ms in the background)"));
-  };
-  double ckpt_s = 0;  // the last step's checkpoint time (the step was held)
-  auto checkpoint_now = [&] {
-    commit_async(true);
-    ckpt_s = save_pipeline(r, ex, setup, state, checkpoint_path(r.run_dir, state.step), async ? &*async : nullptr);
-    if (!launch.leader) return;
-    if (async) {
-      progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(ckpt_s * 1000),
-                                  " ms; writing in the background"));
-      return;
-    }
-    remove_old_checkpoints(ckpt_dir, p.keep);
-    progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
-                                static_cast<int>(ckpt_s * 1000), " ms"));
-  };
-  if (p.steps == 0 && state.step == 0) checkpoint_now();
-  if (p.steps == 0 && state.step == 0) commit_async(true);
-  std::vector<int32_t> in(static_cast<size_t>(p.micro * p.T)), tg(in.size());
-  std::vector<int32_t> seq_in, seq_tg;  // whole sequences, cut into this rank's rows at cp > 1
-  if (cp.size > 1) {
-    seq_in.resize(in.size());
-    seq_tg.resize(in.size());
-  }
-  // `micro` whole sequences from fill(in, tg), as this rank's rows.
-  auto fill_rows = [&](int32_t* inputs, int32_t* targets, const auto& fill) {
-    if (cp.size == 1) return fill(inputs, targets);
-    fill(seq_in.data(), seq_tg.data());
-    cut_context_rows(cp, p.micro, p.T, seq_in.data(), inputs);
-    cut_context_rows(cp, p.micro, p.T, seq_tg.data(), targets);
-  };
-  for (int64_t step = state.step; step < p.steps; ++step) {
-    core::Timer step_timer;
-    const double lr = r.sched.at(step);
-    const int rank = launch.dp_rank;
-    const parallel::PipelineStepStats st = ex.forward_backward(
-        [&](int micro, int32_t* inputs, int32_t* targets) {
-          fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
-            r.sampler.fill(step, (rank * p.accum + micro) * p.micro, p.micro, i, t);
-          });
-        },
-        grad_scale);
-    const double norm = ex.step(lr);
-    // The loss: the last stage's, then summed over the replicas as pp = 1 does.
-    double loss = 0;
-    {
-      std::vector<double> sums(static_cast<size_t>(p.pp));
-      pipe.all_gather(&st.loss_sum, sums.data(), 2, DType::kI32);  // doubles, bit-exact
-      loss = sums[static_cast<size_t>(sch.rank_of(sch.stages() - 1))];
-    }
-    if (data != nullptr) {
-      float l = static_cast<float>(loss);
-      data->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
-      loss = l;
-    }
-    loss /= static_cast<double>(p.accum * p.dp * p.cp);  // cp ranks: means over their own tokens
-    const double seconds = step_timer.seconds();
-    // The measured bubble: 1 - mean compute / the slowest stage's step.
-    const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
-                            static_cast<double>(st.sends)};
-    std::vector<double> all(5 * static_cast<size_t>(p.pp));
-    pipe.all_gather(mine, all.data(), 10, DType::kI32);  // doubles, bit-exact
-    std::vector<double> busy, secs, sent_per_rank, sends_per_rank;
-    double wait_max = 0, sent = 0;
-    for (int64_t k = 0; k < p.pp; ++k) {
-      busy.push_back(all[5 * k]);
-      secs.push_back(all[5 * k + 1]);
-      wait_max = std::max(wait_max, all[5 * k + 2]);
-      sent += all[5 * k + 3];
-      sent_per_rank.push_back(all[5 * k + 3]);
-      sends_per_rank.push_back(all[5 * k + 4]);
-    }
-    const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
-    // Every pipeline rank's bytes (the executor's accounting), for the report.
-    const parallel::PipelineExecutor::Memory mem = ex.memory();
-    const memory::PagerStats ps = paged ? ex.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 12;
-    const double mine_mem[kMem] = {
-        static_cast<double>(mem.params), static_cast<double>(mem.grads),
-        static_cast<double>(mem.adam), static_cast<double>(mem.activations),
-        static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
-        static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
-        static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
-        ps.hit_rate(), static_cast<double>(mem.master)};
-    std::vector<double> mems(kMem * static_cast<size_t>(p.pp));
-    pipe.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
-    int peak = st.peak_in_flight;
-    std::vector<int> peaks(static_cast<size_t>(p.pp));
-    pipe.all_gather(&peak, peaks.data(), 1, DType::kI32);
-    state.step = step + 1;
-    state.tokens += static_cast<uint64_t>(tokens_per_step(p));
-    result.last_loss = loss;
-    if (!trace.empty() && state.step == p.steps) {
-      const std::string json = ex.gather_trace();
-      if (pipe.rank() == 0 && launch.dp_rank == 0 && launch.tp_rank == 0)
-        checkpoint::write_file_atomic(trace, json.data(), json.size());
-    }
-    const bool eval_now = r.val && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
-                                    state.step == p.steps);
-    double vl = 0;
-    if (eval_now) {
-      data::EvalSampler windows(*r.val, p.T);
-      const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
-      for (int64_t b = 0; b < batches; ++b) {
-        fill_rows(in.data(), tg.data(),
-                  [&](int32_t* i, int32_t* t) { windows.fill(b * p.micro, p.micro, i, t); });
-        vl += ex.evaluate(in.data(), tg.data());
-      }
-      vl /= static_cast<double>(batches);
-      if (launch.cp_group() != nullptr) {  // each cp rank's mean is over its own tokens
-        float l = static_cast<float>(vl);
-        launch.cp_group()->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
-        vl = static_cast<double>(l) / static_cast<double>(p.cp);
-      }
-    }
-    // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
-    const int stop = state.step < p.steps ? StopRequests::agreed(launch.world.get()) : 0;
-    const bool last = state.step == p.steps || stop;
-    ckpt_s = 0;
-    if ((p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last)
-      checkpoint_now();
-    else
-      commit_async(false);
-    if (last) commit_async(true);
-    if (stop) result.stopped_by = stop;
-    if (!launch.leader) {
-      if (stop) break;
-      continue;
-    }
-    nlohmann::json per_rank = nlohmann::json::array();
-    nlohmann::json paging = nlohmann::json::array();
-    for (int64_t k = 0; k < p.pp; ++k) {
-      const double* v = mems.data() + kMem * k;
-      per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"master", v[11]}, {"adam", v[2]},
-                          {"activations", v[3]}, {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
-                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6]}});
-      paging.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
-                        {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
-    }
-    metrics->write({{"step", state.step},
-                    {"loss", loss},
-                    {"lr", lr},
-                    {"grad_norm", norm},
-                    {"tokens_per_s", tokens_per_step(p) / seconds},
-                    {"step_ms", seconds * 1000},
-                    {"tokens", state.tokens},
-                    {"pp_bubble", bubble},
-                    {"pp_bubble_formula", formula},
-                    {"pp_bubble_planned", planned},
-                    {"pp_bubble_stages", costed},
-                    {"pp_wait_ms", wait_max * 1000},
-                    {"pp_p2p_bytes", sent},
-                    {"pp_p2p_bytes_per_rank", sent_per_rank},
-                    {"pp_p2p_sends_per_rank", sends_per_rank},
-                    {"pp_peak_in_flight", peaks},
-                    {"pp_schedule", pl::schedule_name(sch.kind)},
-                    {"peak_rss_bytes", peak_rss_bytes()},
-                    {"checkpoint_ms", ckpt_s * 1000},  // what checkpointing held this step (gather and copy when async)
-                    {"threads_per_rank", r.threads},  // bit-identity across layouts holds at equal threads
-                    {"pp_memory_per_rank", per_rank}});
-    if (paged) metrics->write({{"step", state.step}, {"pp_paging_per_rank", paging}});
-    if (state.step % cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
-      progress.step(state.step, p.steps, loss, lr, norm, tokens_per_step(p) / seconds,
-                    seconds * static_cast<double>(p.steps - state.step));
-    if (eval_now) {
-      result.last_val_loss = vl;
-      metrics->write({{"step", state.step}, {"val_loss", vl}});
-      progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
-    }
-    if (stop) break;
-  }
-  progress.finish();
-  result.steps = state.step;
-  return result;
+  PipelineSteps steps(r, ex, setup, cp, paged);
+  return run_steps(steps, l, state);
 }
 
 }  // namespace po::train

@@ -38,6 +38,7 @@
 #include "train/run_state.h"
 #include "train/stop.h"
 #include "train/tp_checkpoint.h"
+#include "train/train_loop.h"
 #include "train/train_step.h"
 
 namespace po::train {
@@ -217,152 +218,84 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   return state;
 }
 
-// What the loop needs besides the step's context.
-struct LoopSetup {
-  const core::Config& cfg;
-  const data::TokenFile* val;  // null without data.val
-  std::string run_dir, config_toml;
-  size_t predicted = 0;        // the memory ledger's prediction (bytes)
-  int zero_stage = 0;
-  bool leader = true;
-  int threads = 1;  // compute threads per rank
-  AsyncCheckpointer* async = nullptr;  // checkpoint.async: written in the background
-};
-
-// Every rank writes what it owns, in parallel (stage 0: a 1/N slice of the
-// replicated state), and rank 0 commits the manifest.
-void save_step(StepContext& c, const LoopSetup& l, const TrainState& state, Progress& progress) {
-  core::Timer t;
-  parallel::DataParallel& dp = c.dp;
-  TrainState st = state;
-  st.adam_t = dp.adam().steps_taken();
-  std::vector<float> staged;
-  const checkpoint::ShardSource source = [&](checkpoint::StateKind k, int u) -> const float* {
-    if (c.paging) {  // copied out of the pages, one slice at a time
-      staged.resize(static_cast<size_t>(dp.layout().owned(u)));
-      dp.read_shard(shard_of(k), u, staged.data());
-      return staged.data();
-    }
-    switch (k) {
-      case checkpoint::StateKind::kParams: return dp.param_shard(u);
-      case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
-      case checkpoint::StateKind::kAdamV: return dp.adam_v_shard(u);
-    }
-    return nullptr;
-  };
-  const std::string path = checkpoint_path(l.run_dir, state.step);
-  const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
-                                                 checkpoint::kAllStateKinds.end());
-  if (l.async != nullptr) {  // copied now, written while training goes on, committed later
-    double held = 0;
-    if (c.tp != nullptr) {  // the whole model's slices, gathered now (the step waits for it)
-      const WholeSlices mine = gather_whole_slices(c.model, dp.layout(), source, {&c.tp->group(), c.data, c.world}, kinds);
-      held = t.seconds();
-      held += l.async->start(path, checkpoint_meta(path, model::Layout(c.model.config()), mine.layout,
-                                                                st, l.config_toml),
-                                          mine.source());
-    } else {
-      held = l.async->start(path, checkpoint_meta(path, c.model.layout(), dp.layout(), st, l.config_toml), source);
-    }
-    if (l.leader)
-      progress.line(core::str_cat("checkpoint step ", state.step, " copied in ", static_cast<int>(held * 1000),
-                                  " ms; writing in the background"));
-    return;
+// pp = 1's steps for the one loop (train/train_loop.h): the model and
+// DataParallel through StepContext.
+class OneStageSteps : public LayoutSteps {
+ public:
+  OneStageSteps(StepContext& c, const std::string& config_toml, size_t predicted, bool leader,
+                bool everywhere)
+      : c_(c), config_toml_(config_toml), predicted_(predicted), leader_(leader),
+        everywhere_(everywhere) {
+    size_batch_buffers(c_);
   }
-  if (c.tp != nullptr)  // in the whole model's layout, written by tp rank 0 of each data group
-    save_tensor_parallel_checkpoint(path, c.model, dp.layout(), source, st, l.config_toml,
-                                    {&c.tp->group(), c.data, c.world}, kinds);
-  else
-    save_checkpoint_sharded(path, c.model, dp.layout(), source, st, l.config_toml, c.world, kinds);
-  if (!l.leader) return;
-  remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
-  progress.line(core::str_cat("checkpoint step ", state.step, " saved in ",
-                              static_cast<int>(t.seconds() * 1000), " ms"));
-}
 
-// Steps state.step .. train.steps, with evaluation, checkpoints, metrics and
-// progress (rank 0 reports).
-TrainResult train_loop(StepContext& c, const LoopSetup& l, TrainState& state) {
-  const Plan& p = c.p;
-  std::optional<MetricsWriter> metrics;
-  if (l.leader) metrics.emplace((fs::path(l.run_dir) / "metrics.jsonl").string());
-  Progress progress;
-  size_batch_buffers(c);
-  TrainResult result;
-  result.run_dir = l.run_dir;
-  result.leader = l.leader;
-  double timed_s = 0;
-  int64_t timed_steps = 0;
-  // train.steps = 0: the starting state itself is the run's checkpoint (an
-  // imported model becomes a run that export, generate and --resume read).
-  if (p.steps == 0 && state.step == 0) save_step(c, l, state, progress);
-  for (int64_t step = state.step; step < p.steps; ++step) {
-    const StepStats s = train_step(c, step);
-    state.step = step + 1;
-    state.tokens += static_cast<uint64_t>(tokens_per_step(p));
-    if (step > 0 || p.steps == 1) {  // the first step pays one-time costs
-      timed_s += s.seconds;
-      ++timed_steps;
-    }
-    result.last_loss = s.loss;
+  Outcome step(int64_t step, double /*lr: the schedule's, c.sched*/, const TrainState& after) override {
+    const StepStats s = train_step(c_, step);
     const auto records =
-        gather_records(c.world, c.dp, s.paging, s.cp_attention_s * 1e3, s.cp_wait_s * 1e3);
-    const CommSplit split = comm_split(c, records, s.comm_wait_s);
-    // ZeRO-3 gathers parameters from every rank: all ranks evaluate.
-    const bool eval_now = l.val && ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
-                                    state.step == p.steps);
-    // ZeRO-3 gathers parameters from every rank, and tensor parallel's
-    // layers need every rank of the group: then all ranks evaluate.
-    const bool all_evaluate = l.zero_stage == 3 || p.tp > 1 || p.cp > 1;
-    const double vl = eval_now && (l.leader || all_evaluate) ? evaluate(c, *l.val) : 0.0;
-    // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
-    const int stop = state.step < p.steps ? StopRequests::agreed(c.world) : 0;
-    // Every rank saves its part (a collective), before the leader-only reporting.
-    const bool last = state.step == p.steps || stop;
-    const bool ckpt_now = (p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last;
-    // checkpoint.async: a save in flight is committed once every rank has
-    // written it, at the latest before the next save starts and before the
-    // run ends (the last one included).
-    core::Timer ckpt_timer;
-    auto commit_async = [&](bool wait) {
-      if (l.async == nullptr || !l.async->pending()) return;
-      const std::string done = wait ? l.async->finish() : l.async->poll();
-      if (done.empty() || !l.leader) return;
-      remove_old_checkpoints((fs::path(l.run_dir) / "checkpoints").string(), c.p.keep);
-      progress.line(core::str_cat(fs::path(done).filename().string(), " committed (written in ",
-                                  static_cast<int>(l.async->last_write_seconds() * 1000), " ms in the background)"));
-    };
-    commit_async(ckpt_now);
-    if (ckpt_now) save_step(c, l, state, progress);
-    if (last) commit_async(true);
-    const double ckpt_s = ckpt_timer.seconds();
-    if (stop) result.stopped_by = stop;
-    if (!l.leader) {
-      if (stop) break;
-      continue;
-    }
-    {
-      nlohmann::json m = step_metrics(c, s, state, split, l.predicted, records);
-      m["checkpoint_ms"] = ckpt_s * 1000;  // what checkpointing held this step (a copy when async)
-      m["threads_per_rank"] = l.threads;  // bit-identity across layouts holds at equal threads
-      metrics->write(m);
-    }
-    if (c.paging) metrics->write(paging_json(state.step, records));
-    const double avg = timed_steps > 0 ? timed_s / timed_steps : s.seconds;
-    if (state.step % l.cfg.get_int("train.log_interval") == 0 || state.step == p.steps)
-      progress.step(state.step, p.steps, s.loss, s.lr, s.grad_norm, tokens_per_step(p) / s.seconds,
-                    avg * static_cast<double>(p.steps - state.step));
-    if (eval_now) {
-      result.last_val_loss = vl;
-      metrics->write({{"step", state.step}, {"val_loss", vl}});
-      progress.line(core::str_cat("step ", state.step, " | val loss ", vl));
-    }
-    if (stop) break;
+        gather_records(c_.world, c_.dp, s.paging, s.cp_attention_s * 1e3, s.cp_wait_s * 1e3);
+    const CommSplit split = comm_split(c_, records, s.comm_wait_s);
+    Outcome o{s.loss, s.grad_norm, s.seconds, {}};
+    if (!leader_) return o;
+    o.records.push_back(step_metrics(c_, s, after, split, predicted_, records));
+    if (c_.paging) o.records.push_back(paging_json(after.step, records));
+    return o;
   }
-  progress.finish();
-  result.steps = state.step;
-  return result;
-}
+
+  // ZeRO-3 gathers parameters from every rank, and tensor and context
+  // parallel's layers need every rank of their group: then all ranks evaluate.
+  bool evaluates_everywhere() const override { return everywhere_; }
+  double evaluate(const data::TokenFile& val) override { return train::evaluate(c_, val); }
+
+  // Every rank writes what it owns, in parallel (stage 0: a 1/N slice of the
+  // replicated state), and rank 0 commits the manifest.
+  double save(const std::string& path, const TrainState& state, AsyncCheckpointer* async) override {
+    core::Timer t;
+    parallel::DataParallel& dp = c_.dp;
+    TrainState st = state;
+    st.adam_t = dp.adam().steps_taken();
+    std::vector<float> staged;
+    const checkpoint::ShardSource source = [&](checkpoint::StateKind k, int u) -> const float* {
+      if (c_.paging) {  // copied out of the pages, one slice at a time
+        staged.resize(static_cast<size_t>(dp.layout().owned(u)));
+        dp.read_shard(shard_of(k), u, staged.data());
+        return staged.data();
+      }
+      switch (k) {
+        case checkpoint::StateKind::kParams: return dp.param_shard(u);
+        case checkpoint::StateKind::kAdamM: return dp.adam_m_shard(u);
+        case checkpoint::StateKind::kAdamV: return dp.adam_v_shard(u);
+      }
+      return nullptr;
+    };
+    const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(),
+                                                   checkpoint::kAllStateKinds.end());
+    const TensorParallelGroups groups = {c_.tp != nullptr ? &c_.tp->group() : nullptr, c_.data, c_.world};
+    if (async != nullptr) {  // copied now, written while training goes on, committed later
+      if (c_.tp != nullptr) {  // the whole model's slices, gathered now (the step waits for it)
+        const WholeSlices mine = gather_whole_slices(c_.model, dp.layout(), source, groups, kinds);
+        const double gathered = t.seconds();
+        return gathered + async->start(path,
+                                       checkpoint_meta(path, model::Layout(c_.model.config()),
+                                                       mine.layout, st, config_toml_),
+                                       mine.source());
+      }
+      return async->start(path, checkpoint_meta(path, c_.model.layout(), dp.layout(), st, config_toml_),
+                          source);
+    }
+    if (c_.tp != nullptr)  // in the whole model's layout, written by tp rank 0 of each data group
+      save_tensor_parallel_checkpoint(path, c_.model, dp.layout(), source, st, config_toml_, groups,
+                                      kinds);
+    else
+      save_checkpoint_sharded(path, c_.model, dp.layout(), source, st, config_toml_, c_.world, kinds);
+    return t.seconds();
+  }
+
+ private:
+  StepContext& c_;
+  const std::string& config_toml_;
+  size_t predicted_;
+  bool leader_, everywhere_;
+};
 
 // parallel.pp = 1: the model and DataParallel (ZeRO 0-3), tensor and
 // context parallel through the model's ParallelOps. Returns with this rank's
@@ -407,10 +340,7 @@ TrainResult train_one_stage(const RunInputs& r) {
   TrainState state = start_state(cfg, c, (fs::path(run_dir) / "checkpoints").string(), r.resume,
                                  r.seed, dpo.zero_stage);
   keep_threads(state, r.threads, launch.leader);
-  LoopSetup l{cfg, r.val, run_dir, r.config_toml};
-  l.threads = r.threads;
-  l.zero_stage = dpo.zero_stage;
-  l.leader = launch.leader;
+  LoopSetup l = loop_setup(r);
   std::optional<AsyncCheckpointer> async;
   if (cfg.get_bool("checkpoint.async")) {
     // Tensor parallel: tp rank 0 of each data group writes the whole model's
@@ -431,7 +361,7 @@ TrainResult train_one_stage(const RunInputs& r) {
   if (l.leader) {
     prepare_run_dir(run_dir, r.resume);
     checkpoint::write_file_atomic((fs::path(run_dir) / "config.toml").string(),
-                                  l.config_toml.data(), l.config_toml.size());
+                                  r.config_toml.data(), r.config_toml.size());
   }
 
   // MFU is against the GEMM peak of the precision the step runs in (the bf16
@@ -447,11 +377,11 @@ TrainResult train_one_stage(const RunInputs& r) {
   // The memory ledger: this rank's model states (DESIGN.md's formulas for the
   // stage and precision) + activations. Working buffers (gathers,
   // accumulators, buckets) are not predicted here; the planner does that.
-  l.predicted = dp.predicted_model_state_bytes() +
+  size_t predicted = dp.predicted_model_state_bytes() +
                 model::Transformer::predicted_activation_bytes(mcfg, p.micro, T_local, p.tp);
   if (cp_ops) {  // the ring's buffers, in the compute pool from the first forward
     const model::TransformerConfig& local = model.local_config();
-    l.predicted += parallel::ContextParallelOps::predicted_buffer_bytes(
+    predicted += parallel::ContextParallelOps::predicted_buffer_bytes(
         parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")), static_cast<int>(p.cp),
         p.micro, T_local, local.n_kv_head * local.head_dim());
   }
@@ -492,7 +422,9 @@ TrainResult train_one_stage(const RunInputs& r) {
   }
   // From here "peak" is the training steps' own (the planner's prediction).
   tensor::reset_pool_peak(tensor::Pool::kCompute);
-  return train_loop(c, l, state);
+  OneStageSteps steps(c, r.config_toml, predicted, launch.leader,
+                      dpo.zero_stage == 3 || p.tp > 1 || p.cp > 1);
+  return run_steps(steps, l, state);
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+// A checkpoint written before the one training path (issue 35: pp = 1 and
+// pp > 1 through one loop) loads and resumes. tests/golden/checkpoint_d40e0b2
+// holds step 3 of a pp = 1 fp32 run made by `pagedoptim` at d40e0b2 (its
+// data, made by make_tokens.py, its config with the paths left out, and the
+// losses of that run's six steps). Resumed here at pp = 1 and at pp = 2, the
+// two continue bit for bit alike (at equal threads per rank: one), and their
+// losses are the old run's (to 1e-5: another machine's GEMM may round
+// differently; on the machine that wrote them they were the same bits, as
+// the closing note of issue 35 records).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../test_util.h"
+#include "train/run_state.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFixture = fs::path(PO_SOURCE_DIR) / "tests/golden/checkpoint_d40e0b2";
+
+class OldCheckpoint : public ::testing::Test {
+ protected:
+  // A run directory holding the fixture's step-3 checkpoint, and the config
+  // to resume it with.
+  std::string prepare(const std::string& name) {
+    const fs::path run = dir_ / name;
+    fs::create_directories(run / "checkpoints");
+    fs::copy(kFixture / "step_00000003", po::train::checkpoint_path(run.string(), 3),
+             fs::copy_options::recursive);
+    std::string config = po::test::read_file((kFixture / "config.toml").string());
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"@DATA@", kFixture.string()},
+                                     {"@RUN@", run.string()}})
+      for (size_t at; (at = config.find(key)) != std::string::npos;) config.replace(at, key.size(), value);
+    po::test::write_file((dir_ / (name + ".toml")), config);
+    return run.string();
+  }
+  po::test::CommandResult resume(const std::string& name, int nproc, const std::string& extra) {
+    return po::test::run_command(po::test::pagedoptim_command(
+        nproc, "train -c " + (dir_ / (name + ".toml")) + " --resume " + extra));
+  }
+  po::test::TempDir dir_;
+};
+
+TEST_F(OldCheckpoint, ResumesAtPp1AndPp2WithTheOldRunsLosses) {
+  const nlohmann::json want = nlohmann::json::parse(po::test::read_file((kFixture / "expected.json").string()));
+  ASSERT_EQ(want["losses"].size(), 6u);
+  const std::string one = prepare("pp1"), two = prepare("pp2");
+  auto r = resume("pp1", 1, "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = resume("pp2", 2, "--set parallel.pp=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = po::test::losses(one, 3), b = po::test::losses(two, 3);
+  for (size_t i = 0; i < 3; ++i) {
+    const double old = want["losses"][3 + i].get<double>();
+    EXPECT_NEAR(a[i], old, 1e-5 * old) << "step " << i + 4 << ": resumed at pp 1 vs the old run";
+    EXPECT_EQ(a[i], b[i]) << "step " << i + 4 << ": resumed at pp 2 vs at pp 1";
+  }
+  // The step-6 checkpoints hold the same bytes.
+  const std::string sa = po::test::read_file(po::train::checkpoint_path(one, 6) + "/rank_00000.bin");
+  ASSERT_FALSE(sa.empty());
+  EXPECT_TRUE(sa == po::test::read_file(po::train::checkpoint_path(two, 6) + "/rank_00000.bin"))
+      << "step 6: the pp 2 resume's checkpoint differs from the pp 1 resume's";
+}
+
+}  // namespace
