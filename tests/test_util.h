@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -27,7 +28,10 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/manifest.h"
+#include "checkpoint/sharded.h"
 #include "core/error.h"
+#include "parallel/shard_layout.h"
 #include "data/token_file.h"
 #include "model/config.h"
 #include "train/run_state.h"
@@ -270,14 +274,58 @@ inline std::string pagedoptim_command(int np, const std::string& args) {
          " " + args;
 }
 
-// Every rank file and the manifest of run a's checkpoint of `step` against
-// run b's, byte for byte (the .json records carry the config, which may
-// differ in memory.* and so are left out).
+// Run a's checkpoint of `step` against run b's: the same state bit for bit,
+// wherever the writers cut it (every kind's values of every unit, read
+// through the manifests), the same step, seed, tokens, AdamW step count,
+// units, tensors and kinds; and, when both were written by as many ranks,
+// every rank file byte for byte. (The .json records carry the config, which
+// may differ in memory.* and parallel.*, and the writers' threads: left out.)
 inline void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step,
                                    const std::string& what) {
   const std::string ca = train::checkpoint_path(a, step), cb = train::checkpoint_path(b, step);
   ASSERT_TRUE(std::filesystem::exists(ca)) << ca;
   ASSERT_TRUE(std::filesystem::exists(cb)) << cb;
+  const checkpoint::Manifest ma = checkpoint::read_manifest(ca), mb = checkpoint::read_manifest(cb);
+  EXPECT_EQ(ma.meta.step, mb.meta.step) << what;
+  EXPECT_EQ(ma.meta.seed, mb.meta.seed) << what;
+  EXPECT_EQ(ma.meta.tokens, mb.meta.tokens) << what;
+  EXPECT_EQ(ma.meta.adam_t, mb.meta.adam_t) << what;
+  ASSERT_EQ(ma.unit_numel, mb.unit_numel) << what << ": the checkpoints' units differ";
+  ASSERT_EQ(ma.kinds, mb.kinds) << what << ": the checkpoints hold different state kinds";
+  ASSERT_EQ(ma.meta.tensors.size(), mb.meta.tensors.size()) << what;
+  for (size_t i = 0; i < ma.meta.tensors.size(); ++i)
+    EXPECT_TRUE(ma.meta.tensors[i].name == mb.meta.tensors[i].name &&
+                ma.meta.tensors[i].shape == mb.meta.tensors[i].shape &&
+                ma.meta.tensors[i].unit == mb.meta.tensors[i].unit &&
+                ma.meta.tensors[i].offset == mb.meta.tensors[i].offset)
+        << what << ": tensor " << i << " (" << ma.meta.tensors[i].name << ") is recorded differently";
+  // The whole state, unit by unit, as one rank reads it.
+  const parallel::ShardLayout one(ma.unit_numel, 1, 0);
+  auto state = [&](const std::string& dir, const checkpoint::Manifest& m) {
+    std::vector<std::vector<std::vector<float>>> out(m.kinds.size());
+    for (size_t k = 0; k < m.kinds.size(); ++k)
+      for (int64_t n : m.unit_numel) out[k].emplace_back(static_cast<size_t>(n));
+    checkpoint::load_sharded(dir, m, one, [&](checkpoint::StateKind kind, int u) {
+      const size_t k = static_cast<size_t>(std::find(m.kinds.begin(), m.kinds.end(), kind) - m.kinds.begin());
+      return out[k][static_cast<size_t>(u)].data();
+    }, m.kinds);
+    return out;
+  };
+  const auto sa = state(ca, ma), sb = state(cb, mb);
+  for (size_t k = 0; k < sa.size(); ++k)
+    for (size_t u = 0; u < sa[k].size(); ++u) {
+      const auto& x = sa[k][u];
+      const auto& y = sb[k][u];
+      const auto d = std::mismatch(x.begin(), x.end(), y.begin(), [](float p, float q) {
+        return std::memcmp(&p, &q, sizeof p) == 0;
+      });
+      EXPECT_TRUE(d.first == x.end())
+          << what << ": " << checkpoint::state_kind_name(ma.kinds[k]) << " of unit " << u
+          << " differs from the reference run's at element " << (d.first - x.begin()) << " ("
+          << (d.first == x.end() ? 0.0f : *d.first) << " vs " << (d.first == x.end() ? 0.0f : *d.second)
+          << ")";
+    }
+  if (ma.writers != mb.writers) return;
   for (const auto& e : std::filesystem::directory_iterator(ca)) {
     const std::string name = e.path().filename().string();
     if (name.ends_with(".json")) continue;

@@ -21,11 +21,29 @@ ShardLayout::ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank)
   }
 }
 
+ShardLayout ShardLayout::whole_units(std::vector<int64_t> unit_numel, std::vector<int> owner,
+                                     int ranks, int rank) {
+  PO_CHECK(owner.size() == unit_numel.size(), "ShardLayout: ", owner.size(), " owners for ",
+           unit_numel.size(), " units");
+  ShardLayout l(std::move(unit_numel), ranks, rank);
+  l.local_offset_.assign(1, 0);
+  for (size_t u = 0; u < owner.size(); ++u) {
+    PO_CHECK(owner[u] >= 0 && owner[u] < ranks, "ShardLayout: unit ", u, "'s owner ", owner[u],
+             " is not in [0, ", ranks, ")");
+    l.stride_[u] = l.numel_[u];
+    l.local_offset_.push_back(l.local_offset_.back() + (owner[u] == rank ? l.numel_[u] : 0));
+  }
+  l.owner_ = std::move(owner);
+  return l;
+}
+
 int64_t ShardLayout::begin(int u, int r) const {
+  if (!owner_.empty()) return 0;
   return std::min(unit_numel(u), static_cast<int64_t>(r) * stride(u));
 }
 
 int64_t ShardLayout::end(int u, int r) const {
+  if (!owner_.empty()) return owner_[static_cast<size_t>(u)] == r ? unit_numel(u) : 0;
   return std::min(unit_numel(u), static_cast<int64_t>(r + 1) * stride(u));
 }
 

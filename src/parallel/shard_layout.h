@@ -12,6 +12,9 @@
 //
 // With ranks = 1 a shard is the whole unit and local offsets are the model's
 // unit offsets.
+//
+// whole_units() makes the other cut a checkpoint's writers may take: every
+// unit whole on one rank (a pipeline stage's units, written by that stage).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,11 @@ class ShardLayout {
  public:
   // unit_numel[u] = elements of unit u; 0 <= rank < ranks.
   ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank);
+  // Unit u whole on rank owner[u] (in [0, ranks)), nothing of it elsewhere;
+  // a rank's units back to back in its local buffers (local_offset), and
+  // stride(u) = n_u. Not a ZeRO cut: for checkpoint files only.
+  static ShardLayout whole_units(std::vector<int64_t> unit_numel, std::vector<int> owner,
+                                 int ranks, int rank);
 
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
@@ -52,6 +60,7 @@ class ShardLayout {
 
  private:
   std::vector<int64_t> numel_, stride_, local_offset_;
+  std::vector<int> owner_;  // whole_units(): each unit's rank (empty: the ZeRO cut)
   int ranks_ = 1, rank_ = 0;
   int64_t total_ = 0;
 };

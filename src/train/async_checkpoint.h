@@ -13,8 +13,8 @@
 //   staging directory that no reader lists, and the previous checkpoint good.
 // - Paged state is read out of its tiers by the copy, on the training thread.
 // - Layouts whose files are written by some ranks only (tensor parallel: tp
-//   rank 0 of each data group; pipeline: one writer) gather the whole
-//   model's slices first, as a synchronous save does (train/tp_checkpoint.h,
+//   rank 0 of each data group; pipeline: each stage's first rank) gather their
+//   slices whole first, as a synchronous save does (train/tp_checkpoint.h,
 //   pipeline_train.cc); the other ranks hold no image but take part in every
 //   agreement, so a failed write anywhere fails the save on every rank.
 #pragma once

@@ -90,86 +90,93 @@ parallel::PipelineExecutor::State state_of(checkpoint::StateKind k) {
   PO_THROW(core::Internal, "pipeline: unknown state kind");
 }
 
-// The whole model's state, made whole on one writer (a collective over the
-// world). Per unit and kind, the stage that holds the unit makes it whole:
+// Each stage's units, whole, on the stage's writer (a collective over the
+// world): per unit and kind, the stage that holds the unit makes it whole:
 // its ZeRO-1 shards all-gathered over each data group (read_unit), its
 // tensor-parallel shards over the tensor group, assembled by tp rank 0
-// (assemble_unit); that stage's (dp 0, tp 0) rank sends it to the writer,
-// world rank 0, which holds the whole state (empty elsewhere).
-struct WholeState {
+// (assemble_unit). The writer, that stage's (dp 0, tp 0, cp 0) rank, keeps
+// it; nothing crosses the pipeline, and no rank holds more than its stage.
+struct StageState {
   model::Layout whole;
-  std::vector<float> all[3];  // kAllStateKinds' order
-  bool writer = false;
+  std::optional<parallel::ShardLayout> file;  // the writers': their stage's units whole
+  std::vector<float> all[3];                  // kAllStateKinds' order, at file->local_offset
   checkpoint::ShardSource source() const {
     return [this](checkpoint::StateKind k, int u) -> const float* {
-      return all[static_cast<size_t>(k)].data() + whole.unit_offset(u);
+      return all[static_cast<size_t>(k)].data() + file->local_offset(u);
     };
   }
 };
 
-WholeState gather_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s) {
+// Whether this rank writes its stage's part of a checkpoint.
+bool stage_writer(const Launch& launch) {
+  return launch.dp_rank == 0 && launch.tp_rank == 0 && launch.cp_rank == 0;
+}
+
+// The checkpoint files' cut: unit u whole in the file of its stage's rank.
+parallel::ShardLayout stage_files(const parallel::PipelineSetup& s, const model::Layout& held,
+                                  const model::Layout& whole, int pipe_rank) {
+  std::vector<int> owner;
+  for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
+  return parallel::ShardLayout::whole_units(unit_numels(whole), std::move(owner),
+                                            s.schedule.ranks, pipe_rank);
+}
+
+StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
+                        const parallel::PipelineSetup& s) {
   const model::Layout& held = ex.layout();
-  WholeState out{model::Layout(ex.config()), {}, false};
+  StageState out{model::Layout(ex.config()), {}, {}};
   const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   comm::Communicator& pipe = *s.pipe;
   comm::Communicator* tensor = r.launch.tp_group();
-  const bool sender = r.launch.dp_rank == 0 && r.launch.tp_rank == 0 && r.launch.cp_rank == 0;
-  out.writer = sender && pipe.rank() == 0;
+  if (stage_writer(r.launch)) {
+    out.file.emplace(stage_files(s, held, whole, pipe.rank()));
+    for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
+  }
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
                                                     ? tp_rank_layouts(ex.config(), tp)
                                                     : std::vector<model::Layout>{};
-  if (out.writer)
-    for (auto& w : out.all) w.resize(static_cast<size_t>(whole.num_params()));
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
-    const int owner = owner_of(s, held, u);
+    if (owner_of(s, held, u) != pipe.rank()) continue;
     const auto n = static_cast<size_t>(held.unit_numel(u)), nw = static_cast<size_t>(whole.unit_numel(u));
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
-      if (pipe.rank() == owner) {
-        unit.resize(n);
-        ex.read_unit(state_of(kind), u, unit.data());
-        if (tp > 1)
-          gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
-        else
-          assembled = unit;
-      }
-      if (!sender) continue;
-      const int tag = 3 * u + k;
-      float* dst = out.writer ? out.all[k].data() + whole.unit_offset(u) : nullptr;
-      if (out.writer && owner == 0)
-        std::copy_n(assembled.data(), nw, dst);
-      else if (out.writer)
-        pipe.recv(dst, nw, DType::kF32, owner, tag);
-      else if (pipe.rank() == owner)
-        pipe.send(assembled.data(), nw, DType::kF32, 0, tag);
+      unit.resize(n);
+      ex.read_unit(state_of(kind), u, unit.data());
+      if (tp > 1)
+        gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
+      else
+        assembled = unit;
+      if (out.file) std::copy_n(assembled.data(), nw, out.all[k].data() + out.file->local_offset(u));
     }
   }
   return out;
 }
 
 // The whole model's checkpoint, in the layout-independent format (a
-// collective over the world): gather_pipeline, then the writer writes the
-// whole model as a one-process run would. With `async`, the writer's copy is
-// written in the background (train/async_checkpoint.h) and committed later;
-// returns the seconds the step was held.
+// collective over the world): gather_stage, then each stage's writer writes
+// its units' slices, in parallel, and pipeline rank 0 commits the manifest.
+// With `async`, the writers' copies are written in the background
+// (train/async_checkpoint.h) and committed later; returns the seconds the
+// step was held.
 double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
                      TrainState st, const std::string& path, AsyncCheckpointer* async) {
   core::Timer t;
   st.adam_t = ex.adam_steps();
-  const WholeState w = gather_pipeline(r, ex, s);
-  const parallel::ShardLayout one(unit_numels(w.whole), 1, 0);
+  const StageState w = gather_stage(r, ex, s);
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end());
   if (async != nullptr) {
     const double gathered = t.seconds();
-    return gathered + async->start(path, checkpoint_meta(path, w.whole, one, st, r.config_toml), w.source());
+    const parallel::ShardLayout one(unit_numels(w.whole), 1, 0);  // for the meta on the other ranks
+    return gathered + async->start(path, checkpoint_meta(path, w.whole, w.file ? *w.file : one, st, r.config_toml),
+                                   w.source());
   }
   std::exception_ptr error;
-  if (w.writer) {
+  if (w.file) {
     try {
-      save_checkpoint_sharded(path, w.whole, one, w.source(), st, r.config_toml, nullptr, kinds);
+      save_checkpoint_sharded(path, w.whole, *w.file, w.source(), st, r.config_toml, s.pipe, kinds);
     } catch (...) {
       error = std::current_exception();
     }
@@ -503,16 +510,19 @@ TrainResult train_pipeline(const RunInputs& r) {
                                   r.config_toml.data(), r.config_toml.size());
   }
   LoopSetup l = loop_setup(r);
-  // checkpoint.async: the writer (world rank 0) holds the whole state's copy.
+  // checkpoint.async: each stage's writer holds its stage's copy.
   std::optional<AsyncCheckpointer> async;
-  std::optional<parallel::ShardLayout> whole_file;
+  std::optional<parallel::ShardLayout> stage_file;
   if (cfg.get_bool("checkpoint.async")) {
-    if (launch.world == nullptr || launch.world->rank() == 0) whole_file.emplace(r.mcfg.unit_numels(), 1, 0);
-    l.async = &async.emplace(launch.world.get(), whole_file ? &*whole_file : nullptr, 1,
+    if (stage_writer(launch)) stage_file.emplace(stage_files(setup, ex.layout(), model::Layout(ex.config()),
+                                                             launch.pp_group()->rank()));
+    l.async = &async.emplace(launch.world.get(), stage_file ? &*stage_file : nullptr,
+                             static_cast<int>(p.pp),
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
                                                                 checkpoint::kAllStateKinds.end()),
                              false);
-    PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on rank 0 hold a checkpoint's copy");
+    PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on this ",
+                "stage's writer hold its checkpoint copy");
   }
   PipelineSteps steps(r, ex, setup, cp, paged);
   return run_steps(steps, l, state);

@@ -4,9 +4,9 @@
 // and update are the bits of the pp = 1 trainer at the same micro-batching.
 //
 // Checkpoints are the whole model's (any layout reads them: pp 2 -> pp 1,
-// pp -> dp, and back): the first data-parallel replica's stages send their
-// units to rank 0, which writes them; at start every rank reads the units it
-// holds. metrics.jsonl adds the step's measured bubble (1 - mean compute /
+// pp -> dp, and back): each stage's writer (its dp 0, tp 0, cp 0 rank)
+// writes its stage's units, whole, in parallel with the others; at start
+// every rank reads the units it holds. metrics.jsonl adds the step's measured bubble (1 - mean compute /
 // step, over the stages) beside the schedule's formula, the p2p bytes and
 // the micro-batches each stage held at once. train.trace writes the last
 // step of every rank as Chrome trace-event JSON.

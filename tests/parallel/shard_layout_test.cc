@@ -52,6 +52,29 @@ TEST(ShardLayout, ShortAndEmptyLastShards) {
   EXPECT_EQ(e.owned(0), 0);
 }
 
+// A pipeline checkpoint's cut: each unit whole on its stage's rank, the
+// rank's units back to back locally.
+TEST(ShardLayout, WholeUnitsLieWithTheirOwners) {
+  const std::vector<int64_t> units = {5, 9, 4, 6};
+  const std::vector<int> owner = {0, 0, 1, 0};
+  for (int rank : {0, 1}) {
+    const ShardLayout l = ShardLayout::whole_units(units, owner, 2, rank);
+    int64_t local = 0;
+    for (int u = 0; u < 4; ++u) {
+      const bool mine = owner[static_cast<size_t>(u)] == rank;
+      EXPECT_EQ(l.begin(u), 0) << "rank " << rank << " unit " << u;
+      EXPECT_EQ(l.owned(u), mine ? units[static_cast<size_t>(u)] : 0) << "rank " << rank << " unit " << u;
+      EXPECT_EQ(l.end(u, owner[static_cast<size_t>(u)]), units[static_cast<size_t>(u)]);
+      EXPECT_EQ(l.local_offset(u), local) << "rank " << rank << " unit " << u;
+      if (mine) local += units[static_cast<size_t>(u)];
+    }
+    EXPECT_EQ(l.local_numel(), local);
+    EXPECT_EQ(l.owned_numel(), rank == 0 ? 20 : 4);
+  }
+  EXPECT_THROW(ShardLayout::whole_units(units, {0, 0, 2, 0}, 2, 0), core::InvalidArgument);
+  EXPECT_THROW(ShardLayout::whole_units(units, {0, 0}, 2, 0), core::InvalidArgument);
+}
+
 TEST(ShardLayout, BadArgumentsAreErrors) {
   EXPECT_THROW(ShardLayout({1}, 0, 0), core::InvalidArgument);
   EXPECT_THROW(ShardLayout({1}, 2, 2), core::InvalidArgument);

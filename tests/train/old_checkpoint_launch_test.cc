@@ -7,6 +7,7 @@
 // losses are the old run's (to 1e-5: another machine's GEMM may round
 // differently; on the machine that wrote them they were the same bits, as
 // the closing note of issue 35 records).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -59,11 +60,24 @@ TEST_F(OldCheckpoint, ResumesAtPp1AndPp2WithTheOldRunsLosses) {
     EXPECT_NEAR(a[i], old, 1e-5 * old) << "step " << i + 4 << ": resumed at pp 1 vs the old run";
     EXPECT_EQ(a[i], b[i]) << "step " << i + 4 << ": resumed at pp 2 vs at pp 1";
   }
-  // The step-6 checkpoints hold the same bytes.
-  const std::string sa = po::test::read_file(po::train::checkpoint_path(one, 6) + "/rank_00000.bin");
-  ASSERT_FALSE(sa.empty());
-  EXPECT_TRUE(sa == po::test::read_file(po::train::checkpoint_path(two, 6) + "/rank_00000.bin"))
-      << "step 6: the pp 2 resume's checkpoint differs from the pp 1 resume's";
+  // The step-6 checkpoints hold the same state (each stage wrote its own
+  // units at pp 2).
+  po::test::expect_same_checkpoint(one, two, 6, "the pp 2 resume vs the pp 1 resume");
+  // And the comparison sees a difference: step 3's state filed as step 6.
+  const fs::path fake = dir_ / "fake";
+  fs::create_directories(fake / "checkpoints");
+  fs::copy(kFixture / "step_00000003", po::train::checkpoint_path(fake.string(), 6),
+           fs::copy_options::recursive);
+  testing::TestPartResultArray failures;
+  {
+    testing::ScopedFakeTestPartResultReporter reporter(
+        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    po::test::expect_same_checkpoint(one, fake.string(), 6, "step 3 as step 6");
+  }
+  std::string said;
+  for (int i = 0; i < failures.size(); ++i) said += failures.GetTestPartResult(i).message();
+  EXPECT_NE(said.find("params of unit 0 differs from the reference run's at element"), std::string::npos)
+      << "expect_same_checkpoint missed a different state:\n" << said;
 }
 
 }  // namespace
