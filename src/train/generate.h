@@ -1,6 +1,8 @@
 // Autoregressive sampling: temperature, top-k, and a counter-based RNG so the
-// same seed gives the same text. Recomputes the context each token (no KV
-// cache yet; the serving issue brings the paged cache).
+// same seed gives the same text. Feeds each new token through the model's
+// contiguous KV cache (Transformer::forward_cached); when the cache is full
+// the window slides (generate.cc). Serving has its own paged cache and
+// sampler (serve/); issue 36 makes them one.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,138 @@
+// The pipeline executor's state, by part, for its own files only:
+// pipeline_executor.cc (the chunks and the step's actions), pipeline_vocab.cc
+// (the vocabulary-parallel head's state, VocabPart) and pipeline_memory.cc
+// (the memory it holds, and predicts from the schedule alone).
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "model/vocab_head.h"
+#include "parallel/pipeline_executor.h"
+
+namespace po::parallel {
+namespace executor_detail {
+
+using pipeline::Action;
+using pipeline::Op;
+using pipeline::Payload;
+using tensor::DType;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline tensor::Storage zeroed(int64_t elements, size_t esz = sizeof(float)) {
+  tensor::Storage s(static_cast<size_t>(elements) * esz);
+  std::memset(s.data(), 0, s.size());
+  return s;
+}
+
+inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int last) {
+  std::vector<int64_t> n;
+  for (int u = first; u <= last; ++u) n.push_back(l.unit_numel(u));
+  return n;
+}
+
+inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
+
+// defer_lookup's rows on `rank` (each C floats and a token): the
+// embedding's rank keeps its last micro-batch's and gathers every data
+// rank's; a tied head's rank elsewhere receives the gathered ones.
+inline int64_t lookup_tail_rows(const PipelineSetup& s, const model::Layout& l, int rank, bool gathered) {
+  if (!s.defer_lookup) return 0;
+  const int64_t n = s.micro * s.T;
+  if (rank == s.schedule.rank_of(0)) return gathered ? n * s.dp : n;
+  const bool tied_head = l.tied() && rank == s.schedule.rank_of(s.schedule.stages() - 1);
+  return tied_head && gathered ? n * s.dp : 0;
+}
+
+}  // namespace executor_detail
+
+struct PipelineExecutor::Chunk {
+  int stage = 0;
+  int first = 0, last = 0;  // units
+  int64_t base = 0, numel = 0;  // flat offset of `first`, elements held
+  // Parameters and gradients as stored: fp32, or bf16 (the fp32 master then
+  // exists for the ZeRO shard, `master`, unless paged).
+  tensor::Storage params, grads, master;
+  tensor::Storage lookup;  // the tied table's E in f32 (holds unit 0, tied)
+  // The tied head without unit 0 on this rank: a replica of unit 0 (only its
+  // token table is read, updated and summed).
+  tensor::Storage rep_params, rep_grads, rep_master;
+  void* unit0_params = nullptr;  // where this chunk's head reads unit 0 (as stored)
+  void* unit0_grads = nullptr;
+  // ZeRO: the units' (the replica's: unit 0's) shards over the data group
+  // (one rank below ZeRO-1), AdamW over them, and with several ranks the
+  // shard of the reduced gradient the update reads.
+  std::unique_ptr<ShardLayout> shard, rep_shard;
+  std::unique_ptr<optim::AdamW> adam, rep_adam;
+  tensor::Storage grad_shard, rep_grad_shard;
+  std::vector<std::unique_ptr<model::Transformer>> slots;
+  std::vector<int> slot_micro;  // -1: free
+  std::map<int, std::vector<model::WeightGradWork>> w_queue;
+  std::vector<std::vector<model::WeightGradWork>> free_works;
+  size_t work_bytes = 0;  // every WeightGradWork made (the W queue at its peak)
+  bool holds(int u) const { return u >= first && u <= last; }
+  bool replica() const { return rep_params.size() > 0; }
+};
+
+struct PipelineExecutor::VocabPart {
+  model::vocab::Pieces pieces;
+  int k0 = 0, k1 = 0;          // this rank's pieces
+  int64_t row0 = 0, rows = 0;  // their rows of the head's table
+  float* w = nullptr;          // those rows as read ([rows, C], row0 first)
+  float* dw = nullptr;         // their gradient
+  tensor::Storage w_copy, dw_own;
+  float* table = nullptr;      // the owner's (the head's rank): the whole table and its gradient
+  float* table_grad = nullptr;
+  // One micro-batch from its S to its T: the final norm's output (a message
+  // buffer, or on the head's rank the last stage's slot's), the targets,
+  // and per chunk of head_chunk_rows rows the pieces' logits and statistics.
+  struct Held {
+    int micro = -1;
+    const float* x = nullptr;
+    bool x_buffer = false;
+    std::vector<int32_t> targets;
+    tensor::Storage logits;
+    std::vector<model::vocab::Stats> stats;
+  };
+  std::vector<std::unique_ptr<Held>> held;
+  tensor::Storage scratch;  // vocab::tree_sum's: tree_height buffers of a chunk of rows
+  std::vector<float*> scratch_at(int64_t chunk, int64_t C) {
+    std::vector<float*> out;
+    for (int h = 0; h < model::vocab::tree_height(pieces.count()); ++h)
+      out.push_back(scratch.f32() + h * chunk * C);
+    return out;
+  }
+  Held& take(int micro, int64_t rows_, int64_t chunk, int P) {
+    for (auto& h : held)
+      if (h->micro < 0) {
+        h->micro = micro;
+        return *h;
+      }
+    auto h = std::make_unique<Held>();
+    h->targets.resize(static_cast<size_t>(rows_));
+    h->logits = tensor::Storage(static_cast<size_t>(rows_ * rows) * sizeof(float));
+    for (int64_t r0 = 0; r0 < rows_; r0 += chunk) {
+      h->stats.emplace_back();
+      h->stats.back().resize(P, std::min(chunk, rows_ - r0));
+    }
+    h->micro = micro;
+    held.push_back(std::move(h));
+    return *held.back();
+  }
+  Held& find(int micro) {
+    for (auto& h : held)
+      if (h->micro == micro) return *h;
+    PO_THROW(core::Internal, "pipeline: the head's T of micro-batch ", micro, " before its S");
+  }
+};
+
+}  // namespace po::parallel

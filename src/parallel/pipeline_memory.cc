@@ -1,0 +1,311 @@
+// The memory a pipeline rank holds and pages, and what it will hold from the
+// configuration and the schedule alone (pipeline_executor.h: predict, the
+// planner's pipeline layouts).
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+#include "optim/adamw.h"
+
+#include "parallel/pipeline_executor.h"
+#include "parallel/pipeline_executor_state.h"
+
+namespace po::parallel {
+using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
+
+PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
+                                                   const PipelineSetup& setup, int rank) {
+  const model::TransformerConfig c = config.resolved();
+  const model::Layout layout(c, setup.split);
+  const pipeline::Schedule& s = setup.schedule;
+  const int S = s.stages(), head = layout.head_unit();
+  const int64_t tp = setup.split.size;
+  const int64_t sp = c.sequence_parallel && tp > 1 ? tp : 1;
+  const auto f = sizeof(float);
+  Memory m;
+  const std::vector<int> stages = s.stages_of(rank);
+  const bool emb_here = s.rank_of(0) == rank;
+  // Per chunk: the most slots and deferred works held at once, replayed.
+  std::map<int, int> held, slots, queued, works;
+  int64_t live = 0, peak = 0, posted = 0;
+  int64_t acc_live = 0, acc_peak = 0;  // bf16: deferred blocks' accumulators
+  int64_t vocab_live = 0, vocab_peak = 0;  // vocabulary parallel: micro-batches from S to T
+  const int head_rank = s.rank_of(S - 1);
+  auto blocks_of = [&](int stage) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    return static_cast<int64_t>(std::min(last, head - 1) - (std::max(first, 1) - 1));
+  };
+  size_t next = 0;
+  std::set<Key> posted_keys, local;
+  const auto& list = s.actions[static_cast<size_t>(rank)];
+  auto post_one = [&] {
+    const Action& a = list[next++];
+    if (a.op != Op::kRecv) return;
+    posted_keys.insert({a.micro, a.stage, static_cast<int>(a.payload)});
+    ++posted;
+    peak = std::max(peak, ++live);
+  };
+  auto window = [&] {
+    while (posted < static_cast<int64_t>(kRecvWindow) && next < list.size()) post_one();
+  };
+  auto consume = [&](const Key& k) {  // incoming(): a local hand-off or a posted receive
+    if (local.erase(k) > 0) return;
+    while (posted_keys.count(k) == 0) post_one();
+    posted_keys.erase(k);
+    --posted;
+  };
+  if (s.ranks > 1) window();
+  for (const Action& a : list) {
+    if (a.op == Op::kRecv) continue;
+    if (a.op == Op::kSend) {
+      local.erase({a.micro, a.stage, static_cast<int>(a.payload)});
+      continue;
+    }
+    const bool first = a.stage == 0, last = a.stage == S - 1;
+    const int p = s.ranks;
+    auto node_key = [&](const std::pair<int, int>& node) {
+      return Key{a.micro, S + 1 + 2 * p + node.first, static_cast<int>(Payload::kHeadGrad)};
+    };
+    if (a.op == Op::kHeadStats) {  // vocab_stats' buffers, in its order
+      if (rank != head_rank) consume({a.micro, S + 1 + rank, static_cast<int>(Payload::kHeadInput)});
+      vocab_peak = std::max(vocab_peak, ++vocab_live);
+      peak = std::max(peak, ++live);  // one buffer for every rank
+      local.insert({a.micro, S + 1 + p + rank, static_cast<int>(Payload::kHeadStats)});
+    } else if (a.op == Op::kHeadGrad) {  // vocab_grad's
+      for (int q = 0; q < p; ++q)
+        if (q != rank) {
+          consume({a.micro, S + 1 + p + q, static_cast<int>(Payload::kHeadStats)});
+          --live;
+        }
+      for (const auto& node : s.grad_nodes(rank)) {
+        peak = std::max(peak, ++live);
+        local.insert(node_key(node));
+      }
+      if (rank != head_rank) --live;
+      --vocab_live;
+    } else if (a.op == Op::kForward) {
+      if (!first) consume({a.micro, a.stage, static_cast<int>(Payload::kActivation)});
+      slots[a.stage] = std::max(slots[a.stage], ++held[a.stage]);
+      if (!first) --live;
+      if (last && s.vocab)  // vocab_forward_done
+        for (int q = 0; q < p; ++q)
+          if (q != rank) {
+            peak = std::max(peak, ++live);
+            local.insert({a.micro, S + 1 + q, static_cast<int>(Payload::kHeadInput)});
+          }
+      if (!last) {
+        peak = std::max(peak, ++live);
+        local.insert({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)});
+      }
+    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+      if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
+      if (last && s.vocab) {  // vocab_input_grad
+        int parts = 0;
+        for (int q = 0; q < p; ++q)
+          for (const auto& node : s.grad_nodes(q)) {
+            consume(node_key(node));
+            ++parts;
+          }
+        peak = std::max(peak, ++live);
+        live -= parts;
+      }
+      if (a.op == Op::kBackwardInput) {
+        works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
+        acc_peak = std::max(acc_peak, acc_live += blocks_of(a.stage));
+      }
+      if (!last || s.vocab) --live;
+      if (!first) {
+        peak = std::max(peak, ++live);
+        local.insert({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)});
+      }
+      --held[a.stage];
+    } else if (a.op == Op::kBackwardWeight) {
+      --queued[a.stage];
+      acc_live -= blocks_of(a.stage);
+    }
+    if (s.ranks > 1) window();
+  }
+  m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
+  const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
+  // Adam (bf16: and the master) over the ZeRO-1 shard, padded; fp32 ZeRO-1
+  // also copies out the reduced gradient's shard, and gathers through a send
+  // block + ranks receive blocks of the largest unit's stride. bf16 stores
+  // parameters and gradients in 2 bytes, widens and accumulates in buffers
+  // of unit 0 and of the largest other unit, and stages a unit's f32 sum.
+  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  const size_t esz = setup.bf16 ? 2 : 4;
+  int64_t n0_used = 0, other = 0, largest = 0;  // largest: of the units held, a replica's included
+  for (int stage : stages) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
+    for (int u = first; u <= last; ++u) {
+      (u == 0 ? n0_used : other) = std::max(u == 0 ? n0_used : other, layout.unit_numel(u));
+      largest = std::max(largest, layout.unit_numel(u));
+    }
+    if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
+    m.params += n * esz;
+    m.grads += n * esz;
+    if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
+    if (layout.tied() && last == head && first > 0 && !emb_here) {
+      const auto n0 = static_cast<size_t>(layout.unit_numel(0));
+      m.params += n0 * esz;
+      m.grads += n0 * esz;
+      largest = std::max(largest, layout.unit_numel(0));
+    }
+    // (vocabulary parallel: the last stage's first slot alone has logits)
+    const bool spread = s.vocab && last == head;
+    const size_t with_logits =
+        model::Transformer::predicted_stage_activation_bytes(c, setup.micro, setup.T, tp, {first, last});
+    const size_t without = spread ? model::Transformer::predicted_stage_activation_bytes(
+                                        c, setup.micro, setup.T, tp, {first, last}, false)
+                                  : with_logits;
+    if (slots[stage] > 0)
+      m.activations += with_logits + static_cast<size_t>(slots[stage] - 1) * without;
+    m.w_queue += static_cast<size_t>(works[stage] * blocks_of(stage)) * work;
+  }
+  for (int64_t n : adam_numels(config, setup, rank)) {
+    m.adam += 2 * static_cast<size_t>(n) * f;
+    if (setup.bf16) m.master += static_cast<size_t>(n) * f;
+    if (zr > 1 && !setup.bf16) m.grads += static_cast<size_t>(n) * f;
+  }
+  if (zr > 1) m.buffers += static_cast<size_t>((largest + zr - 1) / zr * (1 + zr)) * f;
+  if (setup.bf16) {
+    m.buffers += static_cast<size_t>(2 * (n0_used + other)) * f;
+    if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
+    m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
+  }
+  for (const bool all : {false, true})  // defer_lookup's rows and tokens
+    m.buffers += static_cast<size_t>(lookup_tail_rows(setup, layout, rank, all) * (c.n_embd + 1)) * f;
+  if (s.vocab) {
+    const model::vocab::Pieces pieces = model::vocab::pieces_of(c.vocab_size);
+    const auto [k0, k1] = s.pieces_of(rank, pieces.count());
+    const auto rows = static_cast<size_t>((pieces.begin(k1) - pieces.begin(k0)) * c.n_embd) * f;
+    const auto [copy, own] = vocab_copies(layout, setup, rank);
+    if (copy) m.params += rows;
+    if (own) m.grads += rows;
+    m.buffers += static_cast<size_t>(model::vocab::tree_height(pieces.count()) *
+                                     model::Transformer::head_chunk_rows(setup.micro, setup.T) *
+                                     c.n_embd) * f;
+    m.activations += static_cast<size_t>(vocab_peak) * vocab_held_bytes(config, setup, rank);
+  }
+  return m;
+}
+
+std::vector<size_t> PipelineExecutor::slot_bytes() const {
+  std::vector<size_t> out;
+  for (const auto& c : chunks_)
+    out.push_back(c->slots.empty() ? 0 : c->slots.front()->activation_bytes());
+  return out;
+}
+
+// Every AdamW of this rank (the chunks' and the tied replicas'), with the
+// name of its swap file's suffix.
+std::vector<std::pair<optim::AdamW*, std::string>> PipelineExecutor::adams() const {
+  std::vector<std::pair<optim::AdamW*, std::string>> out;
+  for (const auto& c : chunks_) {
+    out.emplace_back(c->adam.get(), core::str_cat("-stage", c->stage));
+    if (c->rep_adam) out.emplace_back(c->rep_adam.get(), core::str_cat("-stage", c->stage, "-replica"));
+  }
+  return out;
+}
+
+std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfig& config,
+                                                   const PipelineSetup& setup, int rank) {
+  const model::Layout layout(config.resolved(), setup.split);
+  const pipeline::Schedule& s = setup.schedule;
+  const int head = layout.head_unit();
+  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  std::vector<int64_t> out;
+  for (int stage : s.stages_of(rank)) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    out.push_back(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
+    if (layout.tied() && last == head && first > 0 && s.rank_of(0) != rank)
+      out.push_back(ShardLayout(unit_sizes(layout, 0, 0), zr, 0).local_numel());
+  }
+  return out;
+}
+
+std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::TransformerConfig& config,
+                                                         const PipelineSetup& setup, int rank,
+                                                         size_t page_bytes, int prefetch) {
+  size_t pages = 0, least = 0;
+  for (int64_t n : adam_numels(config, setup, rank)) {
+    const auto g = optim::PagedAdamState::geometry(n, page_bytes, {.master = setup.bf16});
+    pages += g.pages();
+    least += optim::PagedAdamState::min_compute_frames(g, prefetch);
+  }
+  return {pages, least};
+}
+
+std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int prefetch) const {
+  return paging_pages(config_, setup_, rank_, page_bytes, prefetch);
+}
+
+void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
+  const auto list = adams();
+  std::vector<size_t> pages;
+  for (const auto& [a, name] : list)
+    pages.push_back(optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {.master = bf16_}).pages());
+  const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
+  const std::vector<size_t> compute = memory::split_frames(
+      options.compute_frames == 0 ? all : options.compute_frames, pages,
+      memory::Pager::min_compute_frames(options.prefetch));
+  const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
+  for (size_t k = 0; k < list.size(); ++k) {
+    memory::PagerOptions o = options;
+    o.compute_frames = compute[k];
+    o.host_frames = host[k];
+    const std::string& name = list[k].second;
+    const auto dot = o.file_name.rfind('.');
+    o.file_name = dot == std::string::npos ? o.file_name + name
+                                           : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
+    list[k].first->enable_paging(o, {.master = bf16_});
+  }
+  for (auto& c : chunks_) {  // bf16: the master is in the pages now
+    c->master = tensor::Storage();
+    c->rep_master = tensor::Storage();
+  }
+}
+
+memory::PagerStats PipelineExecutor::take_paging_stats() {
+  memory::PagerStats sum;
+  for (const auto& [a, name] : adams()) {
+    if (a->paged()) sum.add(a->paged_state()->take_stats());
+  }
+  return sum;
+}
+
+PipelineExecutor::Memory PipelineExecutor::memory() const {
+  Memory m;
+  for (const auto& c : chunks_) {
+    m.params += c->params.size() + c->rep_params.size();
+    m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size() + c->grad_shard.size() +
+               c->rep_grad_shard.size();
+    m.master += c->master.size() + c->rep_master.size();
+    for (const auto& s : c->slots) m.activations += s->activation_bytes();
+    m.w_queue += c->work_bytes;
+  }
+  for (const auto& [a, name] : adams()) {
+    m.adam += a->state_bytes();
+    if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
+  }
+  m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
+              gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
+              staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
+              tokens_all_.size();
+  for (const auto& b : acc_pool_) m.w_queue += b.size();
+  if (vocab_) {
+    m.buffers += vocab_->scratch.size();
+    m.params += vocab_->w_copy.size();
+    m.grads += vocab_->dw_own.size();
+    m.activations += vocab_->held.size() * vocab_held_bytes(config_, setup_, rank_);
+  }
+  return m;
+}
+
+}  // namespace po::parallel
