@@ -585,8 +585,9 @@ std::string format_manifest(const std::string& dir) {
   line("  step %lld, tokens %llu, adam_t %lld, seed %llu", static_cast<long long>(meta.step),
        static_cast<unsigned long long>(meta.tokens), static_cast<long long>(meta.adam_t),
        static_cast<unsigned long long>(meta.seed));
-  line("  written by %d rank(s) (parallel.dp = %d, zero_stage = %d)", m.writers, meta.dp,
-       meta.zero_stage);
+  line("  written by %d rank(s) (parallel.dp = %d, zero_stage = %d%s)", m.writers, meta.dp,
+       meta.zero_stage,
+       meta.threads > 0 ? core::str_cat(", ", meta.threads, " threads per rank").c_str() : "");
   line("  state: %s; %zu units, %lld elements (%s per kind)", kinds.c_str(), m.unit_numel.size(),
        static_cast<long long>(total_numel), format_bytes(total_numel * 4).c_str());
   int64_t file_bytes = 0;
