@@ -4,6 +4,7 @@
 // analytic model (analytic.cc) and then fits it to the cluster and times it.
 // The layout search is in search.cc.
 #include "plan/planner.h"
+#include "plan/capabilities.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -138,15 +139,10 @@ std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
   // TransformerConfig::shard splits the kv heads and the MLP's columns.
   if (m.n_kv_head % l.tp != 0 || m.ffn % l.tp != 0)
     why.push_back("tensor parallel replicating kv heads or splitting the MLP unevenly");
-  if (l.pp > 1) {  // the executor trains fp32 or bf16 stages at ZeRO 0-1, in memory or paged (docs/pipeline.md)
-    std::string with;
-    auto add = [&](const std::string& w) { with += (with.empty() ? "" : ", ") + w; };
-    if (l.zero_stage > 1) add(core::str_cat("ZeRO-", l.zero_stage));
-    if (l.vocab_parallel && l.bf16) add("vocabulary parallel in bf16");
-    if (l.vocab_parallel && l.tp > 1) add("vocabulary parallel with tp > 1");
-    if (l.vocab_parallel && l.cp > 1) add("vocabulary parallel with cp > 1");
-    if (!with.empty()) why.push_back("pipeline parallel with " + with);
-  }
+  // What the engine does not build: the one table train refuses by (capabilities.h).
+  std::string with;
+  for (const Refusal& r : refusals(l)) with += (with.empty() ? "" : ", ") + r.what;
+  if (!with.empty()) why.push_back("pipeline parallel with " + with);
   if (l.cp > 1 && l.seq % (2 * l.cp) != 0)
     why.push_back("context parallel whose sequence does not split into 2·cp zig-zag chunks");
   return why;

@@ -1,0 +1,31 @@
+// The table (capabilities.h).
+#include "plan/capabilities.h"
+
+#include "core/error.h"
+
+namespace po::plan {
+
+std::vector<Refusal> refusals(const Layout& l) {
+  std::vector<Refusal> out;
+  if (l.pp == 1) return out;  // every pp = 1 layout of check_layout trains
+  if (l.zero_stage > 1)
+    out.push_back({core::str_cat("parallel.zero_stage = ", l.zero_stage, " with parallel.pp = ", l.pp),
+                   ": ZeRO 2 and 3 are refused (they reduce each micro-batch's gradients as its "
+                   "backward ends, but a stage's micro-batches arrive at different times and the "
+                   "stage's state is already 1/pp of the model); use parallel.zero_stage = 0 or 1",
+                   core::str_cat("ZeRO-", l.zero_stage)});
+  if (l.vocab_parallel && l.bf16)
+    out.push_back({"parallel.vocab_parallel with train.precision = \"bf16\"",
+                   " is not built yet (fp32 only)", "vocabulary parallel in bf16"});
+  if (l.vocab_parallel && l.tp > 1)
+    out.push_back({core::str_cat("parallel.vocab_parallel with parallel.tp = ", l.tp),
+                   " is not built (the tensor group cuts the head's vocabulary already); use one or "
+                   "the other",
+                   "vocabulary parallel with tp > 1"});
+  if (l.vocab_parallel && l.cp > 1)
+    out.push_back({"parallel.vocab_parallel with parallel.cp > 1", " is not built yet",
+                   "vocabulary parallel with cp > 1"});
+  return out;
+}
+
+}  // namespace po::plan
