@@ -45,7 +45,7 @@ void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
       std::copy_n(seq + b * T + cp.chunk(static_cast<int>(i)) * S, S, local + b * Tl + i * S);
 }
 
-StepStats train_step(StepContext& c, int64_t step) {
+StepStats train_step(StepContext& c, int64_t step, double lr) {
   const Plan& p = c.p;
   core::Timer step_timer;
   // Data-parallel traffic is the data group's (the world's at tp = 1).
@@ -60,7 +60,7 @@ StepStats train_step(StepContext& c, int64_t step) {
   }
   c.model.zero_grads();
   StepStats s;
-  s.lr = c.sched.at(step);
+  s.lr = lr;
   c.dp.set_step_lr(s.lr);  // paged, unclipped: pages update during the backward
   const float grad_scale = static_cast<float>(1.0 / (tokens_per_step(p)));
   double loss = 0;

@@ -15,7 +15,6 @@
 #include "data/token_file.h"
 #include "memory/pager.h"
 #include "model/transformer.h"
-#include "optim/schedule.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/tensor_parallel.h"
@@ -33,7 +32,6 @@ struct StepContext {
   parallel::DataParallel& dp;
   comm::Communicator* world;  // null at parallel.dp = 1
   data::BatchSampler& sampler;
-  const optim::LrSchedule& sched;
   int rank = 0;                // this rank's place in the data-parallel group (its batch slice)
   comm::Communicator* data = nullptr;  // the data-parallel group (null at dp = 1)
   parallel::TensorParallelOps* tp = nullptr;  // the tensor group's collectives (null at tp = 1)
@@ -73,9 +71,9 @@ struct StepStats {
   memory::PagerStats paging;
 };
 
-// Step `step` (0-based): zero grads, accumulate this rank's micro-batches,
-// reduce, clip, AdamW.
-StepStats train_step(StepContext& c, int64_t step);
+// Step `step` (0-based) at learning rate `lr`: zero grads, accumulate this
+// rank's micro-batches, reduce, clip, AdamW.
+StepStats train_step(StepContext& c, int64_t step, double lr);
 
 // Exposed communication: how long it ran on after the LAST rank finished its
 // backward; imbalance: how far apart the ranks' backwards ended.

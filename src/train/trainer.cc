@@ -229,8 +229,8 @@ class OneStageSteps : public LayoutSteps {
     size_batch_buffers(c_);
   }
 
-  Outcome step(int64_t step, double /*lr: the schedule's, c.sched*/, const TrainState& after) override {
-    const StepStats s = train_step(c_, step);
+  Outcome step(int64_t step, double lr, const TrainState& after) override {
+    const StepStats s = train_step(c_, step, lr);
     const auto records =
         gather_records(c_.world, c_.dp, s.paging, s.cp_attention_s * 1e3, s.cp_wait_s * 1e3);
     const CommSplit split = comm_split(c_, records, s.comm_wait_s);
@@ -326,8 +326,8 @@ TrainResult train_one_stage(const RunInputs& r) {
   }
   model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
   const parallel::DataParallelOptions dpo = dp_options(cfg);
-  parallel::DataParallel dp(model, adamw_config(cfg), launch.dp_group(), dpo);
-  StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, r.sched, launch.dp_rank};
+  parallel::DataParallel dp(model, r.adam, launch.dp_group(), dpo);
+  StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, launch.dp_rank};
   c.data = launch.dp_group();
   c.tp = tp_ops ? &*tp_ops : nullptr;
   if (cp_ops) {
