@@ -1,22 +1,20 @@
 // The pipeline executor (pipeline_executor.h): the chunks' buffers and
-// slots, one step's actions in the rank's order, the tied pair, the update.
-// The vocabulary-parallel head is in pipeline_vocab.cc, the memory the
-// executor holds and predicts in pipeline_memory.cc.
+// slots, one step's actions in the rank's order. The step's end (the tied
+// pair, the data group's reductions, the norm, the update) is in
+// pipeline_finalize.cc, the vocabulary-parallel head in pipeline_vocab.cc,
+// the memory the executor holds and predicts in pipeline_memory.cc.
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_executor_state.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <set>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/vocab_head.h"
-#include "parallel/grad_norm.h"
 #include "parallel/units.h"
 
 namespace po::parallel {
@@ -24,8 +22,6 @@ namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
 namespace {
-
-constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 
 // AdamW ranges over a shard of units [first, last] (ShardLayout index i =
 // u - first) of a buffer whose element 0 is unit `first`'s: each tensor
@@ -53,8 +49,8 @@ bool every_tensor(const model::TensorSpec&) { return true; }
 
 }  // namespace
 
-bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16) {
-  return dp > 1 && overlap_comm && cp == 1 && !bf16;
+bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16, int zero_stage) {
+  return dp > 1 && overlap_comm && cp == 1 && !bf16 && zero_stage < 2;
 }
 
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
@@ -66,12 +62,15 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   rank_ = setup_.pipe ? setup_.pipe->rank() : 0;
   PO_CHECK((setup_.pipe ? setup_.pipe->size() : 1) == s.ranks, "pipeline: the group has ",
            setup_.pipe ? setup_.pipe->size() : 1, " ranks, the schedule ", s.ranks);
-  PO_CHECK(setup_.zero_stage == 0 || setup_.zero_stage == 1, "pipeline: ZeRO stage ",
-           setup_.zero_stage, " (stages 0 and 1 compose with pipeline parallel)");
+  PO_CHECK(setup_.zero_stage >= 0 && setup_.zero_stage <= 2, "pipeline: ZeRO stage ",
+           setup_.zero_stage, " (stages 0-2 compose with pipeline parallel)");
+  PO_CHECK(setup_.zero_stage < 2 || !s.vocab, "pipeline: ZeRO-2 with the vocabulary-parallel head");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
   bf16_ = setup_.bf16;
+  zero2_ = setup_.zero_stage == 2;
+  accumulate_ = bf16_ || zero2_;
   const size_t esz = stored_esz();
-  const bool sharded = setup_.zero_stage == 1 && setup_.dp > 1;
+  const bool sharded = setup_.zero_stage >= 1 && setup_.dp > 1;
   const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int head = layout_.head_unit();
@@ -86,13 +85,13 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->base = layout_.unit_offset(c->first);
     c->numel = layout_.unit_offset(c->last + 1) - c->base;
     c->params = zeroed(c->numel, esz);
-    c->grads = zeroed(c->numel, esz);
     c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk);
+    c->grads = zeroed(zero2_ ? c->shard->local_numel() : c->numel, esz);  // ZeRO-2: the shard
     if (bf16_) c->master = zeroed(c->shard->local_numel());
     c->adam = std::make_unique<optim::AdamW>(
         adam, shard_ranges(layout_, c->first, c->last, *c->shard, every_tensor),
         c->shard->local_numel());
-    if (sharded && !bf16_) c->grad_shard = zeroed(c->shard->local_numel());
+    if (sharded && !bf16_ && !zero2_) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.tied() && c->holds(0)) c->lookup = zeroed(layout_.token_embedding().numel());
     chunks_.push_back(std::move(c));
   }
@@ -107,20 +106,20 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
       continue;
     }
     const int64_t n0 = layout_.unit_numel(0);
-    c->rep_params = zeroed(n0, esz);
-    c->rep_grads = zeroed(n0, esz);
-    c->unit0_params = c->rep_params.data();
-    c->unit0_grads = c->rep_grads.data();
     // The embedding's shard layout of unit 0, so that both copies of the
     // table update the same elements on the same data rank.
     const int64_t wte = layout_.token_embedding().offset;
     c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk);
+    c->rep_params = zeroed(n0, esz);
+    c->rep_grads = zeroed(zero2_ ? c->rep_shard->local_numel() : n0, esz);
+    c->unit0_params = c->rep_params.data();
+    c->unit0_grads = c->rep_grads.data();
     c->rep_adam = std::make_unique<optim::AdamW>(
         adam,
         shard_ranges(layout_, 0, 0, *c->rep_shard,
                      [wte](const model::TensorSpec& t) { return t.offset == wte; }),
         c->rep_shard->local_numel());
-    if (sharded && !bf16_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
+    if (sharded && !bf16_ && !zero2_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
     if (bf16_) c->rep_master = zeroed(c->rep_shard->local_numel());
   }
   // The largest unit held (a replica's included): ZeRO-1's gathers take a
@@ -141,18 +140,27 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     (all ? rows_all_ : tail_rows_) = zeroed(n * C);
     (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
   }
-  if (bf16_) {  // the widened parameters and the f32 gradient accumulators: unit 0's, the others'
-    int64_t n0 = 0, other = 0;
+  if (accumulate_) {  // bf16's widened parameters; the f32 gradient accumulators: unit 0's, the others'
+    int64_t n[2] = {0, 0}, acc[2] = {0, 0};
+    auto take = [&](int u) {
+      const int k = u == 0 ? 0 : 1;
+      n[k] = std::max(n[k], layout_.unit_numel(u));
+      acc[k] = std::max(acc[k], acc_numel(u));
+    };
     for (const auto& c : chunks_) {
-      for (int u = c->first; u <= c->last; ++u)
-        (u == 0 ? n0 : other) = std::max(u == 0 ? n0 : other, layout_.unit_numel(u));
-      if (c->unit0_params != nullptr) n0 = layout_.unit_numel(0);
+      for (int u = c->first; u <= c->last; ++u) take(u);
+      if (c->unit0_params != nullptr) take(0);
     }
     for (int k = 0; k < 2; ++k) {
-      widen_[k] = zeroed(k == 0 ? n0 : other);
-      acc_[k] = zeroed(k == 0 ? n0 : other);
+      if (bf16_) widen_[k] = zeroed(n[k]);
+      acc_[k] = zeroed(acc[k]);
     }
-    if (setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
+    if (bf16_ && !zero2_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
+    if (zero2_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
+      const int64_t stride = (largest + zr - 1) / zr;
+      if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
+      rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
+    }
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -227,74 +235,6 @@ void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* min
   std::memset(send + static_cast<size_t>(owned) * esz, 0, static_cast<size_t>(stride - owned) * esz);
   setup_.data->all_gather(send, recv, static_cast<size_t>(stride), dtype);
   std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
-}
-
-// Elements [offset, offset + n) of Adam m, v or (bf16 parameters) the fp32
-// master, in state coordinates, out of and into memory or the pages.
-void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
-                                  float* dst) {
-  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (a.paged()) return a.paged_state()->copy_out(paged_field(kind), offset, n, dst);
-  std::memcpy(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
-}
-
-void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
-                                   const float* src) {
-  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (a.paged()) return a.paged_state()->copy_in(paged_field(kind), offset, n, src);
-  std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
-}
-
-optim::PagedAdamState::Field PipelineExecutor::paged_field(State kind) {
-  using F = optim::PagedAdamState::Field;
-  return kind == State::kAdamM ? F::kM : kind == State::kAdamV ? F::kV : F::kMaster;
-}
-
-float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
-  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (kind == State::kAdamM) return a.m();
-  if (kind == State::kAdamV) return a.v();
-  return (replica ? c.rep_master : c.master).f32();
-}
-
-void PipelineExecutor::read_unit(State kind, int u, float* dst) {
-  const auto n = static_cast<size_t>(layout_.unit_numel(u));
-  if (kind == State::kParams && !bf16_) {
-    std::memcpy(dst, unit_params(u), n * sizeof(float));
-    return;
-  }
-  for (auto& c : chunks_) {
-    if (!c->holds(u)) continue;
-    const ShardLayout& sl = *c->shard;
-    const int i = u - c->first;
-    if (sl.ranks() == 1) {
-      read_field(*c, false, kind, sl.local_offset(i), sl.unit_numel(i), dst);
-      return;
-    }
-    std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
-    read_field(*c, false, kind, sl.local_offset(i), sl.owned(i), mine.data());
-    gather_unit(sl, i, mine.data(), dst, DType::kF32);
-    return;
-  }
-  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
-}
-
-void PipelineExecutor::write_unit(State kind, int u, const float* src) {
-  const auto n = layout_.unit_numel(u);
-  if (kind == State::kParams && !bf16_) {
-    std::memcpy(unit_params(u), src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  for (auto& c : chunks_) {
-    if (!c->holds(u)) continue;
-    const ShardLayout& sl = *c->shard;
-    const int i = u - c->first;
-    write_field(*c, false, kind, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
-    // bf16: the stored parameters are the master's rounding (the whole unit).
-    if (kind == State::kParams) ops::f32_to_bf16(static_cast<uint16_t*>(stored_unit(u)), src, n);
-    return;
-  }
-  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
 int64_t PipelineExecutor::adam_steps() const { return chunks_.front()->adam->steps_taken(); }
@@ -385,18 +325,25 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       return unit0;
     };
     model::UnitHooks h;
-    if (!bf16_) {
+    if (!accumulate_) {
       h.params = [cp, at](int u) {
         return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u);
       };
       h.grads = [cp, at](int u) { return at(cp->grads.f32(), static_cast<float*>(cp->unit0_grads), u); };
       h.done = [](int) {};
       h.grads_ready = [](int) {};
-    } else {  // bf16: widened parameters, f32 accumulators per micro-batch (see widen, accumulator)
-      h.params = [this, cp](int u) { return widen(*cp, u); };
-      h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
-      h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
-      h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
+    } else {  // f32 accumulators per micro-batch (see accumulator); bf16: widened parameters (widen)
+      if (bf16_) {
+        h.params = [this, cp](int u) { return widen(*cp, u); };
+        h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
+        h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
+        h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
+      } else {
+        h.params = [cp, at](int u) {
+          return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u);
+        };
+        h.done = [](int) {};
+      }
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});
@@ -435,16 +382,17 @@ const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
   return src;
 }
 
-// bf16: the f32 gradient accumulator of unit u for the micro-batch in hand,
-// zeroed at its first use; its sum is rounded into the stored bf16 gradient
-// once the micro-batch's part is complete (flush): as pp = 1 does per
-// micro-batch and unit. A block whose weight half is deferred keeps its own
+// bf16 and ZeRO-2: the f32 gradient accumulator of unit u for the
+// micro-batch in hand, zeroed at its first use; once the micro-batch's part
+// is complete (flush) its sum is rounded into the stored bf16 gradient, or
+// (ZeRO-2) reduce-scattered into the shard: as pp = 1 does per micro-batch
+// and unit. A block whose weight half is deferred keeps its own
 // until the W (a pool of block-sized buffers, counted with the W queue);
 // the others take the one buffer of their kind.
 float* PipelineExecutor::accumulator(Chunk& c, int u) {
   const std::tuple<int, int, int> key{cur_micro_, c.stage, u};
   if (const auto it = accs_.find(key); it != accs_.end()) return it->second.buf;
-  const int64_t n = layout_.unit_numel(u);
+  const int64_t n = acc_numel(u);
   Acc a;
   if (cur_deferred_ && u >= 1 && u <= static_cast<int>(config_.n_layer)) {
     if (acc_free_.empty()) {
@@ -468,9 +416,13 @@ void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   const int u = std::get<2>(it->first);
   const Acc& a = it->second;
   Chunk& c = *a.chunk;
-  auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
-                         : static_cast<uint16_t*>(c.unit0_grads);
-  ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));
+  if (zero2_) {
+    reduce_into_shard(c, u, a.buf);
+  } else {
+    auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
+                           : static_cast<uint16_t*>(c.unit0_grads);
+    ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)
+  }
   if (a.fixed >= 0)
     acc_busy_[a.fixed] = false;
   else
@@ -581,7 +533,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
                                          last ? targets_.data() : nullptr, grad_scale);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
-      if (bf16_ && last) flush_micro(c, a.micro, false);  // the head's gradients are complete
+      if (accumulate_ && last) flush_micro(c, a.micro, false);  // the head's gradients are complete
       if (last && vocab_) vocab_forward_done(m, a.micro);
       if (last) {
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
@@ -625,7 +577,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
         dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep);
       }
       if (keep) keep_lookup_tail(*m);
-      if (bf16_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
+      if (accumulate_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
       if (d != nullptr) give_buffer(const_cast<float*>(d));
       if (!first) {
         float* out = take_buffer();
@@ -641,7 +593,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       auto it = c.w_queue.find(a.micro);
       PO_ASSERT(it != c.w_queue.end(), "pipeline: ", pipeline::describe(a), " before its B");
       c.slots.front()->stage_backward_weight(it->second);
-      if (bf16_) flush_micro(c, a.micro, false);
+      if (accumulate_) flush_micro(c, a.micro, false);
       c.free_works.push_back(std::move(it->second));
       c.w_queue.erase(it);
       --w_queue_;
@@ -696,205 +648,6 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   stats.busy_s -= stats.wait_s;  // a compute's time includes its receive's wait
   stats_ = nullptr;
   return stats;
-}
-
-// The tied table: H (the head's, in the replica or the embedding chunk's
-// own gradient) plus E (the lookups', f32), the same sum on both copies;
-// bf16: wte = bf16(H + E), H as the micro-batches rounded it in
-// (DataParallel::fold_tied_lookup's sum at pp = 1). The embedding's rank
-// and the head's exchange H (as stored) and E.
-void PipelineExecutor::sum_tied_pair() {
-  if (!layout_.tied()) return;
-  const model::TensorSpec& wte = layout_.token_embedding();
-  const int64_t n = wte.numel();
-  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  auto table = [&](tensor::Storage& g) {
-    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
-  };
-  auto add = [&](void* h, const float* e) {  // h = h + e, as stored
-    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), e, n);
-    float* f = static_cast<float*>(h);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) f[i] = f[i] + e[i];
-  };
-  if (emb_rank_ == head_rank_) {
-    if (rank_ != emb_rank_) return;
-    Chunk& e = chunk_of_stage(0);
-    add(table(e.grads), e.lookup.f32());
-    std::memset(e.lookup.data(), 0, e.lookup.size());
-    return;
-  }
-  if (rank_ == emb_rank_) {
-    Chunk& e = chunk_of_stage(0);
-    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
-                                      head_rank_, kPairTag + 1);
-    void* g = table(e.grads);  // 0 here (the head is elsewhere): it takes H
-    setup_.pipe->recv(g, static_cast<size_t>(n), stored, head_rank_, kPairTag + 2);
-    s.wait();
-    add(g, e.lookup.f32());
-    std::memset(e.lookup.data(), 0, e.lookup.size());
-  }
-  if (rank_ == head_rank_) {
-    std::vector<float> other(static_cast<size_t>(n));
-    for (auto& c : chunks_) {
-      if (!c->replica()) continue;
-      void* h = table(c->rep_grads);
-      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), stored, emb_rank_, kPairTag + 2);
-      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
-      s.wait();
-      add(h, other.data());
-    }
-  }
-}
-
-// The data group's sum of stored gradients: fp32 in place; bf16 over the
-// wire in bf16, or (parallel.reduce_dtype fp32) widened unit by unit into
-// an f32 staging buffer, summed, and rounded back, as DataParallel does.
-void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
-  const int64_t n = layout_.unit_offset(last + 1) - layout_.unit_offset(first);
-  if (!bf16_) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
-    return;
-  }
-  if (setup_.reduce_bf16) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
-    return;
-  }
-  auto* g = static_cast<uint16_t*>(grads);
-  for (int u = first; u <= last; ++u) {
-    const int64_t k = layout_.unit_numel(u);
-    ops::bf16_to_f32(staging_.f32(), g, k);
-    setup_.data->allreduce(staging_.f32(), static_cast<size_t>(k), DType::kF32, comm::ReduceOp::kSum);
-    ops::f32_to_bf16(g, staging_.f32(), k);
-    g += k;
-  }
-}
-
-// defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
-// kept until the step.
-void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
-  std::memcpy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
-  std::memcpy(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
-}
-
-// defer_lookup: every data rank's last lookup rows, added into the reduced
-// token (and position) table in rank order, as DataParallel adds them at
-// pp = 1; a tied head elsewhere gets the gathered rows and adds them the
-// same way into its copy.
-void PipelineExecutor::add_lookup_tail() {
-  if (!setup_.defer_lookup || rows_all_.size() == 0) return;
-  const int64_t C = config_.n_embd, T = setup_.T, B = setup_.micro * setup_.dp;
-  const auto count = static_cast<size_t>(B * T);
-  const model::TensorSpec* pos = layout_.position_embedding();
-  float* wpe = nullptr;
-  float* wte = nullptr;
-  if (rank_ == emb_rank_) {
-    float* g = chunk_of_stage(0).grads.f32();
-    wte = g + layout_.token_embedding().offset;
-    wpe = pos != nullptr ? g + pos->offset : nullptr;
-    setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
-                            DType::kI32);
-    setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float),
-                            DType::kF32);
-    if (emb_rank_ != head_rank_ && layout_.tied()) {
-      setup_.pipe->send(tokens_all_.data(), count, DType::kI32, head_rank_, kPairTag + 6);
-      setup_.pipe->send(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, head_rank_,
-                        kPairTag + 7);
-    }
-  } else {  // the tied head's replica of the table
-    for (auto& c : chunks_)
-      if (c->replica()) wte = c->rep_grads.f32() + layout_.token_embedding().offset;
-    setup_.pipe->recv(tokens_all_.data(), count, DType::kI32, emb_rank_, kPairTag + 6);
-    setup_.pipe->recv(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, emb_rank_,
-                      kPairTag + 7);
-  }
-  PO_ASSERT(wte != nullptr, "pipeline rank ", rank_, ": deferred lookup rows without a table");
-  ops::embedding_backward_slice(wte, wpe, rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B,
-                                T, C, layout_.vocab_begin(), layout_.vocab_real());
-}
-
-double PipelineExecutor::step(double lr) {
-  // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
-  vocab_gather_grads();
-  // The tied table's two parts: fp32 adds them on each data rank before the
-  // data group's sum, as the one-stage model adds E before its reduction;
-  // bf16 sums each part over the replicas first, then the pair (so both
-  // copies add the same reduced H and E).
-  if (!bf16_) sum_tied_pair();
-  if (setup_.data != nullptr) {
-    for (auto& c : chunks_) {
-      allreduce_grads(c->grads.data(), c->first, c->last);
-      if (bf16_ && c->lookup.size() > 0)
-        setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
-                               comm::ReduceOp::kSum);
-      if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
-    }
-  }
-  if (bf16_) sum_tied_pair();
-  add_lookup_tail();
-  // The norm: per unit, over the tensor group, then over the stages.
-  std::vector<std::pair<int64_t, int64_t>> uncounted;
-  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
-    uncounted = layout_.replicated_ranges();
-    std::sort(uncounted.begin(), uncounted.end());
-  }
-  std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
-  for (auto& c : chunks_)
-    for (int u = c->first; u <= c->last; ++u) {
-      SumOfSquares acc;
-      const int64_t at = layout_.unit_offset(u) - c->base;
-      if (bf16_)
-        add_counted_flat(acc, layout_.unit_offset(u), static_cast<const uint16_t*>(c->grads.data()) + at,
-                         layout_.unit_numel(u), uncounted);
-      else
-        add_counted_flat(acc, layout_.unit_offset(u), c->grads.f32() + at, layout_.unit_numel(u),
-                         uncounted);
-      sq[static_cast<size_t>(u)] = acc.total();
-    }
-  sum_units_over(sq, setup_.tensor);
-  sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0
-  const double norm = std::sqrt(sum_in_unit_order(sq));
-  const double clip = chunks_.front()->adam->clip_scale(norm);
-  for (auto& c : chunks_) {
-    update(*c, false, lr, clip);
-    if (c->replica()) update(*c, true, lr, clip);
-  }
-  vocab_refresh();
-  return norm;
-}
-
-// One AdamW step of a chunk's units (or of its replica of unit 0) from the
-// full reduced gradient, which starts the next step at zero. ZeRO-1: this
-// rank's shard of it is copied out, the shard of the parameters updated, and
-// the updated shards all-gathered unit by unit.
-void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
-  const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
-  optim::AdamW& adam = replica ? *c.rep_adam : *c.adam;
-  tensor::Storage& params = replica ? c.rep_params : c.params;
-  tensor::Storage& grads = replica ? c.rep_grads : c.grads;
-  if (bf16_) {
-    // The fp32 master (this rank's shard) takes the update from the bf16
-    // gradient, rounded into the stored parameters; ZeRO-1 gathers those.
-    auto* p16 = static_cast<uint16_t*>(params.data());
-    adam.apply_mixed((replica ? c.rep_master : c.master).f32(), static_cast<const uint16_t*>(grads.data()),
-                     false, p16, lr, clip);
-    int64_t at = 0;
-    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, p16 + at + sl.begin(i), p16 + at, DType::kBF16);
-  } else if (sl.ranks() == 1) {
-    adam.apply(params.f32(), grads.f32(), lr, clip);
-  } else {
-    float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
-    int64_t at = 0;  // unit i's first element in the buffers
-    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      std::memcpy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
-                  static_cast<size_t>(sl.owned(i)) * sizeof(float));
-    adam.apply(params.f32(), shard, lr, clip);
-    at = 0;
-    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
-  }
-  std::memset(grads.data(), 0, grads.size());
 }
 
 double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets) {

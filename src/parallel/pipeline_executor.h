@@ -65,8 +65,23 @@
 // same GEMMs and sums as one stage (vocab_head.h): the bits of pp = 1.
 // (fp32 and tp = 1; the trainer refuses the rest.)
 //
-// What it does not do (refused by the trainer): ZeRO 2-3 (gradients reduced
-// per micro-batch, while a stage's micro-batches arrive at different times).
+// ZeRO-2 (PipelineSetup::zero_stage = 2, pipeline_finalize.cc): each chunk
+// keeps only its shard of the gradient. Every unit's per-micro-batch f32
+// accumulator (the bf16 path's, for fp32 too) is reduce-scattered over the
+// data group into the shard as soon as that micro-batch's part is complete,
+// with UnitBuffers' arithmetic (add_block). Every rank of a stage's data
+// group runs the same action list, so the reduce-scatters of a unit come in
+// the same order on each, and in pp = 1's micro-batch order: the shards hold
+// pp = 1's ZeRO-2 bits, the norm is DataParallel's sharded one (its order).
+// The tied table is the exception: its lookup part E stays apart in f32
+// (reduced over the data group at the step) and is added to both copies'
+// shards once, H + E, where pp = 1's ZeRO-2 adds each micro-batch's E into
+// the same accumulator as its H (see docs/pipeline.md: equal to rounding,
+// not bit for bit, except bf16 on one data rank, which keeps E apart at
+// pp = 1 too).
+//
+// What it does not do (refused by the trainer): ZeRO-3 (parameters gathered
+// per use) and ZeRO-2 with the vocabulary-parallel head.
 #pragma once
 
 #include <cstdint>
@@ -98,9 +113,11 @@ struct PipelineSetup {
   model::ParallelOps* tp_ops = nullptr;       // the tensor group's collectives (null: tp = 1)
   model::TensorSplit split;
   bool tp_overlap = false;
-  // ZeRO: 0 (whole Adam state per chunk) or 1 (this rank's shard over the
-  // data group). `dp` is the data group's size (predict() reads it when
-  // `data` is null).
+  // ZeRO: 0 (whole Adam state per chunk), 1 (this rank's shard over the
+  // data group) or 2 (also the gradient: each micro-batch's part of a unit is
+  // reduce-scattered into this rank's shard as soon as it is complete, from
+  // an f32 accumulator, as DataParallel does at pp = 1). `dp` is the data
+  // group's size (predict() reads it when `data` is null).
   int zero_stage = 0;
   int dp = 1;
   // bf16 stages (train.precision = "bf16"): parameters and gradients stored
@@ -121,7 +138,7 @@ struct PipelineSetup {
 // bf16: there the one-stage run rounds each micro-batch's lookup rows into
 // the bf16 gradient together with the head's part, a sum a stage split
 // could only repeat by exchanging the pair every micro-batch.
-bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16);
+bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16, int zero_stage);
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
 // the step's start).
@@ -288,6 +305,25 @@ class PipelineExecutor {
   static optim::PagedAdamState::Field paged_field(State kind);
   float* field_in_memory(Chunk& c, bool replica, State kind);
   void allreduce_grads(void* grads, int first, int last);
+  // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for
+  // chunk c (its own units; unit 0 of a tied head: the replica's, or the
+  // embedding chunk's on the same rank), the reduce-scatter of one
+  // micro-batch's accumulator into it, the tied pair's sum over the shards
+  // and the shards' global norm in DataParallel's order.
+  struct GradShard {
+    tensor::Storage* grads;
+    const ShardLayout* layout;
+    int index;  // of the unit in `layout`
+  };
+  GradShard grad_shard_of(Chunk& c, int u);
+  void reduce_into_shard(Chunk& c, int u, float* acc);
+  void sum_tied_shards();
+  double step_zero2(double lr);
+  double shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
+  int64_t acc_numel(int u) const;  // an accumulator's floats (ZeRO-2 at dp > 1: padded)
+  bool zero2_ = false;       // setup_.zero_stage == 2
+  bool accumulate_ = false;  // per-micro-batch f32 accumulators: bf16 or ZeRO-2
+  tensor::Storage rs_send_, rs_recv_;  // ZeRO-2: a bf16 send block, a receive block
   // bf16 (see pipeline_executor.cc): widened parameters, f32 accumulators.
   struct Acc {
     float* buf = nullptr;

@@ -1,7 +1,8 @@
 // The pipeline executor's state, by part, for its own files only:
 // pipeline_executor.cc (the chunks and the step's actions), pipeline_vocab.cc
-// (the vocabulary-parallel head's state, VocabPart) and pipeline_memory.cc
-// (the memory it holds, and predicts from the schedule alone).
+// (the vocabulary-parallel head's state, VocabPart), pipeline_memory.cc
+// (the memory it holds, and predicts from the schedule alone) and
+// pipeline_finalize.cc (the step's end).
 #pragma once
 
 #include <chrono>
@@ -41,6 +42,7 @@ inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int la
 }
 
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
+inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 
 // defer_lookup's rows on `rank` (each C floats and a token): the
 // embedding's rank keeps its last micro-batch's and gathers every data

@@ -1,11 +1,16 @@
 // The memory a pipeline rank holds and pages, and what it will hold from the
 // configuration and the schedule alone (pipeline_executor.h: predict, the
-// planner's pipeline layouts).
+// planner's pipeline layouts); a unit's state read and written wherever it
+// lives (in memory or pages, sharded or whole: checkpoints).
 #include <algorithm>
 #include <map>
 #include <numeric>
 #include <set>
 
+#include <cstring>
+#include <vector>
+
+#include "backend/ops.h"
 #include "core/error.h"
 #include "optim/adamw.h"
 
@@ -13,6 +18,7 @@
 #include "parallel/pipeline_executor_state.h"
 
 namespace po::parallel {
+namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
 PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
@@ -30,7 +36,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   // Per chunk: the most slots and deferred works held at once, replayed.
   std::map<int, int> held, slots, queued, works;
   int64_t live = 0, peak = 0, posted = 0;
-  int64_t acc_live = 0, acc_peak = 0;  // bf16: deferred blocks' accumulators
+  int64_t acc_live = 0, acc_peak = 0;  // bf16, ZeRO-2: deferred blocks' accumulators
   int64_t vocab_live = 0, vocab_peak = 0;  // vocabulary parallel: micro-batches from S to T
   const int head_rank = s.rank_of(S - 1);
   auto blocks_of = [&](int stage) {
@@ -130,13 +136,22 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   }
   m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
   const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
-  // Adam (bf16: and the master) over the ZeRO-1 shard, padded; fp32 ZeRO-1
+  // Adam (bf16: and the master) over the ZeRO 1-2 shard, padded; fp32 ZeRO-1
   // also copies out the reduced gradient's shard, and gathers through a send
-  // block + ranks receive blocks of the largest unit's stride. bf16 stores
-  // parameters and gradients in 2 bytes, widens and accumulates in buffers
-  // of unit 0 and of the largest other unit, and stages a unit's f32 sum.
-  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  // block + ranks receive blocks of the largest unit's stride; ZeRO-2 keeps
+  // only the gradient's shard. bf16 stores parameters and gradients in 2
+  // bytes, widens in buffers of unit 0 and of the largest other unit, and
+  // stages a unit's f32 sum; bf16 and ZeRO-2 accumulate each micro-batch in
+  // f32 buffers of those two kinds (ZeRO-2 at dp > 1: padded to ranks ×
+  // stride) and ZeRO-2 reduce-scatters through a receive block (and a bf16
+  // send block) of the largest unit's stride.
+  const bool z2 = setup.zero_stage == 2;
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const size_t esz = setup.bf16 ? 2 : 4;
+  auto padded = [&](int64_t n) { return z2 ? (n + zr - 1) / zr * zr : n; };
+  auto shard_numel = [&](int first, int last) {
+    return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
+  };
   int64_t n0_used = 0, other = 0, largest = 0;  // largest: of the units held, a replica's included
   for (int stage : stages) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
@@ -148,12 +163,12 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     }
     if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
     m.params += n * esz;
-    m.grads += n * esz;
+    m.grads += (z2 ? shard_numel(first, last) : n) * esz;
     if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       m.params += n0 * esz;
-      m.grads += n0 * esz;
+      m.grads += (z2 ? shard_numel(0, 0) : n0) * esz;
       largest = std::max(largest, layout.unit_numel(0));
     }
     // (vocabulary parallel: the last stage's first slot alone has logits)
@@ -170,13 +185,20 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   for (int64_t n : adam_numels(config, setup, rank)) {
     m.adam += 2 * static_cast<size_t>(n) * f;
     if (setup.bf16) m.master += static_cast<size_t>(n) * f;
-    if (zr > 1 && !setup.bf16) m.grads += static_cast<size_t>(n) * f;
+    if (zr > 1 && !setup.bf16 && !z2) m.grads += static_cast<size_t>(n) * f;
   }
   if (zr > 1) m.buffers += static_cast<size_t>((largest + zr - 1) / zr * (1 + zr)) * f;
   if (setup.bf16) {
-    m.buffers += static_cast<size_t>(2 * (n0_used + other)) * f;
-    if (setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
-    m.w_queue += static_cast<size_t>(acc_peak * layout.unit_numel(1)) * f;
+    m.buffers += static_cast<size_t>(n0_used + other) * f;
+    if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
+  }
+  if (setup.bf16 || z2) {
+    m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * f;
+    m.w_queue += static_cast<size_t>(acc_peak * padded(layout.unit_numel(1))) * f;
+  }
+  if (z2 && zr > 1) {
+    const auto stride = static_cast<size_t>((largest + zr - 1) / zr);
+    m.buffers += setup.reduce_bf16 ? stride * static_cast<size_t>(zr + 1) * 2 : stride * f;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
     m.buffers += static_cast<size_t>(lookup_tail_rows(setup, layout, rank, all) * (c.n_embd + 1)) * f;
@@ -218,7 +240,7 @@ std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfi
   const model::Layout layout(config.resolved(), setup.split);
   const pipeline::Schedule& s = setup.schedule;
   const int head = layout.head_unit();
-  const int zr = setup.zero_stage == 1 ? setup.dp : 1;
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   std::vector<int64_t> out;
   for (int stage : s.stages_of(rank)) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
@@ -280,6 +302,74 @@ memory::PagerStats PipelineExecutor::take_paging_stats() {
   return sum;
 }
 
+// Elements [offset, offset + n) of Adam m, v or (bf16 parameters) the fp32
+// master, in state coordinates, out of and into memory or the pages.
+void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
+                                  float* dst) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (a.paged()) return a.paged_state()->copy_out(paged_field(kind), offset, n, dst);
+  std::memcpy(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
+}
+
+void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
+                                   const float* src) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (a.paged()) return a.paged_state()->copy_in(paged_field(kind), offset, n, src);
+  std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+optim::PagedAdamState::Field PipelineExecutor::paged_field(State kind) {
+  using F = optim::PagedAdamState::Field;
+  return kind == State::kAdamM ? F::kM : kind == State::kAdamV ? F::kV : F::kMaster;
+}
+
+float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
+  optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (kind == State::kAdamM) return a.m();
+  if (kind == State::kAdamV) return a.v();
+  return (replica ? c.rep_master : c.master).f32();
+}
+
+void PipelineExecutor::read_unit(State kind, int u, float* dst) {
+  const auto n = static_cast<size_t>(layout_.unit_numel(u));
+  if (kind == State::kParams && !bf16_) {
+    std::memcpy(dst, unit_params(u), n * sizeof(float));
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->holds(u)) continue;
+    const ShardLayout& sl = *c->shard;
+    const int i = u - c->first;
+    if (sl.ranks() == 1) {
+      read_field(*c, false, kind, sl.local_offset(i), sl.unit_numel(i), dst);
+      return;
+    }
+    std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
+    read_field(*c, false, kind, sl.local_offset(i), sl.owned(i), mine.data());
+    gather_unit(sl, i, mine.data(), dst, DType::kF32);
+    return;
+  }
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
+void PipelineExecutor::write_unit(State kind, int u, const float* src) {
+  const auto n = layout_.unit_numel(u);
+  if (kind == State::kParams && !bf16_) {
+    std::memcpy(unit_params(u), src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->holds(u)) continue;
+    const ShardLayout& sl = *c->shard;
+    const int i = u - c->first;
+    write_field(*c, false, kind, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+    // bf16: the stored parameters are the master's rounding (the whole unit).
+    if (kind == State::kParams) ops::f32_to_bf16(static_cast<uint16_t*>(stored_unit(u)), src, n);
+    return;
+  }
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
 PipelineExecutor::Memory PipelineExecutor::memory() const {
   Memory m;
   for (const auto& c : chunks_) {
@@ -296,7 +386,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
               gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
-              staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
+              staging_.size() + rs_send_.size() + rs_recv_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
               tokens_all_.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {

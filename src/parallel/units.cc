@@ -374,22 +374,28 @@ void UnitBuffers::add_reduced(int u, const void* block, bool final) {
     paged_.add(u, block, block_bf16 ? DType::kBF16 : DType::kF32, final);
     return;
   }
-  if (options_.grad_dtype == DType::kF32) {
-    float* dst = static_cast<float*>(grad_shard_) + off;
+  add_block(static_cast<char*>(grad_shard_) + off * static_cast<int64_t>(tensor::dtype_size(options_.grad_dtype)),
+            options_.grad_dtype, block, block_bf16 ? DType::kBF16 : DType::kF32, n);
+}
+
+void add_block(void* dst, DType dst_dtype, const void* block, DType block_dtype, int64_t n) {
+  const bool block_bf16 = block_dtype == DType::kBF16;
+  if (dst_dtype == DType::kF32) {
+    float* d = static_cast<float*>(dst);
     if (block_bf16) {
       const auto* b = static_cast<const uint16_t*>(block);
-      for (int64_t i = 0; i < n; ++i) dst[i] += core::bf16_to_f32(core::bf16{b[i]});
+      for (int64_t i = 0; i < n; ++i) d[i] += core::bf16_to_f32(core::bf16{b[i]});
     } else {
       const auto* b = static_cast<const float*>(block);
-      for (int64_t i = 0; i < n; ++i) dst[i] += b[i];
+      for (int64_t i = 0; i < n; ++i) d[i] += b[i];
     }
     return;
   }
-  uint16_t* dst = static_cast<uint16_t*>(grad_shard_) + off;
+  auto* d = static_cast<uint16_t*>(dst);
   if (block_bf16)
-    ops::bf16_add_bf16(dst, static_cast<const uint16_t*>(block), n);
+    ops::bf16_add_bf16(d, static_cast<const uint16_t*>(block), n);
   else
-    ops::bf16_add_f32(dst, static_cast<const float*>(block), n);
+    ops::bf16_add_f32(d, static_cast<const float*>(block), n);
 }
 
 void UnitBuffers::complete_front() {

@@ -40,11 +40,11 @@ parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Lay
 
 namespace detail {
 
-// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-1, in memory or paged, cp = 1).
+// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-2, in memory or paged, cp = 1).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 1 && l.flash_attention &&
+  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 2 && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
@@ -69,7 +69,7 @@ void pipeline_engine_memory(Plan& p) {
   s.dp = l.dp;
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
-  s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.bf16);
+  s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.bf16, l.zero_stage);
   parallel::PipelineExecutor::Memory busiest;
   int at = 0;
   for (int r = 0; r < l.pp; ++r) {
@@ -81,14 +81,15 @@ void pipeline_engine_memory(Plan& p) {
   }
   p.memory.clear();
   const std::string note = core::str_cat("pipeline rank ", at, ", the executor's accounting");
+  const std::string shard = core::str_cat("this rank's ZeRO-", l.zero_stage, " shard");
   add_memory(p, "parameters", static_cast<double>(busiest.params), Tier::kCompute, note);
   add_memory(p, "gradients", static_cast<double>(busiest.grads), Tier::kCompute,
              "incl. the tied table's lookup part / replica");
   if (!l.paging) {
     add_memory(p, "fp32 master weights", static_cast<double>(busiest.master), Tier::kCompute,
-               l.zero_stage == 1 ? "this rank's ZeRO-1 shard" : "");
+               l.zero_stage >= 1 ? shard : "");
     add_memory(p, "Adam m, v", static_cast<double>(busiest.adam), Tier::kCompute,
-               l.zero_stage == 1 ? "this rank's ZeRO-1 shard" : "");
+               l.zero_stage >= 1 ? shard : "");
   } else {
     // Paged as the trainer pages them: the budget is checked against the
     // rank that needs the most; each rank's pages not in the compute tier go
@@ -120,7 +121,7 @@ void pipeline_engine_memory(Plan& p) {
     add_memory(p, "pages (compute tier)", frames * page, Tier::kCompute,
                core::str_cat(static_cast<int64_t>(frames), " of ", static_cast<int64_t>(pages),
                              " pages of Adam m, v", l.bf16 ? " and the fp32 master" : "",
-                             l.zero_stage == 1 ? " (the ZeRO-1 shard)" : ""));
+                             l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
     add_memory(p, "pages (host tier)", host * page, Tier::kHost);
     add_memory(p, "pages (NVMe)", (pages - frames - host) * page, Tier::kNvme);
     if (pages - frames - host > 0 && !l.nvme) {

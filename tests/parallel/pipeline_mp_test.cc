@@ -324,10 +324,12 @@ std::vector<float> held_state(PipelineExecutor& ex) {
 }
 
 // dp 2 × tp 2 × pp 2 (8 processes) against one process, 20 steps, 1f1b and
-// zbv, at ZeRO 0 and 1: the reduction orders of dp and tp differ from one
+// zbv, at ZeRO 0, 1 and 2: the reduction orders of dp and tp differ from one
 // process's, so within 1e-5 (relative, per step's loss). ZeRO-1 gives
-// ZeRO-0's bits (the update is element-wise on the same reduced gradient),
-// and its memory is predict()'s. At 4 processes the same for dp 2 × pp 2.
+// ZeRO-0's bits (the update is element-wise on the same reduced gradient);
+// ZeRO-2 sums each micro-batch's gradient over the data group (its own
+// order) and holds only its shard of the gradient. Every layout's memory
+// is predict()'s. At 4 processes the same for dp 2 × pp 2.
 TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
   if (world().size() != 8 && world().size() != 4) GTEST_SKIP() << "runs at 4 and 8 ranks";
   const TransformerConfig c = gpt2();
@@ -348,7 +350,8 @@ TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
   for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZbV}) {
     std::vector<float> zero0_state;
     std::vector<double> zero0_norms;
-    for (int zero : {0, 1}) {
+    size_t zero0_grads = 0;
+    for (int zero : {0, 1, 2}) {
       const std::string what = std::string(pipeline::schedule_name(kind)) + " dp2×tp" +
                                std::to_string(tp) + "×pp2 ZeRO-" + std::to_string(zero);
       PipelineSetup s = setup_for(c, kind, 2, m, pipe.get());
@@ -385,7 +388,13 @@ TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
       EXPECT_EQ(got.grads, want.grads) << what << ": gradient bytes on pipeline rank " << ex.rank();
       EXPECT_EQ(got.total(), want.total()) << what << ": bytes on pipeline rank " << ex.rank();
       const std::vector<float> state = held_state(ex);
+      if (zero == 2) {
+        EXPECT_LT(got.grads, zero0_grads) << what << ": the gradient is not sharded (ZeRO-0 holds "
+                                          << zero0_grads << " bytes)";
+        continue;
+      }
       if (zero == 0) {
+        zero0_grads = got.grads;
         zero0_state = state;
         zero0_norms = norms;
         continue;

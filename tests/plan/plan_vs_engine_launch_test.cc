@@ -291,6 +291,8 @@ const Case kPipelineCases[] = {
     {"pp2_tp2_gpipe_bf16_sp", 1, "parallel.pp=2 parallel.tp=2 parallel.schedule=gpipe train.precision=bf16 parallel.sequence_parallel=true"},
     {"llama_pp2_zbv_vocab_m3", 1, "model.n_layer=4 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true train.batch_size=6"},
     {"pp2_1f1b_s1_paged_nvme", 1, "parallel.pp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
+    {"dp2_pp2_zbh1_s2_bf16_wire16", 2, "parallel.pp=2 parallel.schedule=zb-h1 parallel.zero_stage=2 train.precision=bf16 parallel.reduce_dtype=bf16"},
+    {"dp2_pp2_zbv_s2_fp32_paged_nvme", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=2 memory.page_size=16KiB", true},
 };
 
 class PlanVsPipeline : public PlanVsEngine {};

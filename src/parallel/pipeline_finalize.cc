@@ -1,0 +1,368 @@
+// The end of a pipeline step (pipeline_executor.h): the tied pair's two
+// parts, the data group's reductions (ZeRO 0-1: the whole gradient at the
+// step; ZeRO-2: each micro-batch's into the shards as it completes), the one
+// global norm in the order of pp = 1, clipping and the update.
+#include "parallel/pipeline_executor.h"
+#include "parallel/pipeline_executor_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grad_norm.h"
+#include "parallel/units.h"
+
+namespace po::parallel {
+namespace ops = po::backend::cpu;
+using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
+
+// The tied table: H (the head's, in the replica or the embedding chunk's
+// own gradient) plus E (the lookups', f32), the same sum on both copies;
+// bf16: wte = bf16(H + E), H as the micro-batches rounded it in
+// (DataParallel::fold_tied_lookup's sum at pp = 1). The embedding's rank
+// and the head's exchange H (as stored) and E.
+void PipelineExecutor::sum_tied_pair() {
+  if (!layout_.tied()) return;
+  const model::TensorSpec& wte = layout_.token_embedding();
+  const int64_t n = wte.numel();
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  auto table = [&](tensor::Storage& g) {
+    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
+  };
+  auto add = [&](void* h, const float* e) {  // h = h + e, as stored
+    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), e, n);
+    float* f = static_cast<float*>(h);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) f[i] = f[i] + e[i];
+  };
+  if (emb_rank_ == head_rank_) {
+    if (rank_ != emb_rank_) return;
+    Chunk& e = chunk_of_stage(0);
+    add(table(e.grads), e.lookup.f32());
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+    return;
+  }
+  if (rank_ == emb_rank_) {
+    Chunk& e = chunk_of_stage(0);
+    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
+                                      head_rank_, kPairTag + 1);
+    void* g = table(e.grads);  // 0 here (the head is elsewhere): it takes H
+    setup_.pipe->recv(g, static_cast<size_t>(n), stored, head_rank_, kPairTag + 2);
+    s.wait();
+    add(g, e.lookup.f32());
+    std::memset(e.lookup.data(), 0, e.lookup.size());
+  }
+  if (rank_ == head_rank_) {
+    std::vector<float> other(static_cast<size_t>(n));
+    for (auto& c : chunks_) {
+      if (!c->replica()) continue;
+      void* h = table(c->rep_grads);
+      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), stored, emb_rank_, kPairTag + 2);
+      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
+      s.wait();
+      add(h, other.data());
+    }
+  }
+}
+
+// The data group's sum of stored gradients: fp32 in place; bf16 over the
+// wire in bf16, or (parallel.reduce_dtype fp32) widened unit by unit into
+// an f32 staging buffer, summed, and rounded back, as DataParallel does.
+void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
+  const int64_t n = layout_.unit_offset(last + 1) - layout_.unit_offset(first);
+  if (!bf16_) {
+    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
+    return;
+  }
+  if (setup_.reduce_bf16) {
+    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
+    return;
+  }
+  auto* g = static_cast<uint16_t*>(grads);
+  for (int u = first; u <= last; ++u) {
+    const int64_t k = layout_.unit_numel(u);
+    ops::bf16_to_f32(staging_.f32(), g, k);
+    setup_.data->allreduce(staging_.f32(), static_cast<size_t>(k), DType::kF32, comm::ReduceOp::kSum);
+    ops::f32_to_bf16(g, staging_.f32(), k);
+    g += k;
+  }
+}
+
+// defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
+// kept until the step.
+void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
+  std::memcpy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
+  std::memcpy(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
+}
+
+// defer_lookup: every data rank's last lookup rows, added into the reduced
+// token (and position) table in rank order, as DataParallel adds them at
+// pp = 1; a tied head elsewhere gets the gathered rows and adds them the
+// same way into its copy.
+void PipelineExecutor::add_lookup_tail() {
+  if (!setup_.defer_lookup || rows_all_.size() == 0) return;
+  const int64_t C = config_.n_embd, T = setup_.T, B = setup_.micro * setup_.dp;
+  const auto count = static_cast<size_t>(B * T);
+  const model::TensorSpec* pos = layout_.position_embedding();
+  float* wpe = nullptr;
+  float* wte = nullptr;
+  if (rank_ == emb_rank_) {
+    float* g = chunk_of_stage(0).grads.f32();
+    wte = g + layout_.token_embedding().offset;
+    wpe = pos != nullptr ? g + pos->offset : nullptr;
+    setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
+                            DType::kI32);
+    setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float),
+                            DType::kF32);
+    if (emb_rank_ != head_rank_ && layout_.tied()) {
+      setup_.pipe->send(tokens_all_.data(), count, DType::kI32, head_rank_, kPairTag + 6);
+      setup_.pipe->send(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, head_rank_,
+                        kPairTag + 7);
+    }
+  } else {  // the tied head's replica of the table
+    for (auto& c : chunks_)
+      if (c->replica()) wte = c->rep_grads.f32() + layout_.token_embedding().offset;
+    setup_.pipe->recv(tokens_all_.data(), count, DType::kI32, emb_rank_, kPairTag + 6);
+    setup_.pipe->recv(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, emb_rank_,
+                      kPairTag + 7);
+  }
+  PO_ASSERT(wte != nullptr, "pipeline rank ", rank_, ": deferred lookup rows without a table");
+  ops::embedding_backward_slice(wte, wpe, rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B,
+                                T, C, layout_.vocab_begin(), layout_.vocab_real());
+}
+
+double PipelineExecutor::step(double lr) {
+  if (zero2_) return step_zero2(lr);
+  // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
+  vocab_gather_grads();
+  // The tied table's two parts: fp32 adds them on each data rank before the
+  // data group's sum, as the one-stage model adds E before its reduction;
+  // bf16 sums each part over the replicas first, then the pair (so both
+  // copies add the same reduced H and E).
+  if (!bf16_) sum_tied_pair();
+  if (setup_.data != nullptr) {
+    for (auto& c : chunks_) {
+      allreduce_grads(c->grads.data(), c->first, c->last);
+      if (bf16_ && c->lookup.size() > 0)
+        setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
+                               comm::ReduceOp::kSum);
+      if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
+    }
+  }
+  if (bf16_) sum_tied_pair();
+  add_lookup_tail();
+  // The norm: per unit, over the tensor group, then over the stages.
+  std::vector<std::pair<int64_t, int64_t>> uncounted;
+  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
+    uncounted = layout_.replicated_ranges();
+    std::sort(uncounted.begin(), uncounted.end());
+  }
+  std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
+  for (auto& c : chunks_)
+    for (int u = c->first; u <= c->last; ++u) {
+      SumOfSquares acc;
+      const int64_t at = layout_.unit_offset(u) - c->base;
+      if (bf16_)
+        add_counted_flat(acc, layout_.unit_offset(u), static_cast<const uint16_t*>(c->grads.data()) + at,
+                         layout_.unit_numel(u), uncounted);
+      else
+        add_counted_flat(acc, layout_.unit_offset(u), c->grads.f32() + at, layout_.unit_numel(u),
+                         uncounted);
+      sq[static_cast<size_t>(u)] = acc.total();
+    }
+  sum_units_over(sq, setup_.tensor);
+  sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0
+  const double norm = std::sqrt(sum_in_unit_order(sq));
+  const double clip = chunks_.front()->adam->clip_scale(norm);
+  for (auto& c : chunks_) {
+    update(*c, false, lr, clip);
+    if (c->replica()) update(*c, true, lr, clip);
+  }
+  vocab_refresh();
+  return norm;
+}
+
+// One AdamW step of a chunk's units (or of its replica of unit 0) from the
+// full reduced gradient, which starts the next step at zero. ZeRO-1: this
+// rank's shard of it is copied out, the shard of the parameters updated, and
+// the updated shards all-gathered unit by unit.
+void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
+  const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
+  optim::AdamW& adam = replica ? *c.rep_adam : *c.adam;
+  tensor::Storage& params = replica ? c.rep_params : c.params;
+  tensor::Storage& grads = replica ? c.rep_grads : c.grads;
+  if (bf16_) {
+    // The fp32 master (this rank's shard) takes the update from the bf16
+    // gradient (ZeRO-2: its shard), rounded into the stored parameters;
+    // ZeRO 1-2 gather those.
+    auto* p16 = static_cast<uint16_t*>(params.data());
+    adam.apply_mixed((replica ? c.rep_master : c.master).f32(), static_cast<const uint16_t*>(grads.data()),
+                     zero2_, p16, lr, clip);
+    int64_t at = 0;
+    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      gather_unit(sl, i, p16 + at + sl.begin(i), p16 + at, DType::kBF16);
+  } else if (sl.ranks() == 1 || zero2_) {  // (ZeRO-2: the gradient is this rank's shard)
+    adam.apply(params.f32(), grads.f32(), lr, clip);
+    int64_t at = 0;
+    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
+  } else {
+    float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
+    int64_t at = 0;  // unit i's first element in the buffers
+    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      std::memcpy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
+                  static_cast<size_t>(sl.owned(i)) * sizeof(float));
+    adam.apply(params.f32(), shard, lr, clip);
+    at = 0;
+    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
+      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
+  }
+  std::memset(grads.data(), 0, grads.size());
+}
+
+
+// ZeRO-2 (sharded over dp > 1): a unit's accumulator is padded to ranks ×
+// stride, the blocks a reduce-scatter sends.
+int64_t PipelineExecutor::acc_numel(int u) const {
+  const int64_t n = layout_.unit_numel(u);
+  if (!zero2_ || setup_.dp <= 1) return n;
+  const int64_t stride = (n + setup_.dp - 1) / setup_.dp;  // ShardLayout's
+  return stride * setup_.dp;
+}
+
+PipelineExecutor::GradShard PipelineExecutor::grad_shard_of(Chunk& c, int u) {
+  if (c.holds(u)) return {&c.grads, c.shard.get(), u - c.first};
+  PO_ASSERT(u == 0 && layout_.tied(), "pipeline chunk ", c.stage, ": unit ", u, " not held");
+  if (c.replica()) return {&c.rep_grads, c.rep_shard.get(), 0};
+  Chunk& e = chunk_of_stage(0);  // the embedding's chunk on this rank (zbv)
+  return {&e.grads, e.shard.get(), 0};
+}
+
+// One micro-batch's gradient of unit u (the f32 accumulator, padded) into
+// this rank's shard: summed over the data group by a reduce-scatter (in
+// parallel.reduce_dtype), then added as stored; with one data rank the
+// accumulator is the sum. UnitBuffers' arithmetic (add_block), so the
+// shards hold pp = 1's bits.
+void PipelineExecutor::reduce_into_shard(Chunk& c, int u, float* acc) {
+  const GradShard g = grad_shard_of(c, u);
+  const ShardLayout& sl = *g.layout;
+  const int64_t stride = sl.stride(g.index);
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  char* dst = static_cast<char*>(g.grads->data()) + static_cast<size_t>(sl.local_offset(g.index)) * stored_esz();
+  if (sl.ranks() == 1) return add_block(dst, stored, acc, DType::kF32, stride);
+  const DType wire = setup_.reduce_bf16 ? DType::kBF16 : DType::kF32;
+  const void* send = acc;
+  if (wire == DType::kBF16) {
+    ops::f32_to_bf16(static_cast<uint16_t*>(rs_send_.data()), acc, stride * sl.ranks());
+    send = rs_send_.data();
+  }
+  setup_.data->reduce_scatter(send, rs_recv_.data(), static_cast<size_t>(stride), wire, comm::ReduceOp::kSum);
+  add_block(dst, stored, rs_recv_.data(), wire, stride);
+}
+
+// ZeRO-2's tied pair: the head's part H sits in the head's shard of unit 0
+// (the replica's, or the embedding chunk's on the same rank), the lookup
+// part E (summed over the data group) in the embedding's f32 table. Both
+// copies' shards of the table become H + E, DataParallel::fold_tied_lookup's
+// sum: the embedding's rank takes H's part of its shard (there only E's
+// lookups went, apart), the head's rank E's part of it.
+void PipelineExecutor::sum_tied_shards() {
+  if (!layout_.tied()) return;
+  const bool emb = rank_ == emb_rank_, head = rank_ == head_rank_;
+  if (!emb && !head) return;
+  Chunk* e = emb ? &chunk_of_stage(0) : nullptr;
+  if (e != nullptr && setup_.data != nullptr)
+    setup_.data->allreduce(e->lookup.data(), e->lookup.size() / sizeof(float), DType::kF32,
+                           comm::ReduceOp::kSum);
+  const model::TensorSpec& wte = layout_.token_embedding();
+  const int64_t at = wte.offset - layout_.unit_offset(0), n = wte.numel();
+  const ShardLayout* rep = nullptr;
+  for (auto& c : chunks_)
+    if (c->replica()) rep = c->rep_shard.get();
+  const ShardLayout& sl = e != nullptr ? *e->shard : *rep;
+  const int64_t lo = std::max(at, sl.begin(0)), hi = std::min(at + n, sl.end(0));
+  if (hi <= lo) return;
+  const auto k = static_cast<size_t>(hi - lo);
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  auto table = [&](tensor::Storage& g) {  // the table's part of the shard (unit 0 is its first)
+    return static_cast<char*>(g.data()) + static_cast<size_t>(lo - sl.begin(0)) * stored_esz();
+  };
+  auto add_e = [&](void* h, const float* ev) {
+    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), ev, static_cast<int64_t>(k));
+    float* f = static_cast<float*>(h);
+    for (size_t i = 0; i < k; ++i) f[i] = f[i] + ev[i];
+  };
+  if (emb && head) return add_e(table(e->grads), e->lookup.f32() + (lo - at));
+  if (emb) {
+    const float* ev = e->lookup.f32() + (lo - at);
+    comm::Work s = setup_.pipe->isend(ev, k, DType::kF32, head_rank_, kPairTag + 1);
+    setup_.pipe->recv(table(e->grads), k, stored, head_rank_, kPairTag + 2);
+    s.wait();
+    add_e(table(e->grads), ev);
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->replica()) continue;
+    std::vector<float> ev(k);
+    comm::Work s = setup_.pipe->isend(table(c->rep_grads), k, stored, emb_rank_, kPairTag + 2);
+    setup_.pipe->recv(ev.data(), k, DType::kF32, emb_rank_, kPairTag + 1);
+    s.wait();
+    add_e(table(c->rep_grads), ev.data());
+  }
+}
+
+// The shards' global norm in DataParallel::sharded_grad_norm's order: each
+// unit's counted squares of this rank's shard (the pipeline group puts them
+// together), added in unit order; the data group's totals in rank order;
+// then the tensor group's.
+double PipelineExecutor::shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted) {
+  std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
+  for (auto& c : chunks_)
+    for (int u = c->first; u <= c->last; ++u) {
+      const ShardLayout& sl = *c->shard;
+      const int i = u - c->first;
+      const int64_t lo = layout_.unit_offset(u) + sl.begin(i);
+      SumOfSquares acc;
+      if (bf16_)
+        add_counted_flat(acc, lo, static_cast<const uint16_t*>(c->grads.data()) + sl.local_offset(i),
+                         sl.stride(i), uncounted);
+      else
+        add_counted_flat(acc, lo, c->grads.f32() + sl.local_offset(i), sl.stride(i), uncounted);
+      sq[static_cast<size_t>(u)] = acc.total();
+    }
+  sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0
+  double mine = 0;
+  for (double s : sq) mine += s;
+  for (comm::Communicator* group : {setup_.data, setup_.tensor}) {
+    if (group == nullptr) continue;
+    std::vector<double> all(static_cast<size_t>(group->size()));
+    group->all_gather(&mine, all.data(), 2, DType::kI32);  // doubles, bit-exact
+    mine = 0;
+    for (double s : all) mine += s;
+  }
+  return std::sqrt(mine);
+}
+
+double PipelineExecutor::step_zero2(double lr) {
+  sum_tied_shards();
+  std::vector<std::pair<int64_t, int64_t>> uncounted;
+  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
+    uncounted = layout_.replicated_ranges();
+    std::sort(uncounted.begin(), uncounted.end());
+  }
+  const double norm = shard_norm(uncounted);
+  const double clip = chunks_.front()->adam->clip_scale(norm);
+  for (auto& c : chunks_) {
+    update(*c, false, lr, clip);
+    if (c->replica()) update(*c, true, lr, clip);
+  }
+  for (auto& c : chunks_)
+    if (c->lookup.size() > 0) std::memset(c->lookup.data(), 0, c->lookup.size());
+  return norm;
+}
+
+}  // namespace po::parallel
