@@ -291,9 +291,10 @@ inline void expect_same_checkpoint(const std::string& a, const std::string& b, i
   EXPECT_EQ(ma.meta.tokens, mb.meta.tokens) << what;
   EXPECT_EQ(ma.meta.adam_t, mb.meta.adam_t) << what;
   // Equal bits are defined at equal threads per rank (kThreadsPerRank).
-  if (ma.meta.threads > 0 && mb.meta.threads > 0)
+  if (ma.meta.threads > 0 && mb.meta.threads > 0) {
     EXPECT_EQ(ma.meta.threads, mb.meta.threads)
         << what << ": the checkpoints were written at different threads per rank";
+  }
   ASSERT_EQ(ma.unit_numel, mb.unit_numel) << what << ": the checkpoints' units differ";
   ASSERT_EQ(ma.kinds, mb.kinds) << what << ": the checkpoints hold different state kinds";
   ASSERT_EQ(ma.meta.tensors.size(), mb.meta.tensors.size()) << what;

@@ -483,7 +483,6 @@ void Transformer::zero_grads() {
 }
 
 float* Transformer::tied_lookup_grads() {
-  if (lookup_target_ != nullptr) return lookup_target_;
   if (lookup_.data() == nullptr) {
     lookup_ = tensor::Storage(static_cast<size_t>(layout_.token_embedding().numel()) * sizeof(float));
     std::memset(lookup_.data(), 0, lookup_.size());

@@ -284,9 +284,13 @@ class Transformer {
   // own. With hooks holding the gradient (ZeRO-2/3, bf16 units) the lookup
   // rows go straight into grads(0), each micro-batch's whole.
   void set_accumulating(bool on) { accumulating_ = on; }
-  // Pipeline parallel: E goes into `target` (the token table's numel floats,
-  // accumulated, never added here) instead of the model's own buffer.
-  void set_tied_lookup_grads(float* target) { lookup_target_ = target; }
+  // Training (DataParallel, the pipeline's embedding stage): the tied
+  // table's lookup rows go to `sink` (rows [n, C], their tokens), deferred
+  // micro-batches' too, and nothing adds them here: the caller adds E once
+  // at the step (parallel/tied_pair.h). The position table's rows are
+  // added as ever.
+  using LookupSink = std::function<void(const float* rows, const int32_t* tokens, int64_t n)>;
+  void set_tied_lookup_rows(LookupSink sink) { lookup_sink_ = std::move(sink); }
   // Bytes of the model's own E accumulator (0 until the first lookup backward).
   size_t lookup_grads_bytes() const { return lookup_.size(); }
   // The bytes the model's own E takes for `config` at tp (0 untied).
@@ -538,7 +542,7 @@ class Transformer {
   void claim_region(size_t r);
   void claim_regions();
   tensor::Storage lookup_;           // the tied table's E (set_accumulating), allocated at first use
-  float* lookup_target_ = nullptr;   // set_tied_lookup_grads
+  LookupSink lookup_sink_;           // set_tied_lookup_rows
   float* tied_lookup_grads();
   void fold_tied_lookup();
   ParallelOps* pops_ = &NullParallelOps::instance();

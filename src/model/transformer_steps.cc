@@ -456,18 +456,21 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
 // Every rank adds the whole lookup gradient of its vocabulary slice and of
 // the positions, from every row: the position table's gradient needs no
 // reduction over the group even under sequence parallel.
-// A tied table's lookup rows go to their own accumulator (tied_lookup_grads)
-// unless hooks hold the gradient (they take each micro-batch's whole unit 0).
+// A tied table's lookup rows go to the caller's sink (set_tied_lookup_rows)
+// or, without one, to their own accumulator (tied_lookup_grads) unless hooks
+// hold the gradient (they take each micro-batch's whole unit 0).
 void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   emb_dout_ = gather_rows(dres_, full_, B_ * T_);
+  const bool sink = layout_.tied() && lookup_sink_;
+  if (sink) lookup_sink_(emb_dout_, tokens, B_ * T_);
   if (deferred) return;
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();
-  const bool apart = layout_.tied() && (lookup_target_ != nullptr || !hooks_.grads);
-  float* wte = apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
+  const bool apart = layout_.tied() && !hooks_.grads;
+  float* wte = sink ? nullptr : apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
   ops::embedding_backward_slice(wte, wpe != nullptr && cp_.size == 1 ? g0 + wpe->offset : nullptr,
                                 emb_dout_, tokens, B_, T_, config_.n_embd, layout_.vocab_begin(),
-                                layout_.vocab_real());
+                                sink ? 0 : layout_.vocab_real());  // (no row of a sunk table is held)
   if (wpe != nullptr && cp_.size > 1) position_grads(g0 + wpe->offset, emb_dout_);
 }
 

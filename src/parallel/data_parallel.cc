@@ -91,16 +91,13 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   // each row's local place, not at its position in the sequence.)
   defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2 &&
                      model.context_split().size == 1;
-  // bf16 on one rank: the tied table's lookup part E accumulates apart in
-  // f32 over the step (the model does not add it) and is added into the
-  // bf16 gradient once, at the step: wte = bf16(H + E), H the head's part as
-  // the micro-batches rounded it in (fold_tied_lookup). A pipeline's
-  // embedding and head stages add the pair the same way, wherever they are.
-  if (bf16() && group_ == nullptr && model.layout().tied() && model.whole()) {
-    tied_lookup_ = tensor::Storage(
-        static_cast<size_t>(model.layout().token_embedding().numel()) * sizeof(float));
-    std::memset(tied_lookup_.data(), 0, tied_lookup_.size());
-    model.set_tied_lookup_grads(tied_lookup_.f32());
+  // The tied table's lookup rows are kept for the step (tied_pair.h).
+  if (model.layout().tied() && model.whole()) {
+    const model::Layout& ml = model.layout();
+    rows_ = std::make_unique<LookupRows>(model.config().n_embd, ml.vocab_begin(), ml.vocab_real());
+    rows_->reserve(options_.micro_batches * model.batch() * model.seq_len());
+    model.set_tied_lookup_rows(
+        [this](const float* rows, const int32_t* tokens, int64_t n) { rows_->append(rows, tokens, n); });
   }
   if (group_ == nullptr || stage == 3) return;
 
@@ -208,30 +205,49 @@ void DataParallel::take_master() {
   }
 }
 
-// wte = bf16(H + E): the step's lookup part into the bf16 gradient (whole
-// at stages 0-1, the one rank's shard at 2-3, in pages when they hold it;
-// their norm then counts unit 0 again).
-void DataParallel::fold_tied_lookup() {
-  if (tied_lookup_.size() == 0) return;
-  const int64_t at = model_.layout().token_embedding().offset - model_.unit_offset(0);
-  const auto n = static_cast<int64_t>(tied_lookup_.size() / sizeof(float));
-  const float* e = tied_lookup_.f32();
+// wte = H + E (tied_pair.h): every data rank's lookup rows of the step added
+// once into the reduced gradient, as stored: whole at stages 0-1, this
+// rank's shard of it at 2-3 (in pages when they hold it; their norm then
+// counts unit 0 again).
+void DataParallel::add_tied_rows() {
+  if (!rows_) return;
+  rows_->gather(group_);
+  const model::Layout& ml = model_.layout();
+  const int64_t at = ml.token_embedding().offset - model_.unit_offset(0);  // in unit 0
+  const int64_t n = ml.token_embedding().numel();
+  const DType dtype = bf16() ? DType::kBF16 : DType::kF32;
   if (options_.zero_stage < 2) {
-    ops::bf16_add_f32(units_->full_grads() + model_.unit_offset(0) + at, e, n);
-  } else if (!paged_shards_) {
-    ops::bf16_add_f32(grad_bf16() + layout_.local_offset(0) + at, e, n);
-  } else {
-    optim::PagedAdamState& pg = *adam_->paged_state();
-    using F = optim::PagedAdamState::Field;
-    pg.update(F::kGrad, state_offset(0) + at, n, [&](void* p, int64_t first, int64_t count) {
-      ops::bf16_add_f32(static_cast<uint16_t*>(p), e + first, count);
-    });
-    std::vector<uint16_t> g(static_cast<size_t>(layout_.owned(0)));
-    pg.copy_out(F::kGrad, state_offset(0), layout_.owned(0), g.data());
-    unit_sq_[0] = {};
-    add_counted(unit_sq_[0], 0, 0, g.data(), layout_.owned(0));
+    void* g = bf16() ? static_cast<void*>(units_->full_grads() + ml.token_embedding().offset)
+                     : static_cast<void*>(model_.grads() + ml.token_embedding().offset);
+    rows_->add_into(g, dtype, 0, n);
+    rows_->clear();
+    return;
   }
-  std::memset(tied_lookup_.data(), 0, tied_lookup_.size());
+  // The table's elements in this rank's shard of unit 0: [lo, hi) of the unit.
+  const int64_t lo = std::max(at, layout_.begin(0)), hi = std::min(at + n, layout_.end(0));
+  const int64_t first = lo - layout_.begin(0);  // in the shard
+  if (hi > lo && !paged_shards_) {
+    const int64_t off = layout_.local_offset(0) + first;
+    void* g = bf16() ? static_cast<void*>(grad_bf16() + off) : static_cast<void*>(grad_f32() + off);
+    rows_->add_into(g, dtype, lo - at, hi - at);
+  } else if (hi > lo) {
+    adam_->paged_state()->update(optim::PagedAdamState::Field::kGrad, state_offset(0) + first, hi - lo,
+                                 [&](void* p, int64_t k, int64_t count) {
+                                   rows_->add_into(p, dtype, lo - at + k, lo - at + k + count);
+                                 });
+  }
+  rows_->clear();
+  if (!paged_shards_) return;
+  const auto owned = static_cast<size_t>(layout_.owned(0));
+  std::vector<float> g(bf16() ? 0 : owned);
+  std::vector<uint16_t> g16(bf16() ? owned : 0);
+  adam_->paged_state()->copy_out(optim::PagedAdamState::Field::kGrad, state_offset(0), layout_.owned(0),
+                                 bf16() ? static_cast<void*>(g16.data()) : static_cast<void*>(g.data()));
+  unit_sq_[0] = {};
+  if (bf16())
+    add_counted(unit_sq_[0], 0, 0, g16.data(), layout_.owned(0));
+  else
+    add_counted(unit_sq_[0], 0, 0, g.data(), layout_.owned(0));
 }
 
 int64_t DataParallel::state_offset(int u) const {
@@ -279,7 +295,6 @@ int64_t DataParallel::now_ns() {
 
 double DataParallel::step(double lr) {
   allocate_unpaged();  // for callers that never called shard_params() (stages 0-1)
-  if (options_.zero_stage < 2) fold_tied_lookup();
   comm_wait_s_ = 0;
   const int stage = options_.zero_stage;
   if (stage >= 2) return step_sharded_grads(lr);
@@ -297,19 +312,18 @@ double DataParallel::step(double lr) {
     pending_.clear();
     wait_end_ns_ = now_ns();
     if (defer_embedding_) {  // every rank adds every rank's lookup rows, in rank order
-      if (bf16()) {
-        add_lookup_rows_bf16();
-      } else {
-        const model::TensorSpec* pos = model_.layout().position_embedding();
-        const model::Layout& ml = model_.layout();
-        ops::embedding_backward_slice(
-            model_.grads() + ml.token_embedding().offset, pos ? model_.grads() + pos->offset : nullptr,
-            lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
-            model_.batch() * layout_.ranks(), model_.seq_len(), model_.config().n_embd,
-            ml.vocab_begin(), ml.vocab_real());
-      }
+      const model::Layout& ml = model_.layout();
+      const model::TensorSpec* pos = ml.position_embedding();
+      char* g = bf16() ? reinterpret_cast<char*>(units_->full_grads()) : reinterpret_cast<char*>(model_.grads());
+      auto at = [&](int64_t offset) { return g + static_cast<size_t>(offset) * param_esz(); };
+      add_deferred_lookup(rows_ ? nullptr : at(ml.token_embedding().offset),  // (tied: add_tied_rows)
+                          pos ? at(pos->offset) : nullptr, bf16() ? DType::kBF16 : DType::kF32,
+                          lookup_grads_.f32(), static_cast<const int32_t*>(lookup_tokens_.data()),
+                          model_.batch() * layout_.ranks(), model_.seq_len(), model_.config().n_embd,
+                          ml.vocab_begin(), ml.vocab_real());
     }
   }
+  add_tied_rows();
   if (early_ && lr_known_) {  // the pages not updated in the backward (at least unit 0's)
     PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
     const double norm = bf16() ? full_grad_norm(units_->full_grads()) : full_grad_norm(model_.grads());
@@ -359,7 +373,7 @@ double DataParallel::step_sharded_grads(double lr) {
   } leave{in_step_};
   units_->shard_params();
   units_->finish_grads();
-  fold_tied_lookup();
+  add_tied_rows();
   units_->drain_gathers();  // speculative ones read the shard about to change
   comm_wait_s_ = units_->take_wait_seconds();
   wait_end_ns_ = now_ns();
@@ -430,14 +444,6 @@ void DataParallel::gather_params() {
   finish_slot(1);
 }
 
-// The tied table's lookup part, accumulated apart: the model's (fp32 stages
-// 0-1) or ours (bf16 on one rank).
-double DataParallel::lookup_bytes() const {
-  const bool apart = (!bf16() && options_.zero_stage < 2) || (bf16() && group_ == nullptr);
-  if (!apart || !model_.whole()) return 0;
-  return static_cast<double>(model::Transformer::predicted_lookup_bytes(model_.config(), model_.tp_size()));
-}
-
 size_t DataParallel::predicted_model_state_bytes() const {
   const auto whole = static_cast<double>(model_.num_params());
   const auto shard = static_cast<double>(layout_.local_numel());
@@ -446,24 +452,24 @@ size_t DataParallel::predicted_model_state_bytes() const {
   double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
   bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
-  return static_cast<size_t>(bytes + lookup_bytes());
+  return static_cast<size_t>(bytes);
 }
 
 size_t DataParallel::predicted_grad_bytes() const {
   const auto whole = static_cast<double>(model_.num_params());
   const auto shard = static_cast<double>(layout_.local_numel());
   const int s = options_.zero_stage;
-  if (paged_shards_) return lookup_bytes();  // ZeRO-3 paged: the gradient shard lives in the pages
+  if (paged_shards_) return 0;  // ZeRO-3 paged: the gradient shard lives in the pages
   double bytes = (bf16() ? 2 : 4) * (s >= 2 ? shard : whole);
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
-  return static_cast<size_t>(bytes + lookup_bytes());
+  return static_cast<size_t>(bytes);
 }
 
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
   r.params = model_.params_bytes();
   // (fp32 stage 1 also holds a copy of its shard of the whole gradient.)
-  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size() + tied_lookup_.size();
+  r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size();
   r.master = master_.size();
   r.adam = adam_->state_bytes();
   if (adam_->paged()) {
@@ -479,7 +485,7 @@ MemoryReport DataParallel::memory() const {
     r.buckets += units_->accumulator_bytes();
   }
   for (const auto& p : pending_) r.buckets += p.staged.size();
-  r.buckets += lookup_tokens_.size() + lookup_grads_.size();
+  r.buckets += lookup_tokens_.size() + lookup_grads_.size() + (rows_ ? rows_->bytes() : 0);
   r.activations = model_.activation_bytes();
   return r;
 }

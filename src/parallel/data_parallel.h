@@ -35,14 +35,15 @@
 // all-gathered as doubles and added in rank order (the same value on every
 // rank, equal to the unsharded norm up to the order of the f32 sums).
 //
-// The tied embedding (stages 0 and 1, with overlap on): the LM-head part of
-// wte's gradient is final at the START of the backward, so unit 0 is reduced
-// from there on, and each rank's embedding-lookup rows (its [B*T, C] gradient
-// and its tokens) are all-gathered at the end and added on every rank in rank
-// order (GPT2::forward_backward's defer_embedding). bf16 on one rank (any
-// stage): the lookup part E accumulates apart in f32 over the step and is
-// added into the bf16 gradient once, wte = bf16(H + E) (fold_tied_lookup),
-// the sum a pipeline's embedding and head stages make the same way.
+// The embedding (stages 0 and 1, with overlap on): unit 0's other parts are
+// final at the START of the backward, so it is reduced from there on, and
+// the last micro-batch's embedding-lookup rows (its [B*T, C] gradient and
+// its tokens) are all-gathered at the end and added into the position table
+// (and an untied token table) on every rank in rank order (the model's
+// deferred embedding). A tied token table takes its lookup part E once, at
+// the step, from every micro-batch's rows of every rank, added into the
+// reduced head part H: wte = H + E (bf16: rounded once), at every stage and
+// on every layout the same sum (parallel/tied_pair.h, add_tied_rows).
 //
 // With no communicator (a single process) stages 0-2 are the plain step;
 // stage 3 runs its hooks over the one shard (a gather is a copy).
@@ -60,6 +61,7 @@
 #include "optim/adamw.h"
 #include "parallel/grad_norm.h"
 #include "parallel/shard_layout.h"
+#include "parallel/tied_pair.h"
 
 namespace po::parallel {
 
@@ -79,6 +81,9 @@ struct DataParallelOptions {
   // Paged: the model's dead activations are lent to the state pages' pager
   // as compute frames (memory.lend_activations; model::ActivationLender).
   bool lend_activations = true;
+  // Micro-batches a step: a tied table's lookup rows of a step are held in
+  // one buffer of that size from the start (0: it grows in the first step).
+  int64_t micro_batches = 0;
 };
 
 // Bytes this rank holds for model state and communication, by kind.
@@ -237,10 +242,8 @@ class DataParallel {
   double full_grad_norm(const T* grads);
   double step_sharded_grads(double lr);
   void take_master();
-  void fold_tied_lookup();
-  double lookup_bytes() const;
+  void add_tied_rows();
   void allocate_unpaged();
-  void add_lookup_rows_bf16();
   bool bf16() const { return options_.param_dtype == tensor::DType::kBF16; }
   size_t param_esz() const { return bf16() ? 2 : 4; }
   void* stored_params();  // the parameters as the update writes them (see step())
@@ -313,7 +316,7 @@ class DataParallel {
   // ([rows, C] f32), in the compute pool like every other buffer.
   size_t lookup_rows_ = 0;
   tensor::Storage lookup_tokens_, lookup_grads_;
-  tensor::Storage tied_lookup_;  // bf16 stages 0-1: the tied table's E in f32 (see the constructor)
+  std::unique_ptr<LookupRows> rows_;  // the tied table's lookup rows of the step (tied_pair.h)
   std::deque<Pending> pending_;
   std::unique_ptr<UnitBuffers> units_;  // after the gradient shards: destroyed first
 };

@@ -30,8 +30,7 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
            "DataParallel::enable_paging after shard_params()");
   paged_shards_ = options_.zero_stage == 3;
   if (paged_shards_) unit_sq_.assign(static_cast<size_t>(layout_.num_units()), {});
-  early_ = adam_->config().grad_clip <= 0 && options_.overlap && options_.update_in_backward &&
-           tied_lookup_.size() == 0;  // unit 0 waits for the step's lookup part
+  early_ = adam_->config().grad_clip <= 0 && options_.overlap && options_.update_in_backward;
   memory::PagerOptions o = options;
   // Early updates walk the state pages down with the backward (no sweeps):
   // evict and read ahead by that walk.
@@ -107,7 +106,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
           if (final) add_counted(sq, u, first, g, count);
         }
       });
-  if (final && early_ && lr_known_) update_final_pages(u);
+  if (final && early_ && lr_known_ && !(u == 0 && rows_)) update_final_pages(u);  // (tied: unit 0 waits)
 }
 
 // Unit u's gradient shard is final: the pages that now wait for no unit are
@@ -192,6 +191,7 @@ void DataParallel::copy_grad_shard(int u) {
 // Unit u's gradient is final (stages 0-2): its pages may go.
 void DataParallel::unit_final(int u) {
   if (!early_ || !lr_known_) return;
+  if (u == 0 && rows_) return;  // a tied table waits for the step's lookup part (add_tied_rows)
   if (options_.zero_stage == 1 && !bf16()) copy_grad_shard(u);
   update_final_pages(u);
 }

@@ -116,24 +116,6 @@ void DataParallel::backward_done(const int32_t* tokens) {
   if (early_) fire_reduced_buckets();
 }
 
-// Every rank adds every rank's lookup rows into the reduced bf16 gradient, in
-// rank order (as ops::embedding_backward does for fp32).
-void DataParallel::add_lookup_rows_bf16() {
-  const int64_t C = model_.config().n_embd, T = model_.seq_len();
-  const model::TensorSpec* pos = model_.layout().position_embedding();
-  uint16_t* wte = units_->full_grads() + model_.layout().token_embedding().offset;
-  uint16_t* wpe = pos ? units_->full_grads() + pos->offset : nullptr;
-  const auto rows = static_cast<int64_t>(lookup_rows_);
-  const auto* tokens = static_cast<const int32_t*>(lookup_tokens_.data());
-  const int64_t v0 = model_.layout().vocab_begin(), nv = model_.layout().vocab_real();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = lookup_grads_.f32() + r * C;
-    const int64_t row = static_cast<int64_t>(tokens[r]) - v0;  // this tp rank's slice only
-    if (row >= 0 && row < nv) ops::bf16_add_f32(wte + row * C, g, C);
-    if (wpe) ops::bf16_add_f32(wpe + (r % T) * C, g, C);
-  }
-}
-
 // Stages 0-1: the buckets whose all-reduce has landed make their units final
 // (the deferred embedding's waits for its lookup rows, added in step()).
 void DataParallel::fire_reduced_buckets() {

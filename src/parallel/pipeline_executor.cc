@@ -49,8 +49,8 @@ bool every_tensor(const model::TensorSpec&) { return true; }
 
 }  // namespace
 
-bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16, int zero_stage) {
-  return dp > 1 && overlap_comm && cp == 1 && !bf16 && zero_stage < 2;
+bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage) {
+  return dp > 1 && overlap_comm && cp == 1 && zero_stage < 2;
 }
 
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
@@ -92,7 +92,10 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
         adam, shard_ranges(layout_, c->first, c->last, *c->shard, every_tensor),
         c->shard->local_numel());
     if (sharded && !bf16_ && !zero2_) c->grad_shard = zeroed(c->shard->local_numel());
-    if (layout_.tied() && c->holds(0)) c->lookup = zeroed(layout_.token_embedding().numel());
+    if (layout_.tied() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
+      c->rows = std::make_unique<LookupRows>(config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
+      c->rows->reserve(static_cast<int64_t>(s.micro_batches) * setup_.micro * setup_.T);
+    }
     chunks_.push_back(std::move(c));
   }
   emb_rank_ = s.rank_of(0);
@@ -131,11 +134,10 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
   }
   if (sharded) gather_ = zeroed((largest + zr - 1) / zr * (1 + zr));
-  PO_CHECK(!setup_.defer_lookup || (!bf16_ && setup_.data != nullptr),
-           "pipeline: deferred lookup rows need fp32 and a data group");
+  PO_CHECK(!setup_.defer_lookup || setup_.data != nullptr, "pipeline: deferred lookup rows need a data group");
   const int64_t C = config_.n_embd;
   for (const bool all : {false, true}) {
-    const int64_t n = lookup_tail_rows(setup_, layout_, rank_, all);
+    const int64_t n = lookup_tail_rows(setup_, rank_, all);
     if (n == 0) continue;
     (all ? rows_all_ : tail_rows_) = zeroed(n * C);
     (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
@@ -353,7 +355,8 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     m->set_unit_hooks(std::move(h));
     m->set_accumulating(true);
     if (setup_.schedule.vocab && c.holds(layout_.head_unit())) m->set_external_head(true);
-    if (c.lookup.size() > 0) m->set_tied_lookup_grads(c.lookup.f32());
+    if (LookupRows* rows = c.rows.get())
+      m->set_tied_lookup_rows([rows](const float* r, const int32_t* t, int64_t n) { rows->append(r, t, n); });
     c.slots.push_back(std::move(m));
     c.slot_micro.push_back(-1);
   }

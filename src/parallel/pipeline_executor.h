@@ -73,12 +73,12 @@
 // group runs the same action list, so the reduce-scatters of a unit come in
 // the same order on each, and in pp = 1's micro-batch order: the shards hold
 // pp = 1's ZeRO-2 bits, the norm is DataParallel's sharded one (its order).
-// The tied table is the exception: its lookup part E stays apart in f32
-// (reduced over the data group at the step) and is added to both copies'
-// shards once, H + E, where pp = 1's ZeRO-2 adds each micro-batch's E into
-// the same accumulator as its H (see docs/pipeline.md: equal to rounding,
-// not bit for bit, except bf16 on one data rank, which keeps E apart at
-// pp = 1 too).
+//
+// The tied table (tied_pair.h), at every ZeRO stage: the head's part H goes
+// along the gradient path on the head's copy; the embedding's rank keeps the
+// step's lookup rows, gathers its data group's at the step, adds E once into
+// the H the head's rank sends it, and sends the sum back (on one rank, zbv:
+// in place), the sum DataParallel makes at pp = 1.
 //
 // What it does not do (refused by the trainer): ZeRO-3 (parameters gathered
 // per use) and ZeRO-2 with the vocabulary-parallel head.
@@ -128,17 +128,15 @@ struct PipelineSetup {
   // The data-parallel trainer's deferred embedding (DataParallel at dp > 1
   // with parallel.overlap_comm, cp 1): the last micro-batch's lookup rows
   // are not added on the embedding's stage but gathered over the data group
-  // at the step and added after the reduction, in rank order, on both copies
-  // of a tied table. fp32 only (defers_lookup).
+  // at the step and added after the reduction, in rank order, into the
+  // position table (and an untied token table) (defers_lookup).
   bool defer_lookup = false;
 };
 
 // Whether a pipeline at this layout defers its last lookup rows as
-// DataParallel does, which gives dp > 1 the one-stage run's bits. Not in
-// bf16: there the one-stage run rounds each micro-batch's lookup rows into
-// the bf16 gradient together with the head's part, a sum a stage split
-// could only repeat by exchanging the pair every micro-batch.
-bool defers_lookup(int dp, bool overlap_comm, int cp, bool bf16, int zero_stage);
+// DataParallel does (ZeRO 0-1 at dp > 1 with overlap_comm, cp 1), which
+// gives dp > 1 the one-stage run's bits.
+bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage);
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
 // the step's start).
@@ -295,6 +293,7 @@ class PipelineExecutor {
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    PipelineStepStats& stats);
   void sum_tied_pair();
+  void tied_pair(void* emb_at, void* head_at, int64_t lo, int64_t hi);
   void keep_lookup_tail(const model::Transformer& m);
   void add_lookup_tail();
   void update(Chunk& c, bool replica, double lr, double clip);

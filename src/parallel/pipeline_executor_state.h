@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "model/vocab_head.h"
 #include "parallel/pipeline_executor.h"
+#include "parallel/tied_pair.h"
 
 namespace po::parallel {
 namespace executor_detail {
@@ -46,13 +47,11 @@ inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLin
 
 // defer_lookup's rows on `rank` (each C floats and a token): the
 // embedding's rank keeps its last micro-batch's and gathers every data
-// rank's; a tied head's rank elsewhere receives the gathered ones.
-inline int64_t lookup_tail_rows(const PipelineSetup& s, const model::Layout& l, int rank, bool gathered) {
-  if (!s.defer_lookup) return 0;
+// rank's.
+inline int64_t lookup_tail_rows(const PipelineSetup& s, int rank, bool gathered) {
+  if (!s.defer_lookup || rank != s.schedule.rank_of(0)) return 0;
   const int64_t n = s.micro * s.T;
-  if (rank == s.schedule.rank_of(0)) return gathered ? n * s.dp : n;
-  const bool tied_head = l.tied() && rank == s.schedule.rank_of(s.schedule.stages() - 1);
-  return tied_head && gathered ? n * s.dp : 0;
+  return gathered ? n * s.dp : n;
 }
 
 }  // namespace executor_detail
@@ -64,7 +63,7 @@ struct PipelineExecutor::Chunk {
   // Parameters and gradients as stored: fp32, or bf16 (the fp32 master then
   // exists for the ZeRO shard, `master`, unless paged).
   tensor::Storage params, grads, master;
-  tensor::Storage lookup;  // the tied table's E in f32 (holds unit 0, tied)
+  std::unique_ptr<LookupRows> rows;  // the tied table's lookup rows of the step (holds unit 0, tied)
   // The tied head without unit 0 on this rank: a replica of unit 0 (only its
   // token table is read, updated and summed).
   tensor::Storage rep_params, rep_grads, rep_master;

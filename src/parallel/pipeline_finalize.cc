@@ -20,53 +20,42 @@ namespace po::parallel {
 namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
-// The tied table: H (the head's, in the replica or the embedding chunk's
-// own gradient) plus E (the lookups', f32), the same sum on both copies;
-// bf16: wte = bf16(H + E), H as the micro-batches rounded it in
-// (DataParallel::fold_tied_lookup's sum at pp = 1). The embedding's rank
-// and the head's exchange H (as stored) and E.
-void PipelineExecutor::sum_tied_pair() {
-  if (!layout_.tied()) return;
-  const model::TensorSpec& wte = layout_.token_embedding();
-  const int64_t n = wte.numel();
+// The tied table (tied_pair.h): elements [lo, hi) of it, H on the head's
+// copy at `head_at` (the replica's gradient, already summed over the data
+// group) and nothing yet on the embedding's at `emb_at`; the embedding's
+// rank gathers its data group's lookup rows, takes H, adds E once and sends
+// the sum back, so both copies hold pp = 1's H + E. On one rank (zbv) the
+// head's part is already in the embedding chunk's gradient.
+void PipelineExecutor::tied_pair(void* emb_at, void* head_at, int64_t lo, int64_t hi) {
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  auto table = [&](tensor::Storage& g) {
-    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
-  };
-  auto add = [&](void* h, const float* e) {  // h = h + e, as stored
-    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), e, n);
-    float* f = static_cast<float*>(h);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) f[i] = f[i] + e[i];
-  };
-  if (emb_rank_ == head_rank_) {
-    if (rank_ != emb_rank_) return;
-    Chunk& e = chunk_of_stage(0);
-    add(table(e.grads), e.lookup.f32());
-    std::memset(e.lookup.data(), 0, e.lookup.size());
-    return;
-  }
+  const auto k = static_cast<size_t>(std::max<int64_t>(hi - lo, 0));
   if (rank_ == emb_rank_) {
-    Chunk& e = chunk_of_stage(0);
-    comm::Work s = setup_.pipe->isend(e.lookup.f32(), static_cast<size_t>(n), DType::kF32,
-                                      head_rank_, kPairTag + 1);
-    void* g = table(e.grads);  // 0 here (the head is elsewhere): it takes H
-    setup_.pipe->recv(g, static_cast<size_t>(n), stored, head_rank_, kPairTag + 2);
+    LookupRows& rows = *chunk_of_stage(0).rows;
+    rows.gather(setup_.data);
+    if (head_rank_ != rank_ && k > 0) setup_.pipe->recv(emb_at, k, stored, head_rank_, kPairTag + 2);
+    rows.add_into(emb_at, stored, lo, hi);
+    rows.clear();
+    if (head_rank_ != rank_ && k > 0) setup_.pipe->send(emb_at, k, stored, head_rank_, kPairTag + 1);
+  } else if (rank_ == head_rank_ && k > 0) {
+    comm::Work s = setup_.pipe->isend(head_at, k, stored, emb_rank_, kPairTag + 2);
     s.wait();
-    add(g, e.lookup.f32());
-    std::memset(e.lookup.data(), 0, e.lookup.size());
+    setup_.pipe->recv(head_at, k, stored, emb_rank_, kPairTag + 1);
   }
-  if (rank_ == head_rank_) {
-    std::vector<float> other(static_cast<size_t>(n));
-    for (auto& c : chunks_) {
-      if (!c->replica()) continue;
-      void* h = table(c->rep_grads);
-      comm::Work s = setup_.pipe->isend(h, static_cast<size_t>(n), stored, emb_rank_, kPairTag + 2);
-      setup_.pipe->recv(other.data(), static_cast<size_t>(n), DType::kF32, emb_rank_, kPairTag + 1);
-      s.wait();
-      add(h, other.data());
-    }
-  }
+}
+
+// ZeRO 0-1: the whole table on both copies.
+void PipelineExecutor::sum_tied_pair() {
+  if (!layout_.tied() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
+  const model::TensorSpec& wte = layout_.token_embedding();
+  auto table = [&](tensor::Storage& g, int64_t base) {
+    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset - base) * stored_esz();
+  };
+  void* emb_at = nullptr;
+  void* head_at = nullptr;
+  if (rank_ == emb_rank_) emb_at = table(chunk_of_stage(0).grads, 0);
+  for (auto& c : chunks_)
+    if (c->replica()) head_at = table(c->rep_grads, 0);
+  tied_pair(emb_at, head_at, 0, wte.numel());
 }
 
 // The data group's sum of stored gradients: fp32 in place; bf16 over the
@@ -100,61 +89,38 @@ void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
 }
 
 // defer_lookup: every data rank's last lookup rows, added into the reduced
-// token (and position) table in rank order, as DataParallel adds them at
-// pp = 1; a tied head elsewhere gets the gathered rows and adds them the
-// same way into its copy.
+// position table (and an untied token table) in rank order, as DataParallel
+// adds them at pp = 1 (a tied table takes its rows in the pair).
 void PipelineExecutor::add_lookup_tail() {
   if (!setup_.defer_lookup || rows_all_.size() == 0) return;
   const int64_t C = config_.n_embd, T = setup_.T, B = setup_.micro * setup_.dp;
   const auto count = static_cast<size_t>(B * T);
   const model::TensorSpec* pos = layout_.position_embedding();
-  float* wpe = nullptr;
-  float* wte = nullptr;
-  if (rank_ == emb_rank_) {
-    float* g = chunk_of_stage(0).grads.f32();
-    wte = g + layout_.token_embedding().offset;
-    wpe = pos != nullptr ? g + pos->offset : nullptr;
-    setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
-                            DType::kI32);
-    setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float),
-                            DType::kF32);
-    if (emb_rank_ != head_rank_ && layout_.tied()) {
-      setup_.pipe->send(tokens_all_.data(), count, DType::kI32, head_rank_, kPairTag + 6);
-      setup_.pipe->send(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, head_rank_,
-                        kPairTag + 7);
-    }
-  } else {  // the tied head's replica of the table
-    for (auto& c : chunks_)
-      if (c->replica()) wte = c->rep_grads.f32() + layout_.token_embedding().offset;
-    setup_.pipe->recv(tokens_all_.data(), count, DType::kI32, emb_rank_, kPairTag + 6);
-    setup_.pipe->recv(rows_all_.data(), count * static_cast<size_t>(C), DType::kF32, emb_rank_,
-                      kPairTag + 7);
-  }
-  PO_ASSERT(wte != nullptr, "pipeline rank ", rank_, ": deferred lookup rows without a table");
-  ops::embedding_backward_slice(wte, wpe, rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B,
-                                T, C, layout_.vocab_begin(), layout_.vocab_real());
+  char* g = static_cast<char*>(chunk_of_stage(0).grads.data());  // (unit 0 is its first)
+  auto at = [&](int64_t offset) { return g + static_cast<size_t>(offset) * stored_esz(); };
+  setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
+                          DType::kI32);
+  setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float), DType::kF32);
+  add_deferred_lookup(layout_.tied() ? nullptr : at(layout_.token_embedding().offset),
+                      pos != nullptr ? at(pos->offset) : nullptr, bf16_ ? DType::kBF16 : DType::kF32,
+                      rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B, T, C,
+                      layout_.vocab_begin(), layout_.vocab_real());
 }
 
 double PipelineExecutor::step(double lr) {
   if (zero2_) return step_zero2(lr);
   // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
   vocab_gather_grads();
-  // The tied table's two parts: fp32 adds them on each data rank before the
-  // data group's sum, as the one-stage model adds E before its reduction;
-  // bf16 sums each part over the replicas first, then the pair (so both
-  // copies add the same reduced H and E).
-  if (!bf16_) sum_tied_pair();
+  // The data group's sums, the deferred lookup rows after them (as
+  // DataParallel adds them), then the tied table's H + E.
   if (setup_.data != nullptr) {
     for (auto& c : chunks_) {
       allreduce_grads(c->grads.data(), c->first, c->last);
-      if (bf16_ && c->lookup.size() > 0)
-        setup_.data->allreduce(c->lookup.data(), c->lookup.size() / sizeof(float), DType::kF32,
-                               comm::ReduceOp::kSum);
       if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
     }
   }
-  if (bf16_) sum_tied_pair();
   add_lookup_tail();
+  sum_tied_pair();
   // The norm: per unit, over the tensor group, then over the stages.
   std::vector<std::pair<int64_t, int64_t>> uncounted;
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
@@ -264,55 +230,27 @@ void PipelineExecutor::reduce_into_shard(Chunk& c, int u, float* acc) {
   add_block(dst, stored, rs_recv_.data(), wire, stride);
 }
 
-// ZeRO-2's tied pair: the head's part H sits in the head's shard of unit 0
-// (the replica's, or the embedding chunk's on the same rank), the lookup
-// part E (summed over the data group) in the embedding's f32 table. Both
-// copies' shards of the table become H + E, DataParallel::fold_tied_lookup's
-// sum: the embedding's rank takes H's part of its shard (there only E's
-// lookups went, apart), the head's rank E's part of it.
+// ZeRO-2's tied pair: the table's elements in this rank's shard of unit 0
+// (the same cut on both copies); H is in the head's shard (the replica's,
+// or on one rank the embedding chunk's).
 void PipelineExecutor::sum_tied_shards() {
-  if (!layout_.tied()) return;
-  const bool emb = rank_ == emb_rank_, head = rank_ == head_rank_;
-  if (!emb && !head) return;
-  Chunk* e = emb ? &chunk_of_stage(0) : nullptr;
-  if (e != nullptr && setup_.data != nullptr)
-    setup_.data->allreduce(e->lookup.data(), e->lookup.size() / sizeof(float), DType::kF32,
-                           comm::ReduceOp::kSum);
+  if (!layout_.tied() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
   const model::TensorSpec& wte = layout_.token_embedding();
   const int64_t at = wte.offset - layout_.unit_offset(0), n = wte.numel();
-  const ShardLayout* rep = nullptr;
+  tensor::Storage* emb = rank_ == emb_rank_ ? &chunk_of_stage(0).grads : nullptr;
+  tensor::Storage* head = nullptr;
+  const ShardLayout* sl = rank_ == emb_rank_ ? chunk_of_stage(0).shard.get() : nullptr;
   for (auto& c : chunks_)
-    if (c->replica()) rep = c->rep_shard.get();
-  const ShardLayout& sl = e != nullptr ? *e->shard : *rep;
-  const int64_t lo = std::max(at, sl.begin(0)), hi = std::min(at + n, sl.end(0));
-  if (hi <= lo) return;
-  const auto k = static_cast<size_t>(hi - lo);
-  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  auto table = [&](tensor::Storage& g) {  // the table's part of the shard (unit 0 is its first)
-    return static_cast<char*>(g.data()) + static_cast<size_t>(lo - sl.begin(0)) * stored_esz();
+    if (c->replica()) {
+      head = &c->rep_grads;
+      sl = c->rep_shard.get();
+    }
+  const int64_t lo = std::max(at, sl->begin(0)), hi = std::min(at + n, sl->end(0));
+  auto table = [&](tensor::Storage* g) {  // unit 0's shard is the first in the buffer
+    return g == nullptr ? nullptr
+                        : static_cast<char*>(g->data()) + static_cast<size_t>(std::max<int64_t>(lo - sl->begin(0), 0)) * stored_esz();
   };
-  auto add_e = [&](void* h, const float* ev) {
-    if (bf16_) return ops::bf16_add_f32(static_cast<uint16_t*>(h), ev, static_cast<int64_t>(k));
-    float* f = static_cast<float*>(h);
-    for (size_t i = 0; i < k; ++i) f[i] = f[i] + ev[i];
-  };
-  if (emb && head) return add_e(table(e->grads), e->lookup.f32() + (lo - at));
-  if (emb) {
-    const float* ev = e->lookup.f32() + (lo - at);
-    comm::Work s = setup_.pipe->isend(ev, k, DType::kF32, head_rank_, kPairTag + 1);
-    setup_.pipe->recv(table(e->grads), k, stored, head_rank_, kPairTag + 2);
-    s.wait();
-    add_e(table(e->grads), ev);
-    return;
-  }
-  for (auto& c : chunks_) {
-    if (!c->replica()) continue;
-    std::vector<float> ev(k);
-    comm::Work s = setup_.pipe->isend(table(c->rep_grads), k, stored, emb_rank_, kPairTag + 2);
-    setup_.pipe->recv(ev.data(), k, DType::kF32, emb_rank_, kPairTag + 1);
-    s.wait();
-    add_e(table(c->rep_grads), ev.data());
-  }
+  tied_pair(table(emb), table(head), lo - at, std::max(lo, hi) - at);
 }
 
 // The shards' global norm in DataParallel::sharded_grad_norm's order: each
@@ -360,8 +298,6 @@ double PipelineExecutor::step_zero2(double lr) {
     update(*c, false, lr, clip);
     if (c->replica()) update(*c, true, lr, clip);
   }
-  for (auto& c : chunks_)
-    if (c->lookup.size() > 0) std::memset(c->lookup.data(), 0, c->lookup.size());
   return norm;
 }
 

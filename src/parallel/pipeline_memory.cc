@@ -164,7 +164,8 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
     m.params += n * esz;
     m.grads += (z2 ? shard_numel(first, last) : n) * esz;
-    if (layout.tied() && first == 0) m.grads += static_cast<size_t>(layout.token_embedding().numel()) * f;
+    if (layout.tied() && first == 0)  // the step's lookup rows (tied_pair.h)
+      m.buffers += LookupRows::predicted_bytes(s.micro_batches * setup.micro * setup.T, c.n_embd, setup.dp);
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       m.params += n0 * esz;
@@ -201,7 +202,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.buffers += setup.reduce_bf16 ? stride * static_cast<size_t>(zr + 1) * 2 : stride * f;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
-    m.buffers += static_cast<size_t>(lookup_tail_rows(setup, layout, rank, all) * (c.n_embd + 1)) * f;
+    m.buffers += static_cast<size_t>(lookup_tail_rows(setup, rank, all) * (c.n_embd + 1)) * f;
   if (s.vocab) {
     const model::vocab::Pieces pieces = model::vocab::pieces_of(c.vocab_size);
     const auto [k0, k1] = s.pieces_of(rank, pieces.count());
@@ -374,7 +375,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
   Memory m;
   for (const auto& c : chunks_) {
     m.params += c->params.size() + c->rep_params.size();
-    m.grads += c->grads.size() + c->rep_grads.size() + c->lookup.size() + c->grad_shard.size() +
+    m.grads += c->grads.size() + c->rep_grads.size() + c->grad_shard.size() +
                c->rep_grad_shard.size();
     m.master += c->master.size() + c->rep_master.size();
     for (const auto& s : c->slots) m.activations += s->activation_bytes();
@@ -388,6 +389,8 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
               gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
               staging_.size() + rs_send_.size() + rs_recv_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
               tokens_all_.size();
+  for (const auto& c : chunks_)
+    if (c->rows) m.buffers += c->rows->bytes();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {
     m.buffers += vocab_->scratch.size();

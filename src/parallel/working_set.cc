@@ -268,6 +268,9 @@ WorkingSet working_set(const model::TransformerConfig& cfg, const WorkingSetOpti
     ws.gathered += 2.0 * static_cast<double>(max_stride) * esz + 2.0 * static_cast<double>(max_padded * N) * esz;
   }
   if (ws.defer) ws.lookup_rows = static_cast<double>(o.micro * o.seq * N) * (4 + 4.0 * static_cast<double>(cfg.n_embd));
+  // A tied table's lookup rows of the step, gathered at it (tied_pair.h).
+  if (model::Layout(cfg, {o.tp, 0}).tied())
+    ws.lookup_rows += static_cast<double>(LookupRows::predicted_bytes(o.accum * o.micro * o.seq, cfg.n_embd, N));
   // bf16 gradients all-reduced in f32: at most kMaxStaged buckets staged at
   // once, consecutive ones (transient, part of the peak).
   if (grouped && stage < 2 && o.bf16 && !o.reduce_bf16)

@@ -32,7 +32,7 @@ struct WorkingSetOptions {
 struct WorkingSet {
   double gathered = 0;      // gathered-unit buffers: gather and work pools, gather_params' blocks
   double accumulators = 0;  // reduce-scatter accumulators
-  double lookup_rows = 0;   // the deferred embedding's gathered rows and tokens
+  double lookup_rows = 0;   // the deferred embedding's gathered rows and tokens, a tied table's step rows
   double staged = 0;        // f32 staging of bf16 buckets (transient)
   double ring = 0;          // the rings' scratch, at most
   std::vector<std::pair<int, int>> buckets;  // stage 0-1 all-reduce buckets (first, last unit)

@@ -69,7 +69,7 @@ void pipeline_engine_memory(Plan& p) {
   s.dp = l.dp;
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
-  s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.bf16, l.zero_stage);
+  s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.zero_stage);
   parallel::PipelineExecutor::Memory busiest;
   int at = 0;
   for (int r = 0; r < l.pp; ++r) {

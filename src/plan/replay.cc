@@ -178,12 +178,7 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   if (stage == 3 && N == 1 && !l.bf16) params = psi * 4;
   double grads = stage < 2 ? psi * esz : local * esz;
   if (!l.bf16 && stage == 1) grads += local * 4;  // the update's shard of the reduced gradient
-  // The tied table's lookup part, accumulated apart (fp32 stages 0-1:
-  // Transformer::set_accumulating; bf16 on one rank: DataParallel's own)
-  const double lookup = (!l.bf16 && stage < 2) || (l.bf16 && N == 1)
-                            ? static_cast<double>(model::Transformer::predicted_lookup_bytes(cfg, l.tp))
-                            : 0.0;
-  grads += lookup;
+  // (A tied table's lookup part is kept as rows, with the buckets: tied_pair.h.)
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
   const double unpaged_states = params + grads + master + adam;
@@ -193,7 +188,7 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
     master = 0;
     if (paged_shards) {
       params = 0;
-      grads = lookup;
+      grads = 0;
     }
   }
   add_memory(p, "parameters", params, Tier::kCompute, l.bf16 ? "bf16" : "fp32");
@@ -245,6 +240,10 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
                static_cast<uint64_t>(U * accum), rs * static_cast<double>(accum), N, inter, l.overlap);
       add_comm(p, "dp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * N, N, inter, false);
     }
+    if (model::Layout(cfg, {l.tp, 0}).tied())  // the step's lookup rows (tied_pair.h)
+      add_comm(p, "dp", "all_gather", "tied table's lookup rows", 2,
+               static_cast<double>(accum * rows * N) * (4 + 4.0 * static_cast<double>(cfg.n_embd)), N,
+               inter, false);
     if (stage == 1 || stage == 2) {
       double ag = 0;
       for (int u = 0; u < U; ++u) ag += static_cast<double>(layout.stride(u) * N) * esz;

@@ -60,7 +60,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
   s.dp = static_cast<int>(r.p.dp);
   s.defer_lookup = parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
-                                           static_cast<int>(r.p.cp), s.bf16, s.zero_stage);
+                                           static_cast<int>(r.p.cp), s.zero_stage);
   return s;
 }
 

@@ -325,7 +325,8 @@ TrainResult train_one_stage(const RunInputs& r) {
                                           cfg.get_string("parallel.cp_balance") == "zigzag", inner));
   }
   model.set_tp_overlap(cfg.get_bool("parallel.tp_overlap"));
-  const parallel::DataParallelOptions dpo = dp_options(cfg);
+  parallel::DataParallelOptions dpo = dp_options(cfg);
+  dpo.micro_batches = p.accum;
   parallel::DataParallel dp(model, r.adam, launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, launch.dp_rank};
   c.data = launch.dp_group();

@@ -130,7 +130,9 @@ TEST(Llama2c, RopePermutationOnKnownValues) {
       for (int i = 0; i < hs / 2; ++i) {
         const int to = h * hs + s * (hs / 2) + i, from = h * hs + 2 * i + s;
         EXPECT_EQ(q[static_cast<size_t>(to * dim + 5)], from) << "q row " << to;
-        if (h < kv) EXPECT_EQ(k[static_cast<size_t>(to * dim)], from) << "k row " << to;
+        if (h < kv) {
+          EXPECT_EQ(k[static_cast<size_t>(to * dim)], from) << "k row " << to;
+        }
       }
   // Head 0 of q: rows 0..5 come from llama2.c rows 0, 2, 4, 1, 3, 5.
   const float head0[6] = {0, 2, 4, 1, 3, 5};

@@ -146,7 +146,7 @@ TEST_F(PipelineRuns, DataParallelPipelinesAreBitIdenticalToDataParallel) {
 // Adam beside them): every schedule at pp 2 gives pp 1's bf16 bits, GPT-2
 // with its tied table (wte = bf16(H + E) on both copies) and Llama, with
 // activation checkpointing too; and ZeRO-1 paged to NVMe at dp 2 × pp 2
-// gives the in-memory ZeRO-0 bits.
+// gives the in-memory ZeRO-0 bits, and dp 2's (GPT-2 zb-h1, Llama 1f1b).
 TEST_F(PipelineRuns, Bf16StagesAreBitIdenticalToOneStage) {
   const std::string bf16 = "--set train.precision=bf16 ";
   const std::string ref = train("bf16_pp1", 1, 1, bf16);
@@ -167,6 +167,12 @@ TEST_F(PipelineRuns, Bf16StagesAreBitIdenticalToOneStage) {
             bf16 + "--set parallel.schedule=zb-h1 --set parallel.zero_stage=1 --set memory.nvme_dir=" +
                 (dir_ / "swap") + " --set memory.page_size=4096 --set memory.host_budget=4096");
   expect_bits(z0, paged, "bf16 dp 2 × pp 2, ZeRO-1 paged against ZeRO-0 in memory");
+  // ... and dp 2's bits: the tied table's lookup part and the last
+  // micro-batch's position rows go in at the step on both layouts.
+  expect_bits(train("bf16_dp2", 2, 1, bf16), z0, "bf16 dp 2 × pp 2 zb-h1 against dp 2", false);
+  expect_bits(train("bf16_dp2_llama", 2, 1, bf16 + kLlama),
+              train("bf16_dp2pp2_llama", 2, 2, bf16 + kLlama + " --set parallel.schedule=1f1b"),
+              "bf16 llama dp 2 × pp 2 1f1b against dp 2", false);
   // Data parallel sums bf16 gradients (rounded after the sum): near pp 1, not its bits.
   const auto a = metric(ref, "loss", 6), b = metric(z0, "loss", 6);
   for (size_t i = 0; i < a.size(); ++i)
@@ -178,10 +184,10 @@ TEST_F(PipelineRuns, Bf16StagesAreBitIdenticalToOneStage) {
 // order, so Llama with an untied head gives pp = 1's ZeRO-2 bits: pp 2 in
 // fp32 (1f1b, zb-h1, zbv), in bf16, with Adam paged to NVMe; dp 2 × pp 2 in
 // fp32 and in bf16 with bf16 on the wire; dp 2 × tp 2 × pp 2 against dp 2 ×
-// tp 2; and a pp 2 checkpoint resumes at pp 1 on its curve. A tied table on
-// two stages adds its lookup part once, at the step, where pp = 1's ZeRO-2
-// adds each micro-batch's with the head's part: GPT-2 stays within 1e-6 of
-// pp = 1 (bf16 on one data rank, which keeps the part apart there too: its bits).
+// tp 2; and a pp 2 checkpoint resumes at pp 1 on its curve. GPT-2's tied
+// table, on two stages (1f1b) or one (zbv), gives the same bits at pp 2 and
+// at dp 2 × pp 2, in fp32 and bf16: its lookup part is added once, at the
+// step, from every micro-batch's rows, on every layout (tied_pair.h).
 TEST_F(PipelineRuns, ZeroTwoStagesGiveOneStagesBits) {
   const std::string z2 = kLlama + " --set model.tie_embeddings=false --set parallel.zero_stage=2 ";
   const std::string ref = train("z2_pp1", 1, 1, z2);
@@ -210,16 +216,14 @@ TEST_F(PipelineRuns, ZeroTwoStagesGiveOneStagesBits) {
   // GPT-2: the tied table on two stages (1f1b) and on one (zbv).
   const std::string g2 = "--set parallel.zero_stage=2 ";
   const std::string gref = train("z2_gpt2_pp1", 1, 1, g2);
-  for (const char* s : {"1f1b", "zbv"}) {
-    const std::string run = train(std::string("z2_gpt2_pp2_") + s, 1, 2, g2 + "--set parallel.schedule=" + s);
-    const auto a = metric(gref, "loss", 6), b = metric(run, "loss", 6);
-    ASSERT_EQ(a.size(), b.size()) << s;
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(a[i], b[i], 1e-6 * a[i]) << "gpt2 ZeRO-2 pp 2 " << s << " against pp 1: step " << i + 1;
-  }
+  for (const char* s : {"1f1b", "zbv"})
+    expect_bits(gref, train(std::string("z2_gpt2_pp2_") + s, 1, 2, g2 + "--set parallel.schedule=" + s),
+                std::string("gpt2 ZeRO-2 pp 2 ") + s);
+  expect_bits(train("z2_gpt2_dp2", 2, 1, g2), train("z2_gpt2_dp2pp2", 2, 2, g2 + "--set parallel.schedule=1f1b"),
+              "gpt2 ZeRO-2 dp 2 × pp 2 1f1b", false);
   const std::string gb = g2 + "--set train.precision=bf16 ";
-  expect_bits(train("z2_gpt2_bf16_pp1", 1, 1, gb), train("z2_gpt2_bf16_pp2", 1, 2, gb + "--set parallel.schedule=1f1b"),
-              "gpt2 ZeRO-2 bf16 pp 2 1f1b");
+  expect_bits(train("z2_gpt2_bf16_dp2", 2, 1, gb), train("z2_gpt2_bf16_dp2pp2", 2, 2, gb + "--set parallel.schedule=zbv"),
+              "gpt2 ZeRO-2 bf16 dp 2 × pp 2 zbv", false);
 }
 
 TEST_F(PipelineRuns, CheckpointsReshardAcrossPp) {
@@ -343,6 +347,9 @@ TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   const auto a = metric(dp2b, "loss", 6), b = metric(d3b, "loss", 6);
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "bf16 dp2×tp2×pp2 (checkpointing, paged) vs dp 2: step " << i + 1;
+  // Against dp 2 × tp 2 (the same tensor-parallel sums): its bits.
+  expect_bits(train("dp2tp2_bf16", 2, 1, z1 + b16 + " --set model.activation_checkpointing=true", 2), d3b,
+              "bf16 dp2×tp2×pp2 (checkpointing, paged) against dp2×tp2", false);
   copy_checkpoint(d3, 3, "d3_at_d3");
   r = run("d3_at_d3", 2, 2, z1 + " --resume", 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -67,8 +67,9 @@ TEST(Capabilities, TrainAndPlanRefuseWhatTheTableRefuses) {
               for (const auto& r : rows) named += (named.empty() ? "" : ", ") + r.what;
               const bool plan_refuses = !p.not_trainable.empty();
               EXPECT_EQ(plan_refuses, !rows.empty()) << what;
-              if (!rows.empty())
+              if (!rows.empty()) {
                 EXPECT_EQ(p.not_trainable, std::vector<std::string>{"pipeline parallel with " + named}) << what;
+              }
             }
   EXPECT_GT(refused, 0);
   EXPECT_GT(trained, 0);

@@ -262,7 +262,9 @@ TEST(Planner, SearchRanksFittingLayouts) {
   for (size_t i = 0; i < r.fitting.size(); ++i) {
     EXPECT_LE(r.fitting[i].device_peak, 80.0 * (1 << 30)) << r.fitting[i].layout.describe();
     EXPECT_EQ(r.fitting[i].layout.devices(), 8);
-    if (i > 0) EXPECT_GE(r.fitting[i - 1].tokens_per_s, r.fitting[i].tokens_per_s);
+    if (i > 0) {
+      EXPECT_GE(r.fitting[i - 1].tokens_per_s, r.fitting[i].tokens_per_s);
+    }
   }
   for (const plan::Plan& p : r.rejected) {
     ASSERT_FALSE(p.rejections.empty()) << p.layout.describe();
@@ -401,7 +403,9 @@ TEST(Planner, SearchTrainableOnly) {
     EXPECT_EQ(p.engine_exact, l.pp == 1) << l.describe();
     EXPECT_EQ(l.dp * l.tp * l.pp * l.cp, 8) << l.describe();
     context = context || l.cp > 1;
-    if (l.pp > 1) EXPECT_TRUE(l.zero_stage <= 2 && !l.bf16) << l.describe();
+    if (l.pp > 1) {
+      EXPECT_TRUE(l.zero_stage <= 2 && !l.bf16) << l.describe();
+    }
   }
   EXPECT_TRUE(context) << "no context-parallel layout among the trainable ones";
 }
