@@ -275,14 +275,13 @@ class Transformer {
   void stage_backward_weight(std::vector<WeightGradWork>& works);
 
   // The tied token table's gradient (GPT-2) is the head's part H plus the
-  // lookup's part E, each accumulated over the step's micro-batches on its
-  // own and added once, wte += E, where unit 0 is reported ready (its
-  // gradient final). This is the one order whatever the pipeline layout: a
-  // head stage holds H, the embedding stage E, and the pair adds them the
-  // same way. While `accumulating` (every micro-batch of a step but its
-  // last) E is not added yet. Off by default: each forward_backward adds its
-  // own. With hooks holding the gradient (ZeRO-2/3, bf16 units) the lookup
-  // rows go straight into grads(0), each micro-batch's whole.
+  // lookup's part E. Training hands E's rows to a sink (below); without one
+  // (a model used on its own) E accumulates over the step's micro-batches
+  // apart and is added once, wte += E, where unit 0 is reported ready (its
+  // gradient final): the same sum. While `accumulating` (every micro-batch
+  // of a step but its last) E is not added yet. Off by default: each
+  // forward_backward adds its own. With hooks holding the gradient and no
+  // sink the lookup rows go straight into grads(0), each micro-batch's whole.
   void set_accumulating(bool on) { accumulating_ = on; }
   // Training (DataParallel, the pipeline's embedding stage): the tied
   // table's lookup rows go to `sink` (rows [n, C], their tokens), deferred

@@ -17,11 +17,11 @@
 // micro-batch order, so every parameter's gradient accumulates as it does in
 // one stage; the gradient norm is grad_norm.h's per-unit order; the tied
 // token table's gradient is the head's part H plus the lookup's part E
-// (Transformer::set_accumulating): the head's chunk adds into a replica of
-// unit 0 (or, under zbv, into the embedding chunk on the same rank), and once
-// the micro-batches are done the pair exchanges H and E and both compute
-// H + E: the same bits as pp = 1, and the two copies of the table take the
-// same update, so they never drift apart.
+// (tied_pair.h): the head's chunk adds into a replica of unit 0 (or, under
+// zbv, into the embedding chunk on the same rank), the embedding's stage
+// keeps the lookup rows, and at the step the embedding's rank adds E into
+// the head's H and sends H + E back: the same bits as pp = 1, and the two
+// copies of the table take the same update, so they never drift apart.
 //
 // Point-to-point: each receive is posted ahead (a window of the next ones in
 // the list) and waited where its compute needs it; sends go out as their
@@ -204,7 +204,7 @@ class PipelineExecutor {
   // accumulate.
   using BatchFn = std::function<void(int micro, int32_t* inputs, int32_t* targets)>;
   PipelineStepStats forward_backward(const BatchFn& batch, float grad_scale);
-  // The update: the tied pair's H + E, the data-parallel all-reduce, the
+  // The update: the data group's sums, the tied pair's H + E, the
   // global norm (every stage's units, grad_norm.h's order), clipping, AdamW.
   // Returns the pre-clip norm (the same on every rank).
   double step(double lr);

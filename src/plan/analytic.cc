@@ -84,7 +84,7 @@ void pipeline_engine_memory(Plan& p) {
   const std::string shard = core::str_cat("this rank's ZeRO-", l.zero_stage, " shard");
   add_memory(p, "parameters", static_cast<double>(busiest.params), Tier::kCompute, note);
   add_memory(p, "gradients", static_cast<double>(busiest.grads), Tier::kCompute,
-             "incl. the tied table's lookup part / replica");
+             "incl. the tied table's replica");
   if (!l.paging) {
     add_memory(p, "fp32 master weights", static_cast<double>(busiest.master), Tier::kCompute,
                l.zero_stage >= 1 ? shard : "");
