@@ -283,8 +283,21 @@ void* DataParallel::stored_params() {
   return model_.params();
 }
 
-void DataParallel::start_micro_batch(bool last) {
-  if (units_) units_->set_final_micro_batch(last);
+void DataParallel::begin_step(double lr) {
+  model_.zero_grads();
+  step_lr_ = lr;
+  lr_known_ = true;
+}
+
+float DataParallel::micro_batch(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                                bool last) {
+  if (units_) units_->set_final_micro_batch(last);  // (paged shards take the norm as the last land)
+  model_.set_accumulating(!last);  // the model's own tied E (no sink) is added once, at the end
+  const float loss = model_.forward_backward(inputs, targets, grad_scale,
+                                             last ? unit_ready() : std::function<void(int)>(),
+                                             last && defer_embedding_);
+  if (last) backward_done(inputs);
+  return loss;
 }
 
 int64_t DataParallel::now_ns() {

@@ -126,13 +126,15 @@ class DataParallel {
   // u's unit_numel(u) fp32 values), so the whole fp32 model never exists.
   void shard_params_from(const std::function<void(int u, float* dst)>& init);
 
-  // Arguments for the model's forward_backward of a step's LAST micro-batch:
-  // the per-unit callback (empty when nothing overlaps; at stage 3 the hooks
-  // reduce every micro-batch themselves) and defer_embedding.
-  std::function<void(int unit)> unit_ready();
-  bool defer_embedding() const { return defer_embedding_; }
-  // After that micro-batch's backward: `tokens` are its inputs [B*T].
-  void backward_done(const int32_t* tokens);
+  // A step, as pp = 1 runs it: begin_step(lr) (the gradients zeroed; the
+  // learning rate known before the backward, so that paged pages without
+  // clipping update as their gradients become final), then micro_batch()
+  // for each micro-batch (the model's forward and backward; the `last`
+  // one's units are reduced as they become final, its lookup rows deferred
+  // where the stage defers them), then step(lr). Returns the micro-batch's
+  // loss, scaled by grad_scale per token as the gradients are.
+  void begin_step(double lr);
+  float micro_batch(const int32_t* inputs, const int32_t* targets, float grad_scale, bool last);
   // Waits for the reductions, clips by the global norm, updates, and (stages
   // 1-2) all-gathers the parameters. Returns the pre-clip global norm.
   double step(double lr);
@@ -207,16 +209,6 @@ class DataParallel {
   // What each paged element holds: m, v [, fp32 master] [, stage 3: the
   // parameter and gradient shards].
   optim::PagedAdamState::Layout paging_layout() const;
-  // Before each micro-batch's forward_backward: whether it is the step's
-  // last (paged shards take the gradient norm as the last additions land).
-  void start_micro_batch(bool last);
-  // The learning rate of the step about to run (before its first micro-batch):
-  // with parameters in pages and no clipping (train.grad_clip = 0) each page
-  // is updated as soon as its gradients are final, during the backward.
-  void set_step_lr(double lr) {
-    step_lr_ = lr;
-    lr_known_ = true;
-  }
   // Pages updated during the last step's backward (early updates).
   int64_t pages_updated_in_backward() const { return early_last_; }
   // Paged with memory.lend_activations: the compute frames the model's dead
@@ -230,6 +222,12 @@ class DataParallel {
   void write_shard(Shard kind, int u, const float* src);
 
  private:
+  // The model's forward_backward of a step's LAST micro-batch takes the
+  // per-unit callback (empty when nothing overlaps; at stage 3 the hooks
+  // reduce every micro-batch themselves); backward_done() follows it
+  // (`tokens`: its inputs [B*T]).
+  std::function<void(int unit)> unit_ready();
+  void backward_done(const int32_t* tokens);
   void on_unit_ready(int unit);
   void issue_allreduce(int unit);
   void gather_params();

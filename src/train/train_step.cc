@@ -58,10 +58,9 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
     (void)c.cpo->take_attention_seconds();
     (void)c.cpo->take_wait_seconds();
   }
-  c.model.zero_grads();
   StepStats s;
   s.lr = lr;
-  c.dp.set_step_lr(s.lr);  // paged, unclipped: pages update during the backward
+  c.dp.begin_step(s.lr);
   const float grad_scale = static_cast<float>(1.0 / (tokens_per_step(p)));
   double loss = 0;
   for (int64_t micro = 0; micro < p.accum; ++micro) {
@@ -69,13 +68,7 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
     const int64_t first = (c.rank * p.accum + micro) * p.micro;
     fill_batch(c, [&](int32_t* in, int32_t* tg) { c.sampler.fill(step, first, p.micro, in, tg); });
     // Gradients are final after the last micro-batch: reduce them as they come.
-    const bool last_micro = micro == p.accum - 1;
-    c.dp.start_micro_batch(last_micro);
-    c.model.set_accumulating(!last_micro);  // the tied table's lookup part is added once, at the end
-    loss += c.model.forward_backward(c.inputs.data(), c.targets.data(), grad_scale,
-                                     last_micro ? c.dp.unit_ready() : std::function<void(int)>(),
-                                     last_micro && c.dp.defer_embedding());
-    if (last_micro) c.dp.backward_done(c.inputs.data());
+    loss += c.dp.micro_batch(c.inputs.data(), c.targets.data(), grad_scale, micro == p.accum - 1);
   }
   s.grad_norm = c.dp.step(s.lr);
   s.traffic = dpc ? dpc->traffic().since(traffic_before) : comm::Traffic{};

@@ -45,18 +45,15 @@ Curve run(int stage, int prefetch, bool checkpointing = false) {
   Curve out;
   std::vector<int32_t> in(n), tg(n);
   for (int step = 0; step < 4; ++step) {
-    model.zero_grads();
+    dp.begin_step(1e-2);
     double loss = 0;
     for (int m = 0; m < 2; ++m) {
       for (int64_t i = 0; i < n; ++i) {
         in[i] = static_cast<int32_t>((i * 31 + 7 * step + 3 * m) % c.vocab_size);
         tg[i] = static_cast<int32_t>((i * 17 + 5 * step + m + 1) % c.vocab_size);
       }
-      loss += model.forward_backward(in.data(), tg.data(), 1.0f / (2 * n),
-                                     m == 1 ? dp.unit_ready() : std::function<void(int)>(),
-                                     m == 1 && dp.defer_embedding());
+      loss += dp.micro_batch(in.data(), tg.data(), 1.0f / (2 * n), m == 1);
     }
-    dp.backward_done(in.data());
     out.norm.push_back(dp.step(1e-2));
     out.loss.push_back(loss / 2);
     out.val.push_back(model.evaluate(tg.data(), in.data()));
