@@ -223,17 +223,15 @@ void DataParallel::add_tied_rows() {
     rows_->clear();
     return;
   }
-  // The table's elements in this rank's shard of unit 0: [lo, hi) of the unit.
-  const int64_t lo = std::max(at, layout_.begin(0)), hi = std::min(at + n, layout_.end(0));
-  const int64_t first = lo - layout_.begin(0);  // in the shard
-  if (hi > lo && !paged_shards_) {
-    const int64_t off = layout_.local_offset(0) + first;
+  const TableShard t = table_in_shard(layout_, 0, at, n);  // the table's part of this rank's shard
+  if (t.hi > t.lo && !paged_shards_) {
+    const int64_t off = layout_.local_offset(0) + t.first;
     void* g = bf16() ? static_cast<void*>(grad_bf16() + off) : static_cast<void*>(grad_f32() + off);
-    rows_->add_into(g, dtype, lo - at, hi - at);
-  } else if (hi > lo) {
-    adam_->paged_state()->update(optim::PagedAdamState::Field::kGrad, state_offset(0) + first, hi - lo,
+    rows_->add_into(g, dtype, t.lo, t.hi);
+  } else if (t.hi > t.lo) {
+    adam_->paged_state()->update(optim::PagedAdamState::Field::kGrad, state_offset(0) + t.first, t.hi - t.lo,
                                  [&](void* p, int64_t k, int64_t count) {
-                                   rows_->add_into(p, dtype, lo - at + k, lo - at + k + count);
+                                   rows_->add_into(p, dtype, t.lo + k, t.lo + k + count);
                                  });
   }
   rows_->clear();

@@ -159,7 +159,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     }
     if (bf16_ && !zero2_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
     if (zero2_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
-      const int64_t stride = (largest + zr - 1) / zr;
+      const int64_t stride = ShardLayout::stride_of(largest, zr);
       if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
       rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
     }
@@ -327,25 +327,19 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       return unit0;
     };
     model::UnitHooks h;
-    if (!accumulate_) {
-      h.params = [cp, at](int u) {
-        return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u);
-      };
-      h.grads = [cp, at](int u) { return at(cp->grads.f32(), static_cast<float*>(cp->unit0_grads), u); };
+    if (bf16_) {  // widened parameters (widen)
+      h.params = [this, cp](int u) { return widen(*cp, u); };
+      h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
+      h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
+      h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
+    } else {
+      h.params = [cp, at](int u) { return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u); };
       h.done = [](int) {};
+    }
+    if (!accumulate_) {
+      h.grads = [cp, at](int u) { return at(cp->grads.f32(), static_cast<float*>(cp->unit0_grads), u); };
       h.grads_ready = [](int) {};
-    } else {  // f32 accumulators per micro-batch (see accumulator); bf16: widened parameters (widen)
-      if (bf16_) {
-        h.params = [this, cp](int u) { return widen(*cp, u); };
-        h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
-        h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
-        h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
-      } else {
-        h.params = [cp, at](int u) {
-          return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u);
-        };
-        h.done = [](int) {};
-      }
+    } else {  // f32 accumulators per micro-batch (see accumulator)
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});

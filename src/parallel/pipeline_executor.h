@@ -317,7 +317,7 @@ class PipelineExecutor {
   GradShard grad_shard_of(Chunk& c, int u);
   void reduce_into_shard(Chunk& c, int u, float* acc);
   void sum_tied_shards();
-  double step_zero2(double lr);
+  double unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
   double shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
   int64_t acc_numel(int u) const;  // an accumulator's floats (ZeRO-2 at dp > 1: padded)
   bool zero2_ = false;       // setup_.zero_stage == 2

@@ -37,8 +37,7 @@ void PipelineExecutor::tied_pair(void* emb_at, void* head_at, int64_t lo, int64_
     rows.clear();
     if (head_rank_ != rank_ && k > 0) setup_.pipe->send(emb_at, k, stored, head_rank_, kPairTag + 1);
   } else if (rank_ == head_rank_ && k > 0) {
-    comm::Work s = setup_.pipe->isend(head_at, k, stored, emb_rank_, kPairTag + 2);
-    s.wait();
+    setup_.pipe->send(head_at, k, stored, emb_rank_, kPairTag + 2);
     setup_.pipe->recv(head_at, k, stored, emb_rank_, kPairTag + 1);
   }
 }
@@ -47,14 +46,14 @@ void PipelineExecutor::tied_pair(void* emb_at, void* head_at, int64_t lo, int64_
 void PipelineExecutor::sum_tied_pair() {
   if (!layout_.tied() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
   const model::TensorSpec& wte = layout_.token_embedding();
-  auto table = [&](tensor::Storage& g, int64_t base) {
-    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset - base) * stored_esz();
+  auto table = [&](tensor::Storage& g) {  // unit 0 is the buffer's first
+    return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
   };
   void* emb_at = nullptr;
   void* head_at = nullptr;
-  if (rank_ == emb_rank_) emb_at = table(chunk_of_stage(0).grads, 0);
+  if (rank_ == emb_rank_) emb_at = table(chunk_of_stage(0).grads);
   for (auto& c : chunks_)
-    if (c->replica()) head_at = table(c->rep_grads, 0);
+    if (c->replica()) head_at = table(c->rep_grads);
   tied_pair(emb_at, head_at, 0, wte.numel());
 }
 
@@ -108,25 +107,42 @@ void PipelineExecutor::add_lookup_tail() {
 }
 
 double PipelineExecutor::step(double lr) {
-  if (zero2_) return step_zero2(lr);
-  // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
-  vocab_gather_grads();
-  // The data group's sums, the deferred lookup rows after them (as
-  // DataParallel adds them), then the tied table's H + E.
-  if (setup_.data != nullptr) {
-    for (auto& c : chunks_) {
-      allreduce_grads(c->grads.data(), c->first, c->last);
-      if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
-    }
-  }
-  add_lookup_tail();
-  sum_tied_pair();
-  // The norm: per unit, over the tensor group, then over the stages.
-  std::vector<std::pair<int64_t, int64_t>> uncounted;
+  std::vector<std::pair<int64_t, int64_t>> uncounted;  // what tp ranks > 0 do not count
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
     uncounted = layout_.replicated_ranges();
     std::sort(uncounted.begin(), uncounted.end());
   }
+  double norm = 0;
+  if (zero2_) {  // the micro-batches' sums are in the shards already
+    sum_tied_shards();
+    norm = shard_norm(uncounted);
+  } else {
+    // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
+    vocab_gather_grads();
+    // The data group's sums, the deferred lookup rows after them (as
+    // DataParallel adds them), then the tied table's H + E.
+    if (setup_.data != nullptr) {
+      for (auto& c : chunks_) {
+        allreduce_grads(c->grads.data(), c->first, c->last);
+        if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
+      }
+    }
+    add_lookup_tail();
+    sum_tied_pair();
+    norm = unit_norm(uncounted);
+  }
+  const double clip = chunks_.front()->adam->clip_scale(norm);
+  for (auto& c : chunks_) {
+    update(*c, false, lr, clip);
+    if (c->replica()) update(*c, true, lr, clip);
+  }
+  vocab_refresh();
+  return norm;
+}
+
+// The whole reduced gradient's norm: per unit, over the tensor group, then
+// over the stages (grad_norm.h's order).
+double PipelineExecutor::unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted) {
   std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
@@ -142,14 +158,7 @@ double PipelineExecutor::step(double lr) {
     }
   sum_units_over(sq, setup_.tensor);
   sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0
-  const double norm = std::sqrt(sum_in_unit_order(sq));
-  const double clip = chunks_.front()->adam->clip_scale(norm);
-  for (auto& c : chunks_) {
-    update(*c, false, lr, clip);
-    if (c->replica()) update(*c, true, lr, clip);
-  }
-  vocab_refresh();
-  return norm;
+  return std::sqrt(sum_in_unit_order(sq));
 }
 
 // One AdamW step of a chunk's units (or of its replica of unit 0) from the
@@ -195,9 +204,7 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
 // stride, the blocks a reduce-scatter sends.
 int64_t PipelineExecutor::acc_numel(int u) const {
   const int64_t n = layout_.unit_numel(u);
-  if (!zero2_ || setup_.dp <= 1) return n;
-  const int64_t stride = (n + setup_.dp - 1) / setup_.dp;  // ShardLayout's
-  return stride * setup_.dp;
+  return zero2_ ? ShardLayout::stride_of(n, setup_.dp) * setup_.dp : n;
 }
 
 PipelineExecutor::GradShard PipelineExecutor::grad_shard_of(Chunk& c, int u) {
@@ -245,12 +252,11 @@ void PipelineExecutor::sum_tied_shards() {
       head = &c->rep_grads;
       sl = c->rep_shard.get();
     }
-  const int64_t lo = std::max(at, sl->begin(0)), hi = std::min(at + n, sl->end(0));
+  const TableShard t = table_in_shard(*sl, 0, at, n);
   auto table = [&](tensor::Storage* g) {  // unit 0's shard is the first in the buffer
-    return g == nullptr ? nullptr
-                        : static_cast<char*>(g->data()) + static_cast<size_t>(std::max<int64_t>(lo - sl->begin(0), 0)) * stored_esz();
+    return g == nullptr ? nullptr : static_cast<char*>(g->data()) + static_cast<size_t>(t.first) * stored_esz();
   };
-  tied_pair(table(emb), table(head), lo - at, std::max(lo, hi) - at);
+  tied_pair(table(emb), table(head), t.lo, t.hi);
 }
 
 // The shards' global norm in DataParallel::sharded_grad_norm's order: each
@@ -283,22 +289,6 @@ double PipelineExecutor::shard_norm(const std::vector<std::pair<int64_t, int64_t
     for (double s : all) mine += s;
   }
   return std::sqrt(mine);
-}
-
-double PipelineExecutor::step_zero2(double lr) {
-  sum_tied_shards();
-  std::vector<std::pair<int64_t, int64_t>> uncounted;
-  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
-    uncounted = layout_.replicated_ranges();
-    std::sort(uncounted.begin(), uncounted.end());
-  }
-  const double norm = shard_norm(uncounted);
-  const double clip = chunks_.front()->adam->clip_scale(norm);
-  for (auto& c : chunks_) {
-    update(*c, false, lr, clip);
-    if (c->replica()) update(*c, true, lr, clip);
-  }
-  return norm;
 }
 
 }  // namespace po::parallel

@@ -148,7 +148,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   const bool z2 = setup.zero_stage == 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const size_t esz = setup.bf16 ? 2 : 4;
-  auto padded = [&](int64_t n) { return z2 ? (n + zr - 1) / zr * zr : n; };
+  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr) * zr : n; };
   auto shard_numel = [&](int first, int last) {
     return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
   };
@@ -198,7 +198,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.w_queue += static_cast<size_t>(acc_peak * padded(layout.unit_numel(1))) * f;
   }
   if (z2 && zr > 1) {
-    const auto stride = static_cast<size_t>((largest + zr - 1) / zr);
+    const auto stride = static_cast<size_t>(ShardLayout::stride_of(largest, zr));
     m.buffers += setup.reduce_bf16 ? stride * static_cast<size_t>(zr + 1) * 2 : stride * f;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens

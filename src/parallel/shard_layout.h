@@ -40,6 +40,8 @@ class ShardLayout {
   const std::vector<int64_t>& unit_numels() const { return numel_; }
   // S_u: the padded size of every shard of unit u.
   int64_t stride(int u) const { return stride_[static_cast<size_t>(u)]; }
+  // S for a unit of n elements over `ranks` ranks (ceil(n / ranks)).
+  static int64_t stride_of(int64_t n, int ranks) { return (n + ranks - 1) / ranks; }
   // Global element range of unit u owned by rank r: [begin, end).
   int64_t begin(int u, int r) const;
   int64_t end(int u, int r) const;

@@ -122,6 +122,11 @@ void add_deferred_lookup(void* wte, void* wpe, DType dtype, const float* rows, c
   }
 }
 
+TableShard table_in_shard(const ShardLayout& sl, int i, int64_t at, int64_t n) {
+  const int64_t a = std::max(at, sl.begin(i)), b = std::min(at + n, sl.end(i));
+  return {a - at, std::max(a, b) - at, a - sl.begin(i)};
+}
+
 size_t LookupRows::bytes() const {
   return rows_.size() + tokens_.size() + all_rows_.size() + all_tokens_.size() + order_.size();
 }

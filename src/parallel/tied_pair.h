@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "parallel/shard_layout.h"
 #include "tensor/tensor.h"
 
 namespace po::parallel {
@@ -68,6 +69,14 @@ class LookupRows {
   const int32_t* tokens_at_ = nullptr;
   int64_t n_at_ = 0, held_ = 0;  // rows gathered; of them, in the slice (order_'s length)
 };
+
+// The table's part of a ZeRO shard: the table occupies elements [at, at + n)
+// of unit `i` of `sl`; of it this rank's shard holds table elements [lo, hi)
+// (none when hi == lo), starting at element `first` of the unit's shard.
+struct TableShard {
+  int64_t lo = 0, hi = 0, first = 0;
+};
+TableShard table_in_shard(const ShardLayout& sl, int i, int64_t at, int64_t n);
 
 // The deferred embedding's rows (every data rank's last micro-batch, B rows
 // of T positions, in rank order) added into the position table `wpe` and,
