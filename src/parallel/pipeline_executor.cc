@@ -27,9 +27,10 @@ namespace {
 // u - first) of a buffer whose element 0 is unit `first`'s: each tensor
 // `keep` accepts, cut to the owned part of its unit, with its state (m, v,
 // the gradient shard) at the shard's local offsets. With one rank the
-// state's offsets are the buffer's.
+// state's offsets are the buffer's. With `sharded_params` (ZeRO-3) the
+// parameters are the shard too: at the state's offsets.
 std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last,
-                                            const ShardLayout& sl,
+                                            const ShardLayout& sl, bool sharded_params,
                                             const std::function<bool(const model::TensorSpec&)>& keep) {
   std::vector<optim::ParamRange> ranges;
   const int64_t base = l.unit_offset(first);
@@ -40,7 +41,8 @@ std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, i
     const int64_t lo = std::max(t.offset - unit_lo, sl.begin(i));
     const int64_t hi = std::min(t.offset + t.numel() - unit_lo, sl.end(i));
     if (lo >= hi) continue;
-    ranges.push_back({unit_lo - base + lo, hi - lo, t.decay, sl.local_offset(i) + (lo - sl.begin(i))});
+    const int64_t state = sl.local_offset(i) + (lo - sl.begin(i));
+    ranges.push_back({sharded_params ? state : unit_lo - base + lo, hi - lo, t.decay, state});
   }
   return ranges;
 }
@@ -62,15 +64,17 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   rank_ = setup_.pipe ? setup_.pipe->rank() : 0;
   PO_CHECK((setup_.pipe ? setup_.pipe->size() : 1) == s.ranks, "pipeline: the group has ",
            setup_.pipe ? setup_.pipe->size() : 1, " ranks, the schedule ", s.ranks);
-  PO_CHECK(setup_.zero_stage >= 0 && setup_.zero_stage <= 2, "pipeline: ZeRO stage ",
-           setup_.zero_stage, " (stages 0-2 compose with pipeline parallel)");
-  PO_CHECK(setup_.zero_stage < 2 || !s.vocab, "pipeline: ZeRO-2 with the vocabulary-parallel head");
+  PO_CHECK(setup_.zero_stage >= 0 && setup_.zero_stage <= 3, "pipeline: ZeRO stage ",
+           setup_.zero_stage, " (stages 0-3)");
+  PO_CHECK(setup_.zero_stage < 2 || !s.vocab, "pipeline: ZeRO-", setup_.zero_stage,
+           " with the vocabulary-parallel head");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
   bf16_ = setup_.bf16;
-  zero2_ = setup_.zero_stage == 2;
-  accumulate_ = bf16_ || zero2_;
+  shard_grads_ = setup_.zero_stage >= 2;
+  accumulate_ = bf16_ || shard_grads_;
   const size_t esz = stored_esz();
   const bool sharded = setup_.zero_stage >= 1 && setup_.dp > 1;
+  shard_params_ = setup_.zero_stage == 3 && sharded;
   const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int head = layout_.head_unit();
@@ -84,14 +88,14 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->last = r.last < 0 ? head : r.last;
     c->base = layout_.unit_offset(c->first);
     c->numel = layout_.unit_offset(c->last + 1) - c->base;
-    c->params = zeroed(c->numel, esz);
     c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk);
-    c->grads = zeroed(zero2_ ? c->shard->local_numel() : c->numel, esz);  // ZeRO-2: the shard
+    c->params = zeroed(shard_params_ ? c->shard->local_numel() : c->numel, esz);  // ZeRO-3: the shard
+    c->grads = zeroed(shard_grads_ ? c->shard->local_numel() : c->numel, esz);    // ZeRO 2-3: the shard
     if (bf16_) c->master = zeroed(c->shard->local_numel());
     c->adam = std::make_unique<optim::AdamW>(
-        adam, shard_ranges(layout_, c->first, c->last, *c->shard, every_tensor),
+        adam, shard_ranges(layout_, c->first, c->last, *c->shard, shard_params_, every_tensor),
         c->shard->local_numel());
-    if (sharded && !bf16_ && !zero2_) c->grad_shard = zeroed(c->shard->local_numel());
+    if (sharded && !bf16_ && !shard_grads_) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.tied() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
       c->rows = std::make_unique<LookupRows>(config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
       c->rows->reserve(static_cast<int64_t>(s.micro_batches) * setup_.micro * setup_.T);
@@ -113,16 +117,16 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     // table update the same elements on the same data rank.
     const int64_t wte = layout_.token_embedding().offset;
     c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk);
-    c->rep_params = zeroed(n0, esz);
-    c->rep_grads = zeroed(zero2_ ? c->rep_shard->local_numel() : n0, esz);
+    c->rep_params = zeroed(shard_params_ ? c->rep_shard->local_numel() : n0, esz);
+    c->rep_grads = zeroed(shard_grads_ ? c->rep_shard->local_numel() : n0, esz);
     c->unit0_params = c->rep_params.data();
     c->unit0_grads = c->rep_grads.data();
     c->rep_adam = std::make_unique<optim::AdamW>(
         adam,
-        shard_ranges(layout_, 0, 0, *c->rep_shard,
+        shard_ranges(layout_, 0, 0, *c->rep_shard, shard_params_,
                      [wte](const model::TensorSpec& t) { return t.offset == wte; }),
         c->rep_shard->local_numel());
-    if (sharded && !bf16_ && !zero2_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
+    if (sharded && !bf16_ && !shard_grads_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
     if (bf16_) c->rep_master = zeroed(c->rep_shard->local_numel());
   }
   // The largest unit held (a replica's included): ZeRO-1's gathers take a
@@ -157,12 +161,13 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
       if (bf16_) widen_[k] = zeroed(n[k]);
       acc_[k] = zeroed(acc[k]);
     }
-    if (bf16_ && !zero2_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-    if (zero2_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
+    if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
+    if (shard_grads_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
       const int64_t stride = ShardLayout::stride_of(largest, zr);
       if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
       rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
     }
+    for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr) * zr, esz);
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -205,6 +210,7 @@ bool PipelineExecutor::holds(int u) const {
 bool PipelineExecutor::has_loss() const { return head_rank_ == rank_; }
 
 const void* PipelineExecutor::tied_replica() const {
+  PO_ASSERT(!shard_params_, "pipeline: tied_replica under ZeRO-3 (its shard only is held)");
   for (const auto& c : chunks_)
     if (c->replica())
       return static_cast<const char*>(c->rep_params.data()) +
@@ -214,16 +220,55 @@ const void* PipelineExecutor::tied_replica() const {
 
 void* PipelineExecutor::stored_unit(int u) {
   for (auto& c : chunks_)
-    if (c->holds(u))
-      return static_cast<char*>(c->params.data()) +
-             static_cast<size_t>(layout_.unit_offset(u) - c->base) * stored_esz();
+    if (c->holds(u)) return stored_at(*c, false, u);
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
+// Where chunk c (its replica) stores unit u's parameters: the whole unit,
+// or under ZeRO-3 this rank's shard of it.
+void* PipelineExecutor::stored_at(Chunk& c, bool replica, int u) {
+  if (shard_params_) return shard_of(c, u, true).at(stored_esz());
+  const int64_t at = replica ? 0 : layout_.unit_offset(u) - c.base;
+  return static_cast<char*>((replica ? c.rep_params : c.params).data()) + static_cast<size_t>(at) * stored_esz();
+}
+
+// Unit u's values (the whole unit's floats at src) into chunk c's (its
+// replica's) stored parameters, whole or its shard, and a bf16 stage's
+// master shard.
+void PipelineExecutor::store_unit(Chunk& c, bool replica, int u, const float* src) {
+  const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
+  const int i = replica ? 0 : u - c.first;
+  const int64_t lo = shard_params_ ? sl.begin(i) : 0;
+  const int64_t n = shard_params_ ? sl.owned(i) : sl.unit_numel(i);
+  void* dst = stored_at(c, replica, u);
+  if (!bf16_) {
+    std::memcpy(dst, src + lo, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  write_field(c, replica, State::kParams, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+  ops::f32_to_bf16(static_cast<uint16_t*>(dst), src + lo, n);
+}
+
 float* PipelineExecutor::unit_params(int u) {
-  PO_ASSERT(!bf16_, "pipeline: unit_params of bf16 stages (use read_unit)");
+  PO_ASSERT(!bf16_ && !shard_params_, "pipeline: unit_params of bf16 or ZeRO-3 stages (use read_unit)");
   return static_cast<float*>(stored_unit(u));
 }
+
+// ZeRO-3: unit u's parameters for one use, every data rank's shard of it
+// gathered (as stored: bf16 stays 2 bytes on the wire). The model asks for
+// unit 0 and one other at most at once (the tied head), so two buffers do.
+const void* PipelineExecutor::gather_use(Chunk& c, int u) {
+  const int k = u == 0 ? 0 : 1;
+  PO_ASSERT(use_unit_[k] < 0, "pipeline: unit ", u, "'s parameters asked for while unit ", use_unit_[k],
+            "'s are in use");
+  use_unit_[k] = u;
+  const UnitShard s = shard_of(c, u, true);
+  setup_.data->all_gather(s.at(stored_esz()), use_[k].data(), static_cast<size_t>(s.layout->stride(s.index)),
+                          bf16_ ? DType::kBF16 : DType::kF32);
+  return use_[k].data();
+}
+
+void PipelineExecutor::release_use(int u) { use_unit_[u == 0 ? 0 : 1] = -1; }
 
 // Every data rank's shard of one unit (`mine`: this rank's owned(i)
 // elements) into dst, the whole unit: a collective over the data group.
@@ -262,20 +307,16 @@ void PipelineExecutor::init_random(uint64_t seed) {
     if (!c->replica()) continue;
     unit.resize(static_cast<size_t>(layout_.unit_numel(0)));
     init.init_random_unit(seed, 0, unit.data());
-    if (!bf16_) {
-      std::memcpy(c->rep_params.data(), unit.data(), unit.size() * sizeof(float));
-      continue;
-    }
-    ops::f32_to_bf16(static_cast<uint16_t*>(c->rep_params.data()), unit.data(), layout_.unit_numel(0));
-    write_field(*c, true, State::kParams, c->rep_shard->local_offset(0), c->rep_shard->owned(0),
-                unit.data() + c->rep_shard->begin(0));
+    store_unit(*c, true, 0, unit.data());
   }
   vocab_init(seed);
 }
 
 void PipelineExecutor::sync_replica() {
   if (!layout_.tied() || emb_rank_ == head_rank_) return vocab_refresh();
-  const auto n0 = static_cast<size_t>(layout_.unit_numel(0));
+  // (ZeRO-3: this data rank's shard of it, the same cut on both copies)
+  const int64_t n = layout_.unit_numel(0);
+  const auto n0 = static_cast<size_t>(shard_params_ ? ShardLayout::stride_of(n, setup_.dp) : n);
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
   // The stored unit 0, then Adam m, v (and bf16: the master) of this data
   // rank's shard of it: the same elements in both copies (the same shard layout).
@@ -296,7 +337,7 @@ void PipelineExecutor::sync_replica() {
       if (c->replica()) {
         const auto own = static_cast<size_t>(c->rep_shard->owned(0));
         std::vector<float> state(own);
-        setup_.pipe->recv(c->rep_params.data(), n0, stored, emb_rank_, kPairTag);
+        setup_.pipe->recv(stored_at(*c, true, 0), n0, stored, emb_rank_, kPairTag);
         for (int k = 0; k < fields; ++k) {
           setup_.pipe->recv(state.data(), own, DType::kF32, emb_rank_, kPairTag + 3 + k);
           write_field(*c, true, kinds[k], c->rep_shard->local_offset(0), c->rep_shard->owned(0),
@@ -327,11 +368,17 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       return unit0;
     };
     model::UnitHooks h;
-    if (bf16_) {  // widened parameters (widen)
+    if (bf16_) {  // widened parameters (widen; ZeRO-3: of the gathered unit)
       h.params = [this, cp](int u) { return widen(*cp, u); };
-      h.done = [this](int u) { widen_busy_[u == 0 ? 0 : 1] = false; };
+      h.done = [this](int u) {
+        widen_busy_[u == 0 ? 0 : 1] = false;
+        if (shard_params_) release_use(u);
+      };
       h.params_bf16 = [this, cp](int u) { return stored_bf16(*cp, u); };
       h.params_lean = [this, cp](int u) { return widen(*cp, u, true); };
+    } else if (shard_params_) {  // ZeRO-3: gathered for each use
+      h.params = [this, cp](int u) { return static_cast<float*>(const_cast<void*>(gather_use(*cp, u))); };
+      h.done = [this](int u) { release_use(u); };
     } else {
       h.params = [cp, at](int u) { return at(cp->params.f32(), static_cast<float*>(cp->unit0_params), u); };
       h.done = [](int) {};
@@ -367,12 +414,19 @@ float* PipelineExecutor::widen(Chunk& c, int u, bool lean) {
   PO_ASSERT(!widen_busy_[k], "pipeline: unit ", u, "'s parameters asked for while unit ",
             k == 0 ? "0's" : "another's", " are in use");
   widen_busy_[k] = true;
-  widen_unit(layout_, u, stored_bf16(c, u), widen_[k].f32(), lean);
+  const auto* src = shard_params_ ? static_cast<const uint16_t*>(gather_use(c, u)) : stored_bf16(c, u);
+  widen_unit(layout_, u, src, widen_[k].f32(), lean);
   return widen_[k].f32();
 }
 
-// bf16: unit u's stored parameters (the model's bf16 GEMMs read their weights here).
+// bf16: unit u's stored parameters (the model's bf16 GEMMs read their
+// weights here); ZeRO-3: as gathered for the use in hand.
 const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
+  if (shard_params_) {
+    const int k = u == 0 ? 0 : 1;
+    PO_ASSERT(use_unit_[k] == u, "pipeline: unit ", u, "'s bf16 parameters asked for before the unit");
+    return static_cast<const uint16_t*>(use_[k].data());
+  }
   const auto* src = c.holds(u) ? static_cast<const uint16_t*>(c.params.data()) + (layout_.unit_offset(u) - c.base)
                                : static_cast<const uint16_t*>(c.unit0_params);
   PO_ASSERT(src != nullptr, "pipeline chunk ", c.stage, ": unit ", u, " not held");
@@ -413,7 +467,7 @@ void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   const int u = std::get<2>(it->first);
   const Acc& a = it->second;
   Chunk& c = *a.chunk;
-  if (zero2_) {
+  if (shard_grads_) {
     reduce_into_shard(c, u, a.buf);
   } else {
     auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)

@@ -80,8 +80,21 @@
 // the H the head's rank sends it, and sends the sum back (on one rank, zbv:
 // in place), the sum DataParallel makes at pp = 1.
 //
-// What it does not do (refused by the trainer): ZeRO-3 (parameters gathered
-// per use) and ZeRO-2 with the vocabulary-parallel head.
+// ZeRO-3 (zero_stage = 3, dp > 1): each chunk (and a tied head's replica)
+// also stores only this rank's shard of its parameters (bf16 stages: the
+// bf16 shard beside the fp32 master's). A slot's hooks gather a unit over
+// the data group for each use, as stored (bf16 stays 2 bytes on the wire),
+// into one buffer for unit 0 and one for the others (the model holds at
+// most one of each), and the update writes the shard with no gather after
+// it. Every data rank of a stage runs the same action list, so the gathers
+// match as the reduce-scatters do; the gathered values are the stored ones,
+// so ZeRO-3 gives ZeRO-2's bits. Gathers run where their compute needs
+// them, not ahead (no prefetch yet): 2 × micro-batches gathers of a unit
+// per step under 1F1B (forward and input backward; a deferred W reads no
+// parameters).
+//
+// What it does not do (refused by the trainer): ZeRO 2-3 with the
+// vocabulary-parallel head.
 #pragma once
 
 #include <cstdint>
@@ -114,10 +127,11 @@ struct PipelineSetup {
   model::TensorSplit split;
   bool tp_overlap = false;
   // ZeRO: 0 (whole Adam state per chunk), 1 (this rank's shard over the
-  // data group) or 2 (also the gradient: each micro-batch's part of a unit is
+  // data group), 2 (also the gradient: each micro-batch's part of a unit is
   // reduce-scattered into this rank's shard as soon as it is complete, from
-  // an f32 accumulator, as DataParallel does at pp = 1). `dp` is the data
-  // group's size (predict() reads it when `data` is null).
+  // an f32 accumulator, as DataParallel does at pp = 1) or 3 (also the
+  // stored parameters, gathered per use). `dp` is the data group's size
+  // (predict() reads it when `data` is null).
   int zero_stage = 0;
   int dp = 1;
   // bf16 stages (train.precision = "bf16"): parameters and gradients stored
@@ -298,6 +312,8 @@ class PipelineExecutor {
   void add_lookup_tail();
   void update(Chunk& c, bool replica, double lr, double clip);
   void* stored_unit(int u);
+  void* stored_at(Chunk& c, bool replica, int u);
+  void store_unit(Chunk& c, bool replica, int u, const float* src);
   size_t stored_esz() const { return bf16_ ? sizeof(uint16_t) : sizeof(float); }  // parameters, gradients
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
@@ -309,20 +325,31 @@ class PipelineExecutor {
   // embedding chunk's on the same rank), the reduce-scatter of one
   // micro-batch's accumulator into it, the tied pair's sum over the shards
   // and the shards' global norm in DataParallel's order.
-  struct GradShard {
-    tensor::Storage* grads;
+  struct UnitShard {
+    tensor::Storage* store;  // the gradient's shard, or (ZeRO-3) the stored parameters'
     const ShardLayout* layout;
     int index;  // of the unit in `layout`
+    char* at(size_t esz) const {
+      return static_cast<char*>(store->data()) + static_cast<size_t>(layout->local_offset(index)) * esz;
+    }
   };
-  GradShard grad_shard_of(Chunk& c, int u);
+  UnitShard shard_of(Chunk& c, int u, bool params);
+  // ZeRO-3: unit u's stored parameters gathered over the data group for one
+  // use (every data rank of the stage asks in the same order), into the
+  // buffer of unit 0's kind or the others', until done(u).
+  const void* gather_use(Chunk& c, int u);
+  void release_use(int u);
   void reduce_into_shard(Chunk& c, int u, float* acc);
   void sum_tied_shards();
   double unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
   double shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
   int64_t acc_numel(int u) const;  // an accumulator's floats (ZeRO-2 at dp > 1: padded)
-  bool zero2_ = false;       // setup_.zero_stage == 2
-  bool accumulate_ = false;  // per-micro-batch f32 accumulators: bf16 or ZeRO-2
-  tensor::Storage rs_send_, rs_recv_;  // ZeRO-2: a bf16 send block, a receive block
+  bool shard_grads_ = false;   // ZeRO 2-3: each chunk keeps its shard of the gradient
+  bool shard_params_ = false;  // ZeRO-3 over dp > 1: and of the stored parameters
+  bool accumulate_ = false;    // per-micro-batch f32 accumulators: bf16 or ZeRO 2-3
+  tensor::Storage rs_send_, rs_recv_;  // ZeRO 2-3: a bf16 send block, a receive block
+  tensor::Storage use_[2];             // ZeRO-3: a gathered unit 0, another unit (ranks × stride, as stored)
+  int use_unit_[2] = {-1, -1};         // the unit each holds for its use (-1: free)
   // bf16 (see pipeline_executor.cc): widened parameters, f32 accumulators.
   struct Acc {
     float* buf = nullptr;

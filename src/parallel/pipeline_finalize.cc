@@ -113,7 +113,7 @@ double PipelineExecutor::step(double lr) {
     std::sort(uncounted.begin(), uncounted.end());
   }
   double norm = 0;
-  if (zero2_) {  // the micro-batches' sums are in the shards already
+  if (shard_grads_) {  // the micro-batches' sums are in the shards already
     sum_tied_shards();
     norm = shard_norm(uncounted);
   } else {
@@ -172,18 +172,18 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
   tensor::Storage& grads = replica ? c.rep_grads : c.grads;
   if (bf16_) {
     // The fp32 master (this rank's shard) takes the update from the bf16
-    // gradient (ZeRO-2: its shard), rounded into the stored parameters;
-    // ZeRO 1-2 gather those.
+    // gradient (ZeRO 2-3: its shard), rounded into the stored parameters;
+    // ZeRO 1-2 gather those (ZeRO-3 keeps its shard).
     auto* p16 = static_cast<uint16_t*>(params.data());
     adam.apply_mixed((replica ? c.rep_master : c.master).f32(), static_cast<const uint16_t*>(grads.data()),
-                     zero2_, p16, lr, clip);
+                     shard_grads_, p16, lr, clip);
     int64_t at = 0;
-    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+    for (int i = 0; sl.ranks() > 1 && !shard_params_ && i < sl.num_units(); at += sl.unit_numel(i), ++i)
       gather_unit(sl, i, p16 + at + sl.begin(i), p16 + at, DType::kBF16);
-  } else if (sl.ranks() == 1 || zero2_) {  // (ZeRO-2: the gradient is this rank's shard)
+  } else if (sl.ranks() == 1 || shard_grads_) {  // (ZeRO 2-3: the gradient is this rank's shard)
     adam.apply(params.f32(), grads.f32(), lr, clip);
     int64_t at = 0;
-    for (int i = 0; sl.ranks() > 1 && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+    for (int i = 0; sl.ranks() > 1 && !shard_params_ && i < sl.num_units(); at += sl.unit_numel(i), ++i)
       gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
   } else {
     float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
@@ -200,19 +200,19 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
 }
 
 
-// ZeRO-2 (sharded over dp > 1): a unit's accumulator is padded to ranks ×
+// ZeRO 2-3 (sharded over dp > 1): a unit's accumulator is padded to ranks ×
 // stride, the blocks a reduce-scatter sends.
 int64_t PipelineExecutor::acc_numel(int u) const {
   const int64_t n = layout_.unit_numel(u);
-  return zero2_ ? ShardLayout::stride_of(n, setup_.dp) * setup_.dp : n;
+  return shard_grads_ ? ShardLayout::stride_of(n, setup_.dp) * setup_.dp : n;
 }
 
-PipelineExecutor::GradShard PipelineExecutor::grad_shard_of(Chunk& c, int u) {
-  if (c.holds(u)) return {&c.grads, c.shard.get(), u - c.first};
+PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool params) {
+  if (c.holds(u)) return {params ? &c.params : &c.grads, c.shard.get(), u - c.first};
   PO_ASSERT(u == 0 && layout_.tied(), "pipeline chunk ", c.stage, ": unit ", u, " not held");
-  if (c.replica()) return {&c.rep_grads, c.rep_shard.get(), 0};
+  if (c.replica()) return {params ? &c.rep_params : &c.rep_grads, c.rep_shard.get(), 0};
   Chunk& e = chunk_of_stage(0);  // the embedding's chunk on this rank (zbv)
-  return {&e.grads, e.shard.get(), 0};
+  return {params ? &e.params : &e.grads, e.shard.get(), 0};
 }
 
 // One micro-batch's gradient of unit u (the f32 accumulator, padded) into
@@ -221,11 +221,11 @@ PipelineExecutor::GradShard PipelineExecutor::grad_shard_of(Chunk& c, int u) {
 // accumulator is the sum. UnitBuffers' arithmetic (add_block), so the
 // shards hold pp = 1's bits.
 void PipelineExecutor::reduce_into_shard(Chunk& c, int u, float* acc) {
-  const GradShard g = grad_shard_of(c, u);
+  const UnitShard g = shard_of(c, u, false);
   const ShardLayout& sl = *g.layout;
   const int64_t stride = sl.stride(g.index);
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  char* dst = static_cast<char*>(g.grads->data()) + static_cast<size_t>(sl.local_offset(g.index)) * stored_esz();
+  char* dst = g.at(stored_esz());
   if (sl.ranks() == 1) return add_block(dst, stored, acc, DType::kF32, stride);
   const DType wire = setup_.reduce_bf16 ? DType::kBF16 : DType::kF32;
   const void* send = acc;

@@ -144,9 +144,12 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   // stages a unit's f32 sum; bf16 and ZeRO-2 accumulate each micro-batch in
   // f32 buffers of those two kinds (ZeRO-2 at dp > 1: padded to ranks ×
   // stride) and ZeRO-2 reduce-scatters through a receive block (and a bf16
-  // send block) of the largest unit's stride.
-  const bool z2 = setup.zero_stage == 2;
+  // send block) of the largest unit's stride. ZeRO-3 (dp > 1) stores only the
+  // parameters' shard, and gathers unit 0 and the largest other unit for
+  // their uses into ranks × stride blocks, as stored.
+  const bool z2 = setup.zero_stage >= 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
+  const bool z3 = setup.zero_stage == 3 && zr > 1;
   const size_t esz = setup.bf16 ? 2 : 4;
   auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr) * zr : n; };
   auto shard_numel = [&](int first, int last) {
@@ -162,13 +165,13 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       largest = std::max(largest, layout.unit_numel(u));
     }
     if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
-    m.params += n * esz;
+    m.params += (z3 ? shard_numel(first, last) : n) * esz;
     m.grads += (z2 ? shard_numel(first, last) : n) * esz;
     if (layout.tied() && first == 0)  // the step's lookup rows (tied_pair.h)
       m.buffers += LookupRows::predicted_bytes(s.micro_batches * setup.micro * setup.T, c.n_embd, setup.dp);
     if (layout.tied() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
-      m.params += n0 * esz;
+      m.params += (z3 ? shard_numel(0, 0) : n0) * esz;
       m.grads += (z2 ? shard_numel(0, 0) : n0) * esz;
       largest = std::max(largest, layout.unit_numel(0));
     }
@@ -195,6 +198,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   }
   if (setup.bf16 || z2) {
     m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * f;
+    if (z3) m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * esz;
     m.w_queue += static_cast<size_t>(acc_peak * padded(layout.unit_numel(1))) * f;
   }
   if (z2 && zr > 1) {
@@ -333,7 +337,7 @@ float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
 
 void PipelineExecutor::read_unit(State kind, int u, float* dst) {
   const auto n = static_cast<size_t>(layout_.unit_numel(u));
-  if (kind == State::kParams && !bf16_) {
+  if (kind == State::kParams && !bf16_ && !shard_params_) {
     std::memcpy(dst, unit_params(u), n * sizeof(float));
     return;
   }
@@ -341,6 +345,8 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
+    if (kind == State::kParams && !bf16_)  // ZeRO-3: the stored shards
+      return gather_unit(sl, i, stored_at(*c, false, u), dst, DType::kF32);
     if (sl.ranks() == 1) {
       read_field(*c, false, kind, sl.local_offset(i), sl.unit_numel(i), dst);
       return;
@@ -354,18 +360,12 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
 }
 
 void PipelineExecutor::write_unit(State kind, int u, const float* src) {
-  const auto n = layout_.unit_numel(u);
-  if (kind == State::kParams && !bf16_) {
-    std::memcpy(unit_params(u), src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
   for (auto& c : chunks_) {
     if (!c->holds(u)) continue;
+    if (kind == State::kParams) return store_unit(*c, false, u, src);
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
     write_field(*c, false, kind, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
-    // bf16: the stored parameters are the master's rounding (the whole unit).
-    if (kind == State::kParams) ops::f32_to_bf16(static_cast<uint16_t*>(stored_unit(u)), src, n);
     return;
   }
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
@@ -387,7 +387,8 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
               gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
-              staging_.size() + rs_send_.size() + rs_recv_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
+              staging_.size() + rs_send_.size() + rs_recv_.size() + use_[0].size() + use_[1].size() +
+              tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
               tokens_all_.size();
   for (const auto& c : chunks_)
     if (c->rows) m.buffers += c->rows->bytes();

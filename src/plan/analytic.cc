@@ -40,11 +40,11 @@ parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Lay
 
 namespace detail {
 
-// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-2, in memory or paged, cp = 1).
+// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-3, in memory or paged, cp = 1).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.cp == 1 && l.zero_stage <= 2 && l.flash_attention &&
+  return l.pp > 1 && l.cp == 1 && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
@@ -134,7 +134,8 @@ void pipeline_engine_memory(Plan& p) {
              "slots of the micro-batches in flight");
   add_memory(p, "weight-gradient queue", static_cast<double>(busiest.w_queue), Tier::kCompute,
              "zero-bubble W work");
-  add_memory(p, "p2p message buffers", static_cast<double>(busiest.buffers));
+  add_memory(p, "working buffers", static_cast<double>(busiest.buffers), Tier::kCompute,
+             "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
 }
 
 void analytic_plan(Plan& p) {
@@ -227,17 +228,22 @@ void analytic_plan(Plan& p) {
   const double resz = l.reduce_bf16 ? 2 : 4;
   const bool dp_inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp, l.dp);
   const int n = shard;
+  // At pp = 1 the data group's gradient traffic overlaps the backward
+  // (buckets, reduce-scatters in flight); the pipeline executor's waits at
+  // each call (ZeRO 0-1: at the step's end; ZeRO 2-3: each micro-batch's),
+  // so a pipeline layout's is exposed.
+  const bool grads_overlap = l.pp == 1;
   if (n > 1) {
     if (stage == 0) {
-      add_comm(p, "dp", "allreduce", "gradients", 1, stage_params * resz, n, dp_inter, true);
+      add_comm(p, "dp", "allreduce", "gradients", 1, stage_params * resz, n, dp_inter, grads_overlap);
     } else {
       add_comm(p, "dp", "reduce_scatter", "gradients", stage == 1 ? 1 : static_cast<uint64_t>(mb),
-               stage_params * resz * (stage == 1 ? 1 : mb), n, dp_inter, true);
+               stage_params * resz * (stage == 1 ? 1 : mb), n, dp_inter, grads_overlap);
       if (stage < 3)
         add_comm(p, "dp", "all_gather", "updated parameters", 1, stage_params * esz, n, dp_inter, false);
-      else
+      else  // (prefetched along the order at pp = 1; a pipeline gathers at each use)
         add_comm(p, "dp", "all_gather", "parameter gathers (forward and backward)",
-                 static_cast<uint64_t>(2 * mb), 2 * mb * stage_params * esz, n, dp_inter, true);
+                 static_cast<uint64_t>(2 * mb), 2 * mb * stage_params * esz, n, dp_inter, grads_overlap);
     }
   }
   if (l.tp > 1) {

@@ -8,17 +8,12 @@ namespace po::plan {
 std::vector<Refusal> refusals(const Layout& l) {
   std::vector<Refusal> out;
   if (l.pp == 1) return out;  // every pp = 1 layout of check_layout trains
-  if (l.zero_stage > 2)
-    out.push_back({core::str_cat("parallel.zero_stage = ", l.zero_stage, " with parallel.pp = ", l.pp),
-                   ": ZeRO-3 is not built for pipelines yet (its parameters would be gathered at "
-                   "every use by every in-flight micro-batch of a stage); use parallel.zero_stage "
-                   "= 0, 1 or 2",
-                   core::str_cat("ZeRO-", l.zero_stage)});
-  if (l.zero_stage == 2 && l.vocab_parallel)
-    out.push_back({core::str_cat("parallel.zero_stage = 2 with parallel.vocab_parallel and parallel.pp = ", l.pp),
+  if (l.zero_stage >= 2 && l.vocab_parallel)
+    out.push_back({core::str_cat("parallel.zero_stage = ", l.zero_stage,
+                                 " with parallel.vocab_parallel and parallel.pp = ", l.pp),
                    " is not built (the head's pieces reduce their rows at the step, not per "
                    "micro-batch); use parallel.zero_stage = 0 or 1",
-                   "ZeRO-2 with vocabulary parallel"});
+                   core::str_cat("ZeRO-", l.zero_stage, " with vocabulary parallel")});
   if (l.vocab_parallel && l.bf16)
     out.push_back({"parallel.vocab_parallel with train.precision = \"bf16\"",
                    " is not built yet (fp32 only)", "vocabulary parallel in bf16"});

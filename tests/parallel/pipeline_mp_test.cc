@@ -324,12 +324,15 @@ std::vector<float> held_state(PipelineExecutor& ex) {
 }
 
 // dp 2 × tp 2 × pp 2 (8 processes) against one process, 20 steps, 1f1b and
-// zbv, at ZeRO 0, 1 and 2: the reduction orders of dp and tp differ from one
+// zbv, at ZeRO 0-3: the reduction orders of dp and tp differ from one
 // process's, so within 1e-5 (relative, per step's loss). ZeRO-1 gives
 // ZeRO-0's bits (the update is element-wise on the same reduced gradient);
 // ZeRO-2 sums each micro-batch's gradient over the data group (its own
-// order) and holds only its shard of the gradient. Every layout's memory
-// is predict()'s. At 4 processes the same for dp 2 × pp 2.
+// order) and holds only its shard of the gradient; ZeRO-3 gives ZeRO-2's
+// bits holding only its shard of the parameters too (gathered per use).
+// Every layout's memory is predict()'s. At 4 processes the same for
+// dp 2 × pp 2. (Each rank runs one thread: the bits compared are at equal
+// threads per rank.)
 TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
   if (world().size() != 8 && world().size() != 4) GTEST_SKIP() << "runs at 4 and 8 ranks";
   const TransformerConfig c = gpt2();
@@ -348,10 +351,10 @@ TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
   // The reference: one process, batch = dp × m micro-batches.
   Reference ref(c, 2 * m, steps, lr_3d);
   for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZbV}) {
-    std::vector<float> zero0_state;
-    std::vector<double> zero0_norms;
-    size_t zero0_grads = 0;
-    for (int zero : {0, 1, 2}) {
+    std::vector<float> zero0_state, zero2_state;
+    std::vector<double> zero0_norms, zero2_norms;
+    size_t zero0_grads = 0, zero2_params = 0;
+    for (int zero : {0, 1, 2, 3}) {
       const std::string what = std::string(pipeline::schedule_name(kind)) + " dp2×tp" +
                                std::to_string(tp) + "×pp2 ZeRO-" + std::to_string(zero);
       PipelineSetup s = setup_for(c, kind, 2, m, pipe.get());
@@ -391,6 +394,18 @@ TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
       if (zero == 2) {
         EXPECT_LT(got.grads, zero0_grads) << what << ": the gradient is not sharded (ZeRO-0 holds "
                                           << zero0_grads << " bytes)";
+        zero2_state = state;
+        zero2_norms = norms;
+        zero2_params = got.params;
+        continue;
+      }
+      if (zero == 3) {
+        EXPECT_LT(got.params, zero2_params) << what << ": the parameters are not sharded (ZeRO-2 holds "
+                                            << zero2_params << " bytes)";
+        EXPECT_EQ(norms, zero2_norms) << what << ": gradient norms differ from ZeRO-2's";
+        size_t i = 0;
+        while (i < state.size() && std::memcmp(&state[i], &zero2_state[i], sizeof(float)) == 0) ++i;
+        EXPECT_EQ(i, state.size()) << what << ": the state differs from ZeRO-2's first at element " << i;
         continue;
       }
       if (zero == 0) {
