@@ -324,6 +324,41 @@ size_t Transformer::predicted_stage_activation_bytes(const TransformerConfig& co
          sizeof(float);
 }
 
+std::vector<Transformer::CollectiveItem> Transformer::predicted_tp_collectives(
+    const TransformerConfig& config, int64_t B, int64_t T, int64_t tp, UnitRange range) {
+  if (tp == 1) return {};
+  const TransformerConfig c = config.resolved();
+  const int head = static_cast<int>(c.n_layer) + 1;
+  const int last = range.last < 0 ? head : range.last;
+  const auto blocks = static_cast<uint64_t>(std::min(last, head - 1) - (std::max(range.first, 1) - 1));
+  const uint64_t emb = range.first == 0 ? 1 : 0, top = last == head ? 1 : 0;
+  const uint64_t recompute = c.activation_checkpointing ? 2 * blocks : 0;
+  const int64_t rows = B * T;
+  const double act = 4.0 * static_cast<double>(rows * c.n_embd);  // one [B·T, C] f32
+  using C = Collective;
+  std::vector<CollectiveItem> out;
+  const uint64_t reductions = 4 * blocks + emb + top + recompute;
+  if (seq_shards_of(c, tp) > 1) {
+    const uint64_t gathers = 6 * blocks + emb + top + recompute;
+    out.push_back({C::kReduceScatter, "row-parallel outputs, column-parallel input gradients", reductions,
+                   static_cast<double>(reductions) * act});
+    out.push_back({C::kAllGather, "norm outputs, output gradients", gathers, static_cast<double>(gathers) * act});
+    out.push_back({C::kAllReduce, "norm weights' gradients", blocks + top,
+                   4.0 * static_cast<double>((4 * blocks + 2 * top) * static_cast<uint64_t>(c.n_embd))});
+  } else {
+    out.push_back({C::kAllReduce, "row-parallel outputs, column-parallel input gradients", reductions,
+                   static_cast<double>(reductions) * act});
+  }
+  if (top == 1) {
+    const int64_t chunk = head_chunk_rows(B, T);
+    const auto chunks = static_cast<uint64_t>((rows + chunk - 1) / chunk);
+    out.push_back({C::kAllReduce, "vocabulary-parallel loss: row maxima", chunks, 4.0 * static_cast<double>(rows)});
+    out.push_back({C::kAllGather, "vocabulary-parallel loss: sums of exponentials, target logits", chunks,
+                   16.0 * static_cast<double>(rows * tp)});
+  }
+  return out;
+}
+
 size_t Transformer::predicted_layer_bytes(const TransformerConfig& config, int64_t B, int64_t T,
                                           int64_t tp) {
   const TransformerConfig local = config.shard(tp);

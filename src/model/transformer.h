@@ -349,6 +349,30 @@ class Transformer {
   static size_t predicted_stage_activation_bytes(const TransformerConfig& config, int64_t B,
                                                  int64_t T, int64_t tp, UnitRange range,
                                                  bool head_logits = true);
+  // The tensor group's collectives of one micro-batch's forward and backward
+  // over `range` (a pipeline stage; the whole model at pp = 1) at tp > 1, as
+  // model/transformer_steps.cc issues them and comm::Traffic counts them
+  // (allreduce: the buffer; reduce_scatter: the whole input; all_gather: the
+  // whole output). Without sequence parallel: a [B·T, C] f32 sum for the
+  // embedding's lookup (the stage of unit 0), two per block forward (again
+  // in the recompute under activation checkpointing), two per block backward
+  // and one for the head's input gradient. Under sequence parallel each of
+  // those is a reduce-scatter, and the norms' outputs (two per block forward,
+  // again for the weight gradients backward, and in the recompute; the final
+  // norm's) and the output gradients (two per block backward, the
+  // embedding's) are all-gathered, and the norm weights' gradients summed
+  // ([4C] per block, [2C] the final norm). Per chunk of head_chunk_rows
+  // logits the loss's row maxima (n floats, summed as a max) and its n (sum
+  // of exponentials, target logit) pairs of doubles, all-gathered as bits.
+  enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+  struct CollectiveItem {
+    Collective op;
+    const char* what;
+    uint64_t calls = 0;
+    double bytes = 0;
+  };
+  static std::vector<CollectiveItem> predicted_tp_collectives(const TransformerConfig& config, int64_t B,
+                                                              int64_t T, int64_t tp, UnitRange range);
   // One make_weight_grad_work()'s bytes (a block's deferred weight half), per rank of tp.
   static size_t predicted_weight_grad_work_bytes(const TransformerConfig& config, int64_t B,
                                                  int64_t T, int64_t tp);

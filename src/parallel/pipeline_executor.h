@@ -275,6 +275,15 @@ class PipelineExecutor {
   // planner's pipeline layouts read it; tests hold memory() to it.
   static Memory predict(const model::TransformerConfig& config, const PipelineSetup& setup,
                         int rank);
+  // The collectives this rank's step (forward_backward, then step) issues on
+  // its data and tensor groups, as comm::Traffic counts them, from the
+  // configuration and the schedule alone (pipeline_traffic.cc; the
+  // planner's; tests hold the run's counters to it).
+  struct Collectives {
+    comm::Traffic data, tensor;
+  };
+  static Collectives predict_collectives(const model::TransformerConfig& config, const PipelineSetup& setup,
+                                         int rank);
   // Activation bytes of one slot of each chunk (a Transformer for its units).
   std::vector<size_t> slot_bytes() const;
 

@@ -49,8 +49,10 @@ bool pipeline_trainable(const Plan& p) {
 }
 
 // Their memory is the executor's own accounting (PipelineExecutor::predict)
-// on the busiest pipeline rank, by item.
-void pipeline_engine_memory(Plan& p) {
+// on the busiest pipeline rank, by item; their data and tensor groups'
+// collectives are its own too (predict_collectives), those of the pipeline
+// rank that moves the most.
+parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   namespace pl = parallel::pipeline;
   const Layout& l = p.layout;
   model::TransformerConfig cfg = p.model.engine;
@@ -136,6 +138,37 @@ void pipeline_engine_memory(Plan& p) {
              "zero-bubble W work");
   add_memory(p, "working buffers", static_cast<double>(busiest.buffers), Tier::kCompute,
              "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
+  parallel::PipelineExecutor::Collectives most;
+  double moved = -1;
+  for (int r = 0; r < l.pp; ++r) {
+    const auto c = parallel::PipelineExecutor::predict_collectives(cfg, s, r);
+    double bytes = 0;
+    for (int op = 0; op < comm::kNumCommOps; ++op)
+      bytes += static_cast<double>(c.data.bytes[op] + c.tensor.bytes[op]);
+    if (bytes > moved) {
+      moved = bytes;
+      most = c;
+    }
+  }
+  return most;
+}
+
+// The executor's collectives on the data and tensor groups as plan items
+// (exposed: it waits at each call).
+void add_pipeline_comm(Plan& p, const parallel::PipelineExecutor::Collectives& c, bool dp_inter) {
+  const Layout& l = p.layout;
+  const char* data_what[comm::kNumCommOps] = {};
+  data_what[static_cast<int>(comm::CommOp::kAllReduce)] = "gradients at the step (ZeRO 0-1)";
+  data_what[static_cast<int>(comm::CommOp::kReduceScatter)] = "each micro-batch's gradients (ZeRO 2-3)";
+  data_what[static_cast<int>(comm::CommOp::kAllGather)] =
+      "updated shards (ZeRO 1-2), parameters per use (ZeRO-3), the tied table's lookup rows, the norm";
+  for (int op = 0; op < comm::kNumCommOps; ++op) {
+    const char* name = comm::comm_op_name(static_cast<comm::CommOp>(op));
+    add_comm(p, "dp", name, data_what[op] != nullptr ? data_what[op] : "", c.data.calls[op],
+             static_cast<double>(c.data.bytes[op]), l.dp, dp_inter, false);
+    add_comm(p, "tp", name, "the stages' tensor-parallel sums and gathers, the loss, the norm", c.tensor.calls[op],
+             static_cast<double>(c.tensor.bytes[op]), l.tp, spans_nodes(p.cluster, 1, l.tp), false);
+  }
 }
 
 void analytic_plan(Plan& p) {
@@ -220,7 +253,9 @@ void analytic_plan(Plan& p) {
   add_memory(p, "logits / loss buffers", 2 * 4 * s * b * static_cast<double>(m.vocab) / l.tp,
              Tier::kCompute, "fp32 logits and their gradient, last stage");
 
-  if (pipeline_trainable(p)) pipeline_engine_memory(p);
+  parallel::PipelineExecutor::Collectives exact;
+  const bool engine = pipeline_trainable(p);
+  if (engine) exact = pipeline_engine_memory(p);
 
   // Communication per step.
   const double act_bytes = s * b * h * esz;  // one [s, b, h] activation
@@ -233,7 +268,8 @@ void analytic_plan(Plan& p) {
   // each call (ZeRO 0-1: at the step's end; ZeRO 2-3: each micro-batch's),
   // so a pipeline layout's is exposed.
   const bool grads_overlap = l.pp == 1;
-  if (n > 1) {
+  if (engine) add_pipeline_comm(p, exact, dp_inter);
+  if (n > 1 && !engine) {
     if (stage == 0) {
       add_comm(p, "dp", "allreduce", "gradients", 1, stage_params * resz, n, dp_inter, grads_overlap);
     } else {
@@ -246,7 +282,7 @@ void analytic_plan(Plan& p) {
                  static_cast<uint64_t>(2 * mb), 2 * mb * stage_params * esz, n, dp_inter, grads_overlap);
     }
   }
-  if (l.tp > 1) {
+  if (l.tp > 1 && !engine) {
     const bool inter = spans_nodes(p.cluster, 1, l.tp);
     // Per layer and micro-batch 2 all-reduces forward, 2 backward, 2 more in
     // the recompute; with sequence parallel each is an all-gather +

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/transformer.h"
 #include "plan/planner.h"
 
 namespace po::plan::detail {
@@ -23,6 +24,13 @@ bool spans_nodes(const ClusterSpec& c, int64_t stride, int64_t size);
 // link; none when calls == 0.
 void add_comm(Plan& p, const std::string& dim, const std::string& op, const std::string& what,
               uint64_t calls, double bytes, int n, bool inter, bool overlaps);
+
+// The tensor group's collectives of `micro_batches` forwards and backwards
+// of the model over `range` (Transformer::predicted_tp_collectives; cfg
+// carries checkpointing and sequence parallel), at the layout's micro-batch
+// shape.
+void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::UnitRange range,
+                       uint64_t micro_batches, bool inter);
 
 // A memory item; none when bytes <= 0.
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,

@@ -127,6 +127,17 @@ void add_comm(Plan& p, const std::string& dim, const std::string& op, const std:
   p.comm.push_back(c);
 }
 
+void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::UnitRange range,
+                       uint64_t micro_batches, bool inter) {
+  const Layout& l = p.layout;
+  using C = model::Transformer::Collective;
+  for (const auto& item : model::Transformer::predicted_tp_collectives(cfg, l.micro, l.seq, l.tp, range)) {
+    const char* op = item.op == C::kAllReduce ? "allreduce" : item.op == C::kReduceScatter ? "reduce_scatter" : "all_gather";
+    add_comm(p, "tp", op, item.what, item.calls * micro_batches, item.bytes * static_cast<double>(micro_batches),
+             l.tp, inter, false);
+  }
+}
+
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier,
                 const std::string& note) {
   if (bytes <= 0) return;

@@ -27,50 +27,17 @@ namespace po::plan {
 namespace detail {
 namespace {
 
-// The tensor group's collectives per step, as model/transformer_steps.cc
-// issues them at tp > 1. Per micro-batch: [B·T, C] f32 sums for the
-// embedding's lookup, two per block forward (again in the recompute under
-// checkpointing), two per block backward and one for the head's input
-// gradient — under sequence parallel each is a reduce-scatter, and the
-// norms' outputs (two per block forward and again for the weight gradients
-// backward, the final norm's) and the output gradients (two per block
-// backward, the embedding's) are all-gathered, while the norm weights'
-// gradients are summed ([4C] per block, [2C] the final norm); per chunk of
-// logits the loss's row maxima [n] f32 and its n (sum of exponentials,
-// target logit) pairs of doubles, which parallel/tensor_parallel.h
-// all-gathers as raw bits. Per step: the gradient norm's sums of squares,
-// one double per unit and rank at stages 0-1 (grad_norm.h), one per rank at
-// stages 2-3 (DataParallel::tensor_total).
+// The tensor group's collectives per step: each micro-batch's, as the model
+// issues them (Transformer::predicted_tp_collectives, the one-stage range),
+// and the gradient norm's sums of squares, one double per unit and rank at
+// stages 0-1 (grad_norm.h), one per rank at stages 2-3
+// (DataParallel::tensor_total).
 void add_tensor_comm(Plan& p, const model::TransformerConfig& cfg) {
   const Layout& l = p.layout;
   if (l.tp == 1) return;
   const bool inter = spans_nodes(p.cluster, 1, l.tp);
-  const int64_t accum = l.accum(), rows = l.micro * l.seq, L = cfg.n_layer;
-  const double act = 4.0 * static_cast<double>(rows * cfg.n_embd);  // one [B·T, C] f32
-  const int64_t recompute = l.checkpointing ? 2 * L : 0;          // block forwards run again
-  const auto per_step = [&](int64_t n) { return static_cast<uint64_t>(n * accum); };
-  if (l.sequence_parallel) {
-    const uint64_t scatters = per_step(4 * L + 2 + recompute), gathers = per_step(6 * L + 2 + recompute);
-    add_comm(p, "tp", "reduce_scatter", "row-parallel outputs, column-parallel input gradients",
-             scatters, static_cast<double>(scatters) * act, l.tp, inter, false);
-    add_comm(p, "tp", "all_gather", "norm outputs, output gradients", gathers,
-             static_cast<double>(gathers) * act, l.tp, inter, false);
-    add_comm(p, "tp", "allreduce", "norm weights' gradients", per_step(L + 1),
-             4.0 * static_cast<double>(accum * (4 * L + 2) * cfg.n_embd), l.tp, inter, false);
-  } else {
-    const uint64_t sums = per_step(4 * L + 2 + recompute);
-    add_comm(p, "tp", "allreduce", "row-parallel outputs, column-parallel input gradients", sums,
-             static_cast<double>(sums) * act, l.tp, inter, false);
-  }
-  const int64_t chunk = model::Transformer::head_chunk_rows(l.micro, l.seq);
-  const auto chunks = static_cast<uint64_t>((rows + chunk - 1) / chunk * accum);
-  const auto loss_rows = static_cast<double>(rows * accum);
-  add_comm(p, "tp", "allreduce", "vocabulary-parallel loss: row maxima", chunks, 4.0 * loss_rows,
-           l.tp, inter, false);
-  add_comm(p, "tp", "all_gather", "vocabulary-parallel loss: sums of exponentials, target logits",
-           chunks, 16.0 * loss_rows * l.tp, l.tp, inter, false);
-  // Stages 0-1: one double per unit and rank (grad_norm.h's per-unit sums); 2-3: one per rank.
-  const double norm_values = l.zero_stage < 2 ? static_cast<double>(L + 2) : 1.0;
+  add_model_tp_comm(p, cfg, {0, -1}, static_cast<uint64_t>(l.accum()), inter);
+  const double norm_values = l.zero_stage < 2 ? static_cast<double>(cfg.n_layer + 2) : 1.0;
   add_comm(p, "tp", "all_gather", "gradient norm (sums of squares)", 1, 8.0 * norm_values * l.tp,
            l.tp, inter, false);
 }

@@ -317,6 +317,11 @@ class PipelineSteps : public LayoutSteps {
     const pl::Schedule& sch = setup_.schedule;
     const int rank = r_.launch.dp_rank;
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p_));
+    // The executor's collectives on its data and tensor groups, this step.
+    comm::Communicator* groups[2] = {setup_.data, setup_.tensor};
+    comm::Traffic traffic[2];
+    for (int g = 0; g < 2; ++g)
+      if (groups[g] != nullptr) traffic[g] = groups[g]->traffic();
     const parallel::PipelineStepStats st = ex_.forward_backward(
         [&](int micro, int32_t* inputs, int32_t* targets) {
           fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
@@ -325,6 +330,8 @@ class PipelineSteps : public LayoutSteps {
         },
         grad_scale);
     const double norm = ex_.step(lr);
+    for (int g = 0; g < 2; ++g)
+      if (groups[g] != nullptr) traffic[g] = groups[g]->traffic().since(traffic[g]);
     // The loss: the last stage's, then summed over the replicas as pp = 1 does.
     double loss = 0;
     {
@@ -340,7 +347,7 @@ class PipelineSteps : public LayoutSteps {
     loss /= static_cast<double>(p_.accum * p_.dp * p_.cp);  // cp ranks: means over their own tokens
     const double seconds = step_timer.seconds();
     Outcome o{loss, norm, seconds, {}};
-    nlohmann::json record = report(st, seconds);
+    nlohmann::json record = report(st, seconds, traffic);
     if (!trace_.empty() && after.step == p_.steps) {
       const std::string json = ex_.gather_trace();
       if (pipe_.rank() == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
@@ -394,7 +401,7 @@ class PipelineSteps : public LayoutSteps {
   // The step's pipeline record (collectives over the pipeline group): the
   // measured bubble (1 - mean compute / the slowest stage's step), the p2p
   // traffic, every rank's memory and paging traffic, the micro-batches held.
-  nlohmann::json report(const parallel::PipelineStepStats& st, double seconds) {
+  nlohmann::json report(const parallel::PipelineStepStats& st, double seconds, const comm::Traffic (&traffic)[2]) {
     const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
                             static_cast<double>(st.sends)};
     std::vector<double> all(5 * static_cast<size_t>(p_.pp));
@@ -436,7 +443,27 @@ class PipelineSteps : public LayoutSteps {
       paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
                          {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
     }
+    // Every pipeline rank's collectives on its data and tensor groups.
+    constexpr size_t kOps = comm::kNumCommOps;
+    std::vector<uint64_t> mine_comm;
+    for (const comm::Traffic& t : traffic) {
+      mine_comm.insert(mine_comm.end(), t.calls, t.calls + kOps);
+      mine_comm.insert(mine_comm.end(), t.bytes, t.bytes + kOps);
+    }
+    std::vector<uint64_t> comms(mine_comm.size() * static_cast<size_t>(p_.pp));
+    pipe_.all_gather(mine_comm.data(), comms.data(), 2 * mine_comm.size(), DType::kI32);  // uint64s, bit-exact
+    nlohmann::json comm_per_rank[2] = {nlohmann::json::array(), nlohmann::json::array()};
+    for (int64_t k = 0; k < p_.pp; ++k)
+      for (size_t g = 0; g < 2; ++g) {
+        comm::Traffic t;
+        const uint64_t* v = comms.data() + static_cast<size_t>(k) * mine_comm.size() + g * 2 * kOps;
+        std::copy(v, v + kOps, t.calls);
+        std::copy(v + kOps, v + 2 * kOps, t.bytes);
+        comm_per_rank[g].push_back(traffic_json(t));
+      }
     return {{"tokens_per_s", tokens_per_step(p_) / seconds},
+            {"pp_comm_per_rank", comm_per_rank[0]},
+            {"pp_tp_comm_per_rank", comm_per_rank[1]},
             {"step_ms", seconds * 1000},
             {"pp_bubble", bubble},
             {"pp_bubble_formula", formula_},

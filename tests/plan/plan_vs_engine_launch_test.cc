@@ -281,8 +281,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsEngine, ::testing::ValuesIn(kCases),
 // configuration to the pipeline (stages, schedule, micro-batches, the head's
 // pieces), the same in `plan` and in `train`. The bubble is the schedule
 // simulated at the stages' FLOP costs (a time: bench/pp_bubble.sh prints it
-// beside the measured one); the data and tensor groups' collectives of a
-// pipeline layout are analytic.
+// beside the measured one). The data and tensor groups' collectives are the
+// executor's own (PipelineExecutor::predict_collectives), held to the run's
+// counters on the pipeline rank that moves the most, per operation.
 const Case kPipelineCases[] = {
     {"pp2_1f1b", 1, "parallel.pp=2"},
     {"pp2_zbv_vocab", 1, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true"},
@@ -341,6 +342,30 @@ TEST_P(PlanVsPipeline, MemoryAndMessages) {
                             << " payload bytes from the busiest rank, the run's busiest sent " << bytes;
   std::printf("[ %-26s ] busiest sender: predicted %llu sends, %.0f bytes; measured %.0f, %.0f\n", c.name,
               static_cast<unsigned long long>(calls), payload, sends, bytes);
+
+  // The data and tensor groups' collectives of the pipeline rank that moves
+  // the most (the plan's choice, made the same way on the run's counters):
+  // per operation, calls and payload bytes.
+  const auto& dp_ranks = last.at("pp_comm_per_rank");
+  const auto& tp_ranks = last.at("pp_tp_comm_per_rank");
+  ASSERT_EQ(dp_ranks.size(), static_cast<size_t>(plan.layout.pp)) << c.name;
+  size_t most = 0;
+  double moved = -1;
+  for (size_t k = 0; k < dp_ranks.size(); ++k) {
+    double b = 0;
+    for (const auto* group : {&dp_ranks[k], &tp_ranks[k]})
+      for (const auto& [op, v] : group->items()) b += v.at("bytes").get<double>();
+    if (b > moved) {
+      moved = b;
+      most = k;
+    }
+  }
+  const std::string where = std::string(c.name) + " pipeline rank " + std::to_string(most);
+  expect_same_comm(predicted_comm(plan, "dp"), measured_comm(dp_ranks[most]), where + " dp");
+  expect_same_comm(predicted_comm(plan, "tp"), measured_comm(tp_ranks[most]), where + " tp");
+  EXPECT_EQ(measured_comm(dp_ranks[most]).empty(), c.dp == 1) << where << ": data-group collectives at dp " << c.dp;
+  EXPECT_EQ(measured_comm(tp_ranks[most]).empty(), plan.layout.tp == 1)
+      << where << ": tensor-group collectives at tp " << plan.layout.tp;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PlanVsPipeline, ::testing::ValuesIn(kPipelineCases),
