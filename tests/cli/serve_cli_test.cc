@@ -131,7 +131,9 @@ TEST_F(ServeCli, ServesGenerateGreedyAndDrainsOnSigterm) {
   std::vector<int32_t> got;
   const json generated = json::parse(g->body);
   for (const auto& t : generated["details"]["tokens"]) got.push_back(t["id"]);
-  ASSERT_LE(got.size(), want.size());
+  // The same greedy tokens, all of them (an empty answer must not pass).
+  ASSERT_FALSE(want.empty()) << "generate gave no tokens";
+  ASSERT_EQ(got.size(), want.size()) << "/generate gave " << got.size() << " tokens, generate " << want.size();
   for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k]) << "/generate token " << k;
   auto o = cli.Post("/v1/completions", R"({"prompt":"Hello there","max_tokens":8,"temperature":0,"logprobs":0})",
                     "application/json");
@@ -177,6 +179,7 @@ TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
   EXPECT_FALSE(completion.empty()) << "12 greedy tokens of a random model gave no text";
   EXPECT_EQ(got["completion_stream"], completion) << "openai completions: streamed vs not";
   EXPECT_EQ(got["hf_stream"], completion) << "@huggingface/inference's stream vs openai's completion";
+  EXPECT_FALSE(got["chat"].get<std::string>().empty()) << "openai chat gave no text";
   EXPECT_EQ(got["chat_stream"], got["chat"]) << "openai chat: streamed vs not";
   const int used = got["completion_usage"]["completion_tokens"].get<int>();
   EXPECT_TRUE(used >= 1 && used <= 12) << "completion usage: " << got["completion_usage"];

@@ -1,4 +1,4 @@
-// Real clients against `pagedoptim serve` (tests/serve/serve_clients_launch_test.cc):
+// Real clients against `pagedoptim serve` (tests/cli/serve_cli_test.cc):
 // the openai package (chat and completions, streaming and not, echo with
 // logprobs, maxRetries 0)
 // and @huggingface/inference (textGenerationStream). Prints one
