@@ -280,6 +280,56 @@ inline std::string pagedoptim_command(int np, const std::string& args) {
 // units, tensors and kinds; and, when both were written by as many ranks,
 // every rank file byte for byte. (The .json records carry the config, which
 // may differ in memory.* and parallel.*, and the writers' threads: left out.)
+// A checkpoint's whole state as one rank reads it: per state kind (the
+// manifest's order), per unit, its floats.
+inline std::vector<std::vector<std::vector<float>>> checkpoint_state(const std::string& dir,
+                                                                     const checkpoint::Manifest& m) {
+  const parallel::ShardLayout one(m.unit_numel, 1, 0);
+  std::vector<std::vector<std::vector<float>>> out(m.kinds.size());
+  for (size_t k = 0; k < m.kinds.size(); ++k)
+    for (int64_t n : m.unit_numel) out[k].emplace_back(static_cast<size_t>(n));
+  checkpoint::load_sharded(dir, m, one, [&](checkpoint::StateKind kind, int u) {
+    const size_t k = static_cast<size_t>(std::find(m.kinds.begin(), m.kinds.end(), kind) - m.kinds.begin());
+    return out[k][static_cast<size_t>(u)].data();
+  }, m.kinds);
+  return out;
+}
+
+// The trained weights of two runs (their checkpoints at `step`), for runs
+// whose reduction orders differ (dp, tp, cp against one process): in every
+// unit the largest difference is at most `rel` × the reference unit's
+// largest magnitude. A failure names the unit, the element and both values.
+inline void expect_close_weights(const std::string& ref, const std::string& run, int64_t step, double rel,
+                                 const std::string& what) {
+  const std::string ca = train::checkpoint_path(ref, step), cb = train::checkpoint_path(run, step);
+  ASSERT_TRUE(std::filesystem::exists(ca)) << what << ": no checkpoint " << ca;
+  ASSERT_TRUE(std::filesystem::exists(cb)) << what << ": no checkpoint " << cb;
+  const checkpoint::Manifest ma = checkpoint::read_manifest(ca), mb = checkpoint::read_manifest(cb);
+  ASSERT_EQ(ma.unit_numel, mb.unit_numel) << what << ": the checkpoints' units differ";
+  const auto params = [](const checkpoint::Manifest& m) {
+    return static_cast<size_t>(std::find(m.kinds.begin(), m.kinds.end(), checkpoint::StateKind::kParams) -
+                               m.kinds.begin());
+  };
+  const auto sa = checkpoint_state(ca, ma), sb = checkpoint_state(cb, mb);
+  const auto& wa = sa[params(ma)];
+  const auto& wb = sb[params(mb)];
+  double worst = 0;
+  for (size_t u = 0; u < wa.size(); ++u) {
+    double scale = 0, diff = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < wa[u].size(); ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(wa[u][i])));
+      const double d = std::fabs(static_cast<double>(wa[u][i]) - static_cast<double>(wb[u][i]));
+      if (d > diff) diff = d, at = i;
+    }
+    worst = std::max(worst, diff / std::max(scale, 1e-30));
+    EXPECT_LE(diff, rel * scale) << what << ": unit " << u << "'s weights differ from the reference's by "
+                                 << diff << " at element " << at << " (" << wb[u][at] << " vs "
+                                 << wa[u][at] << "), more than " << rel << " of its largest, " << scale;
+  }
+  std::printf("[ weights ] %s: largest difference %.3g of a unit's largest weight\n", what.c_str(), worst);
+}
+
 inline void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step,
                                    const std::string& what) {
   const std::string ca = train::checkpoint_path(a, step), cb = train::checkpoint_path(b, step);
@@ -305,18 +355,7 @@ inline void expect_same_checkpoint(const std::string& a, const std::string& b, i
                 ma.meta.tensors[i].offset == mb.meta.tensors[i].offset)
         << what << ": tensor " << i << " (" << ma.meta.tensors[i].name << ") is recorded differently";
   // The whole state, unit by unit, as one rank reads it.
-  const parallel::ShardLayout one(ma.unit_numel, 1, 0);
-  auto state = [&](const std::string& dir, const checkpoint::Manifest& m) {
-    std::vector<std::vector<std::vector<float>>> out(m.kinds.size());
-    for (size_t k = 0; k < m.kinds.size(); ++k)
-      for (int64_t n : m.unit_numel) out[k].emplace_back(static_cast<size_t>(n));
-    checkpoint::load_sharded(dir, m, one, [&](checkpoint::StateKind kind, int u) {
-      const size_t k = static_cast<size_t>(std::find(m.kinds.begin(), m.kinds.end(), kind) - m.kinds.begin());
-      return out[k][static_cast<size_t>(u)].data();
-    }, m.kinds);
-    return out;
-  };
-  const auto sa = state(ca, ma), sb = state(cb, mb);
+  const auto sa = checkpoint_state(ca, ma), sb = checkpoint_state(cb, mb);
   for (size_t k = 0; k < sa.size(); ++k)
     for (size_t u = 0; u < sa[k].size(); ++u) {
       const auto& x = sa[k][u];

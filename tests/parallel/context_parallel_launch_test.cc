@@ -31,7 +31,7 @@ class ContextParallelRuns : public po::test::TinyTraining {
                                " --set parallel.pp=" + std::to_string(pp) +
                           " --set parallel.dp=" + std::to_string(dp) + " --set parallel.cp=" +
                           std::to_string(cp) + " --set parallel.tp=" + std::to_string(tp) +
-                          " --set train.checkpoint_interval=0 --set train.eval_interval=5"
+                          " --set train.checkpoint_interval=20 --set train.eval_interval=5"
                           " --set train.grad_clip=0.5 --set train.batch_size=8 " +
                           extra));
   }
@@ -63,6 +63,10 @@ class ContextParallelRuns : public po::test::TinyTraining {
     ASSERT_EQ(va.size(), vb.size()) << what;
     for (size_t i = 0; i < va.size(); ++i)
       EXPECT_NEAR(vb[i], va[i], 1e-4 * va[i]) << what << ": val_loss " << i + 1;
+    // The trained weights too (the step-20 checkpoints), not only the curves:
+    // per unit within 1e-4 of its largest weight (measured 2026-12-05 over
+    // these tests: at most 1.0e-5, dp × cp × tp with sequence parallel).
+    po::test::expect_close_weights(ref, run, 20, 1e-4, what);
   }
 };
 
