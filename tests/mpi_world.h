@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "comm/mpi/communicator.h"
+#include "mp_skips.h"
 
 namespace po::test {
 

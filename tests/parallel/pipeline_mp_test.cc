@@ -221,12 +221,12 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
 }
 
 TEST_F(Pipeline, EverySchedulesIsBitIdenticalToOneStageGpt2) {
-  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  PO_MP_RUNS_ONLY_IF(world().size() != 8, "8 ranks run the dp × tp × pp test");
   check_all_schedules(gpt2(), "gpt2");
 }
 
 TEST_F(Pipeline, EverySchedulesIsBitIdenticalToOneStageLlama) {
-  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  PO_MP_RUNS_ONLY_IF(world().size() != 8, "8 ranks run the dp × tp × pp test");
   check_all_schedules(llama(), "llama");
 }
 
@@ -236,12 +236,12 @@ TEST_F(Pipeline, EverySchedulesIsBitIdenticalToOneStageLlama) {
 // still the bits of one stage, for every schedule, GPT-2 (tied: the
 // embedding's rank reads its own table) and Llama (untied: copies).
 TEST_F(Pipeline, VocabularyParallelIsBitIdenticalToOneStageGpt2) {
-  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  PO_MP_RUNS_ONLY_IF(world().size() != 8, "8 ranks run the dp × tp × pp test");
   check_all_schedules(gpt2(), "gpt2", true);
 }
 
 TEST_F(Pipeline, VocabularyParallelIsBitIdenticalToOneStageLlama) {
-  if (world().size() == 8) GTEST_SKIP() << "8 ranks run the dp × tp × pp test";
+  PO_MP_RUNS_ONLY_IF(world().size() != 8, "8 ranks run the dp × tp × pp test");
   check_all_schedules(llama(), "llama", true);
 }
 
@@ -252,7 +252,7 @@ TEST_F(Pipeline, VocabularyParallelIsBitIdenticalToOneStageLlama) {
 // they leaked, not in freed memory the program has since reused (which a
 // wrong order of teardown corrupted: a heap abort in a later test).
 TEST_F(Pipeline, AFailedStepLeavesNoMessageToLandInFreedMemory) {
-  if (world().size() != 2) GTEST_SKIP() << "2 ranks";
+  PO_MP_RUNS_ONLY_IF(world().size() == 2, "2 ranks");
   const TransformerConfig c = gpt2();
   const size_t floats = static_cast<size_t>(kB * kT * c.n_embd);  // one message
   // Its own group: the receives left posted (their messages never sent)
@@ -286,7 +286,7 @@ TEST_F(Pipeline, AFailedStepLeavesNoMessageToLandInFreedMemory) {
 // the same bits (the head's replica is checked against the embedding's).
 TEST_F(Pipeline, TiedTableCopiesNeverDriftApart) {
   const int p = world().size();
-  if (p == 1 || p == 8) GTEST_SKIP() << "needs the embedding and the head on two ranks";
+  PO_MP_RUNS_ONLY_IF(p != 1 && p != 8, "needs the embedding and the head on two ranks");
   const TransformerConfig c = gpt2();
   PipelineExecutor ex(c, adam(), setup_for(c, ScheduleKind::k1F1B, p, p, &world()));
   (void)run_pipeline(ex, c, p, 4);
@@ -334,7 +334,7 @@ std::vector<float> held_state(PipelineExecutor& ex) {
 // dp 2 × pp 2. (Each rank runs one thread: the bits compared are at equal
 // threads per rank.)
 TEST_F(Pipeline, ThreeDimensionsFollowOneProcess) {
-  if (world().size() != 8 && world().size() != 4) GTEST_SKIP() << "runs at 4 and 8 ranks";
+  PO_MP_RUNS_ONLY_IF(world().size() == 8 || world().size() == 4, "runs at 4 and 8 ranks");
   const TransformerConfig c = gpt2();
   const int tp = world().size() / 4;
   const int m = 4, steps = world().size() == 8 ? 20 : 6;
