@@ -370,6 +370,14 @@ inline void expect_same_checkpoint(const std::string& a, const std::string& b, i
           << ")";
     }
   if (ma.writers != mb.writers) return;
+  // The same files in both (the manifest and one per writer), then their bytes.
+  auto names = [](const std::string& dir) {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(names(ca), names(cb)) << what << ": the checkpoints hold different files";
   for (const auto& e : std::filesystem::directory_iterator(ca)) {
     const std::string name = e.path().filename().string();
     if (name.ends_with(".json")) continue;
