@@ -28,6 +28,18 @@ int64_t seq_shards_of(const TransformerConfig& config, int64_t tp) {
   return config.sequence_parallel ? tp : 1;
 }
 
+// What a model over `range` (a pipeline stage) holds of n_layer blocks: its
+// blocks, and whether the head unit is in it.
+struct StageSpan {
+  int64_t blocks;
+  bool head;
+};
+StageSpan span_of(int64_t n_layer, UnitRange range) {
+  const int head = static_cast<int>(n_layer) + 1;
+  const int last = range.last < 0 ? head : range.last;
+  return {std::min(last, head - 1) - (std::max(range.first, 1) - 1), last == head};
+}
+
 }  // namespace
 
 int64_t Transformer::head_chunk_rows(int64_t B, int64_t T) {
@@ -315,11 +327,9 @@ size_t Transformer::predicted_stage_activation_bytes(const TransformerConfig& co
                                                      int64_t T, int64_t tp, UnitRange range,
                                                      bool head_logits) {
   const TransformerConfig local = config.shard(tp);
-  const int head = static_cast<int>(local.n_layer) + 1;
-  const int last = range.last < 0 ? head : range.last;
-  const int64_t blocks = std::min(last, head - 1) - (std::max(range.first, 1) - 1);
+  const StageSpan span = span_of(local.n_layer, range);
   ActivationLayout counted;
-  return layout_activations(local, B, T, seq_shards_of(config, tp), blocks, last == head, nullptr,
+  return layout_activations(local, B, T, seq_shards_of(config, tp), span.blocks, span.head, nullptr,
                             counted, head_logits) *
          sizeof(float);
 }
@@ -328,10 +338,9 @@ std::vector<Transformer::CollectiveItem> Transformer::predicted_tp_collectives(
     const TransformerConfig& config, int64_t B, int64_t T, int64_t tp, UnitRange range) {
   if (tp == 1) return {};
   const TransformerConfig c = config.resolved();
-  const int head = static_cast<int>(c.n_layer) + 1;
-  const int last = range.last < 0 ? head : range.last;
-  const auto blocks = static_cast<uint64_t>(std::min(last, head - 1) - (std::max(range.first, 1) - 1));
-  const uint64_t emb = range.first == 0 ? 1 : 0, top = last == head ? 1 : 0;
+  const StageSpan span = span_of(c.n_layer, range);
+  const auto blocks = static_cast<uint64_t>(span.blocks);
+  const uint64_t emb = range.first == 0 ? 1 : 0, top = span.head ? 1 : 0;
   const uint64_t recompute = c.activation_checkpointing ? 2 * blocks : 0;
   const int64_t rows = B * T;
   const double act = 4.0 * static_cast<double>(rows * c.n_embd);  // one [B·T, C] f32
