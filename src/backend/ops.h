@@ -1,6 +1,8 @@
 // CPU kernels of the GPT-2 engine, llm.c style: one <op>_forward/<op>_backward
-// pair per op family, one file per family in backend/cpu/. A CUDA backend
-// (backend/cuda/, later) implements the same signatures.
+// pair per op family, one file per family in backend/cpu/, built once per
+// instruction-set path. The ops below (but the GEMM and thread controls) call
+// the kernels table of the path chosen at start-up (backend/kernels.h,
+// backend/isa.h); a CUDA backend (backend/cuda/, later) fills the same table.
 //
 // Shape legend: B batch, T sequence, C channels, V vocab, NH heads, hs = C/NH,
 // BT = B*T rows. All tensors are row-major, contiguous, f32.
@@ -23,7 +25,7 @@ int num_threads();
 const char* blas_name();
 // Precision of gemm()'s products. kBF16 rounds A and B to bf16 (round to
 // nearest even) and multiplies them with f32 accumulation and an f32 C: with
-// oneDNN on a CPU with AVX512-BF16 that is dnnl_gemm_bf16bf16f32, 1.88x the
+// oneDNN on the avx512bf16 and amx paths that is dnnl_gemm_bf16bf16f32, 1.88x the
 // f32 sgemm on bench-small's shapes (docs/blas.md); elsewhere the rounded
 // operands go through the f32 GEMM (same numbers, no speed-up).
 enum class GemmPrecision { kF32, kBF16 };
@@ -73,7 +75,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int64_t BT,
                     int64_t C, int64_t OC);
 // Generation's matmul_forward. Up to kDecodeRowsTiled rows (a serving
-// step's decodes), where the build has AVX-512 and C % 16 == 0: dot-product
+// step's decodes), on the avx512 paths (backend/isa.h) where C % 16 == 0: dot-product
 // tiles that read each block of weight rows once for every row, every output
 // one dot product in a fixed order, so a row's values do not depend on the
 // other rows. oneDNN 2.6's sgemm is 2x slower at 16-24 rows (a cliff after
@@ -171,11 +173,11 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n);
 void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                        int64_t NH, int64_t NKV, int64_t hs);
 // dqkv[B,T,(NH+2·NKV)·hs] written. Needs the forward's out and lse.
-// At GemmPrecision::kBF16, on a CPU with AVX512-BF16, both run on bf16 tiles:
-// q (pre-scaled), k, v, dout and each tile's probabilities and score
-// gradients rounded to bf16 as they are packed, every product accumulated in
-// f32 (vdpbf16ps); the online softmax, lse and the gradient accumulators stay
-// f32. Elsewhere, and at kF32, f32 tiles.
+// At GemmPrecision::kBF16, on the avx512bf16 and amx paths (backend/isa.h),
+// both run on bf16 tiles: q (pre-scaled), k, v, dout and each tile's
+// probabilities and score gradients rounded to bf16 as they are packed, every
+// product accumulated in f32 (vdpbf16ps); the online softmax, lse and the
+// gradient accumulators stay f32. Elsewhere, and at kF32, f32 tiles.
 bool bf16_attention_tiles();
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
@@ -194,8 +196,8 @@ void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv, con
 // causal: the two chunks are the same positions (query i sees keys 0..i, nq
 // = nk); otherwise every key precedes every query (a later query chunk
 // against an earlier key chunk; an earlier one against a later chunk is not
-// a block at all). Tiles as attention_forward's: bf16 at kBF16 on a CPU with
-// AVX512-BF16, f32 elsewhere.
+// a block at all). Tiles as attention_forward's: bf16 at kBF16 on the
+// avx512bf16 and amx paths, f32 elsewhere.
 struct AttnRows {
   const float* p = nullptr;
   int64_t row = 0, batch = 0;

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/isa.h"
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
@@ -336,6 +337,9 @@ int cmd_serve(ServeOptions o) {
   serve::Engine engine(model, *tok, eo);
   {
     const int64_t blocks = engine.stats().kv_blocks_total;
+    std::fprintf(stderr, "pagedoptim: %d threads, kernels %s, BLAS %s\n",
+                 backend::cpu::num_threads(), backend::cpu::isa_description().c_str(),
+                 backend::cpu::blas_name());
     std::fprintf(stderr,
                  "pagedoptim: memory: weights %.1f MiB, activations %.1f MiB (one block's, %lld rows), "
                  "KV cache %.1f MiB (%lld blocks of %lld positions)\n",

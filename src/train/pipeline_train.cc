@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/isa.h"
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
@@ -305,7 +306,8 @@ class PipelineSteps : public LayoutSteps {
     PO_LOG_INFO("pipeline: ", pl::schedule_name(sch.kind), " over ", p_.pp, " stages",
                 sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(), ", ",
                 p_.accum, " micro-batches of ", p_.micro, "; bubble by formula ", formula_,
-                ", as planned ", planned_, "; ", r.threads, " threads per rank");
+                ", as planned ", planned_, "; ", r.threads, " threads per rank, kernels ",
+                backend::cpu::isa_description());
     if (cp_.size > 1) {  // whole sequences, cut into this rank's rows
       seq_in_.resize(in_.size());
       seq_tg_.resize(in_.size());

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/isa.h"
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "comm/env.h"
@@ -395,8 +396,8 @@ TrainResult train_one_stage(const RunInputs& r) {
                                        p.cp, " (", cfg.get_string("parallel.cp_balance"), ", ",
                                        cfg.get_string("parallel.cp_mode"), ")")
                        : std::string(),
-              "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads per rank, BLAS ",
-              ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
+              "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads per rank, kernels ",
+              ops::isa_description(), ", BLAS ", ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
               static_cast<int>(c.peak_gflops), " GFLOP/s",
               cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
               ": mfu's denominator)");

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "backend/isa.h"
 #include "backend/ops.h"
 #include "test_util.h"
 
@@ -173,12 +174,11 @@ TEST(Matmul, DecodeRowsMatchReferenceAtEveryRowCount) {
 
 // Up to kDecodeRowsTiled rows every output is one dot product whose order
 // does not depend on the other rows: a decode row's values are the same bits
-// alone and in a batch (where the build has AVX-512 and C % 16 == 0).
+// alone and in a batch (on the avx512 paths, where C % 16 == 0).
 TEST(Matmul, DecodeRowsAreTheSameBitsAloneAndInABatch) {
-#ifndef __AVX512F__
-  GTEST_SKIP() << "this build has no AVX-512: decode rows go through the BLAS, which promises "
-                  "no batch invariance";
-#endif
+  if (cpu::active_isa() < cpu::Isa::kAvx512)
+    GTEST_SKIP() << "path " << cpu::isa_name(cpu::active_isa())
+                 << ": decode rows go through the BLAS, which promises no batch invariance";
   const int64_t C = 768, OC = 53, rows = cpu::kDecodeRowsTiled;
   const auto w = random_vec(OC * C, 8), bias = random_vec(OC, 9), x = random_vec(rows * C, 10);
   std::vector<float> batch(static_cast<size_t>(rows * OC)), alone(static_cast<size_t>(OC));

@@ -6,10 +6,11 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 double sum_squares(const float* x, int64_t n) {
   double s = 0.0;
@@ -76,4 +77,4 @@ void adamw_update_mixed(float* master, const uint16_t* grad, float* m, float* v,
                t);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

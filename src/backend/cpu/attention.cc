@@ -39,12 +39,13 @@
 
 #include "backend/cpu/attention_parts.h"
 #include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 #include "core/error.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -241,7 +242,7 @@ void backward_item(float* dqkv, const float* dout, const In* qkv, const In* out,
   store_dq(dqkv, dQT, PT, base3, T, Tp, C3, hs, scale);  // through the (now free) PT tile
 }
 
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
 // bf16 tiles (gemm_precision() == kBF16 on a CPU with AVX512-BF16): the same
 // items with every product's operands rounded to bf16 once, as they are
 // packed (q pre-scaled, k, v, dO; the probabilities P and dS of each tile),
@@ -397,7 +398,7 @@ void backward_item16(float* dqkv, const float* dout, const In* qkv, const In* ou
   }
   store_dq(dqkv, dQT, PT, base3, T, Tp, C3, hs, scale);  // through the (now free) PT tile
 }
-#endif  // __AVX512BF16__
+#endif  // PO_AVX512BF16
 
 
 }  // namespace
@@ -420,7 +421,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
   for (int64_t it = 0; it < items; it++) {
     const int64_t qb = (groups - 1 - it / (B * NH)) * per;
     const int64_t bh = it % (B * NH);
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
     if (bf16) {
       forward_item16(out, lse, qkv, bh / NH, bh % NH, qb, qb + per, T, g);
       continue;
@@ -445,7 +446,7 @@ void attention_grads(float* dqkv, const float* dout, const In* qkv, const In* ou
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bg = 0; bg < B * NKV; bg++)
     for (int64_t j = 0; j < per; j++) {
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
       if (bf16) {
         backward_item16(dqkv, dout, qkv, out, lse, bg / NKV, (bg % NKV) * per + j, T, g, j > 0);
         continue;
@@ -468,4 +469,4 @@ void attention_backward(float* dqkv, const float* dout, const uint16_t* qkv, con
   attention_grads(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hs);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -25,11 +25,12 @@
 
 #include "backend/cpu/attention_parts.h"
 #include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 #include "core/error.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -204,7 +205,7 @@ void block_backward_item(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnRow
   add_dq(dq, dQT, tile, b, h, nq, Qp, hs, HP, scale);
 }
 
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
 // The same blocks on bf16 tiles (attention.cc's bf16 items: operands rounded
 // to bf16 as they are packed, the probabilities and score gradients of each
 // tile rounded before their products, f32 accumulation, the softmax, lse, D
@@ -336,7 +337,7 @@ void block_backward_item16(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, AttnR
   }
   add_dq(dq, dQT, tile, b, h, nq, Qp, hs, HP, scale);
 }
-#endif  // __AVX512BF16__
+#endif  // PO_AVX512BF16
 
 }  // namespace
 
@@ -358,7 +359,7 @@ void attention_block_forward(AttnRowsOut out, float* lse, int64_t lse_stride, At
   [[maybe_unused]] const bool bf16 = bf16_tiles();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bh = 0; bh < B * NH; bh++) {
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
     if (bf16) {
       block_forward_item16(out, lse, lse_stride, q, k, v, bh / NH, bh % NH, nq, nk, NH, NKV, hs,
                            causal);
@@ -380,7 +381,7 @@ void attention_block_backward(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, At
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bg = 0; bg < B * NKV; bg++)
     for (int64_t j = 0; j < per; j++) {
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
       if (bf16) {
         block_backward_item16(dq, dk, dv, dout, out, lse, lse_stride, q, k, v, bg / NKV,
                               (bg % NKV) * per + j, nq, nk, NH, NKV, hs, causal);
@@ -392,4 +393,4 @@ void attention_block_backward(AttnRowsOut dq, AttnRowsOut dk, AttnRowsOut dv, At
     }
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

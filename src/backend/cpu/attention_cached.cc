@@ -12,8 +12,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/ops.h"
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
+#include "backend/ops.h"
 #include "core/error.h"
 
 // GCC 12 reports the AVX-512 intrinsics' own "undefined" operands as maybe
@@ -21,14 +22,14 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 namespace {
 
 // q·k over hs elements. With AVX-512 and hs a multiple of 16: one vector
 // accumulator and one reduction (an `omp simd` reduction compiles to a
 // chain of 16 scalar adds per call here, which was the attention's cost).
 inline float dot(const float* a, const float* b, int64_t n) {
-#ifdef __AVX512F__
+#if PO_AVX512
   if (n % 16 == 0) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t d = 0; d < n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
@@ -40,7 +41,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-#ifdef __AVX512F__
+#if PO_AVX512
 constexpr int kGroup = 4;  // query rows of one head that share their key and value loads
 
 // Query rows i0 .. i0+G-1 of head h (query i at position pos0 + i sees keys
@@ -140,7 +141,7 @@ void cached_attention(float* out, const float* q, int64_t q_stride, const float*
            " must be a positive multiple of NKV=", NKV);
   const int64_t per = NH / NKV, kv_stride = NKV * hs;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-#ifdef __AVX512F__
+#if PO_AVX512
   if (hs % 16 == 0 && hs <= 64) {
     const int64_t groups = (n + kGroup - 1) / kGroup, ld = pos0 + n;
 #pragma omp parallel
@@ -223,6 +224,6 @@ void paged_attention_forward(float* out, const float* q, int64_t q_stride, const
                    [=](int64_t b) { return block_table[b] * block_elems; });
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END
 
 #pragma GCC diagnostic pop

@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu::attn {
+PO_KERNELS_BEGIN
+namespace attn {
 
 constexpr int64_t kBlock = 64;    // queries and keys per tile
 constexpr int64_t kPrefetch = 8;  // rows ahead when packing
@@ -129,7 +131,7 @@ inline void tile_score_grads(float* PT, float* dST, const float* Li, const float
 // with AVX512-BF16).
 inline bool bf16_tiles() { return tiles::kBf16Tiles && gemm_precision() == GemmPrecision::kBF16; }
 
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
 // The bf16 tiles' packing (attention.cc's bf16 items, attention_block.cc's).
 inline uint16_t* scratch16(size_t n) {
   thread_local std::vector<uint16_t> buf;
@@ -178,6 +180,7 @@ inline void pairs_of_rows(uint16_t* dst, const uint16_t* src, int64_t K, int64_t
 }
 
 inline int64_t even(int64_t x) { return (x + 1) / 2 * 2; }
-#endif  // __AVX512BF16__
+#endif  // PO_AVX512BF16
 
-}  // namespace po::backend::cpu::attn
+}  // namespace attn
+PO_KERNELS_END

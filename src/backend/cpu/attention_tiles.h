@@ -17,16 +17,15 @@
 #include <cstring>
 #include <utility>
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+#include "backend/cpu/kernel_isa.h"
 
 // Without AVX-512 the 64-byte vectors are passed in memory; these helpers are
 // all inline, so GCC's note about that ABI is noise.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-namespace po::backend::cpu::tiles {
+PO_KERNELS_BEGIN
+namespace tiles {
 
 constexpr int64_t kW = 16;  // floats per vector
 typedef float Vec __attribute__((vector_size(kW * sizeof(float))));
@@ -42,7 +41,7 @@ inline void store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
 // a 64-byte Vec on AVX2 through general registers and the stack (vmovq,
 // vpinsrq per load), so the kernel works in register-sized pieces; each C
 // element still sees the same multiply-adds in the same order.
-#ifdef __AVX512F__
+#if PO_AVX512
 constexpr int kRW = 16;
 #else
 constexpr int kRW = 8;
@@ -118,7 +117,7 @@ constexpr int kR = 6;  // rows per micro-kernel call
 // spilled to the stack on every k (measured on Zen 3: attention 60x slower than
 // the sgemm); 6 x 1 = 12 ymm fit. The blocking does not change the bits (see
 // the file comment).
-#ifdef __AVX512F__
+#if PO_AVX512
 constexpr int64_t kMaxNV = 4;
 #else
 constexpr int64_t kMaxNV = 1;
@@ -192,7 +191,7 @@ inline void gemm_tile(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
 // a[k+1] b[k+1] (exact products), pairs in ascending order: as with the f32
 // tiles the bits do not depend on the blocking. The causal variants round
 // their k ranges to whole pairs (the A entries that adds are zero).
-#if defined(__AVX512BF16__)
+#if PO_AVX512BF16
 constexpr bool kBf16Tiles = true;
 
 template <int R, int NV>
@@ -255,6 +254,7 @@ inline void gemm_tile16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int6
 constexpr bool kBf16Tiles = false;
 #endif
 
-}  // namespace po::backend::cpu::tiles
+}  // namespace tiles
+PO_KERNELS_END
 
 #pragma GCC diagnostic pop

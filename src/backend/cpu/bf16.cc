@@ -1,9 +1,10 @@
 // bf16 storage conversions, element-wise and vectorisable: the rounding is
 // integer arithmetic on the bits (core/bf16.h), NaNs stay quiet NaNs.
+#include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 namespace {
 
 inline float widen(uint16_t b) { return core::bf16_to_f32(core::bf16{b}); }
@@ -46,4 +47,4 @@ double sum_squares_bf16(const uint16_t* x, int64_t n) {
   return s;
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -8,11 +8,12 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -191,4 +192,4 @@ void vocab_ce_finish(float* losses, float* logits, const int32_t* targets, const
   }
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 // A table element as f32: itself, or bf16 bits widened (exact).
@@ -122,4 +123,4 @@ void embedding_backward_slice(float* dwte, float* dwpe, const float* dout, const
   }
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

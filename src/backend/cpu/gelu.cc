@@ -1,9 +1,10 @@
 // GELU (tanh approximation) and the residual add: elementwise, memory bound.
 // 0.5 x (1 + tanh(u)) == x * sigmoid(2u), which needs one exp and vectorises.
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -53,4 +54,4 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -4,9 +4,9 @@
 #include <omp.h>
 
 #include <algorithm>
-
 #include <vector>
 
+#include "backend/isa.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -55,6 +55,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc) {
 #if defined(PO_BLAS_DNNL)
+  active_isa();  // fixed (and oneDNN capped to PO_ISA) before oneDNN's first call
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
                  beta, C, ldc);
@@ -98,7 +99,9 @@ void allow_native_bf16_gemm(bool allowed) { g_native_allowed = allowed; }
 
 bool native_bf16_gemm() {
 #if defined(PO_BLAS_DNNL)
-  return g_native_allowed && dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
+  // active_isa() first: it caps oneDNN to PO_ISA's path before oneDNN's first use.
+  return g_native_allowed && active_isa() >= Isa::kAvx512Bf16 &&
+         dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
 #else
   return false;
 #endif

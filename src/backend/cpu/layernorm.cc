@@ -6,10 +6,11 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -126,4 +127,4 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   layernorm_grad(dinp, dweight, dbias, dout, inp, weight, mean, rstd, BT, C);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -6,10 +6,11 @@
 
 #include <vector>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/error.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, int64_t BT,
                     int64_t C, int64_t OC) {
@@ -28,7 +29,7 @@ void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, 
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
-#ifdef __AVX512F__
+#if PO_AVX512
 // GCC 12 reports the AVX-512 reduction's own "undefined" operands as
 // uninitialized once inlined (GCC bug 105593); nothing here is.
 #pragma GCC diagnostic push
@@ -108,7 +109,7 @@ void dot_rows(float* out, const float* x, const float* w, const float* bias, int
 
 void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
                            int64_t BT, int64_t C, int64_t OC) {
-#ifdef __AVX512F__
+#if PO_AVX512
   if (BT <= kDecodeRowsTiled && C % 16 == 0) return dot_rows(out, inp, weight, bias, BT, C, OC);
 #endif
   if (BT > 4) return matmul_forward(out, inp, weight, bias, BT, C, OC);
@@ -158,4 +159,4 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, Operand dout, Op
   }
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -8,10 +8,11 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -98,4 +99,4 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const uint
   rmsnorm_grad(dinp, dweight, dout, inp, weight, rstd, BT, C);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

@@ -7,10 +7,11 @@
 // not depend on T or on which rank computes them.
 #include <cmath>
 
+#include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/error.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 void rope_inv_freq(double* inv_freq, int64_t hs, const RopeScaling& rs) {
   PO_CHECK(hs % 2 == 0, "RoPE needs an even head size, got ", hs);
@@ -38,7 +39,7 @@ void rope_table(float* cos_t, float* sin_t, int64_t T, int64_t hs, const RopeSca
   const int64_t half = hs / 2;
   double inv_freq[1024];
   PO_CHECK(half <= 1024, "RoPE head size ", hs, " above 2048");
-  rope_inv_freq(inv_freq, hs, rs);
+  this_path::rope_inv_freq(inv_freq, hs, rs);
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < half; i++) {
       const double a = static_cast<double>(pos0 + t) * inv_freq[i];
@@ -84,4 +85,4 @@ void rope_backward(float* dx, int64_t B, int64_t T, int64_t stride, int64_t n_he
   rotate<true>(dx, B, T, stride, n_heads, hs, cos_t, sin_t, pos0);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END

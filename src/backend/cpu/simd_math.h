@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/kernel_isa.h"
 #include "core/bf16.h"
 
-namespace po::backend::cpu::detail {
+PO_KERNELS_BEGIN
+namespace detail {
 
 #pragma omp declare simd notinbranch
 inline float exp_approx(float x_in) {
@@ -52,4 +54,5 @@ inline void put(uint16_t* out, float v) { *out = core::f32_to_bf16(v).bits; }
 inline float get(const float* in, int64_t i) { return in[i]; }
 inline float get(const uint16_t* in, int64_t i) { return core::bf16_to_f32(core::bf16{in[i]}); }
 
-}  // namespace po::backend::cpu::detail
+}  // namespace detail
+PO_KERNELS_END

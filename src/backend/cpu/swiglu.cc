@@ -1,10 +1,11 @@
 // SwiGLU (Llama's MLP activation): out = silu(gate) * up, with gate and up the
 // two halves of one projection's output row, so that the gate and up weights
 // run as one GEMM. Elementwise and memory bound.
+#include "backend/cpu/kernel_isa.h"
 #include "backend/cpu/simd_math.h"
 #include "backend/ops.h"
 
-namespace po::backend::cpu {
+PO_KERNELS_BEGIN
 
 namespace {
 
@@ -63,4 +64,4 @@ void swiglu_backward(float* dinp, const uint16_t* inp, const float* dout, int64_
   swiglu_grad(dinp, inp, dout, BT, F);
 }
 
-}  // namespace po::backend::cpu
+PO_KERNELS_END
