@@ -190,7 +190,7 @@ namespace po::backend::cpu {
 // clang-format on
 
 struct Kernels {
-  const char* isa = nullptr;  // the path's name (backend/isa.h)
+  const char* isa = nullptr;  // the path it was built for (checked when installed: backend/cpu/isa.cc)
 #define PO_KERNEL_MEMBER(member, name, ret, params, args) ret(*member) params = nullptr;
   PO_KERNELS(PO_KERNEL_MEMBER)
 #undef PO_KERNEL_MEMBER

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <string>
+#include <string_view>
 
 #include "backend/kernels.h"
 #include "core/error.h"
@@ -36,31 +38,59 @@ const Kernels& table_of(Isa isa) {
   return avx2::kTable;
 }
 
-std::string runnable_names() {
-  std::string s;
-  for (Isa i : runnable_isas()) s += (s.empty() ? "" : ", ") + std::string(isa_name(i));
-  return s;
-}
-
 struct Active {
   Isa isa = Isa::kAvx2;
   bool forced = false;
 };
-
-// Reads PO_ISA, caps oneDNN to match (before its first primitive: gemm() and
-// the kernels call this first) and installs the table.
 std::atomic<const Kernels*> g_table{nullptr};
 Active g_active;
 std::once_flag g_once;
 
+// The CPU's widest path, read once (cpuid does not change under a process).
+Isa detect() {
+  __builtin_cpu_init();
+  // libgcc's checks include the OS's XSAVE state (XCR0) for AVX-512.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (!avx512) return Isa::kAvx2;
+  if (!__builtin_cpu_supports("avx512bf16")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16")) return Isa::kAmx;
+  return Isa::kAvx512Bf16;
+}
+
+// Paths are ordered: a CPU runs its own and every narrower one.
+bool runnable(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(detected_isa()); }
+
+// `what` names who asked ("PO_ISA=avx512"), in the one error for every caller.
+void require_runnable(Isa isa, const std::string& what) {
+  if (runnable(isa)) return;
+  std::string names;
+  for (Isa i : runnable_isas()) names += (names.empty() ? "" : ", ") + std::string(isa_name(i));
+  PO_CHECK(false, what, ": this CPU cannot run that path (it runs ", names, ")");
+}
+
+// Installs `isa`'s table, checking that the table was built for that path
+// (the build's wiring of kernel_table.cc, see CMakeLists.txt).
+void install(Isa isa) {
+  const Kernels& t = table_of(isa);
+  const char* want = isa_name(isa == Isa::kAmx ? Isa::kAvx512Bf16 : isa);
+  PO_CHECK(std::string_view(t.isa) == want, "kernels table for ", isa_name(isa), " was built as ",
+           t.isa, ": the build's kernel objects are miswired");
+  g_active.isa = isa;
+  g_table.store(&t, std::memory_order_release);
+}
+
+
+// Reads PO_ISA, caps oneDNN to match (before its first primitive: gemm() and
+// the kernels call this first) and installs the table.
 void choose() {
   Active a{detected_isa(), false};
   if (const char* env = std::getenv("PO_ISA"); env != nullptr && *env != '\0') {
     Isa want;
     PO_CHECK(parse_isa(env, &want), "PO_ISA=", env,
              ": unknown instruction-set path (avx2, avx512, avx512bf16 or amx)");
-    PO_CHECK(static_cast<int>(want) <= static_cast<int>(a.isa), "PO_ISA=", env,
-             ": this CPU cannot run that path (it runs ", runnable_names(), ")");
+    require_runnable(want, core::str_cat("PO_ISA=", env));
     a = {want, true};
   }
 #if defined(PO_BLAS_DNNL)
@@ -73,8 +103,8 @@ void choose() {
              ": oneDNN was already in use and could not be capped to it");
   }
 #endif
-  g_active = a;
-  g_table.store(&table_of(a.isa), std::memory_order_release);
+  g_active.forced = a.forced;
+  install(a.isa);
 }
 
 void ensure_chosen() {
@@ -103,21 +133,14 @@ bool parse_isa(const std::string& name, Isa* isa) {
 }
 
 Isa detected_isa() {
-  __builtin_cpu_init();
-  // libgcc's checks include the OS's XSAVE state (XCR0) for AVX-512.
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vl");
-  if (!avx512) return Isa::kAvx2;
-  if (!__builtin_cpu_supports("avx512bf16")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16")) return Isa::kAmx;
-  return Isa::kAvx512Bf16;
+  static const Isa d = detect();
+  return d;
 }
 
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
   for (Isa i : kAll)
-    if (static_cast<int>(i) <= static_cast<int>(detected_isa())) out.push_back(i);
+    if (runnable(i)) out.push_back(i);
   return out;
 }
 
@@ -135,10 +158,8 @@ std::string isa_description() {
 
 void use_isa_for_testing(Isa isa) {
   ensure_chosen();
-  PO_CHECK(static_cast<int>(isa) <= static_cast<int>(detected_isa()), "instruction-set path ",
-           isa_name(isa), ": this CPU cannot run it (it runs ", runnable_names(), ")");
-  g_active.isa = isa;
-  g_table.store(&table_of(isa), std::memory_order_release);
+  require_runnable(isa, core::str_cat("instruction-set path ", isa_name(isa)));
+  install(isa);
 }
 
 const Kernels& kernels() {
