@@ -164,9 +164,9 @@ void DataParallel::shard_params_from(const std::function<void(int u, float* dst)
 }
 
 void DataParallel::take_master() {
-  using F = optim::PagedAdamState::Field;
+  using F = optim::AdamW;
   if (paged_shards_) {  // parameter shard (and bf16 master) into the pages, padding 0
-    optim::PagedAdamState& st = *adam_->paged_state();
+    optim::PagedState& st = *adam_->paged_state();
     std::vector<uint16_t> h;
     for (int u = 0; u < layout_.num_units(); ++u) {
       const float* src = unit_values(u) + layout_.begin(u);
@@ -174,10 +174,10 @@ void DataParallel::take_master() {
       if (bf16()) {
         h.resize(static_cast<size_t>(n));
         ops::f32_to_bf16(h.data(), src, n);
-        st.copy_in(F::kParam, state_offset(u), n, h.data());
+        st.copy_in(optim::PagedState::kParam, state_offset(u), n, h.data());
         st.copy_in(F::kMaster, state_offset(u), n, src);
       } else {
-        st.copy_in(F::kParam, state_offset(u), n, src);
+        st.copy_in(optim::PagedState::kParam, state_offset(u), n, src);
       }
     }
     return;
@@ -229,7 +229,7 @@ void DataParallel::add_tied_rows() {
     void* g = bf16() ? static_cast<void*>(grad_bf16() + off) : static_cast<void*>(grad_f32() + off);
     rows_->add_into(g, dtype, t.lo, t.hi);
   } else if (t.hi > t.lo) {
-    adam_->paged_state()->update(optim::PagedAdamState::Field::kGrad, state_offset(0) + t.first, t.hi - t.lo,
+    adam_->paged_state()->update(optim::PagedState::kGrad, state_offset(0) + t.first, t.hi - t.lo,
                                  [&](void* p, int64_t k, int64_t count) {
                                    rows_->add_into(p, dtype, t.lo + k, t.lo + k + count);
                                  });
@@ -239,7 +239,7 @@ void DataParallel::add_tied_rows() {
   const auto owned = static_cast<size_t>(layout_.owned(0));
   std::vector<float> g(bf16() ? 0 : owned);
   std::vector<uint16_t> g16(bf16() ? owned : 0);
-  adam_->paged_state()->copy_out(optim::PagedAdamState::Field::kGrad, state_offset(0), layout_.owned(0),
+  adam_->paged_state()->copy_out(optim::PagedState::kGrad, state_offset(0), layout_.owned(0),
                                  bf16() ? static_cast<void*>(g16.data()) : static_cast<void*>(g.data()));
   unit_sq_[0] = {};
   if (bf16())
@@ -484,7 +484,7 @@ MemoryReport DataParallel::memory() const {
   r.master = master_.size();
   r.adam = adam_->state_bytes();
   if (adam_->paged()) {
-    const optim::PagedAdamState& st = *adam_->paged_state();
+    const optim::PagedState& st = *adam_->paged_state();
     r.pages = st.compute_frames() * st.page_bytes();
     r.host = st.host_frames() * st.page_bytes();
   }

@@ -208,7 +208,7 @@ class DataParallel {
   void enable_paging(const memory::PagerOptions& options);
   // What each paged element holds: m, v [, fp32 master] [, stage 3: the
   // parameter and gradient shards].
-  optim::PagedAdamState::Layout paging_layout() const;
+  optim::PagedState::Layout paging_layout() const;
   // Pages updated during the last step's backward (early updates).
   int64_t pages_updated_in_backward() const { return early_last_; }
   // Paged with memory.lend_activations: the compute frames the model's dead
@@ -216,7 +216,7 @@ class DataParallel {
   size_t lent_frames() const;
   bool paged() const { return adam_->paged(); }
   // The pages (state and, at ZeRO-3, shard pages), or null.
-  optim::PagedAdamState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }
+  optim::PagedState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }
   enum class Shard { kParams, kAdamM, kAdamV };
   void read_shard(Shard kind, int u, float* dst);
   void write_shard(Shard kind, int u, const float* src);
@@ -247,7 +247,7 @@ class DataParallel {
   void* stored_params();  // the parameters as the update writes them (see step())
 
   void add_paged_grad(int u, const void* block, tensor::DType dtype, bool final);
-  std::optional<optim::PagedAdamState::Field> paged_field(Shard kind) const;
+  std::optional<optim::PagedState::Field> paged_field(Shard kind) const;
   float* shard_pointer(Shard kind, int u);
   bool paged_shards_ = false;
   // Early updates (paged shards, no clipping): per page, the units whose

@@ -18,9 +18,9 @@ namespace po::parallel {
 namespace ops = po::backend::cpu;
 using tensor::DType;
 
-optim::PagedAdamState::Layout DataParallel::paging_layout() const {
-  optim::PagedAdamState::Layout layout;
-  layout.master = bf16();
+optim::PagedState::Layout DataParallel::paging_layout() const {
+  optim::PagedState::Layout layout;
+  layout.schema = optim::adamw_schema(bf16());
   if (options_.zero_stage == 3) layout.param_bytes = layout.grad_bytes = param_esz();
   return layout;
 }
@@ -36,7 +36,7 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   // evict and read ahead by that walk.
   if (early_) o.order = memory::PagerOptions::Order::kFollowAccesses;
   adam_->enable_paging(o, paging_layout());
-  optim::PagedAdamState* st = adam_->paged_state();
+  optim::PagedState* st = adam_->paged_state();
   if (options_.lend_activations && model_.whole()) {
     // Reads ahead into lent frames follow the sweep's order; early updates
     // visit pages in their own order, which reads ahead by itself.
@@ -62,14 +62,14 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   if (!paged_shards_) return;
   units_->use_paged_shards(
       {[this, st](int u, void* dst) {
-         st->copy_out(optim::PagedAdamState::Field::kParam, layout_.local_offset(u),
+         st->copy_out(optim::PagedState::kParam, layout_.local_offset(u),
                       layout_.stride(u), dst);
        },
        [this](int u, const void* block, DType dtype, bool final) {
          add_paged_grad(u, block, dtype, final);
        },
        [this, st](int u) {
-         st->prefetch(optim::PagedAdamState::Field::kParam, layout_.local_offset(u), layout_.stride(u));
+         st->prefetch(optim::PagedState::kParam, layout_.local_offset(u), layout_.stride(u));
        }});
 }
 
@@ -85,7 +85,7 @@ size_t DataParallel::lent_frames() const {
 void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool final) {
   SumOfSquares& sq = unit_sq_[static_cast<size_t>(u)];
   adam_->paged_state()->update(
-      optim::PagedAdamState::Field::kGrad, layout_.local_offset(u), layout_.stride(u),
+      optim::PagedState::kGrad, layout_.local_offset(u), layout_.stride(u),
       [&](void* ptr, int64_t first, int64_t count) {
         if (bf16()) {
           auto* g = static_cast<uint16_t*>(ptr);
@@ -114,7 +114,7 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
 // backward walks, and the pages of the unit final next start coming in, so
 // their reads overlap that unit's backward.
 void DataParallel::update_final_pages(int u) {
-  optim::PagedAdamState& st = *adam_->paged_state();
+  optim::PagedState& st = *adam_->paged_state();
   const int64_t e = st.elements_per_page();
   const auto [lo, n] = state_range(u);
   if (n == 0) return;

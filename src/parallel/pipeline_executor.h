@@ -326,7 +326,7 @@ class PipelineExecutor {
   size_t stored_esz() const { return bf16_ ? sizeof(uint16_t) : sizeof(float); }  // parameters, gradients
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
-  static optim::PagedAdamState::Field paged_field(State kind);
+  static optim::PagedState::Field paged_field(State kind);
   float* field_in_memory(Chunk& c, bool replica, State kind);
   void allreduce_grads(void* grads, int first, int last);
   // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for

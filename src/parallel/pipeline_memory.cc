@@ -262,9 +262,9 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::Transforme
                                                          size_t page_bytes, int prefetch) {
   size_t pages = 0, least = 0;
   for (int64_t n : adam_numels(config, setup, rank)) {
-    const auto g = optim::PagedAdamState::geometry(n, page_bytes, {.master = setup.bf16});
+    const auto g = optim::PagedState::geometry(n, page_bytes, {.schema = optim::adamw_schema(setup.bf16)});
     pages += g.pages();
-    least += optim::PagedAdamState::min_compute_frames(g, prefetch);
+    least += optim::PagedState::min_compute_frames(g, prefetch);
   }
   return {pages, least};
 }
@@ -277,7 +277,7 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   const auto list = adams();
   std::vector<size_t> pages;
   for (const auto& [a, name] : list)
-    pages.push_back(optim::PagedAdamState::geometry(a->num_params(), options.page_bytes, {.master = bf16_}).pages());
+    pages.push_back(optim::PagedState::geometry(a->num_params(), options.page_bytes, {.schema = optim::adamw_schema(bf16_)}).pages());
   const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
   const std::vector<size_t> compute = memory::split_frames(
       options.compute_frames == 0 ? all : options.compute_frames, pages,
@@ -291,7 +291,7 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
     const auto dot = o.file_name.rfind('.');
     o.file_name = dot == std::string::npos ? o.file_name + name
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
-    list[k].first->enable_paging(o, {.master = bf16_});
+    list[k].first->enable_paging(o, {.schema = optim::adamw_schema(bf16_)});
   }
   for (auto& c : chunks_) {  // bf16: the master is in the pages now
     c->master = tensor::Storage();
@@ -323,8 +323,8 @@ void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t o
   std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
 }
 
-optim::PagedAdamState::Field PipelineExecutor::paged_field(State kind) {
-  using F = optim::PagedAdamState::Field;
+optim::PagedState::Field PipelineExecutor::paged_field(State kind) {
+  using F = optim::AdamW;
   return kind == State::kAdamM ? F::kM : kind == State::kAdamV ? F::kV : F::kMaster;
 }
 

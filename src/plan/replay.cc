@@ -133,8 +133,8 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   const std::vector<double>& bucket_numel = ws.bucket_numel;
 
   // Paging (the trainer's set-up, train/paging_setup.cc setup_paging).
-  optim::PagedAdamState::Layout pl;
-  pl.master = l.bf16;
+  optim::PagedState::Layout pl;
+  pl.schema = optim::adamw_schema(l.bf16);
   if (stage == 3) pl.param_bytes = pl.grad_bytes = static_cast<size_t>(esz);
   const bool paged = l.paging;
   const bool paged_shards = paged && stage == 3;
@@ -149,7 +149,7 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
   const double unpaged_states = params + grads + master + adam;
-  const double paged_bytes = paged ? state_numel * static_cast<double>(pl.element_bytes()) : 0;
+  const double paged_bytes = paged ? static_cast<double>(pl.bytes(static_cast<int64_t>(state_numel))) : 0;
   if (paged) {
     adam = 0;
     master = 0;
@@ -231,12 +231,12 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
 
   // Pages: the trainer's frame count for the budgets.
   if (paged) {
-    const optim::PagedAdamState::Geometry geo =
-        optim::PagedAdamState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
+    const optim::PagedState::Geometry geo =
+        optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
     const auto pages = static_cast<double>(geo.pages());
     const double page = static_cast<double>(l.page_bytes);
     const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;
-    const auto min_frames = static_cast<double>(optim::PagedAdamState::min_compute_frames(geo, l.page_prefetch));
+    const auto min_frames = static_cast<double>(optim::PagedState::min_compute_frames(geo, l.page_prefetch));
     double frames = pages;
     p.min_compute_budget = fixed + min_frames * page;
     if (l.compute_budget > 0) {

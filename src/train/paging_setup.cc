@@ -78,16 +78,21 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
 }
 
 // The log's one-screen account of the pages and where they live.
-std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOptions& o,
-                         const optim::PagedAdamState::Geometry& geo, bool master, size_t fixed,
+std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions& o,
+                         const optim::PagedState::Geometry& geo, const optim::StateSchema& schema, size_t fixed,
                          size_t compute_budget, size_t lent, int rank) {
   const size_t pages = geo.pages();
   const auto mib = [](double b) { return b / (1 << 20); };
   char line[256];
   std::string t = "paged optimizer state (rank " + std::to_string(rank) + "):";
-  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements: Adam m, v%s)",
-                geo.state_pages, mib(static_cast<double>(o.page_bytes)),
-                static_cast<long long>(geo.state_elements), master ? ", fp32 master" : "");
+  std::string fields;
+  for (const optim::StateField& f : schema.fields) {
+    fields += core::str_cat(fields.empty() ? "" : ", ", f.name, " ", optim::dtype_name(f.dtype));
+    if (f.block > 0) fields += core::str_cat(" + fp32 scale per ", f.block);
+  }
+  std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements of %.*s: %s)", geo.state_pages,
+                mib(static_cast<double>(o.page_bytes)), static_cast<long long>(geo.state_elements),
+                static_cast<int>(schema.name.size()), schema.name.data(), fields.c_str());
   t += line;
   if (geo.param_pages > 0) {
     std::snprintf(line, sizeof line,
@@ -112,10 +117,9 @@ std::string paging_table(const optim::PagedAdamState& pg, const memory::PagerOpt
   std::snprintf(line, sizeof line, "\n  host tier:    %zu pages (%.1f MiB)", pg.host_frames(),
                 mib(static_cast<double>(pg.host_frames() * o.page_bytes)));
   t += line;
-  using F = optim::PagedAdamState::Field;
-  for (const auto& [store, n] : {std::pair{pg.store(F::kM), geo.state_pages},
-                                 std::pair{pg.store(F::kParam), geo.param_pages},
-                                 std::pair{pg.store(F::kGrad), geo.grad_pages}}) {
+  for (const auto& [store, n] : {std::pair{pg.store(optim::AdamW::kM), geo.state_pages},
+                                 std::pair{pg.store(optim::PagedState::kParam), geo.param_pages},
+                                 std::pair{pg.store(optim::PagedState::kGrad), geo.grad_pages}}) {
     if (store == nullptr || n == 0) continue;
     std::snprintf(line, sizeof line, "\n  nvme tier:    %zu pages in %s (%s, %s, queue depth %d, %.1f MiB requests)",
                   n, store->path().c_str(),
@@ -144,14 +148,14 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
     return false;
   }
   memory::PagerOptions o = pager_options(cfg, rank);
-  const optim::PagedAdamState::Layout layout = dp.paging_layout();
+  const optim::PagedState::Layout layout = dp.paging_layout();
   const int64_t numel = dp.adam().num_params();
-  const optim::PagedAdamState::Geometry geo =
-      optim::PagedAdamState::geometry(numel, o.page_bytes, layout);
+  const optim::PagedState::Geometry geo =
+      optim::PagedState::geometry(numel, o.page_bytes, layout);
   const size_t pages = geo.pages();
-  const size_t paged_bytes = static_cast<size_t>(numel) * layout.element_bytes();
+  const size_t paged_bytes = static_cast<size_t>(layout.bytes(numel));
   const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
-  const size_t min_frames = optim::PagedAdamState::min_compute_frames(geo, o.prefetch);
+  const size_t min_frames = optim::PagedState::min_compute_frames(geo, o.prefetch);
   if (compute_budget == 0) {
     o.compute_frames = pages;
   } else {
@@ -166,7 +170,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
   dp.enable_paging(o);
   const std::string t =
-      paging_table(*dp.paged_state(), o, geo, layout.master, fixed, compute_budget, dp.lent_frames(), rank);
+      paging_table(*dp.paged_state(), o, geo, layout.schema, fixed, compute_budget, dp.lent_frames(), rank);
   if (rank == 0) PO_LOG_INFO(t);
   return true;
 }

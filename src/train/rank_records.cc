@@ -15,7 +15,7 @@ namespace po::train {
 namespace {
 
 PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
-  optim::PagedAdamState* pg = dp.paged_state();
+  optim::PagedState* pg = dp.paged_state();
   if (pg == nullptr) return {};
   const uint64_t page = pg->page_bytes();
   return {pg->resident(memory::Tier::kCompute) * page, pg->resident(memory::Tier::kHost) * page,

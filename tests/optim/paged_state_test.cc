@@ -1,4 +1,4 @@
-// PagedAdamState: where each field lives. With parameter and gradient shards
+// PagedState: where each field lives. With parameter and gradient shards
 // paged (ZeRO-Infinity) each has pages of its own, so reading the parameters
 // moves parameter bytes only, not the Adam moments or gradients beside them;
 // every field keeps its values through evictions; gradients consumed by an
@@ -11,12 +11,20 @@
 
 #include "../test_util.h"
 #include "optim/adamw.h"
+#include "optim/paged_state.h"
 
 namespace po::test {
 namespace {
 
-using optim::PagedAdamState;
-using F = PagedAdamState::Field;
+using optim::PagedState;
+struct F {
+  static constexpr PagedState::Field kM = optim::AdamW::kM, kV = optim::AdamW::kV,
+                                     kMaster = optim::AdamW::kMaster, kParam = PagedState::kParam,
+                                     kGrad = PagedState::kGrad;
+};
+PagedState::Layout adam(bool master, size_t param_bytes, size_t grad_bytes) {
+  return {optim::adamw_schema(master), param_bytes, grad_bytes};
+}
 constexpr size_t kPage = 16384;
 
 memory::PagerOptions options(const std::string& dir, size_t compute_frames) {
@@ -29,28 +37,28 @@ memory::PagerOptions options(const std::string& dir, size_t compute_frames) {
   return o;
 }
 
-TEST(PagedAdamState, ParameterAndGradientPagesOfTheirOwn) {
-  PagedAdamState::Layout fp32{false, 4, 4};
-  auto g = PagedAdamState::geometry(100000, kPage, fp32);
+TEST(PagedState, ParameterAndGradientPagesOfTheirOwn) {
+  const PagedState::Layout fp32 = adam(false, 4, 4);
+  auto g = PagedState::geometry(100000, kPage, fp32);
   EXPECT_EQ(g.state_elements, 2048);  // 16 KiB / (4 + 4) bytes
   EXPECT_EQ(g.param_elements, 4096);  // 16 KiB / 4, a multiple of E
   EXPECT_EQ(g.grad_elements, 4096);
   EXPECT_EQ(g.state_pages, 49u);
   EXPECT_EQ(g.param_pages, 25u);
   EXPECT_EQ(g.grad_pages, 25u);
-  PagedAdamState::Layout bf16{true, 2, 2};
-  g = PagedAdamState::geometry(100000, kPage, bf16);
+  const PagedState::Layout bf16 = adam(true, 2, 2);
+  g = PagedState::geometry(100000, kPage, bf16);
   EXPECT_EQ(g.state_elements, 1360);      // 16 KiB / 12 bytes, down to a multiple of 16
   EXPECT_EQ(g.param_elements, 6 * 1360);  // 16 KiB / 2 bytes holds 6 state pages' elements
-  EXPECT_EQ(PagedAdamState::geometry(100000, kPage, {false, 0, 0}).param_pages, 0u);
-  EXPECT_EQ(PagedAdamState::min_compute_frames(g, 1), 9u);  // 3 per pager
+  EXPECT_EQ(PagedState::geometry(100000, kPage, adam(false, 0, 0)).param_pages, 0u);
+  EXPECT_EQ(PagedState::min_compute_frames(g, 1), 9u);  // 3 per pager
 }
 
 // Reading every parameter of a cold state moves the shard pages only.
-TEST(PagedAdamState, ParametersAreReadWithoutTheMoments) {
+TEST(PagedState, ParametersAreReadWithoutTheMoments) {
   TempDir dir;
   const int64_t n = 64 * 2048;  // 64 state pages, 32 parameter and 32 gradient pages (fp32)
-  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 12));
+  PagedState st(n, adam(false, 4, 4), options(dir.path().string(), 12));
   std::vector<float> values(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
   st.copy_in(F::kParam, 0, n, values.data());
@@ -74,13 +82,13 @@ TEST(PagedAdamState, ParametersAreReadWithoutTheMoments) {
 
 // An update consumes the gradients: their pages come back as zeros, and
 // the next step's first additions read nothing from NVMe.
-TEST(PagedAdamState, ConsumedGradientsCostNoReads) {
+TEST(PagedState, ConsumedGradientsCostNoReads) {
   TempDir dir;
   const int64_t n = 64 * 2048;
-  PagedAdamState st(n, {false, 4, 4}, options(dir.path().string(), 12));
+  PagedState st(n, adam(false, 4, 4), options(dir.path().string(), 12));
   std::vector<float> g(static_cast<size_t>(n), 0.25f), out(static_cast<size_t>(n));
   st.copy_in(F::kGrad, 0, n, g.data());
-  st.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& v) {
+  st.for_each_page([&](int64_t lo, int64_t hi, const PagedState::View& v) {
     std::memset(v.grad, 0, static_cast<size_t>(hi - lo) * 4);  // what an update does
   }, true);
   (void)st.take_stats();
@@ -90,10 +98,10 @@ TEST(PagedAdamState, ConsumedGradientsCostNoReads) {
 }
 
 // The sweep sees every field of its elements, and what it writes stays.
-TEST(PagedAdamState, SweepSeesStateAndShardsTogether) {
+TEST(PagedState, SweepSeesStateAndShardsTogether) {
   TempDir dir;
   const int64_t n = 40 * 1360 + 77;
-  PagedAdamState st(n, {true, 2, 2}, options(dir.path().string(), 7));
+  PagedState st(n, adam(true, 2, 2), options(dir.path().string(), 7));
   std::vector<uint16_t> p(static_cast<size_t>(n)), gr(static_cast<size_t>(n));
   std::vector<float> master(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -106,13 +114,13 @@ TEST(PagedAdamState, SweepSeesStateAndShardsTogether) {
   st.copy_in(F::kMaster, 0, n, master.data());
   for (int pass = 0; pass < 2; ++pass) {
     int64_t seen = 0;
-    st.for_each_page([&](int64_t lo, int64_t hi, const PagedAdamState::View& v) {
+    st.for_each_page([&](int64_t lo, int64_t hi, const PagedState::View& v) {
       for (int64_t i = lo; i < hi; ++i) {
         const auto k = static_cast<size_t>(i - lo);
         ASSERT_EQ(static_cast<uint16_t*>(v.param)[k], p[static_cast<size_t>(i)]) << "element " << i;
         ASSERT_EQ(static_cast<uint16_t*>(v.grad)[k], gr[static_cast<size_t>(i)]) << "element " << i;
-        ASSERT_EQ(v.master[k], master[static_cast<size_t>(i)]) << "element " << i;
-        v.m[k] += 1.0f;
+        ASSERT_EQ(v.f32(F::kMaster)[k], master[static_cast<size_t>(i)]) << "element " << i;
+        v.f32(F::kM)[k] += 1.0f;
         static_cast<uint16_t*>(v.param)[k] ^= 1;
       }
       seen += hi - lo;

@@ -1,0 +1,279 @@
+#include "optim/paged_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "core/error.h"
+
+namespace po::optim {
+
+PagedState::Geometry PagedState::geometry(int64_t numel, size_t page_bytes, const Layout& layout) {
+  const StateSchema& s = layout.schema;
+  PO_CHECK(!s.fields.empty() && s.fields.size() <= kMaxFields, "optimizer state schema '", s.name,
+           "' has ", s.fields.size(), " fields (1 to ", kMaxFields, " page)");
+  // E: a multiple of 16 (fp32 fields then start 64-byte aligned without
+  // padding) and of every field's granule.
+  int64_t g = 16;
+  int bits = 0;
+  for (const StateField& f : s.fields) {
+    g = std::lcm(g, f.granule());
+    bits += f.bits();
+  }
+  const auto pb = static_cast<int64_t>(page_bytes);
+  // The most E that fit, and no more than one shard page holds (every state
+  // page then lies in one page of each shard).
+  int64_t most = pb * 8 / bits / g;
+  for (size_t shard : {layout.param_bytes, layout.grad_bytes})
+    if (shard > 0) most = std::min(most, pb / static_cast<int64_t>(shard) / g);
+  int64_t lo = 0, hi = most;  // largest k <= most with s.bytes(k·g) <= page_bytes
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (s.bytes(mid * g, kAlign) <= pb) lo = mid;
+    else hi = mid - 1;
+  }
+  Geometry geo;
+  geo.state_elements = lo * g;
+  PO_CHECK(geo.state_elements >= 16, "memory.page_size = ", page_bytes, " bytes is too small a page for '",
+           s.name, "' state (", s.bytes(g, kAlign), " bytes hold its smallest whole piece)");
+  const int64_t e = geo.state_elements;
+  size_t off = 0;
+  for (size_t i = 0; i < s.fields.size(); ++i) {
+    const StateField& f = s.fields[i];
+    geo.offset[i] = off;
+    const auto align = [](int64_t b) { return static_cast<size_t>((b + kAlign - 1) / kAlign * kAlign); };
+    off = align(static_cast<int64_t>(off) + f.code_bytes(e));
+    if (f.block > 0) off = align(static_cast<int64_t>(off) + f.scale_bytes(e));
+  }
+  auto pages = [numel](int64_t per) { return static_cast<size_t>((numel + per - 1) / per); };
+  geo.state_pages = pages(e);
+  // Shard pages: as many whole state pages' elements as fit.
+  auto per_page = [&](size_t bytes) { return pb / static_cast<int64_t>(bytes) / e * e; };
+  if (layout.param_bytes > 0) {
+    geo.param_elements = per_page(layout.param_bytes);
+    geo.param_pages = pages(geo.param_elements);
+  }
+  if (layout.grad_bytes > 0) {
+    geo.grad_elements = per_page(layout.grad_bytes);
+    geo.grad_pages = pages(geo.grad_elements);
+  }
+  return geo;
+}
+
+size_t PagedState::min_compute_frames(const Geometry& g, int prefetch) {
+  const size_t m = memory::Pager::min_compute_frames(prefetch);
+  return std::min(g.state_pages, m) + std::min(g.param_pages, m) + std::min(g.grad_pages, m);
+}
+
+namespace {
+
+std::string suffixed(const std::string& name, const char* what) {
+  const std::string ext = ".swap";
+  if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
+    return name.substr(0, name.size() - ext.size()) + "-" + what + ext;
+  return name + "-" + what;
+}
+
+}  // namespace
+
+PagedState::PagedState(int64_t numel, const Layout& layout, const memory::PagerOptions& options)
+    : n_(numel), layout_(layout), geo_(geometry(numel, options.page_bytes, layout)) {
+  const std::vector<size_t> pages = {geo_.state_pages, geo_.param_pages, geo_.grad_pages};
+  const size_t least = memory::Pager::min_compute_frames(options.prefetch);
+  const std::vector<size_t> compute = memory::split_frames(options.compute_frames, pages, least);
+  const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
+  auto make = [&](size_t i, const char* what) {
+    memory::PagerOptions o = options;
+    o.compute_frames = compute[i];
+    o.host_frames = host[i];
+    if (what != nullptr) {
+      o.file_name = suffixed(options.file_name, what);
+      o.order = memory::PagerOptions::Order::kFollowAccesses;  // gathers, reductions, the sweep
+    }
+    return std::make_unique<memory::Pager>(pages[i], o);
+  };
+  state_ = make(0, nullptr);
+  if (geo_.param_pages > 0) params_ = make(1, "params");
+  if (geo_.grad_pages > 0) {
+    grads_ = make(2, "grads");
+    consumed_.assign(geo_.grad_pages, 0);
+  }
+}
+
+bool PagedState::has(Field f) const {
+  if (f == kParam) return params_ != nullptr;
+  if (f == kGrad) return grads_ != nullptr;
+  return f >= 0 && static_cast<size_t>(f) < layout_.schema.fields.size();
+}
+
+const memory::Pager& PagedState::pager_of(Field f) const {
+  if (f == kParam && params_) return *params_;
+  if (f == kGrad && grads_) return *grads_;
+  return *state_;
+}
+
+int64_t PagedState::elements_of(Field f) const {
+  if (f == kParam && params_) return geo_.param_elements;
+  if (f == kGrad && grads_) return geo_.grad_elements;
+  return geo_.state_elements;
+}
+
+size_t PagedState::field_bytes(Field f) const {
+  if (f == kParam) return layout_.param_bytes;
+  if (f == kGrad) return layout_.grad_bytes;
+  if (!has(f)) return 0;
+  const StateField& sf = layout_.schema.fields[static_cast<size_t>(f)];
+  return sf.block == 0 && sf.bits() % 8 == 0 ? static_cast<size_t>(sf.bits() / 8) : 0;
+}
+
+size_t PagedState::field_offset(Field f) const {
+  if (f == kParam || f == kGrad) return 0;  // alone in their pages
+  return geo_.offset[static_cast<size_t>(f)];
+}
+
+PagedState::View PagedState::advanced(const View& view, int64_t k) const {
+  View at = view;
+  for (size_t i = 0; i < layout_.schema.fields.size(); ++i) {
+    const StateField& f = layout_.schema.fields[i];
+    PO_ASSERT(k % f.granule() == 0, "PagedState: field '", f.name, "' cut at element ", k,
+              ", not a multiple of its granule ", f.granule());
+    at.field[i].codes = view.field[i].codes + f.code_bytes(k);
+    if (view.field[i].scales != nullptr) at.field[i].scales = view.field[i].scales + k / f.block;
+  }
+  if (view.param) at.param = static_cast<char*>(view.param) + static_cast<size_t>(k) * layout_.param_bytes;
+  if (view.grad) at.grad = static_cast<char*>(view.grad) + static_cast<size_t>(k) * layout_.grad_bytes;
+  return at;
+}
+
+void PagedState::with_shards(size_t page, char* data, bool consumes_grads,
+                             const std::function<void(int64_t, int64_t, const View&)>& fn) {
+  View v;
+  const int64_t e = geo_.state_elements;
+  for (size_t i = 0; i < layout_.schema.fields.size(); ++i) {
+    const StateField& f = layout_.schema.fields[i];
+    v.field[i].codes = data + geo_.offset[i];
+    if (f.block > 0) {
+      const int64_t scales_at = (f.code_bytes(e) + kAlign - 1) / kAlign * kAlign;
+      v.field[i].scales = reinterpret_cast<float*>(data + geo_.offset[i] + static_cast<size_t>(scales_at));
+    }
+  }
+  const int64_t lo = static_cast<int64_t>(page) * e;
+  const int64_t hi = std::min(n_, lo + e);
+  auto with_grads = [&] {
+    if (!grads_) {
+      fn(lo, hi, v);
+      return;
+    }
+    const int64_t j = lo / geo_.grad_elements;
+    grads_->access(static_cast<size_t>(j), [&](char* g) {
+      v.grad = g + static_cast<size_t>(lo - j * geo_.grad_elements) * layout_.grad_bytes;
+      fn(lo, hi, v);
+    }, true);
+    if (!consumes_grads) return;
+    const int64_t first = j * geo_.grad_elements;
+    const int64_t size = std::min(n_, first + geo_.grad_elements) - first;
+    auto& done = consumed_[static_cast<size_t>(j)];
+    if ((done += hi - lo) == size) {  // every element's gradient is used: zeros from here
+      grads_->discard(static_cast<size_t>(j));
+      done = 0;
+    }
+  };
+  if (!params_) {
+    with_grads();
+    return;
+  }
+  const int64_t j = lo / geo_.param_elements;
+  params_->access(static_cast<size_t>(j), [&](char* p) {
+    v.param = p + static_cast<size_t>(lo - j * geo_.param_elements) * layout_.param_bytes;
+    with_grads();
+  }, true);
+}
+
+void PagedState::for_each_page(const std::function<void(int64_t, int64_t, const View&)>& fn,
+                               bool consumes_grads) {
+  state_->for_each([&](size_t page, char* data) { with_shards(page, data, consumes_grads, fn); });
+}
+
+void PagedState::visit_page(size_t page, const std::function<void(int64_t, int64_t, const View&)>& fn,
+                            bool consumes_grads) {
+  state_->access(page, [&](char* data) { with_shards(page, data, consumes_grads, fn); }, true);
+}
+
+void PagedState::for_each_piece(Field field, int64_t offset, int64_t n, bool dirty,
+                                const std::function<void(char*, int64_t, int64_t)>& fn) {
+  const size_t bytes = field_bytes(field), base = field_offset(field);
+  PO_ASSERT(bytes > 0, "PagedState: no element-wise field ", field,
+            " (absent, or stored in blocks: visit its pages)");
+  memory::Pager& pager = pager_of(field);
+  const int64_t e = elements_of(field);
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t at = offset + done, page = at / e, in = at % e, len = std::min(n - done, e - in);
+    pager.access(static_cast<size_t>(page), [&](char* data) {
+      fn(data + base + static_cast<size_t>(in) * bytes, done, len);
+    }, dirty);
+    done += len;
+  }
+}
+void PagedState::update(Field field, int64_t offset, int64_t n,
+                            const std::function<void(void*, int64_t, int64_t)>& fn) {
+  for_each_piece(field, offset, n, true,
+                 [&](char* ptr, int64_t first, int64_t count) { fn(ptr, first, count); });
+}
+
+void PagedState::copy_out(Field field, int64_t offset, int64_t n, void* dst) {
+  const size_t bytes = field_bytes(field);
+  for_each_piece(field, offset, n, false, [&](char* ptr, int64_t first, int64_t count) {
+    std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(first) * bytes, ptr,
+                static_cast<size_t>(count) * bytes);
+  });
+}
+
+void PagedState::copy_in(Field field, int64_t offset, int64_t n, const void* src) {
+  update(field, offset, n, [&](void* ptr, int64_t first, int64_t count) {
+    const size_t bytes = field_bytes(field);
+    std::memcpy(ptr, static_cast<const char*>(src) + static_cast<size_t>(first) * bytes,
+                static_cast<size_t>(count) * bytes);
+  });
+}
+
+void PagedState::prefetch(Field field, int64_t offset, int64_t n) {
+  if (n <= 0) return;
+  memory::Pager& pager = pager_of(field);
+  const int64_t e = elements_of(field);
+  for (int64_t p = offset / e; p <= (offset + n - 1) / e; ++p) pager.prefetch(static_cast<size_t>(p));
+}
+
+memory::PagerStats PagedState::take_stats() {
+  memory::PagerStats s = state_->take_stats();
+  for (memory::Pager* pg : {params_.get(), grads_.get()}) {
+    if (pg == nullptr) continue;
+    s.add(pg->take_stats(), false);  // (pass_s: the sweep is the state pager's)
+  }
+  return s;
+}
+
+size_t PagedState::resident(memory::Tier t) const {
+  size_t n = state_->resident(t);
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->resident(t);
+  return n;
+}
+
+size_t PagedState::compute_frames() const {
+  size_t n = state_->options().compute_frames;
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->options().compute_frames;
+  return n;
+}
+
+size_t PagedState::host_frames() const {
+  size_t n = state_->options().host_frames;
+  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+    if (pg != nullptr) n += pg->options().host_frames;
+  return n;
+}
+
+
+}  // namespace po::optim
