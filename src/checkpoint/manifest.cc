@@ -99,6 +99,29 @@ class Fields {
     if (!k) fail(path, "= '" + v.get<std::string>() + "' is not params, adam_m or adam_v");
     return *k;
   }
+  // Version 2's kind: its schema field, which must be the form this build
+  // stores that kind in.
+  StateKind kind_field(const Json& v, const std::string& path) const {
+    const StateKind k = kind(get(v, path, "name"), join(path, "name"));
+    const optim::StateField& want = state_kind_field(k);
+    optim::StateField got = want;
+    const std::string dtype = string(v, path, "dtype");
+    const auto d = optim::parse_state_dtype(dtype);
+    if (!d) fail(join(path, "dtype"), "= '" + dtype + "' is not f32, bf16, u8 or u4");
+    got.dtype = *d;
+    if (integer(v, path, "bits", 1, 64) != got.bits())
+      fail(join(path, "bits"), core::str_cat("is not the ", got.bits(), " bits of ", dtype));
+    got.block = integer(v, path, "block", 0, kMaxNumel);
+    if (got != want)
+      fail(path, core::str_cat("'", want.name, "' is stored as ", field_form(got),
+                               "; this build reads it as ", field_form(want),
+                               " (a checkpoint of another optimizer state form)"));
+    return k;
+  }
+  static std::string field_form(const optim::StateField& f) {
+    return core::str_cat(optim::dtype_name(f.dtype),
+                         f.block > 0 ? core::str_cat(" with an fp32 scale per ", f.block) : "");
+  }
 
  private:
   const std::string& origin_;
@@ -144,16 +167,27 @@ FileRecord file_from_json(const Fields& f, const Json& j, const std::string& pat
   return r;
 }
 
+// Version 2: each kind as its schema field.
 Json kinds_to_json(const std::vector<StateKind>& kinds) {
   Json a = Json::array();
-  for (StateKind k : kinds) a.push_back(state_kind_name(k));
+  for (StateKind k : kinds) {
+    const optim::StateField& f = state_kind_field(k);
+    a.push_back(Json{{"name", std::string(f.name)},
+                     {"dtype", std::string(optim::dtype_name(f.dtype))},
+                     {"bits", f.bits()},
+                     {"block", f.block}});
+  }
   return a;
 }
 
+// Version 1's kinds are bare names (fp32); version 2's are fields.
 std::vector<StateKind> kinds_from_json(const Fields& f, const Json& j) {
   std::vector<StateKind> out;
   const Json& a = f.array(j, "", "kinds");
-  for (size_t i = 0; i < a.size(); ++i) out.push_back(f.kind(a[i], Fields::at("kinds", i)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string path = Fields::at("kinds", i);
+    out.push_back(a[i].is_string() ? f.kind(a[i], path) : f.kind_field(a[i], path));
+  }
   return out;
 }
 
@@ -209,17 +243,18 @@ bool plain_file_name(const std::string& s) {
 
 }  // namespace
 
-const char* state_kind_name(StateKind k) {
+const optim::StateField& state_kind_field(StateKind k) {
+  static constexpr optim::StateSchema adamw = optim::adamw_schema(false);
+  static_assert(adamw.name == kOptimizerSchema);
   switch (k) {
-    case StateKind::kParams:
-      return "params";
-    case StateKind::kAdamM:
-      return "adam_m";
-    case StateKind::kAdamV:
-      return "adam_v";
+    case StateKind::kParams: return optim::kParamsField;
+    case StateKind::kAdamM: return adamw.fields[adamw.find("adam_m")];
+    case StateKind::kAdamV: return adamw.fields[adamw.find("adam_v")];
   }
-  return "?";
+  return optim::kParamsField;
 }
+
+const char* state_kind_name(StateKind k) { return state_kind_field(k).name.data(); }
 
 std::optional<StateKind> parse_state_kind(std::string_view name) {
   for (StateKind k : kAllStateKinds)
@@ -360,8 +395,11 @@ void validate_slices(const Manifest& m, const std::string& origin) {
 }  // namespace
 
 void validate_manifest(const Manifest& m, const std::string& origin) {
-  PO_CHECK(m.version == kShardedFormatVersion, origin, ": format version ", m.version,
-           " (this build reads version ", kShardedFormatVersion, ")");
+  PO_CHECK(m.version >= kOldestShardedFormatVersion && m.version <= kShardedFormatVersion, origin,
+           ": format version ", m.version, " (this build reads versions ", kOldestShardedFormatVersion,
+           " to ", kShardedFormatVersion, ")");
+  PO_CHECK(m.optimizer == kOptimizerSchema, origin, ": optimizer state '", m.optimizer,
+           "' (this build writes and reads ", kOptimizerSchema, ")");
   const CheckpointMeta& meta = m.meta;
   PO_CHECK(meta.step >= 0 && meta.adam_t >= 0, origin, ": negative step or adam_t");
   PO_CHECK(meta.dp >= 1 && meta.zero_stage >= 0 && meta.zero_stage <= 3, origin,
@@ -395,7 +433,7 @@ Json manifest_json(const Manifest& m) {
   for (const auto& s : m.slices) slices.push_back(slice_to_json(s));
   Json j;
   j["format"] = kShardedFormatName;
-  j["version"] = m.version;
+  j["version"] = kShardedFormatVersion;  // a manifest read from an older version is written as this one
   j["step"] = m.meta.step;
   j["seed"] = m.meta.seed;
   j["tokens"] = m.meta.tokens;
@@ -403,6 +441,7 @@ Json manifest_json(const Manifest& m) {
   j["layout"] = Json{{"dp", m.meta.dp}, {"zero_stage", m.meta.zero_stage}, {"writers", m.writers}};
   if (m.meta.threads > 0) j["layout"]["threads"] = m.meta.threads;  // absent in older manifests
   j["unit_numel"] = std::move(numel);
+  j["optimizer"] = m.optimizer;
   j["kinds"] = kinds_to_json(m.kinds);
   j["checksum"] = Json{{"algorithm", "xxh3-64"}, {"chunk_bytes", m.chunk_bytes}};
   j["tensors"] = std::move(tensors);
@@ -436,9 +475,9 @@ Manifest parse_manifest(std::string_view text, const std::string& origin, bool v
            kShardedFormatName, "'");
   Manifest m;
   m.version = static_cast<int>(f.integer(j, "", "version", 0, 1 << 30));
-  PO_CHECK(m.version == kShardedFormatVersion, origin, ": format version ", m.version,
-           " (this build reads version ", kShardedFormatVersion,
-           "; written by a newer PagedOptim?)");
+  PO_CHECK(m.version >= kOldestShardedFormatVersion && m.version <= kShardedFormatVersion, origin,
+           ": format version ", m.version, " (this build reads versions ", kOldestShardedFormatVersion,
+           " to ", kShardedFormatVersion, "; written by a newer PagedOptim?)");
   if (verify_checksum) {
     const uint64_t want = f.hex(f.get(j, "", kChecksumKey), kChecksumKey);
     j.erase(kChecksumKey);
@@ -458,6 +497,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin, bool v
   if (layout.is_object() && layout.contains("threads"))
     meta.threads = static_cast<int>(f.integer(layout, "layout", "threads", 1, 1 << 20));
   m.unit_numel = numel_from_json(f, j);
+  if (m.version >= 2) m.optimizer = f.string(j, "", "optimizer");  // version 1: AdamW's
   m.kinds = kinds_from_json(f, j);
   const Json& checksum = f.get(j, "", "checksum");
   const std::string algo = f.string(checksum, "checksum", "algorithm");

@@ -4,8 +4,14 @@
 // file I/O, no layout), so parsers of untrusted bytes (fuzz/manifest_fuzz.cc)
 // can use it alone.
 //
-// The state of a model is one flat f32 buffer per unit (model/transformer.h) for
-// each state kind (params, adam_m, adam_v). A slice is a contiguous element
+// The state of a model is one flat buffer per unit (model/transformer.h) for
+// each state kind: the parameters ("params", fp32: a bf16 run's master) and
+// each checkpointed field of the optimizer's state schema (optim/state_schema.h:
+// AdamW's "adam_m", "adam_v"). Version 2 records every kind by its schema
+// field — name, dtype, bits and block scale — and the schema's name
+// ("optimizer"), so a slice's bytes follow from its kind and a checkpoint of
+// another state form is named, not misread. Version 1 (kinds as bare names,
+// all fp32 AdamW) is still read, into the same model. A slice is a contiguous element
 // range [lo, hi) of one unit of one kind, written by one rank to one file at a
 // byte offset; its bytes are checksummed in chunks of `chunk_bytes` counted
 // from the slice start (the last chunk may be short), so a reader that needs
@@ -27,16 +33,23 @@
 #include <string_view>
 #include <vector>
 
+#include "optim/state_schema.h"
+
 namespace po::checkpoint {
 
 enum class StateKind : uint8_t { kParams, kAdamM, kAdamV };
 inline constexpr std::array<StateKind, 3> kAllStateKinds = {StateKind::kParams, StateKind::kAdamM,
                                                             StateKind::kAdamV};
-// "params", "adam_m", "adam_v".
+// The schema field a kind is stored as (its name: "params", "adam_m", "adam_v").
+const optim::StateField& state_kind_field(StateKind k);
 const char* state_kind_name(StateKind k);
 std::optional<StateKind> parse_state_kind(std::string_view name);
+// The optimizer whose state the kinds other than params are ("adamw").
+inline constexpr std::string_view kOptimizerSchema = "adamw";
 
-inline constexpr int kShardedFormatVersion = 1;
+// Written: version 2. Read: 1 and 2.
+inline constexpr int kShardedFormatVersion = 2;
+inline constexpr int kOldestShardedFormatVersion = 1;
 inline constexpr const char* kShardedFormatName = "pagedoptim-sharded-checkpoint";
 // Default checksum chunk: 4 MiB (XXH3 hashes it in ~0.15 ms; a gpt2-1.5B
 // checkpoint has ~4500 chunks, ~100 KB of manifest).
@@ -84,11 +97,14 @@ struct SliceRecord {
   std::string file;            // a FileRecord name
   int64_t offset = 0;          // bytes from the start of the file
   std::vector<uint64_t> xxh3;  // XXH3-64 of each chunk
-  int64_t bytes() const { return (hi - lo) * 4; }
+  int64_t bytes() const { return state_kind_field(kind).bytes(hi - lo); }
 };
 
+// A parsed manifest is in the current version's model whatever version the
+// file was (`version` then says which it was); it is written as the current.
 struct Manifest {
   int version = kShardedFormatVersion;
+  std::string optimizer = std::string(kOptimizerSchema);
   CheckpointMeta meta;
   int writers = 1;  // rank files
   std::vector<int64_t> unit_numel;

@@ -578,7 +578,11 @@ std::string format_manifest(const std::string& dir) {
   int64_t total_numel = 0;
   for (int64_t n : m.unit_numel) total_numel += n;
   std::string kinds;
-  for (StateKind k : m.kinds) kinds += std::string(kinds.empty() ? "" : ", ") + state_kind_name(k);
+  for (StateKind k : m.kinds) {
+    const optim::StateField& f = state_kind_field(k);
+    kinds += core::str_cat(kinds.empty() ? "" : ", ", f.name, " ", optim::dtype_name(f.dtype));
+    if (f.block > 0) kinds += core::str_cat(" (+ fp32 scale per ", f.block, ")");
+  }
   line("checkpoint %s", dir.c_str());
   line("  format %s v%d; checksums XXH3-64 per %s chunk", kShardedFormatName, m.version,
        format_bytes(m.chunk_bytes).c_str());
@@ -588,8 +592,8 @@ std::string format_manifest(const std::string& dir) {
   line("  written by %d rank(s) (parallel.dp = %d, zero_stage = %d%s)", m.writers, meta.dp,
        meta.zero_stage,
        meta.threads > 0 ? core::str_cat(", ", meta.threads, " threads per rank").c_str() : "");
-  line("  state: %s; %zu units, %lld elements (%s per kind)", kinds.c_str(), m.unit_numel.size(),
-       static_cast<long long>(total_numel), format_bytes(total_numel * 4).c_str());
+  line("  state of %s: %s; %zu units, %lld elements", m.optimizer.c_str(), kinds.c_str(),
+       m.unit_numel.size(), static_cast<long long>(total_numel));
   int64_t file_bytes = 0;
   for (const auto& f : m.files) file_bytes += f.bytes;
   line("  total: %s of state in %zu file(s) of %s", format_bytes(m.data_bytes()).c_str(),

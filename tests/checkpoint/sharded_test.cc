@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "../test_util.h"
@@ -357,14 +358,85 @@ TEST(Sharded, ManifestInvariantsAreChecked) {
   e = error_of([] { parse_manifest("[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]", "m.json"); });
   EXPECT_NE(e.find("nested deeper"), std::string::npos) << e;
   const std::string text = manifest_to_json(good);
-  std::string v2 = text;
-  v2.replace(v2.find("\"version\": 1"), 12, "\"version\": 2");
-  e = error_of([&] { parse_manifest(v2, "m.json", false); });
-  EXPECT_NE(e.find("format version 2"), std::string::npos) << e;
+  std::string v3 = text;
+  v3.replace(v3.find("\"version\": 2"), 12, "\"version\": 3");
+  e = error_of([&] { parse_manifest(v3, "m.json", false); });
+  EXPECT_NE(e.find("format version 3 (this build reads versions 1 to 2"), std::string::npos) << e;
   std::string neg = text;
   neg.replace(neg.find("\"step\": 5"), 9, "\"step\": -5");
   e = error_of([&] { parse_manifest(neg, "m.json", false); });
   EXPECT_NE(e.find("field 'step' = -5 is outside"), std::string::npos) << e;
+}
+
+// Version 2 records each kind as its schema field and the optimizer's schema.
+TEST(Sharded, ManifestRecordsEachKindAsItsSchemaField) {
+  ScratchDir d;
+  const std::string dir = d / "ck";
+  save_as_ranks(dir, FakeState(), 2, 5);
+  const nlohmann::json j = nlohmann::json::parse(bytes_of(dir + "/manifest.json"));
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["optimizer"], "adamw");
+  ASSERT_EQ(j["kinds"].size(), 3u) << j["kinds"].dump();
+  const char* names[] = {"params", "adam_m", "adam_v"};
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(j["kinds"][i], (nlohmann::json{{"name", names[i]}, {"dtype", "f32"}, {"bits", 32}, {"block", 0}}))
+        << j["kinds"].dump();
+}
+
+// A kind stored in a form this build does not read it in (another optimizer
+// state's, say 8-bit moments) is named with both forms, never misread.
+TEST(Sharded, AKindInAnotherFormOrAnotherOptimizerIsNamed) {
+  ScratchDir d;
+  const std::string dir = d / "ck";
+  save_as_ranks(dir, FakeState(), 2, 5);
+  const nlohmann::ordered_json good = nlohmann::ordered_json::parse(bytes_of(dir + "/manifest.json"));
+  auto error_with = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
+    nlohmann::ordered_json j = good;
+    edit(j);
+    return error_of([&] { parse_manifest(j.dump(), "m.json", false); });
+  };
+  std::string e = error_with([](auto& j) {
+    j["kinds"][1]["dtype"] = "u8";
+    j["kinds"][1]["bits"] = 8;
+    j["kinds"][1]["block"] = 256;
+  });
+  EXPECT_NE(e.find("m.json: field 'kinds[1]' 'adam_m' is stored as u8 with an fp32 scale per 256; "
+                   "this build reads it as f32"),
+            std::string::npos)
+      << e;
+  e = error_with([](auto& j) { j["kinds"][2]["bits"] = 16; });
+  EXPECT_NE(e.find("field 'kinds[2].bits' is not the 32 bits of f32"), std::string::npos) << e;
+  e = error_with([](auto& j) { j["kinds"][0]["dtype"] = "f64"; });
+  EXPECT_NE(e.find("field 'kinds[0].dtype' = 'f64' is not f32, bf16, u8 or u4"), std::string::npos) << e;
+  e = error_with([](auto& j) { j["optimizer"] = "adam8bit"; });
+  EXPECT_NE(e.find("m.json: optimizer state 'adam8bit' (this build writes and reads adamw)"),
+            std::string::npos)
+      << e;
+  e = error_with([](auto& j) { j.erase("optimizer"); });
+  EXPECT_NE(e.find("field 'optimizer' is missing"), std::string::npos) << e;
+}
+
+// Version 1 (kinds as bare names, no optimizer: AdamW's fp32 state) reads
+// into the same manifest; tests/train/old_checkpoint_launch_test resumes
+// real version-1 checkpoints written by older builds.
+TEST(Sharded, VersionOneManifestsAreRead) {
+  ScratchDir d;
+  const std::string dir = d / "ck";
+  save_as_ranks(dir, FakeState(), 3, 5);
+  const std::string text = bytes_of(dir + "/manifest.json");
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  j["version"] = 1;
+  j.erase("optimizer");
+  j["kinds"] = {"params", "adam_m", "adam_v"};
+  const Manifest v1 = parse_manifest(j.dump(), "v1.json", false), v2 = parse_manifest(text, "v2.json");
+  EXPECT_EQ(v1.version, 1);
+  EXPECT_EQ(v1.optimizer, "adamw");
+  EXPECT_EQ(v1.kinds, v2.kinds);
+  EXPECT_EQ(v1.data_bytes(), v2.data_bytes());
+  ASSERT_EQ(v1.slices.size(), v2.slices.size());
+  for (size_t i = 0; i < v1.slices.size(); ++i) EXPECT_EQ(v1.slices[i].bytes(), v2.slices[i].bytes()) << i;
+  // Written again, it is version 2.
+  EXPECT_EQ(parse_manifest(manifest_to_json(v1), "again.json").version, 2);
 }
 
 TEST(Sharded, FormatManifestIsReadable) {
@@ -374,7 +446,8 @@ TEST(Sharded, FormatManifestIsReadable) {
   const std::string text = format_manifest(dir);
   for (const char* needle :
        {"step 5, tokens 123456789012, adam_t 6",
-        "written by 4 rank(s) (parallel.dp = 4, zero_stage = 1)", "params, adam_m, adam_v",
+        "written by 4 rank(s) (parallel.dp = 4, zero_stage = 1)",
+        "format pagedoptim-sharded-checkpoint v2", "state of adamw: params f32, adam_m f32, adam_v f32;",
         "big.weight", "[1000, 1000]", "rank_00003.bin", "slices (", "[750003, 1000003)"})
     EXPECT_NE(text.find(needle), std::string::npos) << "lacks '" << needle << "':\n" << text;
 }
