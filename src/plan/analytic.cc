@@ -96,41 +96,21 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
     // Paged as the trainer pages them: the budget is checked against the
     // rank that needs the most; each rank's pages not in the compute tier go
     // to the host tier, then NVMe.
-    const auto page = static_cast<double>(l.page_bytes);
-    double need = 0, frames = 0, pages = 0;
+    memory::PagingPlan neediest, mine;
     for (int r = 0; r < l.pp; ++r) {
       const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
       const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
-      need = std::max(need, static_cast<double>(m.total() - m.adam - m.master) +
-                                static_cast<double>(least) * page);
-      if (r == at) pages = static_cast<double>(n);
+      const memory::PagingPlan plan = memory::plan_paging(
+          {n, least, m.total() - m.adam - m.master}, {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
+      if (r == 0 || plan.min_compute_bytes > neediest.min_compute_bytes) neediest = plan;
+      if (r == at) mine = plan;
     }
-    p.min_compute_budget = need;
-    frames = pages;
-    if (l.compute_budget > 0) {
-      if (static_cast<double>(l.compute_budget) < need) {
-        p.fits = false;
-        p.rejections.push_back(core::str_cat("memory.compute_budget ", gib(static_cast<double>(l.compute_budget)),
-                                             " is below the neediest pipeline rank's working set: at least ",
-                                             gib(need)));
-      } else {
-        frames = std::min(pages, std::floor((static_cast<double>(l.compute_budget) -
-                                             static_cast<double>(busiest.total() - busiest.adam -
-                                                                 busiest.master)) / page));
-      }
-    }
-    const double host = std::min(pages - frames, std::floor(static_cast<double>(l.host_budget) / page));
-    add_memory(p, "pages (compute tier)", frames * page, Tier::kCompute,
-               core::str_cat(static_cast<int64_t>(frames), " of ", static_cast<int64_t>(pages),
-                             " pages of Adam m, v", l.bf16 ? " and the fp32 master" : "",
-                             l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
-    add_memory(p, "pages (host tier)", host * page, Tier::kHost);
-    add_memory(p, "pages (NVMe)", (pages - frames - host) * page, Tier::kNvme);
-    if (pages - frames - host > 0 && !l.nvme) {
-      p.fits = false;
-      p.rejections.push_back(core::str_cat(static_cast<int64_t>(pages - frames - host),
-                                           " pages fit in neither budget: set memory.nvme_dir"));
-    }
+    // The budget is checked against the rank that needs the most, as the trainer does.
+    mine.compute_fits = neediest.compute_fits;
+    mine.min_compute_bytes = neediest.min_compute_bytes;
+    add_paged_tiers(p, mine, l,
+                    core::str_cat(" of Adam m, v", l.bf16 ? " and the fp32 master" : "",
+                                  l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
   }
   add_memory(p, "activations", static_cast<double>(busiest.activations), Tier::kCompute,
              "slots of the micro-batches in flight");

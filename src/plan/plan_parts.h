@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/paging_plan.h"
 #include "model/transformer.h"
 #include "plan/planner.h"
 
@@ -35,6 +36,12 @@ void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::Unit
 // A memory item; none when bytes <= 0.
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,
                 const std::string& note = "");
+
+// The pages of a paging plan (memory/paging_plan.h, the trainer's policy)
+// by tier, and the rejections of a budget it does not fit: the compute
+// tier's minimum, or pages that fit in neither budget without a swap
+// directory. `what` follows "N of M pages" in the compute tier's note.
+void add_paged_tiers(Plan& p, const memory::PagingPlan& plan, const Layout& l, const std::string& what);
 
 // Why the engine cannot train a layout yet (Plan::not_trainable); empty:
 // it can, and the plan is engine-exact.

@@ -144,6 +144,25 @@ void add_memory(Plan& p, const std::string& name, double bytes, Tier tier,
   p.memory.push_back({name, bytes, tier, note});
 }
 
+void add_paged_tiers(Plan& p, const memory::PagingPlan& plan, const Layout& l, const std::string& what) {
+  const auto page = static_cast<double>(l.page_bytes);
+  p.min_compute_budget = static_cast<double>(plan.min_compute_bytes);
+  if (!plan.compute_fits) {
+    p.fits = false;
+    p.rejections.push_back(core::str_cat("memory.compute_budget ", gib(static_cast<double>(l.compute_budget)),
+                                         " is below the", l.pp > 1 ? " neediest pipeline rank's" : "",
+                                         " working set: at least ", gib(p.min_compute_budget)));
+  }
+  add_memory(p, "pages (compute tier)", static_cast<double>(plan.compute_frames) * page, Tier::kCompute,
+             core::str_cat(plan.compute_frames, " of ", plan.pages, " pages", what));
+  add_memory(p, "pages (host tier)", static_cast<double>(plan.host_frames) * page, Tier::kHost);
+  add_memory(p, "pages (NVMe)", static_cast<double>(plan.nvme_pages) * page, Tier::kNvme);
+  if (!plan.nvme_fits) {
+    p.fits = false;
+    p.rejections.push_back(core::str_cat(plan.nvme_pages, " pages fit in neither budget: set memory.nvme_dir"));
+  }
+}
+
 std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l) {
   std::vector<std::string> why;
   if (!l.flash_attention) why.push_back("attention keeping the s×s scores (the engine's is flash-style)");

@@ -233,34 +233,14 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   if (paged) {
     const optim::PagedState::Geometry geo =
         optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
-    const auto pages = static_cast<double>(geo.pages());
     const double page = static_cast<double>(l.page_bytes);
     const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;
-    const auto min_frames = static_cast<double>(optim::PagedState::min_compute_frames(geo, l.page_prefetch));
-    double frames = pages;
-    p.min_compute_budget = fixed + min_frames * page;
-    if (l.compute_budget > 0) {
-      const double need = p.min_compute_budget;
-      if (static_cast<double>(l.compute_budget) < need) {
-        p.fits = false;
-        p.rejections.push_back(core::str_cat("memory.compute_budget ", gib(static_cast<double>(l.compute_budget)),
-                                             " is below the working set: at least ", gib(need)));
-        frames = min_frames;
-      } else {
-        frames = std::min(pages, std::floor((static_cast<double>(l.compute_budget) - fixed) / page));
-      }
-    }
-    const double host_frames = std::min(pages - frames, std::floor(static_cast<double>(l.host_budget) / page));
-    const double nvme_pages = pages - frames - host_frames;
-    add_memory(p, "pages (compute tier)", frames * page, Tier::kCompute,
-               core::str_cat(static_cast<int64_t>(frames), " of ", static_cast<int64_t>(pages), " pages"));
-    add_memory(p, "pages (host tier)", static_cast<double>(l.host_budget > 0 ? std::floor(static_cast<double>(l.host_budget) / page) : 0) * page, Tier::kHost);
-    add_memory(p, "pages (NVMe)", nvme_pages * page, Tier::kNvme);
-    if (nvme_pages > 0 && !l.nvme) {
-      p.fits = false;
-      p.rejections.push_back(core::str_cat(static_cast<int64_t>(nvme_pages),
-                                           " pages fit in neither budget: set memory.nvme_dir"));
-    }
+    const memory::PagingPlan plan = memory::plan_paging(
+        {geo.pages(), optim::PagedState::min_compute_frames(geo, l.page_prefetch), static_cast<size_t>(fixed)},
+        {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
+    add_paged_tiers(p, plan, l, "");
+    const auto nvme_pages = static_cast<double>(plan.nvme_pages);
+    const auto host_frames = static_cast<double>(plan.host_frames);
     // Every page not in the compute tier is read and written once per step.
     // Lent frames (model::ActivationLender: the pages of each block's saved
     // activations, and the head's, at their places in the 2 MiB-aligned

@@ -12,12 +12,18 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "memory/pager.h"
+#include "memory/paging_plan.h"
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
 #include "parallel/working_set.h"
 #include "tensor/tensor.h"
 
 namespace po::train {
+
+memory::PagingBudgets paging_budgets(const core::Config& cfg, size_t page_bytes) {
+  return {page_bytes, cfg.get_size("memory.compute_budget"), cfg.get_size("memory.host_budget"),
+          !cfg.get_string("memory.nvme_dir").empty()};
+}
 
 memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
   memory::PagerOptions o;
@@ -152,21 +158,17 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const int64_t numel = dp.adam().num_params();
   const optim::PagedState::Geometry geo =
       optim::PagedState::geometry(numel, o.page_bytes, layout);
-  const size_t pages = geo.pages();
   const size_t paged_bytes = static_cast<size_t>(layout.bytes(numel));
   const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
   const size_t min_frames = optim::PagedState::min_compute_frames(geo, o.prefetch);
-  if (compute_budget == 0) {
-    o.compute_frames = pages;
-  } else {
-    const size_t need = fixed + min_frames * o.page_bytes;
-    PO_CHECK(compute_budget >= need, "memory.compute_budget = ", compute_budget,
-             " bytes is too small for rank ", rank, "'s working set: at least ", need,
-             " bytes (", fixed, " for parameters, gradients, activations and working buffers + ",
-             min_frames, " pages of ", o.page_bytes, ")");
-    o.compute_frames = std::min(pages, (compute_budget - fixed) / o.page_bytes);
-  }
-  o.host_frames = host_budget / o.page_bytes;
+  const memory::PagingPlan plan =
+      memory::plan_paging({geo.pages(), min_frames, fixed}, paging_budgets(cfg, o.page_bytes));
+  PO_CHECK(plan.compute_fits, "memory.compute_budget = ", compute_budget,
+           " bytes is too small for rank ", rank, "'s working set: at least ", plan.min_compute_bytes,
+           " bytes (", fixed, " for parameters, gradients, activations and working buffers + ",
+           min_frames, " pages of ", o.page_bytes, ")");
+  o.compute_frames = plan.compute_frames;
+  o.host_frames = plan.host_budget_frames;
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
   dp.enable_paging(o);
   const std::string t =

@@ -1,5 +1,6 @@
-// memory.*: whether Adam state (and a bf16 run's fp32 master) lives in
-// pages, and how many pages each tier holds. The compute tier keeps as many
+// memory.*: whether the optimizer state (and a bf16 run's fp32 master) lives
+// in pages, and how many pages each tier holds, by memory/paging_plan.h's
+// policy (which the planner reports with): the compute tier keeps as many
 // pages as memory.compute_budget leaves room for after the rest of this
 // rank's compute-tier state (parameters, gradients, activations, the working
 // buffers' bound); 0 means no compute budget (every page resident).
@@ -7,6 +8,7 @@
 
 #include "core/config.h"
 #include "memory/pager.h"
+#include "memory/paging_plan.h"
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
 #include "train/launch.h"
@@ -17,6 +19,9 @@ namespace po::train {
 // page size, prefetch, direction, the NVMe directory and this rank's swap
 // file name, the I/O settings.
 memory::PagerOptions pager_options(const core::Config& cfg, int rank);
+
+// memory.*'s budgets for memory::plan_paging (the one paging policy).
+memory::PagingBudgets paging_budgets(const core::Config& cfg, size_t page_bytes);
 
 // Turns paging on in `dp` when memory.host_budget or memory.nvme_dir is set;
 // returns whether it did. Its one-screen table goes to the log (rank 0).

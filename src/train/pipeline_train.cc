@@ -263,9 +263,10 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
         static_cast<int>(cfg.get_int("parallel.cp")), setup.micro, setup.T,
         local.n_kv_head * local.head_dim());
   }
+  const memory::PagingPlan plan = memory::plan_paging({pages, least, fixed.total()}, paging_budgets(cfg, o.page_bytes));
   if (compute_budget > 0) {
     // Stages differ: every rank checks the budget against the rank that needs the most.
-    const int64_t mine[3] = {static_cast<int64_t>(fixed.total() + least * o.page_bytes),
+    const int64_t mine[3] = {static_cast<int64_t>(plan.min_compute_bytes),
                              static_cast<int64_t>(fixed.total()), static_cast<int64_t>(least)};
     std::vector<int64_t> all(3 * static_cast<size_t>(world.size()));
     world.all_gather(mine, all.data(), 6, DType::kI32);  // int64s, bit-exact
@@ -277,14 +278,14 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
              " bytes is too small for rank ", worst, "'s pipeline stages: at least ", w[0],
              " bytes (", w[1], " for parameters, gradients, activations and buffers + ", w[2],
              " pages of ", o.page_bytes, ")");
-    o.compute_frames = std::min(pages, (compute_budget - fixed.total()) / o.page_bytes);
   }
-  o.host_frames = host_budget / o.page_bytes;
+  o.compute_frames = plan.compute_frames;
+  o.host_frames = plan.host_budget_frames;
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
   ex.enable_paging(o);
   PO_LOG_INFO("paged optimizer state (rank ", rank, "): ", pages, " pages of ",
               static_cast<double>(o.page_bytes) / (1 << 20), " MiB over its stages; compute tier ",
-              o.compute_frames == 0 ? pages : o.compute_frames, " pages, host tier ", o.host_frames,
+              o.compute_frames, " pages, host tier ", o.host_frames,
               o.nvme_dir.empty() ? std::string() : core::str_cat(", the rest in ", o.nvme_dir));
   return true;
 }
