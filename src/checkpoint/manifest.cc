@@ -243,16 +243,9 @@ bool plain_file_name(const std::string& s) {
 
 }  // namespace
 
-const optim::StateField& state_kind_field(StateKind k) {
-  static constexpr optim::StateSchema adamw = optim::adamw_schema(false);
-  static_assert(adamw.name == kOptimizerSchema);
-  switch (k) {
-    case StateKind::kParams: return optim::kParamsField;
-    case StateKind::kAdamM: return adamw.fields[adamw.find("adam_m")];
-    case StateKind::kAdamV: return adamw.fields[adamw.find("adam_v")];
-  }
-  return optim::kParamsField;
-}
+static_assert(optim::adamw_schema(false).name == kOptimizerSchema);
+static_assert(state_kind_field(StateKind::kAdamM) == optim::adamw_schema(false).fields[0] &&
+              state_kind_field(StateKind::kAdamV) == optim::adamw_schema(false).fields[1]);
 
 const char* state_kind_name(StateKind k) { return state_kind_field(k).name.data(); }
 

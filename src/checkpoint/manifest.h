@@ -37,11 +37,9 @@
 
 namespace po::checkpoint {
 
-enum class StateKind : uint8_t { kParams, kAdamM, kAdamV };
-inline constexpr std::array<StateKind, 3> kAllStateKinds = {StateKind::kParams, StateKind::kAdamM,
-                                                            StateKind::kAdamV};
-// The schema field a kind is stored as (its name: "params", "adam_m", "adam_v").
-const optim::StateField& state_kind_field(StateKind k);
+using optim::StateKind;  // params and the optimizer's checkpointed fields (optim/state_schema.h)
+using optim::kAllStateKinds;
+using optim::state_kind_field;
 const char* state_kind_name(StateKind k);
 std::optional<StateKind> parse_state_kind(std::string_view name);
 // The optimizer whose state the kinds other than params are ("adamw").

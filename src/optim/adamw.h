@@ -50,6 +50,11 @@ class AdamW {
  public:
   // Its fields in the pages (adamw_schema's order).
   static constexpr PagedState::Field kM = 0, kV = 1, kMaster = 2;
+  // The field holding a kind of state in the pages, by its schema name: the
+  // moments, and for the parameters the fp32 master (a bf16 run's).
+  static constexpr PagedState::Field paged_field(StateKind k) {
+    return k == StateKind::kParams ? kMaster : adamw_schema(true).find(state_kind_field(k).name);
+  }
 
   // `num_params` sizes the state (m, v): the whole model, or for a ZeRO shard
   // the rank's local shard buffer (ranges then carry state_offset).

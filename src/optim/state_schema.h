@@ -9,6 +9,7 @@
 // Header-only and constexpr: the manifest parser (fuzzed alone) reads it too.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -102,6 +103,23 @@ inline constexpr StateField kAdamWFields[] = {
 };
 constexpr StateSchema adamw_schema(bool master) {
   return {"adamw", std::span<const StateField>(kAdamWFields, master ? 3 : 2)};
+}
+
+// A kind of per-element state a run keeps, checkpoints and reshards: the
+// parameters, and each checkpointed field of the optimizer's schema. One
+// name for the trainer, the pipeline executor and the checkpoint files.
+enum class StateKind : uint8_t { kParams, kAdamM, kAdamV };
+inline constexpr std::array<StateKind, 3> kAllStateKinds = {StateKind::kParams, StateKind::kAdamM,
+                                                            StateKind::kAdamV};
+
+// The schema field a kind is stored as ("params", "adam_m", "adam_v").
+constexpr const StateField& state_kind_field(StateKind k) {
+  switch (k) {
+    case StateKind::kParams: return kParamsField;
+    case StateKind::kAdamM: return kAdamWFields[0];
+    case StateKind::kAdamV: return kAdamWFields[1];
+  }
+  return kParamsField;
 }
 
 }  // namespace po::optim

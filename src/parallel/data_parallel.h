@@ -217,7 +217,7 @@ class DataParallel {
   bool paged() const { return adam_->paged(); }
   // The pages (state and, at ZeRO-3, shard pages), or null.
   optim::PagedState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }
-  enum class Shard { kParams, kAdamM, kAdamV };
+  using Shard = optim::StateKind;
   void read_shard(Shard kind, int u, float* dst);
   void write_shard(Shard kind, int u, const float* src);
 

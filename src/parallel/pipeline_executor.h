@@ -193,7 +193,7 @@ class PipelineExecutor {
   // for the same unit and kind). Writing keeps this rank's shard (bf16
   // parameters: and the whole unit rounded into the stored bf16). Paged
   // state is copied out of and into its pages.
-  enum class State { kParams, kAdamM, kAdamV };
+  using State = optim::StateKind;
   void read_unit(State kind, int u, float* dst);
   void write_unit(State kind, int u, const float* src);
   // Unit u's fp32 parameters in place (holds(u); not for bf16 stages).
@@ -326,7 +326,6 @@ class PipelineExecutor {
   size_t stored_esz() const { return bf16_ ? sizeof(uint16_t) : sizeof(float); }  // parameters, gradients
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
-  static optim::PagedState::Field paged_field(State kind);
   float* field_in_memory(Chunk& c, bool replica, State kind);
   void allreduce_grads(void* grads, int first, int last);
   // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for

@@ -312,20 +312,15 @@ memory::PagerStats PipelineExecutor::take_paging_stats() {
 void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                   float* dst) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (a.paged()) return a.paged_state()->copy_out(paged_field(kind), offset, n, dst);
+  if (a.paged()) return a.paged_state()->copy_out(optim::AdamW::paged_field(kind), offset, n, dst);
   std::memcpy(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
 }
 
 void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                    const float* src) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
-  if (a.paged()) return a.paged_state()->copy_in(paged_field(kind), offset, n, src);
+  if (a.paged()) return a.paged_state()->copy_in(optim::AdamW::paged_field(kind), offset, n, src);
   std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
-}
-
-optim::PagedState::Field PipelineExecutor::paged_field(State kind) {
-  using F = optim::AdamW;
-  return kind == State::kAdamM ? F::kM : kind == State::kAdamV ? F::kV : F::kMaster;
 }
 
 float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {

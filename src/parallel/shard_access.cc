@@ -14,11 +14,9 @@ namespace po::parallel {
 // Where this rank's shard of `kind` lives when it is not addressable: the
 // pages' field (none: param_shard / adam_m_shard / adam_v_shard point at it).
 std::optional<optim::PagedState::Field> DataParallel::paged_field(Shard kind) const {
-  using F = optim::AdamW;
   if (!adam_->paged()) return std::nullopt;
-  if (kind == Shard::kAdamM) return F::kM;
-  if (kind == Shard::kAdamV) return F::kV;
-  if (bf16()) return F::kMaster;  // a bf16 run's parameters are its fp32 master
+  // Moments, and a bf16 run's parameters (its fp32 master).
+  if (kind != Shard::kParams || bf16()) return optim::AdamW::paged_field(kind);
   if (paged_shards_ && units_->sharded()) return optim::PagedState::kParam;
   return std::nullopt;
 }

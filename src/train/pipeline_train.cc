@@ -81,16 +81,6 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   PO_THROW(core::Internal, "pipeline: no stage holds unit ", u);
 }
 
-parallel::PipelineExecutor::State state_of(checkpoint::StateKind k) {
-  using S = parallel::PipelineExecutor::State;
-  switch (k) {
-    case checkpoint::StateKind::kParams: return S::kParams;
-    case checkpoint::StateKind::kAdamM: return S::kAdamM;
-    case checkpoint::StateKind::kAdamV: return S::kAdamV;
-  }
-  PO_THROW(core::Internal, "pipeline: unknown state kind");
-}
-
 // Each stage's units, whole, on the stage's writer (a collective over the
 // world): per unit and kind, the stage that holds the unit makes it whole:
 // its ZeRO-1 shards all-gathered over each data group (read_unit), its
@@ -145,7 +135,7 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
       unit.resize(n);
-      ex.read_unit(state_of(kind), u, unit.data());
+      ex.read_unit(kind, u, unit.data());
       if (tp > 1)
         gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
       else
@@ -204,7 +194,7 @@ TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path
     if (!ex.holds(u)) return;
     unit.resize(static_cast<size_t>(held.unit_numel(u)));
     shard_unit(held, whole, u, staged.data(), unit.data());  // a copy at tp = 1
-    ex.write_unit(state_of(k), u, unit.data());
+    ex.write_unit(k, u, unit.data());
   };
   const TrainState st = load_checkpoint_sharded(
       path, whole, one,

@@ -116,16 +116,6 @@ parallel::DataParallelOptions dp_options(const core::Config& cfg) {
   return o;
 }
 
-// A checkpoint's state kind as DataParallel names it.
-parallel::DataParallel::Shard shard_of(checkpoint::StateKind k) {
-  switch (k) {
-    case checkpoint::StateKind::kParams: return parallel::DataParallel::Shard::kParams;
-    case checkpoint::StateKind::kAdamM: return parallel::DataParallel::Shard::kAdamM;
-    case checkpoint::StateKind::kAdamV: return parallel::DataParallel::Shard::kAdamV;
-  }
-  PO_THROW(core::Internal, "unknown checkpoint state kind");
-}
-
 // This rank's shards under `layout` of `kinds` from checkpoint `path`; at
 // tp > 1 through the whole model's layout (train/tp_checkpoint.h).
 TrainState load_state(const std::string& path, StepContext& c, const parallel::ShardLayout& layout,
@@ -159,7 +149,7 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
   std::optional<std::pair<checkpoint::StateKind, int>> pending;
   auto flush = [&] {
     if (!pending) return;
-    dp.write_shard(shard_of(pending->first), pending->second, staged.data());
+    dp.write_shard(pending->first, pending->second, staged.data());
     pending.reset();
   };
   load_state(
@@ -258,7 +248,7 @@ class OneStageSteps : public LayoutSteps {
     const checkpoint::ShardSource source = [&](checkpoint::StateKind k, int u) -> const float* {
       if (c_.paging) {  // copied out of the pages, one slice at a time
         staged.resize(static_cast<size_t>(dp.layout().owned(u)));
-        dp.read_shard(shard_of(k), u, staged.data());
+        dp.read_shard(k, u, staged.data());
         return staged.data();
       }
       switch (k) {
