@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/transformer.h"
@@ -92,7 +93,7 @@ void Transformer::sum_norm_grads(std::initializer_list<float*> accumulators) {
       for (int64_t i = 0; i < C; ++i) acc[i] += sum[i];
     sum += C;
   }
-  std::memset(norm_dw_, 0, static_cast<size_t>(n) * sizeof(float));
+  backend::device_zero(norm_dw_, static_cast<size_t>(n) * sizeof(float));
 }
 
 // Megatron's block: column-parallel q|k|v and fc, row-parallel o_proj and
@@ -172,7 +173,7 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops
   PO_ASSERT(h == nullptr || (sp_ == 1 && !split), "bf16 GEMM inputs are read directly at one ",
             "sequence shard in a fused backward");
   auto keep = [&](float* dst, const float* src, int64_t n) {
-    if (split) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    if (split) backend::device_copy(dst, src, static_cast<size_t>(n) * sizeof(float));
   };
   auto w = [&](float* g) { return split ? nullptr : g; };
   // d(activation output) [BT,F]: in place for GELU, beside d(fc) for SwiGLU
@@ -423,83 +424,6 @@ Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& 
   return a;
 }
 
-void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
-  PO_CHECK(pops_->tp_size() == tp_size() && pops_->tp_rank() == layout_.split().rank,
-           "the model is tensor-parallel rank ", layout_.split().rank, " of ", tp_size(),
-           " but its ParallelOps is rank ", pops_->tp_rank(), " of ", pops_->tp_size());
-  const UnitView v = unit_params_lean(0);
-  const float* w = v.f32;
-  const TensorSpec* wpe = layout_.position_embedding();
-  const int64_t C = config_.n_embd, table = layout_.token_embedding().offset;
-  const int64_t rows = b * t;
-  float* partial = tp_size() > 1 && sp_ > 1 ? full_ : encoded_;
-  // tp = 1: the whole lookup; else each rank looks up the tokens of its
-  // vocabulary slice and the sum is the lookup. Lean: the table's f32 values
-  // were not widened and the lookup reads its bits.
-  auto lookup = [&](const auto* wte) {
-    if (tp_size() == 1)
-      ops::embedding_forward(encoded_, tokens, wte,
-                             wpe != nullptr && cp_.size == 1 ? w + wpe->offset : nullptr, b, t, C);
-    else
-      ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(),
-                                   layout_.vocab_real(), rows, C);
-  };
-  if (v.lean)
-    lookup(v.bf16 + table);
-  else
-    lookup(w + table);
-  if (tp_size() > 1) reduce_rows(partial, encoded_, rows);
-  if (wpe != nullptr && (tp_size() > 1 || cp_.size > 1)) add_positions(encoded_, w + wpe->offset, b, t);
-  unit_done(0);
-}
-
-// Every rank adds the whole lookup gradient of its vocabulary slice and of
-// the positions, from every row: the position table's gradient needs no
-// reduction over the group even under sequence parallel.
-// A tied table's lookup rows go to the caller's sink (set_tied_lookup_rows)
-// or, without one, to their own accumulator (tied_lookup_grads) unless hooks
-// hold the gradient (they take each micro-batch's whole unit 0).
-void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
-  emb_dout_ = gather_rows(dres_, full_, B_ * T_);
-  const bool sink = layout_.tied() && lookup_sink_;
-  if (sink) lookup_sink_(emb_dout_, tokens, B_ * T_);
-  if (deferred) return;
-  float* g0 = unit_grads(0);
-  const TensorSpec* wpe = layout_.position_embedding();
-  const bool apart = layout_.tied() && !hooks_.grads;
-  float* wte = sink ? nullptr : apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
-  ops::embedding_backward_slice(wte, wpe != nullptr && cp_.size == 1 ? g0 + wpe->offset : nullptr,
-                                emb_dout_, tokens, B_, T_, config_.n_embd, layout_.vocab_begin(),
-                                sink ? 0 : layout_.vocab_real());  // (no row of a sunk table is held)
-  if (wpe != nullptr && cp_.size > 1) position_grads(g0 + wpe->offset, emb_dout_);
-}
-
-void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t t) const {
-  const int64_t C = config_.n_embd, rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
-  if (cp_.size == 1) return ops::position_embedding_add(out, wpe, row0, n, t, C);
-  // This rank's rows of the micro-batch (all of them without sequence
-  // parallel), each at its position in the sequence.
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const float* w = wpe + cp_.position((row0 + i) % t, t) * C;
-    float* o = out + i * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) o[c] += w[c];
-  }
-}
-
-void Transformer::position_grads(float* dwpe, const float* dout) const {
-  const int64_t C = config_.n_embd, n = cp_.local_chunks(), S = T_ / n;
-  for (int64_t i = 0; i < n; i++) {
-    float* d = dwpe + cp_.chunk(static_cast<int>(i)) * S * C;
-    for (int64_t s = 0; s < B_; s++) {  // sequences in order, as embedding_backward adds them
-      const float* g = dout + (s * T_ + i * S) * C;
-#pragma omp parallel for schedule(static)
-      for (int64_t x = 0; x < S * C; x++) d[x] += g[x];
-    }
-  }
-}
-
 // The head's tensors inside unit 0's and the head unit's buffers (parameters
 // or gradients): the head weight (the token table when tied) and the final
 // norm's weight and bias (null for RMSNorm).
@@ -594,7 +518,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     // f's conjugate for the vocabulary-parallel head: each rank's slice gave a part of dlnf.
     float* dnorm = sp_ > 1 ? dchunk_ : dlnf_;
     reduce_rows(dlnf_, dnorm, rows);
-    std::memset(dres_, 0, static_cast<size_t>(R * C) * sizeof(float));
+    backend::device_zero(dres_, static_cast<size_t>(R * C) * sizeof(float));
     norm_backward(dres_, norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1), dnorm,
                   residual, P.norm_w, lnf_mean_, lnf_rstd_, R);
     if (sp_ > 1) sum_norm_grads({G.norm_w, G.norm_b});
@@ -709,7 +633,7 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
     embed_forward(tokens, B_, T_);
   } else {
     PO_CHECK(x_in != nullptr, "stage_forward: a stage after the first needs its input activations");
-    std::memcpy(encoded_, x_in, static_cast<size_t>(BT / sp_ * config_.n_embd) * sizeof(float));
+    backend::device_copy(encoded_, x_in, static_cast<size_t>(BT / sp_ * config_.n_embd) * sizeof(float));
   }
   out_ = forward_blocks(encoded_, B_, T_, true);
   if (!has_head()) return 0.0;
@@ -744,7 +668,7 @@ void Transformer::final_norm_backward(const float* dlnf) {
   const TensorSpec* nb = layout_.final_norm_bias();
   const float* p = unit_params(hu);
   float* g = unit_grads(hu);
-  std::memset(dres_, 0, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
+  backend::device_zero(dres_, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
   norm_backward(dres_, g + (layout_.final_norm().offset - at), nb ? g + (nb->offset - at) : nullptr,
                 dlnf, out_, p + (layout_.final_norm().offset - at), lnf_mean_, lnf_rstd_, B_ * T_);
   unit_done(hu);
@@ -766,7 +690,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     ready(layout_.head_unit());
   } else {
     PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");
-    std::memcpy(dres_, d_out, static_cast<size_t>(B_ * T_ / sp_ * config_.n_embd) * sizeof(float));
+    backend::device_copy(dres_, d_out, static_cast<size_t>(B_ * T_ / sp_ * config_.n_embd) * sizeof(float));
   }
   if (deferred != nullptr) {
     PO_CHECK(deferred->size() == static_cast<size_t>(end_block() - first_block()),
