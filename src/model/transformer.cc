@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -117,7 +118,7 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   dchunk_ = v.dchunk;
   norm_dw_ = v.norm_dw;
   emb_dout_ = dres_;
-  if (norm_dw_ != nullptr) std::memset(norm_dw_, 0, 4 * static_cast<size_t>(config_.n_embd) * sizeof(float));
+  if (norm_dw_ != nullptr) backend::device_zero(norm_dw_, 4 * static_cast<size_t>(config_.n_embd) * sizeof(float));
   build_rope_tables();
 }
 
@@ -522,14 +523,14 @@ void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
 }
 
 void Transformer::zero_grads() {
-  if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.size());
-  if (lookup_.data() != nullptr) std::memset(lookup_.data(), 0, lookup_.size());
+  if (grads_.data() != nullptr) backend::device_zero(grads_.data(), grads_.size());
+  if (lookup_.data() != nullptr) backend::device_zero(lookup_.data(), lookup_.size());
 }
 
 float* Transformer::tied_lookup_grads() {
   if (lookup_.data() == nullptr) {
     lookup_ = tensor::Storage(static_cast<size_t>(layout_.token_embedding().numel()) * sizeof(float));
-    std::memset(lookup_.data(), 0, lookup_.size());
+    backend::device_zero(lookup_.data(), lookup_.size());
   }
   return lookup_.f32();
 }

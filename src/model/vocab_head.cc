@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/device.h"
+
 namespace po::model::vocab {
 namespace ops = po::backend::cpu;
 
@@ -89,7 +91,7 @@ void tree_sum(int lo, int hi, float* out, int64_t n, int64_t C, const LeafFn& le
   const int64_t nc = n * C;
   if (given) {
     if (const float* g = given(lo, hi)) {
-      std::memcpy(out, g, static_cast<size_t>(nc) * sizeof(float));
+      backend::device_copy(out, g, static_cast<size_t>(nc) * sizeof(float));
       return;
     }
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/error.h"
 
@@ -49,7 +50,7 @@ void page_pieces(const PagedState& state, const std::vector<ParamRange>& by_stat
     fn(*it, a, b - a, state.advanced(view, a - lo));
   }
   if (view.grad)
-    std::memset(view.grad, 0, static_cast<size_t>(hi - lo) * state.field_bytes(PagedState::kGrad));
+    backend::device_zero(view.grad, static_cast<size_t>(hi - lo) * state.field_bytes(PagedState::kGrad));
 }
 
 }  // namespace

@@ -222,19 +222,19 @@ void PagedState::update(Field field, int64_t offset, int64_t n,
                  [&](char* ptr, int64_t first, int64_t count) { fn(ptr, first, count); });
 }
 
-void PagedState::copy_out(Field field, int64_t offset, int64_t n, void* dst) {
+void PagedState::copy_out(Field field, int64_t offset, int64_t n, void* dst, backend::Device::Direction d) {
   const size_t bytes = field_bytes(field);
   for_each_piece(field, offset, n, false, [&](char* ptr, int64_t first, int64_t count) {
-    std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(first) * bytes, ptr,
-                static_cast<size_t>(count) * bytes);
+    backend::compute_device().copy(static_cast<char*>(dst) + static_cast<size_t>(first) * bytes, ptr,
+                                   static_cast<size_t>(count) * bytes, d);
   });
 }
 
-void PagedState::copy_in(Field field, int64_t offset, int64_t n, const void* src) {
+void PagedState::copy_in(Field field, int64_t offset, int64_t n, const void* src, backend::Device::Direction d) {
+  const size_t bytes = field_bytes(field);
   update(field, offset, n, [&](void* ptr, int64_t first, int64_t count) {
-    const size_t bytes = field_bytes(field);
-    std::memcpy(ptr, static_cast<const char*>(src) + static_cast<size_t>(first) * bytes,
-                static_cast<size_t>(count) * bytes);
+    backend::compute_device().copy(ptr, static_cast<const char*>(src) + static_cast<size_t>(first) * bytes,
+                                   static_cast<size_t>(count) * bytes, d);
   });
 }
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/device.h"
 #include "memory/pager.h"
 #include "optim/state_schema.h"
 
@@ -95,9 +96,13 @@ class PagedState {
                   bool consumes_grads = false);
   size_t state_pages() const { return geo_.state_pages; }
   // Elements [offset, offset + n) of a field without block scales, out of /
-  // into the pages (field_bytes(f) each).
-  void copy_out(Field f, int64_t offset, int64_t n, void* dst);
-  void copy_in(Field f, int64_t offset, int64_t n, const void* src);
+  // into the pages (field_bytes(f) each), through the compute device: `dst`
+  // and `src` are host buffers (checkpoint staging) unless `d` says they are
+  // the device's.
+  void copy_out(Field f, int64_t offset, int64_t n, void* dst,
+                backend::Device::Direction d = backend::Device::Direction::kDeviceToHost);
+  void copy_in(Field f, int64_t offset, int64_t n, const void* src,
+               backend::Device::Direction d = backend::Device::Direction::kHostToDevice);
   // fn(ptr, first, count) on each page-resident piece of [offset, offset + n)
   // of such a field, in order, the piece written back (read-modify-write).
   void update(Field f, int64_t offset, int64_t n,

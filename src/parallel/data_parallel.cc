@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -164,6 +165,7 @@ void DataParallel::shard_params_from(const std::function<void(int u, float* dst)
 }
 
 void DataParallel::take_master() {
+  constexpr auto kOnDevice = backend::Device::Direction::kDeviceToDevice;  // the model's values
   using F = optim::AdamW;
   if (paged_shards_) {  // parameter shard (and bf16 master) into the pages, padding 0
     optim::PagedState& st = *adam_->paged_state();
@@ -175,9 +177,9 @@ void DataParallel::take_master() {
         h.resize(static_cast<size_t>(n));
         ops::f32_to_bf16(h.data(), src, n);
         st.copy_in(optim::PagedState::kParam, state_offset(u), n, h.data());
-        st.copy_in(F::kMaster, state_offset(u), n, src);
+        st.copy_in(F::kMaster, state_offset(u), n, src, kOnDevice);
       } else {
-        st.copy_in(optim::PagedState::kParam, state_offset(u), n, src);
+        st.copy_in(optim::PagedState::kParam, state_offset(u), n, src, kOnDevice);
       }
     }
     return;
@@ -186,10 +188,10 @@ void DataParallel::take_master() {
   if (whole) {
     const float* full = model_.params();
     if (adam_->paged()) {
-      adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full);
+      adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full, kOnDevice);
     } else {
       master_ = tensor::Storage(static_cast<size_t>(model_.num_params()) * sizeof(float));
-      std::memcpy(master_.f32(), full, static_cast<size_t>(model_.num_params()) * sizeof(float));
+      backend::device_copy(master_.f32(), full, static_cast<size_t>(model_.num_params()) * sizeof(float));
     }
     return;
   }
@@ -198,9 +200,9 @@ void DataParallel::take_master() {
   for (int u = 0; u < layout_.num_units(); ++u) {
     const float* src = unit_values(u) + layout_.begin(u);
     if (adam_->paged())
-      adam_->paged_state()->copy_in(F::kMaster, state_offset(u), layout_.owned(u), src);
+      adam_->paged_state()->copy_in(F::kMaster, state_offset(u), layout_.owned(u), src, kOnDevice);
     else
-      std::memcpy(master_.f32() + state_offset(u), src,
+      backend::device_copy(master_.f32() + state_offset(u), src,
                   static_cast<size_t>(layout_.owned(u)) * sizeof(float));
   }
 }
@@ -394,18 +396,18 @@ double DataParallel::step_sharded_grads(double lr) {
     PO_ASSERT(lr == step_lr_, "DataParallel: step(", lr, ") after set_step_lr(", step_lr_, ")");
     finish_early_step(lr);
     lr_known_ = false;
-    if (grad_shard_bf16_.size() > 0) std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
-    if (grad_shard_f32_.size() > 0) std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
+    if (grad_shard_bf16_.size() > 0) backend::device_zero(grad_shard_bf16_.data(), grad_shard_bf16_.size());
+    if (grad_shard_f32_.size() > 0) backend::device_zero(grad_shard_f32_.data(), grad_shard_f32_.size());
     if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
     return norm;
   }
   if (bf16()) {
     adam_->apply_mixed(master_.f32(), grad_bf16(), true,
                        static_cast<uint16_t*>(stored_params()), lr, clip);
-    if (grad_shard_bf16_.size() > 0) std::memset(grad_shard_bf16_.data(), 0, grad_shard_bf16_.size());
+    if (grad_shard_bf16_.size() > 0) backend::device_zero(grad_shard_bf16_.data(), grad_shard_bf16_.size());
   } else {
     adam_->apply(static_cast<float*>(stored_params()), grad_f32(), lr, clip);
-    if (grad_shard_f32_.size() > 0) std::memset(grad_shard_f32_.data(), 0, grad_shard_f32_.size());
+    if (grad_shard_f32_.size() > 0) backend::device_zero(grad_shard_f32_.data(), grad_shard_f32_.size());
   }
   if (options_.zero_stage == 2 && group_ != nullptr) gather_params();
   return norm;
@@ -433,7 +435,7 @@ void DataParallel::gather_params() {
     inflight[slot].wait();
     const int u = unit_in[slot];
     if (!gathers_in_place(u))
-      std::memcpy(unit_at(u), recv_base + slot * half_recv,
+      backend::device_copy(unit_at(u), recv_base + slot * half_recv,
                   static_cast<size_t>(model_.unit_numel(u)) * esz);
     unit_in[slot] = -1;
   };
@@ -443,8 +445,8 @@ void DataParallel::gather_params() {
     char* send = send_base + slot * half_send;
     const auto owned = static_cast<size_t>(layout_.owned(u));
     const auto stride = static_cast<size_t>(layout_.stride(u));
-    std::memcpy(send, unit_at(u) + static_cast<size_t>(layout_.begin(u)) * esz, owned * esz);
-    std::memset(send + owned * esz, 0, (stride - owned) * esz);
+    backend::device_copy(send, unit_at(u) + static_cast<size_t>(layout_.begin(u)) * esz, owned * esz);
+    backend::device_zero(send + owned * esz, (stride - owned) * esz);
     // In place: the send block is a copy of this rank's shard, so it does not
     // overlap the receive region it is gathered into.
     char* recv = gathers_in_place(u) ? unit_at(u) : recv_base + slot * half_recv;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 #include "core/error.h"
@@ -62,8 +63,8 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
   if (!paged_shards_) return;
   units_->use_paged_shards(
       {[this, st](int u, void* dst) {
-         st->copy_out(optim::PagedState::kParam, layout_.local_offset(u),
-                      layout_.stride(u), dst);
+         st->copy_out(optim::PagedState::kParam, layout_.local_offset(u), layout_.stride(u), dst,
+                      backend::Device::Direction::kDeviceToDevice);  // into a gather's send block
        },
        [this](int u, const void* block, DType dtype, bool final) {
          add_paged_grad(u, block, dtype, final);
@@ -183,7 +184,7 @@ optim::OutsidePages DataParallel::outside_pages() {
 // Stage 1 (fp32): this rank's shard of unit u's reduced gradient, into the
 // gradient shard the update reads.
 void DataParallel::copy_grad_shard(int u) {
-  std::memcpy(grad_f32() + layout_.local_offset(u),
+  backend::device_copy(grad_f32() + layout_.local_offset(u),
               model_.grads() + model_.unit_offset(u) + layout_.begin(u),
               static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }

@@ -4,6 +4,7 @@
 // pipeline_finalize.cc, the vocabulary-parallel head in pipeline_vocab.cc,
 // the memory the executor holds and predicts in pipeline_memory.cc.
 #include "parallel/pipeline_executor.h"
+#include "backend/device.h"
 #include "parallel/pipeline_executor_state.h"
 
 #include <algorithm>
@@ -242,7 +243,7 @@ void PipelineExecutor::store_unit(Chunk& c, bool replica, int u, const float* sr
   const int64_t n = shard_params_ ? sl.owned(i) : sl.unit_numel(i);
   void* dst = stored_at(c, replica, u);
   if (!bf16_) {
-    std::memcpy(dst, src + lo, static_cast<size_t>(n) * sizeof(float));
+    backend::from_host(dst, src + lo, static_cast<size_t>(n) * sizeof(float));
     return;
   }
   write_field(c, replica, State::kParams, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
@@ -278,10 +279,10 @@ void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* min
   const int64_t stride = sl.stride(i), owned = sl.owned(i);
   char* send = static_cast<char*>(gather_.data());
   char* recv = send + static_cast<size_t>(stride) * esz;
-  std::memcpy(send, mine, static_cast<size_t>(owned) * esz);
-  std::memset(send + static_cast<size_t>(owned) * esz, 0, static_cast<size_t>(stride - owned) * esz);
+  backend::device_copy(send, mine, static_cast<size_t>(owned) * esz);
+  backend::device_zero(send + static_cast<size_t>(owned) * esz, static_cast<size_t>(stride - owned) * esz);
   setup_.data->all_gather(send, recv, static_cast<size_t>(stride), dtype);
-  std::memcpy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
+  backend::device_copy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
 }
 
 int64_t PipelineExecutor::adam_steps() const { return chunks_.front()->adam->steps_taken(); }
@@ -458,7 +459,7 @@ float* PipelineExecutor::accumulator(Chunk& c, int u) {
     acc_busy_[a.fixed] = true;
     a.buf = acc_[a.fixed].f32();
   }
-  std::memset(a.buf, 0, static_cast<size_t>(n) * sizeof(float));
+  backend::device_zero(a.buf, static_cast<size_t>(n) * sizeof(float));
   a.chunk = &c;
   return accs_.emplace(key, a).first->second.buf;
 }
@@ -590,7 +591,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
       } else {
         float* out = take_buffer();
-        std::memcpy(out, m.stage_output(), msg);
+        backend::device_copy(out, m.stage_output(), msg);
         ready_[{a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)}] = out;
       }
       spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
@@ -632,7 +633,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       if (d != nullptr) give_buffer(const_cast<float*>(d));
       if (!first) {
         float* out = take_buffer();
-        std::memcpy(out, dres, msg);
+        backend::device_copy(out, dres, msg);
         ready_[{a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)}] = out;
       }
       release_slot(c, a.micro);
@@ -726,7 +727,7 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets)
                                        st == S - 1 ? targets : nullptr, 0.0f);
     if (vocab_ && st == S - 1) m.set_external_head(true);
     if (st == S - 1) loss = static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
-    else std::memcpy(x.data(), m.stage_output(), msg * sizeof(float));
+    else backend::device_copy(x.data(), m.stage_output(), msg * sizeof(float));
     release_slot(c, -2);
     have = true;
     if (st + 1 < S && s.rank_of(st + 1) != rank_) {

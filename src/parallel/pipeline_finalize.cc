@@ -3,6 +3,7 @@
 // step; ZeRO-2: each micro-batch's into the shards as it completes), the one
 // global norm in the order of pp = 1, clipping and the update.
 #include "parallel/pipeline_executor.h"
+#include "backend/device.h"
 #include "parallel/pipeline_executor_state.h"
 
 #include <algorithm>
@@ -83,8 +84,8 @@ void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
 // defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
 // kept until the step.
 void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
-  std::memcpy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
-  std::memcpy(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
+  backend::device_copy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
+  backend::from_host(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
 }
 
 // defer_lookup: every data rank's last lookup rows, added into the reduced
@@ -189,14 +190,14 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
     float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
     int64_t at = 0;  // unit i's first element in the buffers
     for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      std::memcpy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
+      backend::device_copy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
                   static_cast<size_t>(sl.owned(i)) * sizeof(float));
     adam.apply(params.f32(), shard, lr, clip);
     at = 0;
     for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
       gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
   }
-  std::memset(grads.data(), 0, grads.size());
+  backend::device_zero(grads.data(), grads.size());
 }
 
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "optim/adamw.h"
 
@@ -313,14 +314,14 @@ void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t of
                                   float* dst) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
   if (a.paged()) return a.paged_state()->copy_out(optim::AdamW::paged_field(kind), offset, n, dst);
-  std::memcpy(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
+  backend::to_host(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
 }
 
 void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                    const float* src) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
   if (a.paged()) return a.paged_state()->copy_in(optim::AdamW::paged_field(kind), offset, n, src);
-  std::memcpy(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
+  backend::from_host(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
@@ -333,7 +334,7 @@ float* PipelineExecutor::field_in_memory(Chunk& c, bool replica, State kind) {
 void PipelineExecutor::read_unit(State kind, int u, float* dst) {
   const auto n = static_cast<size_t>(layout_.unit_numel(u));
   if (kind == State::kParams && !bf16_ && !shard_params_) {
-    std::memcpy(dst, unit_params(u), n * sizeof(float));
+    backend::to_host(dst, unit_params(u), n * sizeof(float));
     return;
   }
   for (auto& c : chunks_) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/ops.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "model/vocab_head.h"
 #include "parallel/pipeline_executor.h"
@@ -92,7 +93,7 @@ void PipelineExecutor::vocab_init(uint64_t seed) {
   std::vector<float> unit(static_cast<size_t>(layout_.unit_numel(u)));
   init.init_random_unit(seed, u, unit.data());
   const int64_t C = config_.n_embd;
-  std::memcpy(vocab_->w_copy.data(),
+  backend::device_copy(vocab_->w_copy.data(),
               unit.data() + (layout_.head().offset - layout_.unit_offset(u)) + vocab_->row0 * C,
               vocab_->w_copy.size());
 }
@@ -104,7 +105,7 @@ void PipelineExecutor::vocab_forward_done(model::Transformer& m, int micro) {
   for (int q = 0; q < s.ranks; ++q) {
     if (q == rank_) continue;
     float* out = take_buffer();
-    std::memcpy(out, m.stage_output(), msg);
+    backend::device_copy(out, m.stage_output(), msg);
     ready_[{micro, s.stages() + 1 + q, static_cast<int>(Payload::kHeadInput)}] = out;
   }
 }
@@ -150,11 +151,11 @@ void PipelineExecutor::vocab_stats(const Action& a, const BatchFn& batch) {
       const int64_t n = std::min(chunk, rows_ - r0);
       const model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
       const auto mine = static_cast<size_t>((v.k1 - v.k0) * n);
-      std::memcpy(at, st.mx.data() + v.k0 * n, mine * sizeof(float));
+      backend::device_copy(at, st.mx.data() + v.k0 * n, mine * sizeof(float));
       at += mine;
-      std::memcpy(at, st.sum.data() + v.k0 * n, mine * sizeof(double));
+      backend::device_copy(at, st.sum.data() + v.k0 * n, mine * sizeof(double));
       at += 2 * mine;
-      std::memcpy(at, st.zt.data(), static_cast<size_t>(n) * sizeof(float));
+      backend::device_copy(at, st.zt.data(), static_cast<size_t>(n) * sizeof(float));
       at += n;
     }
     const Key key{a.micro, S + 1 + s.ranks + rank_, static_cast<int>(Payload::kHeadStats)};
@@ -182,9 +183,9 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
       const int64_t n = std::min(chunk, rows_ - r0);
       model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
       const auto theirs = static_cast<size_t>((q1 - q0) * n);
-      std::memcpy(st.mx.data() + q0 * n, at, theirs * sizeof(float));
+      backend::device_copy(st.mx.data() + q0 * n, at, theirs * sizeof(float));
       at += theirs;
-      std::memcpy(st.sum.data() + q0 * n, at, theirs * sizeof(double));
+      backend::device_copy(st.sum.data() + q0 * n, at, theirs * sizeof(double));
       at += 2 * theirs;
       const int64_t lo = v.pieces.begin(q0), hi = v.pieces.begin(q1);
       for (int64_t r = 0; r < n; ++r) {
@@ -270,7 +271,7 @@ void PipelineExecutor::vocab_gather_grads() {
   const int64_t C = config_.n_embd;
   if (rank_ != head_rank_) {
     setup_.pipe->send(v.dw, static_cast<size_t>(v.rows * C), DType::kF32, head_rank_, kVocabGradTag);
-    std::memset(v.dw, 0, static_cast<size_t>(v.rows * C) * sizeof(float));
+    backend::device_zero(v.dw, static_cast<size_t>(v.rows * C) * sizeof(float));
     return;
   }
   for (int q : s.holders) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 
+#include "backend/device.h"
 #include "core/error.h"
 #include "parallel/units.h"
 
@@ -31,7 +32,7 @@ void DataParallel::read_shard(Shard kind, int u, float* dst) {
     adam_->paged_state()->copy_out(*f, state_offset(u), layout_.owned(u), dst);
     return;
   }
-  std::memcpy(dst, shard_pointer(kind, u), static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  backend::to_host(dst, shard_pointer(kind, u), static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }
 
 void DataParallel::write_shard(Shard kind, int u, const float* src) {
@@ -41,7 +42,7 @@ void DataParallel::write_shard(Shard kind, int u, const float* src) {
     adam_->paged_state()->copy_in(*f, state_offset(u), layout_.owned(u), src);
     return;
   }
-  std::memcpy(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
+  backend::from_host(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }
 
 // Checkpoints hold fp32: the parameters themselves, or a bf16 run's master.

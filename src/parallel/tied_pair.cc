@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/error.h"
 
@@ -19,7 +20,7 @@ namespace {
 void grow(tensor::Storage& s, size_t bytes, size_t keep) {
   if (s.size() >= bytes) return;
   tensor::Storage bigger(bytes);
-  if (keep > 0) std::memcpy(bigger.data(), s.data(), keep);
+  if (keep > 0) backend::device_copy(bigger.data(), s.data(), keep);
   s = std::move(bigger);
 }
 
@@ -37,8 +38,8 @@ void LookupRows::append(const float* rows, const int32_t* tokens, int64_t n) {
   const auto have = static_cast<size_t>(count_);
   grow(rows_, (have + static_cast<size_t>(n)) * row_bytes, have * row_bytes);
   grow(tokens_, (have + static_cast<size_t>(n)) * sizeof(int32_t), have * sizeof(int32_t));
-  std::memcpy(rows_.f32() + count_ * C_, rows, static_cast<size_t>(n) * row_bytes);
-  std::memcpy(static_cast<int32_t*>(tokens_.data()) + count_, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  backend::device_copy(rows_.f32() + count_ * C_, rows, static_cast<size_t>(n) * row_bytes);
+  backend::from_host(static_cast<int32_t*>(tokens_.data()) + count_, tokens, static_cast<size_t>(n) * sizeof(int32_t));
   count_ += n;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/device.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
 #include "core/error.h"
@@ -93,7 +94,7 @@ UnitBuffers::~UnitBuffers() {
 }
 
 void UnitBuffers::zero_full_grads() {
-  if (full_grads_.data() != nullptr) std::memset(full_grads_.data(), 0, full_grads_.size());
+  if (full_grads_.data() != nullptr) backend::device_zero(full_grads_.data(), full_grads_.size());
 }
 
 void UnitBuffers::use_paged_shards(PagedShards shards) {
@@ -140,7 +141,7 @@ void UnitBuffers::shard_params(const std::function<const float*(int u)>& given) 
       ops::f32_to_bf16(static_cast<uint16_t*>(stored_) + layout_.local_offset(u), src,
                        layout_.owned(u));
     else
-      std::memcpy(static_cast<float*>(stored_) + layout_.local_offset(u), src,
+      backend::device_copy(static_cast<float*>(stored_) + layout_.local_offset(u), src,
                   static_cast<size_t>(layout_.owned(u)) * sizeof(float));
   }
   model_.release_params();
@@ -187,7 +188,7 @@ comm::Work UnitBuffers::start_gather(int u, void* buf) {
                      static_cast<size_t>(layout_.local_offset(u)) * param_esz();
   if (group_ != nullptr)
     return group_->iall_gather(mine, buf, static_cast<size_t>(stride), options_.param_dtype);
-  std::memcpy(buf, mine, static_cast<size_t>(stride) * param_esz());
+  backend::device_copy(buf, mine, static_cast<size_t>(stride) * param_esz());
   return {};
 }
 
@@ -329,7 +330,7 @@ float* UnitBuffers::grads(int u) {
   while (std::any_of(pending_.begin(), pending_.end(), reducing_u)) complete_front();
   const int64_t padded = layout_.stride(u) * layout_.ranks();
   acc = static_cast<float*>(acc_pool_.acquire(acc_bytes(u)));
-  std::memset(acc, 0, static_cast<size_t>(padded) * sizeof(float));
+  backend::device_zero(acc, static_cast<size_t>(padded) * sizeof(float));
   return acc;
 }
 

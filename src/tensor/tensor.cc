@@ -62,8 +62,34 @@ std::string shape_str(const Shape& s) {
 
 const char* pool_name(Pool p) { return p == Pool::kCompute ? "compute" : "host"; }
 
-Storage::Storage(size_t bytes, Pool pool, size_t align_override) : bytes_(bytes), pool_(pool) {
+const char* device_name(DeviceKind d) { return d == DeviceKind::kCpu ? "cpu" : "cuda"; }
+
+void* host_allocate(size_t bytes, size_t align) {
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr) PO_THROW(core::OutOfMemory, "cannot allocate ", bytes, " bytes");
+  if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);
+  std::memset(p, 0, bytes);  // pre-fault now, not in the first step
+  return p;
+}
+
+void host_release(void* p) { std::free(p); }
+
+namespace {
+DeviceMemory* g_device_memory[2] = {nullptr, nullptr};
+}  // namespace
+
+void register_device_memory(DeviceKind kind, DeviceMemory* memory) {
+  PO_CHECK(kind != DeviceKind::kCpu, "the cpu's memory is the host's");
+  g_device_memory[static_cast<int>(kind)] = memory;
+}
+
+Storage::Storage(size_t bytes, Pool pool, size_t align_override, DeviceKind device)
+    : bytes_(bytes), pool_(pool), device_(device) {
   if (bytes == 0) return;
+  DeviceMemory* memory = g_device_memory[static_cast<int>(device)];
+  PO_CHECK(device == DeviceKind::kCpu || memory != nullptr, "a ", bytes, "-byte buffer on ",
+           device_name(device), ": this build has no ", device_name(device), " backend");
   PoolCounters& c = counters(pool);
   const size_t budget = c.budget.load();
   const size_t now = c.live.fetch_add(bytes) + bytes;
@@ -75,42 +101,41 @@ Storage::Storage(size_t bytes, Pool pool, size_t align_override) : bytes_(bytes)
              now - bytes, " bytes held, ", bytes, " more asked for");
   }
   raise_peak(c.peak, now);
-  size_t align = align_override ? align_override : bytes >= kHuge ? kHuge : 64;
-  size_t rounded = (bytes + align - 1) / align * align;
-  data_ = std::aligned_alloc(align, rounded);
-  if (data_ == nullptr) {
+  const size_t align = align_override ? align_override : bytes >= kHuge ? kHuge : 64;
+  try {
+    data_ = device == DeviceKind::kCpu ? host_allocate(bytes, align) : memory->allocate(bytes, align);
+  } catch (...) {
     c.live.fetch_sub(bytes);
     bytes_ = 0;
-    PO_THROW(core::OutOfMemory, "cannot allocate ", bytes, " bytes");
+    throw;
   }
-  if (align == kHuge) madvise(data_, rounded, MADV_HUGEPAGE);
-  std::memset(data_, 0, bytes);  // pre-fault now, not in the first step
   raise_peak(g_peak, g_live.fetch_add(bytes) + bytes);
 }
 
-Storage::~Storage() {
-  if (data_ != nullptr) {
-    g_live.fetch_sub(bytes_);
-    counters(pool_).live.fetch_sub(bytes_);
-    std::free(data_);
-  }
+void Storage::release() {
+  if (data_ == nullptr) return;
+  g_live.fetch_sub(bytes_);
+  counters(pool_).live.fetch_sub(bytes_);
+  if (device_ == DeviceKind::kCpu) host_release(data_);
+  else g_device_memory[static_cast<int>(device_)]->release(data_, bytes_);
+  data_ = nullptr;
 }
 
-Storage::Storage(Storage&& o) noexcept : data_(o.data_), bytes_(o.bytes_), pool_(o.pool_) {
+Storage::~Storage() { release(); }
+
+Storage::Storage(Storage&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), pool_(o.pool_), device_(o.device_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
 
 Storage& Storage::operator=(Storage&& o) noexcept {
   if (this != &o) {
-    if (data_ != nullptr) {
-      g_live.fetch_sub(bytes_);
-      counters(pool_).live.fetch_sub(bytes_);
-      std::free(data_);
-    }
+    release();
     data_ = o.data_;
     bytes_ = o.bytes_;
     pool_ = o.pool_;
+    device_ = o.device_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }

@@ -15,6 +15,7 @@ enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kU16 };
 enum class DeviceKind : uint8_t { kCpu, kCuda };
 
 size_t dtype_size(DType d);
+const char* device_name(DeviceKind d);
 const char* dtype_name(DType d);
 
 using Shape = std::vector<int64_t>;
@@ -39,14 +40,33 @@ struct Tensor {
 enum class Pool : uint8_t { kCompute, kHost };
 const char* pool_name(Pool p);
 
-// Owning, 64-byte (large: 2 MiB) aligned, zero-filled host buffer. Move-only.
+// Host RAM for Storage and the CPU device (backend/device.h): `bytes`
+// zero-filled and pre-faulted, `align` a power of two (from 2 MiB: advised
+// as huge pages). Throws core::OutOfMemory.
+void* host_allocate(size_t bytes, size_t align);
+void host_release(void* p);
+
+// The memory of a device other than the host's, registered by its backend
+// (backend/cuda/, later) for Storage to allocate on.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual void* allocate(size_t bytes, size_t align) = 0;  // zero-filled
+  virtual void release(void* p, size_t bytes) = 0;
+};
+void register_device_memory(DeviceKind kind, DeviceMemory* memory);
+
+// Owning, 64-byte (large: 2 MiB) aligned, zero-filled buffer on a device
+// (the CPU's: host RAM). Move-only.
 class Storage {
  public:
   Storage() = default;
-  // Throws core::OutOfMemory when `pool` has a budget that `bytes` would exceed.
-  // `align` (a power of two) overrides the default alignment (64 bytes, or
-  // 2 MiB from 2 MiB up).
-  explicit Storage(size_t bytes, Pool pool = Pool::kCompute, size_t align = 0);
+  // Throws core::OutOfMemory when `pool` has a budget that `bytes` would
+  // exceed, and an error naming the device when this build has no backend
+  // for it. `align` (a power of two) overrides the default alignment (64
+  // bytes, or 2 MiB from 2 MiB up).
+  explicit Storage(size_t bytes, Pool pool = Pool::kCompute, size_t align = 0,
+                   DeviceKind device = DeviceKind::kCpu);
   ~Storage();
   Storage(Storage&& o) noexcept;
   Storage& operator=(Storage&& o) noexcept;
@@ -56,11 +76,14 @@ class Storage {
   void* data() const { return data_; }
   float* f32() const { return static_cast<float*>(data_); }
   size_t size() const { return bytes_; }
+  DeviceKind device() const { return device_; }
 
  private:
+  void release();
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Pool pool_ = Pool::kCompute;
+  DeviceKind device_ = DeviceKind::kCpu;
 };
 
 // Bytes currently held by all live Storage objects, and the high-water mark.
