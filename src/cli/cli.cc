@@ -44,7 +44,7 @@
 #include "serve/engine.h"
 #include "serve/kv_cache.h"
 #include "serve/http_server.h"
-#include "train/generate.h"
+#include "serve/generate.h"
 #include "train/launch.h"
 #include "train/run_state.h"
 #include "train/stop.h"
@@ -244,7 +244,7 @@ int cmd_export(const std::string& src, const std::string& out) {
 }
 
 int cmd_generate(const std::string& src, const std::string& prompt, const std::string& tokenizer,
-                 bool print_ids, train::SampleOptions o) {
+                 bool print_ids, serve::SampleOptions o) {
   model::Transformer model = load_model(src, 1);
   const auto tok = data::load_tokenizer(tokenizer.empty() ? tokenizer_root() : tokenizer);
   std::vector<int32_t> ids;
@@ -252,7 +252,7 @@ int cmd_generate(const std::string& src, const std::string& prompt, const std::s
   for (int32_t id : tok->encode(prompt, "--prompt")) ids.push_back(id);
   if (ids.empty()) ids.push_back(tok->eos_id());  // GPT-2: <|endoftext|> starts a document
   if (o.stop_token < 0 && tok->bos_id()) o.stop_token = tok->eos_id();
-  std::vector<int32_t> out = train::sample(model, ids, o);
+  std::vector<int32_t> out = serve::sample(model, ids, o);
   std::printf("%s%s\n", prompt.c_str(), tok->decode(out).c_str());
   if (print_ids) {
     std::printf("ids:");
@@ -648,7 +648,7 @@ Command add_generate(CLI::App& app) {
   struct Options {
     std::string src, prompt, tokenizer;
     bool print_ids = false;
-    train::SampleOptions sample;
+    serve::SampleOptions sample;
   };
   auto o = std::make_shared<Options>();
   c->add_option("source", o->src,

@@ -1,4 +1,4 @@
-// The serving engine against `generate`'s decode (train::sample: one
+// The serving engine against `generate`'s decode (serve::sample: one
 // sequence, a contiguous KV cache): greedy outputs token for token, alone
 // and in a batch of 32 requests of different lengths, through chunked
 // prefill, the prefix cache and preemption; seeded sampling independent of
@@ -15,7 +15,7 @@
 #include "serve/engine.h"
 #include "serve/kv_cache.h"
 #include "serve/sampler.h"
-#include "train/generate.h"
+#include "serve/generate.h"
 
 namespace po::serve {
 namespace {
@@ -109,10 +109,10 @@ TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
   const auto ps = prompts(32, c.vocab_size, arch == "llama" ? 1 : 0);
   std::vector<std::vector<int32_t>> want;
   for (size_t i = 0; i < ps.size(); ++i) {
-    train::SampleOptions o;
+    serve::SampleOptions o;
     o.temperature = 0;
     o.max_new_tokens = 4 + static_cast<int64_t>(i % 5) * 6;
-    want.push_back(train::sample(ref, ps[i], o));
+    want.push_back(serve::sample(ref, ps[i], o));
   }
   Transformer model(c, 2, c.seq_len);  // 192 rows a step
   model.init_random(7);
@@ -352,6 +352,46 @@ TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   for (auto& s : streams) rs.push_back(collect(*s));
   EXPECT_EQ(ids_str(rs[5].ids), ids_str(alone.ids)) << "seed 42 alone vs in a batch of 16";
   EXPECT_NE(ids_str(rs[5].ids), ids_str(rs[6].ids)) << "different seeds and prompts gave the same tokens";
+}
+
+// `generate` chooses with serve's sampler: seeded, it gives a serve request's
+// tokens for the same seed, temperature and top-k (both llama and gpt2), and
+// another seed gives others.
+TEST(Engine, SeededGenerateIsServesSampling) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    const TransformerConfig c = tiny(arch);
+    auto tok = tokenizer_for(arch);
+    ASSERT_NE(tok, nullptr) << data::testing::kLlamaSetupHint;
+    Transformer ref(c, 1, c.seq_len), model(c, 2, c.seq_len);
+    ref.init_random(11);
+    model.init_random(11);
+    Engine engine(model, *tok, {});
+    const auto ps = prompts(4, c.vocab_size, arch == "llama" ? 1 : 0);
+    for (uint64_t seed : {uint64_t{7}, uint64_t{42}}) {
+      SampleOptions o;
+      o.temperature = 0.8;
+      o.top_k = 20;
+      o.seed = seed;
+      o.max_new_tokens = 16;
+      const std::vector<int32_t> want = sample(ref, ps[2], o);
+      SamplingParams sp;
+      sp.do_sample = true;
+      sp.temperature = o.temperature;
+      sp.top_k = o.top_k;
+      sp.seed = seed;
+      sp.max_new_tokens = o.max_new_tokens;
+      sp.ignore_eos = true;
+      EXPECT_EQ(ids_str(collect(*engine.submit(ps[2], sp)).ids), ids_str(want))
+          << arch << ", seed " << seed << ": serve vs generate";
+    }
+    SampleOptions a, b;
+    a.temperature = b.temperature = 1.0;
+    a.top_k = b.top_k = 0;
+    a.max_new_tokens = b.max_new_tokens = 16;
+    a.seed = 1;
+    b.seed = 2;
+    EXPECT_NE(ids_str(sample(ref, ps[2], a)), ids_str(sample(ref, ps[2], b))) << arch << ": seeds 1 and 2";
+  }
 }
 
 // Admission: past max_concurrent_requests, submit throws at once; the

@@ -26,7 +26,7 @@
 #include "serve/engine.h"
 #include "core/http_lib.h"
 #include "serve/http_server.h"
-#include "train/generate.h"
+#include "serve/generate.h"
 
 namespace po::serve {
 namespace {
@@ -51,7 +51,7 @@ struct World {
   TransformerConfig config = tiny_gpt2();
   std::unique_ptr<data::TextTokenizer> tok = data::load_tokenizer(PO_SOURCE_DIR);
   Transformer model{config, 2, config.seq_len};
-  Transformer reference{config, 1, config.seq_len};  // for train::sample, `generate`'s decode
+  Transformer reference{config, 1, config.seq_len};  // for serve::sample, `generate`'s decode
   std::unique_ptr<Engine> engine;
   std::unique_ptr<HttpServer> server;
 
@@ -223,10 +223,10 @@ TEST_F(HttpServerTest, GenerateIsGreedyGeneratesTokensWithTgisShape) {
     ASSERT_TRUE(t.contains("id") && t.contains("text") && t.contains("logprob") && t.contains("special")) << t;
     got.push_back(t["id"].get<int32_t>());
   }
-  train::SampleOptions so;
+  serve::SampleOptions so;
   so.temperature = 0;
   so.max_new_tokens = 12;
-  const std::vector<int32_t> want = train::sample(world->reference, prompt_ids("Hello world"), so);
+  const std::vector<int32_t> want = serve::sample(world->reference, prompt_ids("Hello world"), so);
   ASSERT_LE(got.size(), want.size());
   for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k]) << "token " << k << " differs from generate's";
   if (d["finish_reason"] == "length") {
@@ -504,10 +504,10 @@ TEST_F(HttpServerTest, CompletionsStreamedOrNotGiveTheSameText) {
   const int64_t completion = j["usage"]["completion_tokens"];
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_ids("A B C").size());
   EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + completion);
-  train::SampleOptions so;
+  serve::SampleOptions so;
   so.temperature = 0;
   so.max_new_tokens = completion;
-  const auto want = train::sample(world->reference, prompt_ids("A B C"), so);
+  const auto want = serve::sample(world->reference, prompt_ids("A B C"), so);
   EXPECT_EQ(text, text_until_eos(want)) << "greedy completions equal generate's";
 
   auto s = post("/v1/completions", R"({"prompt":"A B C","max_tokens":8,"temperature":0,"stream":true,
@@ -546,10 +546,10 @@ TEST_F(HttpServerTest, ChatStreamedOrNotGiveTheSameText) {
   const std::string content = j["choices"][0]["message"]["content"];
   const auto ids = prompt_ids("System: Be terse.\nUser: Hi\nAssistant:");
   EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size()) << "the plain template's prompt";
-  train::SampleOptions so;
+  serve::SampleOptions so;
   so.temperature = 0;
   so.max_new_tokens = j["usage"]["completion_tokens"];
-  EXPECT_EQ(content, text_until_eos(train::sample(world->reference, ids, so)));
+  EXPECT_EQ(content, text_until_eos(serve::sample(world->reference, ids, so)));
 
   auto s = post("/v1/chat/completions", "{" + msgs + R"(,"max_tokens":6,"temperature":0,"stream":true})");
   ASSERT_TRUE(s);
@@ -920,10 +920,10 @@ TEST_F(HttpServerTest, ThirtyTwoConcurrentGreedyRequestsEqualGenerate) {
     std::vector<int32_t> ids = prompt_ids(c.route == "/v1/chat/completions"
                                               ? render_chat("plain", {{"user", c.prompt}})
                                               : c.prompt);
-    train::SampleOptions so;
+    serve::SampleOptions so;
     so.temperature = 0;
     so.max_new_tokens = c.n;
-    EXPECT_EQ(c.got, text_until_eos(train::sample(world->reference, ids, so)))
+    EXPECT_EQ(c.got, text_until_eos(serve::sample(world->reference, ids, so)))
         << c.route << " with a prompt of " << ids.size() << " tokens and " << c.n << " new, among 32 at once";
   }
   EXPECT_EQ(own.engine->stats().finished, 32);
@@ -1069,11 +1069,11 @@ TEST(HttpServerLlama, ChatTurnsAreBosAndEosIdsAndTokenizeHasBos) {
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
   EXPECT_EQ(j["usage"]["prompt_tokens"], ids.size()) << "BOS, turn 1, EOS, BOS, turn 2";
-  train::SampleOptions so;
+  serve::SampleOptions so;
   so.temperature = 0;
   so.max_new_tokens = j["usage"]["completion_tokens"];
   so.stop_token = tok->eos_id();  // as `generate` does for Llama
-  std::vector<int32_t> want = train::sample(reference, ids, so);
+  std::vector<int32_t> want = serve::sample(reference, ids, so);
   if (!want.empty() && want.back() == tok->eos_id()) want.pop_back();
   EXPECT_EQ(j["choices"][0]["message"]["content"], tok->decode(want));
 

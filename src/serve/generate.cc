@@ -1,13 +1,11 @@
-#include "train/generate.h"
+#include "serve/generate.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 
 #include "core/error.h"
-#include "core/rng.h"
+#include "serve/sampler.h"
 
-namespace po::train {
+namespace po::serve {
 
 std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
                             const SampleOptions& o) {
@@ -19,8 +17,11 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
     PO_CHECK(t >= 0 && t < V, "generate: prompt token ", t, " is outside the vocabulary (", V, ")");
   std::vector<int32_t> context = prompt, out;
   std::vector<float> logits(static_cast<size_t>(V));
-  std::vector<int32_t> order(static_cast<size_t>(V));
-  core::Philox rng(o.seed, 0x5a4d504cULL);
+  SamplingParams p;
+  p.do_sample = o.temperature > 0;
+  if (p.do_sample) p.temperature = o.temperature;
+  p.top_k = o.top_k;
+  p.seed = o.seed;
   // The KV cache holds the window; when it is full the window slides and the
   // cache is refilled from the last window/2 tokens (positions restart at 0).
   model::KvCache cache = model.make_kv_cache(window);
@@ -36,31 +37,8 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
     const int64_t n = static_cast<int64_t>(context.size() - fed);
     model.forward_cached(context.data() + fed, n, cache, logits.data());
     fed = context.size();
-    int32_t next = 0;
-    if (o.temperature == 0) {
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    } else {
-      std::iota(order.begin(), order.end(), 0);
-      int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-      const double maxl = logits[order[0]];
-      std::vector<double> p(static_cast<size_t>(k));
-      double sum = 0;
-      for (int64_t j = 0; j < k; ++j) {
-        p[j] = std::exp((logits[order[j]] - maxl) / o.temperature);
-        sum += p[j];
-      }
-      double u = rng.uniform(static_cast<uint64_t>(i)) * sum;
-      next = order[k - 1];
-      for (int64_t j = 0; j < k; ++j) {
-        u -= p[j];
-        if (u < 0) {
-          next = order[j];
-          break;
-        }
-      }
-    }
+    const int32_t next = sample_token(logits.data(), V, p, context, static_cast<int64_t>(out.size()),
+                                      static_cast<uint64_t>(i)).id;
     out.push_back(next);
     context.push_back(next);
     if (next == o.stop_token) break;
@@ -68,4 +46,4 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
   return out;
 }
 
-}  // namespace po::train
+}  // namespace po::serve

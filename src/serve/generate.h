@@ -1,0 +1,29 @@
+// `pagedoptim generate`: one sequence, fed token by token through the
+// model's contiguous KV cache (Transformer::forward_cached); when the cache
+// is full the window slides (generate.cc). Each token is chosen by serve's
+// sampler (serve/sampler.h), so a seeded `generate` picks what a `serve`
+// request with the same seed, temperature and top-k picks, and greedy is the
+// same first maximum. (One decode path for both, a contiguous cache as a
+// paged cache of one block, is issue 36 item 1's, not done.)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace po::serve {
+
+struct SampleOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = whole vocabulary
+  uint64_t seed = 1337;
+  int32_t stop_token = -1;   // stop after emitting this id (-1: never)
+};
+
+// Returns the new tokens (prompt excluded). `model` must have batch 1.
+std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
+                            const SampleOptions& options);
+
+}  // namespace po::serve
