@@ -181,12 +181,12 @@ Json kinds_to_json(const std::vector<StateKind>& kinds) {
 }
 
 // Version 1's kinds are bare names (fp32); version 2's are fields.
-std::vector<StateKind> kinds_from_json(const Fields& f, const Json& j) {
+std::vector<StateKind> kinds_from_json(const Fields& f, const Json& j, int version) {
   std::vector<StateKind> out;
   const Json& a = f.array(j, "", "kinds");
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string path = Fields::at("kinds", i);
-    out.push_back(a[i].is_string() ? f.kind(a[i], path) : f.kind_field(a[i], path));
+    out.push_back(version == 1 ? f.kind(a[i], path) : f.kind_field(a[i], path));
   }
   return out;
 }
@@ -491,7 +491,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin, bool v
     meta.threads = static_cast<int>(f.integer(layout, "layout", "threads", 1, 1 << 20));
   m.unit_numel = numel_from_json(f, j);
   if (m.version >= 2) m.optimizer = f.string(j, "", "optimizer");  // version 1: AdamW's
-  m.kinds = kinds_from_json(f, j);
+  m.kinds = kinds_from_json(f, j, m.version);
   const Json& checksum = f.get(j, "", "checksum");
   const std::string algo = f.string(checksum, "checksum", "algorithm");
   PO_CHECK(algo == "xxh3-64", origin, ": checksum algorithm '", algo, "' is not xxh3-64");
@@ -542,7 +542,7 @@ ShardRecord parse_shard_record(std::string_view text, const std::string& origin)
   r.rank = static_cast<int>(f.integer(j, "", "rank", 0, 1 << 30));
   r.ranks = static_cast<int>(f.integer(j, "", "ranks", 1, 1 << 30));
   r.unit_numel = numel_from_json(f, j);
-  r.kinds = kinds_from_json(f, j);
+  r.kinds = kinds_from_json(f, j, kShardedFormatVersion);  // written by this build
   r.chunk_bytes = f.integer(j, "", "chunk_bytes", 4, kMaxBytes);
   r.file = file_from_json(f, f.get(j, "", "file"), "file");
   const Json& slices = f.array(j, "", "slices");

@@ -412,6 +412,8 @@ TEST(Sharded, AKindInAnotherFormOrAnotherOptimizerIsNamed) {
   EXPECT_NE(e.find("m.json: optimizer state 'adam8bit' (this build writes and reads adamw)"),
             std::string::npos)
       << e;
+  e = error_with([](auto& j) { j["kinds"][1] = "adam_m"; });  // version 1's form in version 2
+  EXPECT_NE(e.find("field 'kinds[1]' must be a JSON object"), std::string::npos) << e;
   e = error_with([](auto& j) { j.erase("optimizer"); });
   EXPECT_NE(e.find("field 'optimizer' is missing"), std::string::npos) << e;
 }
