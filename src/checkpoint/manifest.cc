@@ -387,10 +387,19 @@ void validate_slices(const Manifest& m, const std::string& origin) {
 
 }  // namespace
 
+namespace {
+
+void check_version(int version, const std::string& origin) {
+  PO_CHECK(version >= kOldestShardedFormatVersion && version <= kShardedFormatVersion, origin,
+           ": format version ", version, " (this build reads versions ", kOldestShardedFormatVersion,
+           " to ", kShardedFormatVersion, version > kShardedFormatVersion ? "; written by a newer PagedOptim?" : "",
+           ")");
+}
+
+}  // namespace
+
 void validate_manifest(const Manifest& m, const std::string& origin) {
-  PO_CHECK(m.version >= kOldestShardedFormatVersion && m.version <= kShardedFormatVersion, origin,
-           ": format version ", m.version, " (this build reads versions ", kOldestShardedFormatVersion,
-           " to ", kShardedFormatVersion, ")");
+  check_version(m.version, origin);
   PO_CHECK(m.optimizer == kOptimizerSchema, origin, ": optimizer state '", m.optimizer,
            "' (this build writes and reads ", kOptimizerSchema, ")");
   const CheckpointMeta& meta = m.meta;
@@ -468,9 +477,7 @@ Manifest parse_manifest(std::string_view text, const std::string& origin, bool v
            kShardedFormatName, "'");
   Manifest m;
   m.version = static_cast<int>(f.integer(j, "", "version", 0, 1 << 30));
-  PO_CHECK(m.version >= kOldestShardedFormatVersion && m.version <= kShardedFormatVersion, origin,
-           ": format version ", m.version, " (this build reads versions ", kOldestShardedFormatVersion,
-           " to ", kShardedFormatVersion, "; written by a newer PagedOptim?)");
+  check_version(m.version, origin);
   if (verify_checksum) {
     const uint64_t want = f.hex(f.get(j, "", kChecksumKey), kChecksumKey);
     j.erase(kChecksumKey);

@@ -38,14 +38,10 @@ PagedState::Geometry PagedState::geometry(int64_t numel, size_t page_bytes, cons
   PO_CHECK(geo.state_elements >= 16, "memory.page_size = ", page_bytes, " bytes is too small a page for '",
            s.name, "' state (", s.bytes(g, kAlign), " bytes hold its smallest whole piece)");
   const int64_t e = geo.state_elements;
-  size_t off = 0;
-  for (size_t i = 0; i < s.fields.size(); ++i) {
-    const StateField& f = s.fields[i];
-    geo.offset[i] = off;
-    const auto align = [](int64_t b) { return static_cast<size_t>((b + kAlign - 1) / kAlign * kAlign); };
-    off = align(static_cast<int64_t>(off) + f.code_bytes(e));
-    if (f.block > 0) off = align(static_cast<int64_t>(off) + f.scale_bytes(e));
-  }
+  s.place(e, kAlign, [&geo](size_t i, int64_t codes, int64_t scales) {
+    geo.offset[i] = codes;
+    geo.scales[i] = scales;
+  });
   auto pages = [numel](int64_t per) { return static_cast<size_t>((numel + per - 1) / per); };
   geo.state_pages = pages(e);
   // Shard pages: as many whole state pages' elements as fit.
@@ -129,7 +125,7 @@ size_t PagedState::field_bytes(Field f) const {
 
 size_t PagedState::field_offset(Field f) const {
   if (f == kParam || f == kGrad) return 0;  // alone in their pages
-  return geo_.offset[static_cast<size_t>(f)];
+  return static_cast<size_t>(geo_.offset[static_cast<size_t>(f)]);
 }
 
 PagedState::View PagedState::advanced(const View& view, int64_t k) const {
@@ -151,12 +147,8 @@ void PagedState::with_shards(size_t page, char* data, bool consumes_grads,
   View v;
   const int64_t e = geo_.state_elements;
   for (size_t i = 0; i < layout_.schema.fields.size(); ++i) {
-    const StateField& f = layout_.schema.fields[i];
     v.field[i].codes = data + geo_.offset[i];
-    if (f.block > 0) {
-      const int64_t scales_at = (f.code_bytes(e) + kAlign - 1) / kAlign * kAlign;
-      v.field[i].scales = reinterpret_cast<float*>(data + geo_.offset[i] + static_cast<size_t>(scales_at));
-    }
+    if (geo_.scales[i] >= 0) v.field[i].scales = reinterpret_cast<float*>(data + geo_.scales[i]);
   }
   const int64_t lo = static_cast<int64_t>(page) * e;
   const int64_t hi = std::min(n_, lo + e);

@@ -63,7 +63,9 @@ class PagedState {
   struct Geometry {
     int64_t state_elements = 0, param_elements = 0, grad_elements = 0;  // per page (0: none)
     size_t state_pages = 0, param_pages = 0, grad_pages = 0;
-    std::array<size_t, kMaxFields> offset{};  // bytes from a state page's start, per schema field
+    // Bytes from a state page's start to each schema field's codes and its
+    // block scales (-1: none), as StateSchema::place() lays them out.
+    std::array<int64_t, kMaxFields> offset{}, scales{};
     size_t pages() const { return state_pages + param_pages + grad_pages; }
   };
   static Geometry geometry(int64_t numel, size_t page_bytes, const Layout& layout);

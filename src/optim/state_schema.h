@@ -81,16 +81,27 @@ struct StateSchema {
       if (fields[i].name == field) return static_cast<int>(i);
     return -1;
   }
-  // Bytes n elements of every field take, each field's start rounded up to
-  // `align` bytes (the page layout's rule).
-  constexpr int64_t bytes(int64_t n, int64_t align = 1) const {
+  // Where n elements of each field lie, fields in order, each field's codes
+  // and its scales starting on an `align`-byte boundary (the page layout's
+  // rule): at(i, codes, scales) with byte offsets (scales -1: none); returns
+  // the bytes in all.
+  template <typename At>
+  constexpr int64_t place(int64_t n, int64_t align, At at) const {
+    const auto up = [align](int64_t b) { return (b + align - 1) / align * align; };
     int64_t b = 0;
-    for (const StateField& f : fields) {
-      b += f.code_bytes(n);
-      if (f.block > 0) b = (b + align - 1) / align * align + f.scale_bytes(n);
-      b = (b + align - 1) / align * align;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const StateField& f = fields[i];
+      const int64_t codes = b;
+      b = up(b + f.code_bytes(n));
+      const int64_t scales = f.block > 0 ? b : -1;
+      if (f.block > 0) b = up(b + f.scale_bytes(n));
+      at(i, codes, scales);
     }
     return b;
+  }
+  // Bytes n elements of every field take, placed as place() does.
+  constexpr int64_t bytes(int64_t n, int64_t align = 1) const {
+    return place(n, align, [](size_t, int64_t, int64_t) {});
   }
 };
 

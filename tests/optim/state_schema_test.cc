@@ -72,7 +72,7 @@ TEST(StateSchema, PagesHoldWholeBlocksAlignedAndNeverOverrun) {
     EXPECT_LE(kQuantSchema.bytes(g.state_elements, PagedState::kAlign), static_cast<int64_t>(page));
     // The most that fit: one more granule would not.
     EXPECT_GT(kQuantSchema.bytes(g.state_elements + 256, PagedState::kAlign), static_cast<int64_t>(page));
-    for (size_t i = 0; i < kQuantSchema.fields.size(); ++i) EXPECT_EQ(g.offset[i] % 64, 0u) << i;
+    for (size_t i = 0; i < kQuantSchema.fields.size(); ++i) EXPECT_EQ(g.offset[i] % 64, 0) << i;
     EXPECT_EQ(g.state_pages, static_cast<size_t>((1000000 + g.state_elements - 1) / g.state_elements));
   }
   // AdamW's pages are as before the schema: page / 8 (fp32) or / 12 (bf16), down to 16.

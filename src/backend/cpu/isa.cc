@@ -81,7 +81,6 @@ void install(Isa isa) {
   g_table.store(&t, std::memory_order_release);
 }
 
-
 // Reads PO_ISA, caps oneDNN to match (before its first primitive: gemm() and
 // the kernels call this first) and installs the table.
 void choose() {
