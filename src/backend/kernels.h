@@ -186,7 +186,18 @@ namespace po::backend::cpu {
     (float* master, const uint16_t* grad, float* m, float* v, uint16_t* param_out, int64_t n,      \
      float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,          \
      int64_t t), (master, grad, m, v, param_out, n, lr, beta1, beta2, eps, weight_decay,           \
-                  grad_scale, t))
+                  grad_scale, t))                                                                \
+  X(quantize_blockwise, quantize_blockwise, void,                                                  \
+    (const Codebook* map, const float* x, int64_t n, int64_t block, uint8_t* codes,                \
+     float* absmax), (map, x, n, block, codes, absmax))                                            \
+  X(dequantize_blockwise, dequantize_blockwise, void,                                              \
+    (const Codebook* map, const uint8_t* codes, const float* absmax, int64_t n, int64_t block,     \
+     float* x), (map, codes, absmax, n, block, x))                                                 \
+  X(adamw_update_quant, adamw_update_quant, void,                                                  \
+    (float* param, const float* grad, const uint16_t* grad_bf16, uint16_t* param_out,              \
+     const QuantMoments* q, int64_t n, float lr, float beta1, float beta2, float eps,              \
+     float weight_decay, float grad_scale, int64_t t),                                             \
+    (param, grad, grad_bf16, param_out, q, n, lr, beta1, beta2, eps, weight_decay, grad_scale, t))
 // clang-format on
 
 struct Kernels {

@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/codebook.h"
+
 namespace po::backend::cpu {
 
 // Number of threads kernels use (OpenMP and the BLAS share one pool).
@@ -355,5 +357,40 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void adamw_update_mixed(float* master, const uint16_t* grad, float* m, float* v,
                         uint16_t* param_out, int64_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, float grad_scale, int64_t t);
+
+// Blockwise quantization (backend/codebook.h): x[n] in blocks of `block`
+// (the last one possibly short), each stored as absmax[b] and one code per
+// element (packed two to a byte for a 4-bit codebook, n then even or the
+// last low nibble 0). dequantize_blockwise is its inverse, value × absmax.
+void quantize_blockwise(const Codebook* map, const float* x, int64_t n, int64_t block,
+                        uint8_t* codes, float* absmax);
+void dequantize_blockwise(const Codebook* map, const uint8_t* codes, const float* absmax,
+                          int64_t n, int64_t block, float* x);
+
+// Adam's moments stored blockwise (optim.state_bits 8 or 4): m on its
+// codebook, v on its own, both in blocks of `block` elements starting at
+// element 0 of the call.
+struct QuantMoments {
+  uint8_t* m = nullptr;
+  float* m_absmax = nullptr;
+  uint8_t* v = nullptr;
+  float* v_absmax = nullptr;
+  const Codebook* m_map = nullptr;
+  const Codebook* v_map = nullptr;
+  int64_t block = 256;  // at most kMaxQuantBlock, even for 4 bits
+};
+inline constexpr int64_t kMaxQuantBlock = 4096;
+
+// adamw_update with quantized moments: each block's m and v are dequantized,
+// take adamw_update's arithmetic (the same float32 operations, in the same
+// order, so the step differs from the 32-bit one only by the state's
+// rounding), and are requantized with their new absmax. The parameter takes
+// the update from the unquantized new m and v (bitsandbytes' order). Exactly
+// one of grad (float32) and grad_bf16 is given; param_out (bf16 parameters
+// written from the fp32 master) may be null.
+void adamw_update_quant(float* param, const float* grad, const uint16_t* grad_bf16,
+                        uint16_t* param_out, const QuantMoments* q, int64_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay,
+                        float grad_scale, int64_t t);
 
 }  // namespace po::backend::cpu

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "backend/cpu/adam_element.h"
 #include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/bf16.h"
@@ -35,13 +36,7 @@ template <typename Grad, typename Out>
 void adamw_kernel(float* param, const Grad* grad, float* m, float* v, Out out, int64_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, int64_t t) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  const float neg_step = static_cast<float>(-(static_cast<double>(lr) / bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float omb1 = static_cast<float>(1.0 - static_cast<double>(beta1));
-  const float omb2 = static_cast<float>(1.0 - static_cast<double>(beta2));
+  const AdamScalars k = AdamScalars::make(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; i++) {
     float gi;
@@ -50,14 +45,7 @@ void adamw_kernel(float* param, const Grad* grad, float* m, float* v, Out out, i
     } else {
       gi = core::bf16_to_f32(core::bf16{grad[i]});
     }
-    const float g = gi * grad_scale;
-    const float p = param[i] * decay;
-    const float mi = m[i] * beta1 + g * omb1;
-    const float vi = v[i] * beta2 + omb2 * g * g;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    param[i] = p + neg_step * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
+    k.update(gi, param[i], m[i], v[i]);
     if constexpr (!std::is_same_v<Out, std::nullptr_t>) out[i] = core::f32_to_bf16(param[i]).bits;
   }
 }

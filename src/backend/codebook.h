@@ -1,0 +1,78 @@
+// A codebook: the values a quantized element's code stands for, scaled by its
+// block's absmax (blockwise quantization, as bitsandbytes' and torchao's
+// low-bit optimizer states are stored), and the rule that picks a value's code.
+// The codebooks themselves (their construction) are optim/quant_map.h's; the
+// kernels that read and write codes (ops.h: quantize_blockwise,
+// dequantize_blockwise, adamw_update_quant) take one by pointer.
+//
+// A block of x is stored as absmax = max |x| (NaN if any element is NaN;
+// a zero absmax is replaced by `zero_absmax`'s rule) and one code per element,
+// the code of x / absmax. 4-bit codes are packed two to a byte, the first
+// element in the high nibble (bitsandbytes' and torchao's order).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace po::backend {
+
+struct Codebook {
+  // How a scaled value s in [-1, 1] finds its code:
+  //  kFirstNearest: the code whose value is nearest |s - value| in float32,
+  //    the lowest code on a tie (bitsandbytes' reference: argmin);
+  //  kHalfUp: the highest code whose value is <= s (code 0 below the first),
+  //    then the next one when s - value >= (next - value) * 0.5: ties go up
+  //    (torchao's quantize_4bit_with_qmap).
+  // A NaN s gets code 0 under both (what argmin and the comparisons give).
+  enum class Rounding : uint8_t { kFirstNearest, kHalfUp };
+  // What a block whose absmax is 0 stores: 1 (bitsandbytes), or absmax is
+  // clipped below at 1e-12 (torchao); either way its codes decode to 0 where
+  // the codebook holds 0.
+  enum class ZeroAbsmax : uint8_t { kOne, kClip };
+
+  const char* name = "";
+  int bits = 8;   // 8 or 4
+  int size = 256; // 2^bits codes, values ascending
+  Rounding rounding = Rounding::kFirstNearest;
+  ZeroAbsmax zero_absmax = ZeroAbsmax::kOne;
+  std::array<float, 256> value{};
+  // kFirstNearest: for each upper half of a float32's bits (sign, exponent,
+  // 7 mantissa bits), the lowest and highest code nearest any value in it;
+  // the search compares only those (usually one or two).
+  std::vector<uint8_t> lo, hi;
+
+  float absmax_stored(float absmax) const {
+    if (zero_absmax == ZeroAbsmax::kOne) return absmax == 0.0f ? 1.0f : absmax;
+    return absmax < 1e-12f ? 1e-12f : absmax;  // NaN stays NaN
+  }
+
+  uint8_t code(float s) const {
+    if (std::isnan(s)) return 0;
+    if (rounding == Rounding::kHalfUp) {
+      int c = 0;
+      for (int step = size / 2; step >= 1; step /= 2)
+        if (s >= value[static_cast<size_t>(c + step)]) c += step;
+      const int up = c + 1 < size ? c + 1 : c;
+      const float lo_v = value[static_cast<size_t>(c)], up_v = value[static_cast<size_t>(up)];
+      return static_cast<uint8_t>(s - lo_v >= (up_v - lo_v) * 0.5f ? up : c);
+    }
+    uint32_t b;
+    std::memcpy(&b, &s, 4);
+    const int first = lo[b >> 16], last = hi[b >> 16];
+    int best = first;
+    float best_d = std::fabs(s - value[static_cast<size_t>(first)]);
+    for (int c = first + 1; c <= last; ++c) {
+      const float d = std::fabs(s - value[static_cast<size_t>(c)]);
+      if (d < best_d) {
+        best_d = d;
+        best = c;
+      }
+    }
+    return static_cast<uint8_t>(best);
+  }
+};
+
+}  // namespace po::backend
