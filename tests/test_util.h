@@ -399,6 +399,20 @@ inline int64_t named_minimum_budget(const std::string& output) {
   return 0;
 }
 
+// Token files for in-process training of the tiny model (train::train):
+// tiny_config() text for a run directory under the same temporary directory.
+struct TinyData {
+  TempDir dir;
+  std::string train = dir / "train.bin", val = dir / "val.bin";
+  TinyData() {
+    write_tokens(train, 20000, 64, 1);
+    write_tokens(val, 4000, 64, 2);
+  }
+  std::string config_text(const std::string& run, int steps) const {
+    return tiny_config(train, val, dir / run, steps);
+  }
+};
+
 // A fixture for tests that train the tiny model through the binary: token
 // files and a tiny_config() of steps() steps in a fresh directory per test.
 class TinyTraining : public ::testing::Test {

@@ -189,10 +189,10 @@ namespace po::backend::cpu {
                   grad_scale, t))                                                                \
   X(quantize_blockwise, quantize_blockwise, void,                                                  \
     (const Codebook* map, const float* x, int64_t n, int64_t block, uint8_t* codes,                \
-     float* absmax), (map, x, n, block, codes, absmax))                                            \
+     float* absmax, int64_t first_block), (map, x, n, block, codes, absmax, first_block))          \
   X(dequantize_blockwise, dequantize_blockwise, void,                                              \
     (const Codebook* map, const uint8_t* codes, const float* absmax, int64_t n, int64_t block,     \
-     float* x), (map, codes, absmax, n, block, x))                                                 \
+     float* x, int64_t first_block), (map, codes, absmax, n, block, x, first_block))               \
   X(adamw_update_quant, adamw_update_quant, void,                                                  \
     (float* param, const float* grad, const uint16_t* grad_bf16, uint16_t* param_out,              \
      const QuantMoments* q, int64_t n, float lr, float beta1, float beta2, float eps,              \

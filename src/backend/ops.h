@@ -359,17 +359,19 @@ void adamw_update_mixed(float* master, const uint16_t* grad, float* m, float* v,
                         float eps, float weight_decay, float grad_scale, int64_t t);
 
 // Blockwise quantization (backend/codebook.h): x[n] in blocks of `block`
-// (the last one possibly short), each stored as absmax[b] and one code per
-// element (packed two to a byte for a 4-bit codebook, n then even or the
-// last low nibble 0). dequantize_blockwise is its inverse, value × absmax.
+// (the first one `first_block` long when nonzero, the last one possibly
+// short), each stored as absmax[b] and one code per element (packed two to
+// a byte for a 4-bit codebook, blocks then even-sized but the last, its last
+// low nibble 0 when odd). dequantize_blockwise is its inverse, value × absmax.
 void quantize_blockwise(const Codebook* map, const float* x, int64_t n, int64_t block,
-                        uint8_t* codes, float* absmax);
+                        uint8_t* codes, float* absmax, int64_t first_block = 0);
 void dequantize_blockwise(const Codebook* map, const uint8_t* codes, const float* absmax,
-                          int64_t n, int64_t block, float* x);
+                          int64_t n, int64_t block, float* x, int64_t first_block = 0);
 
 // Adam's moments stored blockwise (optim.state_bits 8 or 4): m on its
-// codebook, v on its own, both in blocks of `block` elements starting at
-// element 0 of the call.
+// codebook, v on its own. The call's elements are cut into blocks of
+// `block`, the first one `first_block` long (0: a whole block; the rest of
+// a block a range starts inside, optim/adamw.h), the last one possibly short.
 struct QuantMoments {
   uint8_t* m = nullptr;
   float* m_absmax = nullptr;
@@ -377,7 +379,8 @@ struct QuantMoments {
   float* v_absmax = nullptr;
   const Codebook* m_map = nullptr;
   const Codebook* v_map = nullptr;
-  int64_t block = 256;  // at most kMaxQuantBlock, even for 4 bits
+  int64_t block = 256;      // at most kMaxQuantBlock, even for 4 bits
+  int64_t first_block = 0;  // even for 4 bits
 };
 inline constexpr int64_t kMaxQuantBlock = 4096;
 

@@ -1,6 +1,7 @@
 #include "cli/plan_layout.h"
 
 #include "core/error.h"
+#include "optim/adamw.h"
 
 namespace po::cli {
 
@@ -37,6 +38,10 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.page_bytes = cfg.get_size("memory.page_size");
   l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
   l.lend_activations = cfg.get_bool("memory.lend_activations");
+  const optim::AdamWConfig adam = optim::adamw_config(cfg);
+  l.state_bits = adam.state_bits;
+  l.state_block = adam.block_size;
+  l.state_bits_exclude = adam.state_bits_exclude;
   return l;
 }
 

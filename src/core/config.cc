@@ -111,6 +111,10 @@ const std::vector<KeySpec>& schema() {
       {"memory.io", Kind::kString, std::string("auto")},
       {"memory.update_in_backward", Kind::kBool, false},  // docs/benchmarks.md: slower here
       {"memory.lend_activations", Kind::kBool, true},  // docs/paging.md: lent frames
+      {"optim.state_bits", Kind::kInt, int64_t{32}, 4, 32},  // 32 | 8 | 4 (docs/optim_bits.md)
+      {"optim.block_size", Kind::kInt, int64_t{0}, 0, 4096},  // 0: 256 at 8 bits, 128 at 4
+      // What keeps 32-bit moments: tensor names, "token_embedding", "head" (an untied head's)
+      {"optim.state_bits_exclude", Kind::kString, std::string("token_embedding head")},
   };
   return specs;
 }

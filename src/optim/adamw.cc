@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "backend/device.h"
 #include "backend/ops.h"
+#include "core/config.h"
 #include "core/error.h"
+#include "optim/quant_map.h"
 
 namespace po::optim {
 namespace ops = po::backend::cpu;
@@ -21,11 +24,239 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
   by_state_ = ranges_;
   std::sort(by_state_.begin(), by_state_.end(),
             [](const ParamRange& a, const ParamRange& b) { return a.state() < b.state(); });
+  if (quantized()) plan_quantized();
+}
+
+AdamWConfig adamw_config(const core::Config& cfg) {
+  AdamWConfig o;
+  o.beta1 = cfg.get_float("train.beta1");
+  o.beta2 = cfg.get_float("train.beta2");
+  o.eps = cfg.get_float("train.eps");
+  o.weight_decay = cfg.get_float("train.weight_decay");
+  o.grad_clip = cfg.get_float("train.grad_clip");
+  o.state_bits = static_cast<int>(cfg.get_int("optim.state_bits"));
+  PO_CHECK(o.state_bits == 32 || o.state_bits == 8 || o.state_bits == 4, "optim.state_bits = ",
+           o.state_bits, " is not one of 32, 8, 4");
+  const int64_t block = cfg.get_int("optim.block_size");
+  PO_CHECK(block == 0 || (block >= 2 && (block & (block - 1)) == 0), "optim.block_size = ", block,
+           " is not a power of two (2 to 4096; 0 takes 256 at 8 bits, 128 at 4)");
+  o.block_size = block != 0 ? block : o.state_bits == 4 ? 128 : 256;
+  o.state_bits_exclude = cfg.get_string("optim.state_bits_exclude");
+  return o;
+}
+
+int64_t quant_blocks(int64_t n, int64_t block, int64_t unit_offset) {
+  const int64_t head = std::min((block - unit_offset % block) % block, n);
+  return (head > 0 ? 1 : 0) + (n - head + block - 1) / block;
+}
+
+int64_t moment_bytes(const AdamWConfig& c, bool quantized, int64_t n, int64_t unit_offset) {
+  if (!quantized || c.state_bits >= 32) return 8 * n;
+  return 2 * ((n * c.state_bits + 7) / 8 + 4 * quant_blocks(n, c.block_size, unit_offset));
+}
+
+void AdamW::plan_quantized() {
+  const int64_t B = config_.block_size;
+  PO_CHECK(config_.state_bits == 8 || config_.state_bits == 4, "optim.state_bits = ",
+           config_.state_bits, " is not one of 32, 8, 4");
+  PO_CHECK(B >= 2 && B <= backend::cpu::kMaxQuantBlock && (B & (B - 1)) == 0, "optim.block_size = ", B,
+           " is not a power of two in [2, ", backend::cpu::kMaxQuantBlock, "]");
+  int64_t f32 = 0, codes = 0, blocks = 0;
+  for (const ParamRange& r : ranges_) {
+    Slot s;
+    s.quantized = r.quantized;
+    if (r.quantized) {
+      s.first = (B - r.unit_offset % B) % B;
+      PO_CHECK(config_.state_bits == 8 || (s.first % 2 == 0 && r.numel % 2 == 0),
+               "optim.state_bits = 4 packs two codes to a byte: a range of ", r.numel,
+               " elements at unit offset ", r.unit_offset, " is not cut at even elements");
+      s.at = codes;
+      s.blocks = blocks;
+      codes += (r.numel * config_.state_bits + 7) / 8;
+      blocks += quant_blocks(r.numel, B, r.unit_offset);
+    } else {
+      s.at = f32;
+      f32 += r.numel;
+    }
+    slots_.push_back(s);
+  }
+  // Zero state as bitsandbytes and torchao make it: codes 0, absmax 0 (decodes to 0).
+  f_m_.assign(static_cast<size_t>(f32), 0.0f);
+  f_v_.assign(static_cast<size_t>(f32), 0.0f);
+  q_m_.assign(static_cast<size_t>(codes), 0);
+  q_v_.assign(static_cast<size_t>(codes), 0);
+  q_ma_.assign(static_cast<size_t>(blocks), 0.0f);
+  q_va_.assign(static_cast<size_t>(blocks), 0.0f);
+}
+
+namespace {
+
+int code_at(const uint8_t* codes, int64_t i, int bits) {
+  if (bits == 8) return codes[i];
+  return (i & 1) ? (codes[i >> 1] & 0x0F) : (codes[i >> 1] >> 4);
+}
+
+void set_code(uint8_t* codes, int64_t i, int c, int bits) {
+  if (bits == 8) {
+    codes[i] = static_cast<uint8_t>(c);
+    return;
+  }
+  uint8_t& b = codes[i >> 1];
+  b = (i & 1) ? static_cast<uint8_t>((b & 0xF0) | c) : static_cast<uint8_t>((b & 0x0F) | (c << 4));
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// The codes and absmax that decode x[len] (block-local codes from element
+// 0) to exactly x, if some do: the absmax is the largest positive value (its
+// code is 1.0) or the most negative one over the map's first value, to a
+// few ulps; each is checked element by element.
+bool recover_block(const backend::Codebook& cb, const float* x, int64_t len, uint8_t* codes,
+                   float& absmax) {
+  float hi = 0.0f, lo = 0.0f;
+  for (int64_t i = 0; i < len; ++i) {
+    if (!std::isfinite(x[i])) return false;
+    hi = std::max(hi, x[i]);
+    lo = std::min(lo, x[i]);
+  }
+  float tries[8];
+  int n = 0;
+  tries[n++] = hi;  // also the zero block: absmax 0, every code decodes to 0
+  if (hi == 0.0f && lo == 0.0f) tries[n++] = cb.absmax_stored(0.0f);
+  if (lo < 0.0f && cb.value[0] < 0.0f) {
+    float a = lo / cb.value[0];
+    for (int k = 0; k < 2; ++k) a = std::nextafter(a, 0.0f);
+    for (int k = 0; k < 5; ++k, a = std::nextafter(a, INFINITY)) tries[n++] = a;
+  }
+  for (int t = 0; t < n; ++t) {
+    const float a = tries[t];
+    bool ok = true;
+    for (int64_t i = 0; ok && i < len; ++i) {
+      const int c = a == 0.0f ? (x[i] == 0.0f ? 0 : -1) : cb.code(x[i] / a);
+      ok = c >= 0 && same_bits(cb.value[static_cast<size_t>(c)] * a, x[i]);
+      if (ok) set_code(codes, i, c, cb.bits);
+    }
+    if (ok) {
+      absmax = a;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The first block of a range and its block length: block k of the range
+// starts at element start(k).
+struct RangeBlocks {
+  int64_t n, block, head;  // head: the first block's length (a whole block when 0 < ... )
+  int64_t start(int64_t k) const { return k == 0 ? 0 : std::min(n, head + (k - 1) * block); }
+  int64_t of(int64_t e) const { return e < head ? 0 : 1 + (e - head) / block; }
+};
+
+}  // namespace
+
+template <typename Fn>
+void AdamW::overlapping(int64_t lo, int64_t n, Fn fn) const {
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const ParamRange& r = ranges_[i];
+    const int64_t a = std::max(lo, r.state()), b = std::min(lo + n, r.state() + r.numel);
+    if (a < b) fn(i, a, b);
+  }
+}
+
+void AdamW::read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const {
+  PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::read_moment of fp32 or parameter state");
+  const bool m = kind == StateKind::kAdamM;
+  const bool eight = config_.state_bits == 8;
+  const backend::Codebook& cb = codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
+                                           : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+  overlapping(lo, n, [&](size_t i, int64_t a, int64_t b) {
+    const ParamRange& r = ranges_[i];
+    const Slot& s = slots_[i];
+    float* out = dst + (a - lo);
+    if (!s.quantized) {
+      std::memcpy(out, (m ? f_m_ : f_v_).data() + s.at + (a - r.state()), static_cast<size_t>(b - a) * 4);
+      return;
+    }
+    const uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
+    const float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
+    const RangeBlocks rb{r.numel, config_.block_size, s.first > 0 ? std::min(s.first, r.numel) : config_.block_size};
+    for (int64_t e = a - r.state(); e < b - r.state(); ++e)
+      out[e - (a - r.state())] = cb.value[static_cast<size_t>(code_at(codes, e, cb.bits))] * absmax[rb.of(e)];
+  });
+}
+
+int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* src) {
+  PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::write_moment of fp32 or parameter state");
+  const bool m = kind == StateKind::kAdamM;
+  const bool eight = config_.state_bits == 8;
+  const backend::Codebook& cb = codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
+                                           : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+  int64_t quantized_blocks = 0;
+  overlapping(lo, n, [&](size_t i, int64_t a, int64_t b) {
+    const ParamRange& r = ranges_[i];
+    const Slot& s = slots_[i];
+    const float* in = src + (a - lo);
+    if (!s.quantized) {
+      std::memcpy((m ? f_m_ : f_v_).data() + s.at + (a - r.state()), in, static_cast<size_t>(b - a) * 4);
+      return;
+    }
+    uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
+    float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
+    const RangeBlocks rb{r.numel, config_.block_size, s.first > 0 ? std::min(s.first, r.numel) : config_.block_size};
+    const int64_t e0 = a - r.state(), e1 = b - r.state();
+    const int64_t k0 = rb.of(e0), k1 = rb.of(e1 - 1);
+    PO_CHECK(rb.start(k0) == e0 && rb.start(k1 + 1) == e1, "quantized Adam state is written in whole blocks: ",
+             "elements [", e0, ", ", e1, ") of a range of ", r.numel, " cut a block of optim.block_size = ",
+             config_.block_size);
+    for (int64_t k = k0; k <= k1; ++k) {
+      const int64_t x0 = rb.start(k), len = rb.start(k + 1) - x0;
+      uint8_t* block_codes = codes + (eight ? x0 : x0 / 2);
+      if (!recover_block(cb, in + (x0 - e0), len, block_codes, absmax[k])) {
+        ops::quantize_blockwise(&cb, in + (x0 - e0), len, len, block_codes, absmax + k, 0);
+        ++quantized_blocks;
+      }
+    }
+  });
+  return quantized_blocks;
+}
+
+void AdamW::apply_quantized(float* params, const float* grads_state, float* master,
+                            const uint16_t* grads_bf16, bool grads_by_state, uint16_t* params_out,
+                            double lr, double scale) {
+  const bool eight = config_.state_bits == 8;
+  const backend::Codebook& mmap = codebook(eight ? QuantMap::kSigned8 : QuantMap::kSigned4);
+  const backend::Codebook& vmap = codebook(eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4);
+  const auto f = [](double x) { return static_cast<float>(x); };
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    const ParamRange& r = ranges_[i];
+    const Slot& s = slots_[i];
+    const float decay = r.decay ? f(config_.weight_decay) : 0.0f;
+    // fp32: the parameter at its offset, the gradient at its state offset;
+    // bf16: the master at the state offset, the gradient where it lies.
+    float* p = master != nullptr ? master + r.state() : params + r.offset;
+    const float* g = grads_state != nullptr ? grads_state + r.state() : nullptr;
+    const uint16_t* gb = grads_bf16 != nullptr ? grads_bf16 + (grads_by_state ? r.state() : r.offset) : nullptr;
+    uint16_t* out = params_out != nullptr ? params_out + r.offset : nullptr;
+    if (s.quantized) {
+      ops::QuantMoments q{q_m_.data() + s.at, q_ma_.data() + s.blocks, q_v_.data() + s.at,
+                          q_va_.data() + s.blocks, &mmap, &vmap, config_.block_size, s.first};
+      ops::adamw_update_quant(p, g, gb, out, &q, r.numel, f(lr), f(config_.beta1), f(config_.beta2),
+                              f(config_.eps), decay, f(scale), t_);
+    } else if (gb != nullptr) {
+      ops::adamw_update_mixed(p, gb, f_m_.data() + s.at, f_v_.data() + s.at, out, r.numel, f(lr),
+                              f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
+    } else {
+      ops::adamw_update(p, g, f_m_.data() + s.at, f_v_.data() + s.at, r.numel, f(lr),
+                        f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
+    }
+  }
 }
 
 void AdamW::enable_paging(const memory::PagerOptions& options,
                           const PagedState::Layout& layout) {
   PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
+  PO_CHECK(!quantized(), "optim.state_bits = ", config_.state_bits,
+           " with paging (memory.*) is not built yet; use optim.state_bits = 32 or no paging");
   PO_ASSERT(layout.schema.name == adamw_schema(false).name, "AdamW paged with schema '",
             layout.schema.name, "'");
   paged_ = std::make_unique<PagedState>(n_, layout, options);
@@ -103,17 +334,21 @@ void AdamW::update_page(size_t page, double lr, double scale, const OutsidePages
 }
 
 void AdamW::allocate_state() {
-  if (paged_ || m_.data() != nullptr || n_ == 0) return;
+  if (paged_ || quantized() || m_.data() != nullptr || n_ == 0) return;
   m_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
   v_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
 }
 
 float* AdamW::m() {
+  PO_CHECK(!quantized(), "Adam's moments are stored in ", config_.state_bits,
+           " bits (optim.state_bits): they have no fp32 buffer");
   allocate_state();
   return m_.f32();
 }
 
 float* AdamW::v() {
+  PO_CHECK(!quantized(), "Adam's moments are stored in ", config_.state_bits,
+           " bits (optim.state_bits): they have no fp32 buffer");
   allocate_state();
   return v_.f32();
 }
@@ -133,6 +368,7 @@ double AdamW::clip_scale(double norm) const {
 void AdamW::apply(float* params, const float* grads_state, double lr, double scale) {
   allocate_state();
   ++t_;
+  if (quantized()) return apply_quantized(params, grads_state, nullptr, nullptr, false, nullptr, lr, scale);
   if (paged_) {
     OutsidePages out;
     out.params = params;
@@ -154,6 +390,7 @@ void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_stat
                         uint16_t* params_out, double lr, double scale) {
   allocate_state();
   ++t_;
+  if (quantized()) return apply_quantized(nullptr, nullptr, master, grads, grads_by_state, params_out, lr, scale);
   if (paged_) {
     PO_ASSERT(paged_->has(kMaster), "AdamW::apply_mixed: the pages hold no master weights");
     OutsidePages out;

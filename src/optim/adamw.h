@@ -7,12 +7,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "memory/pager.h"
 #include "optim/paged_state.h"
 #include "tensor/tensor.h"
+
+namespace po::core {
+class Config;
+}
 
 namespace po::optim {
 
@@ -22,7 +27,28 @@ struct AdamWConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
+  // optim.state_bits: 32, or the moments of the ranges marked `quantized`
+  // stored blockwise in 8 bits (bitsandbytes' dynamic maps) or 4 (torchao's
+  // maps), with an fp32 absmax per `block_size` elements (optim/quant_map.h).
+  int state_bits = 32;
+  int64_t block_size = 256;
+  // optim.state_bits_exclude: tensor names, or "token_embedding" and "head"
+  // (an untied head), whose moments stay 32-bit; as are tensors of fewer
+  // than kMinQuantizedNumel elements (bitsandbytes' min_8bit_size).
+  std::string state_bits_exclude = "token_embedding head";
 };
+inline constexpr int64_t kMinQuantizedNumel = 4096;
+
+// train.beta1, beta2, eps, weight_decay, grad_clip and the optim.* keys,
+// checked (a one-line error naming the key).
+AdamWConfig adamw_config(const core::Config& cfg);
+
+// Blocks of quantized state a range of n elements starting `unit_offset`
+// into its unit cuts into (ParamRange: the unit's grid of `block`).
+int64_t quant_blocks(int64_t n, int64_t block, int64_t unit_offset);
+// Bytes of Adam's two moments for such a range: 8 per element at 32 bits;
+// codes and one fp32 absmax per block for each moment when quantized.
+int64_t moment_bytes(const AdamWConfig& c, bool quantized, int64_t n, int64_t unit_offset);
 
 // A contiguous range of the flat buffer that is one tensor (or, sharded, the
 // part of one tensor this rank owns).
@@ -31,6 +57,13 @@ struct ParamRange {
   int64_t numel = 0;
   bool decay = false;
   int64_t state_offset = -1; // in m, v and sharded gradients; -1: same as offset
+  // Quantized moments (AdamWConfig::state_bits < 32): whether this range's
+  // tensor has them, and the range's first element's offset in its unit.
+  // Blocks lie on the unit's grid of block_size elements, cut at tensor
+  // edges: a block is [k·B, (k+1)·B) ∩ tensor, so a ZeRO cut at a multiple
+  // of B never splits one and the blocks do not depend on the layout.
+  bool quantized = false;
+  int64_t unit_offset = 0;
   int64_t state() const { return state_offset < 0 ? offset : state_offset; }
 };
 
@@ -107,7 +140,18 @@ class AdamW {
   float* v();
   void allocate_state();
   int64_t num_params() const { return n_; }
-  size_t state_bytes() const { return m_.size() + v_.size(); }
+  size_t state_bytes() const { return m_.size() + v_.size() + quant_bytes(); }
+  // Quantized moments (config().state_bits < 32): m() and v() are refused;
+  // checkpoints read and write the moments as fp32 values, elements
+  // [lo, lo + n) of the state (kind kAdamM or kAdamV). A quantized block's
+  // values are its decoded ones, value × absmax; write_moment recovers the
+  // codes and absmax that decode to exactly the values given (a checkpoint
+  // of this build: the run resumes bit for bit) and quantizes a block that
+  // no codes decode to (a 32-bit checkpoint's moments). It takes whole
+  // blocks and returns how many it had to quantize.
+  bool quantized() const { return config_.state_bits < 32; }
+  void read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const;
+  int64_t write_moment(StateKind kind, int64_t lo, int64_t n, const float* src);
 
  private:
   AdamWConfig config_;
@@ -124,6 +168,31 @@ class AdamW {
   void apply_paged(const OutsidePages& outside, double lr, double scale);
   tensor::Storage m_, v_;
   std::unique_ptr<PagedState> paged_;
+
+  // Quantized moments: each range's state in one of two compact stores, the
+  // 32-bit ranges' m and v (fp32), the quantized ranges' codes and block
+  // absmaxes; Slot i says where range i's lies.
+  struct Slot {
+    bool quantized = false;
+    int64_t at = 0;      // fp32 element, or code byte
+    int64_t blocks = 0;  // first block's absmax (quantized)
+    int64_t first = 0;   // elements before the range's first grid line (0: none)
+  };
+  std::vector<Slot> slots_;  // by ranges_ index
+  std::vector<float> f_m_, f_v_;
+  std::vector<uint8_t> q_m_, q_v_;
+  std::vector<float> q_ma_, q_va_;
+  size_t quant_bytes() const {
+    return (f_m_.size() + f_v_.size() + q_ma_.size() + q_va_.size()) * sizeof(float) + q_m_.size() +
+           q_v_.size();
+  }
+  void plan_quantized();
+  // fn(range index, its overlap [a, b) with state elements [lo, lo + n)).
+  template <typename Fn>
+  void overlapping(int64_t lo, int64_t n, Fn fn) const;
+  void apply_quantized(float* params, const float* grads_state, float* master,
+                       const uint16_t* grads_bf16, bool grads_by_state, uint16_t* params_out,
+                       double lr, double scale);
 };
 
 }  // namespace po::optim

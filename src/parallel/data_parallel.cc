@@ -16,6 +16,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "parallel/quantized_state.h"
 #include "parallel/units.h"
 
 namespace po::parallel {
@@ -66,8 +67,12 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   const int stage = options_.zero_stage;
   if (stage == 0) {
     std::vector<optim::ParamRange> ranges;
-    for (const auto& info : model.param_infos())
-      ranges.push_back({info.offset, info.numel(), info.decay});
+    const std::vector<bool> quantized = quantized_tensors(model.layout(), adam);
+    for (size_t i = 0; i < model.param_infos().size(); ++i) {
+      const auto& info = model.param_infos()[i];
+      ranges.push_back({info.offset, info.numel(), info.decay, -1, quantized[i],
+                        info.offset - model.unit_offset(info.unit)});
+    }
     adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
   } else {
     adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3),
@@ -463,7 +468,10 @@ size_t DataParallel::predicted_model_state_bytes() const {
   const int s = options_.zero_stage;
   const double p = bf16() ? 2 : 4;  // parameter and gradient bytes
   double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
-  bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
+  if (adam_->quantized())  // ZeRO-0 (plan/capabilities.cc): every tensor's moments as stored
+    bytes += static_cast<double>(moment_bytes(model_.layout(), adam_->config())) + (bf16() ? 4 : 0) * whole;
+  else
+    bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads
   return static_cast<size_t>(bytes);
 }

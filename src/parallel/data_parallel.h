@@ -218,8 +218,13 @@ class DataParallel {
   // The pages (state and, at ZeRO-3, shard pages), or null.
   optim::PagedState* paged_state() { return paged() ? adam_->paged_state() : nullptr; }
   using Shard = optim::StateKind;
+  // Copies of this rank's shard of unit u (fp32; quantized Adam moments
+  // decoded, and recovered or quantized on the way in: optim/adamw.h).
   void read_shard(Shard kind, int u, float* dst);
   void write_shard(Shard kind, int u, const float* src);
+  // Quantized Adam blocks write_shard could not recover and quantized (a
+  // 32-bit checkpoint's moments), since the start.
+  int64_t quantized_on_load() const { return quantized_on_load_; }
 
  private:
   // The model's forward_backward of a step's LAST micro-batch takes the
@@ -309,6 +314,7 @@ class DataParallel {
   uint16_t* grad_bf16() { return static_cast<uint16_t*>(grad_shard_bf16_.data()); }
   // Offset of unit u's shard in the Adam state / master (stage 0: the model's offsets).
   int64_t state_offset(int u) const;
+  int64_t quantized_on_load_ = 0;  // quantized Adam blocks write_shard had to quantize
   tensor::Storage gather_send_, gather_recv_;  // param_dtype elements
   // Deferred embedding rows of all ranks: their tokens (i32) and gradients
   // ([rows, C] f32), in the compute pool like every other buffer.

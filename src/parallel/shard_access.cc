@@ -28,6 +28,10 @@ float* DataParallel::shard_pointer(Shard kind, int u) {
 }
 
 void DataParallel::read_shard(Shard kind, int u, float* dst) {
+  if (kind != Shard::kParams && adam_->quantized()) {  // decoded to fp32
+    adam_->read_moment(kind, state_offset(u), layout_.owned(u), dst);
+    return;
+  }
   if (const auto f = paged_field(kind)) {
     adam_->paged_state()->copy_out(*f, state_offset(u), layout_.owned(u), dst);
     return;
@@ -38,6 +42,10 @@ void DataParallel::read_shard(Shard kind, int u, float* dst) {
 void DataParallel::write_shard(Shard kind, int u, const float* src) {
   PO_CHECK(!(kind == Shard::kParams && paged_shards_ && units_->sharded()),
            "DataParallel::write_shard: parameters are loaded before shard_params()");
+  if (kind != Shard::kParams && adam_->quantized()) {  // codes recovered, or quantized
+    quantized_on_load_ += adam_->write_moment(kind, state_offset(u), layout_.owned(u), src);
+    return;
+  }
   if (const auto f = paged_field(kind)) {
     adam_->paged_state()->copy_in(*f, state_offset(u), layout_.owned(u), src);
     return;

@@ -5,8 +5,35 @@
 
 namespace po::plan {
 
+namespace {
+
+// Low-bit Adam state (optim.state_bits, optim/adamw.h): in memory, on the
+// data-parallel path without sharded state, so far.
+void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
+  if (l.state_bits >= 32) return;
+  const std::string bits = core::str_cat("optim.state_bits = ", l.state_bits);
+  const auto row = [&](const std::string& with, const std::string& reason, const std::string& what) {
+    out.push_back({bits + " with " + with, reason, core::str_cat(l.state_bits, "-bit Adam state ", what)});
+  };
+  if (l.paging)
+    row("paging (memory.compute_budget or memory.nvme_dir)",
+        " is not built yet (pages of whole blocks with their scales); use optim.state_bits = 32 to page",
+        "paged");
+  if (l.zero_stage >= 1)
+    row(core::str_cat("parallel.zero_stage = ", l.zero_stage),
+        " is not built yet (shards cut at whole blocks); use parallel.zero_stage = 0", "sharded (ZeRO)");
+  if (l.pp > 1)
+    row(core::str_cat("parallel.pp = ", l.pp), " is not built yet; use parallel.pp = 1", "in a pipeline");
+  if (l.tp > 1)
+    row(core::str_cat("parallel.tp = ", l.tp), " is not built yet (blocks of each rank's piece); use parallel.tp = 1",
+        "with tensor parallel");
+}
+
+}  // namespace
+
 std::vector<Refusal> refusals(const Layout& l) {
   std::vector<Refusal> out;
+  quantized_state_rows(l, out);
   if (l.pp == 1) return out;  // every pp = 1 layout of check_layout trains
   if (l.zero_stage >= 2 && l.vocab_parallel)
     out.push_back({core::str_cat("parallel.zero_stage = ", l.zero_stage,

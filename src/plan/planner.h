@@ -66,6 +66,9 @@ struct Layout {
   uint64_t page_bytes = 4u << 20;
   int page_prefetch = 2;
   bool lend_activations = true;  // memory.lend_activations
+  int state_bits = 32;           // optim.state_bits, optim.block_size, optim.state_bits_exclude
+  int64_t state_block = 256;
+  std::string state_bits_exclude = "token_embedding head";
 
   int devices() const { return dp * tp * pp * cp; }
   // Micro-batches per step on each rank (gradient accumulation).

@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
+#include "parallel/quantized_state.h"
 #include "parallel/shard_layout.h"
 #include "parallel/units.h"
 #include "parallel/working_set.h"
@@ -148,6 +149,13 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // (A tied table's lookup part is kept as rows, with the buckets: tied_pair.h.)
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
+  if (l.state_bits < 32) {  // ZeRO-0 only (capabilities.cc): each tensor's moments as AdamW stores them
+    optim::AdamWConfig a;
+    a.state_bits = l.state_bits;
+    a.block_size = l.state_block;
+    a.state_bits_exclude = l.state_bits_exclude;
+    adam = static_cast<double>(parallel::moment_bytes(model::Layout(cfg), a));  // (tp = 1: capabilities.cc)
+  }
   const double unpaged_states = params + grads + master + adam;
   const double paged_bytes = paged ? static_cast<double>(pl.bytes(static_cast<int64_t>(state_numel))) : 0;
   if (paged) {

@@ -20,6 +20,7 @@
 #include "comm/mpi/topology.h"
 #include "core/cpus.h"
 #include "core/error.h"
+#include "optim/adamw.h"
 #include "core/log.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline_schedule.h"
@@ -151,6 +152,8 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   wanted.bf16 = precision == "bf16";
   wanted.vocab_parallel = cfg.get_bool("parallel.vocab_parallel");
+  wanted.paging = cfg.get_size("memory.compute_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
+  wanted.state_bits = optim::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
   if (const auto refused = plan::refusals(wanted); !refused.empty())
     PO_THROW(core::InvalidArgument, refused.front().message());
   p.tp = cfg.get_int("parallel.tp");

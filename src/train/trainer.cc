@@ -91,16 +91,6 @@ optim::LrSchedule lr_schedule(const core::Config& cfg, const Plan& p) {
   return sched;
 }
 
-optim::AdamWConfig adamw_config(const core::Config& cfg) {
-  optim::AdamWConfig o;
-  o.beta1 = cfg.get_float("train.beta1");
-  o.beta2 = cfg.get_float("train.beta2");
-  o.eps = cfg.get_float("train.eps");
-  o.weight_decay = cfg.get_float("train.weight_decay");
-  o.grad_clip = cfg.get_float("train.grad_clip");
-  return o;
-}
-
 parallel::DataParallelOptions dp_options(const core::Config& cfg) {
   const bool bf16 = cfg.get_string("train.precision") == "bf16";
   parallel::DataParallelOptions o;
@@ -155,7 +145,7 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
   load_state(
       path, c, full ? whole : dp.layout(),
       [&](checkpoint::StateKind k, int u) -> float* {
-        if (c.paging) {
+        if (c.paging || opt.quantized()) {  // into the pages, or recovered (quantized) codes
           flush();
           staged.assign(static_cast<size_t>(dp.layout().owned(u)), 0.0f);
           pending = std::make_pair(k, u);
@@ -167,6 +157,10 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
       },
       {checkpoint::StateKind::kAdamM, checkpoint::StateKind::kAdamV});
   flush();
+  if (dp.quantized_on_load() > 0)
+    PO_LOG_INFO(path, ": quantized ", dp.quantized_on_load(), " blocks of Adam's moments to ",
+                opt.config().state_bits, " bits (optim.state_bits; the checkpoint holds moments that no ",
+                opt.config().state_bits, "-bit codes decode to, as a 32-bit run's do)");
 }
 
 // The starting state: the newest checkpoint in `ckpt_dir` when resuming (and
@@ -245,8 +239,10 @@ class OneStageSteps : public LayoutSteps {
     TrainState st = state;
     st.adam_t = dp.adam().steps_taken();
     std::vector<float> staged;
+    const bool staged_moments = c_.paging || dp.adam().quantized();
     const checkpoint::ShardSource source = [&](checkpoint::StateKind k, int u) -> const float* {
-      if (c_.paging) {  // copied out of the pages, one slice at a time
+      // Copied out of the pages, or decoded from quantized moments, one slice at a time.
+      if (staged_moments && (c_.paging || k != checkpoint::StateKind::kParams)) {
         staged.resize(static_cast<size_t>(dp.layout().owned(u)));
         dp.read_shard(k, u, staged.data());
         return staged.data();
@@ -456,7 +452,7 @@ TrainResult train(const core::Config& cfg) {
 
   core::Config stored = cfg;
   store_resolved_model(stored, mcfg);
-  const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), adamw_config(cfg),
+  const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), optim::adamw_config(cfg),
                       run_dir, stored.to_toml(), seed, resume, threads};
   TrainResult result = p.pp > 1 ? train_pipeline(run) : train_one_stage(run);
   // Stopped on request: every rank leaves together, once rank 0 has reported

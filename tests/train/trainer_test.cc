@@ -24,15 +24,9 @@ namespace {
 
 using po::test::read_metrics;
 
-struct Data {
-  po::test::TempDir dir;
-  std::string train = dir / "train.bin", val = dir / "val.bin";
-  Data() {
-    po::test::write_tokens(train, 20000, 64, 1);
-    po::test::write_tokens(val, 4000, 64, 2);
-  }
+struct Data : po::test::TinyData {
   Config config(const std::string& run, int steps) const {
-    return Config::parse(po::test::tiny_config(train, val, dir / run, steps), "test");
+    return Config::parse(config_text(run, steps), "test");
   }
 };
 

@@ -61,20 +61,29 @@ float encode_block(const Codebook& map, const float* x, int64_t n, uint8_t* code
 
 inline int64_t code_offset(int64_t element, int bits) { return bits == 8 ? element : element / 2; }
 
+// The blocks of n elements whose first block is `first` long (0: `block`):
+// block b starts at start(b) and ends at start(b + 1) (clipped to n).
+struct Blocks {
+  int64_t n, block, first;
+  Blocks(int64_t n_, int64_t block_, int64_t first_) : n(n_), block(block_), first(first_ > 0 && first_ < block_ ? first_ : block_) {}
+  int64_t count() const { return n <= first ? (n > 0 ? 1 : 0) : 1 + (n - first + block - 1) / block; }
+  int64_t start(int64_t b) const { return b == 0 ? 0 : std::min(n, first + (b - 1) * block); }
+};
+
 template <typename Grad>
 void adamw_quant_kernel(float* param, const Grad* grad, uint16_t* param_out, const QuantMoments& q,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float grad_scale, int64_t t) {
   const AdamScalars k = AdamScalars::make(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-  const int64_t B = q.block;
-  const int64_t blocks = (n + B - 1) / B;
+  const Blocks cut(n, q.block, q.first_block);
+  const int64_t blocks = cut.count();
   const Codebook& mm = *q.m_map;
   const Codebook& vm = *q.v_map;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     alignas(64) float m[kMaxQuantBlock];
     alignas(64) float v[kMaxQuantBlock];
-    const int64_t lo = b * B, len = std::min(B, n - lo);
+    const int64_t lo = cut.start(b), len = cut.start(b + 1) - lo;
     uint8_t* mc = q.m + code_offset(lo, mm.bits);
     uint8_t* vc = q.v + code_offset(lo, vm.bits);
     decode_block(mm, mc, q.m_absmax[b], len, m);
@@ -101,22 +110,24 @@ void adamw_quant_kernel(float* param, const Grad* grad, uint16_t* param_out, con
 }  // namespace
 
 void quantize_blockwise(const Codebook* map, const float* x, int64_t n, int64_t block,
-                        uint8_t* codes, float* absmax) {
-  const int64_t blocks = (n + block - 1) / block;
+                        uint8_t* codes, float* absmax, int64_t first_block) {
+  const Blocks cut(n, block, first_block);
+  const int64_t blocks = cut.count();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t lo = b * block;
-    absmax[b] = encode_block(*map, x + lo, std::min(block, n - lo), codes + code_offset(lo, map->bits));
+    const int64_t lo = cut.start(b);
+    absmax[b] = encode_block(*map, x + lo, cut.start(b + 1) - lo, codes + code_offset(lo, map->bits));
   }
 }
 
 void dequantize_blockwise(const Codebook* map, const uint8_t* codes, const float* absmax,
-                          int64_t n, int64_t block, float* x) {
-  const int64_t blocks = (n + block - 1) / block;
+                          int64_t n, int64_t block, float* x, int64_t first_block) {
+  const Blocks cut(n, block, first_block);
+  const int64_t blocks = cut.count();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t lo = b * block;
-    decode_block(*map, codes + code_offset(lo, map->bits), absmax[b], std::min(block, n - lo), x + lo);
+    const int64_t lo = cut.start(b);
+    decode_block(*map, codes + code_offset(lo, map->bits), absmax[b], cut.start(b + 1) - lo, x + lo);
   }
 }
 

@@ -1,0 +1,43 @@
+#include "parallel/quantized_state.h"
+
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+
+namespace po::parallel {
+
+std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::AdamWConfig& adam) {
+  const auto& tensors = layout.tensors();
+  std::vector<bool> q(tensors.size(), adam.state_bits < 32);
+  if (adam.state_bits >= 32) return q;
+  std::istringstream words(adam.state_bits_exclude);
+  for (std::string w; words >> w;) {
+    bool found = false;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const model::TensorSpec& t = tensors[i];
+      const bool hit = w == t.name || (w == "token_embedding" && t.slot == model::Slot::kTokenEmbedding) ||
+                       (w == "head" && t.slot == model::Slot::kHead);
+      if (hit) q[i] = false;
+      found = found || hit;
+    }
+    PO_CHECK(found || w == "head", "optim.state_bits_exclude names '", w,
+             "', which is neither a tensor of this model (\"", tensors.front().name, "\", ...) nor ",
+             "\"token_embedding\" or \"head\"");
+  }
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].numel() < optim::kMinQuantizedNumel) q[i] = false;
+  return q;
+}
+
+int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam) {
+  const std::vector<bool> q = quantized_tensors(layout, adam);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    const model::TensorSpec& t = layout.tensors()[i];
+    bytes += optim::moment_bytes(adam, q[i], t.numel(), t.offset - layout.unit_offset(t.unit));
+  }
+  return bytes;
+}
+
+}  // namespace po::parallel
