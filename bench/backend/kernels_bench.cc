@@ -21,24 +21,6 @@ namespace ops = po::backend::cpu;
 
 namespace {
 
-double triad_gbs() {
-  const size_t n = (768u << 20) / sizeof(float) / 3;
-  std::vector<float> a(n), b(n), c(n);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    a[i] = 1.0f;
-    b[i] = 2.0f;
-    c[i] = 0.0f;
-  }
-  const double t = po::bench::best_time(
-      [&] {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; ++i) c[i] = a[i] + 0.5f * b[i];
-      },
-      3, 8);
-  return 3.0 * static_cast<double>(n) * sizeof(float) / t / 1e9;
-}
-
 std::vector<float> random_floats(size_t n, float scale) {
   std::vector<float> v(n);
   uint64_t s = 0x9E3779B97F4A7C15ull;
@@ -59,7 +41,7 @@ struct Row {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   ops::set_num_threads(threads);
-  const double bw = triad_gbs();
+  const double bw = po::bench::triad_gbs();
   const int64_t BT = 2048, C = 384, F = 1536, V = 50257, chunk = 256;
   std::vector<Row> rows;
   auto time = [&](const std::string& name, double bytes, const std::function<void()>& op) {

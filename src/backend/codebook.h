@@ -40,38 +40,43 @@ struct Codebook {
   ZeroAbsmax zero_absmax = ZeroAbsmax::kOne;
   std::array<float, 256> value{};
   // kFirstNearest: for each upper half of a float32's bits (sign, exponent,
-  // 7 mantissa bits), the lowest and highest code nearest any value in it;
-  // the search compares only those (usually one or two).
-  std::vector<uint8_t> lo, hi;
+  // 7 mantissa bits), the lowest code nearest any value in it; the nearest
+  // code of a value in it is one of kCandidates codes from there (checked
+  // when the table is built: optim/quant_map.cc).
+  static constexpr int kCandidates = 3;
+  std::vector<uint8_t> lo;
 
   float absmax_stored(float absmax) const {
     if (zero_absmax == ZeroAbsmax::kOne) return absmax == 0.0f ? 1.0f : absmax;
     return absmax < 1e-12f ? 1e-12f : absmax;  // NaN stays NaN
   }
 
-  uint8_t code(float s) const {
-    if (std::isnan(s)) return 0;
-    if (rounding == Rounding::kHalfUp) {
-      int c = 0;
-      for (int step = size / 2; step >= 1; step /= 2)
-        if (s >= value[static_cast<size_t>(c + step)]) c += step;
-      const int up = c + 1 < size ? c + 1 : c;
-      const float lo_v = value[static_cast<size_t>(c)], up_v = value[static_cast<size_t>(up)];
-      return static_cast<uint8_t>(s - lo_v >= (up_v - lo_v) * 0.5f ? up : c);
-    }
+  uint8_t code(float s) const { return rounding == Rounding::kHalfUp ? half_up(s) : nearest(s); }
+
+  // kFirstNearest's search.
+  uint8_t nearest(float s) const {
     uint32_t b;
     std::memcpy(&b, &s, 4);
-    const int first = lo[b >> 16], last = hi[b >> 16];
+    const int first = lo[b >> 16];
     int best = first;
     float best_d = std::fabs(s - value[static_cast<size_t>(first)]);
-    for (int c = first + 1; c <= last; ++c) {
+    for (int k = 1; k < kCandidates; ++k) {
+      const int c = first + k < size ? first + k : size - 1;
       const float d = std::fabs(s - value[static_cast<size_t>(c)]);
-      if (d < best_d) {
-        best_d = d;
-        best = c;
-      }
+      best = d < best_d ? c : best;
+      best_d = d < best_d ? d : best_d;
     }
-    return static_cast<uint8_t>(best);
+    return static_cast<uint8_t>(s != s ? 0 : best);
+  }
+
+  // kHalfUp's binary search and rounding.
+  uint8_t half_up(float s) const {
+    int c = 0;
+    for (int step = size / 2; step >= 1; step /= 2)
+      c = s >= value[static_cast<size_t>(c + step)] ? c + step : c;
+    const int up = c + 1 < size ? c + 1 : c;
+    const float lo_v = value[static_cast<size_t>(c)], up_v = value[static_cast<size_t>(up)];
+    return static_cast<uint8_t>(s - lo_v >= (up_v - lo_v) * 0.5f ? up : c);  // NaN: 0
   }
 };
 

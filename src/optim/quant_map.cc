@@ -49,26 +49,29 @@ uint8_t first_nearest_brute(const backend::Codebook& cb, float s) {
   return static_cast<uint8_t>(best);
 }
 
-// The candidates of each float32 bit-pattern bucket (top 16 bits): the first
-// nearest codes of its two ends, widened by one each way.
+// The first candidate of each float32 bit-pattern bucket (top 16 bits): the
+// lower of the first nearest codes of its two ends; the nearest code of any
+// value between them lies between those two (it does not fall as the value
+// rises), which must be at most kCandidates apart.
 void build_buckets(backend::Codebook& cb) {
   cb.lo.assign(65536, 0);
-  cb.hi.assign(65536, 0);
   for (uint32_t key = 0; key < 65536; ++key) {
     const uint32_t ends[2] = {key << 16, (key << 16) | 0xFFFFu};
     int a = 255, b = 0;
     for (uint32_t bits : ends) {
       float s;
       std::memcpy(&s, &bits, 4);
-      if (std::isnan(s)) continue;
+      if (std::isnan(s) || std::fabs(s) > 1.0f) continue;  // never a scaled value
       const int c = first_nearest_brute(cb, s);
       a = std::min(a, c);
       b = std::max(b, c);
     }
-    if (a > b) a = b = 0;  // NaN patterns: code() answers them before the table
-    cb.lo[key] = static_cast<uint8_t>(std::max(a - 1, 0));
-    cb.hi[key] = static_cast<uint8_t>(std::min(b + 1, cb.size - 1));
+    if (a > b) a = b = cb.size - 1;
+    PO_ASSERT(b - a < backend::Codebook::kCandidates, "codebook ", cb.name, ": bucket ", key,
+              " holds codes ", a, " to ", b);
+    cb.lo[key] = static_cast<uint8_t>(a);
   }
+  cb.lo.resize(65536 + 3, 0);  // a vector kernel reads 4 bytes at any key
 }
 
 backend::Codebook make(const char* name, const std::vector<float>& values,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "backend/codebook.h"
@@ -28,8 +29,20 @@ inline int code_at(const uint8_t* codes, int64_t i, int bits) {
 
 // max |x|, NaN if any is NaN (torch.max's rule).
 inline float block_absmax(const float* x, int64_t n) {
+  int64_t i = 0;
   float am = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
+#if PO_AVX512
+  __m512 vm = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    vm = _mm512_max_ps(vm, _mm512_abs_ps(v));
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  am = _mm512_reduce_max_ps(vm);
+#endif
+  for (; i < n; ++i) {
     const float a = std::fabs(x[i]);
     if (a > am || std::isnan(a)) am = a;
     if (std::isnan(am)) return am;
@@ -37,25 +50,90 @@ inline float block_absmax(const float* x, int64_t n) {
   return am;
 }
 
+#if PO_AVX512
+// 16 codes of x[0..16) / am under `map` (its nearest() or half_up(), the
+// same float32 operations in vector form), as int32 lanes.
+inline __m512i codes16(const Codebook& map, const float* x, __m512 am) {
+  const __m512 s = _mm512_div_ps(_mm512_loadu_ps(x), am);
+  const __mmask16 nan = _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
+  const __m512i last = _mm512_set1_epi32(map.size - 1);
+  __m512i best;
+  if (map.rounding == Codebook::Rounding::kFirstNearest) {
+    const __m512i key = _mm512_srli_epi32(_mm512_castps_si512(s), 16);
+    // lo is padded by 3 bytes (optim/quant_map.cc): a 4-byte read at any key.
+    best = _mm512_and_si512(_mm512_i32gather_epi32(key, reinterpret_cast<const int*>(map.lo.data()), 1),
+                            _mm512_set1_epi32(0xFF));
+    const __m512i first = best;
+    __m512 bd = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(best, map.value.data(), 4)));
+    for (int k = 1; k < Codebook::kCandidates; ++k) {
+      const __m512i c = _mm512_min_epi32(_mm512_add_epi32(first, _mm512_set1_epi32(k)), last);
+      const __m512 d = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(c, map.value.data(), 4)));
+      const __mmask16 lt = _mm512_cmp_ps_mask(d, bd, _CMP_LT_OQ);
+      best = _mm512_mask_mov_epi32(best, lt, c);
+      bd = _mm512_mask_mov_ps(bd, lt, d);
+    }
+  } else {  // 16 values: one register
+    const __m512 table = _mm512_loadu_ps(map.value.data());
+    best = _mm512_setzero_si512();
+    for (int step = map.size / 2; step >= 1; step /= 2) {
+      const __m512i c = _mm512_add_epi32(best, _mm512_set1_epi32(step));
+      const __mmask16 ge = _mm512_cmp_ps_mask(s, _mm512_permutexvar_ps(c, table), _CMP_GE_OQ);
+      best = _mm512_mask_mov_epi32(best, ge, c);
+    }
+    const __m512i up = _mm512_min_epi32(_mm512_add_epi32(best, _mm512_set1_epi32(1)), last);
+    const __m512 lo_v = _mm512_permutexvar_ps(best, table), up_v = _mm512_permutexvar_ps(up, table);
+    const __mmask16 round = _mm512_cmp_ps_mask(_mm512_sub_ps(s, lo_v),
+                                               _mm512_mul_ps(_mm512_sub_ps(up_v, lo_v), _mm512_set1_ps(0.5f)),
+                                               _CMP_GE_OQ);
+    best = _mm512_mask_mov_epi32(best, round, up);
+  }
+  return _mm512_mask_mov_epi32(best, nan, _mm512_setzero_si512());
+}
+#endif
+
 void decode_block(const Codebook& map, const uint8_t* codes, float absmax, int64_t n, float* x) {
+  int64_t i = 0;
+#if PO_AVX512
+  const __m512 am = _mm512_set1_ps(absmax);
   if (map.bits == 8) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) x[i] = map.value[codes[i]] * absmax;
+    for (; i + 16 <= n; i += 16) {
+      const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+      _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_i32gather_ps(c, map.value.data(), 4), am));
+    }
+  } else {
+    const __m512 table = _mm512_loadu_ps(map.value.data());
+    for (; i + 16 <= n; i += 16) {  // 8 bytes: high nibble first
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2)));
+      const __m512i hi = _mm512_srli_epi32(b, 4), lo = _mm512_and_si512(b, _mm512_set1_epi32(15));
+      // lanes 0..7 hold bytes 0..7: element 2j is hi[j], 2j + 1 is lo[j]
+      const __m512i idx_even = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      const __m512i c = _mm512_permutex2var_epi32(hi, idx_even, lo);
+      _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_permutexvar_ps(c, table), am));
+    }
+  }
+#endif
+  if (map.bits == 8) {
+    for (; i < n; ++i) x[i] = map.value[codes[i]] * absmax;
     return;
   }
-  for (int64_t i = 0; i < n; ++i) x[i] = map.value[static_cast<size_t>(code_at(codes, i, 4))] * absmax;
+  for (; i < n; ++i) x[i] = map.value[static_cast<size_t>(code_at(codes, i, 4))] * absmax;
 }
 
 // Encodes x[n] (one block) into codes and returns its stored absmax.
 float encode_block(const Codebook& map, const float* x, int64_t n, uint8_t* codes) {
   const float am = map.absmax_stored(block_absmax(x, n));
-  if (map.bits == 8) {
-    for (int64_t i = 0; i < n; ++i) codes[i] = map.code(x[i] / am);
-    return am;
+  alignas(64) uint8_t c[kMaxQuantBlock];
+  uint8_t* out = map.bits == 8 ? codes : c;
+  int64_t i = 0;
+#if PO_AVX512
+  const __m512 vam = _mm512_set1_ps(am);
+  for (; i + 16 <= n; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(codes16(map, x + i, vam)));
+#endif
+  for (; i < n; ++i) out[i] = map.code(x[i] / am);
+  if (map.bits == 4) {
+    for (int64_t j = 0; j + 1 < n; j += 2) codes[j >> 1] = static_cast<uint8_t>((c[j] << 4) | c[j + 1]);
+    if (n & 1) codes[n >> 1] = static_cast<uint8_t>(c[n - 1] << 4);
   }
-  for (int64_t i = 0; i + 1 < n; i += 2)
-    codes[i >> 1] = static_cast<uint8_t>((map.code(x[i] / am) << 4) | map.code(x[i + 1] / am));
-  if (n & 1) codes[n >> 1] = static_cast<uint8_t>(map.code(x[n - 1] / am) << 4);
   return am;
 }
 
