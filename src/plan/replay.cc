@@ -169,7 +169,11 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   add_memory(p, "parameters", params, Tier::kCompute, l.bf16 ? "bf16" : "fp32");
   add_memory(p, "gradients", grads);
   add_memory(p, "fp32 master weights", master);
-  add_memory(p, "Adam m, v", adam);
+  add_memory(p, "Adam m, v", adam, Tier::kCompute,
+             l.state_bits < 32 ? core::str_cat(l.state_bits, "-bit in blocks of ", l.state_block, "; 32-bit: ",
+                                               l.state_bits_exclude, l.state_bits_exclude.empty() ? "" : ", ",
+                                               "tensors < 4096")
+                               : std::string());
 
   add_memory(p, "gathered-unit buffers", ws.gathered);
   add_memory(p, "communication buckets", ws.buckets_bytes() + ws.staged, Tier::kCompute,
