@@ -41,9 +41,10 @@ struct Codebook {
   std::array<float, 256> value{};
   // kFirstNearest: for each upper half of a float32's bits (sign, exponent,
   // 7 mantissa bits), the lowest code nearest any value in it; the nearest
-  // code of a value in it is one of kCandidates codes from there (checked
-  // when the table is built: optim/quant_map.cc).
+  // code of a value in it is one of `candidates` codes from there (at most
+  // kCandidates; found when the table is built: optim/quant_map.cc).
   static constexpr int kCandidates = 3;
+  int candidates = kCandidates;
   std::vector<uint8_t> lo;
 
   float absmax_stored(float absmax) const {
@@ -60,7 +61,7 @@ struct Codebook {
     const int first = lo[b >> 16];
     int best = first;
     float best_d = std::fabs(s - value[static_cast<size_t>(first)]);
-    for (int k = 1; k < kCandidates; ++k) {
+    for (int k = 1; k < candidates; ++k) {
       const int c = first + k < size ? first + k : size - 1;
       const float d = std::fabs(s - value[static_cast<size_t>(c)]);
       best = d < best_d ? c : best;

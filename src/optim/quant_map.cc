@@ -55,6 +55,7 @@ uint8_t first_nearest_brute(const backend::Codebook& cb, float s) {
 // rises), which must be at most kCandidates apart.
 void build_buckets(backend::Codebook& cb) {
   cb.lo.assign(65536, 0);
+  int widest = 1;
   for (uint32_t key = 0; key < 65536; ++key) {
     const uint32_t ends[2] = {key << 16, (key << 16) | 0xFFFFu};
     int a = 255, b = 0;
@@ -70,7 +71,9 @@ void build_buckets(backend::Codebook& cb) {
     PO_ASSERT(b - a < backend::Codebook::kCandidates, "codebook ", cb.name, ": bucket ", key,
               " holds codes ", a, " to ", b);
     cb.lo[key] = static_cast<uint8_t>(a);
+    widest = std::max(widest, b - a + 1);
   }
+  cb.candidates = widest;
   cb.lo.resize(65536 + 3, 0);  // a vector kernel reads 4 bytes at any key
 }
 

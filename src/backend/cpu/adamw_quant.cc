@@ -65,7 +65,7 @@ inline __m512i codes16(const Codebook& map, const float* x, __m512 am) {
                             _mm512_set1_epi32(0xFF));
     const __m512i first = best;
     __m512 bd = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(best, map.value.data(), 4)));
-    for (int k = 1; k < Codebook::kCandidates; ++k) {
+    for (int k = 1; k < map.candidates; ++k) {
       const __m512i c = _mm512_min_epi32(_mm512_add_epi32(first, _mm512_set1_epi32(k)), last);
       const __m512 d = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(c, map.value.data(), 4)));
       const __mmask16 lt = _mm512_cmp_ps_mask(d, bd, _CMP_LT_OQ);
