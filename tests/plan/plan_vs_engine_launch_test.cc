@@ -230,8 +230,12 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
   }
 
   // The whole process: `pagedoptim plan` on this machine (cluster local, its
-  // fixed overhead measured by the plan process itself) against every rank's
-  // peak RSS, within 10%.
+  // fixed overhead measured by the plan process itself) against the busiest
+  // rank's peak RSS, within 10%, and no rank more than 10% above the plan.
+  // (The plan is for the rank that must fit. A lighter rank's peak RSS
+  // swings by up to 10 MiB from run to run on the same binary: rank 1 of
+  // these 2-rank tp and cp runs reads 80 or 87-90 MiB against the busiest
+  // rank's 87-91, on a Zen 4, 2026-12-05; the compute tier above is exact.)
   {
     std::string plan_args = "plan -c " + config_ + " --json";
     for (const auto& s : sets) plan_args += " --set " + s;
@@ -239,14 +243,19 @@ TEST_P(PlanVsEngine, PeakMemoryAndCollectives) {
     ASSERT_EQ(pr.exit_code, 0) << c.name << ": " << plan_args << "\n" << pr.output;
     const double device_peak =
         nlohmann::json::parse(pr.output.substr(pr.output.find('{'))).at("device_peak_bytes");
+    double busiest = 0;
     for (size_t r = 0; r < ranks.size(); ++r) {
       const double rss = ranks[r].at("peak_rss").get<double>();
-      EXPECT_NEAR(device_peak, rss, 0.10 * rss)
+      busiest = std::max(busiest, rss);
+      EXPECT_LE(rss, 1.10 * device_peak)
           << c.name << " rank " << r << ": `pagedoptim plan` predicts a process peak of "
           << device_peak << " bytes, the rank's peak RSS was " << rss;
       std::printf("[ %-26s ] rank %zu process peak: predicted %.1f MiB, peak RSS %.1f MiB\n",
                   c.name, r, device_peak / 1048576.0, rss / 1048576.0);
     }
+    EXPECT_NEAR(device_peak, busiest, 0.10 * busiest)
+        << c.name << ": `pagedoptim plan` predicts a process peak of " << device_peak
+        << " bytes, the busiest rank's peak RSS was " << busiest;
   }
 
   // Collectives: the plan's items summed per operation = the step's
