@@ -19,6 +19,33 @@
 
 namespace po::backend {
 
+// Element i's code in packed codes of `bits` bits (4 bits: high nibble first).
+inline int code_at(const uint8_t* codes, int64_t i, int bits) {
+  if (bits == 8) return codes[i];
+  return (i & 1) ? (codes[i >> 1] & 0x0F) : (codes[i >> 1] >> 4);
+}
+inline void set_code(uint8_t* codes, int64_t i, int c, int bits) {
+  if (bits == 8) {
+    codes[i] = static_cast<uint8_t>(c);
+    return;
+  }
+  uint8_t& b = codes[i >> 1];
+  b = (i & 1) ? static_cast<uint8_t>((b & 0xF0) | c) : static_cast<uint8_t>((b & 0x0F) | (c << 4));
+}
+// The byte element `element` of packed codes starts in.
+inline int64_t code_offset(int64_t element, int bits) { return bits == 8 ? element : element / 2; }
+
+// How n elements are cut into blocks of `block`, the first one `first` long
+// (0 or >= block: a whole block): block k spans [start(k), start(k + 1)).
+struct BlockCut {
+  int64_t n, block, first;
+  BlockCut(int64_t n_, int64_t block_, int64_t first_)
+      : n(n_), block(block_), first(first_ > 0 && first_ < block_ ? first_ : block_) {}
+  int64_t count() const { return n <= first ? (n > 0 ? 1 : 0) : 1 + (n - first + block - 1) / block; }
+  int64_t start(int64_t k) const { return k == 0 ? 0 : (first + (k - 1) * block < n ? first + (k - 1) * block : n); }
+  int64_t of(int64_t e) const { return e < first ? 0 : 1 + (e - first) / block; }
+};
+
 struct Codebook {
   // How a scaled value s in [-1, 1] finds its code:
   //  kFirstNearest: the code whose value is nearest |s - value| in float32,

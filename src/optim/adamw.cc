@@ -46,8 +46,7 @@ AdamWConfig adamw_config(const core::Config& cfg) {
 }
 
 int64_t quant_blocks(int64_t n, int64_t block, int64_t unit_offset) {
-  const int64_t head = std::min((block - unit_offset % block) % block, n);
-  return (head > 0 ? 1 : 0) + (n - head + block - 1) / block;
+  return backend::BlockCut(n, block, (block - unit_offset % block) % block).count();
 }
 
 int64_t moment_bytes(const AdamWConfig& c, bool quantized, int64_t n, int64_t unit_offset) {
@@ -91,20 +90,6 @@ void AdamW::plan_quantized() {
 
 namespace {
 
-int code_at(const uint8_t* codes, int64_t i, int bits) {
-  if (bits == 8) return codes[i];
-  return (i & 1) ? (codes[i >> 1] & 0x0F) : (codes[i >> 1] >> 4);
-}
-
-void set_code(uint8_t* codes, int64_t i, int c, int bits) {
-  if (bits == 8) {
-    codes[i] = static_cast<uint8_t>(c);
-    return;
-  }
-  uint8_t& b = codes[i >> 1];
-  b = (i & 1) ? static_cast<uint8_t>((b & 0xF0) | c) : static_cast<uint8_t>((b & 0x0F) | (c << 4));
-}
-
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // The codes and absmax that decode x[len] (block-local codes from element
@@ -134,7 +119,7 @@ bool recover_block(const backend::Codebook& cb, const float* x, int64_t len, uin
     for (int64_t i = 0; ok && i < len; ++i) {
       const int c = a == 0.0f ? (x[i] == 0.0f ? 0 : -1) : cb.code(x[i] / a);
       ok = c >= 0 && same_bits(cb.value[static_cast<size_t>(c)] * a, x[i]);
-      if (ok) set_code(codes, i, c, cb.bits);
+      if (ok) backend::set_code(codes, i, c, cb.bits);
     }
     if (ok) {
       absmax = a;
@@ -144,15 +129,13 @@ bool recover_block(const backend::Codebook& cb, const float* x, int64_t len, uin
   return false;
 }
 
-// The first block of a range and its block length: block k of the range
-// starts at element start(k).
-struct RangeBlocks {
-  int64_t n, block, head;  // head: the first block's length (a whole block when 0 < ... )
-  int64_t start(int64_t k) const { return k == 0 ? 0 : std::min(n, head + (k - 1) * block); }
-  int64_t of(int64_t e) const { return e < head ? 0 : 1 + (e - head) / block; }
-};
-
 }  // namespace
+
+const backend::Codebook& AdamW::moment_map(bool m) const {
+  const bool eight = config_.state_bits == 8;
+  return codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
+                    : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+}
 
 template <typename Fn>
 void AdamW::overlapping(int64_t lo, int64_t n, Fn fn) const {
@@ -166,9 +149,7 @@ void AdamW::overlapping(int64_t lo, int64_t n, Fn fn) const {
 void AdamW::read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const {
   PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::read_moment of fp32 or parameter state");
   const bool m = kind == StateKind::kAdamM;
-  const bool eight = config_.state_bits == 8;
-  const backend::Codebook& cb = codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
-                                           : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+  const backend::Codebook& cb = moment_map(m);
   overlapping(lo, n, [&](size_t i, int64_t a, int64_t b) {
     const ParamRange& r = ranges_[i];
     const Slot& s = slots_[i];
@@ -179,18 +160,17 @@ void AdamW::read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const
     }
     const uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
     const float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
-    const RangeBlocks rb{r.numel, config_.block_size, s.first > 0 ? std::min(s.first, r.numel) : config_.block_size};
+    const backend::BlockCut rb(r.numel, config_.block_size, s.first);
     for (int64_t e = a - r.state(); e < b - r.state(); ++e)
-      out[e - (a - r.state())] = cb.value[static_cast<size_t>(code_at(codes, e, cb.bits))] * absmax[rb.of(e)];
+      out[e - (a - r.state())] =
+          cb.value[static_cast<size_t>(backend::code_at(codes, e, cb.bits))] * absmax[rb.of(e)];
   });
 }
 
 int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* src) {
   PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::write_moment of fp32 or parameter state");
   const bool m = kind == StateKind::kAdamM;
-  const bool eight = config_.state_bits == 8;
-  const backend::Codebook& cb = codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
-                                           : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+  const backend::Codebook& cb = moment_map(m);
   int64_t quantized_blocks = 0;
   overlapping(lo, n, [&](size_t i, int64_t a, int64_t b) {
     const ParamRange& r = ranges_[i];
@@ -202,7 +182,7 @@ int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* 
     }
     uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
     float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
-    const RangeBlocks rb{r.numel, config_.block_size, s.first > 0 ? std::min(s.first, r.numel) : config_.block_size};
+    const backend::BlockCut rb(r.numel, config_.block_size, s.first);
     const int64_t e0 = a - r.state(), e1 = b - r.state();
     const int64_t k0 = rb.of(e0), k1 = rb.of(e1 - 1);
     PO_CHECK(rb.start(k0) == e0 && rb.start(k1 + 1) == e1, "quantized Adam state is written in whole blocks: ",
@@ -210,7 +190,7 @@ int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* 
              config_.block_size);
     for (int64_t k = k0; k <= k1; ++k) {
       const int64_t x0 = rb.start(k), len = rb.start(k + 1) - x0;
-      uint8_t* block_codes = codes + (eight ? x0 : x0 / 2);
+      uint8_t* block_codes = codes + backend::code_offset(x0, cb.bits);
       if (!recover_block(cb, in + (x0 - e0), len, block_codes, absmax[k])) {
         ops::quantize_blockwise(&cb, in + (x0 - e0), len, len, block_codes, absmax + k, 0);
         ++quantized_blocks;
@@ -223,9 +203,8 @@ int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* 
 void AdamW::apply_quantized(float* params, const float* grads_state, float* master,
                             const uint16_t* grads_bf16, bool grads_by_state, uint16_t* params_out,
                             double lr, double scale) {
-  const bool eight = config_.state_bits == 8;
-  const backend::Codebook& mmap = codebook(eight ? QuantMap::kSigned8 : QuantMap::kSigned4);
-  const backend::Codebook& vmap = codebook(eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4);
+  const backend::Codebook& mmap = moment_map(true);
+  const backend::Codebook& vmap = moment_map(false);
   const auto f = [](double x) { return static_cast<float>(x); };
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const ParamRange& r = ranges_[i];

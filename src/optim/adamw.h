@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/codebook.h"
 #include "memory/pager.h"
 #include "optim/paged_state.h"
 #include "tensor/tensor.h"
@@ -187,6 +188,8 @@ class AdamW {
            q_v_.size();
   }
   void plan_quantized();
+  // The codebook of m (true) or v at this config's width.
+  const backend::Codebook& moment_map(bool m) const;
   // fn(range index, its overlap [a, b) with state elements [lo, lo + n)).
   template <typename Fn>
   void overlapping(int64_t lo, int64_t n, Fn fn) const;

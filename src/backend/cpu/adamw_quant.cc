@@ -20,13 +20,6 @@ PO_KERNELS_BEGIN
 
 namespace {
 
-// Code of element i of a block's codes (4 bits: high nibble first).
-inline int code_at(const uint8_t* codes, int64_t i, int bits) {
-  if (bits == 8) return codes[i];
-  const uint8_t b = codes[i >> 1];
-  return (i & 1) ? (b & 0x0F) : (b >> 4);
-}
-
 // max |x|, NaN if any is NaN (torch.max's rule).
 inline float block_absmax(const float* x, int64_t n) {
   int64_t i = 0;
@@ -137,23 +130,12 @@ float encode_block(const Codebook& map, const float* x, int64_t n, uint8_t* code
   return am;
 }
 
-inline int64_t code_offset(int64_t element, int bits) { return bits == 8 ? element : element / 2; }
-
-// The blocks of n elements whose first block is `first` long (0: `block`):
-// block b starts at start(b) and ends at start(b + 1) (clipped to n).
-struct Blocks {
-  int64_t n, block, first;
-  Blocks(int64_t n_, int64_t block_, int64_t first_) : n(n_), block(block_), first(first_ > 0 && first_ < block_ ? first_ : block_) {}
-  int64_t count() const { return n <= first ? (n > 0 ? 1 : 0) : 1 + (n - first + block - 1) / block; }
-  int64_t start(int64_t b) const { return b == 0 ? 0 : std::min(n, first + (b - 1) * block); }
-};
-
 template <typename Grad>
 void adamw_quant_kernel(float* param, const Grad* grad, uint16_t* param_out, const QuantMoments& q,
                         int64_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float grad_scale, int64_t t) {
   const AdamScalars k = AdamScalars::make(lr, beta1, beta2, eps, weight_decay, grad_scale, t);
-  const Blocks cut(n, q.block, q.first_block);
+  const BlockCut cut(n, q.block, q.first_block);
   const int64_t blocks = cut.count();
   const Codebook& mm = *q.m_map;
   const Codebook& vm = *q.v_map;
@@ -189,7 +171,7 @@ void adamw_quant_kernel(float* param, const Grad* grad, uint16_t* param_out, con
 
 void quantize_blockwise(const Codebook* map, const float* x, int64_t n, int64_t block,
                         uint8_t* codes, float* absmax, int64_t first_block) {
-  const Blocks cut(n, block, first_block);
+  const BlockCut cut(n, block, first_block);
   const int64_t blocks = cut.count();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
@@ -200,7 +182,7 @@ void quantize_blockwise(const Codebook* map, const float* x, int64_t n, int64_t 
 
 void dequantize_blockwise(const Codebook* map, const uint8_t* codes, const float* absmax,
                           int64_t n, int64_t block, float* x, int64_t first_block) {
-  const Blocks cut(n, block, first_block);
+  const BlockCut cut(n, block, first_block);
   const int64_t blocks = cut.count();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
