@@ -1,6 +1,7 @@
 #include "model/layout.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -18,10 +19,7 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
   vocab_rows_ = config.vocab_size;
   const int64_t tp = split.size;
   const int64_t C = config.n_embd, V = config.vocab_size, L = config.n_layer;
-  const int64_t hs = config.head_dim(), NH = config.n_head, NKV = config.n_kv_head;
-  const int64_t F = config.ffn_hidden;
   const bool gpt2_names = config.arch == "gpt2";
-  const bool layer_norm = config.norm == Norm::kLayerNorm;
   int64_t offset = 0;
   auto add = [&](const std::string& name, tensor::Shape shape, int unit, Slot slot, Init init,
                  Partition part, std::vector<int64_t> parts = {}, bool conv1d = false) {
@@ -48,7 +46,6 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
     tensors_.push_back(std::move(t));
   };
   using P = Partition;
-  block_slots_.fill(-1);
   unit_offsets_.push_back(0);
   add(gpt2_names ? "wte.weight" : "model.embed_tokens.weight", {V, C}, 0, Slot::kTokenEmbedding,
       Init::kNormal, P::kVocab);
@@ -59,85 +56,26 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
     unit_offsets_.push_back(offset);
     const int u = static_cast<int>(l + 1);
     const int64_t block_start = offset;
-    auto slot_here = [&](Slot s) {
-      if (l == 0) block_slots_[static_cast<size_t>(s)] = offset - block_start;
-      return s;
-    };
-    auto norm = [&](const std::string& w, const std::string& b, Slot ws, Slot bs) {
-      add(w, {C}, u, slot_here(ws), Init::kOnes, P::kReplicated);
-      if (layer_norm) add(b, {C}, u, slot_here(bs), Init::kZeros, P::kReplicated);
-    };
-    if (gpt2_names) {
-      // Hugging Face GPT-2 names; linear weights are Conv1D ([in, out]) in its files.
-      const std::string h = "h." + std::to_string(l) + ".";
-      const bool b = config.bias;
-      norm(h + "ln_1.weight", h + "ln_1.bias", Slot::kNorm1, Slot::kNorm1Bias);
-      const std::vector<int64_t> qkv = {NH * hs, NKV * hs, NKV * hs};
-      const std::vector<int64_t> fc = config.mlp == Mlp::kSwiGLU ? std::vector<int64_t>{F, F}
-                                                                  : std::vector<int64_t>{F};
-      add(h + "attn.c_attn.weight", {config.qkv_width(), C}, u, slot_here(Slot::kQkv),
-          Init::kNormal, P::kSplitRows, qkv, true);
-      if (b) add(h + "attn.c_attn.bias", {config.qkv_width()}, u, slot_here(Slot::kQkvBias),
-                 Init::kZeros, P::kSplitRows, qkv);
-      add(h + "attn.c_proj.weight", {C, NH * hs}, u, slot_here(Slot::kAttnOut),
-          Init::kResidualNormal, P::kSplitCols, {}, true);
-      if (b) add(h + "attn.c_proj.bias", {C}, u, slot_here(Slot::kAttnOutBias), Init::kZeros,
-                 P::kReplicated);
-      norm(h + "ln_2.weight", h + "ln_2.bias", Slot::kNorm2, Slot::kNorm2Bias);
-      add(h + "mlp.c_fc.weight", {config.fc_width(), C}, u, slot_here(Slot::kFc), Init::kNormal,
-          P::kSplitRows, fc, true);
-      if (b) add(h + "mlp.c_fc.bias", {config.fc_width()}, u, slot_here(Slot::kFcBias),
-                 Init::kZeros, P::kSplitRows, fc);
-      add(h + "mlp.c_proj.weight", {C, F}, u, slot_here(Slot::kProj), Init::kResidualNormal,
-          P::kSplitCols, {}, true);
-      if (b) add(h + "mlp.c_proj.bias", {C}, u, slot_here(Slot::kProjBias), Init::kZeros,
-                 P::kReplicated);
-      continue;
-    }
-    // Hugging Face Llama names, [out, in].
-    const std::string h = "model.layers." + std::to_string(l) + ".";
-    const std::string a = h + "self_attn.", m = h + "mlp.";
-    const bool b = config.bias;
-    norm(h + "input_layernorm.weight", h + "input_layernorm.bias", Slot::kNorm1, Slot::kNorm1Bias);
-    add(a + "q_proj.weight", {NH * hs, C}, u, slot_here(Slot::kQkv), Init::kNormal, P::kSplitRows);
-    add(a + "k_proj.weight", {NKV * hs, C}, u, Slot::kPart, Init::kNormal, P::kSplitRows);
-    add(a + "v_proj.weight", {NKV * hs, C}, u, Slot::kPart, Init::kNormal, P::kSplitRows);
-    if (b) {
-      add(a + "q_proj.bias", {NH * hs}, u, slot_here(Slot::kQkvBias), Init::kZeros, P::kSplitRows);
-      add(a + "k_proj.bias", {NKV * hs}, u, Slot::kPart, Init::kZeros, P::kSplitRows);
-      add(a + "v_proj.bias", {NKV * hs}, u, Slot::kPart, Init::kZeros, P::kSplitRows);
-    }
-    add(a + "o_proj.weight", {C, NH * hs}, u, slot_here(Slot::kAttnOut), Init::kResidualNormal,
-        P::kSplitCols);
-    if (b) add(a + "o_proj.bias", {C}, u, slot_here(Slot::kAttnOutBias), Init::kZeros,
-               P::kReplicated);
-    norm(h + "post_attention_layernorm.weight", h + "post_attention_layernorm.bias", Slot::kNorm2,
-         Slot::kNorm2Bias);
-    if (config.mlp == Mlp::kSwiGLU) {
-      add(m + "gate_proj.weight", {F, C}, u, slot_here(Slot::kFc), Init::kNormal, P::kSplitRows);
-      add(m + "up_proj.weight", {F, C}, u, Slot::kPart, Init::kNormal, P::kSplitRows);
-      if (b) {
-        add(m + "gate_proj.bias", {F}, u, slot_here(Slot::kFcBias), Init::kZeros, P::kSplitRows);
-        add(m + "up_proj.bias", {F}, u, Slot::kPart, Init::kZeros, P::kSplitRows);
-      }
-    } else {
-      add(m + "up_proj.weight", {F, C}, u, slot_here(Slot::kFc), Init::kNormal, P::kSplitRows);
-      if (b) add(m + "up_proj.bias", {F}, u, slot_here(Slot::kFcBias), Init::kZeros,
-                 P::kSplitRows);
-    }
-    add(m + "down_proj.weight", {C, F}, u, slot_here(Slot::kProj), Init::kResidualNormal,
-        P::kSplitCols);
-    if (b) add(m + "down_proj.bias", {C}, u, slot_here(Slot::kProjBias), Init::kZeros,
-               P::kReplicated);
+    parts::Block block = parts::declare_block(config, l, [&](parts::Decl d) {
+      const int64_t at = offset - block_start;
+      add(d.name, std::move(d.shape), u, Slot::kBlock, d.init, d.partition, std::move(d.parts),
+          d.conv1d);
+      return at;
+    });
+    if (l == 0) block_ = std::move(block);
   }
   unit_offsets_.push_back(offset);
   const int uf = static_cast<int>(L + 1);
   final_norm_ = tensors_.size();
-  add(gpt2_names ? "ln_f.weight" : "model.norm.weight", {C}, uf, Slot::kFinalNorm, Init::kOnes,
-      P::kReplicated);
-  if (layer_norm)
-    add(gpt2_names ? "ln_f.bias" : "model.norm.bias", {C}, uf, Slot::kFinalNormBias, Init::kZeros,
-        P::kReplicated);
+  const int64_t head_start = offset;
+  final_norm_part_ = parts::declare_norm(
+      config, gpt2_names ? "ln_f.weight" : "model.norm.weight",
+      gpt2_names ? "ln_f.bias" : "model.norm.bias", [&](parts::Decl d) {
+        const int64_t at = offset - head_start;
+        add(d.name, std::move(d.shape), uf, at == 0 ? Slot::kFinalNorm : Slot::kFinalNormBias,
+            d.init, d.partition);
+        return at;
+      });
   head_ = 0;
   if (!config.tie_embeddings) {
     head_ = tensors_.size();

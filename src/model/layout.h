@@ -1,7 +1,8 @@
 // The declared parameter layout: every tensor of the decoder, once. Name,
-// shape, unit, initialisation rule, weight-decay flag, tensor-parallel
-// partition and the slot it fills in a block are all here; the model, the ZeRO
-// shards, the pager, the planner and the checkpoints read this and nothing else.
+// shape, unit, initialisation rule, weight-decay flag and tensor-parallel
+// partition are all here, and a block's parts (model/parts.h), which declare
+// its tensors; the model, the ZeRO shards, the pager, the planner and the
+// checkpoints read this and nothing else.
 //
 // Units: 0 = embedding (token table, and the position table where positions
 // are learned), 1..L = blocks, L+1 = final norm (and the LM head when it is not
@@ -29,68 +30,11 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/parts.h"
+#include "model/tensor_spec.h"
 #include "tensor/tensor.h"
 
 namespace po::model {
-
-enum class Init {
-  kZeros,
-  kOnes,
-  kNormal,          // N(0, 0.02)
-  kResidualNormal,  // N(0, 0.02 / sqrt(2L)): projections into the residual stream
-};
-
-// How tensor parallel splits a tensor (parallel.tp; one value per tensor, as
-// Megatron's partition_dim).
-enum class Partition {
-  kReplicated,  // every tp rank holds all of it (norms, row-parallel biases, wpe)
-  kSplitRows,   // along dim 0, the output features: column-parallel q/k/v, fc, gate, up
-  kSplitCols,   // along dim 1, the input features: row-parallel o_proj, down/c_proj
-  kVocab,       // by vocabulary rows: the token table and the head
-};
-
-// What a tensor is to the block and head code. The first tensor of a fused
-// group carries the group's slot (q_proj is kQkv, k_proj and v_proj follow it).
-enum class Slot {
-  kTokenEmbedding,
-  kPositionEmbedding,
-  kNorm1,
-  kNorm1Bias,
-  kQkv,
-  kQkvBias,
-  kAttnOut,
-  kAttnOutBias,
-  kNorm2,
-  kNorm2Bias,
-  kFc,
-  kFcBias,
-  kProj,
-  kProjBias,
-  kFinalNorm,
-  kFinalNormBias,
-  kHead,
-  kPart,  // a later part of a fused group (k_proj, v_proj, up_proj and their biases)
-  kCount
-};
-constexpr int kBlockSlots = static_cast<int>(Slot::kProjBias) + 1;
-
-struct TensorSpec {
-  std::string name;     // Hugging Face name ("h.0.attn.c_attn.weight", "model.norm.weight")
-  tensor::Shape shape;  // engine layout ([out, in] for linear weights)
-  int64_t offset = 0;   // elements from the start of all parameters
-  int unit = 0;
-  Slot slot = Slot::kPart;
-  Init init = Init::kZeros;
-  bool decay = false;  // weight decay applies (tensors with >= 2 dims)
-  Partition partition = Partition::kReplicated;
-  // kSplitRows: the rows of each part of a fused weight as held (c_attn's
-  // q | k | v, SwiGLU's c_fc gate | up); each part is split on its own, so a
-  // rank holds [q_r; k_r; v_r]. One entry for an unfused weight.
-  std::vector<int64_t> parts;
-  tensor::Shape global_shape;  // the whole tensor's shape (= shape when not split)
-  bool conv1d = false;  // stored transposed ([in, out]) in Hugging Face GPT-2 files
-  int64_t numel() const { return tensor::shape_numel(shape); }
-};
 
 // One step of a training micro-batch, in the order the one-stage schedule runs
 // them. The model's forward_backward executes this list, ZeRO-3 prefetches
@@ -119,9 +63,11 @@ class Layout {
   int64_t unit_numel(int u) const { return unit_offset(u + 1) - unit_offset(u); }
   int head_unit() const { return num_units() - 1; }
 
-  // Offset inside its unit of the tensor filling `slot` in any block (all
-  // blocks have the same layout), -1 when the architecture has none.
-  int64_t block_slot(Slot slot) const { return block_slots_[static_cast<size_t>(slot)]; }
+  // The parts of a block, with their tensors' offsets inside the block's
+  // unit (every block has the same).
+  const parts::Block& block() const { return block_; }
+  // The final norm, its offsets inside the head unit.
+  const parts::Norm& final_norm_part() const { return final_norm_part_; }
   // The token table, the position table (null without learned positions),
   // the final norm's weight and bias (bias null for RMSNorm).
   const TensorSpec& token_embedding() const { return tensors_[0]; }
@@ -176,7 +122,8 @@ class Layout {
   int64_t vocab_ = 0, vocab_rows_ = 0;
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> unit_offsets_;
-  std::array<int64_t, kBlockSlots> block_slots_{};
+  parts::Block block_;
+  parts::Norm final_norm_part_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> f32_ranges_;  // per unit
   size_t final_norm_ = 0, head_ = 0;
 };

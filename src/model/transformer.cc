@@ -398,28 +398,9 @@ size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, 
          predicted_lookup_bytes(config, tp);
 }
 
-Transformer::BlockParams Transformer::block_params(float* unit_base) const {
-  auto at = [&](Slot s) {
-    const int64_t off = layout_.block_slot(s);
-    return off < 0 ? nullptr : unit_base + off;
-  };
-  return {at(Slot::kNorm1), at(Slot::kNorm1Bias), at(Slot::kQkv),  at(Slot::kQkvBias),
-          at(Slot::kAttnOut), at(Slot::kAttnOutBias), at(Slot::kNorm2), at(Slot::kNorm2Bias),
-          at(Slot::kFc),    at(Slot::kFcBias),    at(Slot::kProj),  at(Slot::kProjBias)};
-}
-
-Transformer::BlockParams Transformer::block_params_of(int u) {
+Transformer::BlockWeights Transformer::block_weights(int u) {
   const UnitView v = unit_params_lean(u);
-  BlockParams P = block_params(v.f32);
-  const uint16_t* base = v.bf16;
-  if (base == nullptr) return P;
-  auto at = [&](Slot s) { return base + layout_.block_slot(s); };
-  P.qkvw16 = at(Slot::kQkv);
-  P.attprojw16 = at(Slot::kAttnOut);
-  P.fcw16 = at(Slot::kFc);
-  P.fcprojw16 = at(Slot::kProj);
-  if (v.lean) P.qkvw = P.attprojw = P.fcw = P.fcprojw = nullptr;  // not widened: bits only
-  return P;
+  return layout_.block().weights(v.f32, v.bf16, v.bf16 != nullptr && v.lean);
 }
 
 // The flat buffers are allocated at first use: a model whose state lives

@@ -308,7 +308,8 @@ class Transformer {
 
   // Generation with a KV cache: runs tokens[n] at positions cache.length ..
   // cache.length + n - 1, appends their keys and values, and writes the logits
-  // [V] of the last one. n <= B*T.
+  // [V] of the last one. n <= B*T. The cache is a paged cache of one block:
+  // this is forward_paged for one sequence.
   KvCache make_kv_cache(int64_t capacity) const;
   void forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits);
   // Serving: every sequence's rows in one batch (rows concatenated, at most
@@ -400,13 +401,9 @@ class Transformer {
     int64_t numel;  // values
   };
   std::array<SavedPair, 7> saved_pairs(const LayerActs& a, const LayerActs16& h) const;
-  struct BlockParams {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
-    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-    // The GEMM weights' bf16 bits where the hooks hold them (else null).
-    const uint16_t *qkvw16 = nullptr, *attprojw16 = nullptr, *fcw16 = nullptr,
-                   *fcprojw16 = nullptr;
-  };
+  // A block unit's weights as a step reads them, and its gradient accumulators.
+  using BlockWeights = parts::Block::Weights;
+  using BlockGrads = parts::Block::Grads;
   // The saved bf16 copies that a block's GEMMs read and write directly
   // (bf16_activations with saved activations, one sequence shard, a fused
   // backward): the norms and the MLP activation write their outputs only in
@@ -460,10 +457,10 @@ class Transformer {
   // rows are summed, since each rank saw only its own rows.
   float* norm_grad_target(float* accumulator, int slot) const;
   void sum_norm_grads(std::initializer_list<float*> accumulators);
-  BlockParams block_params(float* unit_base) const;
-  // Block unit u's parameters (through the hooks), with the bf16 weights
-  // where the hooks hand them out.
-  BlockParams block_params_of(int u);
+  // Block unit u's weights (through the hooks), with the bf16 weights where
+  // the hooks hand them out; its gradient accumulators.
+  BlockWeights block_weights(int u);
+  BlockGrads block_grads(int u) { return layout_.block().grads(unit_grads(u)); }
   float* unit_params(int u);
   // unit_params for a training step: the f32 values, the stored bf16 bits
   // (null where the hooks hold none), and whether the f32 values of the
@@ -482,28 +479,24 @@ class Transformer {
   int first_block() const { return std::max(first_, 1) - 1; }  // layer ids
   int end_block() const { return std::min(last_, static_cast<int>(config_.n_layer)); }
 
-  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
-                    const float* b, int64_t rows) const;
-  void norm_backward(float* dinp, float* dw, float* db, const float* dout,
-                     backend::cpu::Operand in, const float* w, const float* mean, const float* rstd,
-                     int64_t rows) const;
-  void mlp_act_forward(float* out, const float* in, int64_t rows) const;
-  // The same, their outputs rounded to bf16 as written.
-  void norm_forward16(uint16_t* out, float* mean, float* rstd, const float* in, const float* w,
-                      const float* b, int64_t rows) const;
-  void mlp_act_forward16(uint16_t* out, const float* in, int64_t rows) const;
-  void mlp_act_backward(float* dinp, backend::cpu::Operand in, const float* dout, int64_t rows) const;
-  void block_forward(const BlockParams& P, const float* in, const LayerActs& a, int64_t b,
+  // The block's parts (layout_.block()) composed, with the tensor group's
+  // collectives between them.
+  void block_forward(const BlockWeights& P, const float* in, const LayerActs& a, int64_t b,
                      int64_t t, const LayerActs16* h = nullptr);
-  // G null: input gradient only, into `work` what the weight half needs.
-  void block_backward(const BlockParams& P, const BlockParams* G, backend::cpu::Operand in,
+  // With `work`, the input gradient only, and into `work` what the weight
+  // half needs.
+  void block_backward(const BlockWeights& P, const BlockGrads& G, backend::cpu::Operand in,
                       const LayerActs& a, float* dres, WeightGradWork* work,
                       const LayerActs16* h = nullptr);
+  // The attention kernel's forward and backward between the q|k|v and output
+  // projections: RoPE, then this rank's heads (context parallel: through the
+  // group's ring).
+  void attention_forward(const LayerActs& a, int64_t b, int64_t t);
   // The saved (or, with checkpointing, recomputed) activations of block l
   // and its input, ready for its backward; with `h` (direct16) the tensors
   // the backward reads in bf16 stay in bf16 (load_saved), and so does the
   // block's input (`in`) after the first held block.
-  LayerActs backward_acts(int64_t l, const BlockParams& P, backend::cpu::Operand& in,
+  LayerActs backward_acts(int64_t l, const BlockWeights& P, backend::cpu::Operand& in,
                           const LayerActs16* h = nullptr);
   const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
   void embed_forward(const int32_t* tokens, int64_t b, int64_t t);

@@ -1,7 +1,10 @@
-// Generation with a KV cache: each new token runs the blocks once, its keys
-// and values appended to the cache, and attends to the cached positions, so
-// no prefix is recomputed. Uses the first block's activation buffers as
-// scratch (a generating model is not training).
+// Generation with a KV cache, the one decode path of training's `generate`
+// and of serving: each new token runs the blocks once (decode_blocks, the
+// block's parts over few rows), its keys and values written into the cache's
+// blocks, and attends to the cached positions, so no prefix is recomputed. A
+// contiguous cache (forward_cached) is a paged cache of one block. Uses the
+// first block's activation buffers as scratch (a generating model is not
+// training).
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -44,27 +47,28 @@ void Transformer::embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, flo
 
 const float* Transformer::decode_blocks(
     int64_t n, const std::function<void(int64_t l, float* qkv, float* atty)>& attend) {
-  const int64_t C = config_.n_embd, hs = config_.head_dim(), QKV = config_.qkv_width();
-  const int64_t AO = config_.n_head * hs, FC = config_.fc_width(), F = config_.ffn_hidden;
+  const parts::Block& k = layout_.block();
+  const int64_t C = config_.n_embd;
   // Scratch: a full layer's views (the recompute layer, or block 0's).
   claim_regions();
   LayerActs a = config_.activation_checkpointing || config_.bf16_activations || config_.inference ? scratch_
                                                                                                    : layers_[0];
+  const bool bias_here = pops_->tp_rank() == 0;  // row-parallel biases: once in the group's sum
   float* x = encoded_;
   float* y = dres_;  // the next block's input
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const int u = static_cast<int>(l + 1);
-    const BlockParams P = block_params(unit_params(u));
-    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.ln1w, P.ln1b, n);
-    ops::matmul_forward_decode(a.qkv, a.ln1, P.qkvw, P.qkvb, n, C, QKV);
+    const BlockWeights P = k.weights(unit_params(u), nullptr, false);
+    k.norm1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.norm1, n);
+    k.attn.qkv.forward_decode(a.qkv, a.ln1, P.qkv, n);
     attend(l, a.qkv, a.atty);
-    ops::matmul_forward_decode(a.residual2, a.atty, P.attprojw, P.attprojb, n, AO, C);
+    k.attn.out.forward_decode(a.residual2, a.atty, P.out, n, bias_here);
     pops_->tp_all_reduce(a.residual2, n * C);
     ops::residual_forward(a.residual2, a.residual2, x, n * C);
-    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, n);
-    ops::matmul_forward_decode(a.fch, a.ln2, P.fcw, P.fcb, n, C, FC);
-    mlp_act_forward(a.fch_gelu, a.fch, n);
-    ops::matmul_forward_decode(y, a.fch_gelu, P.fcprojw, P.fcprojb, n, F, C);
+    k.norm2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.norm2, n);
+    k.mlp.up.forward_decode(a.fch, a.ln2, P.up, n);
+    k.mlp.act_forward(a.fch_gelu, a.fch, n);
+    k.mlp.down.forward_decode(y, a.fch_gelu, P.down, n, bias_here);
     pops_->tp_all_reduce(y, n * C);
     ops::residual_forward(y, y, a.residual2, n * C);
     unit_done(u);
@@ -73,6 +77,8 @@ const float* Transformer::decode_blocks(
   return x;
 }
 
+// The contiguous cache is a paged cache of one block of `capacity` positions:
+// the one decode path (forward_paged), the same kernel and the same bits.
 void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* logits) {
   PO_CHECK(whole(), "forward_cached runs a whole model");
   PO_CHECK(n >= 1 && n <= B_ * T_, "forward_cached: ", n, " tokens at once, at most ", B_ * T_);
@@ -80,23 +86,21 @@ void Transformer::forward_cached(const int32_t* tokens, int64_t n, KvCache& cach
            " positions exceed its ", cache.capacity);
   PO_CHECK(static_cast<int64_t>(cache.k.size()) == config_.n_layer, "KV cache of ",
            cache.k.size(), " blocks for a model of ", config_.n_layer);
-  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
-  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), pos0 = cache.length;
-  const int64_t kv = NKV * hs;
-  embed_rows(tokens, n, pos0, encoded_);
-  const float* x = decode_blocks(n, [&](int64_t l, float* qkv, float* atty) {
-    if (rope_cos_ != nullptr) ops::rope_forward(qkv, 1, n, QKV, NH + NKV, hs, rope_cos_, rope_sin_, pos0);
-    float* kc = cache.k[static_cast<size_t>(l)].f32();
-    float* vc = cache.v[static_cast<size_t>(l)].f32();
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(kc + (pos0 + i) * kv, qkv + i * QKV + NH * hs, static_cast<size_t>(kv) * sizeof(float));
-      std::memcpy(vc + (pos0 + i) * kv, qkv + i * QKV + (NH + NKV) * hs,
-                  static_cast<size_t>(kv) * sizeof(float));
-    }
-    ops::attention_cached_forward(atty, qkv, QKV, kc, vc, n, pos0, NH, NKV, hs);
-  });
+  PagedKv kv;
+  kv.block_size = cache.capacity;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    kv.k.push_back(cache.k[static_cast<size_t>(l)].f32());
+    kv.v.push_back(cache.v[static_cast<size_t>(l)].f32());
+  }
+  static constexpr int32_t kOneBlock[1] = {0};
+  PagedSeq s;
+  s.tokens = tokens;
+  s.n = n;
+  s.pos0 = cache.length;
+  s.block_table = kOneBlock;
+  s.logits = true;
+  forward_paged({s}, kv, logits);
   cache.length += n;
-  head_logits(x + (n - 1) * C, 1, logits);
 }
 
 void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv& kv, float* logits,

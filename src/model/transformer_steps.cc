@@ -12,60 +12,6 @@
 namespace po::model {
 namespace ops = po::backend::cpu;
 
-void Transformer::norm_forward(float* out, float* mean, float* rstd, const float* in,
-                               const float* w, const float* b, int64_t rows) const {
-  if (config_.norm == Norm::kLayerNorm)
-    ops::layernorm_forward(out, mean, rstd, in, w, b, rows, config_.n_embd, config_.norm_eps);
-  else
-    ops::rmsnorm_forward(out, rstd, in, w, rows, config_.n_embd, config_.norm_eps);
-}
-
-void Transformer::norm_forward16(uint16_t* out, float* mean, float* rstd, const float* in,
-                                 const float* w, const float* b, int64_t rows) const {
-  if (config_.norm == Norm::kLayerNorm)
-    ops::layernorm_forward(out, mean, rstd, in, w, b, rows, config_.n_embd, config_.norm_eps);
-  else
-    ops::rmsnorm_forward(out, rstd, in, w, rows, config_.n_embd, config_.norm_eps);
-}
-
-void Transformer::mlp_act_forward16(uint16_t* out, const float* in, int64_t rows) const {
-  if (config_.mlp == Mlp::kGeluTanh)
-    ops::gelu_forward(out, in, rows * config_.ffn_hidden);
-  else
-    ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
-}
-
-// The input as saved: f32, or bf16 read as its widened values (the same bits).
-void Transformer::norm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                ops::Operand in, const float* w, const float* mean,
-                                const float* rstd, int64_t rows) const {
-  const int64_t C = config_.n_embd;
-  if (config_.norm == Norm::kLayerNorm) {
-    if (in.f32 != nullptr) return ops::layernorm_backward(dinp, dw, db, dout, in.f32, w, mean, rstd, rows, C);
-    return ops::layernorm_backward(dinp, dw, db, dout, in.bf16, w, mean, rstd, rows, C);
-  }
-  if (in.f32 != nullptr) return ops::rmsnorm_backward(dinp, dw, dout, in.f32, w, rstd, rows, C);
-  ops::rmsnorm_backward(dinp, dw, dout, in.bf16, w, rstd, rows, C);
-}
-
-void Transformer::mlp_act_forward(float* out, const float* in, int64_t rows) const {
-  if (config_.mlp == Mlp::kGeluTanh)
-    ops::gelu_forward(out, in, rows * config_.ffn_hidden);
-  else
-    ops::swiglu_forward(out, in, rows, config_.ffn_hidden);
-}
-
-void Transformer::mlp_act_backward(float* dinp, ops::Operand in, const float* dout,
-                                   int64_t rows) const {
-  const int64_t F = config_.ffn_hidden;
-  if (config_.mlp == Mlp::kGeluTanh) {
-    if (in.f32 != nullptr) return ops::gelu_backward(dinp, in.f32, dout, rows * F);
-    return ops::gelu_backward(dinp, in.bf16, dout, rows * F);
-  }
-  if (in.f32 != nullptr) return ops::swiglu_backward(dinp, in.f32, dout, rows, F);
-  ops::swiglu_backward(dinp, in.bf16, dout, rows, F);
-}
-
 const float* Transformer::gather_rows(const float* chunk, float* full, int64_t rows) {
   if (sp_ == 1) return chunk;
   pops_->tp_all_gather(chunk, full, rows / sp_ * config_.n_embd);
@@ -100,11 +46,11 @@ void Transformer::sum_norm_grads(std::initializer_list<float*> accumulators) {
 // down_proj, each pair closed by a reduction over the tensor group. With
 // sequence parallel the norms and residual adds run on this rank's rows and
 // the reductions are split in two around them (model/parallel_ops.h).
-void Transformer::block_forward(const BlockParams& P, const float* in, const LayerActs& a,
+void Transformer::block_forward(const BlockWeights& P, const float* in, const LayerActs& a,
                                 int64_t b, int64_t t, const LayerActs16* h) {
-  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
-  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
-  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = b * t, R = BT / sp_;
+  const parts::Block& k = layout_.block();
+  const int64_t C = config_.n_embd, BT = b * t, R = BT / sp_;
+  const int64_t AO = k.attn.out.in;
   PO_ASSERT(sp_ == 1 || BT == B_ * T_, "sequence parallel runs whole micro-batches");
   PO_ASSERT(h == nullptr || sp_ == 1, "bf16 GEMM inputs are written directly at one sequence shard");
   // Row-parallel biases: added by tp rank 0 alone, so the group's sum holds them once.
@@ -114,45 +60,49 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
   // With h, the norms' and the activation's outputs exist only in bf16.
   ops::Operand ln1, ln2, act;
   if (h != nullptr) {
-    norm_forward16(h->ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
+    k.norm1.forward(h->ln1, a.ln1_mean, a.ln1_rstd, in, P.norm1, R);
     ln1 = ops::Operand(h->ln1);
   } else {
-    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.ln1w, P.ln1b, R);
+    k.norm1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, P.norm1, R);
     ln1 = gather_rows(a.ln1, gathered_, BT);
   }
-  ops::matmul_forward(a.qkv, ln1, {P.qkvw, P.qkvw16}, P.qkvb, BT, C, QKV);
+  k.attn.qkv.forward(a.qkv, ln1, P.qkv, BT);
+  attention_forward(a, b, t);
+  if (h != nullptr) ops::f32_to_bf16(h->atty, a.atty, BT * AO);  // saved, and the GEMM's operand
+  k.attn.out.forward(partial2, {a.atty, h != nullptr ? h->atty : nullptr}, P.out, BT, bias_here);
+  reduce_rows(partial2, a.residual2, BT);  // g: the row-parallel o_proj's partial sums
+  ops::residual_forward(a.residual2, a.residual2, in, R * C);
+  if (h != nullptr) {
+    k.norm2.forward(h->ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.norm2, R);
+    ln2 = ops::Operand(h->ln2);
+  } else {
+    k.norm2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.norm2, R);
+    ln2 = gather_rows(a.ln2, gathered_, BT);
+  }
+  k.mlp.up.forward(a.fch, ln2, P.up, BT);
+  if (h != nullptr) {
+    k.mlp.act_forward(h->fch_gelu, a.fch, BT);
+    act = ops::Operand(h->fch_gelu);
+  } else {
+    k.mlp.act_forward(a.fch_gelu, a.fch, BT);
+    act = a.fch_gelu;
+  }
+  k.mlp.down.forward(partial3, act, P.down, BT, bias_here);
+  reduce_rows(partial3, a.residual3, BT);  // g: the row-parallel down_proj's partial sums
+  ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
+}
+
+void Transformer::attention_forward(const LayerActs& a, int64_t b, int64_t t) {
+  const parts::Attention& at = layout_.block().attn;
+  const int64_t NH = at.n_head, NKV = at.n_kv_head, hs = at.head_dim;
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
-    ops::rope_forward(a.qkv, b, t, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
+    ops::rope_forward(a.qkv, b, t, at.qkv.out, at.rotated_heads(), hs, rope_cos_, rope_sin_);
   if (cp_.size > 1) {
     PO_ASSERT(b == B_ && t == T_, "context parallel runs whole micro-batches");
     pops_->cp_attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
   } else {
     ops::attention_forward(a.atty, a.lse, a.qkv, b, t, NH, NKV, hs);
   }
-  if (h != nullptr) ops::f32_to_bf16(h->atty, a.atty, BT * AO);  // saved, and the GEMM's operand
-  ops::matmul_forward(partial2, {a.atty, h != nullptr ? h->atty : nullptr},
-                      {P.attprojw, P.attprojw16}, bias_here ? P.attprojb : nullptr, BT, AO, C);
-  reduce_rows(partial2, a.residual2, BT);  // g: the row-parallel o_proj's partial sums
-  ops::residual_forward(a.residual2, a.residual2, in, R * C);
-  if (h != nullptr) {
-    norm_forward16(h->ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
-    ln2 = ops::Operand(h->ln2);
-  } else {
-    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.ln2w, P.ln2b, R);
-    ln2 = gather_rows(a.ln2, gathered_, BT);
-  }
-  ops::matmul_forward(a.fch, ln2, {P.fcw, P.fcw16}, P.fcb, BT, C, FC);
-  if (h != nullptr) {
-    mlp_act_forward16(h->fch_gelu, a.fch, BT);
-    act = ops::Operand(h->fch_gelu);
-  } else {
-    mlp_act_forward(a.fch_gelu, a.fch, BT);
-    act = a.fch_gelu;
-  }
-  ops::matmul_forward(partial3, act, {P.fcprojw, P.fcprojw16}, bias_here ? P.fcprojb : nullptr,
-                      BT, F, C);
-  reduce_rows(partial3, a.residual3, BT);  // g: the row-parallel down_proj's partial sums
-  ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
 }
 
 // dres holds dL/d(block output) on entry and dL/d(block input) on return
@@ -162,12 +112,14 @@ void Transformer::block_forward(const BlockParams& P, const float* in, const Lay
 // GEMM's input-gradient reduction runs under its weight-gradient GEMM, and
 // under sequence parallel the re-gather of its input under the GEMMs before
 // (Megatron's order); the bits are the same either way.
-void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops::Operand in,
+void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops::Operand in,
                                  const LayerActs& a, float* dres, WeightGradWork* work,
                                  const LayerActs16* h) {
-  const int64_t C = config_.n_embd, NH = config_.n_head, NKV = config_.n_kv_head;
-  const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
-  const int64_t FC = config_.fc_width(), F = config_.ffn_hidden, BT = B_ * T_, R = BT / sp_;
+  const parts::Block& k = layout_.block();
+  const parts::Attention& at = k.attn;
+  const int64_t C = config_.n_embd, NH = at.n_head, NKV = at.n_kv_head, hs = at.head_dim;
+  const int64_t QKV = at.qkv.out, AO = at.out.in, FC = k.mlp.up.out, F = k.mlp.hidden;
+  const int64_t BT = B_ * T_, R = BT / sp_;
   const bool split = work != nullptr;
   const bool overlap = tp_overlap_ && !split && tp_size() > 1;
   PO_ASSERT(h == nullptr || (sp_ == 1 && !split), "bf16 GEMM inputs are read directly at one ",
@@ -175,9 +127,10 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops
   auto keep = [&](float* dst, const float* src, int64_t n) {
     if (split) backend::device_copy(dst, src, static_cast<size_t>(n) * sizeof(float));
   };
-  auto w = [&](float* g) { return split ? nullptr : g; };
+  // The weight gradients, unless the weight half computes them.
+  auto w = [&](const parts::Linear::Grads& g) { return split ? parts::Linear::Grads{} : g; };
   // d(activation output) [BT,F]: in place for GELU, beside d(fc) for SwiGLU
-  float* dact = config_.mlp == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
+  float* dact = k.mlp.act == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
   // a norm's output gradient: the column-parallel GEMM's input gradient, reduced
   float* dnorm = sp_ > 1 ? dchunk_ : dbuf_c_;
   // A column-parallel GEMM's input for its weight gradient: this rank's norm
@@ -189,58 +142,59 @@ void Transformer::block_backward(const BlockParams& P, const BlockParams* G, ops
     pops_->tp_all_gather_async(norm_out, gathered_, R * C);
     return gathered_;
   };
-  // The column-parallel GEMM's input gradient, reduced over the group into
+  // The column-parallel linear's input gradient, reduced over the group into
   // dnorm (f's conjugate), and its weight and bias gradients.
-  auto column_backward = [&](const float* dout, ops::Operand x, ops::Operand W, float* dW,
-                             float* db, int64_t OC) {
+  auto column_backward = [&](const parts::Linear& lin, const float* dout, ops::Operand x,
+                             const parts::Linear::Weights& p, const parts::Linear::Grads& g) {
     if (!overlap) {
-      ops::matmul_backward(dbuf_c_, w(dW), w(db), dout, x, W, BT, C, OC);
+      lin.backward(dbuf_c_, w(g), dout, x, p, BT);
       reduce_rows(dbuf_c_, dnorm, BT);
       return;
     }
-    ops::matmul_backward(dbuf_c_, nullptr, nullptr, dout, nullptr, W, BT, C, OC);
+    lin.backward(dbuf_c_, {}, dout, nullptr, p, BT);
     pops_->tp_wait();  // x, when gathered
     if (sp_ > 1)
       pops_->tp_reduce_scatter_async(dbuf_c_, dnorm, R * C);
     else
       pops_->tp_all_reduce_async(dbuf_c_, BT * C);
-    ops::matmul_backward(nullptr, dW, db, dout, x, nullptr, BT, C, OC);
+    lin.backward(nullptr, g, dout, x, {}, BT);
     pops_->tp_wait();
+  };
+  // A norm's weight gradients: into scratch under sequence parallel (norm_grad_target).
+  auto norm_grads = [&](const parts::Norm::Grads& g, int slot) -> parts::Norm::Grads {
+    return {norm_grad_target(g.w, slot), norm_grad_target(g.b, slot + 1)};
   };
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
   const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
   const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);
   keep(split ? work->d_proj : nullptr, dy, BT * C);
   keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
-  ops::matmul_backward(dact, w(G->fcprojw), w(G->fcprojb), dy, act, {P.fcprojw, P.fcprojw16}, BT,
-                       F, C);
-  mlp_act_backward(dfch_, h != nullptr ? ops::Operand(h->fch) : ops::Operand(a.fch), dact, BT);
+  k.mlp.down.backward(dact, w(G.down), dy, act, P.down, BT);
+  k.mlp.act_backward(dfch_, h != nullptr ? ops::Operand(h->fch) : ops::Operand(a.fch), dact, BT);
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
   keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
-  column_backward(dfch_, ln2, {P.fcw, P.fcw16}, G->fcw, G->fcb, FC);
-  norm_backward(dres, norm_grad_target(G->ln2w, 2), norm_grad_target(G->ln2b, 3), dnorm,
-                h != nullptr ? ops::Operand(h->residual2) : ops::Operand(a.residual2), P.ln2w,
-                a.ln2_mean, a.ln2_rstd, R);
+  column_backward(k.mlp.up, dfch_, ln2, P.up, G.up);
+  k.norm2.backward(dres, norm_grads(G.norm2, 2), dnorm,
+                   h != nullptr ? ops::Operand(h->residual2) : ops::Operand(a.residual2), P.norm2,
+                   a.ln2_mean, a.ln2_rstd, R);
   dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
   const ops::Operand ln1 = gemm_input(a.ln1, h != nullptr ? h->ln1 : nullptr);
   keep(split ? work->d_out : nullptr, dy, BT * C);
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
-  ops::matmul_backward(dbuf_c_, w(G->attprojw), w(G->attprojb), dy,
-                       h != nullptr ? ops::Operand(h->atty) : ops::Operand(a.atty),
-                       {P.attprojw, P.attprojw16}, BT, AO, C);
+  at.out.backward(dbuf_c_, w(G.out), dy, h != nullptr ? ops::Operand(h->atty) : ops::Operand(a.atty),
+                  P.out, BT);
   if (h != nullptr && attention_reads16())  // the saved bf16 q, k, v and output as they are
     ops::attention_backward(dqkv_, dbuf_c_, h->qkv, h->atty, a.lse, B_, T_, NH, NKV, hs);
   else if (cp_.size > 1)
     pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   else
     ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
-  if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, NH + NKV, hs, rope_cos_, rope_sin_);
+  if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, at.rotated_heads(), hs, rope_cos_, rope_sin_);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, ln1.f32, BT * C);
-  column_backward(dqkv_, ln1, {P.qkvw, P.qkvw16}, G->qkvw, G->qkvb, QKV);
-  norm_backward(dres, norm_grad_target(G->ln1w, 0), norm_grad_target(G->ln1b, 1), dnorm, in,
-                P.ln1w, a.ln1_mean, a.ln1_rstd, R);
-  if (sp_ > 1) sum_norm_grads({G->ln1w, G->ln1b, G->ln2w, G->ln2b});
+  column_backward(at.qkv, dqkv_, ln1, P.qkv, G.qkv);
+  k.norm1.backward(dres, norm_grads(G.norm1, 0), dnorm, in, P.norm1, a.ln1_mean, a.ln1_rstd, R);
+  if (sp_ > 1) sum_norm_grads({G.norm1.w, G.norm1.b, G.norm2.w, G.norm2.b});
 }
 
 namespace {
@@ -277,25 +231,24 @@ WeightGradWork Transformer::make_weight_grad_work() const {
 
 void Transformer::block_backward_input(int layer, float* dres, WeightGradWork& work) {
   const int u = layer + 1;
-  const BlockParams P = block_params_of(u);
-  const BlockParams G = block_params(unit_grads(u));
+  const BlockWeights P = block_weights(u);
+  const BlockGrads G = block_grads(u);
   ops::Operand in;
   const LayerActs a = backward_acts(layer, P, in);
-  block_backward(P, &G, in, a, dres, &work);
+  block_backward(P, G, in, a, dres, &work);
   work.layer = layer;
   unit_done(u);
 }
 
 void Transformer::block_backward_weight(WeightGradWork& work) {
   PO_CHECK(work.layer >= 0, "block_backward_weight: no input half ran into this work");
-  const int64_t C = config_.n_embd, AO = config_.n_head * config_.head_dim();
-  const int64_t BT = B_ * T_, F = config_.ffn_hidden, FC = config_.fc_width();
-  const BlockParams G = block_params(unit_grads(work.layer + 1));
-  ops::matmul_backward(nullptr, G.fcprojw, G.fcprojb, work.d_proj, work.in_proj, nullptr, BT, F, C);
-  ops::matmul_backward(nullptr, G.fcw, G.fcb, work.d_fc, work.in_fc, nullptr, BT, C, FC);
-  ops::matmul_backward(nullptr, G.attprojw, G.attprojb, work.d_out, work.in_out, nullptr, BT, AO, C);
-  ops::matmul_backward(nullptr, G.qkvw, G.qkvb, work.d_qkv, work.in_qkv, nullptr, BT, C,
-                       config_.qkv_width());
+  const parts::Block& k = layout_.block();
+  const int64_t BT = B_ * T_;
+  const BlockGrads G = block_grads(work.layer + 1);
+  k.mlp.down.backward(nullptr, G.down, work.d_proj, work.in_proj, {}, BT);
+  k.mlp.up.backward(nullptr, G.up, work.d_fc, work.in_fc, {}, BT);
+  k.attn.out.backward(nullptr, G.out, work.d_out, work.in_out, {}, BT);
+  k.attn.qkv.backward(nullptr, G.qkv, work.d_qkv, work.in_qkv, {}, BT);
   work.layer = -1;
 }
 
@@ -317,7 +270,7 @@ const float* Transformer::forward_blocks(const float* x0, int64_t b, int64_t t, 
     const int u = l + 1;
     const LayerActs16* direct = direct16(l, save);
     claim_region(i);
-    block_forward(block_params_of(u), in, a, b, t, direct);
+    block_forward(block_weights(u), in, a, b, t, direct);
     unit_done(u);
     if (config_.bf16_activations && save) {
       const LayerActs16& h = layers16_[i];
@@ -401,7 +354,7 @@ Transformer::LayerActs Transformer::load_saved(int64_t l, bool widen_all) {
   return a;
 }
 
-Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockParams& P,
+Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockWeights& P,
                                                   ops::Operand& in, const LayerActs16* h) {
   if (config_.bf16_activations) {
     // With h, the first norm's backward reads the previous block's saved
@@ -474,7 +427,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   }
   const int64_t R = rows / sp_;  // the final norm's rows (this rank's under sequence parallel)
   claim_region(regions_.size() - 1);
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, P.norm_w, P.norm_b, R);
+  layout_.final_norm_part().forward(lnf_, lnf_mean_, lnf_rstd_, residual, {P.norm_w, P.norm_b}, R);
   const float* x = gather_rows(lnf_, gathered_, rows);
   // bf16: the head's operands are rounded once, not in every chunk's three
   // GEMMs (the same bits: a GEMM at kBF16 rounds them the same way), and the
@@ -519,8 +472,9 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     float* dnorm = sp_ > 1 ? dchunk_ : dlnf_;
     reduce_rows(dlnf_, dnorm, rows);
     backend::device_zero(dres_, static_cast<size_t>(R * C) * sizeof(float));
-    norm_backward(dres_, norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1), dnorm,
-                  residual, P.norm_w, lnf_mean_, lnf_rstd_, R);
+    layout_.final_norm_part().backward(
+        dres_, {norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1)}, dnorm, residual,
+        {P.norm_w, P.norm_b}, lnf_mean_, lnf_rstd_, R);
     if (sp_ > 1) sum_norm_grads({G.norm_w, G.norm_b});
   }
   head_done();
@@ -557,7 +511,7 @@ void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
            "tensor-parallel shard");
   const HeadViews P = head_params();
   claim_region(regions_.size() - 1);
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, P.norm_w, P.norm_b, rows);
+  layout_.final_norm_part().forward(lnf_, lnf_mean_, lnf_rstd_, x, {P.norm_w, P.norm_b}, rows);
   ops::matmul_forward_decode(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
   head_done();
 }
@@ -595,12 +549,12 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         break;
       case Step::kBlockBackward: {
         const int u = s.layer + 1;
-        const BlockParams P = block_params_of(u);
-        const BlockParams G = block_params(unit_grads(u));
+        const BlockWeights P = block_weights(u);
+        const BlockGrads G = block_grads(u);
         ops::Operand in;
         const LayerActs16* h = direct16(s.layer, true);
         const LayerActs a = backward_acts(s.layer, P, in, h);
-        block_backward(P, &G, in, a, dres_, nullptr, h);
+        block_backward(P, G, in, a, dres_, nullptr, h);
         unit_done(u);
         lend_region(static_cast<size_t>(s.layer - first_block()));
         ready(u);
@@ -653,24 +607,20 @@ void Transformer::set_external_head(bool on) {
 // The final norm's parameters or gradients: the head unit's (never the table's).
 void Transformer::final_norm_forward(const float* residual) {
   const int hu = layout_.head_unit();
-  const int64_t at = layout_.unit_offset(hu);
-  const TensorSpec* nb = layout_.final_norm_bias();
+  const parts::Norm& norm = layout_.final_norm_part();
   const float* p = unit_params(hu);
   claim_region(regions_.size() - 1);
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, p + (layout_.final_norm().offset - at),
-               nb ? p + (nb->offset - at) : nullptr, B_ * T_);
+  norm.forward(lnf_, lnf_mean_, lnf_rstd_, residual, norm.weights(p), B_ * T_);
   unit_done(hu);
 }
 
 void Transformer::final_norm_backward(const float* dlnf) {
   const int hu = layout_.head_unit();
-  const int64_t at = layout_.unit_offset(hu);
-  const TensorSpec* nb = layout_.final_norm_bias();
+  const parts::Norm& norm = layout_.final_norm_part();
   const float* p = unit_params(hu);
   float* g = unit_grads(hu);
   backend::device_zero(dres_, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
-  norm_backward(dres_, g + (layout_.final_norm().offset - at), nb ? g + (nb->offset - at) : nullptr,
-                dlnf, out_, p + (layout_.final_norm().offset - at), lnf_mean_, lnf_rstd_, B_ * T_);
+  norm.backward(dres_, norm.grads(g), dlnf, out_, norm.weights(p), lnf_mean_, lnf_rstd_, B_ * T_);
   unit_done(hu);
 }
 
@@ -703,12 +653,12 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
       block_backward_input(l, dres_, (*deferred)[static_cast<size_t>(l - first_block())]);
       continue;
     }
-    const BlockParams P = block_params_of(u);
-    const BlockParams G = block_params(unit_grads(u));
+    const BlockWeights P = block_weights(u);
+    const BlockGrads G = block_grads(u);
     ops::Operand in;
     const LayerActs16* h = direct16(l, true);
     const LayerActs a = backward_acts(l, P, in, h);
-    block_backward(P, &G, in, a, dres_, nullptr, h);
+    block_backward(P, G, in, a, dres_, nullptr, h);
     unit_done(u);
     ready(u);
   }

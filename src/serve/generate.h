@@ -3,8 +3,8 @@
 // is full the window slides (generate.cc). Each token is chosen by serve's
 // sampler (serve/sampler.h), so a seeded `generate` picks what a `serve`
 // request with the same seed, temperature and top-k picks, and greedy is the
-// same first maximum. (One decode path for both, a contiguous cache as a
-// paged cache of one block, is issue 36 item 1's, not done.)
+// same first maximum. The contiguous cache is a paged cache of one block, so
+// the logits come from serve's decode path (Transformer::forward_paged).
 #pragma once
 
 #include <cstdint>

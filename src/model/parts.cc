@@ -1,0 +1,232 @@
+#include "model/parts.h"
+
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace po::model::parts {
+namespace ops = po::backend::cpu;
+
+Linear::Weights Linear::weights(const float* unit, const uint16_t* bits, bool lean) const {
+  Weights p;
+  p.w = lean ? nullptr : unit + weight;  // lean: the weight is read through its bits alone
+  p.w16 = bits == nullptr ? nullptr : bits + weight;
+  p.b = bias < 0 ? nullptr : unit + bias;
+  return p;
+}
+
+Linear::Grads Linear::grads(float* unit) const {
+  if (!trainable || unit == nullptr) return {};
+  return {unit + weight, bias < 0 ? nullptr : unit + bias};
+}
+
+void Linear::forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias) const {
+  ops::matmul_forward(y, x, {p.w, p.w16}, with_bias ? p.b : nullptr, rows, in, out);
+}
+
+void Linear::forward_decode(float* y, const float* x, const Weights& p, int64_t rows,
+                            bool with_bias) const {
+  ops::matmul_forward_decode(y, x, p.w, with_bias ? p.b : nullptr, rows, in, out);
+}
+
+void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const Weights& p,
+                      int64_t rows) const {
+  ops::matmul_backward(dx, g.w, g.b, dy, x, {p.w, p.w16}, rows, in, out);
+}
+
+namespace {
+// Out: float, or uint16_t for outputs rounded to bf16 as written.
+template <typename Out>
+void norm_forward(const Norm& n, Out* out, float* mean, float* rstd, const float* in,
+                  const Norm::Weights& p, int64_t rows) {
+  if (n.kind == model::Norm::kLayerNorm)
+    ops::layernorm_forward(out, mean, rstd, in, p.w, p.b, rows, n.C, n.eps);
+  else
+    ops::rmsnorm_forward(out, rstd, in, p.w, rows, n.C, n.eps);
+}
+
+template <typename Out>
+void act_forward(const Mlp& m, Out* out, const float* in, int64_t rows) {
+  if (m.act == model::Mlp::kGeluTanh)
+    ops::gelu_forward(out, in, rows * m.hidden);
+  else
+    ops::swiglu_forward(out, in, rows, m.hidden);
+}
+}  // namespace
+
+void Norm::forward(float* out, float* mean, float* rstd, const float* in, const Weights& p,
+                   int64_t rows) const {
+  norm_forward(*this, out, mean, rstd, in, p, rows);
+}
+
+void Norm::forward(uint16_t* out, float* mean, float* rstd, const float* in, const Weights& p,
+                   int64_t rows) const {
+  norm_forward(*this, out, mean, rstd, in, p, rows);
+}
+
+void Norm::backward(float* dinp, const Grads& g, const float* dout, Operand in, const Weights& p,
+                    const float* mean, const float* rstd, int64_t rows) const {
+  if (kind == model::Norm::kLayerNorm) {
+    if (in.f32 != nullptr)
+      return ops::layernorm_backward(dinp, g.w, g.b, dout, in.f32, p.w, mean, rstd, rows, C);
+    return ops::layernorm_backward(dinp, g.w, g.b, dout, in.bf16, p.w, mean, rstd, rows, C);
+  }
+  if (in.f32 != nullptr) return ops::rmsnorm_backward(dinp, g.w, dout, in.f32, p.w, rstd, rows, C);
+  ops::rmsnorm_backward(dinp, g.w, dout, in.bf16, p.w, rstd, rows, C);
+}
+
+void Mlp::act_forward(float* out, const float* in, int64_t rows) const {
+  parts::act_forward(*this, out, in, rows);
+}
+
+void Mlp::act_forward(uint16_t* out, const float* in, int64_t rows) const {
+  parts::act_forward(*this, out, in, rows);
+}
+
+void Mlp::act_backward(float* dinp, Operand in, const float* dout, int64_t rows) const {
+  if (act == model::Mlp::kGeluTanh) {
+    if (in.f32 != nullptr) return ops::gelu_backward(dinp, in.f32, dout, rows * hidden);
+    return ops::gelu_backward(dinp, in.bf16, dout, rows * hidden);
+  }
+  if (in.f32 != nullptr) return ops::swiglu_backward(dinp, in.f32, dout, rows, hidden);
+  ops::swiglu_backward(dinp, in.bf16, dout, rows, hidden);
+}
+
+Block::Weights Block::weights(const float* unit, const uint16_t* bits, bool lean) const {
+  return {norm1.weights(unit), norm2.weights(unit), attn.qkv.weights(unit, bits, lean),
+          attn.out.weights(unit, bits, lean), mlp.up.weights(unit, bits, lean),
+          mlp.down.weights(unit, bits, lean)};
+}
+
+Block::Grads Block::grads(float* unit) const {
+  return {norm1.grads(unit), norm2.grads(unit), attn.qkv.grads(unit), attn.out.grads(unit),
+          mlp.up.grads(unit), mlp.down.grads(unit)};
+}
+
+namespace {
+
+// A family's names for block l's tensors.
+struct Names {
+  std::string norm1_w, norm1_b, norm2_w, norm2_b;
+  std::vector<std::string> qkv_w, qkv_b;  // one fused tensor (GPT-2) or q, k, v (Llama)
+  std::string out_w, out_b;
+  std::vector<std::string> up_w, up_b;  // GPT-2 c_fc; Llama gate, up (SwiGLU) or up (GELU)
+  std::string down_w, down_b;
+  bool conv1d = false;  // GPT-2 files store linear weights as [in, out]
+};
+
+Names gpt2_names(int64_t l) {
+  const std::string h = "h." + std::to_string(l) + ".";
+  return {h + "ln_1.weight",           h + "ln_1.bias",
+          h + "ln_2.weight",           h + "ln_2.bias",
+          {h + "attn.c_attn.weight"},  {h + "attn.c_attn.bias"},
+          h + "attn.c_proj.weight",    h + "attn.c_proj.bias",
+          {h + "mlp.c_fc.weight"},     {h + "mlp.c_fc.bias"},
+          h + "mlp.c_proj.weight",     h + "mlp.c_proj.bias",
+          true};
+}
+
+Names llama_names(int64_t l, bool swiglu) {
+  const std::string h = "model.layers." + std::to_string(l) + ".";
+  const std::string a = h + "self_attn.", m = h + "mlp.";
+  Names n{h + "input_layernorm.weight",
+          h + "input_layernorm.bias",
+          h + "post_attention_layernorm.weight",
+          h + "post_attention_layernorm.bias",
+          {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+          {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+          a + "o_proj.weight",
+          a + "o_proj.bias",
+          {m + "up_proj.weight"},
+          {m + "up_proj.bias"},
+          m + "down_proj.weight",
+          m + "down_proj.bias",
+          false};
+  if (swiglu) {
+    n.up_w = {m + "gate_proj.weight", m + "up_proj.weight"};
+    n.up_b = {m + "gate_proj.bias", m + "up_proj.bias"};
+  }
+  return n;
+}
+
+// A column-parallel linear whose output is `rows` (one per fused part) by
+// `in`: one tensor of all parts (a fused file tensor, `names` of one) or one
+// tensor per part, back to back.
+Linear declare_column(const std::vector<std::string>& w, const std::vector<std::string>& b,
+                      const std::vector<int64_t>& rows, int64_t in, bool bias, bool conv1d,
+                      const Declare& add) {
+  Linear lin;
+  lin.in = in;
+  lin.partition = Partition::kSplitRows;
+  for (int64_t r : rows) lin.out += r;
+  const bool fused = w.size() == 1;
+  PO_ASSERT(fused || w.size() == rows.size(), "declare_column: ", w.size(), " names for ",
+            rows.size(), " parts");
+  if (fused) {
+    lin.weight = add({w[0], {lin.out, in}, Init::kNormal, Partition::kSplitRows, rows, conv1d});
+    if (bias) lin.bias = add({b[0], {lin.out}, Init::kZeros, Partition::kSplitRows, rows});
+    return lin;
+  }
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int64_t at = add({w[i], {rows[i], in}, Init::kNormal, Partition::kSplitRows, {}, conv1d});
+    if (i == 0) lin.weight = at;
+  }
+  if (bias)
+    for (size_t i = 0; i < b.size(); ++i) {
+      const int64_t at = add({b[i], {rows[i]}, Init::kZeros, Partition::kSplitRows, {}, false});
+      if (i == 0) lin.bias = at;
+    }
+  return lin;
+}
+
+// A row-parallel linear [out, in]: its input columns split, its bias whole.
+Linear declare_row(const std::string& w, const std::string& b, int64_t out, int64_t in, bool bias,
+                   bool conv1d, const Declare& add) {
+  Linear lin;
+  lin.in = in;
+  lin.out = out;
+  lin.partition = Partition::kSplitCols;
+  lin.weight = add({w, {out, in}, Init::kResidualNormal, Partition::kSplitCols, {}, conv1d});
+  if (bias) lin.bias = add({b, {out}, Init::kZeros, Partition::kReplicated, {}, false});
+  return lin;
+}
+
+}  // namespace
+
+Norm declare_norm(const TransformerConfig& c, const std::string& w, const std::string& b,
+                  const Declare& add) {
+  Norm n;
+  n.kind = c.norm;
+  n.C = c.n_embd;
+  n.eps = c.norm_eps;
+  n.weight = add({w, {c.n_embd}, Init::kOnes, Partition::kReplicated, {}, false});
+  if (c.norm == model::Norm::kLayerNorm)
+    n.bias = add({b, {c.n_embd}, Init::kZeros, Partition::kReplicated, {}, false});
+  return n;
+}
+
+Block declare_block(const TransformerConfig& c, int64_t l, const Declare& add) {
+  const int64_t C = c.n_embd, NH = c.n_head, NKV = c.n_kv_head, hs = c.head_dim();
+  const int64_t F = c.ffn_hidden;
+  const bool swiglu = c.mlp == model::Mlp::kSwiGLU;
+  const Names n = c.arch == "gpt2" ? gpt2_names(l) : llama_names(l, swiglu);
+  Block k;
+  k.norm1 = declare_norm(c, n.norm1_w, n.norm1_b, add);
+  k.attn.n_head = NH;
+  k.attn.n_kv_head = NKV;
+  k.attn.head_dim = hs;
+  k.attn.rope = c.positions == Positions::kRope;
+  k.attn.qkv = declare_column(n.qkv_w, n.qkv_b, {NH * hs, NKV * hs, NKV * hs}, C, c.bias,
+                              n.conv1d, add);
+  k.attn.out = declare_row(n.out_w, n.out_b, C, NH * hs, c.bias, n.conv1d, add);
+  k.norm2 = declare_norm(c, n.norm2_w, n.norm2_b, add);
+  k.mlp.act = c.mlp;
+  k.mlp.hidden = F;
+  k.mlp.up = declare_column(n.up_w, n.up_b, swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F},
+                            C, c.bias, n.conv1d, add);
+  k.mlp.down = declare_row(n.down_w, n.down_b, C, F, c.bias, n.conv1d, add);
+  return k;
+}
+
+}  // namespace po::model::parts

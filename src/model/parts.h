@@ -1,0 +1,167 @@
+// The parts a decoder block is made of: Norm, Linear, Attention and Mlp,
+// and the Block that holds one of each kind in its order. A part knows
+//   - its tensors: it declares them in the layout (declare_block, called by
+//     Layout's constructor once per block) and keeps their offsets inside the
+//     block's unit, the same in every block;
+//   - its shapes as this tensor-parallel rank holds them, and its partition;
+//   - the arithmetic of its forward and backward on a unit's buffers.
+// The block paths (model/transformer_steps.cc: the forward, the fused
+// backward and its input and weight halves; model/transformer_decode.cc: the
+// one decode path, training's and serving's) are compositions of these calls.
+// The tensor group's collectives between parts (Megatron's f and g) stay with
+// the Transformer, which holds the group (model/parallel_ops.h); a Linear's
+// partition says where they go.
+//
+// What plugs in here later: an adapter on a Linear (LoRA), an expert Mlp, a
+// quantized storage format for a Linear's weight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "model/config.h"
+#include "model/tensor_spec.h"
+
+namespace po::model::parts {
+
+using backend::cpu::Operand;
+
+// A tensor as a part declares it; the layout gives it its offset and unit.
+struct Decl {
+  std::string name;
+  tensor::Shape shape;
+  Init init = Init::kZeros;
+  Partition partition = Partition::kReplicated;
+  std::vector<int64_t> parts;  // kSplitRows: rows of each fused part as held (see TensorSpec)
+  bool conv1d = false;
+};
+// Appends a tensor to the unit being laid out; returns its offset inside the unit.
+using Declare = std::function<int64_t(Decl)>;
+
+// y[rows, out] = x[rows, in] · Wᵀ + b, W [out, in] as this rank holds it.
+// kSplitRows: column-parallel (every rank sees all of x, computes its rows
+// of y); kSplitCols: row-parallel (its columns of x, a partial y that the
+// group sums; the bias, replicated, is added by one rank: `with_bias`).
+// A weight may be several tensors declared back to back (q | k | v, gate |
+// up): one GEMM reads them as one.
+struct Linear {
+  int64_t weight = -1, bias = -1;  // offsets inside the unit; bias -1: none
+  int64_t in = 0, out = 0;
+  Partition partition = Partition::kReplicated;
+  // Whether the backward computes the weight's and bias's gradients (false:
+  // a frozen weight; the input gradient still flows).
+  bool trainable = true;
+
+  // What a step reads: the f32 values (null where the hooks hand out the
+  // stored bf16 bits alone), the bits (null where none are held), the bias.
+  struct Weights {
+    const float* w = nullptr;
+    const uint16_t* w16 = nullptr;
+    const float* b = nullptr;
+  };
+  // Where its gradients accumulate (null: not computed).
+  struct Grads {
+    float* w = nullptr;
+    float* b = nullptr;
+  };
+  Weights weights(const float* unit, const uint16_t* bits, bool lean) const;
+  Grads grads(float* unit) const;
+
+  void forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias = true) const;
+  // Generation's: few rows, each row's values independent of the others
+  // (backend::cpu::matmul_forward_decode).
+  void forward_decode(float* y, const float* x, const Weights& p, int64_t rows,
+                      bool with_bias = true) const;
+  // dx[rows, in] = dy · W (written; null: not computed); g.w += dyᵀ · x,
+  // g.b += Σ dy (null members: not computed).
+  void backward(float* dx, const Grads& g, Operand dy, Operand x, const Weights& p,
+                int64_t rows) const;
+};
+
+// LayerNorm (weight and bias) or RMSNorm (weight) over C channels.
+struct Norm {
+  int64_t weight = -1, bias = -1;  // offsets inside the unit; bias -1: RMSNorm
+  model::Norm kind = model::Norm::kLayerNorm;
+  int64_t C = 0;
+  double eps = 1e-5;
+
+  struct Weights {
+    const float* w = nullptr;
+    const float* b = nullptr;
+  };
+  struct Grads {
+    float* w = nullptr;
+    float* b = nullptr;
+  };
+  Weights weights(const float* unit) const { return {unit + weight, bias < 0 ? nullptr : unit + bias}; }
+  Grads grads(float* unit) const {
+    if (unit == nullptr) return {};
+    return {unit + weight, bias < 0 ? nullptr : unit + bias};
+  }
+  // out written in f32, or (uint16_t) rounded to bf16 as written; mean is
+  // unused by RMSNorm.
+  void forward(float* out, float* mean, float* rstd, const float* in, const Weights& p,
+               int64_t rows) const;
+  void forward(uint16_t* out, float* mean, float* rstd, const float* in, const Weights& p,
+               int64_t rows) const;
+  // dinp += ...; g.w, g.b += ... (g.b ignored by RMSNorm). `in` as saved:
+  // f32, or bf16 read as its widened values.
+  void backward(float* dinp, const Grads& g, const float* dout, Operand in, const Weights& p,
+                const float* mean, const float* rstd, int64_t rows) const;
+};
+
+// Multi-head attention with grouped keys and values: a column-parallel
+// q | k | v projection, RoPE where the model rotates, the attention kernel,
+// a row-parallel output projection. Heads as this rank holds them.
+struct Attention {
+  Linear qkv, out;
+  int64_t n_head = 0, n_kv_head = 0, head_dim = 0;
+  bool rope = false;
+  int64_t rotated_heads() const { return n_head + n_kv_head; }  // q and k: the first of a row
+};
+
+// The feed-forward: a column-parallel up projection (GELU: F outputs;
+// SwiGLU: gate | up, 2F), the activation, a row-parallel down projection.
+struct Mlp {
+  Linear up, down;
+  model::Mlp act = model::Mlp::kGeluTanh;
+  int64_t hidden = 0;  // F as held
+
+  void act_forward(float* out, const float* in, int64_t rows) const;
+  void act_forward(uint16_t* out, const float* in, int64_t rows) const;
+  // dinp written: [rows, F] (GELU, may alias dout) or [rows, 2F] (SwiGLU).
+  void act_backward(float* dinp, Operand in, const float* dout, int64_t rows) const;
+};
+
+// A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(·)).
+struct Block {
+  Norm norm1;
+  Attention attn;
+  Norm norm2;
+  Mlp mlp;
+
+  // A unit's weights as a step reads them, and its gradient accumulators.
+  struct Weights {
+    Norm::Weights norm1, norm2;
+    Linear::Weights qkv, out, up, down;
+  };
+  struct Grads {
+    Norm::Grads norm1, norm2;
+    Linear::Grads qkv, out, up, down;
+  };
+  Weights weights(const float* unit, const uint16_t* bits, bool lean) const;
+  Grads grads(float* unit) const;
+};
+
+// Declares block l's tensors (Hugging Face GPT-2 or Llama names by
+// config.arch) through `add`, in the layout's order, for `held` shapes (this
+// tensor-parallel rank's, TransformerConfig::shard) and returns its parts.
+Block declare_block(const TransformerConfig& held, int64_t l, const Declare& add);
+// Declares a norm's weight (and, for LayerNorm, bias) named w and b.
+Norm declare_norm(const TransformerConfig& config, const std::string& w, const std::string& b,
+                  const Declare& add);
+
+}  // namespace po::model::parts
