@@ -80,12 +80,16 @@ void AdamW::plan_quantized() {
     slots_.push_back(s);
   }
   // Zero state as bitsandbytes and torchao make it: codes 0, absmax 0 (decodes to 0).
-  f_m_.assign(static_cast<size_t>(f32), 0.0f);
-  f_v_.assign(static_cast<size_t>(f32), 0.0f);
-  q_m_.assign(static_cast<size_t>(codes), 0);
-  q_v_.assign(static_cast<size_t>(codes), 0);
-  q_ma_.assign(static_cast<size_t>(blocks), 0.0f);
-  q_va_.assign(static_cast<size_t>(blocks), 0.0f);
+  const auto floats = static_cast<size_t>(2 * f32 + 2 * blocks);
+  const size_t bytes = floats * sizeof(float) + 2 * static_cast<size_t>(codes);
+  if (bytes == 0) return;
+  quant_ = tensor::Storage(bytes);  // zero-filled
+  f_m_ = quant_.f32();
+  f_v_ = f_m_ + f32;
+  q_ma_ = f_v_ + f32;
+  q_va_ = q_ma_ + blocks;
+  q_m_ = reinterpret_cast<uint8_t*>(q_va_ + blocks);
+  q_v_ = q_m_ + codes;
 }
 
 namespace {
@@ -155,11 +159,11 @@ void AdamW::read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const
     const Slot& s = slots_[i];
     float* out = dst + (a - lo);
     if (!s.quantized) {
-      std::memcpy(out, (m ? f_m_ : f_v_).data() + s.at + (a - r.state()), static_cast<size_t>(b - a) * 4);
+      std::memcpy(out, (m ? f_m_ : f_v_) + s.at + (a - r.state()), static_cast<size_t>(b - a) * 4);
       return;
     }
-    const uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
-    const float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
+    const uint8_t* codes = (m ? q_m_ : q_v_) + s.at;
+    const float* absmax = (m ? q_ma_ : q_va_) + s.blocks;
     const backend::BlockCut rb(r.numel, config_.block_size, s.first);
     for (int64_t e = a - r.state(); e < b - r.state(); ++e)
       out[e - (a - r.state())] =
@@ -177,11 +181,11 @@ int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* 
     const Slot& s = slots_[i];
     const float* in = src + (a - lo);
     if (!s.quantized) {
-      std::memcpy((m ? f_m_ : f_v_).data() + s.at + (a - r.state()), in, static_cast<size_t>(b - a) * 4);
+      std::memcpy((m ? f_m_ : f_v_) + s.at + (a - r.state()), in, static_cast<size_t>(b - a) * 4);
       return;
     }
-    uint8_t* codes = (m ? q_m_ : q_v_).data() + s.at;
-    float* absmax = (m ? q_ma_ : q_va_).data() + s.blocks;
+    uint8_t* codes = (m ? q_m_ : q_v_) + s.at;
+    float* absmax = (m ? q_ma_ : q_va_) + s.blocks;
     const backend::BlockCut rb(r.numel, config_.block_size, s.first);
     const int64_t e0 = a - r.state(), e1 = b - r.state();
     const int64_t k0 = rb.of(e0), k1 = rb.of(e1 - 1);
@@ -217,15 +221,15 @@ void AdamW::apply_quantized(float* params, const float* grads_state, float* mast
     const uint16_t* gb = grads_bf16 != nullptr ? grads_bf16 + (grads_by_state ? r.state() : r.offset) : nullptr;
     uint16_t* out = params_out != nullptr ? params_out + r.offset : nullptr;
     if (s.quantized) {
-      ops::QuantMoments q{q_m_.data() + s.at, q_ma_.data() + s.blocks, q_v_.data() + s.at,
-                          q_va_.data() + s.blocks, &mmap, &vmap, config_.block_size, s.first};
+      ops::QuantMoments q{q_m_ + s.at, q_ma_ + s.blocks, q_v_ + s.at, q_va_ + s.blocks, &mmap, &vmap,
+                          config_.block_size, s.first};
       ops::adamw_update_quant(p, g, gb, out, &q, r.numel, f(lr), f(config_.beta1), f(config_.beta2),
                               f(config_.eps), decay, f(scale), t_);
     } else if (gb != nullptr) {
-      ops::adamw_update_mixed(p, gb, f_m_.data() + s.at, f_v_.data() + s.at, out, r.numel, f(lr),
+      ops::adamw_update_mixed(p, gb, f_m_ + s.at, f_v_ + s.at, out, r.numel, f(lr),
                               f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
     } else {
-      ops::adamw_update(p, g, f_m_.data() + s.at, f_v_.data() + s.at, r.numel, f(lr),
+      ops::adamw_update(p, g, f_m_ + s.at, f_v_ + s.at, r.numel, f(lr),
                         f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
     }
   }

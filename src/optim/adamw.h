@@ -180,13 +180,13 @@ class AdamW {
     int64_t first = 0;   // elements before the range's first grid line (0: none)
   };
   std::vector<Slot> slots_;  // by ranges_ index
-  std::vector<float> f_m_, f_v_;
-  std::vector<uint8_t> q_m_, q_v_;
-  std::vector<float> q_ma_, q_va_;
-  size_t quant_bytes() const {
-    return (f_m_.size() + f_v_.size() + q_ma_.size() + q_va_.size()) * sizeof(float) + q_m_.size() +
-           q_v_.size();
-  }
+  // The stores, in one compute-tier allocation (as m_ and v_ are), back to
+  // back with no padding: fp32 m and v, then the absmaxes of m and v, then
+  // the codes of m and v.
+  tensor::Storage quant_;
+  float *f_m_ = nullptr, *f_v_ = nullptr, *q_ma_ = nullptr, *q_va_ = nullptr;
+  uint8_t *q_m_ = nullptr, *q_v_ = nullptr;
+  size_t quant_bytes() const { return quant_.size(); }
   void plan_quantized();
   // The codebook of m (true) or v at this config's width.
   const backend::Codebook& moment_map(bool m) const;

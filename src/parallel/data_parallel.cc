@@ -35,17 +35,17 @@ std::vector<int64_t> unit_sizes(const model::Transformer& m) {
 // its unit, state (m, v and the gradient shard) in the rank's local buffers,
 // parameters in the model's flat buffer (stages 1-2) or, with `local_params`
 // (stage 3), in the local parameter shard at the same offsets as the state.
+// Quantized moments keep their blocks on the unit's grid (the layout cuts on
+// it), so each rank holds whole blocks, the ones an unsharded run has.
 std::vector<optim::ParamRange> shard_ranges(const model::Transformer& m, const ShardLayout& l,
-                                            bool local_params) {
+                                            bool local_params, const std::vector<bool>& quantized) {
   std::vector<optim::ParamRange> ranges;
-  for (const auto& info : m.param_infos()) {
+  for (const OwnedPiece& p : owned_pieces(m.layout(), l)) {
+    const model::TensorSpec& info = m.param_infos()[p.tensor];
     const int u = info.unit;
-    const int64_t unit_lo = m.unit_offset(u);
-    const int64_t lo = std::max(info.offset - unit_lo, l.begin(u));
-    const int64_t hi = std::min(info.offset + info.numel() - unit_lo, l.end(u));
-    if (lo >= hi) continue;
-    const int64_t local = l.local_offset(u) + (lo - l.begin(u));
-    ranges.push_back({local_params ? local : unit_lo + lo, hi - lo, info.decay, local});
+    const int64_t local = l.local_offset(u) + (p.lo - l.begin(u));
+    ranges.push_back({local_params ? local : m.unit_offset(u) + p.lo, p.hi - p.lo, info.decay, local,
+                      quantized[p.tensor], p.lo});
   }
   return ranges;
 }
@@ -57,7 +57,8 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
     : model_(model),
       group_(group),
       options_(options),
-      layout_(unit_sizes(model), group ? group->size() : 1, group ? group->rank() : 0) {
+      layout_(unit_sizes(model), group ? group->size() : 1, group ? group->rank() : 0,
+              adam.state_bits < 32 ? adam.block_size : 1) {
   PO_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3, "parallel.zero_stage = ",
            options.zero_stage, " is not one of 0, 1, 2, 3");
   auto f32_or_bf16 = [](DType d) { return d == DType::kF32 || d == DType::kBF16; };
@@ -65,9 +66,9 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
            "DataParallel: parameters and reductions are fp32 or bf16");
   const int units = model.num_units();
   const int stage = options_.zero_stage;
+  const std::vector<bool> quantized = quantized_tensors(model.layout(), adam);
   if (stage == 0) {
     std::vector<optim::ParamRange> ranges;
-    const std::vector<bool> quantized = quantized_tensors(model.layout(), adam);
     for (size_t i = 0; i < model.param_infos().size(); ++i) {
       const auto& info = model.param_infos()[i];
       ranges.push_back({info.offset, info.numel(), info.decay, -1, quantized[i],
@@ -75,7 +76,7 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
     }
     adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
   } else {
-    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3),
+    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3, quantized),
                                            layout_.local_numel());
   }
   if (stage >= 2 || bf16()) {
@@ -468,8 +469,9 @@ size_t DataParallel::predicted_model_state_bytes() const {
   const int s = options_.zero_stage;
   const double p = bf16() ? 2 : 4;  // parameter and gradient bytes
   double bytes = p * (s == 3 ? shard : whole) + p * (s >= 2 ? shard : whole);
-  if (adam_->quantized())  // ZeRO-0 (plan/capabilities.cc): every tensor's moments as stored
-    bytes += static_cast<double>(moment_bytes(model_.layout(), adam_->config())) + (bf16() ? 4 : 0) * whole;
+  if (adam_->quantized())  // the moments as stored (this rank's shard at stages 1-3) [+ master]
+    bytes += static_cast<double>(moment_bytes(model_.layout(), adam_->config(), s >= 1 ? &layout_ : nullptr)) +
+             (bf16() ? 4 : 0) * (s >= 1 ? shard : whole);
   else
     bytes += (bf16() ? 12.0 : 8.0) * (s >= 1 ? shard : whole);  // [master +] m + v
   if (!bf16() && s == 1) bytes += 4 * shard;  // the shard of the reduced gradient the update reads

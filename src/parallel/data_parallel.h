@@ -222,6 +222,9 @@ class DataParallel {
   // decoded, and recovered or quantized on the way in: optim/adamw.h).
   void read_shard(Shard kind, int u, float* dst);
   void write_shard(Shard kind, int u, const float* src);
+  // Stage 0, where every rank holds all of Adam's state: unit u's whole
+  // moment `kind` (unit_numel(u) floats), as a checkpoint load gives it.
+  void write_whole_moment(Shard kind, int u, const float* src);
   // Quantized Adam blocks write_shard could not recover and quantized (a
   // 32-bit checkpoint's moments), since the start.
   int64_t quantized_on_load() const { return quantized_on_load_; }

@@ -1,5 +1,6 @@
 #include "parallel/quantized_state.h"
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -30,9 +31,27 @@ std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::Ad
   return q;
 }
 
-int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam) {
+std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLayout& shard) {
+  std::vector<OwnedPiece> out;
+  const std::vector<model::TensorSpec>& tensors = layout.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const model::TensorSpec& t = tensors[i];
+    const int64_t at = t.offset - layout.unit_offset(t.unit);
+    const int64_t lo = std::max(at, shard.begin(t.unit)), hi = std::min(at + t.numel(), shard.end(t.unit));
+    if (lo < hi) out.push_back({i, lo, hi});
+  }
+  return out;
+}
+
+int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam,
+                     const ShardLayout* shard) {
   const std::vector<bool> q = quantized_tensors(layout, adam);
   int64_t bytes = 0;
+  if (shard != nullptr) {
+    for (const OwnedPiece& p : owned_pieces(layout, *shard))
+      bytes += optim::moment_bytes(adam, q[p.tensor], p.hi - p.lo, p.lo);
+    return bytes;
+  }
   for (size_t i = 0; i < q.size(); ++i) {
     const model::TensorSpec& t = layout.tensors()[i];
     bytes += optim::moment_bytes(adam, q[i], t.numel(), t.offset - layout.unit_offset(t.unit));

@@ -9,6 +9,7 @@
 
 #include "model/layout.h"
 #include "optim/adamw.h"
+#include "parallel/shard_layout.h"
 
 namespace po::parallel {
 
@@ -17,8 +18,19 @@ namespace po::parallel {
 // tensor's name is an error naming it.
 std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::AdamWConfig& adam);
 
-// Bytes of Adam's moments for every tensor of `layout` whole (ZeRO-0), as
-// AdamW holds them: the ledger's and the planner's count.
-int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam);
+// The part of each tensor of `layout` that `shard` gives its rank: the
+// tensor's index and the elements [lo, hi) counted from its unit's start
+// (tensors it owns none of are left out). The cut of the AdamW ranges.
+struct OwnedPiece {
+  size_t tensor = 0;
+  int64_t lo = 0, hi = 0;
+};
+std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLayout& shard);
+
+// Bytes of Adam's moments as AdamW holds them for every tensor of `layout`
+// whole (ZeRO-0), or for the part `shard` gives its rank (ZeRO 1-3, the
+// shard cut on the blocks' grid): the ledger's and the planner's count.
+int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam,
+                     const ShardLayout* shard = nullptr);
 
 }  // namespace po::parallel

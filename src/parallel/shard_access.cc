@@ -53,6 +53,22 @@ void DataParallel::write_shard(Shard kind, int u, const float* src) {
   backend::from_host(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
 }
 
+void DataParallel::write_whole_moment(Shard kind, int u, const float* src) {
+  PO_ASSERT(options_.zero_stage == 0 && kind != Shard::kParams,
+            "DataParallel::write_whole_moment: Adam's moments at ZeRO-0");
+  const int64_t at = model_.unit_offset(u), n = model_.unit_numel(u);
+  if (adam_->quantized()) {
+    quantized_on_load_ += adam_->write_moment(kind, at, n, src);
+    return;
+  }
+  if (const auto f = paged_field(kind)) {
+    adam_->paged_state()->copy_in(*f, at, n, src);
+    return;
+  }
+  float* dst = (kind == Shard::kAdamM ? adam_->m() : adam_->v()) + at;
+  backend::from_host(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
 // Checkpoints hold fp32: the parameters themselves, or a bf16 run's master.
 float* DataParallel::param_shard(int u) {
   if (bf16() && master_.data() != nullptr) return master_.f32() + state_offset(u);

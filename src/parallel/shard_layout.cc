@@ -6,15 +6,16 @@
 
 namespace po::parallel {
 
-ShardLayout::ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank)
+ShardLayout::ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank, int64_t align)
     : numel_(std::move(unit_numel)), ranks_(ranks), rank_(rank) {
   PO_CHECK(ranks >= 1, "ShardLayout: ranks = ", ranks, " must be at least 1");
+  PO_CHECK(align >= 1, "ShardLayout: align = ", align, " must be at least 1");
   PO_CHECK(rank >= 0 && rank < ranks, "ShardLayout: rank ", rank, " is not in [0, ", ranks, ")");
   stride_.reserve(numel_.size());
   local_offset_.assign(1, 0);
   for (int64_t n : numel_) {
     PO_CHECK(n >= 0, "ShardLayout: a unit of ", n, " elements");
-    const int64_t s = stride_of(n, ranks);
+    const int64_t s = ranks == 1 ? n : stride_of(n, ranks, align);
     stride_.push_back(s);
     local_offset_.push_back(local_offset_.back() + s);
     total_ += n;

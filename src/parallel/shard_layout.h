@@ -13,6 +13,10 @@
 // With ranks = 1 a shard is the whole unit and local offsets are the model's
 // unit offsets.
 //
+// `align` (quantized optimizer state, optim.state_bits < 32: its block size)
+// rounds S_u up to a multiple of itself, so every cut falls on the unit's
+// grid of blocks and no block of state is split between ranks.
+//
 // whole_units() makes the other cut a checkpoint's writers may take: every
 // unit whole on one rank (a pipeline stage's units, written by that stage).
 #pragma once
@@ -25,8 +29,8 @@ namespace po::parallel {
 
 class ShardLayout {
  public:
-  // unit_numel[u] = elements of unit u; 0 <= rank < ranks.
-  ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank);
+  // unit_numel[u] = elements of unit u; 0 <= rank < ranks; align >= 1.
+  ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank, int64_t align = 1);
   // Unit u whole on rank owner[u] (in [0, ranks)), nothing of it elsewhere;
   // a rank's units back to back in its local buffers (local_offset), and
   // stride(u) = n_u. Not a ZeRO cut: for checkpoint files only.
@@ -40,8 +44,12 @@ class ShardLayout {
   const std::vector<int64_t>& unit_numels() const { return numel_; }
   // S_u: the padded size of every shard of unit u.
   int64_t stride(int u) const { return stride_[static_cast<size_t>(u)]; }
-  // S for a unit of n elements over `ranks` ranks (ceil(n / ranks)).
-  static int64_t stride_of(int64_t n, int ranks) { return (n + ranks - 1) / ranks; }
+  // S for a unit of n elements over `ranks` ranks: ceil(n / ranks), rounded
+  // up to a multiple of `align`.
+  static int64_t stride_of(int64_t n, int ranks, int64_t align = 1) {
+    const int64_t s = (n + ranks - 1) / ranks;
+    return (s + align - 1) / align * align;
+  }
   // Global element range of unit u owned by rank r: [begin, end).
   int64_t begin(int u, int r) const;
   int64_t end(int u, int r) const;

@@ -236,7 +236,7 @@ WorkingSet working_set(const model::TransformerConfig& cfg, const WorkingSetOpti
   WorkingSet ws;
   const std::vector<int64_t> units = cfg.unit_numels(o.tp);
   const int N = o.ranks, stage = o.zero_stage, U = static_cast<int>(units.size());
-  const ShardLayout layout(units, N, 0);
+  const ShardLayout layout(units, N, 0, o.align);
   const bool grouped = N > 1;
   const double esz = o.bf16 ? 2 : 4;
   const double resz = o.reduce_bf16 && o.bf16 ? 2 : 4;  // gradient bytes on the wire

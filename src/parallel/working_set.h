@@ -18,6 +18,7 @@ namespace po::parallel {
 
 struct WorkingSetOptions {
   int ranks = 1;  // parallel.dp
+  int64_t align = 1;  // the shard cut's alignment (ShardLayout: quantized state's block size)
   int zero_stage = 0;
   int prefetch = 1;  // parallel.prefetch
   bool bf16 = false, reduce_bf16 = false, overlap = true;

@@ -103,7 +103,9 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // over the data group.
   const std::vector<int64_t> units = cfg.unit_numels(l.tp);
   const int N = l.dp, stage = l.zero_stage, U = static_cast<int>(units.size());
-  const parallel::ShardLayout layout(units, N, 0);
+  // Quantized moments: cut on their blocks' grid, as DataParallel cuts.
+  const int64_t align = l.state_bits < 32 ? l.state_block : 1;
+  const parallel::ShardLayout layout(units, N, 0, align);
   const bool grouped = N > 1;
   const auto psi = static_cast<double>(std::accumulate(units.begin(), units.end(), int64_t{0}));
   const double local = static_cast<double>(layout.local_numel());
@@ -115,6 +117,7 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // The working buffers (parallel/working_set.h: the count the trainer sizes pages by).
   parallel::WorkingSetOptions wo;
   wo.ranks = N;
+  wo.align = align;
   wo.zero_stage = stage;
   wo.prefetch = l.prefetch;
   wo.bf16 = l.bf16;
@@ -149,12 +152,13 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // (A tied table's lookup part is kept as rows, with the buckets: tied_pair.h.)
   double master = l.bf16 ? state_numel * 4 : 0;
   double adam = 8 * state_numel;
-  if (l.state_bits < 32) {  // ZeRO-0 only (capabilities.cc): each tensor's moments as AdamW stores them
+  if (l.state_bits < 32) {  // each tensor's moments as AdamW stores them (stages 1-3: rank 0's shard)
     optim::AdamWConfig a;
     a.state_bits = l.state_bits;
     a.block_size = l.state_block;
     a.state_bits_exclude = l.state_bits_exclude;
-    adam = static_cast<double>(parallel::moment_bytes(model::Layout(cfg), a));  // (tp = 1: capabilities.cc)
+    adam = static_cast<double>(parallel::moment_bytes(model::Layout(cfg), a,  // (tp = 1: capabilities.cc)
+                                                      stage >= 1 ? &layout : nullptr));
   }
   const double unpaged_states = params + grads + master + adam;
   const double paged_bytes = paged ? static_cast<double>(pl.bytes(static_cast<int64_t>(state_numel))) : 0;

@@ -135,19 +135,23 @@ void load_adam_state(const std::string& path, StepContext& c, int zero_stage) {
   optim::AdamW& opt = dp.adam();
   const bool full = zero_stage == 0;  // stage 0 keeps all of m and v on every rank
   const parallel::ShardLayout whole(dp.layout().unit_numels(), 1, 0);
+  const parallel::ShardLayout& into = full ? whole : dp.layout();
   std::vector<float> staged;
   std::optional<std::pair<checkpoint::StateKind, int>> pending;
   auto flush = [&] {
     if (!pending) return;
-    dp.write_shard(pending->first, pending->second, staged.data());
+    if (full)
+      dp.write_whole_moment(pending->first, pending->second, staged.data());
+    else
+      dp.write_shard(pending->first, pending->second, staged.data());
     pending.reset();
   };
   load_state(
-      path, c, full ? whole : dp.layout(),
+      path, c, into,
       [&](checkpoint::StateKind k, int u) -> float* {
         if (c.paging || opt.quantized()) {  // into the pages, or recovered (quantized) codes
           flush();
-          staged.assign(static_cast<size_t>(dp.layout().owned(u)), 0.0f);
+          staged.assign(static_cast<size_t>(into.owned(u)), 0.0f);
           pending = std::make_pair(k, u);
           return staged.data();
         }

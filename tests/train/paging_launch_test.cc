@@ -214,6 +214,18 @@ TEST_F(Paging, CheckpointsMoveBetweenPagedAndUnpagedRuns) {
   const auto tail2 = losses(again, 5);
   for (size_t i = 0; i < tail2.size(); ++i)
     EXPECT_EQ(tail2[i], want[5 + i]) << "step " << i + 6 << ": unpaged checkpoint resumed paged";
+  // At ZeRO-0 every rank pages all of Adam's state: a dp 2 checkpoint resumed
+  // paged loads whole units into the pages (it once staged a shard's worth:
+  // a heap overflow, and the other rank's half left at zero).
+  const std::string plain2 = train("plain2", 2, 0);
+  const auto want2 = losses(plain2, 10);
+  const std::string again2 = copy_checkpoint(plain2, 5, "repaged2");
+  const std::string extra2 = paged(dir_ / "swap2");
+  train("repaged2", 2, 0, "--resume" + extra2 + " --set memory.compute_budget=" + budget(2, 0, extra2, 6));
+  const auto tail3 = losses(again2, 5);
+  ASSERT_EQ(tail3.size(), 5u);
+  for (size_t i = 0; i < tail3.size(); ++i)
+    EXPECT_EQ(tail3[i], want2[5 + i]) << "step " << i + 6 << ": dp 2 ZeRO-0 checkpoint resumed paged";
 }
 
 // SIGTERM (to the process, and to the --nproc launcher, which passes it on)
