@@ -6,6 +6,7 @@
 #include "parallel/pipeline_executor.h"
 #include "backend/device.h"
 #include "parallel/pipeline_executor_state.h"
+#include "parallel/quantized_state.h"
 
 #include <algorithm>
 #include <chrono>
@@ -32,10 +33,12 @@ namespace {
 // parameters are the shard too: at the state's offsets.
 std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last,
                                             const ShardLayout& sl, bool sharded_params,
+                                            const std::vector<bool>& quantized,
                                             const std::function<bool(const model::TensorSpec&)>& keep) {
   std::vector<optim::ParamRange> ranges;
   const int64_t base = l.unit_offset(first);
-  for (const auto& t : l.tensors()) {
+  for (size_t k = 0; k < l.tensors().size(); ++k) {
+    const model::TensorSpec& t = l.tensors()[k];
     if (t.unit < first || t.unit > last || !keep(t)) continue;
     const int i = t.unit - first;
     const int64_t unit_lo = l.unit_offset(t.unit);
@@ -43,7 +46,7 @@ std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, i
     const int64_t hi = std::min(t.offset + t.numel() - unit_lo, sl.end(i));
     if (lo >= hi) continue;
     const int64_t state = sl.local_offset(i) + (lo - sl.begin(i));
-    ranges.push_back({sharded_params ? state : unit_lo - base + lo, hi - lo, t.decay, state});
+    ranges.push_back({sharded_params ? state : unit_lo - base + lo, hi - lo, t.decay, state, quantized[k], lo});
   }
   return ranges;
 }
@@ -59,6 +62,7 @@ bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage) {
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
                                    const optim::AdamWConfig& adam, PipelineSetup setup)
     : config_(config.resolved()), layout_(config_, setup.split), setup_(std::move(setup)) {
+  setup_.adam = adam;
   const pipeline::Schedule& s = setup_.schedule;
   PO_CHECK(static_cast<int>(setup_.stage_units.size()) == s.stages(), "pipeline: ",
            setup_.stage_units.size(), " unit ranges for ", s.stages(), " stages");
@@ -77,6 +81,8 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   const bool sharded = setup_.zero_stage >= 1 && setup_.dp > 1;
   shard_params_ = setup_.zero_stage == 3 && sharded;
   const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
+  const int64_t align = setup_.shard_align();
+  const std::vector<bool> quantized = quantized_tensors(layout_, adam);
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int head = layout_.head_unit();
   const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
@@ -89,12 +95,12 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->last = r.last < 0 ? head : r.last;
     c->base = layout_.unit_offset(c->first);
     c->numel = layout_.unit_offset(c->last + 1) - c->base;
-    c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk);
+    c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk, align);
     c->params = zeroed(shard_params_ ? c->shard->local_numel() : c->numel, esz);  // ZeRO-3: the shard
     c->grads = zeroed(shard_grads_ ? c->shard->local_numel() : c->numel, esz);    // ZeRO 2-3: the shard
     if (bf16_) c->master = zeroed(c->shard->local_numel());
     c->adam = std::make_unique<optim::AdamW>(
-        adam, shard_ranges(layout_, c->first, c->last, *c->shard, shard_params_, every_tensor),
+        adam, shard_ranges(layout_, c->first, c->last, *c->shard, shard_params_, quantized, every_tensor),
         c->shard->local_numel());
     if (sharded && !bf16_ && !shard_grads_) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.tied() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
@@ -117,14 +123,14 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     // The embedding's shard layout of unit 0, so that both copies of the
     // table update the same elements on the same data rank.
     const int64_t wte = layout_.token_embedding().offset;
-    c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk);
+    c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk, align);
     c->rep_params = zeroed(shard_params_ ? c->rep_shard->local_numel() : n0, esz);
     c->rep_grads = zeroed(shard_grads_ ? c->rep_shard->local_numel() : n0, esz);
     c->unit0_params = c->rep_params.data();
     c->unit0_grads = c->rep_grads.data();
     c->rep_adam = std::make_unique<optim::AdamW>(
         adam,
-        shard_ranges(layout_, 0, 0, *c->rep_shard, shard_params_,
+        shard_ranges(layout_, 0, 0, *c->rep_shard, shard_params_, quantized,
                      [wte](const model::TensorSpec& t) { return t.offset == wte; }),
         c->rep_shard->local_numel());
     if (sharded && !bf16_ && !shard_grads_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
@@ -138,7 +144,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
     if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
   }
-  if (sharded) gather_ = zeroed((largest + zr - 1) / zr * (1 + zr));
+  if (sharded) gather_ = zeroed(ShardLayout::stride_of(largest, zr, align) * (1 + zr));
   PO_CHECK(!setup_.defer_lookup || setup_.data != nullptr, "pipeline: deferred lookup rows need a data group");
   const int64_t C = config_.n_embd;
   for (const bool all : {false, true}) {
@@ -164,11 +170,11 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     }
     if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
     if (shard_grads_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
-      const int64_t stride = ShardLayout::stride_of(largest, zr);
+      const int64_t stride = ShardLayout::stride_of(largest, zr, align);
       if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
       rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
     }
-    for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr) * zr, esz);
+    for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, esz);
   }
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
@@ -317,7 +323,7 @@ void PipelineExecutor::sync_replica() {
   if (!layout_.tied() || emb_rank_ == head_rank_) return vocab_refresh();
   // (ZeRO-3: this data rank's shard of it, the same cut on both copies)
   const int64_t n = layout_.unit_numel(0);
-  const auto n0 = static_cast<size_t>(shard_params_ ? ShardLayout::stride_of(n, setup_.dp) : n);
+  const auto n0 = static_cast<size_t>(shard_params_ ? ShardLayout::stride_of(n, setup_.dp, setup_.shard_align()) : n);
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
   // The stored unit 0, then Adam m, v (and bf16: the master) of this data
   // rank's shard of it: the same elements in both copies (the same shard layout).

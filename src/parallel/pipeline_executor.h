@@ -145,6 +145,12 @@ struct PipelineSetup {
   // at the step and added after the reduction, in rank order, into the
   // position table (and an untied token table) (defers_lookup).
   bool defer_lookup = false;
+  // Adam's configuration (the executor's constructor sets it from its own
+  // argument; predict() reads it): with optim.state_bits < 32 the moments are
+  // stored quantized in blocks, and the data group's ZeRO cut lies on the
+  // blocks' grid (shard_align), as DataParallel's does.
+  optim::AdamWConfig adam;
+  int64_t shard_align() const { return adam.state_bits < 32 ? adam.block_size : 1; }
 };
 
 // Whether a pipeline at this layout defers its last lookup rows as
@@ -250,6 +256,10 @@ class PipelineExecutor {
                                           const PipelineSetup& setup, int rank);
   // All chunks' pagers: the traffic since the last call.
   memory::PagerStats take_paging_stats();
+  // Quantized Adam blocks a checkpoint load could not recover and quantized
+  // (a 32-bit checkpoint's moments), since the start.
+  int64_t quantized_on_load() const { return quantized_on_load_; }
+  const optim::AdamWConfig& adam_config() const { return setup_.adam; }
 
   // Chrome trace-event JSON of the last step, every rank (a collective over
   // the pipeline group: call on every rank; rank 0 gets the JSON, others "").
@@ -378,6 +388,7 @@ class PipelineExecutor {
   model::Layout layout_;
   PipelineSetup setup_;
   int rank_ = 0;
+  int64_t quantized_on_load_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<StageLink> link_;
   int64_t rows_ = 0;  // rows of a message: micro × T / sequence shards

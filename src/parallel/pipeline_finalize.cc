@@ -205,7 +205,7 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
 // stride, the blocks a reduce-scatter sends.
 int64_t PipelineExecutor::acc_numel(int u) const {
   const int64_t n = layout_.unit_numel(u);
-  return shard_grads_ ? ShardLayout::stride_of(n, setup_.dp) * setup_.dp : n;
+  return shard_grads_ ? ShardLayout::stride_of(n, setup_.dp, setup_.shard_align()) * setup_.dp : n;
 }
 
 PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool params) {

@@ -14,6 +14,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "parallel/quantized_state.h"
 
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_executor_state.h"
@@ -21,6 +22,54 @@
 namespace po::parallel {
 namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
+
+namespace {
+
+// One AdamW of a pipeline rank: a chunk's units [first, last], or a tied
+// head's replica of the token table (`table`); its local buffers' elements
+// at data rank 0 (padding included).
+struct AdamUnits {
+  int first = 0, last = 0;
+  bool table = false;
+  int64_t numel = 0;
+};
+
+std::vector<AdamUnits> adam_units(const model::Layout& layout, const PipelineSetup& setup, int rank) {
+  const pipeline::Schedule& s = setup.schedule;
+  const int head = layout.head_unit();
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
+  const int64_t align = setup.shard_align();
+  std::vector<AdamUnits> out;
+  for (int stage : s.stages_of(rank)) {
+    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+    const int first = r.first, last = r.last < 0 ? head : r.last;
+    out.push_back({first, last, false, ShardLayout(unit_sizes(layout, first, last), zr, 0, align).local_numel()});
+    if (layout.tied() && last == head && first > 0 && s.rank_of(0) != rank)
+      out.push_back({0, 0, true, ShardLayout(unit_sizes(layout, 0, 0), zr, 0, align).local_numel()});
+  }
+  return out;
+}
+
+// Adam's m and v of one AdamW at data rank 0: 8 bytes per element of the
+// padded shard at 32 bits; quantized, what its stores hold (the owned part
+// of each tensor, optim::moment_bytes).
+size_t adam_bytes(const model::Layout& layout, const PipelineSetup& setup, int zr, const AdamUnits& a) {
+  if (setup.adam.state_bits >= 32) return 2 * static_cast<size_t>(a.numel) * sizeof(float);
+  std::vector<int64_t> units;
+  for (int u = 0; u < layout.num_units(); ++u) units.push_back(layout.unit_numel(u));
+  const ShardLayout shard(units, zr, 0, setup.shard_align());  // a unit's cut does not depend on the others
+  const std::vector<bool> q = quantized_tensors(layout, setup.adam);
+  const int64_t table = layout.token_embedding().offset;
+  int64_t bytes = 0;
+  for (const OwnedPiece& p : owned_pieces(layout, shard)) {
+    const model::TensorSpec& t = layout.tensors()[p.tensor];
+    if (t.unit < a.first || t.unit > a.last || (a.table && t.offset != table)) continue;
+    bytes += optim::moment_bytes(setup.adam, q[p.tensor], p.hi - p.lo, p.lo);
+  }
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace
 
 PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
                                                    const PipelineSetup& setup, int rank) {
@@ -152,9 +201,10 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const bool z3 = setup.zero_stage == 3 && zr > 1;
   const size_t esz = setup.bf16 ? 2 : 4;
-  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr) * zr : n; };
+  const int64_t align = setup.shard_align();
+  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr, align) * zr : n; };
   auto shard_numel = [&](int first, int last) {
-    return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
+    return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0, align).local_numel());
   };
   int64_t n0_used = 0, other = 0, largest = 0;  // largest: of the units held, a replica's included
   for (int stage : stages) {
@@ -187,12 +237,12 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       m.activations += with_logits + static_cast<size_t>(slots[stage] - 1) * without;
     m.w_queue += static_cast<size_t>(works[stage] * blocks_of(stage)) * work;
   }
-  for (int64_t n : adam_numels(config, setup, rank)) {
-    m.adam += 2 * static_cast<size_t>(n) * f;
-    if (setup.bf16) m.master += static_cast<size_t>(n) * f;
-    if (zr > 1 && !setup.bf16 && !z2) m.grads += static_cast<size_t>(n) * f;
+  for (const AdamUnits& a : adam_units(layout, setup, rank)) {
+    m.adam += adam_bytes(layout, setup, zr, a);
+    if (setup.bf16) m.master += static_cast<size_t>(a.numel) * f;
+    if (zr > 1 && !setup.bf16 && !z2) m.grads += static_cast<size_t>(a.numel) * f;
   }
-  if (zr > 1) m.buffers += static_cast<size_t>((largest + zr - 1) / zr * (1 + zr)) * f;
+  if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(largest, zr, align) * (1 + zr)) * f;
   if (setup.bf16) {
     m.buffers += static_cast<size_t>(n0_used + other) * f;
     if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
@@ -203,7 +253,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.w_queue += static_cast<size_t>(acc_peak * padded(layout.unit_numel(1))) * f;
   }
   if (z2 && zr > 1) {
-    const auto stride = static_cast<size_t>(ShardLayout::stride_of(largest, zr));
+    const auto stride = static_cast<size_t>(ShardLayout::stride_of(largest, zr, align));
     m.buffers += setup.reduce_bf16 ? stride * static_cast<size_t>(zr + 1) * 2 : stride * f;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
@@ -243,18 +293,9 @@ std::vector<std::pair<optim::AdamW*, std::string>> PipelineExecutor::adams() con
 
 std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfig& config,
                                                    const PipelineSetup& setup, int rank) {
-  const model::Layout layout(config.resolved(), setup.split);
-  const pipeline::Schedule& s = setup.schedule;
-  const int head = layout.head_unit();
-  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   std::vector<int64_t> out;
-  for (int stage : s.stages_of(rank)) {
-    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
-    const int first = r.first, last = r.last < 0 ? head : r.last;
-    out.push_back(ShardLayout(unit_sizes(layout, first, last), zr, 0).local_numel());
-    if (layout.tied() && last == head && first > 0 && s.rank_of(0) != rank)
-      out.push_back(ShardLayout(unit_sizes(layout, 0, 0), zr, 0).local_numel());
-  }
+  for (const AdamUnits& a : adam_units(model::Layout(config.resolved(), setup.split), setup, rank))
+    out.push_back(a.numel);
   return out;
 }
 
@@ -309,10 +350,12 @@ memory::PagerStats PipelineExecutor::take_paging_stats() {
 }
 
 // Elements [offset, offset + n) of Adam m, v or (bf16 parameters) the fp32
-// master, in state coordinates, out of and into memory or the pages.
+// master, in state coordinates, out of and into memory or the pages
+// (quantized moments: decoded, and recovered or quantized on the way in).
 void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                   float* dst) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (a.quantized() && kind != State::kParams) return a.read_moment(kind, offset, n, dst);  // decoded
   if (a.paged()) return a.paged_state()->copy_out(optim::AdamW::paged_field(kind), offset, n, dst);
   backend::to_host(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
 }
@@ -320,6 +363,10 @@ void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t of
 void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n,
                                    const float* src) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
+  if (a.quantized() && kind != State::kParams) {  // the codes recovered, or quantized
+    quantized_on_load_ += a.write_moment(kind, offset, n, src);
+    return;
+  }
   if (a.paged()) return a.paged_state()->copy_in(optim::AdamW::paged_field(kind), offset, n, src);
   backend::from_host(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
 }

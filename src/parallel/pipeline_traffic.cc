@@ -37,7 +37,9 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
   const int z = setup.zero_stage;
   const bool sharded = z >= 1 && dp > 1;
   const double stored = setup.bf16 ? 2 : 4, wire = setup.reduce_bf16 ? 2 : 4;
-  auto stride = [&](int u) { return static_cast<double>(ShardLayout::stride_of(layout.unit_numel(u), dp)); };
+  auto stride = [&](int u) {
+    return static_cast<double>(ShardLayout::stride_of(layout.unit_numel(u), dp, setup.shard_align()));
+  };
   Collectives out;
   for (int stage : s.stages_of(rank)) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];

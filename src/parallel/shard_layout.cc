@@ -15,7 +15,7 @@ ShardLayout::ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank, i
   local_offset_.assign(1, 0);
   for (int64_t n : numel_) {
     PO_CHECK(n >= 0, "ShardLayout: a unit of ", n, " elements");
-    const int64_t s = ranks == 1 ? n : stride_of(n, ranks, align);
+    const int64_t s = stride_of(n, ranks, align);
     stride_.push_back(s);
     local_offset_.push_back(local_offset_.back() + s);
     total_ += n;

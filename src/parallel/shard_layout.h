@@ -45,8 +45,9 @@ class ShardLayout {
   // S_u: the padded size of every shard of unit u.
   int64_t stride(int u) const { return stride_[static_cast<size_t>(u)]; }
   // S for a unit of n elements over `ranks` ranks: ceil(n / ranks), rounded
-  // up to a multiple of `align`.
+  // up to a multiple of `align` (one rank: n, the whole unit).
   static int64_t stride_of(int64_t n, int ranks, int64_t align = 1) {
+    if (ranks == 1) return n;
     const int64_t s = (n + ranks - 1) / ranks;
     return (s + align - 1) / align * align;
   }

@@ -72,6 +72,9 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
   s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.zero_stage);
+  s.adam.state_bits = l.state_bits;
+  s.adam.block_size = l.state_block;
+  s.adam.state_bits_exclude = l.state_bits_exclude;
   parallel::PipelineExecutor::Memory busiest;
   int at = 0;
   for (int r = 0; r < l.pp; ++r) {

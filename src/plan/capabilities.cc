@@ -8,7 +8,7 @@ namespace po::plan {
 namespace {
 
 // Low-bit Adam state (optim.state_bits, optim/adamw.h): in memory, on the
-// data-parallel path (ZeRO 0-3), so far.
+// data-parallel path and in pipelines (ZeRO 0-3), so far.
 void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.state_bits >= 32) return;
   const std::string bits = core::str_cat("optim.state_bits = ", l.state_bits);
@@ -19,8 +19,6 @@ void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
     row("paging (memory.compute_budget or memory.nvme_dir)",
         " is not built yet (pages of whole blocks with their scales); use optim.state_bits = 32 to page",
         "paged");
-  if (l.pp > 1)
-    row(core::str_cat("parallel.pp = ", l.pp), " is not built yet; use parallel.pp = 1", "in a pipeline");
   if (l.tp > 1)
     row(core::str_cat("parallel.tp = ", l.tp), " is not built yet (blocks of each rank's piece); use parallel.tp = 1",
         "with tensor parallel");

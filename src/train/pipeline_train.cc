@@ -62,6 +62,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.dp = static_cast<int>(r.p.dp);
   s.defer_lookup = parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
                                            static_cast<int>(r.p.cp), s.zero_stage);
+  s.adam = r.adam;
   return s;
 }
 
@@ -208,6 +209,10 @@ TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path
   flush();
   ex.set_adam_steps(st.adam_t);
   ex.sync_replica();
+  if (ex.quantized_on_load() > 0)
+    PO_LOG_INFO(path, ": quantized ", ex.quantized_on_load(), " blocks of Adam's moments to ",
+                ex.adam_config().state_bits, " bits (optim.state_bits; the checkpoint holds moments that no ",
+                ex.adam_config().state_bits, "-bit codes decode to, as a 32-bit run's do)");
   return st;
 }
 

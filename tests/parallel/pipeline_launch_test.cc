@@ -271,6 +271,34 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
               "gpt2 ZeRO-3 bf16 dp 2 × pp 2 1f1b", false);
 }
 
+// 8- and 4-bit Adam state (optim.state_bits) in a pipeline: each chunk's
+// AdamW keeps its tensors' moments quantized on their unit's grid of blocks
+// (a ZeRO cut lies on it too), so a pipeline gives the one-stage run's bits,
+// and its checkpoint resumes at pp 1 with the codes recovered.
+TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
+  const std::string all = "--set 'optim.state_bits_exclude=\"\"' ";
+  // GPT-2 at 8 bits, the tied table on two stages (1f1b) and on one (zbv).
+  const std::string q8 = all + "--set model.n_embd=64 --set optim.state_bits=8 ";
+  const std::string ref8 = train("q8_pp1", 1, 1, q8);
+  for (const char* s : {"1f1b", "zbv"})
+    expect_bits(ref8, train(std::string("q8_pp2_") + s, 1, 2, q8 + "--set parallel.schedule=" + s),
+                std::string("gpt2 8-bit pp 2 ") + s);
+  // Llama at 4 bits in bf16: dp 2 × pp 2 against dp 2, at ZeRO-1 and ZeRO-3.
+  for (int z : {1, 3}) {
+    const std::string q4 = kLlama + " " + all + "--set optim.state_bits=4 --set train.precision=bf16" +
+                           " --set model.tie_embeddings=false --set parallel.zero_stage=" + std::to_string(z) + " ";
+    const std::string tag = "q4_z" + std::to_string(z);
+    expect_bits(train(tag + "_dp2", 2, 1, q4), train(tag + "_dp2pp2", 2, 2, q4 + "--set parallel.schedule=zb-h1"),
+                "llama 4-bit bf16 ZeRO-" + std::to_string(z) + " dp 2 × pp 2 zb-h1", false);
+  }
+  copy_checkpoint(dir_ / "q8_pp2_1f1b", 3, "q8_pp2_at_pp1");
+  const auto r = run("q8_pp2_at_pp1", 1, 1, q8 + "--resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("blocks of Adam's moments"), std::string::npos)
+      << "the moments were re-quantized, not recovered:\n" << r.output;
+  EXPECT_EQ(tail(ref8), tail(dir_ / "q8_pp2_at_pp1")) << "8-bit pp 2 resumed at pp 1";
+}
+
 TEST_F(PipelineRuns, CheckpointsReshardAcrossPp) {
   const std::string pp1 = train("pp1", 1, 1, "");
   const std::string pp2 = train("pp2", 1, 2, "--set parallel.schedule=zbv");

@@ -111,9 +111,9 @@ void expect_refused(Config cfg, const std::vector<std::string>& needles) {
 
 TEST(QuantizedState, RefusesWhatIsNotBuiltAndBadKeys) {
   Data d;
-  Config pipe = d.config("z", 2, 8);
-  pipe.set_override("parallel.pp=2");
-  expect_refused(pipe, {"optim.state_bits = 8", "parallel.pp = 2"});
+  Config tensor = d.config("z", 2, 8);
+  tensor.set_override("parallel.tp=2");
+  expect_refused(tensor, {"optim.state_bits = 8", "parallel.tp = 2"});
   Config paged = d.config("p", 2, 4);
   paged.set_override("memory.compute_budget=\"64MiB\"");
   expect_refused(paged, {"optim.state_bits = 4", "paging"});
