@@ -73,6 +73,12 @@ struct Codebook {
   static constexpr int kCandidates = 3;
   int candidates = kCandidates;
   std::vector<uint8_t> lo;
+  // kFirstNearest, the same search as one table read: per bucket, the code
+  // at its first bit pattern c0 (low 16 bits 0) and the low 16 bits t1 <= t2
+  // (0x10000: none) from which the code is one and two further from c0
+  // (up for positive floats, down for negative ones): code(s) = c0 ± [low >=
+  // t1] ± [low >= t2]. Packed c0 | t1 << 8 | t2 << 32 (optim/quant_map.cc).
+  std::vector<uint64_t> step;
 
   float absmax_stored(float absmax) const {
     if (zero_absmax == ZeroAbsmax::kOne) return absmax == 0.0f ? 1.0f : absmax;

@@ -77,6 +77,39 @@ void build_buckets(backend::Codebook& cb) {
   cb.lo.resize(65536 + 3, 0);  // a vector kernel reads 4 bytes at any key
 }
 
+// Codebook::step from nearest() (which reads lo): within a bucket the code
+// moves one way as the low 16 bits rise (up for positive floats, down for
+// negative ones; a pattern past ±1 takes the code of the bucket's end at
+// ±1), so its at most two steps are found by bisection.
+void build_steps(backend::Codebook& cb) {
+  cb.step.assign(65536, 0);
+  for (uint32_t key = 0; key < 65536; ++key) {
+    const bool negative = (key & 0x8000u) != 0;
+    auto code = [&](uint32_t low) {
+      float s;
+      const uint32_t bits = (key << 16) | low;
+      std::memcpy(&s, &bits, 4);
+      // Never a scaled value (the kernel masks NaN to code 0 itself).
+      if (std::isnan(s) || std::fabs(s) > 1.0f) s = negative ? -1.0f : 1.0f;
+      return static_cast<int>(cb.nearest(s));
+    };
+    const int c0 = code(0);
+    const int d = negative ? -1 : 1;
+    // The first low 16 bits whose code is at least k steps from c0 (0x10000: none).
+    auto first = [&](int k) {
+      uint32_t a = 0, b = 0x10000;
+      while (a < b) {
+        const uint32_t m = (a + b) / 2;
+        if ((code(m) - c0) * d >= k) b = m; else a = m + 1;
+      }
+      return static_cast<uint64_t>(a);
+    };
+    const int span = (code(0xFFFF) - c0) * d;
+    PO_ASSERT(span >= 0 && span <= 2, "codebook ", cb.name, ": bucket ", key, " moves ", span, " codes");
+    cb.step[key] = static_cast<uint64_t>(c0) | first(1) << 8 | first(2) << 32;
+  }
+}
+
 backend::Codebook make(const char* name, const std::vector<float>& values,
                        backend::Codebook::Rounding rounding, backend::Codebook::ZeroAbsmax zero) {
   backend::Codebook cb;
@@ -86,7 +119,10 @@ backend::Codebook make(const char* name, const std::vector<float>& values,
   cb.rounding = rounding;
   cb.zero_absmax = zero;
   std::copy(values.begin(), values.end(), cb.value.begin());
-  if (rounding == backend::Codebook::Rounding::kFirstNearest) build_buckets(cb);
+  if (rounding == backend::Codebook::Rounding::kFirstNearest) {
+    build_buckets(cb);
+    build_steps(cb);
+  }
   return cb;
 }
 

@@ -5,6 +5,8 @@
 // maps, quantize_4bit_with_qmap and single_param_adam).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -136,6 +138,48 @@ TEST(QuantMaps, BucketSearchIsTheFirstNearestCode) {
       if (m == QuantMap::kUnsigned8) s = std::fabs(s);
       ASSERT_EQ(cb.code(s), brute(s)) << cb.name << " at " << s;
     }
+  }
+}
+
+// The kernel's vector search (Codebook::step on the avx512 paths) against
+// the scalar one, code for code: every float within 300 ulps of each value
+// and of each midpoint between neighbours, ±0, subnormals, and random values
+// at every scale. Each block of 256 starts with 1.0, so its absmax is 1 and
+// an element's scaled value is itself.
+TEST(QuantMaps, VectorEncodeIsTheScalarSearch) {
+  for (QuantMap m : {QuantMap::kSigned8, QuantMap::kUnsigned8}) {
+    const Codebook& cb = codebook(m);
+    std::vector<float> probes = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), 1e-40f, -1e-40f};
+    auto around = [&](float x) {
+      float lo = x, hi = x;
+      for (int k = 0; k < 300; ++k) {
+        probes.push_back(lo = std::nextafter(lo, -2.0f));
+        probes.push_back(hi = std::nextafter(hi, 2.0f));
+      }
+      probes.push_back(x);
+    };
+    for (int c = 0; c < cb.size; ++c) {
+      around(cb.value[c]);
+      if (c + 1 < cb.size) around((cb.value[c] + cb.value[c + 1]) / 2);
+    }
+    std::mt19937 g(11);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int i = 0; i < 300000; ++i) probes.push_back(u(g) * std::ldexp(1.0f, -static_cast<int>(g() % 40)));
+    std::vector<float> x;
+    for (size_t i = 0; i < probes.size(); ++i) {
+      if (x.size() % 256 == 0) x.push_back(1.0f);
+      const float p = std::clamp(probes[i], -1.0f, 1.0f);
+      x.push_back(m == QuantMap::kUnsigned8 ? std::fabs(p) : p);
+    }
+    const auto n = static_cast<int64_t>(x.size());
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    std::vector<float> absmax(static_cast<size_t>((n + 255) / 256));
+    cpu::quantize_blockwise(&cb, x.data(), n, 256, codes.data(), absmax.data());
+    for (float a : absmax) ASSERT_EQ(a, 1.0f);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(codes[static_cast<size_t>(i)], cb.code(x[static_cast<size_t>(i)]))
+          << cb.name << ": element " << i << " = " << x[static_cast<size_t>(i)] << " (bits "
+          << std::hex << std::bit_cast<uint32_t>(x[static_cast<size_t>(i)]) << std::dec << ")";
   }
 }
 

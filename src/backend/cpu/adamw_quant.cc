@@ -52,19 +52,25 @@ inline __m512i codes16(const Codebook& map, const float* x, __m512 am) {
   const __m512i last = _mm512_set1_epi32(map.size - 1);
   __m512i best;
   if (map.rounding == Codebook::Rounding::kFirstNearest) {
-    const __m512i key = _mm512_srli_epi32(_mm512_castps_si512(s), 16);
-    // lo is padded by 3 bytes (optim/quant_map.cc): a 4-byte read at any key.
-    best = _mm512_and_si512(_mm512_i32gather_epi32(key, reinterpret_cast<const int*>(map.lo.data()), 1),
-                            _mm512_set1_epi32(0xFF));
-    const __m512i first = best;
-    __m512 bd = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(best, map.value.data(), 4)));
-    for (int k = 1; k < map.candidates; ++k) {
-      const __m512i c = _mm512_min_epi32(_mm512_add_epi32(first, _mm512_set1_epi32(k)), last);
-      const __m512 d = _mm512_abs_ps(_mm512_sub_ps(s, _mm512_i32gather_ps(c, map.value.data(), 4)));
-      const __mmask16 lt = _mm512_cmp_ps_mask(d, bd, _CMP_LT_OQ);
-      best = _mm512_mask_mov_epi32(best, lt, c);
-      bd = _mm512_mask_mov_ps(bd, lt, d);
-    }
+    // One read of the bucket's steps (Codebook::step), two 8-lane gathers.
+    const __m512i bits = _mm512_castps_si512(s);
+    const __m512i key = _mm512_srli_epi32(bits, 16);
+    const __m512i low = _mm512_and_si512(bits, _mm512_set1_epi32(0xFFFF));
+    const auto* table = reinterpret_cast<const long long*>(map.step.data());
+    const __m512i e0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(key), table, 8);
+    const __m512i e1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(key, 1), table, 8);
+    auto halves = [](__m512i a, __m512i b) {  // the low 32 bits of 2 × 8 lanes of 64
+      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(a)), _mm512_cvtepi64_epi32(b), 1);
+    };
+    const __m512i lo32 = halves(e0, e1);
+    const __m512i t2 = halves(_mm512_srli_epi64(e0, 32), _mm512_srli_epi64(e1, 32));
+    const __m512i c0 = _mm512_and_si512(lo32, _mm512_set1_epi32(0xFF));
+    const __m512i t1 = _mm512_srli_epi32(lo32, 8);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i n = _mm512_add_epi32(_mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(low, t1), one),
+                                       _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(low, t2), one));
+    const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+    best = _mm512_mask_sub_epi32(_mm512_add_epi32(c0, n), negative, c0, n);
   } else {  // 16 values: one register
     const __m512 table = _mm512_loadu_ps(map.value.data());
     best = _mm512_setzero_si512();
