@@ -52,30 +52,24 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
   if (config.positions == Positions::kLearned)
     add(gpt2_names ? "wpe.weight" : "model.embed_positions.weight", {config.seq_len, C}, 0,
         Slot::kPositionEmbedding, Init::kNormal, P::kReplicated);
+  // A part's tensors, appended to unit u (which starts here) as `slot`.
+  auto into_unit = [&](int u, Slot slot) -> parts::Declare {
+    return [&add, &offset, u, slot, start = offset](parts::Decl d) {
+      const int64_t at = offset - start;
+      add(d.name, std::move(d.shape), u, slot, d.init, d.partition, std::move(d.parts), d.conv1d);
+      return at;
+    };
+  };
   for (int64_t l = 0; l < L; ++l) {
     unit_offsets_.push_back(offset);
-    const int u = static_cast<int>(l + 1);
-    const int64_t block_start = offset;
-    parts::Block block = parts::declare_block(config, l, [&](parts::Decl d) {
-      const int64_t at = offset - block_start;
-      add(d.name, std::move(d.shape), u, Slot::kBlock, d.init, d.partition, std::move(d.parts),
-          d.conv1d);
-      return at;
-    });
+    parts::Block block = parts::declare_block(config, l, into_unit(static_cast<int>(l + 1), Slot::kBlock));
     if (l == 0) block_ = std::move(block);
   }
   unit_offsets_.push_back(offset);
   const int uf = static_cast<int>(L + 1);
-  final_norm_ = tensors_.size();
-  const int64_t head_start = offset;
-  final_norm_part_ = parts::declare_norm(
-      config, gpt2_names ? "ln_f.weight" : "model.norm.weight",
-      gpt2_names ? "ln_f.bias" : "model.norm.bias", [&](parts::Decl d) {
-        const int64_t at = offset - head_start;
-        add(d.name, std::move(d.shape), uf, at == 0 ? Slot::kFinalNorm : Slot::kFinalNormBias,
-            d.init, d.partition);
-        return at;
-      });
+  final_norm_ = parts::declare_norm(config, gpt2_names ? "ln_f.weight" : "model.norm.weight",
+                                    gpt2_names ? "ln_f.bias" : "model.norm.bias",
+                                    into_unit(uf, Slot::kFinalNorm));
   head_ = 0;
   if (!config.tie_embeddings) {
     head_ = tensors_.size();
@@ -128,9 +122,10 @@ const TensorSpec* Layout::position_embedding() const {
                                                                               : nullptr;
 }
 
-const TensorSpec* Layout::final_norm_bias() const {
-  const size_t i = final_norm_ + 1;
-  return i < tensors_.size() && tensors_[i].slot == Slot::kFinalNormBias ? &tensors_[i] : nullptr;
+std::vector<int64_t> Layout::unit_numels() const {
+  std::vector<int64_t> n;
+  for (int u = 0; u < num_units(); ++u) n.push_back(unit_numel(u));
+  return n;
 }
 
 std::vector<int> Layout::head_units() const {

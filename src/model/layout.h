@@ -61,19 +61,18 @@ class Layout {
   int num_units() const { return static_cast<int>(unit_offsets_.size()) - 1; }
   int64_t unit_offset(int u) const { return unit_offsets_[static_cast<size_t>(u)]; }
   int64_t unit_numel(int u) const { return unit_offset(u + 1) - unit_offset(u); }
+  // Every unit's elements, in order (a ShardLayout's input).
+  std::vector<int64_t> unit_numels() const;
   int head_unit() const { return num_units() - 1; }
 
   // The parts of a block, with their tensors' offsets inside the block's
   // unit (every block has the same).
   const parts::Block& block() const { return block_; }
   // The final norm, its offsets inside the head unit.
-  const parts::Norm& final_norm_part() const { return final_norm_part_; }
-  // The token table, the position table (null without learned positions),
-  // the final norm's weight and bias (bias null for RMSNorm).
+  const parts::Norm& final_norm() const { return final_norm_; }
+  // The token table, the position table (null without learned positions).
   const TensorSpec& token_embedding() const { return tensors_[0]; }
   const TensorSpec* position_embedding() const;
-  const TensorSpec& final_norm() const { return tensors_[final_norm_]; }
-  const TensorSpec* final_norm_bias() const;
   // The weight the LM head multiplies by: the token table when tied
   // (declared here, once), else lm_head.weight in the head unit.
   const TensorSpec& head() const { return tensors_[head_]; }
@@ -123,9 +122,9 @@ class Layout {
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> unit_offsets_;
   parts::Block block_;
-  parts::Norm final_norm_part_;
+  parts::Norm final_norm_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> f32_ranges_;  // per unit
-  size_t final_norm_ = 0, head_ = 0;
+  size_t head_ = 0;
 };
 
 template <typename Fn>

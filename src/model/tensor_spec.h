@@ -32,8 +32,7 @@ enum class Slot {
   kTokenEmbedding,
   kPositionEmbedding,
   kBlock,
-  kFinalNorm,
-  kFinalNormBias,
+  kFinalNorm,  // its weight and (LayerNorm) bias
   kHead,
 };
 

@@ -382,10 +382,9 @@ Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockWeights&
 // norm's weight and bias (null for RMSNorm).
 Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) const {
   const int64_t hu0 = layout_.unit_offset(layout_.head_unit());
-  const TensorSpec* nb = layout_.final_norm_bias();
+  const parts::Norm& norm = layout_.final_norm();
   return {layout_.tied() ? unit0 + layout_.head().offset : head_unit + (layout_.head().offset - hu0),
-          head_unit + (layout_.final_norm().offset - hu0),
-          nb ? head_unit + (nb->offset - hu0) : nullptr};
+          head_unit + norm.weight, norm.bias < 0 ? nullptr : head_unit + norm.bias};
 }
 
 // The head's parameters in its order (unit 0 first when tied, then the head unit).
@@ -427,7 +426,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   }
   const int64_t R = rows / sp_;  // the final norm's rows (this rank's under sequence parallel)
   claim_region(regions_.size() - 1);
-  layout_.final_norm_part().forward(lnf_, lnf_mean_, lnf_rstd_, residual, {P.norm_w, P.norm_b}, R);
+  layout_.final_norm().forward(lnf_, lnf_mean_, lnf_rstd_, residual, {P.norm_w, P.norm_b}, R);
   const float* x = gather_rows(lnf_, gathered_, rows);
   // bf16: the head's operands are rounded once, not in every chunk's three
   // GEMMs (the same bits: a GEMM at kBF16 rounds them the same way), and the
@@ -472,7 +471,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     float* dnorm = sp_ > 1 ? dchunk_ : dlnf_;
     reduce_rows(dlnf_, dnorm, rows);
     backend::device_zero(dres_, static_cast<size_t>(R * C) * sizeof(float));
-    layout_.final_norm_part().backward(
+    layout_.final_norm().backward(
         dres_, {norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1)}, dnorm, residual,
         {P.norm_w, P.norm_b}, lnf_mean_, lnf_rstd_, R);
     if (sp_ > 1) sum_norm_grads({G.norm_w, G.norm_b});
@@ -511,7 +510,7 @@ void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
            "tensor-parallel shard");
   const HeadViews P = head_params();
   claim_region(regions_.size() - 1);
-  layout_.final_norm_part().forward(lnf_, lnf_mean_, lnf_rstd_, x, {P.norm_w, P.norm_b}, rows);
+  layout_.final_norm().forward(lnf_, lnf_mean_, lnf_rstd_, x, {P.norm_w, P.norm_b}, rows);
   ops::matmul_forward_decode(logits, lnf_, P.weight, nullptr, rows, config_.n_embd, config_.vocab_size);
   head_done();
 }
@@ -607,7 +606,7 @@ void Transformer::set_external_head(bool on) {
 // The final norm's parameters or gradients: the head unit's (never the table's).
 void Transformer::final_norm_forward(const float* residual) {
   const int hu = layout_.head_unit();
-  const parts::Norm& norm = layout_.final_norm_part();
+  const parts::Norm& norm = layout_.final_norm();
   const float* p = unit_params(hu);
   claim_region(regions_.size() - 1);
   norm.forward(lnf_, lnf_mean_, lnf_rstd_, residual, norm.weights(p), B_ * T_);
@@ -616,7 +615,7 @@ void Transformer::final_norm_forward(const float* residual) {
 
 void Transformer::final_norm_backward(const float* dlnf) {
   const int hu = layout_.head_unit();
-  const parts::Norm& norm = layout_.final_norm_part();
+  const parts::Norm& norm = layout_.final_norm();
   const float* p = unit_params(hu);
   float* g = unit_grads(hu);
   backend::device_zero(dres_, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));

@@ -74,7 +74,6 @@ void build_buckets(backend::Codebook& cb) {
     widest = std::max(widest, b - a + 1);
   }
   cb.candidates = widest;
-  cb.lo.resize(65536 + 3, 0);  // a vector kernel reads 4 bytes at any key
 }
 
 // Codebook::step from nearest() (which reads lo): within a bucket the code

@@ -55,9 +55,7 @@ std::vector<AdamUnits> adam_units(const model::Layout& layout, const PipelineSet
 // of each tensor, optim::moment_bytes).
 size_t adam_bytes(const model::Layout& layout, const PipelineSetup& setup, int zr, const AdamUnits& a) {
   if (setup.adam.state_bits >= 32) return 2 * static_cast<size_t>(a.numel) * sizeof(float);
-  std::vector<int64_t> units;
-  for (int u = 0; u < layout.num_units(); ++u) units.push_back(layout.unit_numel(u));
-  const ShardLayout shard(units, zr, 0, setup.shard_align());  // a unit's cut does not depend on the others
+  const ShardLayout shard(layout.unit_numels(), zr, 0, setup.shard_align());  // a unit's cut does not depend on the others
   const std::vector<bool> q = quantized_tensors(layout, setup.adam);
   const int64_t table = layout.token_embedding().offset;
   int64_t bytes = 0;

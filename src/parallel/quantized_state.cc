@@ -46,16 +46,10 @@ std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLay
 int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam,
                      const ShardLayout* shard) {
   const std::vector<bool> q = quantized_tensors(layout, adam);
+  const ShardLayout whole(layout.unit_numels(), 1, 0);  // every tensor whole
   int64_t bytes = 0;
-  if (shard != nullptr) {
-    for (const OwnedPiece& p : owned_pieces(layout, *shard))
-      bytes += optim::moment_bytes(adam, q[p.tensor], p.hi - p.lo, p.lo);
-    return bytes;
-  }
-  for (size_t i = 0; i < q.size(); ++i) {
-    const model::TensorSpec& t = layout.tensors()[i];
-    bytes += optim::moment_bytes(adam, q[i], t.numel(), t.offset - layout.unit_offset(t.unit));
-  }
+  for (const OwnedPiece& p : owned_pieces(layout, shard != nullptr ? *shard : whole))
+    bytes += optim::moment_bytes(adam, q[p.tensor], p.hi - p.lo, p.lo);
   return bytes;
 }
 

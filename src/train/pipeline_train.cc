@@ -66,12 +66,6 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   return s;
 }
 
-std::vector<int64_t> unit_numels(const model::Layout& l) {
-  std::vector<int64_t> n;
-  for (int u = 0; u < l.num_units(); ++u) n.push_back(l.unit_numel(u));
-  return n;
-}
-
 // The pipeline rank that holds unit u.
 int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   for (int st = 0; st < s.schedule.stages(); ++st) {
@@ -109,7 +103,7 @@ parallel::ShardLayout stage_files(const parallel::PipelineSetup& s, const model:
                                   const model::Layout& whole, int pipe_rank) {
   std::vector<int> owner;
   for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
-  return parallel::ShardLayout::whole_units(unit_numels(whole), std::move(owner),
+  return parallel::ShardLayout::whole_units(whole.unit_numels(), std::move(owner),
                                             s.schedule.ranks, pipe_rank);
 }
 
@@ -161,7 +155,7 @@ double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const p
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end());
   if (async != nullptr) {
     const double gathered = t.seconds();
-    const parallel::ShardLayout one(unit_numels(w.whole), 1, 0);  // for the meta on the other ranks
+    const parallel::ShardLayout one(w.whole.unit_numels(), 1, 0);  // for the meta on the other ranks
     return gathered + async->start(path, checkpoint_meta(path, w.whole, w.file ? *w.file : one, st, r.config_toml),
                                    w.source());
   }
@@ -183,7 +177,7 @@ TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path
                          comm::Communicator* world) {
   const model::Layout& held = ex.layout();
   const model::Layout whole(ex.config());
-  const parallel::ShardLayout one(unit_numels(whole), 1, 0);
+  const parallel::ShardLayout one(whole.unit_numels(), 1, 0);
   // The loader fills one whole unit at a time; the previous one is complete
   // when the next is asked for (and at the end).
   std::vector<float> staged, unit;

@@ -32,40 +32,27 @@ std::string name_at(const Layout& layout, int u, int64_t offset) {
 // parts cover the unit once, with no gaps.
 void expect_parts_cover_unit(const Layout& layout, int u) {
   const parts::Block& b = layout.block();
-  std::map<int64_t, std::string> starts;  // offset -> part member
-  auto put = [&](int64_t off, const char* what) {
-    if (off >= 0) starts[off] = what;
+  struct Piece {
+    const char* what;
+    int64_t offset, numel;  // offset -1: the architecture has none
   };
-  put(b.norm1.weight, "norm1.weight");
-  put(b.norm1.bias, "norm1.bias");
-  put(b.attn.qkv.weight, "qkv.weight");
-  put(b.attn.qkv.bias, "qkv.bias");
-  put(b.attn.out.weight, "out.weight");
-  put(b.attn.out.bias, "out.bias");
-  put(b.norm2.weight, "norm2.weight");
-  put(b.norm2.bias, "norm2.bias");
-  put(b.mlp.up.weight, "up.weight");
-  put(b.mlp.up.bias, "up.bias");
-  put(b.mlp.down.weight, "down.weight");
-  put(b.mlp.down.bias, "down.bias");
-  // The lengths each part says it has.
-  const std::map<std::string, int64_t> sizes = {
-      {"norm1.weight", b.norm1.C},
-      {"norm1.bias", b.norm1.C},
-      {"qkv.weight", b.attn.qkv.out * b.attn.qkv.in},
-      {"qkv.bias", b.attn.qkv.out},
-      {"out.weight", b.attn.out.out * b.attn.out.in},
-      {"out.bias", b.attn.out.out},
-      {"norm2.weight", b.norm2.C},
-      {"norm2.bias", b.norm2.C},
-      {"up.weight", b.mlp.up.out * b.mlp.up.in},
-      {"up.bias", b.mlp.up.out},
-      {"down.weight", b.mlp.down.out * b.mlp.down.in},
-      {"down.bias", b.mlp.down.out}};
+  auto linear = [](const parts::Linear& l, const char* w, const char* bias) {
+    return std::vector<Piece>{{w, l.weight, l.out * l.in}, {bias, l.bias, l.out}};
+  };
+  std::vector<Piece> pieces = {{"norm1.weight", b.norm1.weight, b.norm1.C},
+                               {"norm1.bias", b.norm1.bias, b.norm1.C},
+                               {"norm2.weight", b.norm2.weight, b.norm2.C},
+                               {"norm2.bias", b.norm2.bias, b.norm2.C}};
+  for (const auto& more : {linear(b.attn.qkv, "qkv.weight", "qkv.bias"), linear(b.attn.out, "out.weight", "out.bias"),
+                           linear(b.mlp.up, "up.weight", "up.bias"), linear(b.mlp.down, "down.weight", "down.bias")})
+    pieces.insert(pieces.end(), more.begin(), more.end());
+  std::map<int64_t, Piece> starts;  // by offset: the parts in the unit's order
+  for (const Piece& p : pieces)
+    if (p.offset >= 0) starts[p.offset] = p;
   int64_t at = 0;
-  for (const auto& [off, what] : starts) {
-    EXPECT_EQ(off, at) << what << " starts at " << off << ", the previous part ends at " << at;
-    at = off + sizes.at(what);
+  for (const auto& [off, p] : starts) {
+    EXPECT_EQ(off, at) << p.what << " starts at " << off << ", the previous part ends at " << at;
+    at = off + p.numel;
   }
   EXPECT_EQ(at, layout.unit_numel(u)) << "the parts cover " << at << " of the unit's "
                                       << layout.unit_numel(u) << " elements";
@@ -89,8 +76,8 @@ TEST(Parts, Gpt2BlockDeclaresItsTensors) {
   for (int u = 1; u <= c.n_layer; ++u) expect_parts_cover_unit(layout, u);
   // The final norm is a Norm part of the head unit.
   const int hu = layout.head_unit();
-  EXPECT_EQ(name_at(layout, hu, layout.final_norm_part().weight), "ln_f.weight");
-  EXPECT_EQ(name_at(layout, hu, layout.final_norm_part().bias), "ln_f.bias");
+  EXPECT_EQ(name_at(layout, hu, layout.final_norm().weight), "ln_f.weight");
+  EXPECT_EQ(name_at(layout, hu, layout.final_norm().bias), "ln_f.bias");
 }
 
 TEST(Parts, LlamaBlockDeclaresSeparateTensorsOneLinear) {

@@ -133,11 +133,9 @@ class PlanVsEngine : public ::testing::TestWithParam<Case> {
     const int stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
     if (a.state_bits >= 32 || stage == 0) return 0;
     const model::Layout layout(train::resolve_model_config(cfg));
-    std::vector<int64_t> units;
-    for (int u = 0; u < layout.num_units(); ++u) units.push_back(layout.unit_numel(u));
     const int group = static_cast<int>(cfg.get_int("parallel.dp") * cfg.get_int("parallel.cp"));
     auto bytes = [&](int r) {
-      const parallel::ShardLayout shard(units, group, r, a.block_size);
+      const parallel::ShardLayout shard(layout.unit_numels(), group, r, a.block_size);
       return static_cast<double>(parallel::moment_bytes(layout, a, &shard));
     };
     return bytes(0) - bytes(rank % group);
