@@ -115,6 +115,14 @@ const std::vector<KeySpec>& schema() {
       {"optim.block_size", Kind::kInt, int64_t{0}, 0, 4096},  // 0: 256 at 8 bits, 128 at 4
       // What keeps 32-bit moments: tensor names, "token_embedding", "head" (an untied head's)
       {"optim.state_bits_exclude", Kind::kString, std::string("token_embedding head")},
+      // Low-rank adapters (model/config.h LoraConfig; docs/finetuning.md)
+      {"lora.r", Kind::kInt, int64_t{0}, 0, 1 << 16},  // 0: off, every parameter trains
+      {"lora.alpha", Kind::kFloat, 8.0, 0, 1e9},
+      {"lora.dropout", Kind::kFloat, 0.0, 0, 1},
+      {"lora.targets", Kind::kString, std::string("")},  // "" = the family's default
+      {"lora.rslora", Kind::kBool, false},
+      {"lora.dora", Kind::kBool, false},
+      {"lora.init", Kind::kString, std::string("")},  // "": A Kaiming-uniform, B = 0
   };
   return specs;
 }

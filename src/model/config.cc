@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -97,6 +98,10 @@ void TransformerConfig::fill_derived() {
   }
 }
 
+double LoraConfig::scale() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
 void TransformerConfig::validate() const {
   if ((n_kv_head == 0 || ffn_hidden == 0) && n_head >= 1) return resolved().validate();
   PO_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
@@ -151,6 +156,11 @@ std::vector<int64_t> TransformerConfig::unit_numels(int64_t tp) const {
 }
 
 double TransformerConfig::flops_per_token(int64_t T) const {
+  if (lora.on()) {  // a frozen base: its forward and input gradients, no weight gradients
+    const Layout l(*this);
+    return 4.0 * static_cast<double>(l.base_num_params()) + 6.0 * static_cast<double>(l.num_params()) +
+           12.0 * static_cast<double>(n_layer * n_embd * T);
+  }
   return 6.0 * static_cast<double>(num_params()) +
          12.0 * static_cast<double>(n_layer * n_embd * T);
 }

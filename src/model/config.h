@@ -23,6 +23,24 @@ struct RopeScalingConfig {
   double original_max_position = 8192.0;
 };
 
+// Low-rank adapters on the blocks' linear layers (the [lora] section): with
+// r > 0 every parameter of the model is frozen (the base) and each targeted
+// linear learns h = W0·x + s·B·A·x, s = alpha / r (alpha / sqrt(r) under
+// rsLoRA), A [r, in], B [out, r] = 0 at the start (PEFT's math). DoRA adds a
+// magnitude m per output row: h = b + m ⊙ (W0·x + s·B·A·x) / ‖W0 + s·B·A‖,
+// the row norm detached from the graph.
+struct LoraConfig {
+  int64_t r = 0;  // 0: no adapters, every parameter trains
+  double alpha = 8.0;
+  bool rslora = false;
+  bool dora = false;
+  // Hugging Face module names (q_proj k_proj v_proj o_proj gate_proj up_proj
+  // down_proj; GPT-2: c_attn attn.c_proj c_fc mlp.c_proj).
+  std::vector<std::string> targets;
+  bool on() const { return r > 0; }
+  double scale() const;
+};
+
 struct TransformerConfig {
   std::string arch = "gpt2";  // "gpt2" | "llama": the defaults below
   int64_t n_layer = 0;
@@ -56,6 +74,7 @@ struct TransformerConfig {
   // saved activations, no backward buffers. Not a config key: the serving
   // and generating commands set it.
   bool inference = false;
+  LoraConfig lora;
 
   // The defaults of an architecture ("gpt2", "llama"), shapes unset.
   static TransformerConfig arch_defaults(const std::string& arch);

@@ -76,6 +76,7 @@ Layout::Layout(const TransformerConfig& unresolved, TensorSplit split)
     add("lm_head.weight", {V, C}, uf, Slot::kHead, Init::kNormal, P::kVocab);
   }
   unit_offsets_.push_back(offset);
+  if (config.lora.on()) declare_adapters(config);
   // Each unit's f32-read ranges, once (a lean widening asks at every visit).
   f32_ranges_.resize(static_cast<size_t>(num_units()));
   for (const TensorSpec& t : tensors_) {
@@ -118,8 +119,99 @@ const TensorSpec& Layout::tensor(const std::string& name) const {
 }
 
 const TensorSpec* Layout::position_embedding() const {
-  return tensors_.size() > 1 && tensors_[1].slot == Slot::kPositionEmbedding ? &tensors_[1]
-                                                                              : nullptr;
+  const std::vector<TensorSpec>& t = base_tensors();
+  return t.size() > 1 && t[1].slot == Slot::kPositionEmbedding ? &t[1] : nullptr;
+}
+
+// The base moves to its own space; tensors_ and the units become the
+// adapters: in every block, per adapted piece of each Linear in order, its
+// A [r, in], B [rows, r] and (DoRA) magnitude [rows], named after the base
+// module as PEFT names them (without PEFT's "base_model.model." prefix).
+void Layout::declare_adapters(const TransformerConfig& config) {
+  const LoraConfig& lora = config.lora;
+  PO_CHECK(split_.size == 1, "lora: adapters under tensor parallel (parallel.tp = ", split_.size,
+           ") are not built yet");
+  PO_CHECK(lora.alpha > 0, "lora.alpha must be > 0, got ", lora.alpha);
+  PO_CHECK(!lora.targets.empty(), "lora.targets is empty: name the modules to adapt");
+  base_ = std::move(tensors_);
+  base_offsets_ = std::move(unit_offsets_);
+  tensors_.clear();
+  // Module paths of a unit's base tensors that are pieces of `lin`, in row order.
+  auto pieces_of = [&](int u, const parts::Linear& lin) {
+    std::vector<const TensorSpec*> out;
+    int64_t at = base_offsets_[static_cast<size_t>(u)] + lin.weight, rows = 0;
+    for (const TensorSpec& t : base_)
+      if (t.unit == u && t.offset == at && rows < lin.out) {
+        out.push_back(&t);
+        rows += t.shape[0];
+        at += t.numel();
+      }
+    PO_ASSERT(rows == lin.out, "lora: the pieces of a linear cover ", rows, " of ", lin.out, " rows");
+    return out;
+  };
+  auto module = [](const std::string& weight) { return weight.substr(0, weight.size() - 7); };
+  auto matches = [](const std::string& path, const std::string& target) {  // PEFT's rule
+    return path == target || (path.size() > target.size() &&
+                              path.compare(path.size() - target.size(), target.size(), target) == 0 &&
+                              path[path.size() - target.size() - 1] == '.');
+  };
+  std::vector<bool> used(lora.targets.size(), false);
+  std::vector<std::string> known;
+  int64_t offset = 0;
+  unit_offsets_ = {0, 0};  // the embedding unit: nothing trains
+  for (int l = 0; l < n_layer_; ++l) {
+    const int u = l + 1;
+    const int64_t start = offset;
+    for (parts::Linear* lin : block_.linears()) {
+      int64_t row0 = 0;
+      for (const TensorSpec* t : pieces_of(u, *lin)) {
+        const std::string path = module(t->name);
+        const int64_t rows = t->shape[0];
+        bool adapt = false;
+        for (size_t i = 0; i < lora.targets.size(); ++i)
+          if (matches(path, lora.targets[i])) adapt = used[i] = true;
+        if (l == 0) {
+          const size_t dot = path.find('.', path.find_first_of("0123456789"));
+          known.push_back(path.substr(dot + 1));
+        }
+        if (adapt) {
+          parts::Adapter::Piece pc{row0, rows};
+          auto add = [&](const std::string& name, tensor::Shape shape, Init init) {
+            TensorSpec a;
+            a.name = path + name;
+            a.shape = std::move(shape);
+            a.global_shape = a.shape;
+            a.offset = offset;
+            a.unit = u;
+            a.slot = Slot::kAdapter;
+            a.init = init;
+            a.decay = a.shape.size() >= 2;
+            offset += a.numel();
+            tensors_.push_back(std::move(a));
+            return tensors_.back().offset - start;
+          };
+          pc.a = add(".lora_A.weight", {lora.r, lin->in}, Init::kKaimingUniform);
+          pc.b = add(".lora_B.weight", {rows, lora.r}, Init::kZeros);
+          if (lora.dora) pc.m = add(".lora_magnitude_vector", {rows}, Init::kRowNorm);
+          if (l == 0) lin->lora.pieces.push_back(pc);
+        }
+        row0 += rows;
+      }
+      lin->trainable = false;
+      lin->lora.r = lora.r;
+      lin->lora.scale = static_cast<float>(lora.scale());
+    }
+    unit_offsets_.push_back(offset);
+  }
+  unit_offsets_.push_back(offset);  // the final norm and head: frozen
+  block_.norm1.frozen = block_.norm2.frozen = true;
+  final_norm_.frozen = true;
+  for (size_t i = 0; i < lora.targets.size(); ++i) {
+    std::string names;
+    for (const std::string& k : known) names += (names.empty() ? "" : " ") + k;
+    PO_CHECK(used[i], "lora.targets: '", lora.targets[i], "' is not a linear layer of this ",
+             config.arch, " model (its linear layers: ", names, ")");
+  }
 }
 
 std::vector<int64_t> Layout::unit_numels() const {
@@ -165,7 +257,7 @@ std::vector<int> Layout::param_visit_order() const {
 }
 
 bool Layout::read_as_bf16(const TensorSpec& t) {
-  return t.shape.size() == 2 && t.slot != Slot::kPositionEmbedding;
+  return t.shape.size() == 2 && t.slot != Slot::kPositionEmbedding && t.slot != Slot::kAdapter;
 }
 
 }  // namespace po::model

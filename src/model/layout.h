@@ -15,6 +15,14 @@
 // Element i of tensor k initialises from Philox(seed, k) at counter i, so any
 // split of a tensor starts from the values of the unsplit one.
 //
+// Adapters (TransformerConfig::lora): the model's own tensors are then the
+// frozen base, laid out exactly as without adapters but in a space of their
+// own (base_tensors(), base_unit_offset()); tensors(), the units and
+// num_params() are the trainable adapters alone (A, B, DoRA's magnitude per
+// adapted module, in each block's unit; the embedding and head units hold
+// none). Everything that trains, shards, pages or checkpoints parameters
+// reads tensors() and sees the adapters; the model reads both.
+//
 // Tensor parallel (TensorSplit): a layout can be one tp rank's. Its tensors
 // then have the shapes that rank holds (TensorSpec::shape; global_shape is
 // the whole tensor's) and its offsets and units are that rank's flat
@@ -65,17 +73,27 @@ class Layout {
   std::vector<int64_t> unit_numels() const;
   int head_unit() const { return num_units() - 1; }
 
+  // The model's own tensors and their units: the frozen base when the layout
+  // has adapters, else tensors() and the units above.
+  bool adapters() const { return !base_offsets_.empty(); }
+  const std::vector<TensorSpec>& base_tensors() const { return adapters() ? base_ : tensors_; }
+  int64_t base_num_params() const { return base_unit_offset(num_units()); }
+  int64_t base_unit_offset(int u) const {
+    return (adapters() ? base_offsets_ : unit_offsets_)[static_cast<size_t>(u)];
+  }
+  int64_t base_unit_numel(int u) const { return base_unit_offset(u + 1) - base_unit_offset(u); }
+
   // The parts of a block, with their tensors' offsets inside the block's
   // unit (every block has the same).
   const parts::Block& block() const { return block_; }
   // The final norm, its offsets inside the head unit.
   const parts::Norm& final_norm() const { return final_norm_; }
   // The token table, the position table (null without learned positions).
-  const TensorSpec& token_embedding() const { return tensors_[0]; }
+  const TensorSpec& token_embedding() const { return base_tensors()[0]; }
   const TensorSpec* position_embedding() const;
   // The weight the LM head multiplies by: the token table when tied
   // (declared here, once), else lm_head.weight in the head unit.
-  const TensorSpec& head() const { return tensors_[head_]; }
+  const TensorSpec& head() const { return base_tensors()[head_]; }
   bool tied() const { return head_ == 0; }
   // Units whose parameters the head reads, in the order it asks for them.
   std::vector<int> head_units() const;
@@ -125,6 +143,10 @@ class Layout {
   parts::Norm final_norm_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> f32_ranges_;  // per unit
   size_t head_ = 0;
+  std::vector<TensorSpec> base_;       // with adapters: the frozen model
+  std::vector<int64_t> base_offsets_;  // its unit offsets (empty: no adapters)
+
+  void declare_adapters(const TransformerConfig& config);
 };
 
 template <typename Fn>

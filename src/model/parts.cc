@@ -1,38 +1,188 @@
 #include "model/parts.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 
 namespace po::model::parts {
 namespace ops = po::backend::cpu;
 
-Linear::Weights Linear::weights(const float* unit, const uint16_t* bits, bool lean) const {
+Linear::Weights Linear::weights(const float* unit, const uint16_t* bits, bool lean,
+                                const float* adapter) const {
   Weights p;
   p.w = lean ? nullptr : unit + weight;  // lean: the weight is read through its bits alone
   p.w16 = bits == nullptr ? nullptr : bits + weight;
   p.b = bias < 0 ? nullptr : unit + bias;
+  if (lora.on()) p.adapter = adapter != nullptr ? adapter : unit;
   return p;
 }
 
-Linear::Grads Linear::grads(float* unit) const {
-  if (!trainable || unit == nullptr) return {};
-  return {unit + weight, bias < 0 ? nullptr : unit + bias};
+Linear::Grads Linear::grads(float* unit, float* adapter) const {
+  Grads g;
+  if (lora.on()) g.adapter = adapter != nullptr ? adapter : unit;
+  if (!trainable || unit == nullptr) return g;
+  g.w = unit + weight;
+  g.b = bias < 0 ? nullptr : unit + bias;
+  return g;
 }
+
+namespace {
+
+Operand shifted(Operand x, int64_t n) {
+  return {x.f32 != nullptr ? x.f32 + n : nullptr, x.bf16 != nullptr ? x.bf16 + n : nullptr};
+}
+
+// DoRA's per-row scale m / ‖W0 + s·B·A‖ of a piece (the norm over the input,
+// accumulated in double): what PEFT computes, detached, every forward.
+void dora_scale(float* c, const Linear& lin, const Adapter::Piece& pc, const Linear::Weights& p) {
+  PO_CHECK(p.w != nullptr || p.w16 != nullptr, "DoRA needs its base weight's values");
+  const int64_t in = lin.in, r = lin.lora.r;
+  thread_local std::vector<float> ba;
+  ba.resize(static_cast<size_t>(pc.rows * in));
+  ops::gemm(false, false, pc.rows, in, r, lin.lora.scale, p.adapter + pc.b, r, p.adapter + pc.a, in,
+            0.0f, ba.data(), in);
+  const float* m = p.adapter + pc.m;
+  const float* sba = ba.data();  // (thread_local: not the worker threads' to name)
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < pc.rows; ++j) {
+    const int64_t row = (pc.row0 + j) * in;
+    double s = 0.0;
+    for (int64_t i = 0; i < in; ++i) {
+      const float w0 = p.w != nullptr ? p.w[row + i] : core::bf16_to_f32(core::bf16{p.w16[row + i]});
+      const double v = static_cast<double>(w0 + sba[j * in + i]);
+      s += v * v;
+    }
+    c[j] = m[j] / static_cast<float>(std::sqrt(s));
+  }
+}
+
+}  // namespace
 
 void Linear::forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias) const {
   ops::matmul_forward(y, x, {p.w, p.w16}, with_bias ? p.b : nullptr, rows, in, out);
+  if (lora.on()) adapter_forward(y, x, p, rows, with_bias);
 }
 
 void Linear::forward_decode(float* y, const float* x, const Weights& p, int64_t rows,
                             bool with_bias) const {
   ops::matmul_forward_decode(y, x, p.w, with_bias ? p.b : nullptr, rows, in, out);
+  if (lora.on()) adapter_forward(y, x, p, rows, with_bias);
+}
+
+// y (the base's x·W0ᵀ (+ b)) += each piece's s·(x·Aᵀ)·Bᵀ; DoRA's pieces then
+// b + c ⊙ (y - b).
+void Linear::adapter_forward(float* y, Operand x, const Weights& p, int64_t rows,
+                             bool with_bias) const {
+  const int64_t r = lora.r;
+  thread_local std::vector<float> u, c;
+  u.resize(static_cast<size_t>(rows * r));
+  for (const Adapter::Piece& pc : lora.pieces) {
+    ops::gemm(false, true, rows, r, in, 1.0f, x, in, p.adapter + pc.a, in, 0.0f, u.data(), r);
+    ops::gemm(false, true, rows, pc.rows, r, lora.scale, u.data(), r, p.adapter + pc.b, r, 1.0f,
+              y + pc.row0, out);
+    if (pc.m < 0) continue;
+    c.resize(static_cast<size_t>(pc.rows));
+    dora_scale(c.data(), *this, pc, p);
+    const float* b = with_bias && p.b != nullptr ? p.b + pc.row0 : nullptr;
+    const float* sc = c.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      float* yi = y + i * out + pc.row0;
+      for (int64_t j = 0; j < pc.rows; ++j) {
+        const float bj = b != nullptr ? b[j] : 0.0f;
+        yi[j] = bj + sc[j] * (yi[j] - bj);
+      }
+    }
+  }
 }
 
 void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const Weights& p,
                       int64_t rows) const {
-  ops::matmul_backward(dx, g.w, g.b, dy, x, {p.w, p.w16}, rows, in, out);
+  if (!lora.on()) return ops::matmul_backward(dx, g.w, g.b, dy, x, {p.w, p.w16}, rows, in, out);
+  PO_ASSERT(g.w == nullptr && g.b == nullptr, "an adapted Linear's base is frozen");
+  PO_ASSERT(dx != nullptr && p.adapter != nullptr, "an adapted Linear's backward needs dx and its weights");
+  const int64_t r = lora.r;
+  // DoRA: the output gradient through the row scale, dz = c ⊙ dy, on the
+  // pieces that have one; the base and the low-rank product read dz.
+  thread_local std::vector<float> dz, c, u, du, z;
+  bool dora = false;
+  for (const Adapter::Piece& pc : lora.pieces) dora = dora || pc.m >= 0;
+  Operand d = dy;
+  if (dora) {
+    PO_CHECK(dy.f32 != nullptr, "DoRA's backward reads its output gradient in f32");
+    dz.assign(dy.f32, dy.f32 + rows * out);
+    for (const Adapter::Piece& pc : lora.pieces) {
+      if (pc.m < 0) continue;
+      c.resize(static_cast<size_t>(pc.rows));
+      dora_scale(c.data(), *this, pc, p);
+      float* sdz = dz.data();
+      const float* sc = c.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < pc.rows; ++j) sdz[i * out + pc.row0 + j] *= sc[j];
+    }
+    d = Operand(dz.data());
+  }
+  ops::matmul_backward(dx, nullptr, nullptr, d, x, {p.w, p.w16}, rows, in, out);
+  u.resize(static_cast<size_t>(rows * r));
+  du.resize(static_cast<size_t>(rows * r));
+  for (const Adapter::Piece& pc : lora.pieces) {
+    const float* A = p.adapter + pc.a;
+    const float* B = p.adapter + pc.b;
+    const Operand dp = shifted(d, pc.row0);
+    ops::gemm(false, true, rows, r, in, 1.0f, x, in, A, in, 0.0f, u.data(), r);  // u = x·Aᵀ
+    if (pc.m >= 0 && g.adapter != nullptr) {
+      // dm_j += Σ_rows dy_j · z_j / ‖·‖_j, z = x·W0ᵀ + s·u·Bᵀ (the piece, no bias):
+      // c_j / m_j is 1 / ‖·‖_j.
+      z.resize(static_cast<size_t>(rows * pc.rows));
+      ops::gemm(false, true, rows, pc.rows, in, 1.0f, x, in,
+                Operand(p.w != nullptr ? p.w + pc.row0 * in : nullptr,
+                        p.w16 != nullptr ? p.w16 + pc.row0 * in : nullptr),
+                in, 0.0f, z.data(), pc.rows);
+      ops::gemm(false, true, rows, pc.rows, r, lora.scale, u.data(), r, B, r, 1.0f, z.data(),
+                pc.rows);
+      c.resize(static_cast<size_t>(pc.rows));
+      dora_scale(c.data(), *this, pc, p);
+      const float* m = p.adapter + pc.m;
+      float* dm = g.adapter + pc.m;
+      const float *sz = z.data(), *sc = c.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t j = 0; j < pc.rows; ++j) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < rows; ++i) s += dy.f32[i * out + pc.row0 + j] * sz[i * pc.rows + j];
+        dm[j] += s * (sc[j] / m[j]);
+      }
+    }
+    if (g.adapter != nullptr)  // dB += s·dzᵀ·u
+      ops::gemm(true, false, pc.rows, r, rows, lora.scale, dp, out, u.data(), r, 1.0f,
+                g.adapter + pc.b, r);
+    // du = s·dz·B; dA += duᵀ·x; dx += du·A
+    ops::gemm(false, false, rows, r, pc.rows, lora.scale, dp, out, B, r, 0.0f, du.data(), r);
+    if (g.adapter != nullptr)
+      ops::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x, in, 1.0f, g.adapter + pc.a, in);
+    ops::gemm(false, false, rows, in, r, 1.0f, du.data(), r, A, in, 1.0f, dx, in);
+  }
+}
+
+void Linear::merge(float* unit, const float* adapter) const {
+  const Weights p{unit + weight, nullptr, nullptr, adapter};
+  std::vector<float> c;
+  for (const Adapter::Piece& pc : lora.pieces) {
+    if (pc.m >= 0) {  // the scale of the unmerged weight
+      c.resize(static_cast<size_t>(pc.rows));
+      dora_scale(c.data(), *this, pc, p);
+    }
+    float* w = unit + weight + pc.row0 * in;
+    ops::gemm(false, false, pc.rows, in, lora.r, lora.scale, adapter + pc.b, lora.r, adapter + pc.a,
+              in, 1.0f, w, in);
+    if (pc.m < 0) continue;
+    for (int64_t j = 0; j < pc.rows; ++j)
+      for (int64_t i = 0; i < in; ++i) w[j * in + i] *= c[static_cast<size_t>(j)];
+  }
 }
 
 namespace {
@@ -65,8 +215,15 @@ void Norm::forward(uint16_t* out, float* mean, float* rstd, const float* in, con
   norm_forward(*this, out, mean, rstd, in, p, rows);
 }
 
-void Norm::backward(float* dinp, const Grads& g, const float* dout, Operand in, const Weights& p,
+void Norm::backward(float* dinp, const Grads& g0, const float* dout, Operand in, const Weights& p,
                     const float* mean, const float* rstd, int64_t rows) const {
+  // Frozen: the kernels' weight sums go to scratch nobody reads.
+  thread_local std::vector<float> discard;
+  Grads g = g0;
+  if (g.w == nullptr) {
+    discard.resize(static_cast<size_t>(2 * C));
+    g = {discard.data(), discard.data() + C};
+  }
   if (kind == model::Norm::kLayerNorm) {
     if (in.f32 != nullptr)
       return ops::layernorm_backward(dinp, g.w, g.b, dout, in.f32, p.w, mean, rstd, rows, C);
@@ -93,15 +250,20 @@ void Mlp::act_backward(float* dinp, Operand in, const float* dout, int64_t rows)
   ops::swiglu_backward(dinp, in.bf16, dout, rows, hidden);
 }
 
-Block::Weights Block::weights(const float* unit, const uint16_t* bits, bool lean) const {
-  return {norm1.weights(unit), norm2.weights(unit), attn.qkv.weights(unit, bits, lean),
-          attn.out.weights(unit, bits, lean), mlp.up.weights(unit, bits, lean),
-          mlp.down.weights(unit, bits, lean)};
+Block::Weights Block::weights(const float* unit, const uint16_t* bits, bool lean,
+                              const float* adapters) const {
+  return {norm1.weights(unit),
+          norm2.weights(unit),
+          attn.qkv.weights(unit, bits, lean, adapters),
+          attn.out.weights(unit, bits, lean, adapters),
+          mlp.up.weights(unit, bits, lean, adapters),
+          mlp.down.weights(unit, bits, lean, adapters)};
 }
 
-Block::Grads Block::grads(float* unit) const {
-  return {norm1.grads(unit), norm2.grads(unit), attn.qkv.grads(unit), attn.out.grads(unit),
-          mlp.up.grads(unit), mlp.down.grads(unit)};
+Block::Grads Block::grads(float* unit, float* adapters) const {
+  return {norm1.grads(unit),          norm2.grads(unit),
+          attn.qkv.grads(unit, adapters), attn.out.grads(unit, adapters),
+          mlp.up.grads(unit, adapters),   mlp.down.grads(unit, adapters)};
 }
 
 namespace {

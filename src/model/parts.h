@@ -41,6 +41,24 @@ struct Decl {
 // Appends a tensor to the unit being laid out; returns its offset inside the unit.
 using Declare = std::function<int64_t(Decl)>;
 
+// A low-rank adapter on a Linear (LoRA, DoRA): each adapted piece of the
+// Linear's output rows (a fused weight's q, k, v or gate, up are pieces of
+// their own, as their Hugging Face modules are) adds s·(x·Aᵀ)·Bᵀ to its
+// rows, A [r, in], B [rows, r]; under DoRA its rows are then scaled by
+// m / ‖W0 + s·B·A‖ (row norms over the input, detached), the bias not.
+// Offsets are inside the unit of the trainable tensors, not the base's.
+struct Adapter {
+  struct Piece {
+    int64_t row0 = 0, rows = 0;  // the Linear's output rows it adapts
+    int64_t a = -1, b = -1;      // offsets of A and B
+    int64_t m = -1;              // DoRA's magnitude [rows]; -1: LoRA
+  };
+  std::vector<Piece> pieces;
+  int64_t r = 0;
+  float scale = 0.0f;  // s = alpha / r, or alpha / sqrt(r) (rsLoRA)
+  bool on() const { return !pieces.empty(); }
+};
+
 // y[rows, out] = x[rows, in] · Wᵀ + b, W [out, in] as this rank holds it.
 // kSplitRows: column-parallel (every rank sees all of x, computes its rows
 // of y); kSplitCols: row-parallel (its columns of x, a partial y that the
@@ -54,21 +72,28 @@ struct Linear {
   // Whether the backward computes the weight's and bias's gradients (false:
   // a frozen weight; the input gradient still flows).
   bool trainable = true;
+  Adapter lora;  // none unless the model trains adapters
 
   // What a step reads: the f32 values (null where the hooks hand out the
   // stored bf16 bits alone), the bits (null where none are held), the bias.
+  // `adapter`: the unit of the trainable tensors that holds the adapter's.
   struct Weights {
     const float* w = nullptr;
     const uint16_t* w16 = nullptr;
     const float* b = nullptr;
+    const float* adapter = nullptr;
   };
   // Where its gradients accumulate (null: not computed).
   struct Grads {
     float* w = nullptr;
     float* b = nullptr;
+    float* adapter = nullptr;
   };
-  Weights weights(const float* unit, const uint16_t* bits, bool lean) const;
-  Grads grads(float* unit) const;
+  // `unit` holds the weight and bias, `adapter` the adapter's tensors (the
+  // same unit when nothing is frozen).
+  Weights weights(const float* unit, const uint16_t* bits, bool lean,
+                  const float* adapter = nullptr) const;
+  Grads grads(float* unit, float* adapter = nullptr) const;
 
   void forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias = true) const;
   // Generation's: few rows, each row's values independent of the others
@@ -77,8 +102,17 @@ struct Linear {
                       bool with_bias = true) const;
   // dx[rows, in] = dy · W (written; null: not computed); g.w += dyᵀ · x,
   // g.b += Σ dy (null members: not computed).
+  // With an adapter, dx is needed (the adapter's input gradient adds to it)
+  // and so are the weights: the adapter's products are recomputed here.
   void backward(float* dx, const Grads& g, Operand dy, Operand x, const Weights& p,
                 int64_t rows) const;
+  // Folds the adapter into the weight of `unit` (a base unit's copy): W0 +
+  // s·B·A, DoRA's rows then scaled by m / ‖W0 + s·B·A‖. The merged model's
+  // logits are the adapted one's.
+  void merge(float* unit, const float* adapter) const;
+
+ private:
+  void adapter_forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias) const;
 };
 
 // LayerNorm (weight and bias) or RMSNorm (weight) over C channels.
@@ -87,6 +121,7 @@ struct Norm {
   model::Norm kind = model::Norm::kLayerNorm;
   int64_t C = 0;
   double eps = 1e-5;
+  bool frozen = false;  // no gradients (a fine-tuned model's base)
 
   struct Weights {
     const float* w = nullptr;
@@ -98,7 +133,7 @@ struct Norm {
   };
   Weights weights(const float* unit) const { return {unit + weight, bias < 0 ? nullptr : unit + bias}; }
   Grads grads(float* unit) const {
-    if (unit == nullptr) return {};
+    if (unit == nullptr || frozen) return {};
     return {unit + weight, bias < 0 ? nullptr : unit + bias};
   }
   // out written in f32, or (uint16_t) rounded to bf16 as written; mean is
@@ -152,8 +187,13 @@ struct Block {
     Norm::Grads norm1, norm2;
     Linear::Grads qkv, out, up, down;
   };
-  Weights weights(const float* unit, const uint16_t* bits, bool lean) const;
-  Grads grads(float* unit) const;
+  // `unit` holds the base tensors, `adapters` the adapters' (the same
+  // unit when nothing is frozen).
+  Weights weights(const float* unit, const uint16_t* bits, bool lean,
+                  const float* adapters = nullptr) const;
+  Grads grads(float* unit, float* adapters = nullptr) const;
+  // Its Linears in order (q|k|v, o, up, down).
+  std::vector<Linear*> linears() { return {&attn.qkv, &attn.out, &mlp.up, &mlp.down}; }
 };
 
 // Declares block l's tensors (Hugging Face GPT-2 or Llama names by

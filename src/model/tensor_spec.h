@@ -15,6 +15,8 @@ enum class Init {
   kOnes,
   kNormal,          // N(0, 0.02)
   kResidualNormal,  // N(0, 0.02 / sqrt(2L)): projections into the residual stream
+  kKaimingUniform,  // U(-1/sqrt(in), 1/sqrt(in)): a LoRA A (Kaiming-uniform, a = sqrt(5))
+  kRowNorm,         // the row norms of the frozen weight it adapts: a DoRA magnitude
 };
 
 // How tensor parallel splits a tensor (parallel.tp; one value per tensor, as
@@ -34,6 +36,7 @@ enum class Slot {
   kBlock,
   kFinalNorm,  // its weight and (LayerNorm) bias
   kHead,
+  kAdapter,  // a low-rank adapter's A, B or DoRA magnitude (parts::Adapter)
 };
 
 struct TensorSpec {

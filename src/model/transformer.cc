@@ -400,7 +400,18 @@ size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, 
 
 Transformer::BlockWeights Transformer::block_weights(int u) {
   const UnitView v = unit_params_lean(u);
+  if (layout_.adapters())  // the frozen base in f32, the adapters in the unit
+    return layout_.block().weights(base_of(u, nullptr), nullptr, false, v.f32);
   return layout_.block().weights(v.f32, v.bf16, v.bf16 != nullptr && v.lean);
+}
+
+float* Transformer::base_params() {
+  if (!layout_.adapters()) return params();
+  if (base_.data() == nullptr) {
+    const int64_t n = layout_.base_unit_offset(last_ + 1) - layout_.base_unit_offset(first_);
+    base_ = tensor::Storage(static_cast<size_t>(n) * sizeof(float));
+  }
+  return base_.f32();
 }
 
 // The flat buffers are allocated at first use: a model whose state lives
@@ -472,17 +483,30 @@ float* Transformer::unit_grads(int u) {
 }
 
 void Transformer::init_random(uint64_t seed) {
+  if (layout_.adapters()) {  // the base as without adapters, then the adapters on it
+    float* base = base_params();
+    for (int u = first_; u <= last_; ++u) init_random_base(seed, u, base + base_unit_offset(u));
+    return init_adapters(seed);
+  }
   float* w = params();
   for (int u = first_; u <= last_; ++u) init_random_unit(seed, u, w + unit_offset(u));
 }
 
 void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
+  PO_CHECK(!layout_.adapters(), "init_random_unit: a model with adapters initialises them on its ",
+           "base (init_adapters)");
+  init_random_base(seed, u, unit);
+}
+
+// The model's own tensors of unit u (the base, with adapters), by each one's
+// rule: tensor k from Philox(seed, k), k its index among the model's tensors.
+void Transformer::init_random_base(uint64_t seed, int u, float* unit) const {
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  const std::vector<TensorSpec>& tensors = layout_.tensors();
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorSpec& p = tensors[k];
     if (p.unit != u) continue;
-    float* dst = unit + (p.offset - layout_.unit_offset(u));
+    float* dst = unit + (p.offset - layout_.base_unit_offset(u));
     const int64_t n = p.numel();
     if (p.init == Init::kZeros || p.init == Init::kOnes) {
       std::fill(dst, dst + n, p.init == Init::kOnes ? 1.0f : 0.0f);
@@ -501,6 +525,66 @@ void Transformer::init_random_unit(uint64_t seed, int u, float* unit) const {
         dst[local + i] = global < 0 ? 0.0f : std * rng.normal(static_cast<uint64_t>(global + i));
     });
   }
+}
+
+// A: U(-1/sqrt(in), 1/sqrt(in)) (PEFT's Kaiming-uniform with a = sqrt(5)),
+// from Philox(seed ^ kAdapterStream, k) at counter i, k the adapter's index;
+// B: 0; DoRA's magnitude: the row norms of the base weight it adapts.
+void Transformer::init_adapters(uint64_t seed) {
+  constexpr uint64_t kAdapterStream = 0x4c6f5241ull;  // "LoRA"
+  float* w = params();
+  const float* base = base_params();
+  const std::vector<TensorSpec>& tensors = layout_.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorSpec& t = tensors[k];
+    if (!holds(t.unit)) continue;
+    float* dst = w + (t.offset - layout_.unit_offset(first_));
+    const int64_t n = t.numel();
+    switch (t.init) {
+      case Init::kKaimingUniform: {
+        const float bound = 1.0f / std::sqrt(static_cast<float>(t.shape[1]));
+        const core::Philox rng(seed ^ kAdapterStream, k);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i)
+          dst[i] = bound * (2.0f * rng.uniform(static_cast<uint64_t>(i)) - 1.0f);
+        break;
+      }
+      case Init::kRowNorm: {
+        const TensorSpec& wt = adapted_weight(t);
+        const float* rows = base + (wt.offset - layout_.base_unit_offset(first_));
+        const int64_t in = wt.shape[1];
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0.0;
+          for (int64_t i = 0; i < in; ++i) s += static_cast<double>(rows[j * in + i]) * rows[j * in + i];
+          dst[j] = static_cast<float>(std::sqrt(s));
+        }
+        break;
+      }
+      default:
+        std::fill(dst, dst + n, 0.0f);
+    }
+  }
+}
+
+void Transformer::merged_params(float* out) {
+  PO_CHECK(layout_.adapters(), "merged_params: the model has no adapters");
+  const int64_t n = layout_.base_unit_offset(last_ + 1) - layout_.base_unit_offset(first_);
+  std::memcpy(out, base_params(), static_cast<size_t>(n) * sizeof(float));
+  const parts::Block& k = layout_.block();
+  for (int u = std::max(first_, 1); u <= std::min(last_, layout_.head_unit() - 1); ++u) {
+    float* unit = out + base_unit_offset(u);
+    const float* adapters = params() + unit_offset(u);
+    for (const parts::Linear* lin : {&k.attn.qkv, &k.attn.out, &k.mlp.up, &k.mlp.down})
+      if (lin->lora.on()) lin->merge(unit, adapters);
+  }
+}
+
+const TensorSpec& Transformer::adapted_weight(const TensorSpec& adapter) const {
+  const std::string& n = adapter.name;
+  const std::string module = n.substr(0, n.rfind(".lora_"));
+  for (const TensorSpec& t : layout_.base_tensors())
+    if (t.name == module + ".weight") return t;
+  PO_THROW(core::InvalidArgument, "adapter ", n, ": the base has no ", module, ".weight");
 }
 
 void Transformer::zero_grads() {

@@ -174,6 +174,14 @@ class Transformer {
   float* grads();
   // Elements of the held units.
   int64_t num_params() const { return num_params_; }
+  // A model with adapters (Layout::adapters()): the frozen base of the held
+  // units, in the base layout (Layout::base_tensors(); the same as params()
+  // without adapters), allocated at first use. params() and grads() are then
+  // the adapters'.
+  float* base_params();
+  int64_t base_unit_offset(int u) const {
+    return layout_.base_unit_offset(u) - layout_.base_unit_offset(first_);
+  }
   // The declared tensors (offsets global: from the start of unit 0).
   const std::vector<TensorSpec>& param_infos() const { return layout_.tensors(); }
   const TensorSpec& param(const std::string& name) const { return layout_.tensor(name); }
@@ -188,6 +196,15 @@ class Transformer {
   void init_random(uint64_t seed);
   // The same values for unit u alone, into `unit` (unit_numel(u) floats).
   void init_random_unit(uint64_t seed, int u, float* unit) const;
+  // With adapters: A Kaiming-uniform, B zero, DoRA's magnitude the row
+  // norms of the base weight (so read after the base is in base_params()).
+  void init_adapters(uint64_t seed);
+  // With adapters: the base of the held units with every adapter folded in
+  // (parts::Linear::merge), into `out` in the base layout: the parameters of
+  // a model without adapters that computes what this one does.
+  void merged_params(float* out);
+  // The base weight an adapter tensor adapts (its module's .weight).
+  const TensorSpec& adapted_weight(const TensorSpec& adapter) const;
   // Zeroes grads(); does nothing once they are released.
   void zero_grads();
 
@@ -460,8 +477,17 @@ class Transformer {
   // Block unit u's weights (through the hooks), with the bf16 weights where
   // the hooks hand them out; its gradient accumulators.
   BlockWeights block_weights(int u);
-  BlockGrads block_grads(int u) { return layout_.block().grads(unit_grads(u)); }
+  void init_random_base(uint64_t seed, int u, float* unit) const;
+  BlockGrads block_grads(int u) {
+    if (layout_.adapters()) return layout_.block().grads(nullptr, unit_grads(u));
+    return layout_.block().grads(unit_grads(u));
+  }
   float* unit_params(int u);
+  // Where unit u's base tensors are, given its trainable parameters: the
+  // same pointer, or with adapters the frozen base's unit.
+  float* base_of(int u, float* trainable) {
+    return layout_.adapters() ? base_params() + base_unit_offset(u) : trainable;
+  }
   // unit_params for a training step: the f32 values, the stored bf16 bits
   // (null where the hooks hold none), and whether the f32 values of the
   // read_as_bf16 tensors are missing (params_lean hooks at kBF16 GEMMs): then
@@ -546,6 +572,7 @@ class Transformer {
   bool tp_overlap_ = false;
   int64_t sp_ = 1;          // sequence shards: the norm and residual regions hold B·T/sp_ rows
   mutable tensor::Storage params_, grads_;  // allocated at first use
+  tensor::Storage base_;                    // with adapters: the frozen model
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;

@@ -33,7 +33,7 @@ KvCache Transformer::make_kv_cache(int64_t capacity) const {
 
 void Transformer::embed_rows(const int32_t* tokens, int64_t n, int64_t pos0, float* x) {
   const int64_t C = config_.n_embd, V = config_.vocab_size;
-  const float* w = unit_params(0);
+  const float* w = base_of(0, unit_params(0));
   const float* wte = w + layout_.token_embedding().offset;
   const TensorSpec* wpe = layout_.position_embedding();
   for (int64_t i = 0; i < n; ++i) {
@@ -58,7 +58,8 @@ const float* Transformer::decode_blocks(
   float* y = dres_;  // the next block's input
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const int u = static_cast<int>(l + 1);
-    const BlockWeights P = k.weights(unit_params(u), nullptr, false);
+    float* unit = unit_params(u);
+    const BlockWeights P = k.weights(base_of(u, unit), nullptr, false, unit);
     k.norm1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.norm1, n);
     k.attn.qkv.forward_decode(a.qkv, a.ln1, P.qkv, n);
     attend(l, a.qkv, a.atty);

@@ -11,7 +11,8 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   PO_CHECK(pops_->tp_size() == tp_size() && pops_->tp_rank() == layout_.split().rank,
            "the model is tensor-parallel rank ", layout_.split().rank, " of ", tp_size(),
            " but its ParallelOps is rank ", pops_->tp_rank(), " of ", pops_->tp_size());
-  const UnitView v = unit_params_lean(0);
+  UnitView v = unit_params_lean(0);
+  if (layout_.adapters()) v = {base_of(0, nullptr), nullptr, false};  // the frozen table
   const float* w = v.f32;
   const TensorSpec* wpe = layout_.position_embedding();
   const int64_t C = config_.n_embd, table = layout_.token_embedding().offset;
@@ -44,6 +45,7 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
 // or, without one, to their own accumulator (tied_lookup_grads) unless hooks
 // hold the gradient (they take each micro-batch's whole unit 0).
 void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
+  if (layout_.adapters()) return;  // the tables are frozen
   emb_dout_ = gather_rows(dres_, full_, B_ * T_);
   const bool sink = layout_.tied() && lookup_sink_;
   if (sink) lookup_sink_(emb_dout_, tokens, B_ * T_);

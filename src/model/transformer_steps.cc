@@ -381,7 +381,7 @@ Transformer::LayerActs Transformer::backward_acts(int64_t l, const BlockWeights&
 // or gradients): the head weight (the token table when tied) and the final
 // norm's weight and bias (null for RMSNorm).
 Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) const {
-  const int64_t hu0 = layout_.unit_offset(layout_.head_unit());
+  const int64_t hu0 = layout_.base_unit_offset(layout_.head_unit());
   const parts::Norm& norm = layout_.final_norm();
   return {layout_.tied() ? unit0 + layout_.head().offset : head_unit + (layout_.head().offset - hu0),
           head_unit + norm.weight, norm.bias < 0 ? nullptr : head_unit + norm.bias};
@@ -389,19 +389,24 @@ Transformer::HeadViews Transformer::head_views(float* unit0, float* head_unit) c
 
 // The head's parameters in its order (unit 0 first when tied, then the head unit).
 Transformer::HeadViews Transformer::head_params() {
-  float* w0 = layout_.tied() ? unit_params(0) : nullptr;
-  return head_views(w0, unit_params(layout_.head_unit()));
+  const int hu = layout_.head_unit();
+  float* w0 = layout_.tied() ? base_of(0, unit_params(0)) : nullptr;
+  return head_views(w0, base_of(hu, unit_params(hu)));
 }
 
 Transformer::HeadViews Transformer::head_params_lean(const uint16_t*& weight16) {
   const int hu = layout_.head_unit();
-  const UnitView v0 = layout_.tied() ? unit_params_lean(0) : UnitView{};
-  const UnitView vh = unit_params_lean(hu);
+  UnitView v0 = layout_.tied() ? unit_params_lean(0) : UnitView{};
+  UnitView vh = unit_params_lean(hu);
+  if (layout_.adapters()) {  // the frozen head, in f32
+    if (layout_.tied()) v0 = {base_of(0, nullptr), nullptr, false};
+    vh = {base_of(hu, nullptr), nullptr, false};
+  }
   HeadViews P = head_views(v0.f32, vh.f32);
   const UnitView& wv = layout_.tied() ? v0 : vh;
   weight16 = wv.bf16 == nullptr
                  ? nullptr
-                 : wv.bf16 + (layout_.head().offset - layout_.unit_offset(layout_.tied() ? 0 : hu));
+                 : wv.bf16 + (layout_.head().offset - layout_.base_unit_offset(layout_.tied() ? 0 : hu));
   if (wv.lean) P.weight = nullptr;  // not widened: bits only
   return P;
 }
@@ -420,7 +425,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
   const uint16_t* stored16 = nullptr;  // the head weight's stored bits (bf16 units)
   const HeadViews P = head_params_lean(stored16);
   HeadViews G{};
-  if (backward) {
+  if (backward && !layout_.adapters()) {  // (a frozen head has none)
     float* g0 = layout_.tied() ? unit_grads(0) : nullptr;
     G = head_views(g0, unit_grads(layout_.head_unit()));
   }
@@ -607,7 +612,7 @@ void Transformer::set_external_head(bool on) {
 void Transformer::final_norm_forward(const float* residual) {
   const int hu = layout_.head_unit();
   const parts::Norm& norm = layout_.final_norm();
-  const float* p = unit_params(hu);
+  const float* p = base_of(hu, unit_params(hu));
   claim_region(regions_.size() - 1);
   norm.forward(lnf_, lnf_mean_, lnf_rstd_, residual, norm.weights(p), B_ * T_);
   unit_done(hu);
@@ -616,8 +621,8 @@ void Transformer::final_norm_forward(const float* residual) {
 void Transformer::final_norm_backward(const float* dlnf) {
   const int hu = layout_.head_unit();
   const parts::Norm& norm = layout_.final_norm();
-  const float* p = unit_params(hu);
-  float* g = unit_grads(hu);
+  const float* p = base_of(hu, unit_params(hu));
+  float* g = layout_.adapters() ? nullptr : unit_grads(hu);
   backend::device_zero(dres_, static_cast<size_t>(B_ * T_ * config_.n_embd) * sizeof(float));
   norm.backward(dres_, norm.grads(g), dlnf, out_, norm.weights(p), lnf_mean_, lnf_rstd_, B_ * T_);
   unit_done(hu);

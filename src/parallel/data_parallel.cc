@@ -96,10 +96,12 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   }
   // (Not at context parallel: the gathered lookup rows would be added at
   // each row's local place, not at its position in the sequence.)
+  // (A frozen table, under adapters, has no gradient to defer or keep.)
+  const bool table_trains = !model.layout().adapters();
   defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2 &&
-                     model.context_split().size == 1;
+                     model.context_split().size == 1 && table_trains;
   // The tied table's lookup rows are kept for the step (tied_pair.h).
-  if (model.layout().tied() && model.whole()) {
+  if (model.layout().tied() && model.whole() && table_trains) {
     const model::Layout& ml = model.layout();
     rows_ = std::make_unique<LookupRows>(model.config().n_embd, ml.vocab_begin(), ml.vocab_real());
     rows_->reserve(options_.micro_batches * model.batch() * model.seq_len());

@@ -69,6 +69,7 @@ struct Layout {
   int state_bits = 32;           // optim.state_bits, optim.block_size, optim.state_bits_exclude
   int64_t state_block = 256;
   std::string state_bits_exclude = "token_embedding head";
+  int64_t lora_r = 0;  // lora.r: adapters on a frozen base (0: none)
 
   int devices() const { return dp * tp * pp * cp; }
   // Micro-batches per step on each rank (gradient accumulation).

@@ -154,6 +154,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.vocab_parallel = cfg.get_bool("parallel.vocab_parallel");
   wanted.paging = cfg.get_size("memory.compute_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
   wanted.state_bits = optim::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
+  wanted.lora_r = cfg.get_int("lora.r");
   if (const auto refused = plan::refusals(wanted); !refused.empty())
     PO_THROW(core::InvalidArgument, refused.front().message());
   p.tp = cfg.get_int("parallel.tp");

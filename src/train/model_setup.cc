@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <cstring>
 #include <sstream>
 
 #include "checkpoint/gpt2_io.h"
@@ -121,6 +122,25 @@ model::TransformerConfig llama_file_config(const std::string& path, const core::
   return m;
 }
 
+model::LoraConfig lora_config(const core::Config& config, const std::string& arch) {
+  model::LoraConfig l;
+  l.r = config.get_int("lora.r");
+  if (l.r == 0) return l;
+  l.alpha = config.get_float("lora.alpha");
+  l.rslora = config.get_bool("lora.rslora");
+  l.dora = config.get_bool("lora.dora");
+  PO_CHECK(config.get_float("lora.dropout") == 0.0, "lora.dropout = ",
+           config.get_float("lora.dropout"), ": dropout on the adapters' input is not built yet; use 0");
+  PO_CHECK(config.get_string("lora.init").empty(), "lora.init = \"", config.get_string("lora.init"),
+           "\": starting from a PEFT adapter is not built yet; leave it empty (A Kaiming-uniform, B = 0)");
+  std::istringstream targets(config.get_string("lora.targets"));
+  for (std::string t; targets >> t;) l.targets.push_back(t);
+  if (l.targets.empty())  // PEFT's defaults for the family
+    l.targets = arch == "gpt2" ? std::vector<std::string>{"c_attn"}
+                               : std::vector<std::string>{"q_proj", "v_proj"};
+  return l;
+}
+
 model::TransformerConfig resolve_model_config(const core::Config& config) {
   const std::string init = config.get_string("model.init");
   model::TransformerConfig m;
@@ -143,6 +163,7 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   m.activation_checkpointing = config.get_bool("model.activation_checkpointing");
   m.bf16_activations = config.get_string("train.precision") == "bf16";
   m.sequence_parallel = config.get_bool("parallel.sequence_parallel");
+  m.lora = lora_config(config, m.arch);
   m.fill_derived();
   m.validate();
   return m;
@@ -180,9 +201,24 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
   set("model.rope_high_freq_factor", real(m.rope_scaling.high_freq_factor));
   set("model.rope_original_max_position",
       num(static_cast<int64_t>(m.rope_scaling.original_max_position)));
+  if (m.lora.on()) {  // the targets as resolved (a family default written out)
+    std::string targets;
+    for (const std::string& t : m.lora.targets) targets += (targets.empty() ? "" : " ") + t;
+    set("lora.targets", targets);
+  }
 }
 
 void load_model_weights(const std::string& path, model::Transformer& model) {
+  if (model.layout().adapters()) {  // into the frozen base, which is laid out as a plain model
+    PO_CHECK(model.whole(), "loading weights needs a whole model");
+    model::TransformerConfig plain = model.config().weights_only();
+    plain.lora = {};
+    model::Transformer whole(plain, 1, 1);
+    load_model_weights(path, whole);
+    std::memcpy(model.base_params(), whole.params(),
+                static_cast<size_t>(whole.num_params()) * sizeof(float));
+    return;
+  }
   if (model.config().arch == "gpt2" && !is_llama_weights(path)) {
     checkpoint::load_gpt2_safetensors(path, model);
     return;

@@ -17,6 +17,9 @@ namespace po::train {
 // Llama file, the shape stored there; a set key that disagrees with the file
 // is an error naming the key and the tensor.
 model::TransformerConfig resolve_model_config(const core::Config& config);
+// The [lora] section (lora.r = 0: off); lora.targets empty: PEFT's default
+// for the family (GPT-2 c_attn; Llama q_proj v_proj).
+model::LoraConfig lora_config(const core::Config& config, const std::string& arch);
 
 // Writes the resolved shape of `m` into `config` as explicit model.* keys, so
 // that the config a run stores (config.toml, checkpoints) says what was

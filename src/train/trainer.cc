@@ -179,6 +179,15 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   const auto existing = list_checkpoints(ckpt_dir);
   const parallel::ShardLayout whole(c.dp.layout().unit_numels(), 1, 0);
   const bool resuming = resume && !existing.empty();
+  const bool adapters = c.model.layout().adapters();
+  if (adapters) {  // the frozen base from model.init, also on resume (checkpoints hold the adapters)
+    if (init == "random") {
+      c.model.init_random(seed);
+    } else {
+      load_model_weights(init, c.model);
+      c.model.init_adapters(seed);
+    }
+  }
   if (resuming) {
     state = load_state(
         existing.back(), c, whole,
@@ -191,7 +200,7 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   if (!resuming && init == "random" && zero_stage == 3) {
     // Unit by unit into the shards: the whole fp32 model never exists.
     c.dp.shard_params_from([&](int u, float* dst) { c.model.init_random_unit(seed, u, dst); });
-  } else if (!resuming) {
+  } else if (!resuming && !adapters) {
     if (init == "random")
       c.model.init_random(seed);
     else if (c.tp != nullptr)

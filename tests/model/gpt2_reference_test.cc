@@ -17,6 +17,7 @@
 #include "optim/schedule.h"
 
 #include "../test_util.h"
+#include "golden_run.h"
 
 namespace {
 using po::test::expect_close;
@@ -96,21 +97,10 @@ TEST(GPT2Reference, ThreeAdamWStepsMatchPyTorch) {
   Transformer model(fx.config, fx.B, fx.T);
   po::checkpoint::load_gpt2_safetensors(kGolden, model);
   const auto& f = fx.file;
-  po::optim::LrSchedule sched;
-  sched.kind = "cosine";
-  sched.lr = meta(f, "lr");
-  sched.min_lr = meta(f, "min_lr");
-  sched.warmup_steps = static_cast<int64_t>(meta(f, "warmup_steps"));
-  sched.total_steps = static_cast<int64_t>(meta(f, "steps"));
-  po::optim::AdamWConfig oc;
-  oc.beta1 = meta(f, "beta1");
-  oc.beta2 = meta(f, "beta2");
-  oc.eps = meta(f, "eps");
-  oc.weight_decay = meta(f, "weight_decay");
-  oc.grad_clip = meta(f, "grad_clip");
-  std::vector<po::optim::ParamRange> ranges;
-  for (const auto& p : model.param_infos()) ranges.push_back({p.offset, p.numel(), p.decay});
-  po::optim::AdamW opt(oc, ranges, model.num_params());
+  const po::test::GoldenRun run(f);
+  const po::optim::LrSchedule& sched = run.schedule;
+  const po::optim::AdamWConfig& oc = run.adam;
+  po::optim::AdamW opt = run.optimizer(model);
 
   const auto losses = f.read_f32("losses", {sched.total_steps});
   const auto norms = f.read_f32("grad_norms", {sched.total_steps});

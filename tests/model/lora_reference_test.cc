@@ -1,0 +1,278 @@
+// Low-rank adapters against PyTorch: LoRA and DoRA (PEFT's math) on every
+// linear layer of the golden GPT-2 and Llama, the base frozen. The loss, the
+// adapters' gradients and the adapters after three AdamW steps must match
+// tests/golden/lora_*.safetensors, made in float64 by
+// tools/torch_ref/make_lora.py (rerun: /usr/bin/python3 tools/torch_ref/make_lora.py).
+// Tolerances: loss relative 1e-6, tensors norm-wise relative 1e-5 (the
+// engine computes in f32). And: B = 0 gives the base's logits bit for bit;
+// the merged model's logits are the adapted model's; the base is never written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/gpt2_io.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+
+#include "../test_util.h"
+#include "golden_run.h"
+
+namespace {
+using po::checkpoint::SafetensorsReader;
+using po::model::TensorSpec;
+using po::model::Transformer;
+using po::model::TransformerConfig;
+using po::test::expect_close;
+
+std::string golden(const std::string& file) {
+  return std::string(PO_SOURCE_DIR) + "/tests/golden/" + file;
+}
+
+double meta(const SafetensorsReader& f, const std::string& key) {
+  return std::stod(f.metadata().at(key));
+}
+
+// The base golden's model: GPT-2 (gpt2_ref) or Llama (llama_ref_kv2).
+TransformerConfig base_config(const SafetensorsReader& f, const std::string& arch) {
+  TransformerConfig c = TransformerConfig::arch_defaults(arch);
+  c.n_layer = static_cast<int64_t>(meta(f, "n_layer"));
+  c.n_embd = static_cast<int64_t>(meta(f, "n_embd"));
+  c.n_head = static_cast<int64_t>(meta(f, "n_head"));
+  c.vocab_size = static_cast<int64_t>(meta(f, "vocab_size"));
+  c.seq_len = static_cast<int64_t>(meta(f, "seq_len"));
+  if (arch == "llama") {
+    c.n_kv_head = static_cast<int64_t>(meta(f, "n_kv_head"));
+    c.ffn_hidden = static_cast<int64_t>(meta(f, "ffn_hidden"));
+    c.norm_eps = meta(f, "norm_eps");
+    c.rope_theta = meta(f, "rope_theta");
+    c.tie_embeddings = meta(f, "tie") != 0;
+  }
+  return c;
+}
+
+// A base golden's tensor in the engine's layout (GPT-2's Conv1D transposed back).
+void read_base(const SafetensorsReader& f, const TensorSpec& p, float* dst) {
+  if (!p.conv1d) return f.read_f32(p.name, p.shape, dst);
+  const std::vector<float> hf = f.read_f32(p.name, {p.shape[1], p.shape[0]});
+  for (int64_t r = 0; r < p.shape[1]; ++r)
+    for (int64_t c = 0; c < p.shape[0]; ++c) dst[c * p.shape[1] + r] = hf[r * p.shape[0] + c];
+}
+
+struct Case {
+  std::string name;
+  SafetensorsReader file;
+  SafetensorsReader base;
+  TransformerConfig config;
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> inputs, targets;
+
+  explicit Case(const std::string& case_name, bool checkpointing = false)
+      : name(case_name),
+        file(SafetensorsReader::open(golden("lora_" + case_name + ".safetensors"))),
+        base(SafetensorsReader::open(golden(file.metadata().at("base")))) {
+    const std::string arch = file.metadata().at("base").rfind("gpt2", 0) == 0 ? "gpt2" : "llama";
+    config = base_config(base, arch);
+    config.activation_checkpointing = checkpointing;
+    config.lora.r = static_cast<int64_t>(meta(file, "r"));
+    config.lora.alpha = meta(file, "alpha");
+    config.lora.rslora = meta(file, "rslora") != 0;
+    config.lora.dora = meta(file, "dora") != 0;
+    std::istringstream t(file.metadata().at("targets"));
+    for (std::string s; t >> s;) config.lora.targets.push_back(s);
+    B = static_cast<int64_t>(meta(base, "batch_size"));
+    T = config.seq_len;
+    std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+    const auto& tk = base.require("tokens", po::checkpoint::StDtype::kI32, {B, T + 1});
+    std::memcpy(tokens.data(), tk.data, tk.nbytes);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {
+        inputs.push_back(tokens[b * (T + 1) + i]);
+        targets.push_back(tokens[b * (T + 1) + i + 1]);
+      }
+  }
+
+  // The base from the base golden, the adapters from this case's init.*.
+  void load(Transformer& model) const {
+    for (const TensorSpec& p : model.layout().base_tensors())
+      read_base(base, p, model.base_params() + p.offset);
+    for (const TensorSpec& p : model.param_infos())
+      file.read_f32("init." + p.name, p.shape, model.params() + p.offset);
+  }
+  float grad_scale() const { return 1.0f / static_cast<float>(B * T); }
+};
+
+const char* const kCases[] = {"gpt2", "gpt2_dora", "llama", "llama_dora"};
+
+class LoraReference : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LoraReference, LossAndAdapterGradientsMatchPyTorch) {
+  for (bool checkpointing : {false, true}) {
+    const Case c(GetParam(), checkpointing);
+    Transformer model(c.config, c.B, c.T);
+    c.load(model);
+    ASSERT_GT(model.num_params(), 0);
+    model.zero_grads();
+    const float loss = model.forward_backward(c.inputs.data(), c.targets.data(), c.grad_scale());
+    const double want = c.file.read_f32("loss0", {1})[0];
+    const std::string label = c.name + (checkpointing ? " (checkpointing)" : "");
+    EXPECT_LE(std::fabs(loss - want) / want, 1e-6) << label << ": loss " << loss << " vs PyTorch " << want;
+    for (const TensorSpec& p : model.param_infos())
+      expect_close(model.grads() + p.offset, c.file.read_f32("grad." + p.name, p.shape),
+                   label + ": gradient of " + p.name, 1e-5);
+  }
+}
+
+TEST_P(LoraReference, ThreeAdamWStepsMatchPyTorchAndLeaveTheBaseAlone) {
+  const Case c(GetParam());
+  Transformer model(c.config, c.B, c.T);
+  c.load(model);
+  const int64_t base_n = model.layout().base_num_params();
+  const std::vector<float> base_before(model.base_params(), model.base_params() + base_n);
+  const SafetensorsReader& f = c.file;
+  const po::test::GoldenRun run(f);
+  const po::optim::LrSchedule& sched = run.schedule;
+  po::optim::AdamW opt = run.optimizer(model);
+  const auto losses = f.read_f32("losses", {sched.total_steps});
+  const auto norms = f.read_f32("grad_norms", {sched.total_steps});
+  for (int64_t s = 0; s < sched.total_steps; ++s) {
+    model.zero_grads();
+    const float loss = model.forward_backward(c.inputs.data(), c.targets.data(), c.grad_scale());
+    EXPECT_LE(std::fabs(loss - losses[s]) / losses[s], 1e-6)
+        << c.name << ": loss before step " << s << ": " << loss << " vs PyTorch " << losses[s];
+    const double norm = opt.step(model.params(), model.grads(), sched.at(s));
+    EXPECT_LE(std::fabs(norm - norms[s]) / norms[s], 1e-5)
+        << c.name << ": grad norm at step " << s << ": " << norm << " vs PyTorch " << norms[s];
+  }
+  for (const TensorSpec& p : model.param_infos())
+    expect_close(model.params() + p.offset, f.read_f32("after3." + p.name, p.shape),
+                 c.name + ": " + p.name + " after 3 steps", 1e-5);
+  EXPECT_EQ(std::memcmp(base_before.data(), model.base_params(), base_before.size() * sizeof(float)), 0)
+      << c.name << ": the frozen base was written";
+}
+
+// Logits at every prefix length of the first sequence's last position.
+std::vector<float> logits(Transformer& m, const Case& c) {
+  std::vector<float> out(static_cast<size_t>(c.config.vocab_size));
+  m.next_token_logits(c.inputs.data(), c.T, out.data());
+  return out;
+}
+
+TEST_P(LoraReference, TheMergedModelGivesTheAdaptedLogits) {
+  const Case c(GetParam());
+  Transformer adapted(c.config, 1, c.T);
+  c.load(adapted);
+  TransformerConfig plain_config = c.config;
+  plain_config.lora = {};
+  Transformer merged(plain_config, 1, c.T);
+  ASSERT_EQ(merged.num_params(), adapted.layout().base_num_params());
+  adapted.merged_params(merged.params());
+  const std::vector<float> want = logits(adapted, c);
+  expect_close(logits(merged, c).data(), want, c.name + ": the merged model's logits", 1e-5);
+  // And the adapters change the logits: the merge is not the base.
+  Transformer base(plain_config, 1, c.T);
+  std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
+  const std::vector<float> b = logits(base, c);
+  double diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) diff = std::max(diff, std::fabs(static_cast<double>(b[i]) - want[i]));
+  EXPECT_GT(diff, 1e-4) << c.name << ": the adapters leave the logits as the base's";
+}
+
+TEST_P(LoraReference, BZeroGivesTheBaseLogitsBitForBit) {
+  const Case c(GetParam());
+  if (c.config.lora.dora) GTEST_SKIP() << "DoRA's scale m / ‖W0‖ is 1 only in exact arithmetic";
+  Transformer adapted(c.config, c.B, c.T);
+  c.load(adapted);
+  for (const TensorSpec& p : adapted.param_infos())
+    if (p.name.find("lora_B") != std::string::npos)
+      std::fill_n(adapted.params() + p.offset, p.numel(), 0.0f);
+  TransformerConfig plain_config = c.config;
+  plain_config.lora = {};
+  Transformer base(plain_config, c.B, c.T);
+  std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
+  const float la = adapted.evaluate(c.inputs.data(), c.targets.data());
+  const float lb = base.evaluate(c.inputs.data(), c.targets.data());
+  EXPECT_EQ(std::memcmp(&la, &lb, sizeof la), 0) << c.name << ": loss " << la << " vs the base's " << lb;
+  const std::vector<float> a = logits(adapted, c), b = logits(base, c);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+      << c.name << ": B = 0 changed the logits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LoraReference, ::testing::ValuesIn(kCases));
+
+TEST(LoraLayout, OnlyTheAdaptersTrainAndTheBaseKeepsItsLayout) {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
+  TransformerConfig plain = c;
+  c.lora.r = 8;
+  c.lora.targets = {"c_attn", "mlp.c_proj"};
+  const po::model::Layout lora(c), base(plain);
+  ASSERT_TRUE(lora.adapters());
+  EXPECT_EQ(lora.base_num_params(), base.num_params());
+  ASSERT_EQ(lora.base_tensors().size(), base.tensors().size());
+  for (size_t i = 0; i < base.tensors().size(); ++i) {
+    EXPECT_EQ(lora.base_tensors()[i].name, base.tensors()[i].name);
+    EXPECT_EQ(lora.base_tensors()[i].offset, base.tensors()[i].offset) << base.tensors()[i].name;
+  }
+  EXPECT_EQ(lora.unit_numel(0), 0) << "the embedding trains nothing";
+  EXPECT_EQ(lora.unit_numel(lora.head_unit()), 0) << "the head trains nothing";
+  const int64_t C = c.n_embd, r = 8;
+  // c_attn: A [r, C], B [3C, r]; mlp.c_proj: A [r, 4C], B [C, r].
+  EXPECT_EQ(lora.unit_numel(1), r * C + 3 * C * r + r * 4 * C + C * r);
+  EXPECT_EQ(lora.num_params(), c.n_layer * lora.unit_numel(1));
+  EXPECT_EQ(lora.tensors()[0].name, "h.0.attn.c_attn.lora_A.weight");
+  EXPECT_EQ(lora.tensors()[1].name, "h.0.attn.c_attn.lora_B.weight");
+  EXPECT_EQ(lora.tensors()[2].name, "h.0.mlp.c_proj.lora_A.weight");
+}
+
+TEST(LoraLayout, ATargetNotInTheModelIsAnErrorNamingIt) {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
+  c.lora.r = 4;
+  c.lora.targets = {"c_attn", "q_proj"};
+  try {
+    const po::model::Layout l(c);
+    FAIL() << "q_proj on GPT-2 was accepted";
+  } catch (const po::core::InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'q_proj'"), std::string::npos) << m;
+    EXPECT_NE(m.find("attn.c_attn attn.c_proj mlp.c_fc mlp.c_proj"), std::string::npos) << m;
+  }
+}
+
+TEST(LoraLayout, FreshAdaptersAreKaimingAAndZeroB) {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
+  c.lora.r = 4;
+  c.lora.dora = true;
+  c.lora.targets = {"c_fc"};
+  Transformer m(c, 1, 8);
+  m.init_random(7);
+  for (const TensorSpec& p : m.param_infos()) {
+    const float* v = m.params() + p.offset;
+    if (p.name.find("lora_A") != std::string::npos) {
+      const float bound = 1.0f / std::sqrt(static_cast<float>(c.n_embd));
+      float lo = 1, hi = -1;
+      for (int64_t i = 0; i < p.numel(); ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
+      EXPECT_GE(lo, -bound) << p.name;
+      EXPECT_LE(hi, bound) << p.name;
+      EXPECT_LT(lo, -0.8f * bound) << p.name << " does not spread over U(-1/sqrt(in), 1/sqrt(in))";
+      EXPECT_GT(hi, 0.8f * bound) << p.name;
+    } else if (p.name.find("lora_B") != std::string::npos) {
+      for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(v[i], 0.0f) << p.name << "[" << i << "]";
+    } else {  // the magnitude: the base weight's row norms
+      const TensorSpec& w = m.adapted_weight(p);
+      const float* rows = m.base_params() + w.offset;
+      for (int64_t j = 0; j < p.numel(); ++j) {
+        double s = 0;
+        for (int64_t i = 0; i < w.shape[1]; ++i) s += static_cast<double>(rows[j * w.shape[1] + i]) * rows[j * w.shape[1] + i];
+        ASSERT_NEAR(v[j], std::sqrt(s), 1e-6 * std::sqrt(s)) << p.name << "[" << j << "]";
+      }
+    }
+  }
+}
+
+}  // namespace

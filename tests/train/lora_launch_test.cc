@@ -1,0 +1,113 @@
+// Adapters ([lora]) through the binary: the tiny GPT-2 trains its adapters
+// on a frozen base; checkpoints hold the adapters alone and resume bit for
+// bit (the base comes from model.init again); data parallel at ZeRO 0-2 gives
+// the one-process weights bit for bit (one thread per rank); a base loaded from a weights
+// file with fresh adapters (B = 0) gives that model's first loss bit for bit;
+// what is not built yet is refused with a one-line error naming its keys.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.h"
+#include "train/run_state.h"
+
+#include "../test_util.h"
+
+namespace {
+
+using po::test::losses;
+
+constexpr int kSteps = 12;
+const std::string kLora =
+    " --set lora.r=4 --set lora.alpha=8 --set 'lora.targets=\"c_attn attn.c_proj c_fc mlp.c_proj\"'"
+    " --set train.lr=1e-2 --set train.min_lr=1e-3";
+
+class LoraTraining : public po::test::TinyTraining {
+ protected:
+  int steps() const override { return kSteps; }
+};
+
+TEST_F(LoraTraining, AdaptersTrainOnAFrozenBaseAndResumeBitForBit) {
+  const std::string full = train_ok("full", 1, kLora);
+  const std::vector<double> l = losses(full, kSteps);
+  EXPECT_LT(l.back(), l.front()) << "the adapters did not learn: loss " << l.front() << " -> " << l.back();
+  // The checkpoint holds the adapters: nothing in the embedding and head units,
+  // A [4, 32] and B [out, 4] of the four linears in each block.
+  const po::checkpoint::Manifest m =
+      po::checkpoint::read_manifest(po::train::checkpoint_path(full, kSteps));
+  const int64_t C = 32, r = 4;
+  const std::vector<int64_t> block_numel = {r * C + 3 * C * r + r * C + C * r + r * C + 4 * C * r +
+                                            r * 4 * C + C * r};
+  ASSERT_EQ(m.unit_numel.size(), 4u);
+  EXPECT_EQ(m.unit_numel[0], 0);
+  EXPECT_EQ(m.unit_numel[1], block_numel[0]);
+  EXPECT_EQ(m.unit_numel[2], block_numel[0]);
+  EXPECT_EQ(m.unit_numel[3], 0);
+  // Resumed from step 6, with the base rebuilt from model.init.
+  const std::string resumed = dir_ / "resumed";
+  std::filesystem::create_directories(resumed + "/checkpoints");
+  std::filesystem::copy(po::train::checkpoint_path(full, 6), po::train::checkpoint_path(resumed, 6),
+                        std::filesystem::copy_options::recursive);
+  const auto r2 = run_train("resumed", 1, kLora + " --set train.resume=true");
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  po::test::expect_same_checkpoint(full, resumed, kSteps, "resumed from step 6");
+}
+
+TEST_F(LoraTraining, DataParallelStagesGiveTheOneProcessBits) {
+  const std::string one = train_ok("one", 1, kLora);
+  for (int stage : {0, 1, 2}) {
+    const std::string run = train_ok("dp2_s" + std::to_string(stage), 2,
+                                     kLora + " --set parallel.zero_stage=" + std::to_string(stage));
+    const std::string what = "dp 2 ZeRO-" + std::to_string(stage);
+    // (The logged loss is a mean over the ranks, in another order: close, the weights equal.)
+    po::test::expect_same_curve(losses(run, kSteps), losses(one, kSteps), what);
+    po::test::expect_close_weights(one, run, kSteps, 0.0, what);
+  }
+}
+
+TEST_F(LoraTraining, Bf16AndActivationCheckpointingTrain) {
+  const std::string plain = train_ok("plain", 1, kLora);
+  const std::string ckpt = train_ok("ckpt", 1, kLora + " --set model.activation_checkpointing=true");
+  EXPECT_EQ(losses(ckpt, kSteps), losses(plain, kSteps)) << "activation checkpointing changed the losses";
+  const std::string bf16 = train_ok("bf16", 1, kLora + " --set train.precision=bf16");
+  const std::vector<double> l = losses(bf16, kSteps), f = losses(plain, kSteps);
+  EXPECT_LT(l.back(), l.front()) << "bf16: loss " << l.front() << " -> " << l.back();
+  for (int s = 0; s < kSteps; ++s)
+    EXPECT_NEAR(l[static_cast<size_t>(s)], f[static_cast<size_t>(s)], 5e-3 * f[static_cast<size_t>(s)])
+        << "bf16 against fp32, the loss at step " << s + 1;
+}
+
+// The golden GPT-2 (2 layers, 64 wide, vocabulary 512) as model.init: with
+// fresh adapters (B = 0) the first loss is the plain model's, bit for bit.
+TEST_F(LoraTraining, ABaseFromAWeightsFileGivesItsFirstLoss) {
+  const std::string init = std::string(PO_SOURCE_DIR) + "/tests/golden/gpt2_ref.safetensors";
+  const std::string shape = " --set model.init=" + init +
+                            " --set model.n_embd=64 --set model.n_head=4 --set model.vocab_size=512"
+                            " --set model.seq_len=32 --set train.steps=1 --set train.checkpoint_interval=0";
+  const std::string plain = train_ok("plain_init", 1, shape);
+  const std::string adapted = train_ok("lora_init", 1, shape + kLora);
+  EXPECT_EQ(losses(adapted, 1), losses(plain, 1)) << "the base under fresh adapters is not the file's model";
+}
+
+TEST_F(LoraTraining, WhatIsNotBuiltIsRefusedNamingItsKeys) {
+  struct Case {
+    std::string args, want;
+  };
+  const Case cases[] = {
+      {kLora + " --set parallel.pp=2", "lora.r = 4 with parallel.pp = 2 is not built yet"},
+      {kLora + " --set parallel.zero_stage=3", "lora.r = 4 with parallel.zero_stage = 3 is not built yet"},
+      {kLora + " --set lora.dropout=0.1", "lora.dropout = 0.1"},
+      {kLora + " --set 'lora.targets=\"c_attn q_proj\"'", "lora.targets: 'q_proj' is not a linear layer"},
+  };
+  for (const Case& c : cases) {
+    const int np = c.args.find("parallel.pp=2") != std::string::npos ? 2 : 1;
+    const auto r = po::test::run_command(po::test::pagedoptim_command(
+        np, "train -c " + config_ + " --set run.dir=" + (dir_ / "refused") + " --set parallel.pp=" +
+                std::to_string(np) + c.args));
+    EXPECT_NE(r.exit_code, 0) << c.args << " was accepted";
+    EXPECT_NE(r.output.find(c.want), std::string::npos) << c.args << ": " << r.output;
+  }
+}
+
+}  // namespace

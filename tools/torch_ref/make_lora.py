@@ -1,0 +1,199 @@
+"""Golden reference for PagedOptim's LoRA and DoRA adapters (PEFT's math), in float64.
+
+Rerun (deterministic; rewrites tests/golden/lora_*.safetensors):
+
+    /usr/bin/python3 tools/torch_ref/make_lora.py
+
+(/usr/bin/python3 has Debian's python3-torch 1.13; the pyenv python3 on PATH has no torch.)
+
+The base of each case is a golden model already in tests/golden (its weights and tokens):
+GPT-2 from gpt2_ref.safetensors, Llama (grouped-query, untied) from llama_ref_kv2.safetensors.
+Every base parameter is frozen. Each targeted linear module (PEFT's rule: the module path
+equals the target or ends with "." + target) gets, as PEFT's LoraLayer writes them,
+
+    h = W0 x + b + s * B (A x)                               (LoRA)
+    h = b + m / ||W0 + s B A||_row * (W0 x + s B (A x))       (DoRA, the norm detached)
+
+with s = alpha / r (alpha / sqrt(r) under rsLoRA), A [r, in], B [out, r], m [out], the
+row norm over the input dimension. GPT-2's Conv1D weights are [in, out] (W0 = W^T).
+A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's Kaiming-uniform, a = sqrt(5)); B ~ N(0, 0.02), not
+PEFT's zeros, so that A's gradient is not zero; m = ||W0||_row * (1 + 0.1 N(0, 1)), not
+exactly the norm, so that the scale is not one. All rounded to float32 first.
+
+Contents of lora_<case>.safetensors (F32 unless noted; adapter names are PEFT's without
+the "base_model.model." prefix: <module path>.lora_A.weight, .lora_B.weight,
+.lora_magnitude_vector):
+  init.<adapter>    the adapters before training
+  grad.<adapter>    d(mean loss)/d(adapter) at init
+  loss0             [1] loss at init
+  losses            [3] loss before each of 3 AdamW steps (the same batch)
+  grad_norms        [3] the adapters' gradient norm before clipping
+  after3.<adapter>  the adapters after the 3 steps
+  __metadata__      base file, r, alpha, rslora, dora, targets, the hyperparameters
+AdamW as make_golden.py (torch.optim.AdamW, decay on tensors of dim >= 2, clip_grad_norm_,
+gpt2.py's lr_at), over the adapters alone.
+"""
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_writer  # noqa: E402
+from gpt2 import GPT2, lr_at  # noqa: E402
+from llama import Llama  # noqa: E402
+from make_golden import read_safetensors  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+HP = dict(lr=1e-3, min_lr=1e-4, warmup_steps=1, steps=3, beta1=0.9, beta2=0.95, eps=1e-8,
+          weight_decay=0.1, grad_clip=1.0)
+GPT2_ALL = ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]
+LLAMA_ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# name: (family, r, alpha, rslora, dora, targets)
+CASES = {
+    "gpt2": ("gpt2", 4, 8.0, False, False, GPT2_ALL),
+    "gpt2_dora": ("gpt2", 4, 8.0, False, True, GPT2_ALL),
+    "llama": ("llama", 4, 8.0, True, False, LLAMA_ALL),
+    "llama_dora": ("llama", 4, 16.0, False, True, LLAMA_ALL),
+}
+SEED = 4321
+
+
+def matches(path, target):
+    return path == target or path.endswith("." + target)
+
+
+class Adapted(torch.nn.Module):
+    """A frozen linear module (nn.Linear or Conv1D) with a LoRA or DoRA adapter."""
+
+    def __init__(self, base, conv1d, r, scale, dora, gen):
+        super().__init__()
+        self.base, self.conv1d, self.scale, self.dora = base, conv1d, scale, dora
+        w0 = self.w0()
+        out_f, in_f = w0.shape
+        bound = 1.0 / math.sqrt(in_f)
+        a = (torch.rand((r, in_f), generator=gen, dtype=torch.float64) * 2 - 1) * bound
+        b = torch.randn((out_f, r), generator=gen, dtype=torch.float64) * 0.02
+        self.lora_A = torch.nn.Parameter(a.float().double())
+        self.lora_B = torch.nn.Parameter(b.float().double())
+        if dora:
+            m = w0.norm(dim=1) * (1 + 0.1 * torch.randn(out_f, generator=gen, dtype=torch.float64))
+            self.lora_magnitude_vector = torch.nn.Parameter(m.float().double())
+
+    def w0(self):
+        w = self.base.weight.detach()
+        return w.t() if self.conv1d else w
+
+    def forward(self, x):
+        w0 = self.w0()
+        bias = getattr(self.base, "bias", None)
+        base = x @ w0.t()
+        lora = (x @ self.lora_A.t()) @ self.lora_B.t() * self.scale
+        if not self.dora:
+            y = base + lora
+        else:
+            norm = (w0 + self.scale * self.lora_B @ self.lora_A).norm(dim=1).detach()
+            y = (self.lora_magnitude_vector / norm) * (base + lora)
+        return y if bias is None else y + bias
+
+
+def load_base(family):
+    path = os.path.join(GOLDEN, "gpt2_ref.safetensors" if family == "gpt2" else
+                        "llama_ref_kv2.safetensors")
+    meta, tensors = read_safetensors(path)
+    n = lambda k: int(float(meta[k]))  # noqa: E731
+    if family == "gpt2":
+        model = GPT2(n("n_layer"), n("n_embd"), n("n_head"), n("vocab_size"), n("seq_len"))
+    else:
+        model = Llama(n("n_layer"), n("n_embd"), n("n_head"), n("n_kv_head"), n("ffn_hidden"),
+                      n("vocab_size"), n("seq_len"), float(meta["norm_eps"]),
+                      float(meta["rope_theta"]), bool(n("tie")))
+    model = model.double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(np.asarray(tensors[name], dtype=np.float64)))
+            p.requires_grad_(False)
+    tokens = torch.from_numpy(np.asarray(tensors["tokens"]).astype(np.int64))
+    return model, tokens, os.path.basename(path)
+
+
+def make_case(name, family, r, alpha, rslora, dora, targets):
+    gen = torch.Generator().manual_seed(SEED)
+    model, tokens, base_file = load_base(family)
+    inputs, targets_tok = tokens[:, :-1], tokens[:, 1:]
+    scale = alpha / math.sqrt(r) if rslora else alpha / r
+    adapted = {}
+    for path, mod in list(model.named_modules()):
+        if not hasattr(mod, "weight") or mod.weight.dim() != 2 or "embed" in path or path in (
+                "wte", "wpe", "lm_head"):
+            continue
+        if not any(matches(path, t) for t in targets):
+            continue
+        parent_path, _, child = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        wrapped = Adapted(mod, family == "gpt2", r, scale, dora, gen)
+        setattr(parent, child, wrapped)
+        adapted[path] = wrapped
+    assert adapted, "no module adapted"
+
+    def adapter_params():
+        out = {}
+        for path, mod in adapted.items():
+            out[path + ".lora_A.weight"] = mod.lora_A
+            out[path + ".lora_B.weight"] = mod.lora_B
+            if dora:
+                out[path + ".lora_magnitude_vector"] = mod.lora_magnitude_vector
+        return out
+
+    params = adapter_params()
+    tensors = {}
+    for n, p in params.items():
+        tensors["init." + n] = p.detach().float().numpy()
+    _, loss0 = model(inputs, targets_tok)
+    loss0.backward()
+    for n, p in params.items():
+        tensors["grad." + n] = p.grad.detach().float().numpy()
+    tensors["loss0"] = np.array([loss0.item()], dtype=np.float32)
+
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": HP["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
+    losses, norms = [], []
+    for step in range(HP["steps"]):
+        lr = lr_at(step, HP["lr"], HP["min_lr"], HP["warmup_steps"], HP["steps"])
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(inputs, targets_tok)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(list(params.values()), HP["grad_clip"]).item())
+        opt.step()
+        losses.append(loss.item())
+    tensors["losses"] = np.array(losses, dtype=np.float32)
+    tensors["grad_norms"] = np.array(norms, dtype=np.float32)
+    for n, p in params.items():
+        tensors["after3." + n] = p.detach().float().numpy()
+
+    meta = dict(HP)
+    meta.update(base=base_file, r=r, alpha=alpha, rslora=int(rslora), dora=int(dora),
+                targets=" ".join(targets), seed=SEED,
+                generator="tools/torch_ref/make_lora.py (torch %s, float64 maths)" % torch.__version__)
+    out = os.path.join(GOLDEN, "lora_%s.safetensors" % name)
+    st_writer.save(out, tensors, {k: str(v) for k, v in meta.items()})
+    print(f"wrote {os.path.relpath(out, ROOT)}: {len(params)} adapter tensors on {len(adapted)} "
+          f"modules, loss0 {loss0.item():.8f}, losses {[round(x, 8) for x in losses]}, "
+          f"grad norms {[round(x, 5) for x in norms]}")
+
+
+def main():
+    for name, case in CASES.items():
+        make_case(name, *case)
+
+
+if __name__ == "__main__":
+    main()
