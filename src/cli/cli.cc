@@ -23,6 +23,7 @@
 #include "backend/ops.h"
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/gpt2_io.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/sharded.h"
 #include "cli/sbatch.h"
 #include "cli/supervise.h"
@@ -173,6 +174,30 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
 // directory, or of a Hugging Face Llama directory or safetensors file, a GPT-2
 // safetensors file, or a llama2.c .bin. Its buffers hold `batch` sequences of
 // the model's context, more when `min_rows` (B·T) asks for more.
+// The shapes of a weights file: a Llama's config, or a GPT-2 safetensors'
+// tensors.
+model::TransformerConfig weights_file_config(const std::string& src) {
+  model::TransformerConfig m;
+  if (train::is_llama_weights(src)) {
+    m = train::llama_file_config(src, nullptr);
+  } else {  // GPT-2 safetensors: the shapes of the file
+    const auto f = checkpoint::SafetensorsReader::open(src);
+    const std::string pre = f.has("wte.weight") ? "" : "transformer.";
+    PO_CHECK(f.has(pre + "wte.weight"), src, ": neither GPT-2 (wte.weight) nor Llama "
+             "(model.embed_tokens.weight) tensors");
+    m = model::TransformerConfig::arch_defaults("gpt2");
+    const auto& wte = f.get(pre + "wte.weight");
+    const auto& wpe = f.get(pre + "wpe.weight");
+    m.vocab_size = wte.shape[0];
+    m.n_embd = wte.shape[1];
+    m.seq_len = wpe.shape[0];
+    while (f.has(pre + "h." + std::to_string(m.n_layer) + ".ln_1.weight")) ++m.n_layer;
+    m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
+    m.fill_derived();
+  }
+  return m;
+}
+
 model::Transformer load_model(const std::string& src, int64_t batch, int64_t min_rows = 0) {
   const auto batch_for = [&](const model::TransformerConfig& m) {
     return std::max(batch, (min_rows + m.seq_len - 1) / m.seq_len);
@@ -181,24 +206,7 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
   const bool run_or_ckpt = fs::is_directory(src, ec) && (fs::exists(fs::path(src) / "manifest.json", ec) ||
                                                          fs::exists(fs::path(src) / "checkpoints", ec));
   if (!run_or_ckpt && fs::exists(src, ec)) {
-    model::TransformerConfig m;
-    if (train::is_llama_weights(src)) {
-      m = train::llama_file_config(src, nullptr);
-    } else {  // GPT-2 safetensors: the shapes of the file
-      const auto f = checkpoint::SafetensorsReader::open(src);
-      const std::string pre = f.has("wte.weight") ? "" : "transformer.";
-      PO_CHECK(f.has(pre + "wte.weight"), src, ": neither GPT-2 (wte.weight) nor Llama "
-               "(model.embed_tokens.weight) tensors");
-      m = model::TransformerConfig::arch_defaults("gpt2");
-      const auto& wte = f.get(pre + "wte.weight");
-      const auto& wpe = f.get(pre + "wpe.weight");
-      m.vocab_size = wte.shape[0];
-      m.n_embd = wte.shape[1];
-      m.seq_len = wpe.shape[0];
-      while (f.has(pre + "h." + std::to_string(m.n_layer) + ".ln_1.weight")) ++m.n_layer;
-      m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
-      m.fill_derived();
-    }
+    model::TransformerConfig m = weights_file_config(src);
     m.inference = true;  // generate, serve and export: no training buffers
     model::Transformer model(m, batch_for(m), m.seq_len);
     train::load_model_weights(src, model);
@@ -210,15 +218,22 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
   // as set: model.bias = true and model.tie_embeddings = true would override a
   // Llama's defaults and a Llama file's tie. The checkpoint's tensors say what
   // the model held.
-  bool bias = false, tied = true;
+  // (An adapters' checkpoint holds none of the model's tensors: its run
+  // stored the resolved model's keys, which hold.)
+  bool bias = false, tied = true, adapters = false;
   for (const auto& t : checkpoint::read_sharded_meta(path).tensors) {
     bias = bias || t.name == "h.0.attn.c_attn.bias" || t.name == "model.layers.0.self_attn.q_proj.bias";
     tied = tied && t.name != "lm_head.weight";
+    adapters = adapters || t.name.find(".lora_") != std::string::npos;
   }
-  cfg.set_text("model.bias", bias ? "true" : "false", path);
-  cfg.set_text("model.tie_embeddings", tied ? "true" : "false", path);
+  if (!adapters) {
+    cfg.set_text("model.bias", bias ? "true" : "false", path);
+    cfg.set_text("model.tie_embeddings", tied ? "true" : "false", path);
+  }
   // The weights come from the checkpoint; the shape from its stored keys (runs
   // since the resolved shape is stored), not from model.init's file again.
+  // (Adapters' checkpoints hold no base: it comes from model.init again.)
+  const core::Config base_cfg = cfg;
   if (cfg.is_set("model.n_layer") && cfg.get_int("model.n_layer") > 0)
     cfg.set_text("model.init", "random", path);
   model::TransformerConfig m = train::resolve_model_config(cfg);
@@ -226,17 +241,41 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
   m.bf16_activations = false;
   m.inference = true;  // generate, serve and export: no training buffers
   model::Transformer model(m, batch_for(m), m.seq_len);
+  if (model.layout().adapters())
+    train::load_base_and_adapters(base_cfg, model, static_cast<uint64_t>(cfg.get_int("train.seed")));
   train::load_checkpoint(path, model, nullptr);
   return model;
 }
 
-int cmd_export(const std::string& src, const std::string& out) {
+// A run's or checkpoint's model as safetensors; with adapters, the model
+// with them merged in (Linear::merge), or with --adapter PEFT's adapter
+// directory (checkpoint/peft.h).
+int cmd_export(const std::string& src, const std::string& out, bool adapter) {
   model::Transformer model = load_model(src, 1);
-  // A Llama export is a model directory (config.json beside the weights): make it.
   const fs::path parent = fs::path(out).parent_path();
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
   PO_CHECK(!ec, "--out '", out, "': cannot create its directory: ", ec.message());
+  if (adapter) {
+    PO_CHECK(model.layout().adapters(), src, ": the model has no adapters (lora.r = 0): export ",
+             "it without --adapter");
+    const std::string path = train::resolve_checkpoint(src);
+    checkpoint::write_peft_adapter(out, model, train::checkpoint_config(path).get_string("model.init"));
+    std::printf("wrote %s (PEFT adapter: %lld parameters, r = %lld)\n", out.c_str(),
+                static_cast<long long>(model.num_params()), static_cast<long long>(model.config().lora.r));
+    return 0;
+  }
+  if (model.layout().adapters()) {  // the merged model, in the base's layout
+    model::TransformerConfig plain = model.config();
+    plain.lora = {};
+    model::Transformer merged(plain, 1, plain.seq_len);
+    model.merged_params(merged.params());
+    train::export_model_weights(out, merged);
+    std::printf("wrote %s (%lld parameters, f32, adapters merged)\n", out.c_str(),
+                static_cast<long long>(merged.num_params()));
+    return 0;
+  }
+  // A Llama export is a model directory (config.json beside the weights).
   train::export_model_weights(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
               static_cast<long long>(model.num_params()));
@@ -639,8 +678,45 @@ Command add_export(CLI::App& app) {
   auto* c = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
   auto src = std::make_shared<std::string>(), out = std::make_shared<std::string>();
   c->add_option("source", *src, "Checkpoint directory or run directory")->required();
-  c->add_option("--out", *out, "Output .safetensors")->required();
-  return {c, [src, out] { return cmd_export(*src, *out); }};
+  c->add_option("--out", *out, "Output .safetensors (--adapter: a directory)")->required();
+  auto adapter = std::make_shared<bool>(false);
+  c->add_flag("--adapter", *adapter,
+              "Write the run's adapters as a PEFT adapter directory (adapter_config.json, "
+              "adapter_model.safetensors) instead of the merged model");
+  return {c, [src, out, adapter] { return cmd_export(*src, *out, *adapter); }};
+}
+
+// `pagedoptim merge BASE ADAPTER_DIR --out FILE`: a weights file with a PEFT
+// LoRA adapter folded in, as a weights file of the same format.
+int cmd_merge(const std::string& base, const std::string& adapter, const std::string& out) {
+  model::TransformerConfig m = weights_file_config(base);
+  m.lora = checkpoint::read_peft_config(adapter);
+  m.inference = true;
+  model::Transformer model(m, 1, m.seq_len);
+  train::load_model_weights(base, model);
+  checkpoint::read_peft_adapter(adapter, model);
+  model::TransformerConfig plain = m;
+  plain.lora = {};
+  model::Transformer merged(plain, 1, plain.seq_len);
+  model.merged_params(merged.params());
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  PO_CHECK(!ec, "--out '", out, "': cannot create its directory: ", ec.message());
+  train::export_model_weights(out, merged);
+  std::printf("wrote %s (%s with %s merged, r = %lld)\n", out.c_str(), base.c_str(), adapter.c_str(),
+              static_cast<long long>(m.lora.r));
+  return 0;
+}
+
+Command add_merge(CLI::App& app) {
+  auto* c = app.add_subcommand("merge", "Fold a PEFT LoRA adapter into a weights file");
+  auto base = std::make_shared<std::string>(), adapter = std::make_shared<std::string>(),
+       out = std::make_shared<std::string>();
+  c->add_option("base", *base, "The base weights (GPT-2 .safetensors or a Llama model)")->required();
+  c->add_option("adapter", *adapter, "A PEFT adapter directory")->required();
+  c->add_option("--out", *out, "Output weights")->required();
+  return {c, [base, adapter, out] { return cmd_merge(*base, *adapter, *out); }};
 }
 
 Command add_generate(CLI::App& app) {
@@ -730,7 +806,7 @@ int run(int argc, char** argv) {
   const Command commands[] = {add_prepare(app), add_train(app, argc, argv),
                               add_sbatch(app),  add_sweep(app),
                               add_k8s(app),     add_report(app),
-                              add_plan(app),    add_export(app),
+                              add_plan(app),    add_export(app),  add_merge(app),
                               add_generate(app), add_serve(app),
                               add_ckpt(app)};
   const Command& train_command = commands[1];

@@ -1,13 +1,14 @@
 #include "train/model_setup.h"
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
-#include <cstring>
 #include <sstream>
 
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/llama_weights.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -123,7 +124,15 @@ model::TransformerConfig llama_file_config(const std::string& path, const core::
 }
 
 model::LoraConfig lora_config(const core::Config& config, const std::string& arch) {
+  const std::string& from = config.get_string("lora.init");
   model::LoraConfig l;
+  if (!from.empty()) {  // a PEFT adapter's own settings
+    l = checkpoint::read_peft_config(from);
+    // (The other lora.* keys are the adapter's; a stored run config lists them all.)
+    PO_CHECK(config.get_int("lora.r") == 0 || config.get_int("lora.r") == l.r, "lora.r = ",
+             config.get_int("lora.r"), " but lora.init = '", from, "' holds an adapter of r = ", l.r);
+    return l;
+  }
   l.r = config.get_int("lora.r");
   if (l.r == 0) return l;
   l.alpha = config.get_float("lora.alpha");
@@ -131,14 +140,25 @@ model::LoraConfig lora_config(const core::Config& config, const std::string& arc
   l.dora = config.get_bool("lora.dora");
   PO_CHECK(config.get_float("lora.dropout") == 0.0, "lora.dropout = ",
            config.get_float("lora.dropout"), ": dropout on the adapters' input is not built yet; use 0");
-  PO_CHECK(config.get_string("lora.init").empty(), "lora.init = \"", config.get_string("lora.init"),
-           "\": starting from a PEFT adapter is not built yet; leave it empty (A Kaiming-uniform, B = 0)");
   std::istringstream targets(config.get_string("lora.targets"));
   for (std::string t; targets >> t;) l.targets.push_back(t);
   if (l.targets.empty())  // PEFT's defaults for the family
     l.targets = arch == "gpt2" ? std::vector<std::string>{"c_attn"}
                                : std::vector<std::string>{"q_proj", "v_proj"};
   return l;
+}
+
+void load_base_and_adapters(const core::Config& config, model::Transformer& model, uint64_t seed) {
+  PO_CHECK(model.layout().adapters(), "load_base_and_adapters: the model has no adapters");
+  const std::string& init = config.get_string("model.init");
+  if (init == "random") {
+    model.init_random(seed);
+  } else {
+    load_model_weights(init, model);
+    model.init_adapters(seed);
+  }
+  const std::string& from = config.get_string("lora.init");
+  if (!from.empty()) checkpoint::read_peft_adapter(from, model);
 }
 
 model::TransformerConfig resolve_model_config(const core::Config& config) {
@@ -201,7 +221,7 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
   set("model.rope_high_freq_factor", real(m.rope_scaling.high_freq_factor));
   set("model.rope_original_max_position",
       num(static_cast<int64_t>(m.rope_scaling.original_max_position)));
-  if (m.lora.on()) {  // the targets as resolved (a family default written out)
+  if (m.lora.on() && config.get_string("lora.init").empty()) {  // the targets as resolved
     std::string targets;
     for (const std::string& t : m.lora.targets) targets += (targets.empty() ? "" : " ") + t;
     set("lora.targets", targets);

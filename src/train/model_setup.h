@@ -18,8 +18,14 @@ namespace po::train {
 // is an error naming the key and the tensor.
 model::TransformerConfig resolve_model_config(const core::Config& config);
 // The [lora] section (lora.r = 0: off); lora.targets empty: PEFT's default
-// for the family (GPT-2 c_attn; Llama q_proj v_proj).
+// for the family (GPT-2 c_attn; Llama q_proj v_proj). lora.init = DIR: the
+// settings of that PEFT adapter (its adapter_config.json; lora.r, if set,
+// must agree).
 model::LoraConfig lora_config(const core::Config& config, const std::string& arch);
+// A model with adapters: its frozen base from model.init (a weights file, or
+// the random init of `seed`), fresh adapters on it, or lora.init's PEFT
+// adapter. Checkpoints hold the adapters alone: every start does this first.
+void load_base_and_adapters(const core::Config& config, model::Transformer& model, uint64_t seed);
 
 // Writes the resolved shape of `m` into `config` as explicit model.* keys, so
 // that the config a run stores (config.toml, checkpoints) says what was

@@ -180,14 +180,7 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   const parallel::ShardLayout whole(c.dp.layout().unit_numels(), 1, 0);
   const bool resuming = resume && !existing.empty();
   const bool adapters = c.model.layout().adapters();
-  if (adapters) {  // the frozen base from model.init, also on resume (checkpoints hold the adapters)
-    if (init == "random") {
-      c.model.init_random(seed);
-    } else {
-      load_model_weights(init, c.model);
-      c.model.init_adapters(seed);
-    }
-  }
+  if (adapters) load_base_and_adapters(cfg, c.model, seed);  // also on resume
   if (resuming) {
     state = load_state(
         existing.back(), c, whole,

@@ -10,16 +10,22 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "checkpoint/gpt2_io.h"
+#include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "train/model_setup.h"
+
+#include <nlohmann/json.hpp>
 
 #include "../test_util.h"
 #include "golden_run.h"
@@ -184,27 +190,138 @@ TEST_P(LoraReference, TheMergedModelGivesTheAdaptedLogits) {
   EXPECT_GT(diff, 1e-4) << c.name << ": the adapters leave the logits as the base's";
 }
 
-TEST_P(LoraReference, BZeroGivesTheBaseLogitsBitForBit) {
-  const Case c(GetParam());
-  if (c.config.lora.dora) GTEST_SKIP() << "DoRA's scale m / ‖W0‖ is 1 only in exact arithmetic";
-  Transformer adapted(c.config, c.B, c.T);
-  c.load(adapted);
-  for (const TensorSpec& p : adapted.param_infos())
-    if (p.name.find("lora_B") != std::string::npos)
-      std::fill_n(adapted.params() + p.offset, p.numel(), 0.0f);
-  TransformerConfig plain_config = c.config;
-  plain_config.lora = {};
-  Transformer base(plain_config, c.B, c.T);
-  std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
-  const float la = adapted.evaluate(c.inputs.data(), c.targets.data());
-  const float lb = base.evaluate(c.inputs.data(), c.targets.data());
-  EXPECT_EQ(std::memcmp(&la, &lb, sizeof la), 0) << c.name << ": loss " << la << " vs the base's " << lb;
-  const std::vector<float> a = logits(adapted, c), b = logits(base, c);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-      << c.name << ": B = 0 changed the logits";
+// (LoRA only: DoRA's scale m / ‖W0‖ is 1 only in exact arithmetic.)
+TEST(LoraBZero, GivesTheBaseLossAndLogitsBitForBit) {
+  for (const char* name : {"gpt2", "llama"}) {
+    const Case c(name);
+    Transformer adapted(c.config, c.B, c.T);
+    c.load(adapted);
+    for (const TensorSpec& p : adapted.param_infos())
+      if (p.name.find("lora_B") != std::string::npos)
+        std::fill_n(adapted.params() + p.offset, p.numel(), 0.0f);
+    TransformerConfig plain_config = c.config;
+    plain_config.lora = {};
+    Transformer base(plain_config, c.B, c.T);
+    std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
+    const float la = adapted.evaluate(c.inputs.data(), c.targets.data());
+    const float lb = base.evaluate(c.inputs.data(), c.targets.data());
+    EXPECT_EQ(std::memcmp(&la, &lb, sizeof la), 0) << c.name << ": loss " << la << " vs the base's " << lb;
+    const std::vector<float> a = logits(adapted, c), b = logits(base, c);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << c.name << ": B = 0 changed the logits";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LoraReference, ::testing::ValuesIn(kCases));
+
+// tests/golden/peft_<case>/: the same adapters as PEFT saves them, written by
+// numpy and the stdlib (make_lora.py). Through read_peft_config and
+// read_peft_adapter (what lora.init does) they give the reference's loss.
+class PeftFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PeftFixture, LoadsThroughLoraInitAndGivesTheReferenceLoss) {
+  Case c(GetParam());
+  const std::string dir = golden(std::string("peft_") + GetParam());
+  const po::model::LoraConfig from = po::checkpoint::read_peft_config(dir);
+  EXPECT_EQ(from.r, c.config.lora.r);
+  EXPECT_EQ(from.alpha, c.config.lora.alpha);
+  EXPECT_EQ(from.rslora, c.config.lora.rslora);
+  EXPECT_EQ(from.targets, c.config.lora.targets);
+  c.config.lora = from;
+  Transformer model(c.config, c.B, c.T);
+  c.load(model);
+  const std::vector<float> want(model.params(), model.params() + model.num_params());
+  std::fill_n(model.params(), model.num_params(), 0.0f);
+  po::checkpoint::read_peft_adapter(dir, model);
+  EXPECT_EQ(std::memcmp(want.data(), model.params(), want.size() * sizeof(float)), 0)
+      << c.name << ": the PEFT file's adapters are not the reference's";
+  const float loss = model.evaluate(c.inputs.data(), c.targets.data());
+  const double ref = c.file.read_f32("loss0", {1})[0];
+  EXPECT_LE(std::fabs(loss - ref) / ref, 1e-6) << c.name << ": loss " << loss << " vs PyTorch " << ref;
+}
+
+// (GPT-2: a Llama weights file needs its config.json beside it, which the
+// golden file has not.)
+TEST(PeftMerge, PagedoptimMergeGivesTheAdaptedLogits) {
+  const Case c("gpt2");
+  const std::string dir = golden("peft_gpt2");
+  po::test::TempDir tmp;
+  const std::string out = tmp / (c.config.arch == "gpt2" ? "merged.safetensors" : "merged");
+  const std::string base_file = golden(c.file.metadata().at("base"));
+  const auto r = po::test::run_command(std::string(PO_BINARY) + " merge " + base_file + " " + dir +
+                                       " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Transformer adapted(c.config, 1, c.T);
+  c.load(adapted);
+  TransformerConfig plain_config = c.config;
+  plain_config.lora = {};
+  Transformer merged(plain_config, 1, c.T);
+  po::train::load_model_weights(out, merged);  // (Llama: a Hugging Face model directory)
+  expect_close(logits(merged, c).data(), logits(adapted, c), c.name + ": merge's logits", 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PeftFixture, ::testing::Values("gpt2", "llama"));
+
+// A copy of the GPT-2 fixture with its config or tensors changed.
+struct BadAdapter {
+  po::test::TempDir dir;
+  explicit BadAdapter(const std::function<void(nlohmann::json&)>& config,
+                      const std::function<bool(const std::string&)>& keep = {}) {
+    const std::string src = golden("peft_gpt2");
+    std::ifstream in(src + "/adapter_config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    config(c);
+    std::ofstream(dir / "adapter_config.json") << c.dump(2);
+    const SafetensorsReader f = SafetensorsReader::open(src + "/adapter_model.safetensors");
+    std::vector<po::checkpoint::StTensorRef> refs;
+    for (const std::string& n : f.names())
+      if (!keep || keep(n)) refs.push_back({n, f.get(n).dtype, f.get(n).shape, f.get(n).data});
+    po::checkpoint::write_safetensors(dir / "adapter_model.safetensors", refs, {{"format", "pt"}});
+  }
+  // What lora.init of this directory on the golden GPT-2 says, or "" if it loads.
+  std::string error() const {
+    return po::test::error_of([&] {
+      const Case c("gpt2");
+      TransformerConfig config = c.config;
+      config.lora = po::checkpoint::read_peft_config(dir.path().string());
+      Transformer model(config, 1, 8);
+      po::checkpoint::read_peft_adapter(dir.path().string(), model);
+    });
+  }
+};
+
+TEST(PeftBadInput, OneLineErrorsNameTheFileAndTensor) {
+  const std::string b0 = "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight";
+  struct Want {
+    std::string what, error;
+    std::vector<std::string> has;
+  };
+  const BadAdapter r8([](nlohmann::json& c) { c["r"] = 8; });
+  const BadAdapter no_b([](nlohmann::json&) {}, [&](const std::string& n) { return n != b0; });
+  const BadAdapter regex([](nlohmann::json& c) { c["target_modules"] = ".*c_attn"; });
+  const BadAdapter fewer([](nlohmann::json& c) { c["target_modules"] = {"c_attn"}; });
+  const Want wants[] = {
+      {"r disagrees with the tensors", r8.error(),
+       {"adapter_model.safetensors", "transformer.h.0.attn.c_attn.lora_A.weight", "[4, 64]", "[8, 64]"}},
+      {"a missing lora_B", no_b.error(), {"adapter_model.safetensors", b0}},
+      {"a regular expression", regex.error(), {"adapter_config.json", "target_modules"}},
+      {"tensors of modules the config does not name", fewer.error(),
+       {"adapter_model.safetensors", "attn.c_proj.lora_A.weight", "adapts no module"}},
+  };
+  for (const Want& w : wants) {
+    ASSERT_FALSE(w.error.empty()) << w.what << " was accepted";
+    EXPECT_EQ(w.error.find('\n'), std::string::npos) << w.what << ": not one line: " << w.error;
+    for (const std::string& h : w.has) EXPECT_NE(w.error.find(h), std::string::npos) << w.what << ": " << w.error;
+  }
+  // An adapter made for another architecture: the Llama fixture on GPT-2.
+  const std::string other = po::test::error_of([&] {
+    const Case c("gpt2");
+    TransformerConfig config = c.config;
+    config.lora = po::checkpoint::read_peft_config(golden("peft_llama"));
+    Transformer model(config, 1, 8);
+  });
+  EXPECT_NE(other.find("'q_proj' is not a linear layer of this gpt2 model"), std::string::npos) << other;
+}
 
 TEST(LoraLayout, OnlyTheAdaptersTrainAndTheBaseKeepsItsLayout) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");

@@ -9,7 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/gpt2_io.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/peft.h"
+#include "checkpoint/safetensors.h"
+#include "model/transformer.h"
 #include "train/run_state.h"
 
 #include "../test_util.h"
@@ -88,6 +92,63 @@ TEST_F(LoraTraining, ABaseFromAWeightsFileGivesItsFirstLoss) {
   const std::string plain = train_ok("plain_init", 1, shape);
   const std::string adapted = train_ok("lora_init", 1, shape + kLora);
   EXPECT_EQ(losses(adapted, 1), losses(plain, 1)) << "the base under fresh adapters is not the file's model";
+}
+
+// `export --adapter` writes what PEFT reads (checked by a stdlib reader,
+// tests/train/peft_files.py); `export` writes the merged model, whose logits
+// are those of the base (train.seed's init) with the exported adapters.
+TEST_F(LoraTraining, ExportsAPeftAdapterAndTheMergedModel) {
+  const std::string run = train_ok("run", 1, kLora);
+  const std::string peft = dir_ / "peft", merged = dir_ / "merged.safetensors";
+  for (const std::string& args : {run + " --adapter --out " + peft, run + " --out " + merged}) {
+    const auto r = po::test::run_command(std::string(PO_BINARY) + " export " + args);
+    ASSERT_EQ(r.exit_code, 0) << "export " << args << "\n" << r.output;
+  }
+  const auto check = po::test::run_command(
+      "python3 " + std::string(PO_SOURCE_DIR) + "/tests/train/peft_files.py " + peft +
+      " '{\"attn.c_attn\": [32, 96], \"attn.c_proj\": [32, 32], \"mlp.c_fc\": [32, 128], "
+      "\"mlp.c_proj\": [128, 32]}'");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("ok: 8 modules"), std::string::npos) << check.output;
+  po::model::TransformerConfig c = po::model::TransformerConfig::arch_defaults("gpt2");
+  c.n_layer = 2, c.n_embd = 32, c.n_head = 2, c.vocab_size = 64, c.seq_len = 16;  // tiny_config's
+  po::model::TransformerConfig adapted_config = c;
+  adapted_config.lora = po::checkpoint::read_peft_config(peft);
+  po::model::Transformer adapted(adapted_config, 1, 16), plain(c, 1, 16);
+  adapted.init_random(1337);  // train.seed's base
+  po::checkpoint::read_peft_adapter(peft, adapted);
+  po::checkpoint::load_gpt2_safetensors(merged, plain);
+  std::vector<int32_t> tokens(16);
+  for (int i = 0; i < 16; ++i) tokens[static_cast<size_t>(i)] = (i * 5 + 3) % 64;
+  std::vector<float> a(64), b(64);
+  adapted.next_token_logits(tokens.data(), 16, a.data());
+  plain.next_token_logits(tokens.data(), 16, b.data());
+  po::test::expect_close(b.data(), a, "the merged export's logits", 1e-5);
+}
+
+// lora.init = a PEFT directory (tests/golden/peft_gpt2, written by numpy): the
+// run starts from those adapters; exported again, they are the same values.
+TEST_F(LoraTraining, APeftAdapterStartsTheRunAndExportsBackUnchanged) {
+  const std::string golden = std::string(PO_SOURCE_DIR) + "/tests/golden/";
+  const std::string run = train_ok(
+      "from_peft", 1,
+      " --set model.init=" + golden + "gpt2_ref.safetensors --set model.n_embd=64 --set model.n_head=4"
+      " --set model.vocab_size=512 --set model.seq_len=32 --set train.steps=0"
+      " --set lora.init=" + golden + "peft_gpt2");
+  const std::string out = dir_ / "again";
+  const auto r = po::test::run_command(std::string(PO_BINARY) + " export " + run + " --adapter --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = po::checkpoint::SafetensorsReader::open(golden + "peft_gpt2/adapter_model.safetensors");
+  const auto got = po::checkpoint::SafetensorsReader::open(out + "/adapter_model.safetensors");
+  ASSERT_EQ(got.names().size(), want.names().size());
+  for (const std::string& n : want.names()) {
+    ASSERT_TRUE(got.has(n)) << n;
+    EXPECT_EQ(got.read_f32(n, want.get(n).shape), want.read_f32(n, want.get(n).shape)) << n;
+  }
+  // Another r than the adapter's is refused, naming both.
+  const auto bad = run_train("bad_r", 1, " --set lora.r=8 --set lora.init=" + golden + "peft_gpt2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("lora.r = 8 but lora.init"), std::string::npos) << bad.output;
 }
 
 TEST_F(LoraTraining, WhatIsNotBuiltIsRefusedNamingItsKeys) {

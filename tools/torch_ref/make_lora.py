@@ -185,9 +185,32 @@ def make_case(name, family, r, alpha, rslora, dora, targets):
                 generator="tools/torch_ref/make_lora.py (torch %s, float64 maths)" % torch.__version__)
     out = os.path.join(GOLDEN, "lora_%s.safetensors" % name)
     st_writer.save(out, tensors, {k: str(v) for k, v in meta.items()})
+    if not dora:  # the same adapters as PEFT saves them, for lora.init
+        write_peft_dir(name, family, r, alpha, rslora, targets, tensors)
     print(f"wrote {os.path.relpath(out, ROOT)}: {len(params)} adapter tensors on {len(adapted)} "
           f"modules, loss0 {loss0.item():.8f}, losses {[round(x, 8) for x in losses]}, "
           f"grad norms {[round(x, 5) for x in norms]}")
+
+
+def write_peft_dir(name, family, r, alpha, rslora, targets, tensors):
+    """tests/golden/peft_<name>/: the init adapters as peft's save_pretrained lays them out
+    (adapter_config.json; adapter_model.safetensors, metadata {"format": "pt"}, keys
+    base_model.model.<HF module path>.lora_A.weight [r, in] / .lora_B.weight [out, r], GPT-2's
+    modules under "transformer."), written with numpy and the stdlib, not by the engine."""
+    import json
+    d = os.path.join(GOLDEN, "peft_" + name)
+    os.makedirs(d, exist_ok=True)
+    prefix = "base_model.model." + ("transformer." if family == "gpt2" else "")
+    weights = {prefix + k[len("init."):]: v for k, v in tensors.items() if k.startswith("init.")}
+    st_writer.save(os.path.join(d, "adapter_model.safetensors"), weights, {"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
+              "target_modules": targets, "lora_dropout": 0.0, "use_rslora": rslora,
+              "use_dora": False, "bias": "none", "fan_in_fan_out": family == "gpt2",
+              "base_model_name_or_path": "tests/golden/" + ("gpt2_ref" if family == "gpt2"
+                                                            else "llama_ref_kv2") + ".safetensors"}
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def main():
