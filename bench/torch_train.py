@@ -10,6 +10,11 @@ untimed steps then --steps timed ones and prints one JSON line:
 
   {"engine":"pytorch","preset":...,"tokens_per_s":...,"step_ms":...,"loss":...,"peak_rss_bytes":...}
 
+With --lora R (GPT-2 presets), the model is frozen and every block linear (c_attn,
+attn.c_proj, c_fc, mlp.c_proj) gets a LoRA adapter as PEFT's LoraLayer computes it,
+h = base(x) + s * (x @ A^T) @ B^T, s = alpha / r: AdamW and clipping over the adapters alone
+(the PyTorch side of bench/finetune.sh).
+
 Usage: /usr/bin/python3 bench/torch_train.py --preset bench-small [--data FILE.bin]
 (/usr/bin/python3 has Debian's python3-torch 1.13.) The environment (OPENBLAS_*,
 GLIBC_TUNABLES, OMP_*) is whatever the caller sets; the wrapper script runs it twice.
@@ -41,6 +46,38 @@ def load_tokens(path):
         return np.frombuffer(f.read(), dtype="<u2", count=int(header[2])).astype(np.int64)
 
 
+class LoraConv1D(torch.nn.Module):
+    """A frozen GPT-2 Conv1D (y = x @ W + b, W [in, out]) with PEFT's LoRA:
+    + s * (x @ A^T) @ B^T, A [r, in] Kaiming-uniform, B [out, r] = 0."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        n_in, n_out = base.weight.shape
+        self.lora_A = torch.nn.Parameter(torch.empty(r, n_in).uniform_(-n_in ** -0.5, n_in ** -0.5))
+        self.lora_B = torch.nn.Parameter(torch.zeros(n_out, r))
+        self.scale = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_A.t()) @ self.lora_B.t() * self.scale
+
+
+def add_lora(model, r, alpha):
+    """Freezes `model` and wraps every block linear; returns a module holding the adapters."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapters = torch.nn.ModuleList()
+    for block in model.h:
+        for parent, name in ((block.attn, "c_attn"), (block.attn, "c_proj"), (block.mlp, "c_fc"),
+                             (block.mlp, "c_proj")):
+            wrapped = LoraConv1D(getattr(parent, name), r, alpha)
+            setattr(parent, name, wrapped)
+            adapters.append(wrapped)
+    holder = torch.nn.Module()
+    holder.params = torch.nn.ParameterList([p for a in adapters for p in (a.lora_A, a.lora_B)])
+    return holder
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(DEFAULT_BATCH), default="bench-small")
@@ -55,6 +92,8 @@ def main():
     ap.add_argument("--autocast", choices=["none", "bf16"], default="none",
                     help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16) "
                          "(fp32 master weights and optimizer, as PyTorch's CPU mixed precision does)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on every block linear (0: full training)")
+    ap.add_argument("--lora-alpha", type=float, default=16.0)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -69,12 +108,19 @@ def main():
     model.init_weights(std=0.02)
     model.train()
     n_params = model.num_params()
+    trainable = model
+    n_adapter = 0
+    if args.lora:
+        if args.preset in LLAMA_PRESETS:
+            raise SystemExit("--lora: GPT-2 presets only")
+        trainable = add_lora(model, args.lora, args.lora_alpha)
+        n_adapter = sum(p.numel() for p in trainable.parameters())
 
     opt_kwargs = dict(lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     try:
-        opt = torch.optim.AdamW(param_groups(model, 0.1), foreach=True, **opt_kwargs)
+        opt = torch.optim.AdamW(param_groups(trainable, 0.1), foreach=True, **opt_kwargs)
     except TypeError:  # older torch without foreach
-        opt = torch.optim.AdamW(param_groups(model, 0.1), **opt_kwargs)
+        opt = torch.optim.AdamW(param_groups(trainable, 0.1), **opt_kwargs)
 
     n_total = args.warmup + args.steps
     if args.data:
@@ -104,7 +150,7 @@ def main():
         else:
             _, loss = model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable.parameters(), 1.0)
         opt.step()
         loss_v = loss.item()  # the step is complete (CPU, synchronous)
         dt = time.perf_counter() - t0
@@ -117,12 +163,14 @@ def main():
     tok_s = B * T / step_s
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     fpt = flops_per_token(n_params, L, C, T)
+    if args.lora:  # a frozen base: forward and input gradients (4 flops per parameter), adapters 6
+        fpt = 4 * n_params + 6 * n_adapter + 12 * L * C * T
     print(json.dumps({
         "engine": "pytorch", "preset": args.preset, "label": args.label, "autocast": args.autocast,
         "tokens_per_s": round(tok_s, 2), "step_ms": round(step_s * 1000, 2), "loss": round(loss_v, 5),
         "batch_size": B, "seq_len": T, "threads": args.threads, "n_params": n_params,
         "flops_per_token": fpt, "gflops": round(tok_s * fpt / 1e9, 2), "peak_rss_bytes": peak,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "lora_r": args.lora, "adapter_params": n_adapter,
     }), flush=True)
 
 
