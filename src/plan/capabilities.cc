@@ -25,18 +25,17 @@ void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
 }
 
 // Adapters on a frozen base (lora.r > 0, model/layout.h): data parallel with
-// ZeRO 0-2, in fp32 or bf16, with activation checkpointing, so far.
+// ZeRO 0-3 and context parallel, in fp32 or bf16, with activation
+// checkpointing, so far.
 void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.lora_r == 0) return;
   const auto row = [&](const std::string& with, const std::string& what) {
     out.push_back({core::str_cat("lora.r = ", l.lora_r, " with ", with),
-                   " is not built yet; adapters train under data parallel with ZeRO 0-2",
+                   " is not built yet; adapters train under data and context parallel, ZeRO 0-3",
                    "adapters " + what});
   };
   if (l.pp > 1) row(core::str_cat("parallel.pp = ", l.pp), "in a pipeline");
   if (l.tp > 1) row(core::str_cat("parallel.tp = ", l.tp), "with tensor parallel");
-  if (l.cp > 1) row(core::str_cat("parallel.cp = ", l.cp), "with context parallel");
-  if (l.zero_stage == 3) row("parallel.zero_stage = 3", "with ZeRO-3");
   if (l.paging) row("paging (memory.compute_budget or memory.nvme_dir)", "paged");
 }
 

@@ -190,7 +190,7 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
              ", but the config says ", seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
   }
-  if (!resuming && init == "random" && zero_stage == 3) {
+  if (!resuming && init == "random" && zero_stage == 3 && !adapters) {
     // Unit by unit into the shards: the whole fp32 model never exists.
     c.dp.shard_params_from([&](int u, float* dst) { c.model.init_random_unit(seed, u, dst); });
   } else if (!resuming && !adapters) {
