@@ -154,14 +154,8 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
       cfg.set_text("parallel.dp", std::to_string(env.world_size / tp), "the launcher's world size");
   }
   train::TrainResult r = train::train(cfg);
-  if (r.stopped_by != 0) {  // a stop request: checkpointed at the step it ended
-    if (r.leader)
-      std::fprintf(stderr,
-                   "pagedoptim: stopped on request after step %lld; checkpoint written; exit %d "
-                   "(resume with --resume)\n",
-                   static_cast<long long>(r.steps), train::kExitResume);
-    return train::kExitResume;
-  }
+  // A stop request: checkpointed at the step it ended (train() said so).
+  if (r.stopped_by != 0) return train::kExitResume;
   if (!r.leader) return 0;
   std::printf("trained %lld steps; final train loss %.4f", static_cast<long long>(r.steps),
               r.last_loss);

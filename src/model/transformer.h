@@ -237,7 +237,9 @@ class Transformer {
   void release_params();
   void release_grads();
   // Bytes of flat parameters / gradients the model holds now (0 once released).
+  // (With adapters: params_bytes() the adapters', base_bytes() the frozen base's.)
   size_t params_bytes() const { return params_.size(); }
+  size_t base_bytes() const { return base_.size(); }
   size_t grads_bytes() const { return grads_.size() + lookup_.size(); }
 
   // One micro-batch of a whole model: forward, loss, backward (the one-stage

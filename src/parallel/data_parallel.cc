@@ -492,7 +492,7 @@ size_t DataParallel::predicted_grad_bytes() const {
 
 MemoryReport DataParallel::memory() const {
   MemoryReport r;
-  r.params = model_.params_bytes();
+  r.params = model_.params_bytes() + model_.base_bytes();  // (a frozen base: with the parameters)
   // (fp32 stage 1 also holds a copy of its shard of the whole gradient.)
   r.grads = model_.grads_bytes() + grad_shard_bf16_.size() + grad_shard_f32_.size();
   r.master = master_.size();

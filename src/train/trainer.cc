@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -465,7 +466,14 @@ TrainResult train(const core::Config& cfg) {
   // and every rank has freed its state (its swap files removed): mpirun ends
   // the job when the first rank exits non-zero, killing the others wherever
   // they are, and the --nproc launcher returns when mpirun does.
-  if (result.stopped_by != 0 && launch.world != nullptr) launch.world->ibarrier().wait();
+  if (result.stopped_by != 0) {
+    if (result.leader)  // before the barrier: once another rank exits, mpirun may end this one
+      std::fprintf(stderr,
+                   "pagedoptim: stopped on request after step %lld; checkpoint written; exit %d "
+                   "(resume with --resume)\n",
+                   static_cast<long long>(result.steps), kExitResume);
+    if (launch.world != nullptr) launch.world->ibarrier().wait();
+  }
   return result;
 }
 
