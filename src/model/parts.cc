@@ -107,7 +107,8 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
   PO_ASSERT(dx != nullptr && p.adapter != nullptr, "an adapted Linear's backward needs dx and its weights");
   const int64_t r = lora.r;
   // DoRA: the output gradient through the row scale, dz = c ⊙ dy, on the
-  // pieces that have one; the base and the low-rank product read dz.
+  // pieces that have one; the base and the low-rank product read dz. c holds
+  // each DoRA piece's scales at its rows (computed once, read again for dm).
   thread_local std::vector<float> dz, c, u, du, z;
   bool dora = false;
   for (const Adapter::Piece& pc : lora.pieces) dora = dora || pc.m >= 0;
@@ -115,12 +116,12 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
   if (dora) {
     PO_CHECK(dy.f32 != nullptr, "DoRA's backward reads its output gradient in f32");
     dz.assign(dy.f32, dy.f32 + rows * out);
+    c.resize(static_cast<size_t>(out));
     for (const Adapter::Piece& pc : lora.pieces) {
       if (pc.m < 0) continue;
-      c.resize(static_cast<size_t>(pc.rows));
-      dora_scale(c.data(), *this, pc, p);
+      dora_scale(c.data() + pc.row0, *this, pc, p);
       float* sdz = dz.data();
-      const float* sc = c.data();
+      const float* sc = c.data() + pc.row0;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < pc.rows; ++j) sdz[i * out + pc.row0 + j] *= sc[j];
@@ -145,11 +146,9 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
                 in, 0.0f, z.data(), pc.rows);
       ops::gemm(false, true, rows, pc.rows, r, lora.scale, u.data(), r, B, r, 1.0f, z.data(),
                 pc.rows);
-      c.resize(static_cast<size_t>(pc.rows));
-      dora_scale(c.data(), *this, pc, p);
       const float* m = p.adapter + pc.m;
       float* dm = g.adapter + pc.m;
-      const float *sz = z.data(), *sc = c.data();
+      const float *sz = z.data(), *sc = c.data() + pc.row0;
 #pragma omp parallel for schedule(static)
       for (int64_t j = 0; j < pc.rows; ++j) {
         float s = 0.0f;
