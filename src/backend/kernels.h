@@ -138,7 +138,8 @@ namespace po::backend::cpu {
      int64_t Vk, int64_t v0, bool store_exp), (mx, sum, zt, logits, targets, n, Vk, v0, store_exp)) \
   X(ce_piece_combine, ce_piece_combine, void,                                                      \
     (float* losses, float* scale, const float* mx, const double* sum, const float* zt,             \
-     int64_t pieces, int64_t n, float grad_scale), (losses, scale, mx, sum, zt, pieces, n, grad_scale)) \
+     const int32_t* targets, int64_t pieces, int64_t n, float grad_scale),                         \
+    (losses, scale, mx, sum, zt, targets, pieces, n, grad_scale))                                  \
   X(ce_piece_grad, ce_piece_grad, void,                                                            \
     (float* exps, const float* scale, const int32_t* targets, int64_t n, int64_t Vk, int64_t v0,   \
      float grad_scale), (exps, scale, targets, n, Vk, v0, grad_scale))                             \

@@ -254,6 +254,11 @@ void embedding_forward(float* out, const int32_t* tokens, const uint16_t* wte16,
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C);
 
+// A target of kIgnoreTarget (any negative id) marks a row the loss skips
+// (PyTorch's ignore_index, SFT's prompt tokens and padding): every kernel
+// below gives it loss 0 and a zero gradient row.
+inline constexpr int32_t kIgnoreTarget = -1;
+
 // Fused softmax + cross-entropy over logits[BT,V]. losses[BT] = -log softmax[target].
 // When `grad_scale` != 0, logits are overwritten in place by the gradient of
 // grad_scale * sum(losses) w.r.t. the logits: grad_scale * (softmax - onehot).
@@ -279,6 +284,7 @@ void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
 //     k·n + r): M = max of the mx, S = sum over k in order of
 //     sum_k · exp(mx_k - M) (double), losses[r] = log S + M - zt[r]; with
 //     grad_scale != 0, scale[k·n + r] = f32(grad_scale · exp(mx_k - M) / S).
+//     An ignored row (target < 0) gets loss 0 and scales 0.
 //   ce_piece_grad: the piece's gradient, exps · scale[r], minus grad_scale at
 //     the target's column: f32 in place, or bf16 bits into grad16 (as
 //     crossentropy_forward_bf16 rounds them).
@@ -286,7 +292,8 @@ void crossentropy_forward_bf16(float* losses, float* logits, uint16_t* grad16,
 void ce_piece_stats(float* mx, double* sum, float* zt, float* logits, const int32_t* targets,
                     int64_t n, int64_t Vk, int64_t v0, bool store_exp);
 void ce_piece_combine(float* losses, float* scale, const float* mx, const double* sum,
-                      const float* zt, int64_t pieces, int64_t n, float grad_scale);
+                      const float* zt, const int32_t* targets, int64_t pieces, int64_t n,
+                      float grad_scale);
 void ce_piece_grad(float* exps, const float* scale, const int32_t* targets, int64_t n, int64_t Vk,
                    int64_t v0, float grad_scale);
 void ce_piece_grad(uint16_t* grad16, const float* exps, const float* scale, const int32_t* targets,

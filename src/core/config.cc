@@ -78,6 +78,7 @@ const std::vector<KeySpec>& schema() {
       {"train.stop_timeout", Kind::kFloat, 600.0, 0, 1e9},        // seconds from a stop request to abort  // pp > 1: the last step as Chrome trace JSON
       {"data.train", Kind::kString, std::string("")},
       {"data.val", Kind::kString, std::string("")},
+      {"data.pack", Kind::kBool, false},  // SFT data (data/sft.h): whole examples side by side in a row
       {"run.dir", Kind::kString, std::string("runs/default")},
       {"checkpoint.keep", Kind::kInt, int64_t{2}, 1, 1e6},
       {"checkpoint.async", Kind::kBool, false},  // train/async_checkpoint.h

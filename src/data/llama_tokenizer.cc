@@ -349,6 +349,15 @@ LlamaTokenizer LlamaTokenizer::from_sentencepiece(const std::string& path) {
 }
 
 std::vector<int32_t> LlamaTokenizer::encode(std::string_view text, std::string_view source) {
+  return encode_with(text, source, impl_->dummy_prefix);
+}
+
+std::vector<int32_t> LlamaTokenizer::encode_continuation(std::string_view text, std::string_view source) {
+  return encode_with(text, source, false);
+}
+
+std::vector<int32_t> LlamaTokenizer::encode_with(std::string_view text, std::string_view source,
+                                                 bool dummy_prefix) {
   const Impl& m = *impl_;
   const size_t bad = utf8_find_invalid(text);
   if (bad != text.size()) PO_THROW(core::InvalidArgument, source, ": invalid UTF-8 at byte offset ", bad);
@@ -361,7 +370,7 @@ std::vector<int32_t> LlamaTokenizer::encode(std::string_view text, std::string_v
     text = squeezed;
   }
   if (text.empty()) return {};
-  const std::string norm = (m.dummy_prefix ? std::string(kSpacePiece) : std::string()) + replace_all(text, " ", kSpacePiece);
+  const std::string norm = (dummy_prefix ? std::string(kSpacePiece) : std::string()) + replace_all(text, " ", kSpacePiece);
 
   // One symbol per code point, or its bytes where it is no piece.
   struct Symbol {

@@ -63,6 +63,7 @@ class LlamaTokenizer final : public TextTokenizer {
   LlamaTokenizer& operator=(LlamaTokenizer&&) noexcept;
 
   std::vector<int32_t> encode(std::string_view text, std::string_view source = "<text>") override;
+  std::vector<int32_t> encode_continuation(std::string_view text, std::string_view source = "<text>") override;
   std::string decode(std::span<const int32_t> ids) const override;
   std::string piece_bytes(int32_t id) const override;
   int32_t vocab_size() const override;
@@ -81,6 +82,7 @@ class LlamaTokenizer final : public TextTokenizer {
 
  private:
   explicit LlamaTokenizer(std::unique_ptr<Impl> impl);
+  std::vector<int32_t> encode_with(std::string_view text, std::string_view source, bool dummy_prefix);
   std::unique_ptr<Impl> impl_;
 };
 

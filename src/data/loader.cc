@@ -1,6 +1,9 @@
 // Deterministic samplers: see loader.h.
 #include "data/loader.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -24,37 +27,72 @@ void copy_window(const TokenFile& file, int64_t start, int64_t T, int32_t* input
   }
 }
 
+// A window at token `at`, or SFT row `at`.
+void fill_sequence(const TokenFile& file, const SftExamples* sft, int64_t at, int64_t T, int32_t* inputs,
+                   int32_t* targets, int32_t* positions) {
+  if (sft != nullptr) return sft->fill_row(at, inputs, targets, positions);
+  copy_window(file, at, T, inputs, targets);
+  if (positions != nullptr)
+    for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>(t);
+}
+
 }  // namespace
 
-BatchSampler::BatchSampler(const TokenFile& file, int64_t T, uint64_t seed) : file_(&file), T_(T), seed_(seed) {
+BatchSampler::BatchSampler(const TokenFile& file, int64_t T, uint64_t seed, const SftExamples* sft)
+    : file_(&file), T_(T), seed_(seed), sft_(sft) {
+  if (sft != nullptr) {
+    PO_CHECK(sft->seq_len() == T, file.path(), ": SFT rows of ", sft->seq_len(), " tokens, sequences of ", T);
+    return;
+  }
   check_length(file, T);
 }
 
 int64_t BatchSampler::offset(int64_t step, int64_t seq) const {
   PO_CHECK(step >= 0 && seq >= 0, "sampler: step and sequence index must be >= 0, got ", step, ", ", seq);
   core::Philox rng(seed_ ^ kDataStream, static_cast<uint64_t>(step));
-  const uint64_t starts = file_->size() - static_cast<uint64_t>(T_);  // offsets 0 .. N-T-1
+  const uint64_t starts = sft_ != nullptr ? static_cast<uint64_t>(sft_->rows())
+                                          : file_->size() - static_cast<uint64_t>(T_);  // offsets 0 .. N-T-1
   return static_cast<int64_t>(rng.next_u64(static_cast<uint64_t>(seq)) % starts);
 }
 
-void BatchSampler::fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const {
+void BatchSampler::fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets,
+                        int32_t* positions) const {
   PO_CHECK(count >= 0, "sampler: count must be >= 0, got ", count);
-  for (int64_t i = 0; i < count; ++i) {
-    copy_window(*file_, offset(step, first_seq + i), T_, inputs + i * T_, targets + i * T_);
-  }
+  for (int64_t i = 0; i < count; ++i)
+    fill_sequence(*file_, sft_, offset(step, first_seq + i), T_, inputs + i * T_, targets + i * T_,
+                  positions != nullptr ? positions + i * T_ : nullptr);
 }
 
-EvalSampler::EvalSampler(const TokenFile& file, int64_t T) : file_(&file), T_(T) {
+int64_t BatchSampler::counted_targets(int64_t step, int64_t first_seq, int64_t count) const {
+  if (sft_ == nullptr) return count * T_;
+  std::vector<int32_t> in(static_cast<size_t>(T_)), tg(static_cast<size_t>(T_));
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    sft_->fill_row(offset(step, first_seq + i), in.data(), tg.data(), nullptr);
+    n += std::count_if(tg.begin(), tg.end(), [](int32_t t) { return t >= 0; });
+  }
+  return n;
+}
+
+EvalSampler::EvalSampler(const TokenFile& file, int64_t T, const SftExamples* sft)
+    : file_(&file), T_(T), sft_(sft) {
+  if (sft != nullptr) {
+    PO_CHECK(sft->seq_len() == T, file.path(), ": SFT rows of ", sft->seq_len(), " tokens, sequences of ", T);
+    num_sequences_ = sft->rows();
+    return;
+  }
   check_length(file, T);
   num_sequences_ = (static_cast<int64_t>(file.size()) - 1) / T;
 }
 
-void EvalSampler::fill(int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const {
+void EvalSampler::fill(int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets,
+                       int32_t* positions) const {
   PO_CHECK(first_seq >= 0 && count >= 0, "eval sampler: first_seq and count must be >= 0, got ", first_seq, ", ",
            count);
   for (int64_t i = 0; i < count; ++i) {
-    int64_t window = (first_seq + i) % num_sequences_;
-    copy_window(*file_, window * T_, T_, inputs + i * T_, targets + i * T_);
+    const int64_t window = (first_seq + i) % num_sequences_;
+    fill_sequence(*file_, sft_, sft_ != nullptr ? window : window * T_, T_, inputs + i * T_, targets + i * T_,
+                  positions != nullptr ? positions + i * T_ : nullptr);
   }
 }
 

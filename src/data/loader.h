@@ -11,10 +11,17 @@
 // j*T, wrapping around after the last complete window.
 //
 // In both, targets are the inputs shifted by one token.
+//
+// SFT data (data/sft.h): the same, over the examples' rows instead of
+// windows: training's sequence i of step s is row Philox(seed ^ kDataStream,
+// s).next_u64(i) mod R of R rows, evaluation's sequence j is row j mod R;
+// targets the mask does not count are ops::kIgnoreTarget, and packed rows
+// come with their tokens' positions.
 #pragma once
 
 #include <cstdint>
 
+#include "data/sft.h"
 #include "data/token_file.h"
 
 namespace po::data {
@@ -22,35 +29,43 @@ namespace po::data {
 class BatchSampler {
  public:
   // Throws InvalidArgument (naming the file) if it has fewer than T+1 tokens or T < 1.
-  // `file` must outlive the sampler.
-  BatchSampler(const TokenFile& file, int64_t T, uint64_t seed);
+  // `file` (and `sft`, when given: rows of that file's examples) must outlive the sampler.
+  BatchSampler(const TokenFile& file, int64_t T, uint64_t seed, const SftExamples* sft = nullptr);
 
-  // Token offset at which sequence `seq` of step `step` starts.
+  // Token offset at which sequence `seq` of step `step` starts (SFT: its row).
   int64_t offset(int64_t step, int64_t seq) const;
 
   // Sequences first_seq .. first_seq+count-1 of `step`:
-  // inputs[count * T], targets[count * T], row-major by sequence.
-  void fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const;
+  // inputs[count * T], targets[count * T], row-major by sequence; positions
+  // [count * T] (packed SFT rows) when not null.
+  void fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets,
+            int32_t* positions = nullptr) const;
+  // Targets the loss counts in sequences first_seq .. first_seq+count-1 of
+  // `step` (count · T without SFT data).
+  int64_t counted_targets(int64_t step, int64_t first_seq, int64_t count) const;
 
   int64_t seq_len() const { return T_; }
+  const SftExamples* sft() const { return sft_; }
 
  private:
   const TokenFile* file_;
   int64_t T_;
   uint64_t seed_;
+  const SftExamples* sft_;
 };
 
 class EvalSampler {
  public:
   // Throws InvalidArgument (naming the file) if it has fewer than T+1 tokens or T < 1.
-  EvalSampler(const TokenFile& file, int64_t T);
+  EvalSampler(const TokenFile& file, int64_t T, const SftExamples* sft = nullptr);
 
   // Number of distinct non-overlapping windows: floor((N - 1) / T).
   int64_t num_sequences() const { return num_sequences_; }
 
   // Windows first_seq .. first_seq+count-1 (index taken mod num_sequences()):
-  // inputs[count * T], targets[count * T].
-  void fill(int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets) const;
+  // inputs[count * T], targets[count * T] (and positions, as BatchSampler's).
+  void fill(int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets,
+            int32_t* positions = nullptr) const;
 
   int64_t seq_len() const { return T_; }
 
@@ -58,6 +73,7 @@ class EvalSampler {
   const TokenFile* file_;
   int64_t T_;
   int64_t num_sequences_;
+  const SftExamples* sft_;
 };
 
 }  // namespace po::data

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -78,6 +79,13 @@ std::vector<fs::path> expand_inputs(const PrepareOptions& o) {
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> output_paths(const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  PO_CHECK(!ec, "prepare: cannot create output directory ", out_dir, ": ", ec.message());
+  return {(fs::path(out_dir) / "train.bin").string(), (fs::path(out_dir) / "val.bin").string()};
+}
 
 bool is_brown_file_name(std::string_view name) {
   return name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' && name[2] >= '0' &&
@@ -159,11 +167,7 @@ PrepareResult prepare(const PrepareOptions& o) {
   }
   PO_CHECK(!train.empty(), "prepare: the split leaves no training tokens");
 
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  PO_CHECK(!ec, "prepare: cannot create output directory ", o.out_dir, ": ", ec.message());
-  r.train_path = (fs::path(o.out_dir) / "train.bin").string();
-  r.val_path = (fs::path(o.out_dir) / "val.bin").string();
+  std::tie(r.train_path, r.val_path) = output_paths(o.out_dir);
   write_token_file(r.train_path, train);
   write_token_file(r.val_path, val);
   r.train_tokens = static_cast<int64_t>(train.size());

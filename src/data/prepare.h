@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace po::data {
@@ -48,6 +49,10 @@ struct PrepareResult {
 // with over 65536 ids, or invalid UTF-8 (naming the file and byte offset);
 // IoError if reading or writing fails.
 PrepareResult prepare(const PrepareOptions& options);
+
+// DIR/train.bin and DIR/val.bin, DIR created if missing (InvalidArgument if
+// it cannot be).
+std::pair<std::string, std::string> output_paths(const std::string& out_dir);
 
 // Plain text of one Brown corpus file: tags stripped ("The/at" -> "The"),
 // `` and '' -> ", no space before closing punctuation or after opening

@@ -27,6 +27,14 @@ class TextTokenizer {
   // "<s>" or "<|endoftext|>" is ordinary text. Invalid UTF-8 throws
   // InvalidArgument naming `source` and the byte offset. Not thread-safe.
   virtual std::vector<int32_t> encode(std::string_view text, std::string_view source = "<text>") = 0;
+  // Token ids of `text` as it continues ids already encoded (SFT's chat
+  // pieces, data/chat_format.h): Llama's dummy prefix is left out, so
+  // "[INST] hi [/INST]" then " hello" give "▁hello", not "▁▁hello". GPT-2's
+  // byte-level BPE has none: encode().
+  virtual std::vector<int32_t> encode_continuation(std::string_view text,
+                                                   std::string_view source = "<text>") {
+    return encode(text, source);
+  }
   // Text of `ids` (bytes; may end in an incomplete UTF-8 sequence if the ids
   // do). Throws InvalidArgument for an id outside [0, vocab_size()).
   virtual std::string decode(std::span<const int32_t> ids) const = 0;

@@ -9,6 +9,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -49,21 +50,16 @@ struct TempFile {
   }
 };
 
-}  // namespace
-
-void write_token_file(const std::string& path, std::span<const int32_t> tokens) {
-  PO_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), path, ": ", tokens.size(),
+// The 256-int header and the body, written to `path` atomically (temp file
+// in the same directory, fsync, rename, fsync of the directory).
+void write_with_header(const std::string& path, int32_t magic, size_t count, const void* body,
+                       size_t body_bytes) {
+  PO_CHECK(count <= static_cast<size_t>(INT32_MAX), path, ": ", count,
            " tokens do not fit the header's int32 count");
-  std::vector<uint16_t> body(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    PO_CHECK(tokens[i] >= 0 && tokens[i] <= 0xFFFF, path, ": token ", i, " has id ", tokens[i],
-             ", which does not fit in uint16");
-    body[i] = static_cast<uint16_t>(tokens[i]);
-  }
   std::vector<int32_t> header(kTokenFileHeaderInts, 0);
-  header[0] = kTokenFileMagic;
+  header[0] = magic;
   header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  header[2] = static_cast<int32_t>(count);
 
   std::filesystem::path final_path(path);
   std::filesystem::path dir = final_path.parent_path();
@@ -81,7 +77,7 @@ void write_token_file(const std::string& path, std::span<const int32_t> tokens) 
   }
   ::fchmod(tmp.fd, 0644);
   write_all(tmp.fd, header.data(), kTokenFileHeaderBytes, tmp.path);
-  write_all(tmp.fd, body.data(), body.size() * sizeof(uint16_t), tmp.path);
+  write_all(tmp.fd, body, body_bytes, tmp.path);
   if (::fsync(tmp.fd) != 0) throw_sys("cannot fsync", tmp.path);
   int fd = tmp.fd;
   tmp.fd = -1;
@@ -96,24 +92,70 @@ void write_token_file(const std::string& path, std::span<const int32_t> tokens) 
   }
 }
 
-std::span<const uint16_t> parse_token_file(std::span<const std::byte> data, std::string_view name,
-                                           int32_t vocab_size) {
-  PO_CHECK(data.size() >= kTokenFileHeaderBytes, name, ": not a token file: ", data.size(),
+// The header's count after checking its size, magic and version ("token" or
+// "mask" file, for messages).
+int32_t header_count(std::span<const std::byte> data, std::string_view name, int32_t magic, const char* kind) {
+  PO_CHECK(data.size() >= kTokenFileHeaderBytes, name, ": not a ", kind, " file: ", data.size(),
            " bytes is shorter than the ", kTokenFileHeaderBytes, "-byte header");
   int32_t header[3];
   std::memcpy(header, data.data(), sizeof(header));
-  PO_CHECK(header[0] == kTokenFileMagic, name, ": not a token file: magic ", header[0], ", expected ",
-           kTokenFileMagic);
-  PO_CHECK(header[1] == kTokenFileVersion, name, ": unsupported token file version ", header[1], ", expected ",
+  PO_CHECK(header[0] == magic, name, ": not a ", kind, " file: magic ", header[0], ", expected ", magic);
+  PO_CHECK(header[1] == kTokenFileVersion, name, ": unsupported ", kind, " file version ", header[1], ", expected ",
            kTokenFileVersion);
   PO_CHECK(header[2] >= 0, name, ": negative token count ", header[2]);
+  return header[2];
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, std::span<const int32_t> tokens) {
+  std::vector<uint16_t> body(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    PO_CHECK(tokens[i] >= 0 && tokens[i] <= 0xFFFF, path, ": token ", i, " has id ", tokens[i],
+             ", which does not fit in uint16");
+    body[i] = static_cast<uint16_t>(tokens[i]);
+  }
+  write_with_header(path, kTokenFileMagic, body.size(), body.data(), body.size() * sizeof(uint16_t));
+}
+
+void write_mask_file(const std::string& path, std::span<const uint8_t> mask) {
+  write_with_header(path, kMaskFileMagic, mask.size(), mask.data(), mask.size());
+}
+
+std::string mask_path(const std::string& token_path) {
+  std::filesystem::path p(token_path);
+  return p.replace_extension(".mask").string();
+}
+
+std::vector<uint8_t> read_mask_file(const std::string& path, size_t tokens) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw_sys("cannot open mask file", path);
+  std::vector<std::byte> data;
+  std::byte buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) data.insert(data.end(), buf, buf + n);
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) throw_sys("cannot read mask file", path);
+  const int32_t count = header_count(data, path, kMaskFileMagic, "mask");
+  PO_CHECK(data.size() - kTokenFileHeaderBytes == static_cast<size_t>(count), path, ": header says ", count,
+           " tokens but the file holds ", data.size() - kTokenFileHeaderBytes, " mask bytes");
+  PO_CHECK(static_cast<size_t>(count) == tokens, path, ": masks ", count, " tokens but its token file has ",
+           tokens);
+  std::vector<uint8_t> mask(tokens);
+  std::memcpy(mask.data(), data.data() + kTokenFileHeaderBytes, tokens);
+  return mask;
+}
+
+std::span<const uint16_t> parse_token_file(std::span<const std::byte> data, std::string_view name,
+                                           int32_t vocab_size) {
+  const int32_t count = header_count(data, name, kTokenFileMagic, "token");
   const size_t body = data.size() - kTokenFileHeaderBytes;
-  PO_CHECK(body == static_cast<size_t>(header[2]) * sizeof(uint16_t), name, ": header says ", header[2],
-           " tokens (", static_cast<size_t>(header[2]) * 2 + kTokenFileHeaderBytes, " bytes) but the file has ",
+  PO_CHECK(body == static_cast<size_t>(count) * sizeof(uint16_t), name, ": header says ", count,
+           " tokens (", static_cast<size_t>(count) * 2 + kTokenFileHeaderBytes, " bytes) but the file has ",
            data.size(), " bytes");
   const auto* tokens = reinterpret_cast<const uint16_t*>(data.data() + kTokenFileHeaderBytes);
   PO_ASSERT(reinterpret_cast<uintptr_t>(tokens) % alignof(uint16_t) == 0, "token data is misaligned");
-  std::span<const uint16_t> out(tokens, static_cast<size_t>(header[2]));
+  std::span<const uint16_t> out(tokens, static_cast<size_t>(count));
   if (vocab_size > 0) {
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i] >= vocab_size) {

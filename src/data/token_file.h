@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace po::data {
 
@@ -21,9 +22,24 @@ inline constexpr size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * sizeof(in
 // Ids are uint16: a vocabulary of at most this many ids fits.
 inline constexpr int32_t kTokenFileMaxVocab = 65536;
 
+// SFT's loss masks (`pagedoptim prepare --sft`, data/sft.h) sit beside their
+// token file with the same header (magic kMaskFileMagic) and one byte per
+// token: kMaskLoss where the loss counts the token as a target, kMaskStart
+// on an example's first token.
+inline constexpr int32_t kMaskFileMagic = 20241206;
+inline constexpr uint8_t kMaskLoss = 1, kMaskStart = 2;
+
 // Writes `tokens` to `path` atomically. Throws InvalidArgument if an id does not
 // fit in uint16, IoError (naming the file) if writing fails.
 void write_token_file(const std::string& path, std::span<const int32_t> tokens);
+
+// The mask file of a token file: DIR/train.bin -> DIR/train.mask.
+std::string mask_path(const std::string& token_path);
+// Writes a mask atomically. Throws IoError naming the file.
+void write_mask_file(const std::string& path, std::span<const uint8_t> mask);
+// Reads a mask, checking its header and that it masks `tokens` tokens
+// (InvalidArgument naming the file), IoError if it cannot be read.
+std::vector<uint8_t> read_mask_file(const std::string& path, size_t tokens);
 
 // Validates a whole token file held in memory and returns its tokens (a view into
 // `data`, which must be 2-byte aligned after the header, as mmap is). `name` is

@@ -229,6 +229,18 @@ class Transformer {
   void set_tp_overlap(bool on) { tp_overlap_ = on; }
   ParallelOps& parallel_ops() const { return *pops_; }
 
+  // Packed rows (SFT's data.pack): positions[B*T] is each token's position
+  // in its own example. A row holds examples one after another, each
+  // starting at position 0; position embeddings and RoPE take these
+  // positions, and no token attends outside its example (block-diagonal
+  // causal attention: each example's attention runs alone, so its bits are
+  // those of the example in a row of its own). Null, the default: positions
+  // 0 .. T-1 in every row. The array is copied; it holds for every
+  // forward/evaluate and backward until the next call. One whole model at
+  // tp = 1 and cp = 1 (train/capabilities refuses packing elsewhere).
+  void set_positions(const int32_t* positions);
+  bool packed() const { return !segments_.empty(); }
+
   // Routes every parameter and gradient access through `hooks` (all four
   // set), or back to the model's own buffers (all empty).
   void set_unit_hooks(UnitHooks hooks);
@@ -604,9 +616,23 @@ class Transformer {
   // The rope tables at the rows' positions (cp_).
   void build_rope_tables();
   // out[b, t, :] += wpe[position of row t] for B × T rows (whole sequences'
-  // rows at context parallel); dwpe[position] += the rows' gradients.
+  // rows at context parallel; packed rows: each token's own position);
+  // dwpe[position] += the rows' gradients.
   void add_positions(float* out, const float* wpe, int64_t b, int64_t t) const;
   void position_grads(float* dwpe, const float* dout) const;
+  // Packed rows (set_positions): the examples, in row order, and the tokens'
+  // positions; empty when not packed.
+  struct Segment {
+    int64_t row0, len;  // the example's first row of the [B*T] micro-batch, its tokens
+  };
+  std::vector<Segment> segments_;
+  std::vector<int32_t> positions_;
+  // Attention over the packed rows, one example at a time (RoPE included);
+  // Q is the saved q|k|v's and output's type (f32, or bf16 bits).
+  void packed_attention_forward(float* out, float* lse, float* qkv);
+  template <class Q>
+  void packed_attention_backward(float* dqkv, const float* dout, const Q* qkv, const Q* out,
+                                 const float* lse);
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [BT,C],[BT],[BT]
   float *logits_ = nullptr, *losses_ = nullptr;                       // [chunk,V], [BT]
   // bf16_activations: the head's GEMM operands rounded once: the final norm's

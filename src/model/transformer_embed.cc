@@ -24,7 +24,8 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   auto lookup = [&](const auto* wte) {
     if (tp_size() == 1)
       ops::embedding_forward(encoded_, tokens, wte,
-                             wpe != nullptr && cp_.size == 1 ? w + wpe->offset : nullptr, b, t, C);
+                             wpe != nullptr && cp_.size == 1 && !packed() ? w + wpe->offset : nullptr,
+                             b, t, C);
     else
       ops::embedding_forward_slice(partial, tokens, wte, layout_.vocab_begin(),
                                    layout_.vocab_real(), rows, C);
@@ -34,7 +35,7 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
   else
     lookup(w + table);
   if (tp_size() > 1) reduce_rows(partial, encoded_, rows);
-  if (wpe != nullptr && (tp_size() > 1 || cp_.size > 1)) add_positions(encoded_, w + wpe->offset, b, t);
+  if (wpe != nullptr && (tp_size() > 1 || cp_.size > 1 || packed())) add_positions(encoded_, w + wpe->offset, b, t);
   unit_done(0);
 }
 
@@ -54,14 +55,25 @@ void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   const TensorSpec* wpe = layout_.position_embedding();
   const bool apart = layout_.tied() && !hooks_.grads;
   float* wte = sink ? nullptr : apart ? tied_lookup_grads() : g0 + layout_.token_embedding().offset;
-  ops::embedding_backward_slice(wte, wpe != nullptr && cp_.size == 1 ? g0 + wpe->offset : nullptr,
+  const bool plain_positions = cp_.size == 1 && !packed();
+  ops::embedding_backward_slice(wte, wpe != nullptr && plain_positions ? g0 + wpe->offset : nullptr,
                                 emb_dout_, tokens, B_, T_, config_.n_embd, layout_.vocab_begin(),
                                 sink ? 0 : layout_.vocab_real());  // (no row of a sunk table is held)
-  if (wpe != nullptr && cp_.size > 1) position_grads(g0 + wpe->offset, emb_dout_);
+  if (wpe != nullptr && !plain_positions) position_grads(g0 + wpe->offset, emb_dout_);
 }
 
 void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t t) const {
   const int64_t C = config_.n_embd, rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
+  if (packed()) {  // (one whole model at tp = 1: every row here)
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      const float* w = wpe + static_cast<int64_t>(positions_[static_cast<size_t>(i)]) * C;
+      float* o = out + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) o[c] += w[c];
+    }
+    return;
+  }
   if (cp_.size == 1) return ops::position_embedding_add(out, wpe, row0, n, t, C);
   // This rank's rows of the micro-batch (all of them without sequence
   // parallel), each at its position in the sequence.
@@ -75,7 +87,17 @@ void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t
 }
 
 void Transformer::position_grads(float* dwpe, const float* dout) const {
-  const int64_t C = config_.n_embd, n = cp_.local_chunks(), S = T_ / n;
+  const int64_t C = config_.n_embd;
+  if (packed()) {  // rows in order, each into its position's row (one thread: rows share positions)
+    for (int64_t i = 0; i < B_ * T_; i++) {
+      float* d = dwpe + static_cast<int64_t>(positions_[static_cast<size_t>(i)]) * C;
+      const float* g = dout + i * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) d[c] += g[c];
+    }
+    return;
+  }
+  const int64_t n = cp_.local_chunks(), S = T_ / n;
   for (int64_t i = 0; i < n; i++) {
     float* d = dwpe + cp_.chunk(static_cast<int>(i)) * S * C;
     for (int64_t s = 0; s < B_; s++) {  // sequences in order, as embedding_backward adds them

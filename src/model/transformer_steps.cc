@@ -95,6 +95,10 @@ void Transformer::block_forward(const BlockWeights& P, const float* in, const La
 void Transformer::attention_forward(const LayerActs& a, int64_t b, int64_t t) {
   const parts::Attention& at = layout_.block().attn;
   const int64_t NH = at.n_head, NKV = at.n_kv_head, hs = at.head_dim;
+  if (packed()) {
+    PO_ASSERT(b == B_ && t == T_, "packed rows run whole micro-batches");
+    return packed_attention_forward(a.atty, a.lse, a.qkv);
+  }
   if (rope_cos_ != nullptr)  // q and k heads are the first NH + NKV of the row
     ops::rope_forward(a.qkv, b, t, at.qkv.out, at.rotated_heads(), hs, rope_cos_, rope_sin_);
   if (cp_.size > 1) {
@@ -183,13 +187,19 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
   keep(split ? work->in_out : nullptr, a.atty, BT * AO);
   at.out.backward(dbuf_c_, w(G.out), dy, h != nullptr ? ops::Operand(h->atty) : ops::Operand(a.atty),
                   P.out, BT);
-  if (h != nullptr && attention_reads16())  // the saved bf16 q, k, v and output as they are
+  const bool read16 = h != nullptr && attention_reads16();  // the saved bf16 q, k, v and output as they are
+  if (packed() && read16)  // (RoPE's backward included)
+    packed_attention_backward(dqkv_, dbuf_c_, h->qkv, h->atty, a.lse);
+  else if (packed())
+    packed_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse);
+  else if (read16)
     ops::attention_backward(dqkv_, dbuf_c_, h->qkv, h->atty, a.lse, B_, T_, NH, NKV, hs);
   else if (cp_.size > 1)
     pops_->cp_attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
   else
     ops::attention_backward(dqkv_, dbuf_c_, a.qkv, a.atty, a.lse, B_, T_, NH, NKV, hs);
-  if (rope_cos_ != nullptr) ops::rope_backward(dqkv_, B_, T_, QKV, at.rotated_heads(), hs, rope_cos_, rope_sin_);
+  if (rope_cos_ != nullptr && !packed())
+    ops::rope_backward(dqkv_, B_, T_, QKV, at.rotated_heads(), hs, rope_cos_, rope_sin_);
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, ln1.f32, BT * C);
   column_backward(at.qkv, dqkv_, ln1, P.qkv, G.qkv);
@@ -456,7 +466,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     for (int k = 0; k < P; ++k)
       vocab::piece_forward(pieces_, k, xin, w, targets + r0, n, C, logits_ + n * pieces_.begin(k),
                            piece_stats_, backward);
-    vocab::combine(P, n, losses_ + r0, piece_stats_, grad_scale);
+    vocab::combine(P, n, losses_ + r0, piece_stats_, targets + r0, grad_scale);
     if (!backward) continue;
     // The pieces' input-gradient parts added in the fixed tree.
     std::vector<float*> scratch;

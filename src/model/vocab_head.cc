@@ -37,9 +37,10 @@ void piece_forward(const Pieces& p, int k, ops::Operand x, ops::Operand w, const
                       Vk, p.begin(k), backward);
 }
 
-void combine(int pieces, int64_t n, float* losses, Stats& st, float grad_scale) {
-  ops::ce_piece_combine(losses, st.scale.data(), st.mx.data(), st.sum.data(), st.zt.data(), pieces,
-                        n, grad_scale);
+void combine(int pieces, int64_t n, float* losses, Stats& st, const int32_t* targets,
+             float grad_scale) {
+  ops::ce_piece_combine(losses, st.scale.data(), st.mx.data(), st.sum.data(), st.zt.data(), targets,
+                        pieces, n, grad_scale);
 }
 
 void piece_backward(const Pieces& p, int k, float* exps_k, uint16_t* grad16_k, const Stats& st,

@@ -62,8 +62,10 @@ void piece_forward(const Pieces& p, int k, backend::cpu::Operand x, backend::cpu
                    bool backward, int64_t w_row0 = 0);
 
 // The losses of n rows from every piece's statistics (and with grad_scale !=
-// 0 the scales piece_backward reads).
-void combine(int pieces, int64_t n, float* losses, Stats& st, float grad_scale);
+// 0 the scales piece_backward reads); a row whose target is ignored (< 0)
+// gets loss 0 and a zero gradient.
+void combine(int pieces, int64_t n, float* losses, Stats& st, const int32_t* targets,
+             float grad_scale);
 
 // Piece k's backward over the same n rows: its logit gradient (f32 in place
 // of exps_k, or bf16 bits into grad16_k when given), dW rows of piece k +=

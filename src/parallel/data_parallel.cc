@@ -99,7 +99,8 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   // (A frozen table, under adapters, has no gradient to defer or keep.)
   const bool table_trains = !model.layout().adapters();
   defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2 &&
-                     model.context_split().size == 1 && table_trains;
+                     model.context_split().size == 1 && table_trains &&
+                     !(options_.packed_rows && model.layout().position_embedding() != nullptr);
   // The tied table's lookup rows are kept for the step (tied_pair.h).
   if (model.layout().tied() && model.whole() && table_trains) {
     const model::Layout& ml = model.layout();

@@ -84,6 +84,10 @@ struct DataParallelOptions {
   // Micro-batches a step: a tied table's lookup rows of a step are held in
   // one buffer of that size from the start (0: it grows in the first step).
   int64_t micro_batches = 0;
+  // Packed rows (data.pack, Transformer::set_positions): each token's
+  // position gradient goes to its own position's row, which the deferred
+  // lookup rows (defer_embedding) do not know: the embedding's gradient is then not deferred.
+  bool packed_rows = false;
 };
 
 // Bytes this rank holds for model state and communication, by kind.

@@ -202,7 +202,8 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
   float* logits = h.logits.f32();
   for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
     const int64_t n = std::min(chunk, rows_ - r0);
-    model::vocab::combine(P, n, losses.data(), h.stats[static_cast<size_t>(ci)], grad_scale);
+    model::vocab::combine(P, n, losses.data(), h.stats[static_cast<size_t>(ci)],
+                          h.targets.data() + r0, grad_scale);
     for (int64_t r = 0; r < n; ++r) loss_sum += losses[static_cast<size_t>(r)];
   }
   if (rank_ == head_rank_)

@@ -39,12 +39,32 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.paging) row("paging (memory.compute_budget or memory.nvme_dir)", "paged");
 }
 
+// SFT data (data/sft.h): the loss over the counted targets on the one-stage
+// path (data and context parallel, ZeRO 0-3, tp); packed rows on one whole
+// model per rank at tp = 1 and cp = 1.
+void sft_rows(const Layout& l, std::vector<Refusal>& out) {
+  if (l.sft && l.pp > 1)
+    out.push_back({core::str_cat("SFT data (a loss mask beside data.train) with parallel.pp = ", l.pp),
+                   " is not built yet (the pipeline's loss counts every token); use parallel.pp = 1",
+                   "SFT data in a pipeline"});
+  if (!l.pack) return;
+  if (l.tp > 1)
+    out.push_back({core::str_cat("data.pack with parallel.tp = ", l.tp),
+                   " is not built yet (packed rows' positions on each rank's heads); use data.pack = false",
+                   "packed SFT rows with tensor parallel"});
+  if (l.cp > 1)
+    out.push_back({core::str_cat("data.pack with parallel.cp = ", l.cp),
+                   " is not built yet (examples cut across the context group's chunks); use data.pack = false",
+                   "packed SFT rows with context parallel"});
+}
+
 }  // namespace
 
 std::vector<Refusal> refusals(const Layout& l) {
   std::vector<Refusal> out;
   quantized_state_rows(l, out);
   adapter_rows(l, out);
+  sft_rows(l, out);
   if (l.pp == 1) return out;  // every pp = 1 layout of check_layout trains
   if (l.zero_stage >= 2 && l.vocab_parallel)
     out.push_back({core::str_cat("parallel.zero_stage = ", l.zero_stage,

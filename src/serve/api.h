@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include "data/chat_format.h"
+
 #include "core/error.h"
 #include "serve/types.h"
 
@@ -85,10 +87,7 @@ std::string parse_tokenize_request(std::string_view body);
 // ---------------------------------------------------------------------------
 // OpenAI
 
-struct ChatMessage {
-  std::string role;  // "system" ("developer" is read as it), "user" or "assistant"
-  std::string content;
-};
+using data::ChatMessage;  // data/chat_format.h: the templates serving and SFT data share
 
 // /v1/completions and /v1/chat/completions.
 struct OpenAiRequest {

@@ -20,6 +20,7 @@
 #include "comm/mpi/topology.h"
 #include "core/cpus.h"
 #include "core/error.h"
+#include "data/token_file.h"
 #include "optim/adamw.h"
 #include "core/log.h"
 #include "parallel/context_parallel.h"
@@ -155,6 +156,9 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.paging = cfg.get_size("memory.compute_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
   wanted.state_bits = optim::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
   wanted.lora_r = cfg.get_int("lora.r");
+  wanted.sft = !cfg.get_string("data.train").empty() &&
+               std::filesystem::exists(data::mask_path(cfg.get_string("data.train")));
+  wanted.pack = cfg.get_bool("data.pack");
   if (const auto refused = plan::refusals(wanted); !refused.empty())
     PO_THROW(core::InvalidArgument, refused.front().message());
   p.tp = cfg.get_int("parallel.tp");

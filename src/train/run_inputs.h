@@ -24,6 +24,7 @@ struct RunInputs {
   data::BatchSampler& sampler;
   const optim::LrSchedule& sched;
   const data::TokenFile* val;  // null without data.val
+  const data::SftExamples* val_sft;  // val's SFT examples (null: plain text)
   optim::AdamWConfig adam;
   std::string run_dir, config_toml;
   uint64_t seed = 0;

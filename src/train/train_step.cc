@@ -4,13 +4,18 @@
 #include <algorithm>
 #include <functional>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "train/metrics.h"
 
 namespace po::train {
 
+static_assert(data::kIgnoreTarget == backend::cpu::kIgnoreTarget, "the data and the kernels ignore the same target");
+
 void size_batch_buffers(StepContext& c) {
+  if (c.sampler.sft() != nullptr && c.sampler.sft()->packed())
+    c.positions.resize(static_cast<size_t>(c.p.micro * c.p.T));
   c.inputs.resize(static_cast<size_t>(c.p.micro * c.p.T / c.cp.size));
   c.targets.resize(c.inputs.size());
   if (c.cp.size > 1) {
@@ -21,16 +26,19 @@ void size_batch_buffers(StepContext& c) {
 
 namespace {
 
-// fill(inputs, targets) writes p.micro whole sequences; at cp > 1 this
-// rank's chunks of each (model/parallel_ops.h's ContextSplit) are cut out of
-// them into c.inputs and c.targets: the same tokens as at cp = 1.
+// fill(inputs, targets, positions) writes p.micro whole sequences (and
+// packed rows' positions, handed to the model); at cp > 1 this rank's
+// chunks of each (model/parallel_ops.h's ContextSplit) are cut out of them
+// into c.inputs and c.targets: the same tokens as at cp = 1.
 template <class Fill>
 void fill_batch(StepContext& c, Fill fill) {
+  int32_t* pos = c.positions.empty() ? nullptr : c.positions.data();
   if (c.cp.size == 1) {
-    fill(c.inputs.data(), c.targets.data());
+    fill(c.inputs.data(), c.targets.data(), pos);
+    if (pos != nullptr) c.model.set_positions(pos);
     return;
   }
-  fill(c.seq_inputs.data(), c.seq_targets.data());
+  fill(c.seq_inputs.data(), c.seq_targets.data(), pos);  // (packing is refused at cp > 1)
   cut_context_rows(c.cp, c.p.micro, c.p.T, c.seq_inputs.data(), c.inputs.data());
   cut_context_rows(c.cp, c.p.micro, c.p.T, c.seq_targets.data(), c.targets.data());
 }
@@ -61,14 +69,20 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
   StepStats s;
   s.lr = lr;
   c.dp.begin_step(s.lr);
-  const float grad_scale = static_cast<float>(1.0 / (tokens_per_step(p)));
+  // SFT data: the targets the loss counts in the whole global batch.
+  const bool sft = c.sampler.sft() != nullptr;
+  const double counted = sft ? static_cast<double>(c.sampler.counted_targets(step, 0, p.batch)) : tokens_per_step(p);
+  PO_CHECK(counted > 0, "step ", step, ": the batch's ", p.batch, " SFT rows hold no target the loss counts");
+  const float grad_scale = static_cast<float>(1.0 / counted);
+  const double rows = static_cast<double>(p.micro * p.T / p.cp);  // a micro-batch's rows on this rank
   double loss = 0;
   for (int64_t micro = 0; micro < p.accum; ++micro) {
     // This rank's slice of the step's global batch: layout-independent data.
     const int64_t first = (c.rank * p.accum + micro) * p.micro;
-    fill_batch(c, [&](int32_t* in, int32_t* tg) { c.sampler.fill(step, first, p.micro, in, tg); });
+    fill_batch(c, [&](int32_t* in, int32_t* tg, int32_t* pos) { c.sampler.fill(step, first, p.micro, in, tg, pos); });
     // Gradients are final after the last micro-batch: reduce them as they come.
-    loss += c.dp.micro_batch(c.inputs.data(), c.targets.data(), grad_scale, micro == p.accum - 1);
+    const float mean = c.dp.micro_batch(c.inputs.data(), c.targets.data(), grad_scale, micro == p.accum - 1);
+    loss += sft ? mean * rows : mean;  // SFT: the sum over its rows (ignored ones add 0)
   }
   s.grad_norm = c.dp.step(s.lr);
   s.traffic = dpc ? dpc->traffic().since(traffic_before) : comm::Traffic{};
@@ -89,7 +103,7 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
     loss = l;
   }
   // Context-parallel ranks each hold the mean over their own (equally many) tokens.
-  s.loss = loss / static_cast<double>(p.accum * p.dp * p.cp);
+  s.loss = sft ? loss / counted : loss / static_cast<double>(p.accum * p.dp * p.cp);
   s.seconds = step_timer.seconds();
   return s;
 }
@@ -150,13 +164,28 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
 double evaluate(StepContext& c, const data::TokenFile& val) {
   const Plan& p = c.p;
   double sum = 0;
-  data::EvalSampler windows(val, p.T);
+  data::EvalSampler windows(val, p.T, c.val_sft);
   // train() checked at start that data.val holds at least one batch.
   const int64_t batches = std::min(p.eval_batches, windows.num_sequences() / p.micro);
   PO_ASSERT(batches >= 1, "validation file shrank after start-up: ", val.path());
+  // SFT data: the mean over the counted targets of every batch.
+  const double rows = static_cast<double>(p.micro * p.T / p.cp);
+  double counted = 0;
   for (int64_t b = 0; b < batches; ++b) {
-    fill_batch(c, [&](int32_t* in, int32_t* tg) { windows.fill(b * p.micro, p.micro, in, tg); });
-    sum += c.model.evaluate(c.inputs.data(), c.targets.data());
+    fill_batch(c, [&](int32_t* in, int32_t* tg, int32_t* pos) { windows.fill(b * p.micro, p.micro, in, tg, pos); });
+    const float mean = c.model.evaluate(c.inputs.data(), c.targets.data());
+    if (c.val_sft == nullptr) {
+      sum += mean;
+      continue;
+    }
+    sum += mean * rows;
+    counted += static_cast<double>(std::count_if(c.targets.begin(), c.targets.end(), [](int32_t t) { return t >= 0; }));
+  }
+  if (c.val_sft != nullptr) {
+    float sc[2] = {static_cast<float>(sum), static_cast<float>(counted)};
+    if (c.context != nullptr) c.context->allreduce(sc, 2, tensor::DType::kF32, comm::ReduceOp::kSum);
+    PO_CHECK(sc[1] > 0, "data.val: its first ", batches, " batches hold no target the loss counts");
+    return static_cast<double>(sc[0]) / static_cast<double>(sc[1]);
   }
   if (c.context != nullptr) {  // each rank's mean is over its own share of the tokens
     float l = static_cast<float>(sum);

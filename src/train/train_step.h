@@ -44,6 +44,10 @@ struct StepContext {
   comm::Communicator* context = nullptr;
   parallel::ContextParallelOps* cpo = nullptr;
   std::vector<int32_t> seq_inputs{}, seq_targets{};
+  // SFT data (data/sft.h): validation's examples (null: plain text), and
+  // the packed rows' positions (sized by the loop when data.pack).
+  const data::SftExamples* val_sft = nullptr;
+  std::vector<int32_t> positions{};
 };
 
 // Sizes inputs and targets (and the whole sequences' buffers at cp > 1).
@@ -72,7 +76,11 @@ struct StepStats {
 };
 
 // Step `step` (0-based) at learning rate `lr`: zero grads, accumulate this
-// rank's micro-batches, reduce, clip, AdamW.
+// rank's micro-batches, reduce, clip, AdamW. The loss is the mean over the
+// global batch's counted targets: every token, or with SFT data the replies'
+// tokens of every sequence of every micro-batch on every rank (each rank
+// counts them from the sampler, a pure function of the step), so a batch of
+// 8 is the batch of 1 accumulated 8 times however long the examples are.
 StepStats train_step(StepContext& c, int64_t step, double lr);
 
 // Exposed communication: how long it ran on after the LAST rank finished its

@@ -74,9 +74,21 @@ std::unique_ptr<data::TokenFile> open_val(const core::Config& cfg,
                                            static_cast<int32_t>(mcfg.vocab_size));
 }
 
+// SFT data: the examples of a token file with a loss mask beside it (data/sft.h), else null.
+std::unique_ptr<data::SftExamples> open_sft(const data::TokenFile& file, const Plan& p, bool pack,
+                                            const char* key) {
+  const std::string mask = data::mask_path(file.path());
+  if (!fs::exists(mask)) return nullptr;
+  auto sft = std::make_unique<data::SftExamples>(file, data::read_mask_file(mask, file.size()), p.T, pack);
+  PO_LOG_INFO(key, ": SFT data, ", sft->examples(), " examples in ", sft->rows(), pack ? " packed" : "",
+              " rows of ", p.T, " tokens (the loss counts the replies' tokens, ", mask, ")",
+              sft->truncated() > 0 ? core::str_cat("; ", sft->truncated(), " examples cut to ", p.T, " tokens") : "");
+  return sft;
+}
+
 // Fail now, not at the first evaluation.
-void check_val_batch(const data::TokenFile& val, const Plan& p) {
-  data::EvalSampler windows(val, p.T);
+void check_val_batch(const data::TokenFile& val, const Plan& p, const data::SftExamples* sft) {
+  data::EvalSampler windows(val, p.T, sft);
   PO_CHECK(windows.num_sequences() >= p.micro, "data.val = '", val.path(), "' has ", val.size(),
            " tokens: too few for one validation batch of ", p.micro, " x ", p.T + 1);
 }
@@ -97,6 +109,7 @@ parallel::DataParallelOptions dp_options(const core::Config& cfg) {
   parallel::DataParallelOptions o;
   o.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   o.overlap = cfg.get_bool("parallel.overlap_comm");
+  o.packed_rows = cfg.get_bool("data.pack");
   o.bucket_bytes = cfg.get_size("parallel.bucket_size");
   o.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   o.update_in_backward = cfg.get_bool("memory.update_in_backward");
@@ -323,6 +336,7 @@ TrainResult train_one_stage(const RunInputs& r) {
   dpo.micro_batches = p.accum;
   parallel::DataParallel dp(model, r.adam, launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, launch.dp_rank};
+  c.val_sft = r.val_sft;
   c.data = launch.dp_group();
   c.tp = tp_ops ? &*tp_ops : nullptr;
   if (cp_ops) {
@@ -453,14 +467,23 @@ TrainResult train(const core::Config& cfg) {
   check_inputs(cfg);
   data::TokenFile train_data(cfg.get_string("data.train"), static_cast<int32_t>(mcfg.vocab_size));
   const std::unique_ptr<data::TokenFile> val_data = open_val(cfg, mcfg);
-  data::BatchSampler sampler(train_data, p.T, seed);
-  if (val_data) check_val_batch(*val_data, p);
+  const bool pack = cfg.get_bool("data.pack");
+  const std::unique_ptr<data::SftExamples> train_sft = open_sft(train_data, p, pack, "data.train");
+  const std::unique_ptr<data::SftExamples> val_sft = val_data ? open_sft(*val_data, p, pack, "data.val") : nullptr;
+  PO_CHECK(!pack || train_sft, "data.pack = true packs SFT examples, but data.train = '", train_data.path(),
+           "' has no loss mask beside it (", data::mask_path(train_data.path()),
+           "; write both with pagedoptim prepare --sft)");
+  PO_CHECK(!val_data || !train_sft == !val_sft, "data.val = '", cfg.get_string("data.val"), "' ",
+           val_sft ? "has" : "has no", " loss mask beside it but data.train ", train_sft ? "has" : "has none",
+           ": validate SFT data on SFT data (both from pagedoptim prepare --sft)");
+  data::BatchSampler sampler(train_data, p.T, seed, train_sft.get());
+  if (val_data) check_val_batch(*val_data, p, val_sft.get());
   const optim::LrSchedule sched = lr_schedule(cfg, p);
 
   core::Config stored = cfg;
   store_resolved_model(stored, mcfg);
-  const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), optim::adamw_config(cfg),
-                      run_dir, stored.to_toml(), seed, resume, threads};
+  const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), val_sft.get(),
+                      optim::adamw_config(cfg), run_dir, stored.to_toml(), seed, resume, threads};
   TrainResult result = p.pp > 1 ? train_pipeline(run) : train_one_stage(run);
   // Stopped on request: every rank leaves together, once rank 0 has reported
   // and every rank has freed its state (its swap files removed): mpirun ends

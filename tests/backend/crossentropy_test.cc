@@ -112,7 +112,7 @@ void ce_by_pieces(const std::vector<float>& logits, const std::vector<int32_t>& 
                         BT, Vk, v0, gs != 0.0f);
   }
   loss.assign(BT, 0.0f);
-  cpu::ce_piece_combine(loss.data(), scale.data(), mx.data(), sum.data(), zt.data(), P, BT, gs);
+  cpu::ce_piece_combine(loss.data(), scale.data(), mx.data(), sum.data(), zt.data(), tg.data(), P, BT, gs);
   grad.assign(BT * V, 0.0f);
   if (grad16) grad16->assign(BT * V, 0);
   if (gs == 0.0f) return;
@@ -176,4 +176,44 @@ TEST(CrossEntropyPieces, AnyPiecesMatchTheReference) {
       EXPECT_TRUE(all_close("losses without gradient" + tag, loss0.data(), loss.data(), BT, 0.0));
     }
   }
+}
+
+// SFT's masked rows (ops::kIgnoreTarget): loss 0 and a zero gradient row in
+// the fused kernels (f32 and bf16) and over vocabulary pieces, and the other
+// rows' bits the same as with every row counted.
+TEST(CrossEntropy, IgnoredRowsGiveNoLossAndNoGradient) {
+  const int64_t BT = 6, V = 1001;
+  const auto logits = random_vec(BT * V, 5, -6.0f, 6.0f);
+  const auto tg = targets_for(BT, V);
+  auto masked = tg;
+  masked[1] = masked[4] = cpu::kIgnoreTarget;
+  const float gs = 1.0f / 24;
+  auto check = [&](const std::string& what, const float* loss_all, const float* loss_m,
+                   auto grad_all, auto grad_m) {
+    for (int64_t r = 0; r < BT; r++) {
+      const bool ignored = masked[r] < 0;
+      EXPECT_EQ(loss_m[r], ignored ? 0.0f : loss_all[r]) << what << ": loss of row " << r;
+      for (int64_t j = 0; j < V; j++) {
+        const auto want = ignored ? 0 : grad_all[r * V + j];
+        if (grad_m[r * V + j] != want) {
+          ADD_FAILURE() << what << ": gradient of row " << r << " column " << j << " is "
+                        << grad_m[r * V + j] << ", expected " << want;
+          break;
+        }
+      }
+    }
+  };
+  std::vector<float> z_all(logits), l_all(BT), z_m(logits), l_m(BT);
+  cpu::crossentropy_forward(l_all.data(), z_all.data(), tg.data(), BT, V, gs);
+  cpu::crossentropy_forward(l_m.data(), z_m.data(), masked.data(), BT, V, gs);
+  check("fused f32", l_all.data(), l_m.data(), z_all.data(), z_m.data());
+  std::vector<uint16_t> g_all(BT * V), g_m(BT * V);
+  std::vector<float> zb_all(logits), zb_m(logits);
+  cpu::crossentropy_forward_bf16(l_all.data(), zb_all.data(), g_all.data(), tg.data(), BT, V, gs);
+  cpu::crossentropy_forward_bf16(l_m.data(), zb_m.data(), g_m.data(), masked.data(), BT, V, gs);
+  check("fused bf16", l_all.data(), l_m.data(), g_all.data(), g_m.data());
+  std::vector<float> pl_all, pg_all, pl_m, pg_m;
+  ce_by_pieces(logits, tg, BT, V, {0, 300, 700, V}, gs, pl_all, pg_all);
+  ce_by_pieces(logits, masked, BT, V, {0, 300, 700, V}, gs, pl_m, pg_m);
+  check("3 pieces", pl_all.data(), pl_m.data(), pg_all.data(), pg_m.data());
 }

@@ -82,7 +82,7 @@ HeadResult run_head(const std::vector<float>& x, const std::vector<float>& w,
   for (int h = 0; h < H; ++h) {
     Holder& hd = hs[static_cast<size_t>(h)];
     std::vector<float> losses(static_cast<size_t>(n));
-    vocab::combine(P, n, losses.data(), hd.st, gs);
+    vocab::combine(P, n, losses.data(), hd.st, targets.data(), gs);
     if (h == 0) out.losses = losses;
     for (int64_t r = 0; r < n; ++r)
       EXPECT_EQ(losses[r], out.losses[r]) << "holder " << h << " combines another loss at row " << r;

@@ -48,6 +48,18 @@ class Conv1D(nn.Module):
             *x.shape[:-1], self.weight.shape[1])
 
 
+def attention_mask(T, positions, device):
+    """True where a query may not see a key: a later position, and with positions [B, T]
+    (packed rows: each example's positions count up from 0) another example of the row
+    (block-diagonal causal attention). [T, T], or [B, 1, T, T] with positions."""
+    future = torch.ones(T, T, dtype=torch.bool, device=device).triu_(1)
+    if positions is None:
+        return future
+    example = torch.cumsum((positions == 0).long(), dim=1)  # [B, T]
+    other = example[:, :, None] != example[:, None, :]
+    return (future[None] | other)[:, None]
+
+
 class Attention(nn.Module):
     def __init__(self, n_embd, n_head):
         super().__init__()
@@ -56,7 +68,7 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(n_embd, 3 * n_embd)
         self.c_proj = Conv1D(n_embd, n_embd)
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         B, T, C = x.shape
         nh, hs = self.n_head, C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -64,8 +76,7 @@ class Attention(nn.Module):
         k = k.view(B, T, nh, hs).transpose(1, 2)
         v = v.view(B, T, nh, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
-        att = att.masked_fill(mask, float("-inf"))
+        att = att.masked_fill(attention_mask(T, positions, x.device), float("-inf"))
         att = F.softmax(att, dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
@@ -89,8 +100,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, eps=LN_EPS)
         self.mlp = MLP(n_embd)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, positions=None):
+        x = x + self.attn(self.ln_1(x), positions)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -120,18 +131,19 @@ class GPT2(nn.Module):
                 else:
                     p.copy_(0.1 * torch.randn(p.shape, generator=generator, dtype=torch.float64))
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, positions=None):
+        """positions [B, T]: packed rows (attention_mask); targets -1 are ignored."""
         B, T = idx.shape
         assert T <= self.seq_len
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(T, device=idx.device) if positions is None else positions
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
-            x = block(x)
+            x = block(x, positions)
         x = self.ln_f(x)
         logits = x @ self.wte.weight.t()  # tied head
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def num_params(self):

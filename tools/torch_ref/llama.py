@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2 import attention_mask  # noqa: E402  (the scripts put this directory on sys.path)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, n, eps):
@@ -74,20 +76,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(n_embd, n_kv_head * self.hs, bias=False)
         self.o_proj = nn.Linear(n_head * self.hs, n_embd, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         B, T, C = x.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.hs
         q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # [B, nh, T, hs]
         k = self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # [B, nkv, T, hs]
         v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)
         cos, sin = rope_cos_sin(T, hs, self.theta, x.dtype)
+        if positions is not None:  # packed rows: each token at its own position
+            cos, sin = cos[positions][:, None], sin[positions][:, None]  # [B, 1, T, hs]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         group = nh // nkv  # query head h reads kv head h // group
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
-        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        att = F.softmax(att.masked_fill(attention_mask(T, positions, x.device), float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, nh * hs)
         return self.o_proj(y)
 
@@ -111,8 +114,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(n_embd, eps)
         self.mlp = MLP(n_embd, ffn_hidden)
 
-    def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x, positions=None):
+        x = x + self.self_attn(self.input_layernorm(x), positions)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -127,10 +130,10 @@ class Decoder(nn.Module):
                                      for _ in range(n_layer)])
         self.norm = RMSNorm(n_embd, eps)
 
-    def forward(self, idx):
+    def forward(self, idx, positions=None):
         x = self.embed_tokens(idx)
         for block in self.layers:
-            x = block(x)
+            x = block(x, positions)
         return self.norm(x)
 
 
@@ -159,10 +162,11 @@ class Llama(nn.Module):
                 else:
                     p.fill_(1.0)
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, positions=None):
+        """positions [B, T]: packed rows (gpt2.attention_mask); targets -1 are ignored."""
         assert idx.shape[1] <= self.seq_len
-        logits = self.model(idx) @ self.head_weight().t()
+        logits = self.model(idx, positions) @ self.head_weight().t()
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss

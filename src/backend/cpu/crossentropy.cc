@@ -46,6 +46,10 @@ double exp_sum(float* z, int64_t n, float mx, bool store) {
 // nearest even in the same pass that scales).
 template <typename G>
 float crossentropy_row(float* z, G* grad, int32_t tgt, int64_t V, float grad_scale) {
+  if (tgt < 0) {  // an ignored row (ops::kIgnoreTarget): no loss, no gradient
+    if (grad_scale != 0.0f) std::fill_n(grad, V, G{0});
+    return 0.0f;
+  }
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < V; j++) mx = z[j] > mx ? z[j] : mx;
@@ -104,8 +108,15 @@ void ce_piece_stats(float* mx, double* sum, float* zt, float* logits, const int3
 }
 
 void ce_piece_combine(float* losses, float* scale, const float* mx, const double* sum,
-                      const float* zt, int64_t pieces, int64_t n, float grad_scale) {
+                      const float* zt, const int32_t* targets, int64_t pieces, int64_t n,
+                      float grad_scale) {
   for (int64_t r = 0; r < n; r++) {
+    if (targets[r] < 0) {  // an ignored row: ce_piece_grad then leaves exps · 0
+      losses[r] = 0.0f;
+      if (grad_scale != 0.0f)
+        for (int64_t k = 0; k < pieces; k++) scale[k * n + r] = 0.0f;
+      continue;
+    }
     float M = -INFINITY;
     for (int64_t k = 0; k < pieces; k++) M = std::max(M, mx[k * n + r]);
     double S = 0.0;
@@ -180,9 +191,14 @@ void vocab_ce_finish(float* losses, float* logits, const int32_t* targets, const
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n; r++) {
     const double sum = sums[2 * r];
+    float* z = logits + r * Vl;
+    if (targets[r] < 0) {  // an ignored row: no loss, no gradient
+      losses[r] = 0.0f;
+      if (grad_scale != 0.0f) std::fill_n(z, Vl, 0.0f);
+      continue;
+    }
     losses[r] = static_cast<float>(std::log(sum) + static_cast<double>(row_max[r]) - sums[2 * r + 1]);
     if (grad_scale == 0.0f) continue;
-    float* z = logits + r * Vl;
     const float k = static_cast<float>(static_cast<double>(grad_scale) / sum);
 #pragma omp simd
     for (int64_t j = 0; j < nv; j++) z[j] *= k;
