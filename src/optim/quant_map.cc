@@ -36,6 +36,80 @@ std::vector<float> dynamic_map(bool is_signed, int max_exponent_bits, int total_
 
 namespace {
 
+// c[0] r^7 + c[1] r^6 + ... + c[7], by Horner's rule.
+double horner8(const double (&c)[8], double r) {
+  double y = c[0];
+  for (int i = 1; i < 8; ++i) y = y * r + c[i];
+  return y;
+}
+
+}  // namespace
+
+double normal_quantile(double p) {
+  PO_CHECK(p > 0.0 && p < 1.0, "normal_quantile: p = ", p, " is not in (0, 1)");
+  // AS241's coefficients, highest power first: |p - 0.5| <= 0.425; then in
+  // r = sqrt(-log(min(p, 1 - p))) for r <= 5 (less 1.6) and beyond (less 5).
+  static constexpr double kCentralNum[8] = {
+      2.5090809287301226727e+3, 3.3430575583588128105e+4, 6.7265770927008700853e+4,
+      4.5921953931549871457e+4, 1.3731693765509461125e+4, 1.9715909503065514427e+3,
+      1.3314166789178437745e+2, 3.3871328727963666080e+0};
+  static constexpr double kCentralDen[8] = {
+      5.2264952788528545610e+3, 2.8729085735721942674e+4, 3.9307895800092710610e+4,
+      2.1213794301586595867e+4, 5.3941960214247511077e+3, 6.8718700749205790830e+2,
+      4.2313330701600911252e+1, 1.0};
+  static constexpr double kNearNum[8] = {
+      7.74545014278341407640e-4, 2.27238449892691845833e-2, 2.41780725177450611770e-1,
+      1.27045825245236838258e+0, 3.64784832476320460504e+0, 5.76949722146069140550e+0,
+      4.63033784615654529590e+0, 1.42343711074968357734e+0};
+  static constexpr double kNearDen[8] = {
+      1.05075007164441684324e-9, 5.47593808499534494600e-4, 1.51986665636164571966e-2,
+      1.48103976427480074590e-1, 6.89767334985100004550e-1, 1.67638483018380384940e+0,
+      2.05319162663775882187e+0, 1.0};
+  static constexpr double kTailNum[8] = {
+      2.01033439929228813265e-7, 2.71155556874348757815e-5, 1.24266094738807843860e-3,
+      2.65321895265761230930e-2, 2.96560571828504891230e-1, 1.78482653991729133580e+0,
+      5.46378491116411436990e+0, 6.65790464350110377720e+0};
+  static constexpr double kTailDen[8] = {
+      2.04426310338993978564e-15, 1.42151175831644588870e-7, 1.84631831751005468180e-5,
+      7.86869131145613259100e-4, 1.48753612908506148525e-2, 1.36929880922735805310e-1,
+      5.99832206555887937690e-1, 1.0};
+  const double q = p - 0.5;
+  if (std::fabs(q) <= 0.425) {
+    const double r = 0.180625 - q * q;
+    return q * horner8(kCentralNum, r) / horner8(kCentralDen, r);
+  }
+  const double r = std::sqrt(-std::log(q <= 0.0 ? p : 1.0 - p));
+  const double x = r <= 5.0 ? horner8(kNearNum, r - 1.6) / horner8(kNearDen, r - 1.6)
+                            : horner8(kTailNum, r - 5.0) / horner8(kTailDen, r - 5.0);
+  return q < 0.0 ? -x : x;
+}
+
+std::vector<float> nf4_map() {
+  // torch.linspace(start, end, k) in float32 (the products rounded before
+  // the sum: volatile, never contracted into an FMA).
+  auto linspace = [](float start, float end, int k) {
+    const float step = (end - start) / static_cast<float>(k - 1);
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      volatile float d = step * static_cast<float>(i < k / 2 ? i : k - 1 - i);
+      x[static_cast<size_t>(i)] = i < k / 2 ? start + d : end - d;
+    }
+    return x;
+  };
+  const float offset = 0.9677083f;
+  std::vector<float> v;
+  const std::vector<float> pos = linspace(offset, 0.5f, 9), neg = linspace(offset, 0.5f, 8);
+  for (int i = 0; i < 8; ++i) v.push_back(static_cast<float>(normal_quantile(pos[static_cast<size_t>(i)])));
+  for (int i = 0; i < 7; ++i) v.push_back(static_cast<float>(-normal_quantile(neg[static_cast<size_t>(i)])));
+  v.push_back(0.0f);
+  std::sort(v.begin(), v.end());
+  const float max = v.back();
+  for (float& x : v) x /= max;
+  return v;
+}
+
+namespace {
+
 uint8_t first_nearest_brute(const backend::Codebook& cb, float s) {
   int best = 0;
   float best_d = std::fabs(s - cb.value[0]);
@@ -130,8 +204,8 @@ backend::Codebook make(const char* name, const std::vector<float>& values,
 const backend::Codebook& codebook(QuantMap which) {
   using R = backend::Codebook::Rounding;
   using Z = backend::Codebook::ZeroAbsmax;
-  static std::once_flag once[4];
-  static backend::Codebook books[4];
+  static std::once_flag once[5];
+  static backend::Codebook books[5];
   const auto i = static_cast<size_t>(which);
   std::call_once(once[i], [&] {
     switch (which) {
@@ -150,6 +224,9 @@ const backend::Codebook& codebook(QuantMap which) {
         books[i] = make("unsigned4", v, R::kHalfUp, Z::kClip);
         break;
       }
+      case QuantMap::kNf4:
+        books[i] = make("nf4", nf4_map(), R::kFirstNearest, Z::kOne);
+        break;
     }
   });
   return books[i];

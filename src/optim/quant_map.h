@@ -9,6 +9,9 @@
 //    with 3 exponent bits (7 negative values, 0, 8 positive); kUnsigned4 for
 //    v, the linear map j/16, j = 1..16, without zero (a v of 0 would divide
 //    m by eps). Codes: the lower neighbour, up on a half or more.
+//  - 4 bits, bitsandbytes' NF4 (QLoRA, Dettmers et al. 2023): kNf4, the
+//    normal map of the weight codec optim/nf4.h (7 negative values, 0, 8
+//    positive; -1 and 1 both in). Codes: the first nearest (argmin).
 //
 // linspace(0.1, 1, k) is the exact points 0.1 + 0.9 j / (k - 1), rounded to
 // float32. torch's own linspace, which bitsandbytes calls, differs by CPU
@@ -21,12 +24,28 @@
 
 namespace po::optim {
 
-enum class QuantMap { kSigned8, kUnsigned8, kSigned4, kUnsigned4 };
+enum class QuantMap { kSigned8, kUnsigned8, kSigned4, kUnsigned4, kNf4 };
 
 const backend::Codebook& codebook(QuantMap which);
 
 // bitsandbytes' create_dynamic_map(signed, max_exponent_bits, total_bits),
 // its values ascending (2^total_bits of them); exposed for the tests.
 std::vector<float> dynamic_map(bool is_signed, int max_exponent_bits, int total_bits);
+
+// bitsandbytes' create_normal_map(offset = 0.9677083, use_extra_value =
+// true), its 16 values ascending: Phi^-1 at linspace(offset, 0.5, 9)[:-1]
+// (8 positive) and -Phi^-1 at linspace(offset, 0.5, 8)[:-1] (7 negative),
+// and 0, each rounded to float32, divided by the largest in float32:
+// -1, -0.6961928, ..., 0, 0.0795803, ..., 0.7229568, 1. The linspace points
+// are torch's float32 ones (its CPU formula: step = (end - start) / (k - 1);
+// start + step i below k / 2, end - step (k - 1 - i) from there); the exact
+// points would put entry 1 an ulp from bitsandbytes' hard-coded table, which
+// these points give bit for bit (tests/optim/nf4_test.cc).
+std::vector<float> nf4_map();
+
+// Phi^-1(p), the standard normal quantile, 0 < p < 1, in double: Wichura's
+// AS241 (PPND16; Applied Statistics 37, 1988), relative error about 1e-16,
+// the algorithm of Python's statistics.NormalDist.inv_cdf. Exposed for the tests.
+double normal_quantile(double p);
 
 }  // namespace po::optim

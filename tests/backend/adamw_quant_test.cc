@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "optim/quant_map.h"
 
+#include "../golden_tensors.h"
 namespace {
 
 namespace cpu = po::backend::cpu;
@@ -29,22 +30,9 @@ using po::optim::QuantMap;
 
 const std::string kGolden = std::string(PO_SOURCE_DIR) + "/tests/golden/optim_bits_ref.safetensors";
 
-std::vector<float> f32(const SafetensorsReader& f, const std::string& name) {
-  const auto& t = f.get(name);
-  return f.read_f32(name, t.shape);
-}
-
-std::vector<uint8_t> u8(const SafetensorsReader& f, const std::string& name) {
-  const auto& t = f.get(name);
-  const auto* p = reinterpret_cast<const uint8_t*>(t.data);
-  return std::vector<uint8_t>(p, p + t.numel());
-}
-
-uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
+using po::test::bits_of;
+using po::test::f32;
+using po::test::u8;
 
 // Units in the last place between two finite floats of one sign.
 int64_t ulps(float a, float b) {
