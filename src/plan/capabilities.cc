@@ -39,15 +39,14 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.paging) row("paging (memory.compute_budget or memory.nvme_dir)", "paged");
 }
 
-// SFT data (data/sft.h): the loss over the counted targets on the one-stage
-// path (data and context parallel, ZeRO 0-3, tp); packed rows on one whole
-// model per rank at tp = 1 and cp = 1.
+// SFT data (data/sft.h): the loss over the counted targets under every
+// layout; packed rows on one whole model per rank at tp = 1 and cp = 1.
 void sft_rows(const Layout& l, std::vector<Refusal>& out) {
-  if (l.sft && l.pp > 1)
-    out.push_back({core::str_cat("SFT data (a loss mask beside data.train) with parallel.pp = ", l.pp),
-                   " is not built yet (the pipeline's loss counts every token); use parallel.pp = 1",
-                   "SFT data in a pipeline"});
   if (!l.pack) return;
+  if (l.pp > 1)
+    out.push_back({core::str_cat("data.pack with parallel.pp = ", l.pp),
+                   " is not built yet (each micro-batch in flight with its own positions); use data.pack = false",
+                   "packed SFT rows in a pipeline"});
   if (l.tp > 1)
     out.push_back({core::str_cat("data.pack with parallel.tp = ", l.tp),
                    " is not built yet (packed rows' positions on each rank's heads); use data.pack = false",

@@ -308,7 +308,12 @@ class PipelineSteps : public LayoutSteps {
     core::Timer step_timer;
     const pl::Schedule& sch = setup_.schedule;
     const int rank = r_.launch.dp_rank;
-    const float grad_scale = static_cast<float>(1.0 / tokens_per_step(p_));
+    // SFT data: the targets the loss counts in the whole global batch (train_step.h).
+    const bool sft = r_.sampler.sft() != nullptr;
+    const double counted =
+        sft ? static_cast<double>(r_.sampler.counted_targets(step, 0, p_.batch)) : tokens_per_step(p_);
+    PO_CHECK(counted > 0, "step ", step, ": the batch's ", p_.batch, " SFT rows hold no target the loss counts");
+    const float grad_scale = static_cast<float>(1.0 / counted);
     // The executor's collectives on its data and tensor groups, this step.
     comm::Communicator* groups[2] = {setup_.data, setup_.tensor};
     comm::Traffic traffic[2];
@@ -336,7 +341,9 @@ class PipelineSteps : public LayoutSteps {
       data->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
       loss = l;
     }
-    loss /= static_cast<double>(p_.accum * p_.dp * p_.cp);  // cp ranks: means over their own tokens
+    // cp ranks: means over their own tokens; SFT: each a micro-batch's sum over its rows.
+    loss = sft ? loss * static_cast<double>(p_.micro * p_.T / p_.cp) / counted
+               : loss / static_cast<double>(p_.accum * p_.dp * p_.cp);
     const double seconds = step_timer.seconds();
     Outcome o{loss, norm, seconds, {}};
     nlohmann::json record = report(st, seconds, traffic);
@@ -359,13 +366,26 @@ class PipelineSteps : public LayoutSteps {
   bool evaluates_everywhere() const override { return true; }  // every stage takes part
 
   double evaluate(const data::TokenFile& val) override {
-    data::EvalSampler windows(val, p_.T);
+    data::EvalSampler windows(val, p_.T, r_.val_sft);
     const int64_t batches = std::min(p_.eval_batches, windows.num_sequences() / p_.micro);
-    double vl = 0;
+    double vl = 0, counted = 0;
     for (int64_t b = 0; b < batches; ++b) {
       fill_rows(in_.data(), tg_.data(),
                 [&](int32_t* i, int32_t* t) { windows.fill(b * p_.micro, p_.micro, i, t); });
-      vl += ex_.evaluate(in_.data(), tg_.data());
+      const double mean = ex_.evaluate(in_.data(), tg_.data());
+      if (r_.val_sft == nullptr) {
+        vl += mean;
+        continue;
+      }
+      vl += mean * static_cast<double>(p_.micro * p_.T / p_.cp);  // SFT: the mean over counted targets
+      counted += static_cast<double>(std::count_if(tg_.begin(), tg_.end(), [](int32_t t) { return t >= 0; }));
+    }
+    if (r_.val_sft != nullptr) {
+      float sc[2] = {static_cast<float>(vl), static_cast<float>(counted)};
+      if (r_.launch.cp_group() != nullptr)
+        r_.launch.cp_group()->allreduce(sc, 2, DType::kF32, comm::ReduceOp::kSum);
+      PO_CHECK(sc[1] > 0, "data.val: its first ", batches, " batches hold no target the loss counts");
+      return static_cast<double>(sc[0]) / static_cast<double>(sc[1]);
     }
     vl /= static_cast<double>(batches);
     if (r_.launch.cp_group() != nullptr) {  // each cp rank's mean is over its own tokens

@@ -2,8 +2,8 @@
 // (data/sft.h) trains on the counted targets alone; the loss is normalised
 // by the global batch's counted targets, so a batch of 8 gives the weights
 // of 8 micro-batches of 1 accumulated and of 2 data-parallel ranks (examples
-// of 2 to 24 tokens, some cut to seq_len 16); tensor and context parallel
-// train as one process; packed rows train and validate; what is not built
+// of 2 to 24 tokens, some cut to seq_len 16); tensor, context and pipeline
+// parallel train as one process; packed rows train and validate; what is not built
 // yet is refused with a one-line error.
 #include <gtest/gtest.h>
 
@@ -71,7 +71,7 @@ TEST_F(SftTraining, ABatchOf8IsMicroBatchesOf1AndTwoRanksAccumulated) {
   }
 }
 
-TEST_F(SftTraining, TensorAndContextParallelTrainAsOneProcess) {
+TEST_F(SftTraining, TensorContextAndPipelineParallelTrainAsOneProcess) {
   const std::string one = train_ok("one", 1, "");
   const std::string tp = dir_ / "tp2";
   const auto r = run_train("tp2", 1, "", 2);
@@ -83,6 +83,16 @@ TEST_F(SftTraining, TensorAndContextParallelTrainAsOneProcess) {
   ASSERT_EQ(c.exit_code, 0) << c.output;
   po::test::expect_same_curve(losses(dir_ / "cp2", kSteps), losses(one, kSteps), "cp 2");
   po::test::expect_close_weights(one, dir_ / "cp2", kSteps, 1e-5, "cp 2");
+  // A pipeline of 2 stages (1F1B over 2 micro-batches): the loss over the
+  // counted targets, validation included.
+  const auto pp = po::test::run_command(po::test::pagedoptim_command(
+      2, "train -c " + config_ + " --set run.dir=" + (dir_ / "pp2") + " --set parallel.dp=1 --set parallel.pp=2"));
+  ASSERT_EQ(pp.exit_code, 0) << pp.output;
+  po::test::expect_same_curve(losses(dir_ / "pp2", kSteps), losses(one, kSteps), "pp 2");
+  po::test::expect_close_weights(one, dir_ / "pp2", kSteps, 1e-5, "pp 2");
+  EXPECT_NEAR(po::test::metric(dir_ / "pp2", "val_loss", kSteps / 2).back(),
+              po::test::metric(one, "val_loss", kSteps / 2).back(), 1e-5)
+      << "pp 2's validation loss";
 }
 
 TEST_F(SftTraining, PackedRowsLearnTheRepliesAndValidate) {
@@ -105,8 +115,8 @@ TEST_F(SftTraining, WhatIsNotBuiltIsRefusedNamingItsKeys) {
   };
   expect_refused("cp", 2, "--set parallel.dp=1 --set parallel.cp=2 --set data.pack=true",
                  "data.pack with parallel.cp = 2 is not built yet");
-  expect_refused("pp", 2, "--set parallel.dp=1 --set parallel.pp=2",
-                 "SFT data (a loss mask beside data.train) with parallel.pp = 2 is not built yet");
+  expect_refused("pp", 2, "--set parallel.dp=1 --set parallel.pp=2 --set data.pack=true",
+                 "data.pack with parallel.pp = 2 is not built yet");
   std::filesystem::remove(po::data::mask_path(val_));
   expect_refused("val", 1, "", "has no loss mask beside it but data.train has");
   std::filesystem::remove(po::data::mask_path(train_));
