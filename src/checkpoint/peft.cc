@@ -65,7 +65,7 @@ void write_peft_adapter(const std::string& dir, model::Transformer& model, const
             {"r", lora.r},
             {"lora_alpha", lora.alpha},
             {"target_modules", target_modules(layout)},
-            {"lora_dropout", 0.0},
+            {"lora_dropout", lora.dropout},
             {"use_rslora", lora.rslora},
             {"use_dora", lora.dora},
             {"bias", "none"},
@@ -99,6 +99,7 @@ model::LoraConfig read_peft_config(const std::string& dir) {
            " is not a positive integer");
   l.r = static_cast<int64_t>(r);
   l.alpha = j.contains("lora_alpha") ? number("lora_alpha") : 8.0;  // PEFT's default
+  l.dropout = j.contains("lora_dropout") ? number("lora_dropout") : 0.0;
   l.rslora = j.value("use_rslora", false);
   l.dora = j.value("use_dora", false);
   PO_CHECK(j.contains("target_modules"), path, ": target_modules is missing");

@@ -34,6 +34,9 @@ struct LoraConfig {
   double alpha = 8.0;
   bool rslora = false;
   bool dora = false;
+  // PEFT's lora_dropout: the adapters' input x·mask/(1-p) while training
+  // (parts.h: AdapterDropout); 0: none.
+  double dropout = 0.0;
   // Hugging Face module names (q_proj k_proj v_proj o_proj gate_proj up_proj
   // down_proj; GPT-2: c_attn attn.c_proj c_fc mlp.c_proj).
   std::vector<std::string> targets;

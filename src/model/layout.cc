@@ -200,6 +200,7 @@ void Layout::declare_adapters(const TransformerConfig& config) {
       lin->trainable = false;
       lin->lora.r = lora.r;
       lin->lora.scale = static_cast<float>(lora.scale());
+      lin->lora.dropout = static_cast<float>(lora.dropout);
     }
     unit_offsets_.push_back(offset);
   }

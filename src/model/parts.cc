@@ -7,9 +7,45 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace po::model::parts {
 namespace ops = po::backend::cpu;
+
+void AdapterDropout::scales(float* keep, int piece, int64_t rows, int64_t in, float p) const {
+  const uint64_t key = seed ^ kDropoutKey;
+  const uint32_t stream = unit * 256u + static_cast<uint32_t>(piece);
+  const float kept = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < in; ++c) {
+      const uint64_t e = static_cast<uint64_t>((row0 + i) * in + c);
+      const uint32_t w = core::philox4x32({static_cast<uint32_t>(e), static_cast<uint32_t>(e >> 32), stream, step},
+                                          {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)})[0];
+      keep[i * in + c] = static_cast<float>(w >> 8) * (1.0f / 16777216.0f) >= p ? kept : 0.0f;
+    }
+}
+
+namespace {
+
+// Whether piece k's adapter input is dropped out (a training pass with
+// lora.dropout > 0); if so xd = x ⊙ keep, keep from AdapterDropout::scales
+// (left for the backward's dx).
+bool dropout_input(const Linear& lin, const Linear::Weights& p, int k, ops::Operand x, int64_t rows,
+                   std::vector<float>& keep, std::vector<float>& xd) {
+  if (!p.drop.on || lin.lora.dropout <= 0.0f) return false;
+  const int64_t n = rows * lin.in;
+  keep.resize(static_cast<size_t>(n));
+  xd.resize(static_cast<size_t>(n));
+  p.drop.scales(keep.data(), k, rows, lin.in, lin.lora.dropout);
+  if (x.f32 != nullptr)
+    for (int64_t e = 0; e < n; ++e) xd[e] = x.f32[e] * keep[e];
+  else
+    for (int64_t e = 0; e < n; ++e) xd[e] = core::bf16_to_f32(core::bf16{x.bf16[e]}) * keep[e];
+  return true;
+}
+
+}  // namespace
 
 Linear::Weights Linear::weights(const float* unit, const uint16_t* bits, bool lean,
                                 const float* adapter) const {
@@ -78,10 +114,13 @@ void Linear::forward_decode(float* y, const float* x, const Weights& p, int64_t 
 void Linear::adapter_forward(float* y, Operand x, const Weights& p, int64_t rows,
                              bool with_bias) const {
   const int64_t r = lora.r;
-  thread_local std::vector<float> u, c;
+  thread_local std::vector<float> u, c, keep, xd;
   u.resize(static_cast<size_t>(rows * r));
-  for (const Adapter::Piece& pc : lora.pieces) {
-    ops::gemm(false, true, rows, r, in, 1.0f, x, in, p.adapter + pc.a, in, 0.0f, u.data(), r);
+  for (size_t k = 0; k < lora.pieces.size(); ++k) {
+    const Adapter::Piece& pc = lora.pieces[k];
+    const Operand xa =
+        dropout_input(*this, p, static_cast<int>(k), x, rows, keep, xd) ? Operand(xd.data()) : x;
+    ops::gemm(false, true, rows, r, in, 1.0f, xa, in, p.adapter + pc.a, in, 0.0f, u.data(), r);
     ops::gemm(false, true, rows, pc.rows, r, lora.scale, u.data(), r, p.adapter + pc.b, r, 1.0f,
               y + pc.row0, out);
     if (pc.m < 0) continue;
@@ -109,7 +148,7 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
   // DoRA: the output gradient through the row scale, dz = c ⊙ dy, on the
   // pieces that have one; the base and the low-rank product read dz. c holds
   // each DoRA piece's scales at its rows (computed once, read again for dm).
-  thread_local std::vector<float> dz, c, u, du, z;
+  thread_local std::vector<float> dz, c, u, du, z, keep, xd, dxa;
   bool dora = false;
   for (const Adapter::Piece& pc : lora.pieces) dora = dora || pc.m >= 0;
   Operand d = dy;
@@ -131,11 +170,15 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
   ops::matmul_backward(dx, nullptr, nullptr, d, x, {p.w, p.w16}, rows, in, out);
   u.resize(static_cast<size_t>(rows * r));
   du.resize(static_cast<size_t>(rows * r));
-  for (const Adapter::Piece& pc : lora.pieces) {
+  for (size_t k = 0; k < lora.pieces.size(); ++k) {
+    const Adapter::Piece& pc = lora.pieces[k];
     const float* A = p.adapter + pc.a;
     const float* B = p.adapter + pc.b;
     const Operand dp = shifted(d, pc.row0);
-    ops::gemm(false, true, rows, r, in, 1.0f, x, in, A, in, 0.0f, u.data(), r);  // u = x·Aᵀ
+    // With dropout the adapter reads xd = x ⊙ keep (the forward's mask, made again).
+    const bool dropped = dropout_input(*this, p, static_cast<int>(k), x, rows, keep, xd);
+    const Operand xa = dropped ? Operand(xd.data()) : x;
+    ops::gemm(false, true, rows, r, in, 1.0f, xa, in, A, in, 0.0f, u.data(), r);  // u = xa·Aᵀ
     if (pc.m >= 0 && g.adapter != nullptr) {
       // dm_j += Σ_rows dy_j · z_j / ‖·‖_j, z = x·W0ᵀ + s·u·Bᵀ (the piece, no bias):
       // c_j / m_j is 1 / ‖·‖_j.
@@ -159,11 +202,17 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
     if (g.adapter != nullptr)  // dB += s·dzᵀ·u
       ops::gemm(true, false, pc.rows, r, rows, lora.scale, dp, out, u.data(), r, 1.0f,
                 g.adapter + pc.b, r);
-    // du = s·dz·B; dA += duᵀ·x; dx += du·A
+    // du = s·dz·B; dA += duᵀ·xa; dx += du·A (⊙ keep under dropout)
     ops::gemm(false, false, rows, r, pc.rows, lora.scale, dp, out, B, r, 0.0f, du.data(), r);
     if (g.adapter != nullptr)
-      ops::gemm(true, false, r, in, rows, 1.0f, du.data(), r, x, in, 1.0f, g.adapter + pc.a, in);
-    ops::gemm(false, false, rows, in, r, 1.0f, du.data(), r, A, in, 1.0f, dx, in);
+      ops::gemm(true, false, r, in, rows, 1.0f, du.data(), r, xa, in, 1.0f, g.adapter + pc.a, in);
+    if (!dropped) {
+      ops::gemm(false, false, rows, in, r, 1.0f, du.data(), r, A, in, 1.0f, dx, in);
+      continue;
+    }
+    dxa.resize(static_cast<size_t>(rows * in));
+    ops::gemm(false, false, rows, in, r, 1.0f, du.data(), r, A, in, 0.0f, dxa.data(), in);
+    for (int64_t e = 0; e < rows * in; ++e) dx[e] += dxa[e] * keep[e];
   }
 }
 

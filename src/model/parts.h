@@ -47,6 +47,24 @@ using Declare = std::function<int64_t(Decl)>;
 // rows, A [r, in], B [rows, r]; under DoRA its rows are then scaled by
 // m / ‖W0 + s·B·A‖ (row norms over the input, detached), the bias not.
 // Offsets are inside the unit of the trainable tensors, not the base's.
+// Training's dropout on an adapter's input (PEFT's lora_dropout): element
+// (i, c) of the [rows, in] input of piece k of the Linear in unit `unit` is
+// kept, as x / (1 - p), iff u >= p, u = the top 24 bits of word 0 of
+// Philox4x32-10 (core/rng.h) at counter (e, e >> 32, unit · 256 + k, step)
+// and key seed ^ kDropoutKey, e = (row0 + i) · in + c, row0 the micro-batch's
+// first row in the step's global batch (global sequence index × T). A pure
+// function of the step and the token's place in the global batch: any split
+// over ranks, micro-batches or a resume keeps the mask.
+struct AdapterDropout {
+  static constexpr uint64_t kDropoutKey = 0xD80F0C0DE5A1E000ull;
+  bool on = false;
+  uint64_t seed = 0;
+  uint32_t step = 0, unit = 0;
+  int64_t row0 = 0;
+  // keep[rows · in]: 1 / (1 - p) where kept, 0 where dropped.
+  void scales(float* keep, int piece, int64_t rows, int64_t in, float p) const;
+};
+
 struct Adapter {
   struct Piece {
     int64_t row0 = 0, rows = 0;  // the Linear's output rows it adapts
@@ -55,7 +73,8 @@ struct Adapter {
   };
   std::vector<Piece> pieces;
   int64_t r = 0;
-  float scale = 0.0f;  // s = alpha / r, or alpha / sqrt(r) (rsLoRA)
+  float scale = 0.0f;    // s = alpha / r, or alpha / sqrt(r) (rsLoRA)
+  float dropout = 0.0f;  // p of AdapterDropout (LoRA only)
   bool on() const { return !pieces.empty(); }
 };
 
@@ -82,6 +101,7 @@ struct Linear {
     const uint16_t* w16 = nullptr;
     const float* b = nullptr;
     const float* adapter = nullptr;
+    AdapterDropout drop{};  // on: a training pass with lora.dropout > 0
   };
   // Where its gradients accumulate (null: not computed).
   struct Grads {

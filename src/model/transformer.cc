@@ -398,10 +398,24 @@ size_t Transformer::predicted_bytes(const TransformerConfig& config, int64_t B, 
          predicted_lookup_bytes(config, tp);
 }
 
+void Transformer::set_dropout(uint64_t seed, int64_t step, int64_t first_sequence) {
+  dropout_.on = config_.lora.dropout > 0.0;
+  dropout_.seed = seed;
+  dropout_.step = static_cast<uint32_t>(step);
+  dropout_.row0 = first_sequence * T_;
+}
+
 Transformer::BlockWeights Transformer::block_weights(int u) {
   const UnitView v = unit_params_lean(u);
-  if (layout_.adapters())  // the frozen base in f32, the adapters in the unit
-    return layout_.block().weights(base_of(u, nullptr), nullptr, false, v.f32);
+  if (layout_.adapters()) {  // the frozen base in f32, the adapters in the unit
+    BlockWeights P = layout_.block().weights(base_of(u, nullptr), nullptr, false, v.f32);
+    if (training_pass_ && dropout_.on) {
+      parts::AdapterDropout d = dropout_;
+      d.unit = static_cast<uint32_t>(u);
+      for (parts::Linear::Weights* w : {&P.qkv, &P.out, &P.up, &P.down}) w->drop = d;
+    }
+    return P;
+  }
   return layout_.block().weights(v.f32, v.bf16, v.bf16 != nullptr && v.lean);
 }
 

@@ -241,6 +241,12 @@ class Transformer {
   void set_positions(const int32_t* positions);
   bool packed() const { return !segments_.empty(); }
 
+  // Adapter dropout (lora.dropout > 0; parts.h AdapterDropout): the masks of
+  // the next forward_backward are those of `step`, this micro-batch's first
+  // sequence being `first_sequence` of the step's global batch. Evaluation
+  // and generation never drop.
+  void set_dropout(uint64_t seed, int64_t step, int64_t first_sequence);
+
   // Routes every parameter and gradient access through `hooks` (all four
   // set), or back to the model's own buffers (all empty).
   void set_unit_hooks(UnitHooks hooks);
@@ -627,6 +633,8 @@ class Transformer {
   };
   std::vector<Segment> segments_;
   std::vector<int32_t> positions_;
+  parts::AdapterDropout dropout_{};  // (its unit set per block)
+  bool training_pass_ = false;       // inside forward_backward: adapters drop out
   // Attention over the packed rows, one example at a time (RoPE included);
   // Q is the saved q|k|v's and output's type (f32, or bf16 bits).
   void packed_attention_forward(float* out, float* lse, float* qkv);

@@ -537,6 +537,11 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
   PO_CHECK(whole(), "forward_backward runs a whole model; a stage (units ", first_, "..", last_,
            ") runs stage_forward / stage_backward");
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
+  struct TrainingPass {  // adapters drop out (set_dropout) in here only
+    bool& on;
+    explicit TrainingPass(bool& f) : on(f) { on = true; }
+    ~TrainingPass() { on = false; }
+  } pass(training_pass_);
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);

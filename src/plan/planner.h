@@ -70,6 +70,7 @@ struct Layout {
   int64_t state_block = 256;
   std::string state_bits_exclude = "token_embedding head";
   int64_t lora_r = 0;  // lora.r: adapters on a frozen base (0: none)
+  bool lora_dropout = false;  // lora.dropout > 0
   bool sft = false;    // SFT data: a loss mask beside data.train (data/sft.h)
   bool pack = false;   // data.pack: SFT examples packed into rows
 

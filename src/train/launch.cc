@@ -156,6 +156,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.paging = cfg.get_size("memory.compute_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
   wanted.state_bits = optim::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
   wanted.lora_r = cfg.get_int("lora.r");
+  wanted.lora_dropout = wanted.lora_r > 0 && cfg.get_float("lora.dropout") > 0.0;
   wanted.sft = !cfg.get_string("data.train").empty() &&
                std::filesystem::exists(data::mask_path(cfg.get_string("data.train")));
   wanted.pack = cfg.get_bool("data.pack");

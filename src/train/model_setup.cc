@@ -138,8 +138,11 @@ model::LoraConfig lora_config(const core::Config& config, const std::string& arc
   l.alpha = config.get_float("lora.alpha");
   l.rslora = config.get_bool("lora.rslora");
   l.dora = config.get_bool("lora.dora");
-  PO_CHECK(config.get_float("lora.dropout") == 0.0, "lora.dropout = ",
-           config.get_float("lora.dropout"), ": dropout on the adapters' input is not built yet; use 0");
+  l.dropout = config.get_float("lora.dropout");
+  PO_CHECK(l.dropout < 1.0, "lora.dropout = ", l.dropout, ": must be below 1");
+  PO_CHECK(l.dropout == 0.0 || !l.dora, "lora.dropout = ", l.dropout,
+           " with lora.dora = true is not built yet (PEFT's DoRA then runs the base on the dropped input too); "
+           "use lora.dropout = 0 with DoRA");
   std::istringstream targets(config.get_string("lora.targets"));
   for (std::string t; targets >> t;) l.targets.push_back(t);
   if (l.targets.empty())  // PEFT's defaults for the family

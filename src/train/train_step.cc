@@ -80,6 +80,7 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
     // This rank's slice of the step's global batch: layout-independent data.
     const int64_t first = (c.rank * p.accum + micro) * p.micro;
     fill_batch(c, [&](int32_t* in, int32_t* tg, int32_t* pos) { c.sampler.fill(step, first, p.micro, in, tg, pos); });
+    c.model.set_dropout(c.seed, step, first);  // (no-op without lora.dropout)
     // Gradients are final after the last micro-batch: reduce them as they come.
     const float mean = c.dp.micro_batch(c.inputs.data(), c.targets.data(), grad_scale, micro == p.accum - 1);
     loss += sft ? mean * rows : mean;  // SFT: the sum over its rows (ignored ones add 0)

@@ -48,6 +48,7 @@ struct StepContext {
   // the packed rows' positions (sized by the loop when data.pack).
   const data::SftExamples* val_sft = nullptr;
   std::vector<int32_t> positions{};
+  uint64_t seed = 0;  // train.seed: adapter dropout's masks (model.set_dropout)
 };
 
 // Sizes inputs and targets (and the whole sequences' buffers at cp > 1).

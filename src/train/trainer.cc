@@ -337,6 +337,7 @@ TrainResult train_one_stage(const RunInputs& r) {
   parallel::DataParallel dp(model, r.adam, launch.dp_group(), dpo);
   StepContext c{p, mcfg, model, dp, launch.world.get(), r.sampler, launch.dp_rank};
   c.val_sft = r.val_sft;
+  c.seed = r.seed;
   c.data = launch.dp_group();
   c.tp = tp_ops ? &*tp_ops : nullptr;
   if (cp_ops) {

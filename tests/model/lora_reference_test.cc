@@ -4,7 +4,8 @@
 // tests/golden/lora_*.safetensors, made in float64 by
 // tools/torch_ref/make_lora.py (rerun: /usr/bin/python3 tools/torch_ref/make_lora.py).
 // Tolerances: loss relative 1e-6, tensors norm-wise relative 1e-5 (the
-// engine computes in f32). And: B = 0 gives the base's logits bit for bit;
+// engine computes in f32). Dropout (the _dropout cases) with the engine's
+// counter-based masks, drawn again in numpy by make_lora.py. And: B = 0 gives the base's logits bit for bit;
 // the merged model's logits are the adapted model's; the base is never written.
 #include <gtest/gtest.h>
 
@@ -52,6 +53,7 @@ struct Case {
   TransformerConfig config;
   int64_t B = 0, T = 0;
   std::vector<int32_t> inputs, targets;
+  uint64_t dropout_seed = 0;
 
   explicit Case(const std::string& case_name, bool checkpointing = false)
       : name(case_name),
@@ -64,6 +66,10 @@ struct Case {
     config.lora.alpha = meta(file, "alpha");
     config.lora.rslora = meta(file, "rslora") != 0;
     config.lora.dora = meta(file, "dora") != 0;
+    if (file.metadata().count("dropout") != 0) {
+      config.lora.dropout = meta(file, "dropout");
+      dropout_seed = static_cast<uint64_t>(meta(file, "dropout_seed"));
+    }
     std::istringstream t(file.metadata().at("targets"));
     for (std::string s; t >> s;) config.lora.targets.push_back(s);
     B = static_cast<int64_t>(meta(base, "batch_size"));
@@ -86,9 +92,17 @@ struct Case {
       file.read_f32("init." + p.name, p.shape, model.params() + p.offset);
   }
   float grad_scale() const { return 1.0f / static_cast<float>(B * T); }
+  // The training pass of `step`: with lora.dropout, its masks (the batch's
+  // first sequence is 0).
+  float forward_backward(Transformer& model, int64_t step) const {
+    model.set_dropout(dropout_seed, step, 0);
+    return model.forward_backward(inputs.data(), targets.data(), grad_scale());
+  }
 };
 
-const char* const kCases[] = {"gpt2", "gpt2_dora", "llama", "llama_dora"};
+// The _dropout cases: lora.dropout = 0.25, the masks drawn by make_lora.py's
+// numpy port of the engine's counter-based rule (parts.h AdapterDropout).
+const char* const kCases[] = {"gpt2", "gpt2_dora", "llama", "llama_dora", "gpt2_dropout", "llama_dropout"};
 
 class LoraReference : public ::testing::TestWithParam<const char*> {};
 
@@ -99,7 +113,7 @@ TEST_P(LoraReference, LossAndAdapterGradientsMatchPyTorch) {
     c.load(model);
     ASSERT_GT(model.num_params(), 0);
     model.zero_grads();
-    const float loss = model.forward_backward(c.inputs.data(), c.targets.data(), c.grad_scale());
+    const float loss = c.forward_backward(model, 0);
     const double want = c.file.read_f32("loss0", {1})[0];
     const std::string label = c.name + (checkpointing ? " (checkpointing)" : "");
     EXPECT_LE(std::fabs(loss - want) / want, 1e-6) << label << ": loss " << loss << " vs PyTorch " << want;
@@ -123,7 +137,7 @@ TEST_P(LoraReference, ThreeAdamWStepsMatchPyTorchAndLeaveTheBaseAlone) {
   const auto norms = f.read_f32("grad_norms", {sched.total_steps});
   for (int64_t s = 0; s < sched.total_steps; ++s) {
     model.zero_grads();
-    const float loss = model.forward_backward(c.inputs.data(), c.targets.data(), c.grad_scale());
+    const float loss = c.forward_backward(model, s);
     EXPECT_LE(std::fabs(loss - losses[s]) / losses[s], 1e-6)
         << c.name << ": loss before step " << s << ": " << loss << " vs PyTorch " << losses[s];
     const double norm = opt.step(model.params(), model.grads(), sched.at(s));

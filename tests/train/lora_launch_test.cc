@@ -71,6 +71,25 @@ TEST_F(LoraTraining, DataParallelStagesGiveTheOneProcessBits) {
   }
 }
 
+// Dropout's masks follow a token's place in the step's global batch: two
+// ranks, or micro-batches of 1, draw the one process's masks (the weights
+// bit for bit at dp 2 ZeRO-0, as without dropout); they differ from no
+// dropout; validation does not drop.
+TEST_F(LoraTraining, DropoutMasksFollowTheGlobalBatchNotTheLayout) {
+  const std::string drop = kLora + " --set lora.dropout=0.3";
+  const std::string one = train_ok("one", 1, drop);
+  const std::string dp2 = train_ok("dp2", 2, drop);
+  po::test::expect_same_curve(losses(dp2, kSteps), losses(one, kSteps), "dropout, dp 2");
+  po::test::expect_close_weights(one, dp2, kSteps, 0.0, "dropout, dp 2");
+  const std::string micro1 = train_ok("micro1", 1, drop + " --set train.micro_batch_size=1");
+  po::test::expect_close_weights(one, micro1, kSteps, 1e-5, "dropout, micro-batches of 1");
+  const std::string none = train_ok("none", 1, kLora);
+  const std::vector<double> a = losses(one, kSteps), b = losses(none, kSteps);
+  // (B = 0 at step 1: its loss is the base's either way; the masks change B's first update.)
+  EXPECT_EQ(a[0], b[0]) << "fresh adapters (B = 0) add nothing, dropped or not";
+  EXPECT_NE(a[1], b[1]) << "lora.dropout = 0.3 changed nothing";
+}
+
 TEST_F(LoraTraining, ContextParallelTrainsAsOneProcess) {
   const std::string one = train_ok("one", 1, kLora);
   const auto r = po::test::run_command(po::test::pagedoptim_command(
@@ -171,7 +190,9 @@ TEST_F(LoraTraining, WhatIsNotBuiltIsRefusedNamingItsKeys) {
   const Case cases[] = {
       {kLora + " --set parallel.pp=2", "lora.r = 4 with parallel.pp = 2 is not built yet"},
       {kLora + " --set parallel.tp=2", "lora.r = 4 with parallel.tp = 2 is not built yet"},
-      {kLora + " --set lora.dropout=0.1", "lora.dropout = 0.1"},
+      {kLora + " --set lora.dropout=0.1 --set lora.dora=true",
+       "lora.dropout = 0.1 with lora.dora = true is not built yet"},
+      {kLora + " --set lora.dropout=0.1 --set parallel.cp=2", "lora.dropout > 0 with parallel.cp = 2 is not built yet"},
       {kLora + " --set 'lora.targets=\"c_attn q_proj\"'", "lora.targets: 'q_proj' is not a linear layer"},
   };
   for (const Case& c : cases) {

@@ -1,8 +1,8 @@
 """Golden reference for PagedOptim's LoRA and DoRA adapters (PEFT's math), in float64.
 
-Rerun (deterministic; rewrites tests/golden/lora_*.safetensors):
+Rerun (deterministic; rewrites tests/golden/lora_*.safetensors, or the cases named):
 
-    /usr/bin/python3 tools/torch_ref/make_lora.py
+    /usr/bin/python3 tools/torch_ref/make_lora.py [gpt2 gpt2_dora llama llama_dora gpt2_dropout llama_dropout]
 
 (/usr/bin/python3 has Debian's python3-torch 1.13; the pyenv python3 on PATH has no torch.)
 
@@ -29,7 +29,8 @@ the "base_model.model." prefix: <module path>.lora_A.weight, .lora_B.weight,
   losses            [3] loss before each of 3 AdamW steps (the same batch)
   grad_norms        [3] the adapters' gradient norm before clipping
   after3.<adapter>  the adapters after the 3 steps
-  __metadata__      base file, r, alpha, rslora, dora, targets, the hyperparameters
+  __metadata__      base file, r, alpha, rslora, dora, targets, the hyperparameters (and for
+                    the _dropout cases dropout p and dropout_seed: the masks below)
 AdamW as make_golden.py (torch.optim.AdamW, decay on tensors of dim >= 2, clip_grad_norm_,
 gpt2.py's lr_at), over the adapters alone.
 """
@@ -52,13 +53,50 @@ HP = dict(lr=1e-3, min_lr=1e-4, warmup_steps=1, steps=3, beta1=0.9, beta2=0.95, 
           weight_decay=0.1, grad_clip=1.0)
 GPT2_ALL = ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]
 LLAMA_ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# name: (family, r, alpha, rslora, dora, targets)
+# name: (family, r, alpha, rslora, dora, targets[, dropout])
 CASES = {
     "gpt2": ("gpt2", 4, 8.0, False, False, GPT2_ALL),
     "gpt2_dora": ("gpt2", 4, 8.0, False, True, GPT2_ALL),
     "llama": ("llama", 4, 8.0, True, False, LLAMA_ALL),
     "llama_dora": ("llama", 4, 16.0, False, True, LLAMA_ALL),
+    "gpt2_dropout": ("gpt2", 4, 8.0, False, False, GPT2_ALL, 0.25),
+    "llama_dropout": ("llama", 4, 8.0, True, False, LLAMA_ALL, 0.25),
 }
+# Dropout masks (lora.dropout; model/parts.h AdapterDropout): element (row, c) of piece k's
+# input in block l (the engine's unit l + 1) at step s is kept, as x / (1 - p), iff the top 24
+# bits of word 0 of Philox4x32-10 at counter (e, e >> 32, (l + 1) * 256 + k, s), key
+# DROPOUT_SEED ^ DROPOUT_KEY, e = row * in + c (row = b * T + t), scaled by 2^-24 in float32,
+# are >= p. k: the module's place among the pieces of its fused GEMM (q, k, v; gate, up).
+DROPOUT_SEED = 1234
+DROPOUT_KEY = 0xD80F0C0DE5A1E000
+PIECE = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
+STEP = [0]  # the step whose masks the forward draws
+
+
+def philox_word0(e, stream, step, key):
+    """Word 0 of Philox4x32-10 (core/rng.h) at counters (e lo, e hi, stream, step), numpy uint64."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1 = e & m32, (e >> np.uint64(32)) & m32
+    c2 = np.full_like(e, np.uint64(stream))
+    c3 = np.full_like(e, np.uint64(step))
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0) & m32, p1 & m32, \
+            ((p0 >> np.uint64(32)) ^ c3 ^ k1) & m32, p0 & m32
+        k0 = (k0 + np.uint64(0x9E3779B9)) & m32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & m32
+    return c0
+
+
+def dropout_keep(rows, n_in, unit, piece, step, p):
+    """[rows, n_in] float32: 1 / (1 - p) where kept, 0 where dropped."""
+    e = np.arange(rows * n_in, dtype=np.uint64)
+    w = philox_word0(e, unit * 256 + piece, step, DROPOUT_SEED ^ DROPOUT_KEY)
+    u = (w >> np.uint64(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+    kept = np.float32(1.0) / (np.float32(1.0) - np.float32(p))
+    return np.where(u >= np.float32(p), kept, np.float32(0.0)).reshape(rows, n_in)
 SEED = 4321
 
 
@@ -69,9 +107,10 @@ def matches(path, target):
 class Adapted(torch.nn.Module):
     """A frozen linear module (nn.Linear or Conv1D) with a LoRA or DoRA adapter."""
 
-    def __init__(self, base, conv1d, r, scale, dora, gen):
+    def __init__(self, base, conv1d, r, scale, dora, gen, dropout=0.0, unit=0, piece=0):
         super().__init__()
         self.base, self.conv1d, self.scale, self.dora = base, conv1d, scale, dora
+        self.dropout, self.unit, self.piece = dropout, unit, piece
         w0 = self.w0()
         out_f, in_f = w0.shape
         bound = 1.0 / math.sqrt(in_f)
@@ -91,7 +130,12 @@ class Adapted(torch.nn.Module):
         w0 = self.w0()
         bias = getattr(self.base, "bias", None)
         base = x @ w0.t()
-        lora = (x @ self.lora_A.t()) @ self.lora_B.t() * self.scale
+        xa = x
+        if self.dropout > 0:  # PEFT's lora_dropout, with the engine's masks
+            keep = dropout_keep(x.shape[0] * x.shape[1], x.shape[2], self.unit, self.piece, STEP[0],
+                                self.dropout)
+            xa = x * torch.from_numpy(keep.astype(np.float64)).view(x.shape)
+        lora = (xa @ self.lora_A.t()) @ self.lora_B.t() * self.scale
         if not self.dora:
             y = base + lora
         else:
@@ -120,7 +164,7 @@ def load_base(family):
     return model, tokens, os.path.basename(path)
 
 
-def make_case(name, family, r, alpha, rslora, dora, targets):
+def make_case(name, family, r, alpha, rslora, dora, targets, dropout=0.0):
     gen = torch.Generator().manual_seed(SEED)
     model, tokens, base_file = load_base(family)
     inputs, targets_tok = tokens[:, :-1], tokens[:, 1:]
@@ -134,7 +178,9 @@ def make_case(name, family, r, alpha, rslora, dora, targets):
             continue
         parent_path, _, child = path.rpartition(".")
         parent = model.get_submodule(parent_path)
-        wrapped = Adapted(mod, family == "gpt2", r, scale, dora, gen)
+        layer = int(path.split(".")[1] if family == "gpt2" else path.split(".")[2])
+        wrapped = Adapted(mod, family == "gpt2", r, scale, dora, gen, dropout, layer + 1,
+                          PIECE.get(path.rsplit(".", 1)[-1], 0))
         setattr(parent, child, wrapped)
         adapted[path] = wrapped
     assert adapted, "no module adapted"
@@ -152,6 +198,7 @@ def make_case(name, family, r, alpha, rslora, dora, targets):
     tensors = {}
     for n, p in params.items():
         tensors["init." + n] = p.detach().float().numpy()
+    STEP[0] = 0
     _, loss0 = model(inputs, targets_tok)
     loss0.backward()
     for n, p in params.items():
@@ -165,6 +212,7 @@ def make_case(name, family, r, alpha, rslora, dora, targets):
                             lr=HP["lr"], betas=(HP["beta1"], HP["beta2"]), eps=HP["eps"])
     losses, norms = [], []
     for step in range(HP["steps"]):
+        STEP[0] = step
         lr = lr_at(step, HP["lr"], HP["min_lr"], HP["warmup_steps"], HP["steps"])
         for g in opt.param_groups:
             g["lr"] = lr
@@ -181,11 +229,11 @@ def make_case(name, family, r, alpha, rslora, dora, targets):
 
     meta = dict(HP)
     meta.update(base=base_file, r=r, alpha=alpha, rslora=int(rslora), dora=int(dora),
-                targets=" ".join(targets), seed=SEED,
+                targets=" ".join(targets), seed=SEED, dropout=dropout, dropout_seed=DROPOUT_SEED,
                 generator="tools/torch_ref/make_lora.py (torch %s, float64 maths)" % torch.__version__)
     out = os.path.join(GOLDEN, "lora_%s.safetensors" % name)
     st_writer.save(out, tensors, {k: str(v) for k, v in meta.items()})
-    if not dora:  # the same adapters as PEFT saves them, for lora.init
+    if not dora and dropout == 0:  # the same adapters as PEFT saves them, for lora.init
         write_peft_dir(name, family, r, alpha, rslora, targets, tensors)
     print(f"wrote {os.path.relpath(out, ROOT)}: {len(params)} adapter tensors on {len(adapted)} "
           f"modules, loss0 {loss0.item():.8f}, losses {[round(x, 8) for x in losses]}, "
@@ -214,8 +262,10 @@ def write_peft_dir(name, family, r, alpha, rslora, targets, tensors):
 
 
 def main():
+    """Every case, or those named on the command line."""
     for name, case in CASES.items():
-        make_case(name, *case)
+        if len(sys.argv) == 1 or name in sys.argv[1:]:
+            make_case(name, *case)
 
 
 if __name__ == "__main__":
