@@ -69,7 +69,7 @@ int64_t BatchSampler::counted_targets(int64_t step, int64_t first_seq, int64_t c
   int64_t n = 0;
   for (int64_t i = 0; i < count; ++i) {
     sft_->fill_row(offset(step, first_seq + i), in.data(), tg.data(), nullptr);
-    n += std::count_if(tg.begin(), tg.end(), [](int32_t t) { return t >= 0; });
+    n += data::counted_targets(tg);
   }
   return n;
 }

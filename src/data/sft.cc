@@ -91,6 +91,10 @@ void append_example(TextTokenizer& tok, const std::string& tmpl, const std::vect
 
 }  // namespace
 
+int64_t counted_targets(std::span<const int32_t> targets) {
+  return static_cast<int64_t>(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; }));
+}
+
 std::vector<ChatMessage> parse_sft_record(std::string_view line, const std::string& where) {
   json j;
   try {

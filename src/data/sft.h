@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,9 @@ struct SftResult {
   int64_t train_tokens = 0, val_tokens = 0;
   int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // tokens the loss counts
 };
+
+// How many of `targets` the loss counts (those not kIgnoreTarget).
+int64_t counted_targets(std::span<const int32_t> targets);
 
 // One record's messages (a line of the input; `where` is "FILE:LINE" for
 // messages). Throws InvalidArgument: not JSON, not an object, no messages

@@ -308,11 +308,8 @@ class PipelineSteps : public LayoutSteps {
     core::Timer step_timer;
     const pl::Schedule& sch = setup_.schedule;
     const int rank = r_.launch.dp_rank;
-    // SFT data: the targets the loss counts in the whole global batch (train_step.h).
     const bool sft = r_.sampler.sft() != nullptr;
-    const double counted =
-        sft ? static_cast<double>(r_.sampler.counted_targets(step, 0, p_.batch)) : tokens_per_step(p_);
-    PO_CHECK(counted > 0, "step ", step, ": the batch's ", p_.batch, " SFT rows hold no target the loss counts");
+    const double counted = step_targets(r_.sampler, p_, step);  // (train_step.h)
     const float grad_scale = static_cast<float>(1.0 / counted);
     // The executor's collectives on its data and tensor groups, this step.
     comm::Communicator* groups[2] = {setup_.data, setup_.tensor};
@@ -378,15 +375,9 @@ class PipelineSteps : public LayoutSteps {
         continue;
       }
       vl += mean * static_cast<double>(p_.micro * p_.T / p_.cp);  // SFT: the mean over counted targets
-      counted += static_cast<double>(std::count_if(tg_.begin(), tg_.end(), [](int32_t t) { return t >= 0; }));
+      counted += static_cast<double>(data::counted_targets(tg_));
     }
-    if (r_.val_sft != nullptr) {
-      float sc[2] = {static_cast<float>(vl), static_cast<float>(counted)};
-      if (r_.launch.cp_group() != nullptr)
-        r_.launch.cp_group()->allreduce(sc, 2, DType::kF32, comm::ReduceOp::kSum);
-      PO_CHECK(sc[1] > 0, "data.val: its first ", batches, " batches hold no target the loss counts");
-      return static_cast<double>(sc[0]) / static_cast<double>(sc[1]);
-    }
+    if (r_.val_sft != nullptr) return counted_mean(vl, counted, r_.launch.cp_group(), batches);
     vl /= static_cast<double>(batches);
     if (r_.launch.cp_group() != nullptr) {  // each cp rank's mean is over its own tokens
       float l = static_cast<float>(vl);

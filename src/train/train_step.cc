@@ -53,6 +53,20 @@ void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
       std::copy_n(seq + b * T + cp.chunk(static_cast<int>(i)) * S, S, local + b * Tl + i * S);
 }
 
+double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step) {
+  if (sampler.sft() == nullptr) return tokens_per_step(p);
+  const double counted = static_cast<double>(sampler.counted_targets(step, 0, p.batch));
+  PO_CHECK(counted > 0, "step ", step, ": the batch's ", p.batch, " SFT rows hold no target the loss counts");
+  return counted;
+}
+
+double counted_mean(double sum, double counted, comm::Communicator* context, int64_t batches) {
+  float sc[2] = {static_cast<float>(sum), static_cast<float>(counted)};
+  if (context != nullptr) context->allreduce(sc, 2, tensor::DType::kF32, comm::ReduceOp::kSum);
+  PO_CHECK(sc[1] > 0, "data.val: its first ", batches, " batches hold no target the loss counts");
+  return static_cast<double>(sc[0]) / static_cast<double>(sc[1]);
+}
+
 StepStats train_step(StepContext& c, int64_t step, double lr) {
   const Plan& p = c.p;
   core::Timer step_timer;
@@ -69,10 +83,8 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
   StepStats s;
   s.lr = lr;
   c.dp.begin_step(s.lr);
-  // SFT data: the targets the loss counts in the whole global batch.
   const bool sft = c.sampler.sft() != nullptr;
-  const double counted = sft ? static_cast<double>(c.sampler.counted_targets(step, 0, p.batch)) : tokens_per_step(p);
-  PO_CHECK(counted > 0, "step ", step, ": the batch's ", p.batch, " SFT rows hold no target the loss counts");
+  const double counted = step_targets(c.sampler, p, step);
   const float grad_scale = static_cast<float>(1.0 / counted);
   const double rows = static_cast<double>(p.micro * p.T / p.cp);  // a micro-batch's rows on this rank
   double loss = 0;
@@ -180,14 +192,9 @@ double evaluate(StepContext& c, const data::TokenFile& val) {
       continue;
     }
     sum += mean * rows;
-    counted += static_cast<double>(std::count_if(c.targets.begin(), c.targets.end(), [](int32_t t) { return t >= 0; }));
+    counted += static_cast<double>(data::counted_targets(c.targets));
   }
-  if (c.val_sft != nullptr) {
-    float sc[2] = {static_cast<float>(sum), static_cast<float>(counted)};
-    if (c.context != nullptr) c.context->allreduce(sc, 2, tensor::DType::kF32, comm::ReduceOp::kSum);
-    PO_CHECK(sc[1] > 0, "data.val: its first ", batches, " batches hold no target the loss counts");
-    return static_cast<double>(sc[0]) / static_cast<double>(sc[1]);
-  }
+  if (c.val_sft != nullptr) return counted_mean(sum, counted, c.context, batches);
   if (c.context != nullptr) {  // each rank's mean is over its own share of the tokens
     float l = static_cast<float>(sum);
     c.context->allreduce(&l, 1, tensor::DType::kF32, comm::ReduceOp::kSum);

@@ -76,6 +76,16 @@ struct StepStats {
   memory::PagerStats paging;
 };
 
+// The targets step `step`'s loss is the mean over: every token of the
+// global batch, or with SFT data the batch's counted targets (each rank
+// counts them from the sampler; none is an error naming the step).
+double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step);
+
+// Validation over SFT data: sum (Σ of a batch's mean × its rows) over the
+// counted targets of those batches, both summed over the context group
+// (null at cp = 1) first; none counted is an error.
+double counted_mean(double sum, double counted, comm::Communicator* context, int64_t batches);
+
 // Step `step` (0-based) at learning rate `lr`: zero grads, accumulate this
 // rank's micro-batches, reduce, clip, AdamW. The loss is the mean over the
 // global batch's counted targets: every token, or with SFT data the replies'
