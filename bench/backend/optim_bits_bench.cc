@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "backend/ops.h"
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 #include "../bench_util.h"
 
 namespace ops = po::backend::cpu;
-using po::optim::QuantMap;
+using po::backend::QuantMap;
 
 namespace {
 
@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> m(static_cast<size_t>(code_bytes), 0), v(m.size(), 0);
     std::vector<float> am(static_cast<size_t>(blocks), 0.0f), av(am.size(), 0.0f);
     ops::QuantMoments q{m.data(), am.data(), v.data(), av.data(),
-                        &po::optim::codebook(bits == 8 ? QuantMap::kSigned8 : QuantMap::kSigned4),
-                        &po::optim::codebook(bits == 8 ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4),
+                        &po::backend::codebook(bits == 8 ? QuantMap::kSigned8 : QuantMap::kSigned4),
+                        &po::backend::codebook(bits == 8 ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4),
                         block, 0};
     int64_t t = 0;
     const double s = po::bench::best_time(

@@ -1,7 +1,7 @@
 // A codebook: the values a quantized element's code stands for, scaled by its
 // block's absmax (blockwise quantization, as bitsandbytes' and torchao's
 // low-bit optimizer states are stored), and the rule that picks a value's code.
-// The codebooks themselves (their construction) are optim/quant_map.h's; the
+// The codebooks themselves (their construction) are backend/quant_map.h's; the
 // kernels that read and write codes (ops.h: quantize_blockwise,
 // dequantize_blockwise, adamw_update_quant) take one by pointer.
 //
@@ -69,7 +69,7 @@ struct Codebook {
   // kFirstNearest: for each upper half of a float32's bits (sign, exponent,
   // 7 mantissa bits), the lowest code nearest any value in it; the nearest
   // code of a value in it is one of `candidates` codes from there (at most
-  // kCandidates; found when the table is built: optim/quant_map.cc).
+  // kCandidates; found when the table is built: backend/quant_map.cc).
   static constexpr int kCandidates = 3;
   int candidates = kCandidates;
   std::vector<uint8_t> lo;
@@ -77,7 +77,7 @@ struct Codebook {
   // at its first bit pattern c0 (low 16 bits 0) and the low 16 bits t1 <= t2
   // (0x10000: none) from which the code is one and two further from c0
   // (up for positive floats, down for negative ones): code(s) = c0 ± [low >=
-  // t1] ± [low >= t2]. Packed c0 | t1 << 8 | t2 << 32 (optim/quant_map.cc).
+  // t1] ± [low >= t2]. Packed c0 | t1 << 8 | t2 << 32 (backend/quant_map.cc).
   std::vector<uint64_t> step;
 
   float absmax_stored(float absmax) const {

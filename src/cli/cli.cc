@@ -261,8 +261,7 @@ int cmd_export(const std::string& src, const std::string& out, bool adapter) {
     return 0;
   }
   if (model.layout().adapters()) {  // the merged model, in the base's layout
-    model::TransformerConfig plain = model.config();
-    plain.lora = {};
+    const model::TransformerConfig plain = model.config().base_model();
     model::Transformer merged(plain, 1, plain.seq_len);
     model.merged_params(merged.params());
     train::export_model_weights(out, merged);
@@ -705,17 +704,23 @@ Command add_export(CLI::App& app) {
   return {c, [src, out, adapter] { return cmd_export(*src, *out, *adapter); }};
 }
 
-// `pagedoptim merge BASE ADAPTER_DIR --out FILE`: a weights file with a PEFT
-// LoRA adapter folded in, as a weights file of the same format.
-int cmd_merge(const std::string& base, const std::string& adapter, const std::string& out) {
+// `pagedoptim merge BASE ADAPTER_DIR --out FILE [--quant nf4|int8]`: a
+// weights file with a PEFT LoRA adapter folded in, as a weights file of the
+// same format. --quant: the adapter was trained on the quantized base
+// (QLoRA), so it folds into the decoded base, dequant(W4) + s·B·A.
+int cmd_merge(const std::string& base, const std::string& adapter, const std::string& out,
+              const std::string& quant) {
   model::TransformerConfig m = weights_file_config(base);
   m.lora = checkpoint::read_peft_config(adapter);
+  core::Config keys;
+  if (!quant.empty()) keys.set_text("model.quant", quant, "--quant");
+  m.quant = train::weight_quant(keys);
   m.inference = true;
   model::Transformer model(m, 1, m.seq_len);
   train::load_model_weights(base, model);
+  if (m.quant != model::WeightQuant::kNone) model.quantize_base();
   checkpoint::read_peft_adapter(adapter, model);
-  model::TransformerConfig plain = m;
-  plain.lora = {};
+  const model::TransformerConfig plain = m.base_model();
   model::Transformer merged(plain, 1, plain.seq_len);
   model.merged_params(merged.params());
   const fs::path parent = fs::path(out).parent_path();
@@ -735,7 +740,11 @@ Command add_merge(CLI::App& app) {
   c->add_option("base", *base, "The base weights (GPT-2 .safetensors or a Llama model)")->required();
   c->add_option("adapter", *adapter, "A PEFT adapter directory")->required();
   c->add_option("--out", *out, "Output weights")->required();
-  return {c, [base, adapter, out] { return cmd_merge(*base, *adapter, *out); }};
+  auto quant = std::make_shared<std::string>();
+  c->add_option("--quant", *quant,
+                "The base the adapter was trained on was quantized (QLoRA: nf4 or int8): merge into "
+                "its decoded values");
+  return {c, [base, adapter, out, quant] { return cmd_merge(*base, *adapter, *out, *quant); }};
 }
 
 Command add_generate(CLI::App& app) {

@@ -50,6 +50,7 @@ const std::vector<KeySpec>& schema() {
       {"model.tie_embeddings", Kind::kBool, true},
       {"model.init", Kind::kString, std::string("random")},
       {"model.activation_checkpointing", Kind::kBool, false},
+      {"model.quant", Kind::kString, std::string("")},  // "" | nf4 | int8: the frozen base (QLoRA)
       {"train.batch_size", Kind::kInt, int64_t{8}, 1, 1 << 20},
       {"train.micro_batch_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
       {"train.steps", Kind::kInt, int64_t{100}, 0, 1e12},

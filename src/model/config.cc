@@ -127,6 +127,10 @@ void TransformerConfig::validate() const {
            "original_max_position >= 1 are needed, got factor ",
            rope_scaling.factor, ", low ", rope_scaling.low_freq_factor, ", high ",
            rope_scaling.high_freq_factor, ", original ", rope_scaling.original_max_position);
+  PO_CHECK(quant == WeightQuant::kNone || lora.on(), "model.quant = ",
+           quant == WeightQuant::kNf4 ? "nf4" : "int8",
+           " quantizes a frozen base: it needs adapters (lora.r > 0, QLoRA); a full fine-tune trains "
+           "f32 weights");
 }
 
 TransformerConfig TransformerConfig::shard(int64_t tp) const {

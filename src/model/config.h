@@ -14,6 +14,9 @@ namespace po::model {
 enum class Norm { kLayerNorm, kRMSNorm };     // LayerNorm with bias (GPT-2) | RMSNorm (Llama)
 enum class Positions { kLearned, kRope };     // learned wpe (GPT-2) | rotary (Llama)
 enum class Mlp { kGeluTanh, kSwiGLU };        // GELU-tanh (GPT-2) | SwiGLU (Llama)
+// How a frozen base's block linear weights are stored (model.quant, QLoRA):
+// f32 | NF4 with double-quantized scales | int8 per row (model/quant_weight.h).
+enum class WeightQuant { kNone, kNf4, kInt8 };
 
 // Llama-3.1's RoPE frequency scaling (rope_scaling.rope_type = "llama3").
 struct RopeScalingConfig {
@@ -78,6 +81,9 @@ struct TransformerConfig {
   // and generating commands set it.
   bool inference = false;
   LoraConfig lora;
+  // model.quant: the frozen base's block linear weights quantized at load
+  // (QLoRA); needs adapters (lora.r > 0). Embeddings, head and norms stay f32.
+  WeightQuant quant = WeightQuant::kNone;
 
   // The defaults of an architecture ("gpt2", "llama"), shapes unset.
   static TransformerConfig arch_defaults(const std::string& arch);
@@ -98,6 +104,15 @@ struct TransformerConfig {
     TransformerConfig c = *this;
     c.activation_checkpointing = false;
     c.sequence_parallel = false;
+    return c;
+  }
+
+  // A fine-tune's base as a plain model (no adapters, nothing quantized): what
+  // its weights are loaded into, and what a merged model is.
+  TransformerConfig base_model() const {
+    TransformerConfig c = *this;
+    c.lora = {};
+    c.quant = WeightQuant::kNone;
     return c;
   }
 

@@ -1,5 +1,6 @@
 #include "model/parts.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -72,40 +73,78 @@ Operand shifted(Operand x, int64_t n) {
   return {x.f32 != nullptr ? x.f32 + n : nullptr, x.bf16 != nullptr ? x.bf16 + n : nullptr};
 }
 
+// z[rows, n] = x · W[row0 .. row0 + n)ᵀ for the base weight as held: its
+// f32 values or bf16 bits, or a quantized weight decoded panel by panel.
+void base_rows_product(float* z, Operand x, const Linear::Weights& p, int64_t row0, int64_t n,
+                       int64_t rows, int64_t in) {
+  if (p.q == nullptr) {
+    ops::gemm(false, true, rows, n, in, 1.0f, x, in,
+              Operand(p.w != nullptr ? p.w + row0 * in : nullptr,
+                      p.w16 != nullptr ? p.w16 + row0 * in : nullptr),
+              in, 0.0f, z, n);
+    return;
+  }
+  const int64_t P = quant_panel_rows(in, n);
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(P * in));
+  for (int64_t r = 0; r < n; r += P) {
+    const int64_t k = std::min(P, n - r);
+    p.q->decode(row0 + r, k, panel.data());
+    ops::gemm(false, true, rows, k, in, 1.0f, x, in, panel.data(), in, 0.0f, z + r, n);
+  }
+}
+
 // DoRA's per-row scale m / ‖W0 + s·B·A‖ of a piece (the norm over the input,
-// accumulated in double): what PEFT computes, detached, every forward.
+// accumulated in double): what PEFT computes, detached, every forward. A
+// quantized base is read as its decoded values, panel by panel (PEFT's
+// dequantize_module_weight).
 void dora_scale(float* c, const Linear& lin, const Adapter::Piece& pc, const Linear::Weights& p) {
-  PO_CHECK(p.w != nullptr || p.w16 != nullptr, "DoRA needs its base weight's values");
+  PO_CHECK(p.w != nullptr || p.w16 != nullptr || p.q != nullptr, "DoRA needs its base weight's values");
   const int64_t in = lin.in, r = lin.lora.r;
-  thread_local std::vector<float> ba;
+  const int64_t P = p.q != nullptr ? quant_panel_rows(in, pc.rows) : pc.rows;
+  thread_local std::vector<float> ba, panel;
   ba.resize(static_cast<size_t>(pc.rows * in));
   ops::gemm(false, false, pc.rows, in, r, lin.lora.scale, p.adapter + pc.b, r, p.adapter + pc.a, in,
             0.0f, ba.data(), in);
+  if (p.q != nullptr) panel.resize(static_cast<size_t>(P * in));
   const float* m = p.adapter + pc.m;
   const float* sba = ba.data();  // (thread_local: not the worker threads' to name)
+  const float* dec = panel.data();
+  for (int64_t j0 = 0; j0 < pc.rows; j0 += P) {
+    const int64_t k = std::min(P, pc.rows - j0);
+    if (p.q != nullptr) p.q->decode(pc.row0 + j0, k, panel.data());
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < pc.rows; ++j) {
-    const int64_t row = (pc.row0 + j) * in;
-    double s = 0.0;
-    for (int64_t i = 0; i < in; ++i) {
-      const float w0 = p.w != nullptr ? p.w[row + i] : core::bf16_to_f32(core::bf16{p.w16[row + i]});
-      const double v = static_cast<double>(w0 + sba[j * in + i]);
-      s += v * v;
+    for (int64_t j = j0; j < j0 + k; ++j) {
+      const int64_t row = (pc.row0 + j) * in;
+      double s = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        const float w0 = p.q != nullptr   ? dec[(j - j0) * in + i]
+                         : p.w != nullptr ? p.w[row + i]
+                                          : core::bf16_to_f32(core::bf16{p.w16[row + i]});
+        const double v = static_cast<double>(w0 + sba[j * in + i]);
+        s += v * v;
+      }
+      c[j] = m[j] / static_cast<float>(std::sqrt(s));
     }
-    c[j] = m[j] / static_cast<float>(std::sqrt(s));
   }
 }
 
 }  // namespace
 
 void Linear::forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias) const {
-  ops::matmul_forward(y, x, {p.w, p.w16}, with_bias ? p.b : nullptr, rows, in, out);
+  if (p.q != nullptr)
+    quant_matmul_forward(y, x, *p.q, with_bias ? p.b : nullptr, rows, in, out);
+  else
+    ops::matmul_forward(y, x, {p.w, p.w16}, with_bias ? p.b : nullptr, rows, in, out);
   if (lora.on()) adapter_forward(y, x, p, rows, with_bias);
 }
 
 void Linear::forward_decode(float* y, const float* x, const Weights& p, int64_t rows,
                             bool with_bias) const {
-  ops::matmul_forward_decode(y, x, p.w, with_bias ? p.b : nullptr, rows, in, out);
+  if (p.q != nullptr)
+    quant_matmul_forward(y, x, *p.q, with_bias ? p.b : nullptr, rows, in, out);
+  else
+    ops::matmul_forward_decode(y, x, p.w, with_bias ? p.b : nullptr, rows, in, out);
   if (lora.on()) adapter_forward(y, x, p, rows, with_bias);
 }
 
@@ -141,7 +180,12 @@ void Linear::adapter_forward(float* y, Operand x, const Weights& p, int64_t rows
 
 void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const Weights& p,
                       int64_t rows) const {
-  if (!lora.on()) return ops::matmul_backward(dx, g.w, g.b, dy, x, {p.w, p.w16}, rows, in, out);
+  if (p.q != nullptr) PO_ASSERT(g.w == nullptr && g.b == nullptr, "a quantized weight is frozen");
+  if (!lora.on()) {
+    if (p.q == nullptr) return ops::matmul_backward(dx, g.w, g.b, dy, x, {p.w, p.w16}, rows, in, out);
+    if (dx != nullptr) quant_matmul_backward_input(dx, dy, *p.q, rows, in, out);
+    return;
+  }
   PO_ASSERT(g.w == nullptr && g.b == nullptr, "an adapted Linear's base is frozen");
   PO_ASSERT(dx != nullptr && p.adapter != nullptr, "an adapted Linear's backward needs dx and its weights");
   const int64_t r = lora.r;
@@ -167,7 +211,10 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
     }
     d = Operand(dz.data());
   }
-  ops::matmul_backward(dx, nullptr, nullptr, d, x, {p.w, p.w16}, rows, in, out);
+  if (p.q != nullptr)
+    quant_matmul_backward_input(dx, d, *p.q, rows, in, out);
+  else
+    ops::matmul_backward(dx, nullptr, nullptr, d, x, {p.w, p.w16}, rows, in, out);
   u.resize(static_cast<size_t>(rows * r));
   du.resize(static_cast<size_t>(rows * r));
   for (size_t k = 0; k < lora.pieces.size(); ++k) {
@@ -183,10 +230,7 @@ void Linear::backward(float* dx, const Grads& g, Operand dy, Operand x, const We
       // dm_j += Σ_rows dy_j · z_j / ‖·‖_j, z = x·W0ᵀ + s·u·Bᵀ (the piece, no bias):
       // c_j / m_j is 1 / ‖·‖_j.
       z.resize(static_cast<size_t>(rows * pc.rows));
-      ops::gemm(false, true, rows, pc.rows, in, 1.0f, x, in,
-                Operand(p.w != nullptr ? p.w + pc.row0 * in : nullptr,
-                        p.w16 != nullptr ? p.w16 + pc.row0 * in : nullptr),
-                in, 0.0f, z.data(), pc.rows);
+      base_rows_product(z.data(), x, p, pc.row0, pc.rows, rows, in);
       ops::gemm(false, true, rows, pc.rows, r, lora.scale, u.data(), r, B, r, 1.0f, z.data(),
                 pc.rows);
       const float* m = p.adapter + pc.m;

@@ -23,6 +23,7 @@
 
 #include "backend/ops.h"
 #include "model/config.h"
+#include "model/quant_weight.h"
 #include "model/tensor_spec.h"
 
 namespace po::model::parts {
@@ -96,12 +97,15 @@ struct Linear {
   // What a step reads: the f32 values (null where the hooks hand out the
   // stored bf16 bits alone), the bits (null where none are held), the bias.
   // `adapter`: the unit of the trainable tensors that holds the adapter's.
+  // `q`: a frozen weight held quantized (model.quant), read through the panel
+  // GEMMs of model/quant_weight.h; w and w16 are then null.
   struct Weights {
     const float* w = nullptr;
     const uint16_t* w16 = nullptr;
     const float* b = nullptr;
     const float* adapter = nullptr;
     AdapterDropout drop{};  // on: a training pass with lora.dropout > 0
+    const QuantWeight* q = nullptr;
   };
   // Where its gradients accumulate (null: not computed).
   struct Grads {

@@ -409,6 +409,7 @@ Transformer::BlockWeights Transformer::block_weights(int u) {
   const UnitView v = unit_params_lean(u);
   if (layout_.adapters()) {  // the frozen base in f32, the adapters in the unit
     BlockWeights P = layout_.block().weights(base_of(u, nullptr), nullptr, false, v.f32);
+    attach_quant(P, u);
     if (training_pass_ && dropout_.on) {
       parts::AdapterDropout d = dropout_;
       d.unit = static_cast<uint32_t>(u);
@@ -421,11 +422,99 @@ Transformer::BlockWeights Transformer::block_weights(int u) {
 
 float* Transformer::base_params() {
   if (!layout_.adapters()) return params();
-  if (base_.data() == nullptr) {
-    const int64_t n = layout_.base_unit_offset(last_ + 1) - layout_.base_unit_offset(first_);
-    base_ = tensor::Storage(static_cast<size_t>(n) * sizeof(float));
+  const int64_t n = layout_.base_unit_offset(last_ + 1) - layout_.base_unit_offset(first_);
+  if (config_.quant != WeightQuant::kNone) {
+    if (base_sparse_.data() == nullptr) base_sparse_ = tensor::SparseStorage(static_cast<size_t>(n) * sizeof(float));
+    return base_sparse_.f32();
   }
+  if (base_.data() == nullptr) base_ = tensor::Storage(static_cast<size_t>(n) * sizeof(float));
   return base_.f32();
+}
+
+void Transformer::quantize_base() {
+  PO_CHECK(config_.quant != WeightQuant::kNone, "quantize_base: model.quant is not set");
+  PO_CHECK(!quantized_, "quantize_base: the base is quantized already");
+  for (int u = std::max(first_, 1); u <= std::min(last_, layout_.head_unit() - 1); ++u) quantize_unit(u);
+  quantized_ = true;
+}
+
+// Unit u's Linears: each base tensor inside a Linear's weight quantized from
+// its f32 values, which are then given back.
+void Transformer::quantize_unit(int u) {
+  PO_ASSERT(layout_.split().size == 1, "model.quant under tensor parallel is not built");
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
+  if (quant_.empty()) {
+    quant_.resize(tensors.size());
+    quant_linears_.resize(static_cast<size_t>(last_ - first_ + 1));
+  }
+  float* base = base_params();
+  const int64_t unit0 = layout_.base_unit_offset(u);
+  parts::Block k = layout_.block();
+  std::array<QuantWeight, 4>& lins = quant_linears_[static_cast<size_t>(u - first_)];
+  const std::vector<parts::Linear*> linears = k.linears();
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const parts::Linear& lin = *linears[i];
+    const int64_t lo = unit0 + lin.weight, hi = lo + lin.out * lin.in;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const TensorSpec& spec = tensors[t];
+      if (spec.unit != u || spec.offset < lo || spec.offset >= hi) continue;
+      PO_ASSERT(spec.shape.size() == 2 && spec.shape[1] == lin.in, "quantize_unit: ", spec.name,
+                " is not a [rows, ", lin.in, "] piece of its Linear");
+      float* w = base + (spec.offset - layout_.base_unit_offset(first_));
+      quant_[t] = quantize_weight(config_.quant, w, spec.shape[0], spec.shape[1], spec.name);
+      lins[i].parts.push_back(&quant_[t]);
+      base_sparse_.release(static_cast<size_t>(w - base) * sizeof(float),
+                           static_cast<size_t>(spec.numel()) * sizeof(float));
+    }
+    PO_ASSERT(lins[i].rows() == lin.out, "quantize_unit: unit ", u, "'s Linear ", i, " has ",
+              lin.out, " rows, its tensors ", lins[i].rows());
+  }
+}
+
+void Transformer::attach_quant(BlockWeights& P, int u) const {
+  if (!quantized_) return;
+  const std::array<QuantWeight, 4>& lins = quant_linears_[static_cast<size_t>(u - first_)];
+  parts::Linear::Weights* ws[] = {&P.qkv, &P.out, &P.up, &P.down};
+  for (size_t i = 0; i < 4; ++i) {
+    ws[i]->q = &lins[i];
+    ws[i]->w = nullptr;
+    ws[i]->w16 = nullptr;
+  }
+}
+
+const QuantTensor* Transformer::quantized(const TensorSpec& base_tensor) const {
+  if (!quantized_) return nullptr;
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
+  for (size_t t = 0; t < tensors.size(); ++t)
+    if (tensors[t].name == base_tensor.name)
+      return quant_[t].format == WeightQuant::kNone ? nullptr : &quant_[t];
+  return nullptr;
+}
+
+size_t Transformer::quantized_bytes() const {
+  size_t n = 0;
+  for (const QuantTensor& q : quant_) n += q.format == WeightQuant::kNone ? 0 : q.bytes();
+  return n;
+}
+
+void Transformer::base_values(float* out) {
+  const int64_t first = layout_.base_unit_offset(first_);
+  const int64_t n = layout_.base_unit_offset(last_ + 1) - first;
+  if (!quantized_) {
+    std::memcpy(out, base_params(), static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const float* base = base_params();
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const TensorSpec& spec = tensors[t];
+    if (!holds(spec.unit)) continue;
+    float* dst = out + (spec.offset - first);
+    if (quant_[t].format != WeightQuant::kNone)
+      quant_[t].decode(0, quant_[t].rows, dst);
+    else
+      std::memcpy(dst, base + (spec.offset - first), static_cast<size_t>(spec.numel()) * sizeof(float));
+  }
 }
 
 // The flat buffers are allocated at first use: a model whose state lives
@@ -499,7 +588,12 @@ float* Transformer::unit_grads(int u) {
 void Transformer::init_random(uint64_t seed) {
   if (layout_.adapters()) {  // the base as without adapters, then the adapters on it
     float* base = base_params();
-    for (int u = first_; u <= last_; ++u) init_random_base(seed, u, base + base_unit_offset(u));
+    const bool quant = config_.quant != WeightQuant::kNone && !quantized_;
+    for (int u = first_; u <= last_; ++u) {
+      init_random_base(seed, u, base + base_unit_offset(u));
+      if (quant && u >= 1 && u < layout_.head_unit()) quantize_unit(u);
+    }
+    quantized_ = quantized_ || quant;
     return init_adapters(seed);
   }
   float* w = params();
@@ -563,13 +657,19 @@ void Transformer::init_adapters(uint64_t seed) {
           dst[i] = bound * (2.0f * rng.uniform(static_cast<uint64_t>(i)) - 1.0f);
         break;
       }
-      case Init::kRowNorm: {
+      case Init::kRowNorm: {  // of the decoded rows where the base is quantized
         const TensorSpec& wt = adapted_weight(t);
-        const float* rows = base + (wt.offset - layout_.base_unit_offset(first_));
+        const QuantTensor* q = quantized(wt);
         const int64_t in = wt.shape[1];
+        std::vector<float> decoded(q != nullptr ? static_cast<size_t>(in) : 0);
         for (int64_t j = 0; j < n; ++j) {
+          const float* row = base + (wt.offset - layout_.base_unit_offset(first_)) + j * in;
+          if (q != nullptr) {
+            q->decode(j, 1, decoded.data());
+            row = decoded.data();
+          }
           double s = 0.0;
-          for (int64_t i = 0; i < in; ++i) s += static_cast<double>(rows[j * in + i]) * rows[j * in + i];
+          for (int64_t i = 0; i < in; ++i) s += static_cast<double>(row[i]) * row[i];
           dst[j] = static_cast<float>(std::sqrt(s));
         }
         break;
@@ -582,8 +682,7 @@ void Transformer::init_adapters(uint64_t seed) {
 
 void Transformer::merged_params(float* out) {
   PO_CHECK(layout_.adapters(), "merged_params: the model has no adapters");
-  const int64_t n = layout_.base_unit_offset(last_ + 1) - layout_.base_unit_offset(first_);
-  std::memcpy(out, base_params(), static_cast<size_t>(n) * sizeof(float));
+  base_values(out);  // a quantized base merges into its decoded values (QLoRA's dequant(W4))
   const parts::Block& k = layout_.block();
   for (int u = std::max(first_, 1); u <= std::min(last_, layout_.head_unit() - 1); ++u) {
     float* unit = out + base_unit_offset(u);

@@ -34,6 +34,7 @@
 #include "model/config.h"
 #include "model/layout.h"
 #include "model/parallel_ops.h"
+#include "model/quant_weight.h"
 #include "model/vocab_head.h"
 #include "tensor/tensor.h"
 
@@ -178,7 +179,24 @@ class Transformer {
   // units, in the base layout (Layout::base_tensors(); the same as params()
   // without adapters), allocated at first use. params() and grads() are then
   // the adapters'.
+  // With model.quant the base lives in a reservation (tensor::SparseStorage):
+  // quantize_base() then drops the f32 pages of the quantized tensors, which
+  // must not be read through base_params() again (base_values() decodes them).
   float* base_params();
+  // model.quant: quantizes the held blocks' linear weights of the base now in
+  // base_params() (each Hugging Face module's weight on its own) and gives
+  // their f32 pages back; once, after the base is loaded. init_random does it
+  // unit by unit itself, so a random base never exists whole in f32.
+  void quantize_base();
+  bool base_quantized() const { return quantized_; }
+  // The quantized form of a base tensor; null where it is held in f32.
+  const QuantTensor* quantized(const TensorSpec& base_tensor) const;
+  // Bytes the quantized tensors hold, and the f32 bytes given back for them.
+  size_t quantized_bytes() const;
+  size_t released_base_bytes() const { return base_sparse_.released(); }
+  // The base of the held units in f32, in the base layout, the quantized
+  // tensors decoded (what the GEMMs compute with).
+  void base_values(float* out);
   int64_t base_unit_offset(int u) const {
     return layout_.base_unit_offset(u) - layout_.base_unit_offset(first_);
   }
@@ -593,6 +611,15 @@ class Transformer {
   int64_t sp_ = 1;          // sequence shards: the norm and residual regions hold B·T/sp_ rows
   mutable tensor::Storage params_, grads_;  // allocated at first use
   tensor::Storage base_;                    // with adapters: the frozen model
+  tensor::SparseStorage base_sparse_;       // ... instead, with model.quant
+  // model.quant: per base tensor its quantized form (format kNone: f32), and
+  // per held unit (u - first_) its block's Linears (qkv, out, up, down) over them.
+  std::vector<QuantTensor> quant_;
+  std::vector<std::array<QuantWeight, 4>> quant_linears_;
+  bool quantized_ = false;
+  void quantize_unit(int u);
+  // Points a block's Linear weights at their quantized forms (model.quant).
+  void attach_quant(BlockWeights& P, int u) const;
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;

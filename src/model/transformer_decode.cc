@@ -59,7 +59,8 @@ const float* Transformer::decode_blocks(
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const int u = static_cast<int>(l + 1);
     float* unit = unit_params(u);
-    const BlockWeights P = k.weights(base_of(u, unit), nullptr, false, unit);
+    BlockWeights P = k.weights(base_of(u, unit), nullptr, false, unit);
+    attach_quant(P, u);
     k.norm1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.norm1, n);
     k.attn.qkv.forward_decode(a.qkv, a.ln1, P.qkv, n);
     attend(l, a.qkv, a.atty);

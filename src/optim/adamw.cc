@@ -10,7 +10,7 @@
 #include "backend/ops.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 
 namespace po::optim {
 namespace ops = po::backend::cpu;
@@ -137,8 +137,8 @@ bool recover_block(const backend::Codebook& cb, const float* x, int64_t len, uin
 
 const backend::Codebook& AdamW::moment_map(bool m) const {
   const bool eight = config_.state_bits == 8;
-  return codebook(m ? (eight ? QuantMap::kSigned8 : QuantMap::kSigned4)
-                    : (eight ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4));
+  return backend::codebook(m ? (eight ? backend::QuantMap::kSigned8 : backend::QuantMap::kSigned4)
+                    : (eight ? backend::QuantMap::kUnsigned8 : backend::QuantMap::kUnsigned4));
 }
 
 template <typename Fn>

@@ -30,7 +30,7 @@ struct AdamWConfig {
   double grad_clip = 1.0;  // 0 disables clipping
   // optim.state_bits: 32, or the moments of the ranges marked `quantized`
   // stored blockwise in 8 bits (bitsandbytes' dynamic maps) or 4 (torchao's
-  // maps), with an fp32 absmax per `block_size` elements (optim/quant_map.h).
+  // maps), with an fp32 absmax per `block_size` elements (backend/quant_map.h).
   int state_bits = 32;
   int64_t block_size = 256;
   // optim.state_bits_exclude: tensor names, or "token_embedding" and "head"

@@ -1,8 +1,10 @@
 #include "tensor/tensor.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -150,5 +152,52 @@ size_t pool_bytes_peak(Pool p) { return counters(p).peak.load(); }
 void reset_pool_peak(Pool p) { counters(p).peak.store(counters(p).live.load()); }
 void set_pool_budget(Pool p, size_t bytes) { counters(p).budget.store(bytes); }
 size_t pool_budget(Pool p) { return counters(p).budget.load(); }
+
+SparseStorage::SparseStorage(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (p == MAP_FAILED) {
+    bytes_ = 0;
+    PO_THROW(core::OutOfMemory, "reserving ", bytes, " bytes of address space failed: ", std::strerror(errno));
+  }
+  data_ = p;
+}
+
+SparseStorage::~SparseStorage() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);  // holes left by release() included
+}
+
+SparseStorage::SparseStorage(SparseStorage&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), released_(o.released_) {
+  o.data_ = nullptr;
+  o.bytes_ = o.released_ = 0;
+}
+
+SparseStorage& SparseStorage::operator=(SparseStorage&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, bytes_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    released_ = o.released_;
+    o.data_ = nullptr;
+    o.bytes_ = o.released_ = 0;
+  }
+  return *this;
+}
+
+size_t SparseStorage::release(size_t offset, size_t bytes) {
+  PO_ASSERT(offset + bytes <= bytes_, "SparseStorage::release: [", offset, ", ", offset + bytes,
+            ") of ", bytes_, " bytes");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t lo = (base + offset + page - 1) / page * page;
+  const uintptr_t hi = (base + offset + bytes) / page * page;
+  if (hi <= lo) return 0;
+  PO_CHECK(::munmap(reinterpret_cast<void*>(lo), hi - lo) == 0, "SparseStorage::release: munmap: ",
+           std::strerror(errno));
+  released_ += hi - lo;
+  return hi - lo;
+}
 
 }  // namespace po::tensor

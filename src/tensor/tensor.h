@@ -86,6 +86,35 @@ class Storage {
   DeviceKind device_ = DeviceKind::kCpu;
 };
 
+// A large host buffer reserved, not committed: address space mapped with
+// MAP_NORESERVE, zero pages made at first touch (no pre-faulting, so a
+// reservation may exceed RAM), and release(offset, bytes) gives the whole
+// pages inside a range back to the system for good: they are unmapped, so a
+// stray read of them faults instead of reading zeros. A frozen base whose
+// quantized weights no longer need their f32 values (model.quant) lives in
+// one. Not counted in the pools. Move-only.
+class SparseStorage {
+ public:
+  SparseStorage() = default;
+  explicit SparseStorage(size_t bytes);
+  ~SparseStorage();
+  SparseStorage(SparseStorage&& o) noexcept;
+  SparseStorage& operator=(SparseStorage&& o) noexcept;
+  SparseStorage(const SparseStorage&) = delete;
+  SparseStorage& operator=(const SparseStorage&) = delete;
+
+  void* data() const { return data_; }
+  float* f32() const { return static_cast<float*>(data_); }
+  size_t size() const { return bytes_; }
+  // Unmaps the pages wholly inside [offset, offset + bytes); returns how many bytes that was.
+  size_t release(size_t offset, size_t bytes);
+  size_t released() const { return released_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0, released_ = 0;
+};
+
 // Bytes currently held by all live Storage objects, and the high-water mark.
 size_t storage_bytes_live();
 size_t storage_bytes_peak();

@@ -123,6 +123,13 @@ model::TransformerConfig llama_file_config(const std::string& path, const core::
   return m;
 }
 
+model::WeightQuant weight_quant(const core::Config& config) {
+  const std::string q = config.get_string("model.quant");
+  if (q.empty() || q == "none") return model::WeightQuant::kNone;
+  PO_CHECK(q == "nf4" || q == "int8", "model.quant = '", q, "': expected 'nf4', 'int8' or 'none'");
+  return q == "nf4" ? model::WeightQuant::kNf4 : model::WeightQuant::kInt8;
+}
+
 model::LoraConfig lora_config(const core::Config& config, const std::string& arch) {
   const std::string& from = config.get_string("lora.init");
   model::LoraConfig l;
@@ -158,6 +165,7 @@ void load_base_and_adapters(const core::Config& config, model::Transformer& mode
     model.init_random(seed);
   } else {
     load_model_weights(init, model);
+    if (model.config().quant != model::WeightQuant::kNone) model.quantize_base();
     model.init_adapters(seed);
   }
   const std::string& from = config.get_string("lora.init");
@@ -187,6 +195,7 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   m.bf16_activations = config.get_string("train.precision") == "bf16";
   m.sequence_parallel = config.get_bool("parallel.sequence_parallel");
   m.lora = lora_config(config, m.arch);
+  m.quant = weight_quant(config);
   m.fill_derived();
   m.validate();
   return m;
@@ -234,8 +243,7 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
 void load_model_weights(const std::string& path, model::Transformer& model) {
   if (model.layout().adapters()) {  // into the frozen base, which is laid out as a plain model
     PO_CHECK(model.whole(), "loading weights needs a whole model");
-    model::TransformerConfig plain = model.config().weights_only();
-    plain.lora = {};
+    const model::TransformerConfig plain = model.config().weights_only().base_model();
     model::Transformer whole(plain, 1, 1);
     load_model_weights(path, whole);
     std::memcpy(model.base_params(), whole.params(),

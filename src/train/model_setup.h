@@ -22,6 +22,8 @@ model::TransformerConfig resolve_model_config(const core::Config& config);
 // settings of that PEFT adapter (its adapter_config.json; lora.r, if set,
 // must agree).
 model::LoraConfig lora_config(const core::Config& config, const std::string& arch);
+// model.quant ("" or "none", "nf4", "int8"); an unknown name is an error naming the key.
+model::WeightQuant weight_quant(const core::Config& config);
 // A model with adapters: its frozen base from model.init (a weights file, or
 // the random init of `seed`), fresh adapters on it, or lora.init's PEFT
 // adapter. Checkpoints hold the adapters alone: every start does this first.

@@ -195,6 +195,10 @@ TrainState start_state(const core::Config& cfg, StepContext& c, const std::strin
   const bool resuming = resume && !existing.empty();
   const bool adapters = c.model.layout().adapters();
   if (adapters) load_base_and_adapters(cfg, c.model, seed);  // also on resume
+  if (c.model.base_quantized())
+    PO_LOG_INFO("model.quant = ", model::weight_quant_name(c.model.config().quant), ": the base's block linears hold ",
+                c.model.quantized_bytes() >> 20, " MiB quantized; ", c.model.released_base_bytes() >> 20,
+                " MiB of their f32 values given back");
   if (resuming) {
     state = load_state(
         existing.back(), c, whole,

@@ -17,7 +17,7 @@
 
 #include "backend/ops.h"
 #include "checkpoint/safetensors.h"
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 
 #include "../golden_tensors.h"
 namespace {
@@ -25,8 +25,8 @@ namespace {
 namespace cpu = po::backend::cpu;
 using po::backend::Codebook;
 using po::checkpoint::SafetensorsReader;
-using po::optim::codebook;
-using po::optim::QuantMap;
+using po::backend::codebook;
+using po::backend::QuantMap;
 
 const std::string kGolden = std::string(PO_SOURCE_DIR) + "/tests/golden/optim_bits_ref.safetensors";
 

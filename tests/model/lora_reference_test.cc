@@ -9,7 +9,10 @@
 // the merged model's logits are the adapted model's; the base is never written.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +73,9 @@ struct Case {
       config.lora.dropout = meta(file, "dropout");
       dropout_seed = static_cast<uint64_t>(meta(file, "dropout_seed"));
     }
+    if (file.metadata().count("quant") != 0 && file.metadata().at("quant") != "none")
+      config.quant = file.metadata().at("quant") == "nf4" ? po::model::WeightQuant::kNf4
+                                                          : po::model::WeightQuant::kInt8;
     std::istringstream t(file.metadata().at("targets"));
     for (std::string s; t >> s;) config.lora.targets.push_back(s);
     B = static_cast<int64_t>(meta(base, "batch_size"));
@@ -84,10 +90,12 @@ struct Case {
       }
   }
 
-  // The base from the base golden, the adapters from this case's init.*.
+  // The base from the base golden (quantized: model.quant), the adapters
+  // from this case's init.*.
   void load(Transformer& model) const {
     for (const TensorSpec& p : model.layout().base_tensors())
       read_base(base, p, model.base_params() + p.offset);
+    if (config.quant != po::model::WeightQuant::kNone) model.quantize_base();
     for (const TensorSpec& p : model.param_infos())
       file.read_f32("init." + p.name, p.shape, model.params() + p.offset);
   }
@@ -102,7 +110,12 @@ struct Case {
 
 // The _dropout cases: lora.dropout = 0.25, the masks drawn by make_lora.py's
 // numpy port of the engine's counter-based rule (parts.h AdapterDropout).
-const char* const kCases[] = {"gpt2", "gpt2_dora", "llama", "llama_dora", "gpt2_dropout", "llama_dropout"};
+// The _nf4 and _int8 cases (QLoRA, model.quant): the base's block linear
+// weights quantized at load, against PyTorch on make_lora.py's reference-
+// dequantized base (numpy ports of bitsandbytes' NF4 and LLM.int8() formats).
+const char* const kCases[] = {"gpt2",          "gpt2_dora",  "llama",     "llama_dora",
+                              "gpt2_dropout",  "llama_dropout", "gpt2_nf4", "llama_nf4",
+                              "llama_nf4_dora", "llama_int8"};
 
 class LoraReference : public ::testing::TestWithParam<const char*> {};
 
@@ -128,7 +141,8 @@ TEST_P(LoraReference, ThreeAdamWStepsMatchPyTorchAndLeaveTheBaseAlone) {
   Transformer model(c.config, c.B, c.T);
   c.load(model);
   const int64_t base_n = model.layout().base_num_params();
-  const std::vector<float> base_before(model.base_params(), model.base_params() + base_n);
+  std::vector<float> base_before(static_cast<size_t>(base_n)), base_after(base_before.size());
+  model.base_values(base_before.data());  // (a quantized base: its decoded values)
   const SafetensorsReader& f = c.file;
   const po::test::GoldenRun run(f);
   const po::optim::LrSchedule& sched = run.schedule;
@@ -147,7 +161,8 @@ TEST_P(LoraReference, ThreeAdamWStepsMatchPyTorchAndLeaveTheBaseAlone) {
   for (const TensorSpec& p : model.param_infos())
     expect_close(model.params() + p.offset, f.read_f32("after3." + p.name, p.shape),
                  c.name + ": " + p.name + " after 3 steps", 1e-5);
-  EXPECT_EQ(std::memcmp(base_before.data(), model.base_params(), base_before.size() * sizeof(float)), 0)
+  model.base_values(base_after.data());
+  EXPECT_EQ(std::memcmp(base_before.data(), base_after.data(), base_before.size() * sizeof(float)), 0)
       << c.name << ": the frozen base was written";
 }
 
@@ -162,8 +177,7 @@ TEST_P(LoraReference, TheMergedModelGivesTheAdaptedLogits) {
   const Case c(GetParam());
   Transformer adapted(c.config, 1, c.T);
   c.load(adapted);
-  TransformerConfig plain_config = c.config;
-  plain_config.lora = {};
+  const TransformerConfig plain_config = c.config.base_model();
   Transformer merged(plain_config, 1, c.T);
   ASSERT_EQ(merged.num_params(), adapted.layout().base_num_params());
   adapted.merged_params(merged.params());
@@ -171,11 +185,42 @@ TEST_P(LoraReference, TheMergedModelGivesTheAdaptedLogits) {
   expect_close(logits(merged, c).data(), want, c.name + ": the merged model's logits", 1e-5);
   // And the adapters change the logits: the merge is not the base.
   Transformer base(plain_config, 1, c.T);
-  std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
+  adapted.base_values(base.params());
   const std::vector<float> b = logits(base, c);
   double diff = 0;
   for (size_t i = 0; i < b.size(); ++i) diff = std::max(diff, std::fabs(static_cast<double>(b[i]) - want[i]));
   EXPECT_GT(diff, 1e-4) << c.name << ": the adapters leave the logits as the base's";
+}
+
+// QLoRA's base holds its codes, not its f32 values: NF4's bytes are
+// bitsandbytes' (4 bits a weight, a code per block of 64, a float per 256
+// blocks, the offset), and the quantized tensors' f32 pages are given back,
+// so that a stray read of them faults rather than reading zeros.
+TEST(QloraBase, HoldsItsCodesAndGivesItsF32PagesBack) {
+  const Case c("llama_nf4");
+  Transformer model(c.config, 1, c.T);
+  c.load(model);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t want_bytes = 0, f32_bytes = 0, tensors = 0;
+  const TensorSpec* largest = nullptr;
+  for (const TensorSpec& p : model.layout().base_tensors()) {
+    if (model.quantized(p) == nullptr) continue;
+    const size_t n = static_cast<size_t>(p.numel()), blocks = (n + 63) / 64;
+    want_bytes += (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256) + 4;
+    f32_bytes += 4 * n;
+    ++tensors;
+    if (largest == nullptr || p.numel() > largest->numel()) largest = &p;
+  }
+  ASSERT_EQ(tensors, 2u * 7u) << "every block linear of the 2-layer Llama (q k v o gate up down)";
+  EXPECT_EQ(model.quantized_bytes(), want_bytes);
+  EXPECT_GE(model.released_base_bytes() + 2 * page * tensors, f32_bytes)
+      << "the quantized tensors' f32 pages were not given back";
+  const float* w = model.base_params() + largest->offset;
+  const uintptr_t inside = (reinterpret_cast<uintptr_t>(w) + page - 1) / page * page;
+  ASSERT_LE(inside + page, reinterpret_cast<uintptr_t>(w + largest->numel())) << largest->name;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*reinterpret_cast<const volatile float*>(inside))); }, "")
+      << largest->name << "'s f32 values are still readable";
 }
 
 // (LoRA only: DoRA's scale m / ‖W0‖ is 1 only in exact arithmetic.)
@@ -187,8 +232,7 @@ TEST(LoraBZero, GivesTheBaseLossAndLogitsBitForBit) {
     for (const TensorSpec& p : adapted.param_infos())
       if (p.name.find("lora_B") != std::string::npos)
         std::fill_n(adapted.params() + p.offset, p.numel(), 0.0f);
-    TransformerConfig plain_config = c.config;
-    plain_config.lora = {};
+    const TransformerConfig plain_config = c.config.base_model();
     Transformer base(plain_config, c.B, c.T);
     std::memcpy(base.params(), adapted.base_params(), static_cast<size_t>(base.num_params()) * sizeof(float));
     const float la = adapted.evaluate(c.inputs.data(), c.targets.data());
@@ -241,8 +285,7 @@ TEST(PeftMerge, PagedoptimMergeGivesTheAdaptedLogits) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   Transformer adapted(c.config, 1, c.T);
   c.load(adapted);
-  TransformerConfig plain_config = c.config;
-  plain_config.lora = {};
+  const TransformerConfig plain_config = c.config.base_model();
   Transformer merged(plain_config, 1, c.T);
   po::train::load_model_weights(out, merged);  // (Llama: a Hugging Face model directory)
   expect_close(logits(merged, c).data(), logits(adapted, c), c.name + ": merge's logits", 1e-5);

@@ -1,4 +1,4 @@
-// NF4 with double quantization (optim/nf4.h) against a numpy port of
+// NF4 with double quantization (backend/nf4.h) against a numpy port of
 // bitsandbytes' create_normal_map, create_dynamic_map, quantize_4bit
 // (blocksize 64, compress_statistics=True) and dequantize_4bit:
 // tests/golden/nf4_ref.safetensors, written by tools/torch_ref/make_nf4.py.
@@ -22,19 +22,19 @@
 #include "backend/codebook.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "optim/nf4.h"
-#include "optim/quant_map.h"
+#include "backend/nf4.h"
+#include "backend/quant_map.h"
 
 #include "../golden_tensors.h"
 namespace {
 
 using po::backend::Codebook;
 using po::checkpoint::SafetensorsReader;
-using po::optim::codebook;
-using po::optim::kNf4Block;
-using po::optim::kNf4NestedBlock;
-using po::optim::Nf4Tensor;
-using po::optim::QuantMap;
+using po::backend::codebook;
+using po::backend::kNf4Block;
+using po::backend::kNf4NestedBlock;
+using po::backend::Nf4Tensor;
+using po::backend::QuantMap;
 
 const std::string kGolden = std::string(PO_SOURCE_DIR) + "/tests/golden/nf4_ref.safetensors";
 
@@ -103,7 +103,7 @@ double half_widest_gap(const Codebook& cb) {
 const char* const kTensors[] = {"a", "b", "c"};
 
 TEST(Nf4Map, IsBitsandbytesTableBitForBit) {
-  const std::vector<float> map = po::optim::nf4_map();
+  const std::vector<float> map = po::backend::nf4_map();
   ASSERT_EQ(map.size(), 16u);
   for (int i = 0; i < 16; ++i)
     EXPECT_EQ(bits_of(map[i]), bits_of(static_cast<float>(kBnbNf4[i])))
@@ -120,7 +120,7 @@ TEST(Nf4Map, IsBitsandbytesTableBitForBit) {
 }
 
 TEST(Nf4Map, NormalQuantileInvertsErfc) {
-  using po::optim::normal_quantile;
+  using po::backend::normal_quantile;
   EXPECT_EQ(normal_quantile(0.5), 0.0);
   EXPECT_NEAR(normal_quantile(0.975), 1.959963984540054, 1e-15);
   EXPECT_NEAR(normal_quantile(0.025), -1.959963984540054, 1e-15);
@@ -172,17 +172,17 @@ TEST(Nf4Golden, MatchesTheNumpyPortBitForBit) {
   for (const std::string t : kTensors) {
     SCOPED_TRACE("tensor " + t);
     const std::vector<float> w = f32(f, t + ".w");
-    const Nf4Tensor q = po::optim::quantize_nf4(w.data(), static_cast<int64_t>(w.size()));
+    const Nf4Tensor q = po::backend::quantize_nf4(w.data(), static_cast<int64_t>(w.size()));
     EXPECT_EQ(q.numel, static_cast<int64_t>(w.size()));
     expect_same(t + ".codes", q.codes, u8(f, t + ".codes"), true);
     expect_same(t + ".absmax_codes", q.absmax_codes, u8(f, t + ".absmax_codes"), false);
     expect_same(t + ".nested_absmax", q.nested_absmax, f32(f, t + ".nested_absmax"));
     expect_same(t + ".offset", &q.offset, f32(f, t + ".offset"));
     std::vector<float> absmax(static_cast<size_t>(q.blocks()));
-    for (int64_t b = 0; b < q.blocks(); ++b) absmax[static_cast<size_t>(b)] = po::optim::nf4_absmax(q, b);
+    for (int64_t b = 0; b < q.blocks(); ++b) absmax[static_cast<size_t>(b)] = po::backend::nf4_absmax(q, b);
     expect_same(t + ".absmax_deq", absmax, f32(f, t + ".absmax_deq"));
     std::vector<float> deq(w.size(), std::numeric_limits<float>::quiet_NaN());
-    po::optim::dequantize_nf4(q, deq.data());
+    po::backend::dequantize_nf4(q, deq.data());
     expect_same(t + ".deq", deq, f32(f, t + ".deq"));
     // bitsandbytes' own offset is torch's float32 mean, whose last bit is
     // its reduction order's: this machine's torch is within an ulp here.
@@ -197,14 +197,14 @@ TEST(Nf4Golden, MatchesTheNumpyPortBitForBit) {
 TEST(Nf4Golden, EdgeBlocksAreBitsandbytes) {
   const SafetensorsReader f = SafetensorsReader::open(kGolden);
   const std::vector<float> b = f32(f, "b.w");
-  const Nf4Tensor q = po::optim::quantize_nf4(b.data(), static_cast<int64_t>(b.size()));
+  const Nf4Tensor q = po::backend::quantize_nf4(b.data(), static_cast<int64_t>(b.size()));
   // Block 5 is all zeros: 0 * (1 / 0) is NaN, code 0 (the value -1), which
   // decodes to -absmax' where the double quantization left absmax' near 0.
   for (int64_t e = 5 * kNf4Block; e < 6 * kNf4Block; ++e)
     ASSERT_EQ(po::backend::code_at(q.codes.data(), e, 4), 0) << "zero block, element " << e;
   std::vector<float> zero(kNf4Block);
-  po::optim::dequantize_nf4_rows(q, 5 * kNf4Block, kNf4Block, zero.data());
-  const float absmax5 = po::optim::nf4_absmax(q, 5);
+  po::backend::dequantize_nf4_rows(q, 5 * kNf4Block, kNf4Block, zero.data());
+  const float absmax5 = po::backend::nf4_absmax(q, 5);
   EXPECT_EQ(zero[17], -absmax5);
   EXPECT_NE(absmax5, 0.0f);
   EXPECT_LE(std::fabs(absmax5), q.nested_absmax[0] * half_widest_gap(codebook(QuantMap::kSigned8)))
@@ -214,13 +214,13 @@ TEST(Nf4Golden, EdgeBlocksAreBitsandbytes) {
   EXPECT_EQ(q.nested_absmax.size(), 2u);
   // 37 elements: the pad nibble is 7, NF4's 0.
   const std::vector<float> c = f32(f, "c.w");
-  const Nf4Tensor qc = po::optim::quantize_nf4(c.data(), 37);
+  const Nf4Tensor qc = po::backend::quantize_nf4(c.data(), 37);
   ASSERT_EQ(qc.codes.size(), 19u);
   EXPECT_EQ(qc.codes[18] & 0x0F, 7);
   // One block: absmax - offset is 0, its nested block codes 0 with absmax 0,
   // and the recovered absmax is the offset itself, the block's absmax.
   EXPECT_EQ(qc.nested_absmax[0], 0.0f);
-  EXPECT_EQ(po::optim::nf4_absmax(qc, 0), qc.offset);
+  EXPECT_EQ(po::backend::nf4_absmax(qc, 0), qc.offset);
 }
 
 TEST(Nf4Golden, RowRangesAreTheWholeBitForBit) {
@@ -228,9 +228,9 @@ TEST(Nf4Golden, RowRangesAreTheWholeBitForBit) {
   for (const std::string t : kTensors) {
     const std::vector<float> w = f32(f, t + ".w");
     const int64_t n = static_cast<int64_t>(w.size());
-    const Nf4Tensor q = po::optim::quantize_nf4(w.data(), n);
+    const Nf4Tensor q = po::backend::quantize_nf4(w.data(), n);
     std::vector<float> whole(w.size());
-    po::optim::dequantize_nf4(q, whole.data());
+    po::backend::dequantize_nf4(q, whole.data());
     std::vector<std::pair<int64_t, int64_t>> ranges = {{0, n}, {0, 0}, {n, 0}, {1, std::min<int64_t>(n - 1, 63)},
                                                        {n - 1, 1}, {n / 2, n - n / 2}};
     if (n > 200) ranges.insert(ranges.end(), {{63, 2}, {64, 64}, {65, 130}, {127, n - 127}});
@@ -241,7 +241,7 @@ TEST(Nf4Golden, RowRangesAreTheWholeBitForBit) {
     }
     for (auto [first, count] : ranges) {
       std::vector<float> part(static_cast<size_t>(count) + 1, 12345.0f);
-      po::optim::dequantize_nf4_rows(q, first, count, part.data());
+      po::backend::dequantize_nf4_rows(q, first, count, part.data());
       for (int64_t i = 0; i < count; ++i)
         if (bits_of(part[static_cast<size_t>(i)]) != bits_of(whole[static_cast<size_t>(first + i)])) {
           ADD_FAILURE() << t << ": rows [" << first << ", " << first + count << ") element " << first + i << ": "
@@ -261,9 +261,9 @@ TEST(Nf4Golden, RowRangesAreTheWholeBitForBit) {
 // with float32 rounding's slack.
 void expect_round_trip_bound(const std::string& what, const std::vector<float>& w) {
   const int64_t n = static_cast<int64_t>(w.size());
-  const Nf4Tensor q = po::optim::quantize_nf4(w.data(), n);
+  const Nf4Tensor q = po::backend::quantize_nf4(w.data(), n);
   std::vector<float> deq(w.size());
-  po::optim::dequantize_nf4(q, deq.data());
+  po::backend::dequantize_nf4(q, deq.data());
   const double h4 = half_widest_gap(codebook(QuantMap::kNf4));
   const double h8 = half_widest_gap(codebook(QuantMap::kSigned8));
   const double eps = std::ldexp(1.0, -22);
@@ -271,7 +271,7 @@ void expect_round_trip_bound(const std::string& what, const std::vector<float>& 
     const int64_t lo = b * kNf4Block, hi = std::min(n, lo + kNf4Block);
     double absmax = 0;
     for (int64_t e = lo; e < hi; ++e) absmax = std::max(absmax, std::fabs(static_cast<double>(w[e])));
-    const double rec = po::optim::nf4_absmax(q, b);
+    const double rec = po::backend::nf4_absmax(q, b);
     const double nested = q.nested_absmax[static_cast<size_t>(b / kNf4NestedBlock)];
     ASSERT_LE(std::fabs(absmax - rec), nested * h8 + eps * (nested + std::fabs(q.offset)))
         << what << ": block " << b << " absmax " << absmax << " recovered as " << rec;
@@ -296,7 +296,7 @@ TEST(Nf4, RoundTripErrorIsBounded) {
 TEST(Nf4, SizeIs4Point127BitsPerParameter) {
   std::vector<float> w(64 * 256 * 4, 0.01f);
   w[3] = -0.5f;
-  const Nf4Tensor q = po::optim::quantize_nf4(w.data(), static_cast<int64_t>(w.size()));
+  const Nf4Tensor q = po::backend::quantize_nf4(w.data(), static_cast<int64_t>(w.size()));
   const double bits = 8.0 * static_cast<double>(q.codes.size() + q.absmax_codes.size() + 4 * q.nested_absmax.size()) /
                       static_cast<double>(w.size());
   EXPECT_EQ(bits, 4.0 + 8.0 / 64 + 32.0 / (64 * 256));
@@ -305,29 +305,29 @@ TEST(Nf4, SizeIs4Point127BitsPerParameter) {
 
 TEST(Nf4, RefusesWhatIsWrong) {
   std::vector<float> w(300, 0.01f);
-  expect_refusal("0 elements", [&] { (void)po::optim::quantize_nf4(w.data(), 0); });
-  expect_refusal("null", [&] { (void)po::optim::quantize_nf4(nullptr, 3); });
+  expect_refusal("0 elements", [&] { (void)po::backend::quantize_nf4(w.data(), 0); });
+  expect_refusal("null", [&] { (void)po::backend::quantize_nf4(nullptr, 3); });
   w[100] = std::numeric_limits<float>::quiet_NaN();
-  expect_refusal("element 100 is nan", [&] { (void)po::optim::quantize_nf4(w.data(), 300); });
+  expect_refusal("element 100 is nan", [&] { (void)po::backend::quantize_nf4(w.data(), 300); });
   w[100] = 0.01f;
   w[299] = -std::numeric_limits<float>::infinity();
-  expect_refusal("element 299 is -inf", [&] { (void)po::optim::quantize_nf4(w.data(), 300); });
+  expect_refusal("element 299 is -inf", [&] { (void)po::backend::quantize_nf4(w.data(), 300); });
   w[299] = 0.01f;
 
-  const Nf4Tensor q = po::optim::quantize_nf4(w.data(), 300);
+  const Nf4Tensor q = po::backend::quantize_nf4(w.data(), 300);
   std::vector<float> out(300);
-  expect_refusal("elements [250, 301)", [&] { po::optim::dequantize_nf4_rows(q, 250, 51, out.data()); });
-  expect_refusal("elements [-1, 1)", [&] { po::optim::dequantize_nf4_rows(q, -1, 2, out.data()); });
-  expect_refusal("block 5 of a tensor of 5 blocks", [&] { (void)po::optim::nf4_absmax(q, 5); });
+  expect_refusal("elements [250, 301)", [&] { po::backend::dequantize_nf4_rows(q, 250, 51, out.data()); });
+  expect_refusal("elements [-1, 1)", [&] { po::backend::dequantize_nf4_rows(q, -1, 2, out.data()); });
+  expect_refusal("block 5 of a tensor of 5 blocks", [&] { (void)po::backend::nf4_absmax(q, 5); });
   Nf4Tensor short_codes = q;
   short_codes.codes.pop_back();
-  expect_refusal("149 bytes of codes for 300 elements", [&] { po::optim::dequantize_nf4(short_codes, out.data()); });
+  expect_refusal("149 bytes of codes for 300 elements", [&] { po::backend::dequantize_nf4(short_codes, out.data()); });
   Nf4Tensor no_absmax = q;
   no_absmax.absmax_codes.clear();
-  expect_refusal("0 absmax codes for 5 blocks", [&] { po::optim::dequantize_nf4(no_absmax, out.data()); });
+  expect_refusal("0 absmax codes for 5 blocks", [&] { po::backend::dequantize_nf4(no_absmax, out.data()); });
   Nf4Tensor extra_nested = q;
   extra_nested.nested_absmax.push_back(1.0f);
-  expect_refusal("2 nested absmaxes for 5 blocks", [&] { (void)po::optim::nf4_absmax(extra_nested, 0); });
+  expect_refusal("2 nested absmaxes for 5 blocks", [&] { (void)po::backend::nf4_absmax(extra_nested, 0); });
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "optim/adamw.h"
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ namespace cpu = po::backend::cpu;
 using po::optim::AdamW;
 using po::optim::AdamWConfig;
 using po::optim::ParamRange;
-using po::optim::QuantMap;
+using po::backend::QuantMap;
 using po::optim::StateKind;
 
 std::vector<float> randoms(size_t n, uint32_t seed, float scale) {
@@ -69,8 +69,8 @@ TEST(QuantizedAdamW, StepsAreTheKernelOnEachRangesGridBlocks) {
     std::vector<float> p = randoms(static_cast<size_t>(md.n), 1, 0.02f), p_ref = p;
     // The reference: each range by hand, a quantized one's first block cut at
     // the grid line (offset 100: 156 or 28 elements), fp32 ranges as adamw_update.
-    const auto& mmap = po::optim::codebook(bits == 8 ? QuantMap::kSigned8 : QuantMap::kSigned4);
-    const auto& vmap = po::optim::codebook(bits == 8 ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4);
+    const auto& mmap = po::backend::codebook(bits == 8 ? QuantMap::kSigned8 : QuantMap::kSigned4);
+    const auto& vmap = po::backend::codebook(bits == 8 ? QuantMap::kUnsigned8 : QuantMap::kUnsigned4);
     struct Ref {
       std::vector<uint8_t> m, v;
       std::vector<float> am, av, fm, fv;
@@ -190,7 +190,7 @@ TEST(QuantizedAdamW, RefusesWhatItCannotDo) {
 TEST(QuantizedAdamW, FirstBlockCutsTheKernelsBlocks) {
   // quantize_blockwise with a first block of 60 = the same values quantized
   // as [0, 60) and then blocks of 256 from 60.
-  const auto& cb = po::optim::codebook(QuantMap::kSigned8);
+  const auto& cb = po::backend::codebook(QuantMap::kSigned8);
   const std::vector<float> x = randoms(700, 4, 1.0f);
   std::vector<uint8_t> c1(700), c2(700);
   std::vector<float> a1(4), a2(4);

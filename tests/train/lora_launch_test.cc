@@ -18,6 +18,7 @@
 #include "train/run_state.h"
 
 #include "../test_util.h"
+#include "lora_export_check.h"
 
 namespace {
 
@@ -132,30 +133,15 @@ TEST_F(LoraTraining, ABaseFromAWeightsFileGivesItsFirstLoss) {
 TEST_F(LoraTraining, ExportsAPeftAdapterAndTheMergedModel) {
   const std::string run = train_ok("run", 1, kLora);
   const std::string peft = dir_ / "peft", merged = dir_ / "merged.safetensors";
-  for (const std::string& args : {run + " --adapter --out " + peft, run + " --out " + merged}) {
-    const auto r = po::test::run_command(std::string(PO_BINARY) + " export " + args);
-    ASSERT_EQ(r.exit_code, 0) << "export " << args << "\n" << r.output;
-  }
+  po::test::export_adapter_and_merged(run, peft, merged);
   const auto check = po::test::run_command(
       "python3 " + std::string(PO_SOURCE_DIR) + "/tests/train/peft_files.py " + peft +
       " '{\"attn.c_attn\": [32, 96], \"attn.c_proj\": [32, 32], \"mlp.c_fc\": [32, 128], "
       "\"mlp.c_proj\": [128, 32]}'");
   EXPECT_EQ(check.exit_code, 0) << check.output;
   EXPECT_NE(check.output.find("ok: 8 modules"), std::string::npos) << check.output;
-  po::model::TransformerConfig c = po::model::TransformerConfig::arch_defaults("gpt2");
-  c.n_layer = 2, c.n_embd = 32, c.n_head = 2, c.vocab_size = 64, c.seq_len = 16;  // tiny_config's
-  po::model::TransformerConfig adapted_config = c;
-  adapted_config.lora = po::checkpoint::read_peft_config(peft);
-  po::model::Transformer adapted(adapted_config, 1, 16), plain(c, 1, 16);
-  adapted.init_random(1337);  // train.seed's base
-  po::checkpoint::read_peft_adapter(peft, adapted);
-  po::checkpoint::load_gpt2_safetensors(merged, plain);
-  std::vector<int32_t> tokens(16);
-  for (int i = 0; i < 16; ++i) tokens[static_cast<size_t>(i)] = (i * 5 + 3) % 64;
-  std::vector<float> a(64), b(64);
-  adapted.next_token_logits(tokens.data(), 16, a.data());
-  plain.next_token_logits(tokens.data(), 16, b.data());
-  po::test::expect_close(b.data(), a, "the merged export's logits", 1e-5);
+  po::test::expect_merged_export_logits(peft, merged, po::model::WeightQuant::kNone,
+                                        "the merged export's logits");
 }
 
 // lora.init = a PEFT directory (tests/golden/peft_gpt2, written by numpy): the

@@ -2,7 +2,8 @@
 
 Rerun (deterministic; rewrites tests/golden/lora_*.safetensors, or the cases named):
 
-    /usr/bin/python3 tools/torch_ref/make_lora.py [gpt2 gpt2_dora llama llama_dora gpt2_dropout llama_dropout]
+    /usr/bin/python3 tools/torch_ref/make_lora.py [gpt2 gpt2_dora llama llama_dora gpt2_dropout llama_dropout
+                                                   gpt2_nf4 llama_nf4 llama_nf4_dora llama_int8]
 
 (/usr/bin/python3 has Debian's python3-torch 1.13; the pyenv python3 on PATH has no torch.)
 
@@ -31,6 +32,13 @@ the "base_model.model." prefix: <module path>.lora_A.weight, .lora_B.weight,
   after3.<adapter>  the adapters after the 3 steps
   __metadata__      base file, r, alpha, rslora, dora, targets, the hyperparameters (and for
                     the _dropout cases dropout p and dropout_seed: the masks below)
+QLoRA (the _nf4 and _int8 cases, model.quant): every block linear weight of the base (all of
+them, adapted or not) is replaced by its reference-dequantized value before anything runs:
+W0 [out, in] (Conv1D: weight^T) as float32, quantized and decoded per module by
+make_nf4.py's numpy port of bitsandbytes' quantize_4bit / dequantize_4bit (NF4, blocks of
+64, double-quantized absmaxes) or by the port of LLM.int8()'s vector-wise format below
+(int8_vectorwise_quant with threshold 0, int8_vectorwise_dequant). Embeddings, norms and
+the head stay as they are.
 AdamW as make_golden.py (torch.optim.AdamW, decay on tensors of dim >= 2, clip_grad_norm_,
 gpt2.py's lr_at), over the adapters alone.
 """
@@ -61,6 +69,10 @@ CASES = {
     "llama_dora": ("llama", 4, 16.0, False, True, LLAMA_ALL),
     "gpt2_dropout": ("gpt2", 4, 8.0, False, False, GPT2_ALL, 0.25),
     "llama_dropout": ("llama", 4, 8.0, True, False, LLAMA_ALL, 0.25),
+    "gpt2_nf4": ("gpt2", 4, 8.0, False, False, GPT2_ALL, 0.0, "nf4"),
+    "llama_nf4": ("llama", 4, 8.0, True, False, LLAMA_ALL, 0.0, "nf4"),
+    "llama_nf4_dora": ("llama", 4, 16.0, False, True, LLAMA_ALL, 0.0, "nf4"),
+    "llama_int8": ("llama", 4, 8.0, False, False, ["q_proj", "v_proj", "down_proj"], 0.0, "int8"),
 }
 # Dropout masks (lora.dropout; model/parts.h AdapterDropout): element (row, c) of piece k's
 # input in block l (the engine's unit l + 1) at step s is kept, as x / (1 - p), iff the top 24
@@ -144,6 +156,44 @@ class Adapted(torch.nn.Module):
         return y if bias is None else y + bias
 
 
+def int8_rows(w):
+    """LLM.int8()'s vector-wise format (bitsandbytes int8_vectorwise_quant, threshold 0, and
+    int8_vectorwise_dequant), float32: a = max |w| per row, code = rint(w * (127 / a)) (ties to
+    even), decoded (code * a) * float32(1 / 127); a zero row codes 0."""
+    f = np.float32
+    w = w.astype(f)
+    a = np.abs(w).max(axis=1).astype(f)
+    k = np.where(a > 0, f(127) / np.where(a > 0, a, f(1)), f(0)).astype(f)
+    codes = np.rint((w * k[:, None]).astype(f)).astype(np.int8)
+    return ((codes.astype(f) * a[:, None]).astype(f) * f(7.874015718698502e-3)).astype(f)
+
+
+def nf4_rows(w):
+    """bitsandbytes' NF4 with double quantization of one module's weight, decoded."""
+    import make_nf4
+    flat = w.astype(np.float32).reshape(-1)
+    packed, absmax_codes, nested, offset, _ = make_nf4.quantize_4bit(flat)
+    out, _ = make_nf4.dequantize_4bit(packed, absmax_codes, nested, offset, flat.size)
+    return np.asarray(out, dtype=np.float32).reshape(w.shape)
+
+
+def quantize_base(model, family, quant):
+    """Replaces every block linear weight by its reference-dequantized value (QLoRA's base)."""
+    decode = nf4_rows if quant == "nf4" else int8_rows
+    count = 0
+    with torch.no_grad():
+        for path, mod in model.named_modules():
+            if not hasattr(mod, "weight") or mod.weight.dim() != 2 or "embed" in path or path in (
+                    "wte", "wpe", "lm_head"):
+                continue
+            w = mod.weight.detach().float().numpy()
+            w0 = w.T if family == "gpt2" else w  # the engine's [out, in]
+            d = decode(np.ascontiguousarray(w0))
+            mod.weight.copy_(torch.from_numpy((d.T if family == "gpt2" else d).astype(np.float64)))
+            count += 1
+    assert count > 0
+
+
 def load_base(family):
     path = os.path.join(GOLDEN, "gpt2_ref.safetensors" if family == "gpt2" else
                         "llama_ref_kv2.safetensors")
@@ -164,9 +214,11 @@ def load_base(family):
     return model, tokens, os.path.basename(path)
 
 
-def make_case(name, family, r, alpha, rslora, dora, targets, dropout=0.0):
+def make_case(name, family, r, alpha, rslora, dora, targets, dropout=0.0, quant=""):
     gen = torch.Generator().manual_seed(SEED)
     model, tokens, base_file = load_base(family)
+    if quant:
+        quantize_base(model, family, quant)
     inputs, targets_tok = tokens[:, :-1], tokens[:, 1:]
     scale = alpha / math.sqrt(r) if rslora else alpha / r
     adapted = {}
@@ -228,12 +280,12 @@ def make_case(name, family, r, alpha, rslora, dora, targets, dropout=0.0):
         tensors["after3." + n] = p.detach().float().numpy()
 
     meta = dict(HP)
-    meta.update(base=base_file, r=r, alpha=alpha, rslora=int(rslora), dora=int(dora),
+    meta.update(base=base_file, r=r, alpha=alpha, rslora=int(rslora), dora=int(dora), quant=quant or "none",
                 targets=" ".join(targets), seed=SEED, dropout=dropout, dropout_seed=DROPOUT_SEED,
                 generator="tools/torch_ref/make_lora.py (torch %s, float64 maths)" % torch.__version__)
     out = os.path.join(GOLDEN, "lora_%s.safetensors" % name)
     st_writer.save(out, tensors, {k: str(v) for k, v in meta.items()})
-    if not dora and dropout == 0:  # the same adapters as PEFT saves them, for lora.init
+    if not dora and dropout == 0 and not quant:  # the same adapters as PEFT saves them, for lora.init
         write_peft_dir(name, family, r, alpha, rslora, targets, tensors)
     print(f"wrote {os.path.relpath(out, ROOT)}: {len(params)} adapter tensors on {len(adapted)} "
           f"modules, loss0 {loss0.item():.8f}, losses {[round(x, 8) for x in losses]}, "

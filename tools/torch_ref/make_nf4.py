@@ -1,5 +1,5 @@
 """Reference values for PagedOptim's NF4 weight codec with double quantization
-(src/optim/nf4.h; QLoRA's frozen base).
+(src/backend/nf4.h; QLoRA's frozen base).
 
 Rerun (deterministic; rewrites tests/golden/nf4_ref.safetensors; needs numpy
 only, torch merely records its own float32 mean when it is installed):
@@ -23,7 +23,7 @@ at f0e5b85^, the last default backend with the argmin reference):
     asserted below.
   - create_dynamic_map(signed=True, 7, 8), the nested map: make_optim_bits.py's
     port (the exact linspace points; bitsandbytes' torch.linspace puts some
-    entries an ulp away depending on the CPU, src/optim/quant_map.h).
+    entries an ulp away depending on the CPU, src/backend/quant_map.h).
   - quantize_4bit(A, blocksize=64, compress_statistics=True, quant_type="nf4")
     with the default backend's kernel before f0e5b85 (PR #1960):
       absmax = max |A| per block of 64 (the last block short);

@@ -10,7 +10,7 @@
 //    v, the linear map j/16, j = 1..16, without zero (a v of 0 would divide
 //    m by eps). Codes: the lower neighbour, up on a half or more.
 //  - 4 bits, bitsandbytes' NF4 (QLoRA, Dettmers et al. 2023): kNf4, the
-//    normal map of the weight codec optim/nf4.h (7 negative values, 0, 8
+//    normal map of the weight codec backend/nf4.h (7 negative values, 0, 8
 //    positive; -1 and 1 both in). Codes: the first nearest (argmin).
 //
 // linspace(0.1, 1, k) is the exact points 0.1 + 0.9 j / (k - 1), rounded to
@@ -22,7 +22,7 @@
 
 #include "backend/codebook.h"
 
-namespace po::optim {
+namespace po::backend {
 
 enum class QuantMap { kSigned8, kUnsigned8, kSigned4, kUnsigned4, kNf4 };
 
@@ -48,4 +48,4 @@ std::vector<float> nf4_map();
 // the algorithm of Python's statistics.NormalDist.inv_cdf. Exposed for the tests.
 double normal_quantile(double p);
 
-}  // namespace po::optim
+}  // namespace po::backend

@@ -6,7 +6,7 @@
 // when n is not a multiple of 64: it holds n % 64 elements and is scaled by
 // its own absmax, as bitsandbytes does).
 //  - Block b: absmax[b] = max |w| over the block (float32). Each element is
-//    stored as the code (0..15) of the NF4 value (optim/quant_map.h: nf4_map)
+//    stored as the code (0..15) of the NF4 value (backend/quant_map.h: nf4_map)
 //    nearest s = clamp(w * (1 / absmax[b]), -1, 1): argmin |s - value| in
 //    float32, the lowest code on a tie. A zero block gives s = 0 * inf = NaN,
 //    code 0 (CUDA's dQuantizeNF4 and the argmin reference alike).
@@ -42,7 +42,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace po::optim {
+namespace po::backend {
 
 inline constexpr int64_t kNf4Block = 64;
 inline constexpr int64_t kNf4NestedBlock = 256;
@@ -71,4 +71,4 @@ float nf4_absmax(const Nf4Tensor& t, int64_t block);
 // tensor, bit for bit what dequantize_nf4 writes there (a GEMM tile's rows).
 void dequantize_nf4_rows(const Nf4Tensor& t, int64_t first, int64_t count, float* out);
 
-}  // namespace po::optim
+}  // namespace po::backend

@@ -1,18 +1,18 @@
-// NF4 with double quantization (optim/nf4.h). Every float32 operation is
+// NF4 with double quantization (backend/nf4.h). Every float32 operation is
 // the one bitsandbytes' reference performs, in its order: 1 / absmax, the
 // product, the clamp, |s - value| for the argmin (Codebook::nearest), and on
 // decode a product then a sum (volatile between them: never an FMA, which
 // -march=x86-64-v3 would otherwise contract them into).
-#include "optim/nf4.h"
+#include "backend/nf4.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backend/codebook.h"
 #include "core/error.h"
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 
-namespace po::optim {
+namespace po::backend {
 
 namespace {
 
@@ -144,4 +144,4 @@ void dequantize_nf4_rows(const Nf4Tensor& t, int64_t first, int64_t count, float
   decode(t, first, count, out);
 }
 
-}  // namespace po::optim
+}  // namespace po::backend

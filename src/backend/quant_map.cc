@@ -1,4 +1,4 @@
-#include "optim/quant_map.h"
+#include "backend/quant_map.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace po::optim {
+namespace po::backend {
 
 std::vector<float> dynamic_map(bool is_signed, int max_exponent_bits, int total_bits) {
   const int non_sign_bits = total_bits - 1;  // bitsandbytes' (1 if signed else 1)
@@ -232,4 +232,4 @@ const backend::Codebook& codebook(QuantMap which) {
   return books[i];
 }
 
-}  // namespace po::optim
+}  // namespace po::backend
