@@ -3,6 +3,7 @@
 # bench/torch_train.py --lora), the same model, batch, rank and targets, in the same run.
 #
 #   bench/finetune.sh [--preset bench-small] [--r 16] [--out DIR] [--build DIR]
+#   bench/finetune.sh --qlora [--qlora-preset llama2-7b] [--qlora-tokens 256] [--out DIR] [--build DIR]
 #
 # Builds nothing: expects build/pagedoptim. Runs, one after another, on random GPT-2 ids:
 #   engine   build/pagedoptim train -c configs/<preset>.toml with lora.r = R, lora.alpha = 2R,
@@ -13,8 +14,15 @@
 #            and OMP_WAIT_POLICY=PASSIVE (train_vs_torch.sh's "tuned")
 # and prints tokens/s, MFU against the sgemm peak the engine measured, peak RSS and the ratio.
 # Target (issue 38): engine / torch >= 1.5. STEPS (default 8) and WARMUP (default 2) in the
-# environment. The QLoRA rows of issue 38 (llama2-7b and -70b shapes on NF4 bases) wait for
-# model.quant, which is not built: this script says so instead of printing a number.
+# environment.
+#
+# --qlora: QLoRA on a big shape with random weights (issue 38's 7B row): model.quant = nf4,
+# lora r = R on every block linear, 1 sequence of --qlora-tokens, bf16, activation
+# checkpointing, 2 threads, QSTEPS (default 2) steps of which the last is timed. Prints the
+# peak RSS of the whole process (GNU time's maximum resident set: start-up, quantization and
+# the steps), the seconds of the timed step and of the whole run, the NF4 base's bytes, and
+# beside them what the planner predicts for a full fine-tune of the same shape and batch
+# (pagedoptim plan). Target: peak RSS <= 8 GiB.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,13 +33,20 @@ OUT=""
 BUILD="$ROOT/build"
 STEPS="${STEPS:-8}"
 WARMUP="${WARMUP:-2}"
+QLORA=0
+QPRESET=llama2-7b
+QTOKENS=256
+QSTEPS="${QSTEPS:-2}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --preset) PRESET="$2"; shift 2 ;;
     --r) R="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --build) BUILD="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --qlora) QLORA=1; shift ;;
+    --qlora-preset) QPRESET="$2"; shift 2 ;;
+    --qlora-tokens) QTOKENS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "finetune.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +59,48 @@ CONFIG="$ROOT/configs/$PRESET.toml"
 [[ -f "$CONFIG" ]] || die "no config for preset $PRESET ($CONFIG)"
 OUT="${OUT:-$(mktemp -d /tmp/finetune.XXXXXX)}"
 mkdir -p "$OUT"
+
+if [[ "$QLORA" == 1 ]]; then
+  [[ -x /usr/bin/time ]] || die "/usr/bin/time not found (apt-get install time)"
+  QDATA="$OUT/random32k.bin"
+  "$PY" "$ROOT/bench/random_tokens.py" "$QDATA" 200000 32000 >/dev/null || die "random tokens"
+  QCFG="$OUT/qlora.toml"
+  cat > "$QCFG" <<TOML
+[model]
+preset = "$QPRESET"
+seq_len = $QTOKENS
+quant = "nf4"
+activation_checkpointing = true
+[lora]
+r = $R
+alpha = $((2 * R))
+targets = "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"
+[train]
+batch_size = 1
+micro_batch_size = 1
+steps = $QSTEPS
+precision = "bf16"
+threads = 2
+eval_interval = 0
+checkpoint_interval = 0
+warmup_steps = 0
+[data]
+train = "$QDATA"
+[run]
+dir = "$OUT/qlora-run"
+TOML
+  echo "== engine: QLoRA (nf4) r=$R on $QPRESET, 1 x $QTOKENS tokens, bf16, $QSTEPS steps"
+  rm -rf "$OUT/qlora-run"
+  /usr/bin/time -v "$ENGINE" train -c "$QCFG" > "$OUT/qlora.log" 2>&1 \
+    || { tail -20 "$OUT/qlora.log"; die "the QLoRA run failed (log: $OUT/qlora.log)"; }
+  FULLCFG="$OUT/full.toml"
+  grep -v -e '^quant' -e '^r =' -e '^alpha' -e '^targets' "$QCFG" > "$FULLCFG"
+  "$ENGINE" plan -c "$FULLCFG" --json > "$OUT/plan-full.json" 2> "$OUT/plan-full.log" \
+    || { tail -5 "$OUT/plan-full.log"; die "pagedoptim plan failed (log: $OUT/plan-full.log)"; }
+  "$PY" "$ROOT/bench/finetune_qlora_report.py" "$OUT" "$QPRESET" "$QTOKENS" "$R"
+  exit $?
+fi
+
 DATA="$OUT/random.bin"
 "$PY" "$ROOT/bench/random_tokens.py" "$DATA" 2000000 50257 >/dev/null || die "random tokens"
 
@@ -81,7 +138,7 @@ print(f"  {'engine':22s}{e_tps:10.1f}{100 * e_mfu:8.1f}%{e_rss / 2**20:9.0f} MiB
 print(f"  {'pytorch LoRA':22s}{t['tokens_per_s']:10.1f}{100 * t_mfu:8.1f}%{t['peak_rss_bytes'] / 2**20:9.0f} MiB")
 print(f"  engine / pytorch: {ratio:.2f}x   (target >= 1.5: {'PASS' if ratio >= 1.5 else 'FAIL'});"
       f" sgemm peak {peak} GFLOP/s (the engine's measure, MFU's denominator)")
-print("  QLoRA (llama2-7b / -70b shapes on NF4): not measured, model.quant is not built (issue 38 item 2)")
+print("  QLoRA on a llama2-7b shape: bench/finetune.sh --qlora")
 print(json.dumps({"preset": preset, "lora_r": int(r), "engine_tokens_per_s": round(e_tps, 2),
                   "torch_tokens_per_s": t["tokens_per_s"], "ratio": round(ratio, 3),
                   "engine_mfu": round(e_mfu, 4), "torch_mfu": round(t_mfu, 4),
