@@ -304,7 +304,37 @@ struct ServeOptions {
   std::string kv_preemption = "auto";
   bool no_prefix_caching = false;
   int threads = 0;
+  std::vector<std::string> lora;  // NAME=DIR: PEFT adapters requests may name
 };
+
+// --lora NAME=DIR: each a model with the PEFT adapter's adapters on `model`'s
+// shapes (its params() the adapter's tensors; no base of its own), named.
+std::vector<std::pair<std::string, std::unique_ptr<model::Transformer>>> load_serving_adapters(
+    const std::vector<std::string>& specs, const model::Transformer& model, const std::string& model_id) {
+  std::vector<std::pair<std::string, std::unique_ptr<model::Transformer>>> out;
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    PO_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size(), "--lora '", spec,
+             "': expected NAME=DIR, DIR a PEFT adapter directory");
+    const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
+    PO_CHECK(name != model_id, "--lora ", spec, ": the name ", name, " is the served model's id");
+    for (const auto& a : out) PO_CHECK(a.first != name, "--lora ", spec, ": the name ", name, " is given twice");
+    PO_CHECK(!model.layout().adapters(), "--lora: the served model is a run with adapters of its own; serve its "
+             "merged export (pagedoptim export RUN --out FILE) with --lora adapters on it");
+    std::unique_ptr<model::Transformer> m;
+    try {
+      model::TransformerConfig c = model.config().base_model();
+      c.lora = checkpoint::read_peft_config(dir);
+      c.inference = true;
+      m = std::make_unique<model::Transformer>(c, 1, 1);
+      checkpoint::read_peft_adapter(dir, *m);  // errors name the file and tensor
+    } catch (const core::Error& e) {
+      PO_THROW(core::InvalidArgument, "--lora ", spec, ": ", e.what());
+    }
+    out.emplace_back(name, std::move(m));
+  }
+  return out;
+}
 
 // SIGINT and SIGTERM: while the model loads there is nothing to drain, so
 // the process ends at once; once it serves, the main thread hears of it
@@ -367,6 +397,8 @@ int cmd_serve(ServeOptions o) {
   server.start();
 
   model::Transformer model = load_model(o.model, 1, o.max_batch_total_tokens);
+  const auto adapters = load_serving_adapters(o.lora, model, ho.model_id);
+  for (const auto& [name, m] : adapters) eo.adapters.emplace_back(name, m.get());
   serve::Engine engine(model, *tok, eo);
   {
     const int64_t blocks = engine.stats().kv_blocks_total;
@@ -805,6 +837,9 @@ Command add_serve(CLI::App& app) {
   c->add_option("--chat-template", o->chat_template,
                 "llama2, chatml or plain (default: llama2 for Llama tokenizers, plain for GPT-2)");
   c->add_option("--model-id", o->model_id, "The model's name in /info and /v1/models (default: MODEL as given)");
+  c->add_option("--lora", o->lora,
+                "NAME=DIR: a PEFT LoRA adapter requests pick by NAME (TGI's parameters.adapter_id, OpenAI's "
+                "model); repeatable. Requests of different adapters batch together");
   return {c, [o] { return cmd_serve(*o); }};
 }
 

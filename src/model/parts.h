@@ -16,6 +16,7 @@
 // quantized storage format for a Linear's weight.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -134,8 +135,10 @@ struct Linear {
   // s·B·A, DoRA's rows then scaled by m / ‖W0 + s·B·A‖. The merged model's
   // logits are the adapted one's.
   void merge(float* unit, const float* adapter) const;
-
- private:
+  // y [rows, out], the base's x·W0ᵀ (+ b), gets this Linear's adapter added
+  // (LoRA: + s·(x·Aᵀ)·Bᵀ per piece; DoRA: then its rows rescaled), p.adapter
+  // the unit of its tensors: what forward adds. Serving runs the base GEMM
+  // once for every row and this over each adapter's rows (Punica's split).
   void adapter_forward(float* y, Operand x, const Weights& p, int64_t rows, bool with_bias) const;
 };
 
@@ -218,6 +221,7 @@ struct Block {
   Grads grads(float* unit, float* adapters = nullptr) const;
   // Its Linears in order (q|k|v, o, up, down).
   std::vector<Linear*> linears() { return {&attn.qkv, &attn.out, &mlp.up, &mlp.down}; }
+  std::array<const Linear*, 4> linears_const() const { return {&attn.qkv, &attn.out, &mlp.up, &mlp.down}; }
 };
 
 // Declares block l's tensors (Hugging Face GPT-2 or Llama names by

@@ -129,6 +129,11 @@ struct PagedSeq {
   const int32_t* block_table = nullptr;
   bool logits = false;
   int64_t row_logits = 0;  // rows 0 .. row_logits-1 also give their logits (forward_paged's `each`)
+  // Serving with adapters: a model of the same base shapes with adapters
+  // (Layout::adapters(), its params() the adapters' tensors, e.g. a PEFT
+  // adapter read by checkpoint::read_peft_adapter) whose adapters this
+  // sequence's rows add to the base's linears; null: the base alone.
+  const class Transformer* adapter = nullptr;
 };
 
 // The keys and values of past positions, per block, for generation.
@@ -576,6 +581,15 @@ class Transformer {
   // RoPE, stores the new keys and values and writes the attention output.
   const float* decode_blocks(int64_t n,
                              const std::function<void(int64_t l, float* qkv, float* atty)>& attend);
+  // forward_paged's rows with an adapter: [row0, row0 + rows) add `adapter`'s.
+  struct RowAdapter {
+    int64_t row0 = 0, rows = 0;
+    const Transformer* adapter = nullptr;
+  };
+  std::vector<RowAdapter> row_adapters_;
+  // y [n, out] of Linear `which` (0 qkv, 1 out, 2 up, 3 down) of unit u, from
+  // x [n, in] and the base weights P: each row span's adapter added.
+  void add_row_adapters(int which, int u, float* y, const float* x, const BlockWeights& P, bool with_bias) const;
   const float* block_input(int64_t l);
   const LayerActs& layer(int64_t l) const { return layers_[static_cast<size_t>(l - first_block())]; }
   struct HeadViews {

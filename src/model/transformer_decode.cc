@@ -63,20 +63,39 @@ const float* Transformer::decode_blocks(
     attach_quant(P, u);
     k.norm1.forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, P.norm1, n);
     k.attn.qkv.forward_decode(a.qkv, a.ln1, P.qkv, n);
+    add_row_adapters(0, u, a.qkv, a.ln1, P, true);
     attend(l, a.qkv, a.atty);
     k.attn.out.forward_decode(a.residual2, a.atty, P.out, n, bias_here);
+    add_row_adapters(1, u, a.residual2, a.atty, P, bias_here);
     pops_->tp_all_reduce(a.residual2, n * C);
     ops::residual_forward(a.residual2, a.residual2, x, n * C);
     k.norm2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.norm2, n);
     k.mlp.up.forward_decode(a.fch, a.ln2, P.up, n);
+    add_row_adapters(2, u, a.fch, a.ln2, P, true);
     k.mlp.act_forward(a.fch_gelu, a.fch, n);
     k.mlp.down.forward_decode(y, a.fch_gelu, P.down, n, bias_here);
+    add_row_adapters(3, u, y, a.fch_gelu, P, bias_here);
     pops_->tp_all_reduce(y, n * C);
     ops::residual_forward(y, y, a.residual2, n * C);
     unit_done(u);
     std::swap(x, y);
   }
   return x;
+}
+
+void Transformer::add_row_adapters(int which, int u, float* y, const float* x, const BlockWeights& P,
+                                   bool with_bias) const {
+  const parts::Linear& base = *layout_.block().linears_const()[static_cast<size_t>(which)];
+  const parts::Linear::Weights* ws[] = {&P.qkv, &P.out, &P.up, &P.down};
+  for (const RowAdapter& ra : row_adapters_) {
+    const Transformer& m = *ra.adapter;
+    const parts::Linear& lin = *m.layout().block().linears_const()[static_cast<size_t>(which)];
+    if (!lin.lora.on()) continue;  // the adapter leaves this Linear alone
+    parts::Linear::Weights w = *ws[which];
+    w.adapter = m.params() + m.unit_offset(u);
+    w.drop = {};
+    lin.adapter_forward(y + ra.row0 * base.out, x + ra.row0 * base.in, w, ra.rows, with_bias);
+  }
 }
 
 // The contiguous cache is a paged cache of one block of `capacity` positions:
@@ -114,9 +133,20 @@ void Transformer::forward_paged(const std::vector<PagedSeq>& seqs, const PagedKv
   const int64_t hs = config_.head_dim(), QKV = config_.qkv_width(), AO = NH * hs;
   const int64_t kvw = NKV * hs, bs = kv.block_size;
   int64_t rows = 0;
+  row_adapters_.clear();
   for (const PagedSeq& s : seqs) {
     PO_CHECK(s.n >= 1 && s.pos0 >= 0 && s.pos0 + s.n <= T_, "forward_paged: positions ", s.pos0, "..",
              s.pos0 + s.n - 1, " outside the model's ", T_);
+    if (s.adapter != nullptr) {
+      PO_CHECK(!layout_.adapters() && s.adapter->layout().adapters() &&
+                   s.adapter->layout().base_num_params() == layout_.num_params(),
+               "forward_paged: a sequence's adapter must be a model with adapters on this model's shapes");
+      if (!row_adapters_.empty() && row_adapters_.back().adapter == s.adapter &&
+          row_adapters_.back().row0 + row_adapters_.back().rows == rows)
+        row_adapters_.back().rows += s.n;  // one span for consecutive rows of one adapter
+      else
+        row_adapters_.push_back({rows, s.n, s.adapter});
+    }
     PO_CHECK(rows + s.n <= B_ * T_, "forward_paged: ", rows + s.n, "+ rows in one step, at most ",
              B_ * T_);
     PO_CHECK(s.row_logits >= 0 && s.row_logits <= s.n, "forward_paged: logits of ", s.row_logits,

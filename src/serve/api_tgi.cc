@@ -45,7 +45,8 @@ TgiRequest parse_tgi_request(std::string_view body, TgiRoute route, const ApiLim
   if (p.boolean("watermark").value_or(false))
     throw ValidationError("watermark", "`watermark` is not supported");
   p.unsupported("grammar", "grammar is not supported");
-  p.unsupported("adapter_id", "`adapter_id`: adapters are not supported");
+  // A --lora adapter by name (TGI's multi-LoRA); checked against the loaded ones when submitted.
+  r.params.adapter = p.string("adapter_id").value_or("");
 
   r.best_of = best_of.value_or(1);
   // TGI's router counts a sampling parameter as given even when it is neutral.

@@ -61,6 +61,8 @@ struct Engine::Sequence {
   // block, or -1 where the compute-tier block stayed (shared with others).
   std::vector<int32_t> host;
   int64_t computed = 0;         // positions whose keys and values are in the cache
+  const model::Transformer* adapter = nullptr;  // params.adapter's model; null: the base
+  uint64_t hash0 = 0;           // the chain hash's start: 0, or the adapter name's hash
   uint64_t hash = 0;            // chain hash of the full blocks published so far
   int64_t hashed = 0;           // full blocks whose chain hash is in `hash`
   std::unique_ptr<TextStream> text;
@@ -181,6 +183,19 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const std::vector<int32_
   PO_CHECK(p.repetition_penalty > 0, "repetition_penalty must be > 0, got ", p.repetition_penalty);
   PO_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= 20, "top_logprobs must be in [0, 20], got ", p.top_logprobs);
   auto seq = std::make_unique<Sequence>();
+  if (!p.adapter.empty()) {
+    std::string loaded;
+    for (const auto& [name, m] : options_.adapters) {
+      if (name == p.adapter) seq->adapter = m;
+      loaded += (loaded.empty() ? "" : ", ") + name;
+    }
+    PO_CHECK(seq->adapter != nullptr, "adapter '", p.adapter, "' is not loaded (--lora NAME=DIR); loaded: ",
+             loaded.empty() ? "none" : loaded);
+    // FNV-1a of the name, never 0: its blocks are its own in the prefix cache.
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : p.adapter) h = (h ^ c) * 1099511628211ull;
+    seq->hash0 = seq->hash = h | 1;
+  }
   seq->stream = std::make_shared<Stream>();
   seq->params = p;
   seq->prompt = n;
@@ -199,6 +214,9 @@ std::shared_ptr<Stream> Engine::submit(std::vector<int32_t> prompt, const Sampli
 std::vector<std::shared_ptr<Stream>> Engine::submit_n(std::vector<int32_t> prompt,
                                                       const std::vector<SamplingParams>& params) {
   PO_CHECK(!params.empty(), "submit_n: no request");
+  for (const SamplingParams& p : params)  // the forks share the first one's KV blocks
+    PO_CHECK(p.adapter == params[0].adapter, "submit_n: requests of one prompt name one adapter (",
+             params[0].adapter, " and ", p.adapter, ")");
   std::unique_ptr<Sequence> first = make_sequence(prompt, params[0]);
   for (size_t i = 1; i < params.size(); ++i) first->forks.push_back(make_sequence(prompt, params[i]));
   std::vector<std::shared_ptr<Stream>> out = {first->stream};
@@ -241,6 +259,12 @@ void Engine::drain(std::chrono::milliseconds grace) {
     wake_.notify_all();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+bool Engine::has_adapter(const std::string& name) const {
+  for (const auto& a : options_.adapters)
+    if (a.first == name) return true;
+  return false;
 }
 
 EngineStats Engine::stats() const {
@@ -291,7 +315,7 @@ void Engine::release_blocks(Sequence& q) {
   q.table.clear();
   q.host.clear();
   q.computed = 0;
-  q.hash = 0;
+  q.hash = q.hash0;
   q.hashed = 0;
 }
 
@@ -578,7 +602,7 @@ bool Engine::step() {
     const bool last = q.computed + w.n == static_cast<int64_t>(q.tokens.size());
     // Prompt log-probabilities: the rows whose next token is a prompt token.
     const int64_t scored = q.params.prompt_logprobs ? std::clamp<int64_t>(q.prompt - 1 - q.computed, 0, w.n) : 0;
-    seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last, scored});
+    seqs.push_back({q.tokens.data() + q.computed, w.n, q.computed, q.table.data(), last, scored, q.adapter});
   }
   const auto f0 = Clock::now();
   model_.forward_paged(seqs, s.pool->view(), s.logits.data(),

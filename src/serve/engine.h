@@ -92,6 +92,13 @@ struct EngineOptions {
   bool prefix_caching = true;
   enum class Preemption { kAuto, kSwap, kRecompute };
   Preemption preemption = Preemption::kAuto;  // kSwap and kAuto need host_kv_budget
+  // LoRA adapters requests may name (SamplingParams::adapter): each a model
+  // with adapters on the served model's shapes (its params() the adapters'
+  // tensors). Requests of different adapters share a step: the base GEMMs
+  // run once for every row, each adapter's product over its own rows. An
+  // adapter's sequences never share KV blocks with another's or the base's
+  // (the prefix cache's chain hash starts from the adapter's name).
+  std::vector<std::pair<std::string, const model::Transformer*>> adapters;
 };
 
 // Counters and gauges for /metrics (TGI's names where TGI has one).
@@ -142,6 +149,7 @@ class Engine {
   std::string decode(const std::vector<int32_t>& ids);
   const data::TextTokenizer& tokenizer() const { return tokenizer_; }
   const model::TransformerConfig& config() const { return model_.config(); }
+  bool has_adapter(const std::string& name) const;
   const EngineOptions& options() const { return options_; }
   int64_t vocab_size() const { return model_.config().vocab_size; }  // the ids a prompt may hold
 

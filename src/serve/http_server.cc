@@ -65,6 +65,7 @@ constexpr ErrorKind kValidation{422, 400, "validation", "invalid_request_error",
 constexpr ErrorKind kBadRequest{400, 400, "bad_request", "invalid_request_error", ""};
 constexpr ErrorKind kUnauthorized{401, 401, "unauthorized", "invalid_request_error", "invalid_api_key"};
 constexpr ErrorKind kNotFound{404, 404, "not_found", "invalid_request_error", "unknown_url"};
+constexpr ErrorKind kModelNotFound{404, 404, "not_found", "invalid_request_error", "model_not_found"};
 constexpr ErrorKind kMethod{405, 405, "method_not_allowed", "invalid_request_error", "method_not_allowed"};
 constexpr ErrorKind kTimeout{408, 408, "request_timeout", "invalid_request_error", "request_timeout"};
 constexpr ErrorKind kTooLarge{413, 413, "payload_too_large", "invalid_request_error", "request_too_large"};
@@ -484,13 +485,13 @@ void HttpServer::Impl::info(Response& res) const {
              {"docker_label", nullptr}});
 }
 
+// The served model, then each --lora adapter (its parent the model, as vLLM lists them).
 void HttpServer::Impl::models(Response& res) const {
-  send_json(res, 200,
-            {{"object", "list"},
-             {"data", json::array({{{"id", o.model_id},
-                                    {"object", "model"},
-                                    {"created", created},
-                                    {"owned_by", "pagedoptim"}}})}});
+  json data = json::array({{{"id", o.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "pagedoptim"}}});
+  for (const auto& a : engine_ref(false).options().adapters)
+    data.push_back({{"id", a.first}, {"object", "model"}, {"created", created}, {"owned_by", "pagedoptim"},
+                    {"parent", o.model_id}});
+  send_json(res, 200, {{"object", "list"}, {"data", data}});
 }
 
 void HttpServer::Impl::metrics(Response& res) const {
@@ -604,6 +605,19 @@ void HttpServer::Impl::tgi_stream(Response& res, Streams ss, TgiRequest r, int64
 void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat) {
   Engine& e = engine_ref();
   OpenAiRequest r = chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
+  // `model`: a --lora adapter's name picks it; the served model's id (or,
+  // with no adapter loaded, any name) is the base; with adapters loaded
+  // another name is an unknown model (404, as OpenAI answers).
+  std::string adapter;
+  if (e.has_adapter(r.model)) {
+    adapter = r.model;
+  } else if (!e.options().adapters.empty() && !r.model.empty() && r.model != o.model_id) {
+    std::string names;
+    for (const auto& a : e.options().adapters) names += ", " + a.first;
+    throw HttpError(kModelNotFound, core::str_cat("The model `", r.model, "` does not exist: this server has ",
+                                                  o.model_id, names));
+  }
+  r.params.adapter = adapter;
   // Every prompt's ids, checked (lengths, the vocabulary) before any is submitted.
   struct Job {
     std::vector<int32_t> ids;
@@ -645,7 +659,7 @@ void HttpServer::Impl::openai(const std::string& body, Response& res, bool chat)
   }
   char id[32];
   std::snprintf(id, sizeof id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-", static_cast<unsigned long long>(random_u64()));
-  const OpenAiMeta meta{id, o.model_id, static_cast<int64_t>(std::time(nullptr))};
+  const OpenAiMeta meta{id, adapter.empty() ? o.model_id : adapter, static_cast<int64_t>(std::time(nullptr))};
   if (r.stream) return openai_stream(res, std::move(ss), std::move(r), meta, prompt_tokens, std::move(echoes), e);
   std::vector<Generation> gens = collect(ss, r.params, seed);
   const TokenText text_of = [&e](int32_t id) { return e.tokenizer().piece_bytes(id); };

@@ -31,6 +31,9 @@ struct SamplingParams {
   // OpenAI's echo with logprobs): every prompt position is run through the
   // head, and the prompt's prefix-cache hits are not used.
   bool prompt_logprobs = false;
+  // A LoRA adapter the server loaded (--lora NAME=DIR) by its name, whose
+  // low-rank products this request's rows add; "": the base model.
+  std::string adapter;
 };
 
 enum class Finish { kNone, kLength, kEos, kStop, kCancelled };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "../test_util.h"
 #include "model/transformer.h"
 #include "core/http_lib.h"
+#include "checkpoint/peft.h"
 #include "train/model_setup.h"
 
 namespace {
@@ -204,6 +206,64 @@ TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
       << "the served completion differs from generate's text";
 }
 
+// `serve --lora a=DIR --lora b=DIR` (PEFT directories): requests of a, b and
+// the base, sent at once, each give the greedy tokens `generate` gives on the
+// model `merge` makes of that adapter (and on the base).
+TEST_F(ServeCli, LoraAdaptersGiveTheirMergedModelsTokens) {
+  po::model::TransformerConfig c = po::model::TransformerConfig::arch_defaults("gpt2");
+  c.n_layer = 2, c.n_embd = 64, c.n_head = 1, c.vocab_size = 50257, c.seq_len = 64;
+  const po::model::TransformerConfig base_config = c;
+  std::map<std::string, std::string> merged;
+  for (const std::string name : {"a", "b"}) {
+    po::model::TransformerConfig ac = base_config;
+    ac.lora.r = 4;
+    ac.lora.alpha = 8;
+    ac.lora.targets = name == "a" ? std::vector<std::string>{"c_attn", "c_fc"} : std::vector<std::string>{"attn.c_proj", "mlp.c_proj"};
+    po::model::Transformer m(ac, 1, ac.seq_len);
+    po::train::load_model_weights(model_, m);
+    m.init_adapters(name == "a" ? 5 : 6);
+    for (const po::model::TensorSpec& t : m.param_infos())  // B not 0: the adapter changes the output
+      if (t.name.find("lora_B") != std::string::npos)
+        for (int64_t i = 0; i < t.numel(); ++i) m.params()[t.offset + i] = 0.2f * static_cast<float>(((i * 7919 + (name == "a" ? 1 : 2)) % 17) - 8) / 8.0f;
+    po::checkpoint::write_peft_adapter(dir_ / name, m, model_);
+    merged[name] = dir_ / (name + ".safetensors");
+    const auto r = run_command(kBin + " merge " + model_ + " " + (dir_ / name) + " --out " + merged[name]);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  ServeProcess p(model_ + " --port 0 --threads 1 --lora a=" + (dir_ / "a") + " --lora b=" + (dir_ / "b"),
+                 dir_ / "serve.err");
+  const std::string first = p.line();
+  const std::string want_head = "serving " + model_ + " on http://127.0.0.1:";
+  ASSERT_TRUE(first.starts_with(want_head)) << "stdout: " << first << "\nstderr: " << po::test::read_file(dir_ / "serve.err");
+  const int port = std::stoi(first.substr(want_head.size()));
+  const std::vector<std::string> adapters = {"", "a", "b"};
+  std::vector<std::vector<int32_t>> got(adapters.size());
+  std::vector<std::string> answers(adapters.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < adapters.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client cli("127.0.0.1", port);
+      cli.set_read_timeout(std::chrono::seconds(30));
+      json body = {{"inputs", "Hello there"}, {"parameters", {{"max_new_tokens", 8}}}};
+      if (!adapters[i].empty()) body["parameters"]["adapter_id"] = adapters[i];
+      auto g = cli.Post("/generate", body.dump(), "application/json");
+      answers[i] = g ? std::to_string(g->status) + " " + g->body : "no answer: " + httplib::to_string(g.error());
+      if (!g || g->status != 200) return;
+      const json answer = json::parse(g->body);
+      for (const auto& t : answer["details"]["tokens"]) got[i].push_back(t["id"]);
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    const auto want = generate_ids(adapters[i].empty() ? model_ : merged[adapters[i]], "Hello there", 8);
+    ASSERT_FALSE(want.empty());
+    ASSERT_EQ(got[i].size(), want.size()) << "adapter '" << adapters[i] << "': " << answers[i];
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[i][k], want[k]) << "adapter '" << adapters[i] << "' token " << k;
+  }
+  EXPECT_NE(got[1], got[0]) << "adapter a gave the base's tokens";
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.wait_exit(std::chrono::seconds(40)), 0);
+}
+
 TEST_F(ServeCli, BadFlagsFailAtStartNamingTheFlag) {
   struct Case {
     std::string args, want;
@@ -212,6 +272,9 @@ TEST_F(ServeCli, BadFlagsFailAtStartNamingTheFlag) {
       {model_ + " --port 0 --chat-template vicuna", "chat template 'vicuna'"},
       {model_ + " --port 0 --max-total-tokens 500", "--max-total-tokens"},
       {dir_ / "missing.safetensors", "missing.safetensors"},
+      {model_ + " --port 0 --lora a", "--lora 'a': expected NAME=DIR"},
+      {model_ + " --port 0 --lora a=" + std::string(PO_SOURCE_DIR) + "/tests/golden/peft_llama",
+       "peft_llama"},  // another architecture's adapter
   };
   for (const auto& c : cases) {
     const auto r = run_command(kBin + " serve " + c.args);

@@ -161,7 +161,7 @@ TEST(TgiRequest, EachBadParameterIsNamed) {
       {R"({"top_n_tokens":2})", "top_n_tokens: `top_n_tokens` must be >= 0 and <= 0. Given: 2"},
       {R"({"watermark":true})", "watermark: `watermark` is not supported"},
       {R"({"grammar":{"type":"json","value":{}}})", "grammar: grammar is not supported"},
-      {R"({"adapter_id":"x"})", "adapter_id: `adapter_id`: adapters are not supported"},
+      {R"({"adapter_id":5})", "adapter_id: `adapter_id` must be a string, got number"},
       {R"([])", "parameters: `parameters` must be an object, got array"},
   };
   for (const auto& c : cases) EXPECT_EQ(tgi_rejection(c.params), c.want) << "parameters " << c.params;

@@ -16,9 +16,13 @@
 #include "serve/kv_cache.h"
 #include "serve/sampler.h"
 #include "serve/generate.h"
+#include "serve_adapters.h"
 
 namespace po::serve {
 namespace {
+
+using test_adapters::merged_greedy;
+using test_adapters::random_adapter;
 
 using model::Transformer;
 using model::TransformerConfig;
@@ -172,6 +176,89 @@ TEST_P(EngineGreedy, MatchesGenerateAloneInABatchAndUnderPreemption) {
 INSTANTIATE_TEST_SUITE_P(Families, EngineGreedy, ::testing::Values("gpt2", "llama"));
 
 // A shared prompt: the second request finds the first's full blocks.
+// Requests of two adapters (LoRA on every linear; DoRA on the MLP's up
+// and the attention's output projections) and of the bare base share the engine's steps, and each
+// gives the greedy tokens `generate` gives on that adapter's merged model.
+// An adapter's requests never reuse another's or the base's KV blocks; an
+// unknown adapter is refused naming the loaded ones.
+TEST_P(EngineGreedy, AdaptersBatchTogetherAndEachGivesItsMergedModelsTokens) {
+  const std::string arch = GetParam();
+  const TransformerConfig c = tiny(arch);
+  auto tok = tokenizer_for(arch);
+  ASSERT_NE(tok, nullptr) << data::testing::kLlamaSetupHint;
+  Transformer model(c, 2, c.seq_len);
+  model.init_random(7);
+  const std::vector<std::string> every = arch == "gpt2" ? std::vector<std::string>{"c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"}
+                                                        : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
+                                                                                   "gate_proj", "up_proj", "down_proj"};
+  auto a = random_adapter(model, every, false, 21);
+  auto b = random_adapter(model, arch == "gpt2" ? std::vector<std::string>{"c_fc", "attn.c_proj"}
+                                                : std::vector<std::string>{"up_proj", "o_proj"},
+                          true, 22);
+  const auto ps = prompts(6, c.vocab_size, arch == "llama" ? 1 : 0);
+  constexpr int64_t kNew = 10;
+  const std::vector<std::string> names = {"", "a", "b", "", "a", "b"};
+  std::vector<std::vector<int32_t>> want;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (names[i].empty()) {
+      Transformer ref(c, 1, c.seq_len);
+      ref.init_random(7);
+      serve::SampleOptions o;
+      o.temperature = 0;
+      o.max_new_tokens = kNew;
+      want.push_back(serve::sample(ref, ps[i], o));
+    } else {
+      want.push_back(merged_greedy(names[i] == "a" ? *a : *b, ps[i], kNew));
+    }
+  }
+  // Each adapter changes the tokens (or agreeing with the base would pass).
+  EXPECT_NE(ids_str(merged_greedy(*a, ps[0], kNew)), ids_str(want[0])) << arch << ": adapter a";
+  EXPECT_NE(ids_str(merged_greedy(*b, ps[0], kNew)), ids_str(want[0])) << arch << ": adapter b";
+  EngineOptions eo;
+  eo.block_size = 8;
+  eo.adapters = {{"a", a.get()}, {"b", b.get()}};
+  Engine engine(model, *tok, eo);
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SamplingParams p;
+    p.max_new_tokens = kNew;
+    p.ignore_eos = true;
+    p.adapter = names[i];
+    streams.push_back(engine.submit(ps[i], p));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Result r = collect(*streams[i]);
+    EXPECT_EQ(ids_str(r.ids), ids_str(want[i]))
+        << arch << ": request " << i << " (adapter '" << names[i] << "') " << r.error;
+  }
+  // One batch: the six requests took the steps of one (a prefill and kNew - 1 decodes, give or take).
+  EXPECT_LE(engine.stats().steps, kNew + 2) << arch << ": the adapters' requests did not batch together";
+  // The same long prompt for the base, then adapter a, then a again: a's
+  // first request finds none of the base's blocks, its second finds its own.
+  std::vector<int32_t> long_prompt = ps[0];
+  while (long_prompt.size() < 40) long_prompt.push_back(long_prompt[long_prompt.size() % ps[0].size()]);
+  SamplingParams p;
+  p.max_new_tokens = 4;
+  p.ignore_eos = true;
+  collect(*engine.submit(long_prompt, p));
+  const int64_t hits0 = engine.stats().prefix_hits;
+  p.adapter = "a";
+  Result first = collect(*engine.submit(long_prompt, p));
+  EXPECT_EQ(engine.stats().prefix_hits, hits0) << arch << ": adapter a reused the base's KV blocks";
+  EXPECT_EQ(ids_str(first.ids), ids_str(merged_greedy(*a, long_prompt, 4))) << arch;
+  collect(*engine.submit(long_prompt, p));
+  EXPECT_GT(engine.stats().prefix_hits, hits0) << arch << ": adapter a did not find its own blocks";
+  p.adapter = "zzz";
+  try {
+    engine.submit(long_prompt, p);
+    ADD_FAILURE() << "an unknown adapter was accepted";
+  } catch (const core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("adapter 'zzz' is not loaded (--lora NAME=DIR); loaded: a, b"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Engine, PrefixCacheServesASharedPrompt) {
   const TransformerConfig c = tiny("gpt2");
   auto tok = tokenizer_for("gpt2");

@@ -27,6 +27,7 @@
 #include "core/http_lib.h"
 #include "serve/http_server.h"
 #include "serve/generate.h"
+#include "serve_adapters.h"
 
 namespace po::serve {
 namespace {
@@ -630,6 +631,57 @@ std::string words(int n) {
   std::string s;
   for (int i = 0; i < n; ++i) s += " x";
   return s;
+}
+
+// --lora adapters over HTTP: TGI's parameters.adapter_id and OpenAI's
+// `model` pick one (the responses name it), each gives its merged model's
+// greedy text; the served model's id is the base; /v1/models lists the
+// adapters; an unknown adapter is TGI's 422 and OpenAI's 404 model_not_found.
+TEST_F(HttpServerTest, AdaptersByAdapterIdAndModel) {
+  auto a = test_adapters::random_adapter(world->model, {"c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"}, false, 31);
+  EngineOptions eo;
+  eo.block_size = 8;
+  eo.adapters = {{"a", a.get()}};
+  Engine e(world->model, *world->tok, eo);
+  auto s = world->start(HttpServerOptions{}, &e);
+  const std::string want = text_until_eos(test_adapters::merged_greedy(*a, prompt_ids("Hello world"), 12));
+  serve::SampleOptions so;
+  so.temperature = 0;
+  so.max_new_tokens = 12;
+  const std::string base = text_until_eos(serve::sample(world->reference, prompt_ids("Hello world"), so));
+  ASSERT_NE(want, base) << "the adapter should change the text";
+  auto t = post("/generate", R"({"inputs":"Hello world","parameters":{"max_new_tokens":12,"adapter_id":"a"}})",
+                s->port());
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200) << t->body;
+  EXPECT_EQ(json::parse(t->body)["generated_text"], want) << "TGI's adapter_id";
+  for (const char* model : {"a", "tiny-gpt2"}) {
+    auto o = post("/v1/completions",
+                  json{{"model", model}, {"prompt", "Hello world"}, {"max_tokens", 12}, {"temperature", 0}}.dump(),
+                  s->port());
+    ASSERT_TRUE(o);
+    ASSERT_EQ(o->status, 200) << o->body;
+    const json j = json::parse(o->body);
+    EXPECT_EQ(j["choices"][0]["text"], std::string(model) == "a" ? want : base) << "OpenAI's model " << model;
+    EXPECT_EQ(j["model"], model);
+  }
+  auto m = get("/v1/models", s->port());
+  ASSERT_TRUE(m);
+  const json list = json::parse(m->body)["data"];
+  ASSERT_EQ(list.size(), 2u) << m->body;
+  EXPECT_EQ(list[1]["id"], "a");
+  EXPECT_EQ(list[1]["parent"], "tiny-gpt2");
+  auto bad = post("/generate", R"({"inputs":"x","parameters":{"adapter_id":"zzz"}})", s->port());
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 422) << bad->body;
+  EXPECT_EQ(tgi_error_shape(bad->body, "validation"), "");
+  EXPECT_NE(bad->body.find("adapter 'zzz' is not loaded"), std::string::npos) << bad->body;
+  auto bad2 = post("/v1/completions", R"({"model":"zzz","prompt":"x"})", s->port());
+  ASSERT_TRUE(bad2);
+  EXPECT_EQ(bad2->status, 404) << bad2->body;
+  EXPECT_EQ(openai_error_shape(bad2->body, "invalid_request_error"), "");
+  EXPECT_EQ(json::parse(bad2->body)["error"]["code"], "model_not_found") << bad2->body;
+  s->stop();
 }
 
 TEST_F(HttpServerTest, ValidationErrorsAre422OnTgiAnd400OnOpenAi) {
