@@ -25,7 +25,8 @@ void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
 }
 
 // Adapters on a frozen base (lora.r > 0, model/layout.h): data parallel with
-// ZeRO 0-3 and context parallel, in fp32 or bf16, with activation
+// ZeRO 0-3, context parallel and paging (of the adapters' parameters and
+// state: the frozen base is not paged), in fp32 or bf16, with activation
 // checkpointing, so far.
 void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.lora_r == 0) return;
@@ -40,7 +41,6 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
                    " is not built yet (the masks follow a token's place in the batch, not a chunk's)",
                    "adapter dropout with context parallel"});
   if (l.tp > 1) row(core::str_cat("parallel.tp = ", l.tp), "with tensor parallel");
-  if (l.paging) row("paging (memory.compute_budget or memory.nvme_dir)", "paged");
 }
 
 // SFT data (data/sft.h): the loss over the counted targets under every

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "memory/pager.h"
 #include "memory/paging_plan.h"
+#include "model/layout.h"
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
 #include "parallel/working_set.h"
@@ -80,7 +81,11 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
                                      static_cast<int>(p.cp), p.micro, p.T / p.cp,
                                      local.n_kv_head * local.head_dim())
                                : 0;
-  return predicted + (live > known ? live - known : 0) + working + ring;
+  // A frozen base under adapters (f32, allocated when it is loaded, after this).
+  size_t base = 0;
+  if (mcfg.lora.on() && mcfg.quant == model::WeightQuant::kNone)
+    base = static_cast<size_t>(model::Layout(mcfg).base_num_params()) * sizeof(float);
+  return predicted + (live > known ? live - known : 0) + working + ring + base;
 }
 
 // The log's one-screen account of the pages and where they live.
