@@ -6,12 +6,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "backend/quant_map.h"
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
 
@@ -150,22 +153,77 @@ void map_files(const std::string& path, bool dir, const std::string& base,
     it = ends_with(it->first, ".rotary_emb.inv_freq") ? where.erase(it) : std::next(it);
 }
 
+constexpr const char* kNf4State = ".quant_state.bitsandbytes__nf4";
+constexpr const char* kNf4Parts[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", kNf4State};
+
+// bitsandbytes' NF4 tensors (Linear4bit's state dict): each one's quant_state
+// JSON read into `nf4` (its logical shape, its offset) and its companion
+// tensors moved from `where` to `parts`.
+void find_nf4(const std::vector<SafetensorsReader>& files, std::map<std::string, size_t>& where,
+              std::map<std::string, HfNf4Entry>& nf4, std::map<std::string, size_t>& parts) {
+  for (const auto& [name, idx] : where) {
+    PO_CHECK(!ends_with(name, ".quant_state.bitsandbytes__fp4"), files[idx].origin(), ": tensor '", name,
+             "': bitsandbytes' FP4 is not supported (NF4 is)");
+    if (!ends_with(name, kNf4State)) continue;
+    const std::string w = name.substr(0, name.size() - std::string(kNf4State).size());
+    const StTensor& t = files[idx].get(name);
+    const std::string& f = files[idx].origin();
+    PO_CHECK(t.dtype == StDtype::kU8, f, ": tensor '", name, "' is ", st_dtype_name(t.dtype),
+             ": a quant_state is JSON in U8 bytes");
+    const Json j = Json::parse(std::string(reinterpret_cast<const char*>(t.data), t.nbytes), nullptr, false);
+    PO_CHECK(j.is_object(), f, ": tensor '", name, "' is not a JSON object");
+    auto get = [&](const char* key) -> const Json& {
+      PO_CHECK(j.contains(key), f, ": tensor '", name, "' has no \"", key, "\"");
+      return j[key];
+    };
+    PO_CHECK(get("quant_type") == "nf4", f, ": tensor '", name, "': quant_type ", get("quant_type").dump(),
+             ", expected \"nf4\"");
+    PO_CHECK(get("blocksize") == backend::kNf4Block, f, ": tensor '", name, "': blocksize ",
+             get("blocksize").dump(), ", expected ", backend::kNf4Block);
+    PO_CHECK(j.contains("nested_blocksize"), f, ": tensor '", name,
+             "' is not double-quantized (bnb_4bit_use_double_quant = false): not supported");
+    PO_CHECK(get("nested_blocksize") == backend::kNf4NestedBlock, f, ": tensor '", name, "': nested_blocksize ",
+             get("nested_blocksize").dump(), ", expected ", backend::kNf4NestedBlock);
+    const Json& shape = get("shape");
+    PO_CHECK(shape.is_array() && shape.size() == 2 && shape[0].is_number_integer() && shape[1].is_number_integer() &&
+                 shape[0].get<int64_t>() > 0 && shape[1].get<int64_t>() > 0,
+             f, ": tensor '", name, "': shape ", shape.dump(), " is not [rows, columns]");
+    PO_CHECK(get("nested_offset").is_number(), f, ": tensor '", name, "': nested_offset is not a number");
+    nf4[w] = {{shape[0].get<int64_t>(), shape[1].get<int64_t>()}, static_cast<float>(get("nested_offset").get<double>())};
+  }
+  for (const auto& [w, e] : nf4) {
+    PO_CHECK(where.count(w) != 0, files[where.at(w + kNf4State)].origin(), ": '", w, kNf4State,
+             "' without the tensor '", w, "' it describes");
+    for (const char* part : kNf4Parts) {
+      auto it = where.find(w + part);
+      PO_CHECK(it != where.end(), files[where.at(w)].origin(), ": NF4 tensor '", w, "' has no '", w, part, "'");
+      parts[it->first] = it->second;
+      where.erase(it);
+    }
+  }
+}
+
 // The fields the tensors state (sizes, layers, kv heads) and the head count,
 // config.json checked against the tensors and the overrides against both.
 void resolve_tensor_fields(const std::string& path, const ConfigValues& c, const LlamaOverrides& ov,
                            const std::vector<SafetensorsReader>& files,
-                           const std::map<std::string, size_t>& where, LlamaShape& s) {
+                           const std::map<std::string, size_t>& where,
+                           const std::map<std::string, HfNf4Entry>& nf4, LlamaShape& s) {
   const std::string cfg = c.prefix();
-  // What the tensors state.
-  auto tensor = [&](const std::string& name) -> const StTensor& {
+  // What the tensors state (an NF4 tensor: the shape its quant_state gives).
+  struct Seen {
+    tensor::Shape shape;
+  };
+  auto tensor = [&](const std::string& name) -> Seen {
     auto it = where.find(name);
     PO_CHECK(it != where.end(), path, ": missing tensor '", name, "'");
+    if (auto q = nf4.find(name); q != nf4.end()) return {q->second.shape};
     const StTensor& t = files[it->second].get(name);
     PO_CHECK(t.shape.size() == 2, files[it->second].origin(), ": tensor '", name,
              "' has shape ", tensor::shape_str(t.shape), ", expected 2 dimensions");
-    return t;
+    return {t.shape};
   };
-  const StTensor& emb = tensor("model.embed_tokens.weight");
+  const Seen emb = tensor("model.embed_tokens.weight");
   int64_t n_layer_t = 0;
   for (const auto& [name, _] : where) {
     if (name.rfind("model.layers.", 0) != 0) continue;
@@ -179,9 +237,9 @@ void resolve_tensor_fields(const std::string& path, const ConfigValues& c, const
     }
   }
   PO_CHECK(n_layer_t > 0, path, ": no model.layers.N tensors");
-  const StTensor& gate = tensor("model.layers.0.mlp.gate_proj.weight");
-  const StTensor& q = tensor("model.layers.0.self_attn.q_proj.weight");
-  const StTensor& k = tensor("model.layers.0.self_attn.k_proj.weight");
+  const Seen gate = tensor("model.layers.0.mlp.gate_proj.weight");
+  const Seen q = tensor("model.layers.0.self_attn.q_proj.weight");
+  const Seen k = tensor("model.layers.0.self_attn.k_proj.weight");
 
   // config.json against the tensors, then the overrides against both.
   auto resolve = [&](const char* key, const char* ov_key, const std::optional<int64_t>& ov_value,
@@ -286,7 +344,8 @@ void resolve_config_fields(const std::string& path, const ConfigValues& c, const
 // Every tensor of the model: present, shaped, of a float dtype; nothing else.
 void check_tensors(const std::string& path, const std::vector<LlamaTensorInfo>& tensors,
                    const std::vector<SafetensorsReader>& files,
-                   const std::map<std::string, size_t>& where, const LlamaShape& s) {
+                   const std::map<std::string, size_t>& where,
+                   const std::map<std::string, HfNf4Entry>& nf4, const LlamaShape& s) {
   std::set<std::string> expected;
   for (const auto& info : tensors) {
     expected.insert(info.name);
@@ -294,6 +353,15 @@ void check_tensors(const std::string& path, const std::vector<LlamaTensorInfo>& 
     PO_CHECK(it != where.end(), path, ": missing tensor '", info.name, "'");
     const SafetensorsReader& f = files[it->second];
     const StTensor& t = f.get(info.name);
+    if (auto q = nf4.find(info.name); q != nf4.end()) {  // codes, two to a byte
+      const int64_t n = tensor::shape_numel(q->second.shape);
+      PO_CHECK(q->second.shape == info.shape, f.origin(), ": NF4 tensor '", info.name, "' has shape ",
+               tensor::shape_str(q->second.shape), " in its quant_state, expected ", tensor::shape_str(info.shape));
+      PO_CHECK(t.dtype == StDtype::kU8 && t.numel() == (n + 1) / 2, f.origin(), ": NF4 tensor '", info.name,
+               "' holds ", t.numel(), " ", st_dtype_name(t.dtype), " values, expected ", (n + 1) / 2,
+               " U8 bytes of codes for ", n, " weights");
+      continue;
+    }
     PO_CHECK(t.shape == info.shape, f.origin(), ": tensor '", info.name, "' has shape ",
              tensor::shape_str(t.shape), ", expected ", tensor::shape_str(info.shape),
              " (hidden_size ", s.dim, ", intermediate_size ", s.hidden_dim, ", ", s.n_head,
@@ -321,11 +389,12 @@ std::unique_ptr<HfLlamaReader> HfLlamaReader::open(const std::string& path,
     c.path = join(base, kConfig);
     c.j = read_json(c.path);
   }
+  find_nf4(r->files_, r->where_, r->nf4_, r->nf4_parts_);
   LlamaShape s;
-  resolve_tensor_fields(path, c, ov, r->files_, r->where_, s);
+  resolve_tensor_fields(path, c, ov, r->files_, r->where_, r->nf4_, s);
   resolve_config_fields(path, c, ov, r->where_, s);
   r->set_shape(s);
-  check_tensors(path, r->tensors(), r->files_, r->where_, s);
+  check_tensors(path, r->tensors(), r->files_, r->where_, r->nf4_, s);
   return r;
 }
 
@@ -335,7 +404,44 @@ const SafetensorsReader& HfLlamaReader::file_of(const std::string& name) const {
 }
 
 void HfLlamaReader::read(const std::string& name, float* dst) const {
+  if (is_nf4(name)) return backend::dequantize_nf4(read_nf4(name), dst);
   file_of(name).read_f32(name, shape_of(name), dst);
+}
+
+backend::Nf4Tensor HfLlamaReader::read_nf4(const std::string& name) const {
+  auto e = nf4_.find(name);
+  PO_CHECK(e != nf4_.end(), origin(), ": tensor '", name, "' is not stored as bitsandbytes' NF4");
+  const int64_t n = tensor::shape_numel(e->second.shape);
+  backend::Nf4Tensor t;
+  t.numel = n;
+  t.offset = e->second.offset;
+  const int64_t blocks = t.blocks(), nested = (blocks + backend::kNf4NestedBlock - 1) / backend::kNf4NestedBlock;
+  const SafetensorsReader& wf = file_of(name);
+  const StTensor& codes = wf.get(name);
+  const auto* c = reinterpret_cast<const uint8_t*>(codes.data);
+  t.codes.assign(c, c + codes.nbytes);
+  auto part = [&](const char* suffix) -> const SafetensorsReader& { return files_[nf4_parts_.at(name + suffix)]; };
+  const StTensor& absmax = part(".absmax").require(name + ".absmax", StDtype::kU8, {blocks});
+  const auto* a = reinterpret_cast<const uint8_t*>(absmax.data);
+  t.absmax_codes.assign(a, a + blocks);
+  t.nested_absmax = part(".nested_absmax").read_f32(name + ".nested_absmax", {nested});
+  // The maps the codes index: bitsandbytes' (then the engine decodes with its own).
+  const std::vector<float> nf4 = part(".quant_map").read_f32(name + ".quant_map", {16});
+  const std::vector<float> want = backend::nf4_map();
+  for (size_t i = 0; i < 16; ++i)
+    PO_CHECK(nf4[i] == want[i], part(".quant_map").origin(), ": tensor '", name, ".quant_map' value ", i, " is ",
+             nf4[i], ", bitsandbytes' NF4 map has ", want[i]);
+  const std::vector<float> dyn = part(".nested_quant_map").read_f32(name + ".nested_quant_map", {256});
+  const backend::Codebook& signed8 = backend::codebook(backend::QuantMap::kSigned8);
+  for (size_t i = 0; i < 256; ++i) {
+    int32_t x = 0, y = 0;
+    std::memcpy(&x, &dyn[i], 4);
+    std::memcpy(&y, &signed8.value[i], 4);
+    PO_CHECK(std::abs(static_cast<int64_t>(x) - y) <= 2, part(".nested_quant_map").origin(), ": tensor '", name,
+             ".nested_quant_map' value ", i, " is ", dyn[i], ", bitsandbytes' signed dynamic map has ",
+             signed8.value[i]);
+  }
+  return t;
 }
 
 std::unique_ptr<LlamaReader> open_hf_llama(const std::string& path, const LlamaOverrides& overrides) {

@@ -8,7 +8,15 @@
 //     k_proj's rows), except the head count, which only the caller can give
 //     (LlamaOverrides::n_head); eps, theta and max positions then take
 //     LlamaConfig's defaults (1e-6, 10000, 2048) unless overridden.
-// F32, BF16 and F16 tensors are read as fp32. Names and layout are HF's own
+// F32, BF16 and F16 tensors are read as fp32. A "-bnb-4bit" checkpoint's
+// linear layers (bitsandbytes' Linear4bit state dict: M.weight, U8 codes,
+// with M.weight.absmax, .quant_map, .nested_absmax, .nested_quant_map and
+// .quant_state.bitsandbytes__nf4, its JSON) are NF4 with double
+// quantization: read_nf4 gives their codes as stored, read their decoded
+// values (backend/nf4.h). Their maps must be bitsandbytes' (the NF4 values
+// bit for bit; the dynamic map within 2 ulps, as torch's linspace makes it),
+// blocks of 64 and nested blocks of 256; FP4 and single quantization are
+// refused naming the tensor. Names and layout are HF's own
 // (llama_weights.h); older files' rotary_emb.inv_freq buffers are ignored, any
 // other unexpected tensor (a bias, say) is an error, as is lm_head.weight
 // missing from an untied model. A tied model's lm_head.weight, if stored, is
@@ -29,6 +37,13 @@
 
 namespace po::checkpoint {
 
+// An NF4 tensor of a "-bnb-4bit" checkpoint: its logical shape and the
+// offset of its double quantization, from its quant_state JSON.
+struct HfNf4Entry {
+  tensor::Shape shape;
+  float offset = 0.0f;
+};
+
 class HfLlamaReader final : public LlamaReader {
  public:
   // `path`: a model directory or a .safetensors file.
@@ -36,6 +51,8 @@ class HfLlamaReader final : public LlamaReader {
                                              const LlamaOverrides& overrides = {});
   void read(const std::string& name, float* dst) const override;
   using LlamaReader::read;
+  bool is_nf4(const std::string& name) const override { return nf4_.count(name) != 0; }
+  backend::Nf4Tensor read_nf4(const std::string& name) const override;
   // The file holding tensor `name`, and its stored dtype.
   const SafetensorsReader& file_of(const std::string& name) const;
 
@@ -44,6 +61,8 @@ class HfLlamaReader final : public LlamaReader {
 
   std::vector<SafetensorsReader> files_;
   std::map<std::string, size_t> where_;  // tensor -> index into files_
+  std::map<std::string, HfNf4Entry> nf4_;  // NF4 tensors
+  std::map<std::string, size_t> nf4_parts_;  // their companion tensors -> index into files_
 };
 
 std::unique_ptr<LlamaReader> open_hf_llama(const std::string& path,

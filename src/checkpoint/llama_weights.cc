@@ -93,6 +93,15 @@ std::vector<float> LlamaReader::read(const std::string& name) const {
   return out;
 }
 
+const tensor::Shape* LlamaReader::find_shape(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &infos_[it->second].shape;
+}
+
+backend::Nf4Tensor LlamaReader::read_nf4(const std::string& name) const {
+  PO_THROW(core::InvalidArgument, origin_, ": tensor '", name, "' is not stored as bitsandbytes' NF4");
+}
+
 LlamaWeights LlamaReader::load_all() const {
   LlamaWeights w;
   w.shape = shape_;

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/nf4.h"
 #include "tensor/tensor.h"
 
 namespace po::checkpoint {
@@ -118,10 +119,17 @@ class LlamaReader {
   const LlamaShape& shape() const { return shape_; }
   // The model's tensors, llama_tensor_infos(shape()).
   const std::vector<LlamaTensorInfo>& tensors() const { return infos_; }
+  // The shape of tensor `name` (HF layout); null when the model has none such.
+  const tensor::Shape* find_shape(const std::string& name) const;
   // Copies tensor `name` as fp32 (HF layout) into `dst`, numel(shape) floats.
   // InvalidArgument naming the file for a name the model does not have.
   virtual void read(const std::string& name, float* dst) const = 0;
   std::vector<float> read(const std::string& name) const;
+  // Whether tensor `name` is stored as bitsandbytes' NF4 (a Hugging Face
+  // "-bnb-4bit" checkpoint), and then its codes as they are stored (read()
+  // gives their decoded values).
+  virtual bool is_nf4(const std::string& /*name*/) const { return false; }
+  virtual backend::Nf4Tensor read_nf4(const std::string& name) const;
   LlamaWeights load_all() const;
 
  protected:

@@ -461,7 +461,8 @@ void Transformer::quantize_unit(int u) {
       PO_ASSERT(spec.shape.size() == 2 && spec.shape[1] == lin.in, "quantize_unit: ", spec.name,
                 " is not a [rows, ", lin.in, "] piece of its Linear");
       float* w = base + (spec.offset - layout_.base_unit_offset(first_));
-      quant_[t] = quantize_weight(config_.quant, w, spec.shape[0], spec.shape[1], spec.name);
+      if (quant_[t].format == WeightQuant::kNone)  // (set_quantized may have given it)
+        quant_[t] = quantize_weight(config_.quant, w, spec.shape[0], spec.shape[1], spec.name);
       lins[i].parts.push_back(&quant_[t]);
       base_sparse_.release(static_cast<size_t>(w - base) * sizeof(float),
                            static_cast<size_t>(spec.numel()) * sizeof(float));
@@ -469,6 +470,27 @@ void Transformer::quantize_unit(int u) {
     PO_ASSERT(lins[i].rows() == lin.out, "quantize_unit: unit ", u, "'s Linear ", i, " has ",
               lin.out, " rows, its tensors ", lins[i].rows());
   }
+}
+
+void Transformer::set_quantized(const TensorSpec& t, QuantTensor q) {
+  PO_CHECK(config_.quant == q.format, "set_quantized: ", t.name, " is ", weight_quant_name(q.format),
+           ", the model's model.quant is ", weight_quant_name(config_.quant));
+  PO_CHECK(!quantized_, "set_quantized: ", t.name, ": the base is quantized already");
+  PO_CHECK(q.rows == t.shape[0] && q.cols == t.shape[1], "set_quantized: ", t.name, " is [", t.shape[0], ", ",
+           t.shape[1], "], the quantized tensor [", q.rows, ", ", q.cols, "]");
+  PO_CHECK(t.unit >= 1 && t.unit < layout_.head_unit() && holds(t.unit), "set_quantized: ", t.name,
+           " is not a block's weight of this model");
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
+  if (quant_.empty()) {
+    quant_.resize(tensors.size());
+    quant_linears_.resize(static_cast<size_t>(last_ - first_ + 1));
+  }
+  for (size_t k = 0; k < tensors.size(); ++k)
+    if (tensors[k].name == t.name) {
+      quant_[k] = std::move(q);
+      return;
+    }
+  PO_THROW(core::InvalidArgument, "set_quantized: the base has no tensor ", t.name);
 }
 
 void Transformer::attach_quant(BlockWeights& P, int u) const {

@@ -193,6 +193,10 @@ class Transformer {
   // their f32 pages back; once, after the base is loaded. init_random does it
   // unit by unit itself, so a random base never exists whole in f32.
   void quantize_base();
+  // Before quantize_base: base tensor `t` (a piece of a block Linear) comes
+  // already quantized (a "-bnb-4bit" checkpoint's codes); quantize_base keeps
+  // it as it is. Its f32 values are never read.
+  void set_quantized(const TensorSpec& t, QuantTensor q);
   bool base_quantized() const { return quantized_; }
   // The quantized form of a base tensor; null where it is held in f32.
   const QuantTensor* quantized(const TensorSpec& base_tensor) const;

@@ -241,6 +241,31 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
 }
 
 void load_model_weights(const std::string& path, model::Transformer& model) {
+  if (model.config().quant == model::WeightQuant::kNf4 && model.config().arch == "llama" &&
+      is_llama_weights(path)) {
+    // A "-bnb-4bit" checkpoint's NF4 tensors keep their codes (no f32 detour);
+    // the rest, and any file without them, read as f32 into the base.
+    PO_CHECK(model.whole(), "loading weights needs a whole model");
+    const auto reader = checkpoint::open_llama(path);
+    float* base = model.base_params();
+    for (const model::TensorSpec& t : model.layout().base_tensors()) {
+      PO_CHECK(reader->find_shape(t.name) != nullptr, path, ": no tensor '", t.name,
+               "' (the model's layout needs it)");
+      PO_CHECK(*reader->find_shape(t.name) == t.shape, path, ": tensor '", t.name, "' has shape ",
+               tensor::shape_str(*reader->find_shape(t.name)), ", the model needs ", tensor::shape_str(t.shape));
+      if (reader->is_nf4(t.name)) {
+        model::QuantTensor q;
+        q.format = model::WeightQuant::kNf4;
+        q.rows = t.shape[0];
+        q.cols = t.shape[1];
+        q.nf4 = reader->read_nf4(t.name);
+        model.set_quantized(t, std::move(q));
+      } else {
+        reader->read(t.name, base + t.offset);
+      }
+    }
+    return;
+  }
   if (model.layout().adapters()) {  // into the frozen base, which is laid out as a plain model
     PO_CHECK(model.whole(), "loading weights needs a whole model");
     const model::TransformerConfig plain = model.config().weights_only().base_model();

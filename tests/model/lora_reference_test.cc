@@ -223,6 +223,78 @@ TEST(QloraBase, HoldsItsCodesAndGivesItsF32PagesBack) {
       << largest->name << "'s f32 values are still readable";
 }
 
+// A Hugging Face "-bnb-4bit" checkpoint (tests/golden/bnb4bit_llama, written
+// by tools/torch_ref/make_bnb4bit.py in bitsandbytes' Linear4bit layout) as
+// model.init of a QLoRA run: its NF4 tensors are taken as stored, the same
+// codes the engine's own quantizer gives the f32 golden, so the loss and the
+// adapters' gradients are the llama_nf4 case's against PyTorch; read as a
+// plain model, its tensors decode to the same values. Bad files are one-line
+// errors naming the tensor.
+TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
+  const Case c("llama_nf4");
+  Transformer own(c.config, c.B, c.T), bnb(c.config, c.B, c.T);
+  c.load(own);
+  const std::string dir = golden("bnb4bit_llama");
+  po::train::load_model_weights(dir, bnb);
+  bnb.quantize_base();
+  for (const TensorSpec& p : bnb.param_infos()) c.file.read_f32("init." + p.name, p.shape, bnb.params() + p.offset);
+  int compared = 0;
+  for (const TensorSpec& p : own.layout().base_tensors()) {
+    const po::model::QuantTensor* a = own.quantized(p);
+    const po::model::QuantTensor* b = bnb.quantized(p);
+    ASSERT_EQ(a == nullptr, b == nullptr) << p.name;
+    if (a == nullptr) continue;
+    EXPECT_EQ(a->nf4.codes, b->nf4.codes) << p.name << ": codes";
+    EXPECT_EQ(a->nf4.absmax_codes, b->nf4.absmax_codes) << p.name << ": absmax codes";
+    EXPECT_EQ(a->nf4.nested_absmax, b->nf4.nested_absmax) << p.name << ": nested absmax";
+    EXPECT_EQ(a->nf4.offset, b->nf4.offset) << p.name << ": offset";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 14);
+  bnb.zero_grads();
+  const float loss = c.forward_backward(bnb, 0);
+  const double want = c.file.read_f32("loss0", {1})[0];
+  EXPECT_LE(std::fabs(loss - want) / want, 1e-6) << "loss " << loss << " vs PyTorch " << want;
+  for (const TensorSpec& p : bnb.param_infos())
+    expect_close(bnb.grads() + p.offset, c.file.read_f32("grad." + p.name, p.shape), "gradient of " + p.name, 1e-5);
+  // As a plain model: every tensor decoded, the values the QLoRA model computes with.
+  Transformer plain(c.config.base_model(), 1, c.T);
+  po::train::load_model_weights(dir, plain);
+  std::vector<float> decoded(static_cast<size_t>(plain.num_params()));
+  own.base_values(decoded.data());
+  EXPECT_EQ(std::memcmp(decoded.data(), plain.params(), decoded.size() * sizeof(float)), 0)
+      << "the bnb-4bit file read as f32 differs from the decoded NF4 base";
+  // Bad files: another quant_type, a missing companion tensor.
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path() / ("po_bnb_" + std::to_string(getpid()));
+  struct Bad {
+    std::string from, to, want;
+  } bad[] = {
+      {R"("quant_type": "nf4")", R"("quant_type": "xx4")",
+       R"(model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4': quant_type "xx4", expected "nf4")"},
+      {R"(model.layers.0.mlp.down_proj.weight.absmax")", R"(model.layers.0.mlp.down_proj.weight.absmaz")",
+       "NF4 tensor 'model.layers.0.mlp.down_proj.weight' has no 'model.layers.0.mlp.down_proj.weight.absmax'"},
+  };
+  for (const Bad& b : bad) {
+    std::filesystem::remove_all(tmp);
+    std::filesystem::create_directories(tmp);
+    std::filesystem::copy_file(dir + "/config.json", tmp / "config.json");
+    std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = bytes.find(b.from);
+    ASSERT_NE(at, std::string::npos) << b.from;
+    bytes.replace(at, b.from.size(), b.to);
+    std::ofstream(tmp / "model.safetensors", std::ios::binary) << bytes;
+    Transformer m(c.config, 1, c.T);
+    try {
+      po::train::load_model_weights(tmp.string(), m);
+      ADD_FAILURE() << b.to << " was accepted";
+    } catch (const po::core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(b.want), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(tmp);
+}
+
 // (LoRA only: DoRA's scale m / ‖W0‖ is 1 only in exact arithmetic.)
 TEST(LoraBZero, GivesTheBaseLossAndLogitsBitForBit) {
   for (const char* name : {"gpt2", "llama"}) {
