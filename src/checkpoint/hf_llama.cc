@@ -161,7 +161,9 @@ constexpr const char* kNf4Parts[] = {".absmax", ".quant_map", ".nested_absmax", 
 // tensors moved from `where` to `parts`.
 void find_nf4(const std::vector<SafetensorsReader>& files, std::map<std::string, size_t>& where,
               std::map<std::string, HfNf4Entry>& nf4, std::map<std::string, size_t>& parts) {
-  for (const auto& [name, idx] : where) {
+  for (const auto& entry : where) {
+    const std::string& name = entry.first;  // (a plain reference: lambdas below capture it)
+    const size_t idx = entry.second;
     PO_CHECK(!ends_with(name, ".quant_state.bitsandbytes__fp4"), files[idx].origin(), ": tensor '", name,
              "': bitsandbytes' FP4 is not supported (NF4 is)");
     if (!ends_with(name, kNf4State)) continue;
