@@ -241,25 +241,34 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
 }
 
 void load_model_weights(const std::string& path, model::Transformer& model) {
-  if (model.config().quant == model::WeightQuant::kNf4 && model.config().arch == "llama" &&
+  if (model.config().quant != model::WeightQuant::kNone && model.config().arch == "llama" &&
       is_llama_weights(path)) {
-    // A "-bnb-4bit" checkpoint's NF4 tensors keep their codes (no f32 detour);
-    // the rest, and any file without them, read as f32 into the base.
+    // A quantized base, tensor by tensor: each block linear weight is
+    // quantized from its own f32 values (never the whole base in f32 at
+    // once), or, from a "-bnb-4bit" checkpoint under nf4, its codes are kept
+    // as stored; the embedding, norms and head read as f32 into the base.
     PO_CHECK(model.whole(), "loading weights needs a whole model");
     const auto reader = checkpoint::open_llama(path);
+    const model::WeightQuant format = model.config().quant;
     float* base = model.base_params();
+    std::vector<float> one;  // one tensor's f32 values
     for (const model::TensorSpec& t : model.layout().base_tensors()) {
       PO_CHECK(reader->find_shape(t.name) != nullptr, path, ": no tensor '", t.name,
                "' (the model's layout needs it)");
       PO_CHECK(*reader->find_shape(t.name) == t.shape, path, ": tensor '", t.name, "' has shape ",
                tensor::shape_str(*reader->find_shape(t.name)), ", the model needs ", tensor::shape_str(t.shape));
-      if (reader->is_nf4(t.name)) {
+      const bool block_linear = t.unit >= 1 && t.unit < model.layout().head_unit() && t.shape.size() == 2;
+      if (block_linear && format == model::WeightQuant::kNf4 && reader->is_nf4(t.name)) {
         model::QuantTensor q;
         q.format = model::WeightQuant::kNf4;
         q.rows = t.shape[0];
         q.cols = t.shape[1];
         q.nf4 = reader->read_nf4(t.name);
         model.set_quantized(t, std::move(q));
+      } else if (block_linear) {
+        one.resize(static_cast<size_t>(t.numel()));
+        reader->read(t.name, one.data());
+        model.set_quantized(t, model::quantize_weight(format, one.data(), t.shape[0], t.shape[1], t.name));
       } else {
         reader->read(t.name, base + t.offset);
       }

@@ -264,6 +264,28 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
   own.base_values(decoded.data());
   EXPECT_EQ(std::memcmp(decoded.data(), plain.params(), decoded.size() * sizeof(float)), 0)
       << "the bnb-4bit file read as f32 differs from the decoded NF4 base";
+  // An f32 Hugging Face directory (the golden exported) quantized tensor by
+  // tensor while it loads: the codes of quantizing the whole base at once.
+  const std::filesystem::path hf = std::filesystem::temp_directory_path() / ("po_hf_" + std::to_string(getpid()));
+  std::filesystem::create_directories(hf);
+  // config.json and model.safetensors (decoded values: any f32 model will do)
+  po::train::export_model_weights((hf / "model.safetensors").string(), plain);
+  Transformer whole(c.config, 1, c.T), streamed(c.config, 1, c.T);
+  po::train::load_model_weights(hf.string(), streamed);
+  streamed.quantize_base();
+  {
+    Transformer f32(c.config.base_model(), 1, c.T);
+    po::train::load_model_weights(hf.string(), f32);
+    std::memcpy(whole.base_params(), f32.params(), static_cast<size_t>(f32.num_params()) * sizeof(float));
+    whole.quantize_base();
+  }
+  for (const TensorSpec& p : whole.layout().base_tensors()) {
+    const po::model::QuantTensor* a = whole.quantized(p);
+    const po::model::QuantTensor* b = streamed.quantized(p);
+    ASSERT_EQ(a == nullptr, b == nullptr) << p.name;
+    if (a != nullptr) EXPECT_EQ(a->nf4.codes, b->nf4.codes) << p.name << ": quantized while loading";
+  }
+  std::filesystem::remove_all(hf);
   // Bad files: another quant_type, a missing companion tensor.
   const std::filesystem::path tmp = std::filesystem::temp_directory_path() / ("po_bnb_" + std::to_string(getpid()));
   struct Bad {
