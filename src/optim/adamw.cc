@@ -21,10 +21,12 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
       n_(num_params) {
   for (const auto& r : ranges_)
     PO_ASSERT(r.state() >= 0 && r.state() + r.numel <= n_, "range outside the state buffer");
-  by_state_ = ranges_;
+  by_state_.resize(ranges_.size());
+  for (size_t i = 0; i < ranges_.size(); ++i) by_state_[i] = i;
   std::sort(by_state_.begin(), by_state_.end(),
-            [](const ParamRange& a, const ParamRange& b) { return a.state() < b.state(); });
+            [this](size_t a, size_t b) { return ranges_[a].state() < ranges_[b].state(); });
   if (quantized()) plan_quantized();
+  plan_paged_coordinates();
 }
 
 AdamWConfig adamw_config(const core::Config& cfg) {
@@ -79,17 +81,88 @@ void AdamW::plan_quantized() {
     }
     slots_.push_back(s);
   }
+  f32_numel_ = f32;
+  code_bytes_ = codes;
+  blocks_ = blocks;
+  const StateDtype code = config_.state_bits == 8 ? StateDtype::kU8 : StateDtype::kU4;
+  paged_fields_ = {StateField{"adam_m", code, B, true, true}, StateField{"adam_v", code, B, true, true},
+                   kAdamWFields[kMaster]};
+}
+
+void AdamW::allocate_quantized() {
   // Zero state as bitsandbytes and torchao make it: codes 0, absmax 0 (decodes to 0).
-  const auto floats = static_cast<size_t>(2 * f32 + 2 * blocks);
-  const size_t bytes = floats * sizeof(float) + 2 * static_cast<size_t>(codes);
-  if (bytes == 0) return;
+  const auto floats = static_cast<size_t>(2 * f32_numel_ + 2 * blocks_);
+  const size_t bytes = floats * sizeof(float) + 2 * static_cast<size_t>(code_bytes_);
+  if (bytes == 0 || quant_.data() != nullptr) return;
   quant_ = tensor::Storage(bytes);  // zero-filled
   f_m_ = quant_.f32();
-  f_v_ = f_m_ + f32;
-  q_ma_ = f_v_ + f32;
-  q_va_ = q_ma_ + blocks;
-  q_m_ = reinterpret_cast<uint8_t*>(q_va_ + blocks);
-  q_v_ = q_m_ + codes;
+  f_v_ = f_m_ + f32_numel_;
+  q_ma_ = f_v_ + f32_numel_;
+  q_va_ = q_ma_ + blocks_;
+  q_m_ = reinterpret_cast<uint8_t*>(q_va_ + blocks_);
+  q_v_ = q_m_ + code_bytes_;
+}
+
+// The pages' coordinates: the state's, except that with quantized moments
+// each unit (ranges sharing one grid origin, state() - unit_offset) starts
+// its grid on a multiple of the block, shifted up past the one before.
+void AdamW::plan_paged_coordinates() {
+  paged_start_.assign(ranges_.size(), 0);
+  const int64_t B = config_.block_size;
+  int64_t delta = 0, end = 0;  // the shift so far; the pages' end of the last range
+  for (size_t i : by_state_) {
+    const ParamRange& r = ranges_[i];
+    int64_t at = r.state() + delta;
+    if (quantized() && ((at - r.unit_offset) % B + B) % B != 0) {
+      const int64_t origin = std::max(at, end) - r.unit_offset;  // the grid origin, moved up to a line
+      const int64_t moved = (origin + B - 1) / B * B + r.unit_offset;
+      delta += moved - at;
+      at = moved;
+      shifts_.push_back({r.state(), delta});
+    }
+    paged_start_[i] = at;
+    end = at + r.numel;
+  }
+}
+
+int64_t AdamW::paged_at(int64_t x) const {
+  auto it = std::upper_bound(shifts_.begin(), shifts_.end(), x,
+                             [](int64_t v, const Shift& s) { return v < s.from; });
+  return it == shifts_.begin() ? x : x + std::prev(it)->delta;
+}
+
+int64_t AdamW::paged_numel() const { return n_ == 0 ? 0 : paged_at(n_ - 1) + 1; }
+
+std::pair<size_t, size_t> AdamW::pages_of(int64_t lo, int64_t n) const {
+  PO_ASSERT(paged_ != nullptr && n > 0, "AdamW::pages_of without pages or elements");
+  const int64_t e = paged_->elements_per_page();
+  return {static_cast<size_t>(paged_at(lo) / e), static_cast<size_t>(paged_at(lo + n - 1) / e)};
+}
+
+PagedState::Layout AdamW::paged_layout(const PagedState::Layout& layout) const {
+  PagedState::Layout out = layout;
+  if (!quantized()) return out;
+  PO_CHECK(shifts_.empty() || (layout.param_bytes == 0 && layout.grad_bytes == 0),
+           "paged parameter shards (ZeRO-3) with quantized moments need shards cut on the blocks' grid");
+  const bool master = layout.schema.fields.size() > static_cast<size_t>(kMaster);
+  out.schema = {"adamw", std::span<const StateField>(paged_fields_.data(), master ? 3 : 2)};
+  if (f32_numel_ > 0) {
+    out.side = adamw_schema(false);  // m and v, fp32
+    out.side_numel = f32_numel_;
+  }
+  return out;
+}
+
+int64_t AdamW::ledger_paged_bytes(const PagedState::Layout& layout) const {
+  if (!quantized()) return layout.bytes(n_);
+  const bool master = layout.schema.fields.size() > static_cast<size_t>(kMaster);
+  return moment_bytes() + n_ * static_cast<int64_t>((master ? 4 : 0) + layout.param_bytes + layout.grad_bytes);
+}
+
+int64_t AdamW::moment_bytes() const {
+  int64_t b = 0;
+  for (const ParamRange& r : ranges_) b += optim::moment_bytes(config_, r.quantized, r.numel, r.unit_offset);
+  return b;
 }
 
 namespace {
@@ -154,25 +227,43 @@ void AdamW::read_moment(StateKind kind, int64_t lo, int64_t n, float* dst) const
   PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::read_moment of fp32 or parameter state");
   const bool m = kind == StateKind::kAdamM;
   const backend::Codebook& cb = moment_map(m);
+  const bool none = paged_ == nullptr && quant_.data() == nullptr;  // never written: zeros
   overlapping(lo, n, [&](size_t i, int64_t a, int64_t b) {
     const ParamRange& r = ranges_[i];
     const Slot& s = slots_[i];
     float* out = dst + (a - lo);
-    if (!s.quantized) {
-      std::memcpy(out, (m ? f_m_ : f_v_) + s.at + (a - r.state()), static_cast<size_t>(b - a) * 4);
+    const int64_t e0 = a - r.state(), e1 = b - r.state();
+    if (none) {
+      std::fill(out, out + (e1 - e0), 0.0f);
+    } else if (!s.quantized) {
+      if (paged_)
+        paged_->copy_out(PagedState::side_field(m ? 0 : 1), s.at + e0, e1 - e0, out);
+      else
+        std::memcpy(out, (m ? f_m_ : f_v_) + s.at + e0, static_cast<size_t>(e1 - e0) * 4);
       return;
     }
-    const uint8_t* codes = (m ? q_m_ : q_v_) + s.at;
-    const float* absmax = (m ? q_ma_ : q_va_) + s.blocks;
+    if (none) return;
     const backend::BlockCut rb(r.numel, config_.block_size, s.first);
-    for (int64_t e = a - r.state(); e < b - r.state(); ++e)
-      out[e - (a - r.state())] =
-          cb.value[static_cast<size_t>(backend::code_at(codes, e, cb.bits))] * absmax[rb.of(e)];
+    for (int64_t k = rb.of(e0); k <= rb.of(e1 - 1); ++k) {
+      const int64_t x0 = rb.start(k), len = rb.start(k + 1) - x0;
+      const int64_t from = std::max(x0, e0), to = std::min(x0 + len, e1);
+      const auto decode = [&](const uint8_t* codes, float absmax) {  // codes: the block's
+        for (int64_t e = from; e < to; ++e)
+          out[e - e0] = cb.value[static_cast<size_t>(backend::code_at(codes, e - x0, cb.bits))] * absmax;
+      };
+      if (paged_)
+        paged_block(i, x0, len, false, [&](uint8_t* mc, float* ms, uint8_t* vc, float* vs) {
+          decode(m ? mc : vc, m ? *ms : *vs);
+        });
+      else
+        decode((m ? q_m_ : q_v_) + s.at + backend::code_offset(x0, cb.bits), (m ? q_ma_ : q_va_)[s.blocks + k]);
+    }
   });
 }
 
 int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* src) {
   PO_ASSERT(quantized() && kind != StateKind::kParams, "AdamW::write_moment of fp32 or parameter state");
+  allocate_state();
   const bool m = kind == StateKind::kAdamM;
   const backend::Codebook& cb = moment_map(m);
   int64_t quantized_blocks = 0;
@@ -180,28 +271,51 @@ int64_t AdamW::write_moment(StateKind kind, int64_t lo, int64_t n, const float* 
     const ParamRange& r = ranges_[i];
     const Slot& s = slots_[i];
     const float* in = src + (a - lo);
+    const int64_t e0 = a - r.state(), e1 = b - r.state();
     if (!s.quantized) {
-      std::memcpy((m ? f_m_ : f_v_) + s.at + (a - r.state()), in, static_cast<size_t>(b - a) * 4);
+      if (paged_)
+        paged_->copy_in(PagedState::side_field(m ? 0 : 1), s.at + e0, e1 - e0, in);
+      else
+        std::memcpy((m ? f_m_ : f_v_) + s.at + e0, in, static_cast<size_t>(e1 - e0) * 4);
       return;
     }
-    uint8_t* codes = (m ? q_m_ : q_v_) + s.at;
-    float* absmax = (m ? q_ma_ : q_va_) + s.blocks;
     const backend::BlockCut rb(r.numel, config_.block_size, s.first);
-    const int64_t e0 = a - r.state(), e1 = b - r.state();
     const int64_t k0 = rb.of(e0), k1 = rb.of(e1 - 1);
     PO_CHECK(rb.start(k0) == e0 && rb.start(k1 + 1) == e1, "quantized Adam state is written in whole blocks: ",
              "elements [", e0, ", ", e1, ") of a range of ", r.numel, " cut a block of optim.block_size = ",
              config_.block_size);
     for (int64_t k = k0; k <= k1; ++k) {
       const int64_t x0 = rb.start(k), len = rb.start(k + 1) - x0;
-      uint8_t* block_codes = codes + backend::code_offset(x0, cb.bits);
-      if (!recover_block(cb, in + (x0 - e0), len, block_codes, absmax[k])) {
-        ops::quantize_blockwise(&cb, in + (x0 - e0), len, len, block_codes, absmax + k, 0);
-        ++quantized_blocks;
-      }
+      const auto store = [&](uint8_t* codes, float* absmax) {  // the block's
+        if (!recover_block(cb, in + (x0 - e0), len, codes, *absmax)) {
+          ops::quantize_blockwise(&cb, in + (x0 - e0), len, len, codes, absmax, 0);
+          ++quantized_blocks;
+        }
+      };
+      if (paged_)
+        paged_block(i, x0, len, true, [&](uint8_t* mc, float* ms, uint8_t* vc, float* vs) {
+          store(m ? mc : vc, m ? ms : vs);
+        });
+      else
+        store((m ? q_m_ : q_v_) + s.at + backend::code_offset(x0, cb.bits), (m ? q_ma_ : q_va_) + s.blocks + k);
     }
   });
   return quantized_blocks;
+}
+
+void AdamW::update_elements(const ParamRange& r, const Operands& x, float* m, float* v,
+                            const ops::QuantMoments* q, int64_t n, double lr, double scale) const {
+  const auto f = [](double d) { return static_cast<float>(d); };
+  const float decay = r.decay ? f(config_.weight_decay) : 0.0f;
+  if (q != nullptr)
+    ops::adamw_update_quant(x.p, x.g, x.gb, x.out, q, n, f(lr), f(config_.beta1), f(config_.beta2),
+                            f(config_.eps), decay, f(scale), t_);
+  else if (x.gb != nullptr)
+    ops::adamw_update_mixed(x.p, x.gb, m, v, x.out, n, f(lr), f(config_.beta1), f(config_.beta2),
+                            f(config_.eps), decay, f(scale), t_);
+  else
+    ops::adamw_update(x.p, x.g, m, v, n, f(lr), f(config_.beta1), f(config_.beta2), f(config_.eps), decay,
+                      f(scale), t_);
 }
 
 void AdamW::apply_quantized(float* params, const float* grads_state, float* master,
@@ -209,28 +323,22 @@ void AdamW::apply_quantized(float* params, const float* grads_state, float* mast
                             double lr, double scale) {
   const backend::Codebook& mmap = moment_map(true);
   const backend::Codebook& vmap = moment_map(false);
-  const auto f = [](double x) { return static_cast<float>(x); };
   for (size_t i = 0; i < ranges_.size(); ++i) {
     const ParamRange& r = ranges_[i];
     const Slot& s = slots_[i];
-    const float decay = r.decay ? f(config_.weight_decay) : 0.0f;
     // fp32: the parameter at its offset, the gradient at its state offset;
     // bf16: the master at the state offset, the gradient where it lies.
-    float* p = master != nullptr ? master + r.state() : params + r.offset;
-    const float* g = grads_state != nullptr ? grads_state + r.state() : nullptr;
-    const uint16_t* gb = grads_bf16 != nullptr ? grads_bf16 + (grads_by_state ? r.state() : r.offset) : nullptr;
-    uint16_t* out = params_out != nullptr ? params_out + r.offset : nullptr;
+    Operands x;
+    x.p = master != nullptr ? master + r.state() : params + r.offset;
+    if (grads_state != nullptr) x.g = grads_state + r.state();
+    if (grads_bf16 != nullptr) x.gb = grads_bf16 + (grads_by_state ? r.state() : r.offset);
+    if (params_out != nullptr) x.out = params_out + r.offset;
     if (s.quantized) {
-      ops::QuantMoments q{q_m_ + s.at, q_ma_ + s.blocks, q_v_ + s.at, q_va_ + s.blocks, &mmap, &vmap,
-                          config_.block_size, s.first};
-      ops::adamw_update_quant(p, g, gb, out, &q, r.numel, f(lr), f(config_.beta1), f(config_.beta2),
-                              f(config_.eps), decay, f(scale), t_);
-    } else if (gb != nullptr) {
-      ops::adamw_update_mixed(p, gb, f_m_ + s.at, f_v_ + s.at, out, r.numel, f(lr),
-                              f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
+      const ops::QuantMoments q{q_m_ + s.at, q_ma_ + s.blocks, q_v_ + s.at, q_va_ + s.blocks, &mmap, &vmap,
+                                config_.block_size, s.first};
+      update_elements(r, x, nullptr, nullptr, &q, r.numel, lr, scale);
     } else {
-      ops::adamw_update(p, g, f_m_ + s.at, f_v_ + s.at, r.numel, f(lr),
-                        f(config_.beta1), f(config_.beta2), f(config_.eps), decay, f(scale), t_);
+      update_elements(r, x, f_m_ + s.at, f_v_ + s.at, nullptr, r.numel, lr, scale);
     }
   }
 }
@@ -238,30 +346,28 @@ void AdamW::apply_quantized(float* params, const float* grads_state, float* mast
 void AdamW::enable_paging(const memory::PagerOptions& options,
                           const PagedState::Layout& layout) {
   PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
-  PO_CHECK(!quantized(), "optim.state_bits = ", config_.state_bits,
-           " with paging (memory.*) is not built yet; use optim.state_bits = 32 or no paging");
   PO_ASSERT(layout.schema.name == adamw_schema(false).name, "AdamW paged with schema '",
             layout.schema.name, "'");
-  paged_ = std::make_unique<PagedState>(n_, layout, options);
+  paged_ = std::make_unique<PagedState>(paged_numel(), paged_layout(layout), options);
   m_ = tensor::Storage();
   v_ = tensor::Storage();
+  quant_ = tensor::Storage();
 }
 
-// The paged update: every page in the pager's order, every range cut to it;
-// fn(range, first element, count, view at that element).
+// The paged update: every page in the pager's order, every range cut to it.
 namespace {
-// fn(range, first element, count, view at that element) for every range
-// piece inside page [lo, hi); then the page's gradient field is zeroed (the
-// shard starts the next step at zero).
+// fn(range index, first element, count) for every range piece inside page
+// [lo, hi) (the pages' coordinates); then the page's gradient field is
+// zeroed (the shard starts the next step at zero).
 template <typename Fn>
-void page_pieces(const PagedState& state, const std::vector<ParamRange>& by_state, int64_t lo,
+void page_pieces(const PagedState& state, const std::vector<size_t>& by_state,
+                 const std::vector<int64_t>& start, const std::vector<ParamRange>& ranges, int64_t lo,
                  int64_t hi, const PagedState::View& view, Fn fn) {
   auto it = std::lower_bound(by_state.begin(), by_state.end(), lo,
-                             [](const ParamRange& r, int64_t x) { return r.state() + r.numel <= x; });
-  for (; it != by_state.end() && it->state() < hi; ++it) {
-    const int64_t a = std::max(lo, it->state()), b = std::min(hi, it->state() + it->numel);
-    if (a >= b) continue;
-    fn(*it, a, b - a, state.advanced(view, a - lo));
+                             [&](size_t i, int64_t x) { return start[i] + ranges[i].numel <= x; });
+  for (; it != by_state.end() && start[*it] < hi; ++it) {
+    const int64_t a = std::max(lo, start[*it]), b = std::min(hi, start[*it] + ranges[*it].numel);
+    if (a < b) fn(*it, a, b - a);
   }
   if (view.grad)
     backend::device_zero(view.grad, static_cast<size_t>(hi - lo) * state.field_bytes(PagedState::kGrad));
@@ -274,50 +380,114 @@ void AdamW::begin_paged_step() {
   ++t_;
 }
 
-void AdamW::update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedState::View& at,
+void AdamW::update_piece(size_t i, int64_t a, int64_t n, int64_t lo, const PagedState::View& page,
                          const OutsidePages& out, double lr, double scale) {
-  const int64_t rel = a - r.state();
-  const float decay = r.decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-  float* m = at.f32(kM);
-  float* v = at.f32(kV);
+  const ParamRange& r = ranges_[i];
+  const int64_t rel = a - paged_start_[i], k = a - lo;  // into the range; into the page
+  const int64_t state = r.state() + rel;
+  const auto at = [&page, k](const void* f, size_t bytes) {
+    return f ? static_cast<char*>(const_cast<void*>(f)) + static_cast<size_t>(k) * bytes : nullptr;
+  };
+  const size_t pb = paged_->field_bytes(PagedState::kParam), gb = paged_->field_bytes(PagedState::kGrad);
+  Operands x;
   if (paged_->has(kMaster)) {
-    const auto* g = at.grad ? static_cast<const uint16_t*>(at.grad)
-                            : out.grads_bf16 + (out.grads_by_state ? a : r.offset + rel);
-    auto* dst = at.param ? static_cast<uint16_t*>(at.param) : out.params_out + r.offset + rel;
-    ops::adamw_update_mixed(at.f32(kMaster), g, m, v, dst, n, static_cast<float>(lr),
-                            static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
-                            static_cast<float>(config_.eps), decay, static_cast<float>(scale), t_);
+    x.p = page.f32(kMaster) + k;
+    x.gb = page.grad ? reinterpret_cast<const uint16_t*>(at(page.grad, gb))
+                     : out.grads_bf16 + (out.grads_by_state ? state : r.offset + rel);
+    x.out = page.param ? reinterpret_cast<uint16_t*>(at(page.param, pb)) : out.params_out + r.offset + rel;
+  } else {
+    x.p = page.param ? reinterpret_cast<float*>(at(page.param, pb)) : out.params + r.offset + rel;
+    x.g = page.grad ? reinterpret_cast<const float*>(at(page.grad, gb)) : out.grads_state + state;
+  }
+  if (!quantized()) {
+    update_elements(r, x, page.f32(kM) + k, page.f32(kV) + k, nullptr, n, lr, scale);
     return;
   }
-  float* p = at.param ? static_cast<float*>(at.param) : out.params + r.offset + rel;
-  const float* g = at.grad ? static_cast<const float*>(at.grad) : out.grads_state + a;
-  ops::adamw_update(p, g, m, v, n, static_cast<float>(lr), static_cast<float>(config_.beta1),
-                    static_cast<float>(config_.beta2), static_cast<float>(config_.eps), decay,
-                    static_cast<float>(scale), t_);
+  if (!r.quantized) {  // fp32 moments in the side pages, at the range's compact offset
+    paged_->update_side(slots_[i].at + rel, n, [&](float* const* f, int64_t first, int64_t count) {
+      update_elements(r, x + first, f[0], f[1], nullptr, count, lr, scale);
+    });
+    return;
+  }
+  // The blocks from k to the last grid line before k + n reach their
+  // blocks' ends (first scales); a part after it ends inside its block, at
+  // the tensor's end (second scales).
+  const int64_t B = config_.block_size, end = k + n, line = std::max(k, end / B * B);
+  const int64_t nb = paged_->elements_per_page() / B;  // grid blocks per page
+  const backend::Codebook& mmap = moment_map(true);
+  const backend::Codebook& vmap = moment_map(false);
+  const auto run = [&](int64_t from, int64_t count, int64_t slot) {
+    if (count == 0) return;
+    ops::QuantMoments q{reinterpret_cast<uint8_t*>(page.field[kM].codes) + backend::code_offset(from, mmap.bits),
+                        page.field[kM].scales + slot,
+                        reinterpret_cast<uint8_t*>(page.field[kV].codes) + backend::code_offset(from, vmap.bits),
+                        page.field[kV].scales + slot, &mmap, &vmap, B, (B - from % B) % B};
+    update_elements(r, x + (from - k), nullptr, nullptr, &q, count, lr, scale);
+  };
+  run(k, line - k, k / B);
+  run(line, end - line, nb + line / B);
 }
 
 // Every state page in the pager's order (a sweep), each range piece updated.
 void AdamW::apply_paged(const OutsidePages& outside, double lr, double scale) {
   paged_->for_each_page([&](int64_t lo, int64_t hi, const PagedState::View& view) {
-    page_pieces(*paged_, by_state_, lo, hi, view,
-                [&](const ParamRange& r, int64_t a, int64_t n, const PagedState::View& at) {
-                  update_piece(r, a, n, at, outside, lr, scale);
-                });
+    page_pieces(*paged_, by_state_, paged_start_, ranges_, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
+      update_piece(i, a, n, lo, view, outside, lr, scale);
+    });
   }, true);
 }
 
 void AdamW::update_page(size_t page, double lr, double scale, const OutsidePages& outside) {
   PO_ASSERT(paged_ != nullptr, "AdamW::update_page without pages");
   paged_->visit_page(page, [&](int64_t lo, int64_t hi, const PagedState::View& view) {
-    page_pieces(*paged_, by_state_, lo, hi, view,
-                [&](const ParamRange& r, int64_t a, int64_t n, const PagedState::View& at) {
-                  update_piece(r, a, n, at, outside, lr, scale);
-                });
+    page_pieces(*paged_, by_state_, paged_start_, ranges_, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
+      update_piece(i, a, n, lo, view, outside, lr, scale);
+    });
   }, true);
 }
 
+void AdamW::paged_block(size_t i, int64_t x0, int64_t len, bool dirty,
+                        const std::function<void(uint8_t*, float*, uint8_t*, float*)>& fn) const {
+  const PagedState::Geometry& g = paged_->geometry();
+  const int64_t B = config_.block_size, e = g.state_elements;
+  const int64_t at = paged_start_[i] + x0, page = at / e, q = at % e;
+  // The first scale where the block reaches its grid block's end, else the second.
+  const int64_t slot = (q + len) % B == 0 ? q / B : e / B + q / B;
+  const int bits = config_.state_bits;
+  paged_->pager().access(static_cast<size_t>(page), [&](char* data) {
+    fn(reinterpret_cast<uint8_t*>(data + g.offset[kM]) + backend::code_offset(q, bits),
+       reinterpret_cast<float*>(data + g.scales[kM]) + slot,
+       reinterpret_cast<uint8_t*>(data + g.offset[kV]) + backend::code_offset(q, bits),
+       reinterpret_cast<float*>(data + g.scales[kV]) + slot);
+  }, dirty);
+}
+
+void AdamW::copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst, backend::Device::Direction d) {
+  const size_t bytes = paged_->field_bytes(f);
+  for (int64_t done = 0; done < n;) {  // pieces that one shift moves
+    auto next = std::upper_bound(shifts_.begin(), shifts_.end(), lo + done,
+                                 [](int64_t v, const Shift& s) { return v < s.from; });
+    const int64_t len = next == shifts_.end() ? n - done : std::min(n - done, next->from - (lo + done));
+    paged_->copy_out(f, paged_at(lo + done), len, static_cast<char*>(dst) + static_cast<size_t>(done) * bytes, d);
+    done += len;
+  }
+}
+
+void AdamW::copy_in_paged(PagedState::Field f, int64_t lo, int64_t n, const void* src, backend::Device::Direction d) {
+  const size_t bytes = paged_->field_bytes(f);
+  for (int64_t done = 0; done < n;) {
+    auto next = std::upper_bound(shifts_.begin(), shifts_.end(), lo + done,
+                                 [](int64_t v, const Shift& s) { return v < s.from; });
+    const int64_t len = next == shifts_.end() ? n - done : std::min(n - done, next->from - (lo + done));
+    paged_->copy_in(f, paged_at(lo + done), len, static_cast<const char*>(src) + static_cast<size_t>(done) * bytes, d);
+    done += len;
+  }
+}
+
 void AdamW::allocate_state() {
-  if (paged_ || quantized() || m_.data() != nullptr || n_ == 0) return;
+  if (paged_ || n_ == 0) return;
+  if (quantized()) return allocate_quantized();
+  if (m_.data() != nullptr) return;
   m_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
   v_ = tensor::Storage(static_cast<size_t>(n_) * sizeof(float));
 }
@@ -351,7 +521,6 @@ double AdamW::clip_scale(double norm) const {
 void AdamW::apply(float* params, const float* grads_state, double lr, double scale) {
   allocate_state();
   ++t_;
-  if (quantized()) return apply_quantized(params, grads_state, nullptr, nullptr, false, nullptr, lr, scale);
   if (paged_) {
     OutsidePages out;
     out.params = params;
@@ -359,21 +528,16 @@ void AdamW::apply(float* params, const float* grads_state, double lr, double sca
     apply_paged(out, lr, scale);
     return;
   }
-  for (const auto& r : ranges_) {
-    ops::adamw_update(params + r.offset, grads_state + r.state(), m_.f32() + r.state(),
-                      v_.f32() + r.state(), r.numel, static_cast<float>(lr),
-                      static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
-                      static_cast<float>(config_.eps),
-                      r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                      static_cast<float>(scale), t_);
-  }
+  if (quantized()) return apply_quantized(params, grads_state, nullptr, nullptr, false, nullptr, lr, scale);
+  for (const auto& r : ranges_)
+    update_elements(r, {params + r.offset, grads_state + r.state()}, m_.f32() + r.state(), v_.f32() + r.state(),
+                    nullptr, r.numel, lr, scale);
 }
 
 void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_state,
                         uint16_t* params_out, double lr, double scale) {
   allocate_state();
   ++t_;
-  if (quantized()) return apply_quantized(nullptr, nullptr, master, grads, grads_by_state, params_out, lr, scale);
   if (paged_) {
     PO_ASSERT(paged_->has(kMaster), "AdamW::apply_mixed: the pages hold no master weights");
     OutsidePages out;
@@ -383,14 +547,11 @@ void AdamW::apply_mixed(float* master, const uint16_t* grads, bool grads_by_stat
     apply_paged(out, lr, scale);
     return;
   }
-  for (const auto& r : ranges_) {
-    ops::adamw_update_mixed(master + r.state(), grads + (grads_by_state ? r.state() : r.offset),
-                            m_.f32() + r.state(), v_.f32() + r.state(), params_out + r.offset,
-                            r.numel, static_cast<float>(lr), static_cast<float>(config_.beta1),
-                            static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
-                            r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                            static_cast<float>(scale), t_);
-  }
+  if (quantized()) return apply_quantized(nullptr, nullptr, master, grads, grads_by_state, params_out, lr, scale);
+  for (const auto& r : ranges_)
+    update_elements(r, {master + r.state(), nullptr, grads + (grads_by_state ? r.state() : r.offset),
+                        params_out + r.offset},
+                    m_.f32() + r.state(), v_.f32() + r.state(), nullptr, r.numel, lr, scale);
 }
 
 double AdamW::grad_norm(const float* grads, int64_t n) {

@@ -4,6 +4,7 @@
 // page of state is the same slice as the shard of parameters (later issues).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/codebook.h"
+#include "backend/ops.h"
 #include "memory/pager.h"
 #include "optim/paged_state.h"
 #include "tensor/tensor.h"
@@ -121,8 +123,43 @@ class AdamW {
   // shards) into pages; before the first step.
   // With parameters (gradients) in the pages, apply*() ignore their params
   // (grads) argument and use the pages' fields.
+  //
+  // Quantized moments page as they are stored: the pages' elements are the
+  // state's, each unit's block grid moved onto the pages' (paged_at(): the
+  // identity at ZeRO 1-3, whose shards are cut on the grid; at ZeRO-0 each
+  // unit is shifted up to the next grid line), so a page, a multiple of
+  // optim.block_size elements, never splits a block. m and v are codes with
+  // two fp32 scales per grid block (StateField::cut_blocks: the part of a
+  // block before a tensor's end keeps the second), the master beside them;
+  // the fp32 m and v of the 32-bit tensors lie in side pages
+  // (PagedState::Layout::side) at their compact offsets. The update is the
+  // in-memory one cut at page boundaries (block-wise within a page): the
+  // same bits.
   void enable_paging(const memory::PagerOptions& options, const PagedState::Layout& layout);
   bool paged() const { return paged_ != nullptr; }
+  // The pages' layout for `layout` (the caller's shards and master): its
+  // schema and side state as enable_paging makes them, and the elements
+  // they hold (the state's, or more where units are shifted onto the grid).
+  PagedState::Layout paged_layout(const PagedState::Layout& layout) const;
+  int64_t paged_numel() const;
+  // Where state element x lies in the pages' elements, and the first and
+  // last state page holding state elements [lo, lo + n), n > 0.
+  int64_t paged_at(int64_t x) const;
+  std::pair<size_t, size_t> pages_of(int64_t lo, int64_t n) const;
+  // Elements [lo, lo + n) of an element-wise field of the pages (the
+  // master, the shards), in state coordinates, out of / into host buffers.
+  void copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst,
+                      backend::Device::Direction d = backend::Device::Direction::kDeviceToHost);
+  void copy_in_paged(PagedState::Field f, int64_t lo, int64_t n, const void* src,
+                     backend::Device::Direction d = backend::Device::Direction::kHostToDevice);
+  // Bytes of the moments as stored (codes and one scale per block for the
+  // quantized ranges, 8 per element for the rest): the ledger's count.
+  int64_t moment_bytes() const;
+  // What the ledger counts for the state enable_paging(..., layout) pages:
+  // the moments as stored, the master and the shards, over the state's
+  // elements (the pages themselves hold a little more at 8 and 4 bits: a
+  // second scale per block, codes for the 32-bit tensors' elements).
+  int64_t ledger_paged_bytes(const PagedState::Layout& layout) const;
   using OutsidePages = optim::OutsidePages;
   // Pages can be updated one at a time as their gradients become final (no
   // clipping: the scale is known): begin_paged_step() once per step, then
@@ -159,12 +196,43 @@ class AdamW {
   std::vector<ParamRange> ranges_;
   int64_t n_;
   int64_t t_ = 0;
-  // Ranges sorted by state offset (the paged update walks pages in order).
-  std::vector<ParamRange> by_state_;
-  // One piece [a, a + n) of range r inside a page (view `at`), the rest
-  // found `outside`: the paged update's arithmetic.
-  void update_piece(const ParamRange& r, int64_t a, int64_t n, const PagedState::View& at,
+  // Range indices sorted by state offset (the paged update walks pages in
+  // order), and each range's first element in the pages' coordinates.
+  std::vector<size_t> by_state_;
+  std::vector<int64_t> paged_start_;  // by ranges_ index
+  // Where the pages' elements differ from the state's (quantized paging at
+  // ZeRO-0): state elements from `from` on lie `delta` further.
+  struct Shift {
+    int64_t from = 0, delta = 0;
+  };
+  std::vector<Shift> shifts_;
+  void plan_paged_coordinates();
+  // One update's operands for a range's elements from one on: the
+  // parameter (fp32) or the master (bf16), the fp32 or bf16 gradient, the
+  // bf16 parameter written from the master.
+  struct Operands {
+    float* p = nullptr;
+    const float* g = nullptr;
+    const uint16_t* gb = nullptr;
+    uint16_t* out = nullptr;
+    Operands operator+(int64_t k) const {
+      return {p + k, g ? g + k : nullptr, gb ? gb + k : nullptr, out ? out + k : nullptr};
+    }
+  };
+  // The update of n elements: fp32 m and v, or quantized ones (q).
+  void update_elements(const ParamRange& r, const Operands& x, float* m, float* v,
+                       const backend::cpu::QuantMoments* q, int64_t n, double lr, double scale) const;
+  // Range i's elements [a, a + n) in the pages' coordinates, inside the
+  // page [lo, ...) whose view is `page`, the rest found `outside`: the
+  // paged update.
+  void update_piece(size_t i, int64_t a, int64_t n, int64_t lo, const PagedState::View& page,
                     const OutsidePages& outside, double lr, double scale);
+  // Quantized moments in pages: a block of range i, `x0` elements into the
+  // range and `len` long: fn(m codes, m scale, v codes, v scale) on its
+  // page (written back when `dirty`).
+  void paged_block(size_t i, int64_t x0, int64_t len, bool dirty,
+                   const std::function<void(uint8_t*, float*, uint8_t*, float*)>& fn) const;
+  std::array<StateField, 3> paged_fields_{};  // the quantized pages' schema
   // The paged apply()/apply_mixed(): a sweep over every state page.
   void apply_paged(const OutsidePages& outside, double lr, double scale);
   tensor::Storage m_, v_;
@@ -183,11 +251,13 @@ class AdamW {
   // The stores, in one compute-tier allocation (as m_ and v_ are), back to
   // back with no padding: fp32 m and v, then the absmaxes of m and v, then
   // the codes of m and v.
-  tensor::Storage quant_;
+  tensor::Storage quant_;  // allocated at the first use (allocate_state), never when paged
+  int64_t f32_numel_ = 0, code_bytes_ = 0, blocks_ = 0;
   float *f_m_ = nullptr, *f_v_ = nullptr, *q_ma_ = nullptr, *q_va_ = nullptr;
   uint8_t *q_m_ = nullptr, *q_v_ = nullptr;
   size_t quant_bytes() const { return quant_.size(); }
   void plan_quantized();
+  void allocate_quantized();
   // The codebook of m (true) or v at this config's width.
   const backend::Codebook& moment_map(bool m) const;
   // fn(range index, its overlap [a, b) with state elements [lo, lo + n)).

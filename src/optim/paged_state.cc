@@ -54,12 +54,25 @@ PagedState::Geometry PagedState::geometry(int64_t numel, size_t page_bytes, cons
     geo.grad_elements = per_page(layout.grad_bytes);
     geo.grad_pages = pages(geo.grad_elements);
   }
+  if (layout.side_numel > 0) {  // element-wise fp32 fields: a multiple of 16 elements per page
+    const StateSchema& side = layout.side;
+    PO_CHECK(!side.fields.empty() && side.fields.size() <= kMaxFields, "side state schema '", side.name,
+             "' has ", side.fields.size(), " fields (1 to ", kMaxFields, " page)");
+    for (const StateField& f : side.fields)
+      PO_ASSERT(f.dtype == StateDtype::kF32 && f.block == 0, "side state field '", f.name, "' is not fp32");
+    geo.side_elements = pb / (4 * static_cast<int64_t>(side.fields.size())) / 16 * 16;
+    PO_CHECK(geo.side_elements >= 16, "memory.page_size = ", page_bytes, " bytes is too small a page for '",
+             side.name, "' state");
+    side.place(geo.side_elements, kAlign, [&geo](size_t i, int64_t codes, int64_t) { geo.side_offset[i] = codes; });
+    geo.side_pages = static_cast<size_t>((layout.side_numel + geo.side_elements - 1) / geo.side_elements);
+  }
   return geo;
 }
 
 size_t PagedState::min_compute_frames(const Geometry& g, int prefetch) {
   const size_t m = memory::Pager::min_compute_frames(prefetch);
-  return std::min(g.state_pages, m) + std::min(g.param_pages, m) + std::min(g.grad_pages, m);
+  return std::min(g.state_pages, m) + std::min(g.param_pages, m) + std::min(g.grad_pages, m) +
+         std::min(g.side_pages, m);
 }
 
 namespace {
@@ -75,7 +88,7 @@ std::string suffixed(const std::string& name, const char* what) {
 
 PagedState::PagedState(int64_t numel, const Layout& layout, const memory::PagerOptions& options)
     : n_(numel), layout_(layout), geo_(geometry(numel, options.page_bytes, layout)) {
-  const std::vector<size_t> pages = {geo_.state_pages, geo_.param_pages, geo_.grad_pages};
+  const std::vector<size_t> pages = {geo_.state_pages, geo_.param_pages, geo_.grad_pages, geo_.side_pages};
   const size_t least = memory::Pager::min_compute_frames(options.prefetch);
   const std::vector<size_t> compute = memory::split_frames(options.compute_frames, pages, least);
   const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
@@ -95,23 +108,27 @@ PagedState::PagedState(int64_t numel, const Layout& layout, const memory::PagerO
     grads_ = make(2, "grads");
     consumed_.assign(geo_.grad_pages, 0);
   }
+  if (geo_.side_pages > 0) side_ = make(3, "side");  // visited in the state pages' order
 }
 
 bool PagedState::has(Field f) const {
   if (f == kParam) return params_ != nullptr;
   if (f == kGrad) return grads_ != nullptr;
+  if (f <= side_field(0)) return side_ != nullptr && side_field(0) - f < static_cast<int>(layout_.side.fields.size());
   return f >= 0 && static_cast<size_t>(f) < layout_.schema.fields.size();
 }
 
 const memory::Pager& PagedState::pager_of(Field f) const {
   if (f == kParam && params_) return *params_;
   if (f == kGrad && grads_) return *grads_;
+  if (f <= side_field(0) && side_) return *side_;
   return *state_;
 }
 
 int64_t PagedState::elements_of(Field f) const {
   if (f == kParam && params_) return geo_.param_elements;
   if (f == kGrad && grads_) return geo_.grad_elements;
+  if (f <= side_field(0) && side_) return geo_.side_elements;
   return geo_.state_elements;
 }
 
@@ -119,12 +136,14 @@ size_t PagedState::field_bytes(Field f) const {
   if (f == kParam) return layout_.param_bytes;
   if (f == kGrad) return layout_.grad_bytes;
   if (!has(f)) return 0;
+  if (f <= side_field(0)) return 4;
   const StateField& sf = layout_.schema.fields[static_cast<size_t>(f)];
   return sf.block == 0 && sf.bits() % 8 == 0 ? static_cast<size_t>(sf.bits() / 8) : 0;
 }
 
 size_t PagedState::field_offset(Field f) const {
   if (f == kParam || f == kGrad) return 0;  // alone in their pages
+  if (f <= side_field(0)) return static_cast<size_t>(geo_.side_offset[static_cast<size_t>(side_field(0) - f)]);
   return static_cast<size_t>(geo_.offset[static_cast<size_t>(f)]);
 }
 
@@ -230,6 +249,19 @@ void PagedState::copy_in(Field field, int64_t offset, int64_t n, const void* src
   });
 }
 
+void PagedState::update_side(int64_t offset, int64_t n,
+                             const std::function<void(float* const*, int64_t, int64_t)>& fn) {
+  PO_ASSERT(side_ != nullptr, "PagedState::update_side without side state");
+  const size_t k = layout_.side.fields.size();
+  float* fields[kMaxFields] = {};
+  for_each_piece(side_field(0), offset, n, true, [&](char* ptr, int64_t first, int64_t count) {
+    // ptr: field 0 at the piece's first element; the others lie in the same page.
+    for (size_t i = 0; i < k; ++i)
+      fields[i] = reinterpret_cast<float*>(ptr + (geo_.side_offset[i] - geo_.side_offset[0]));
+    fn(fields, first, count);
+  });
+}
+
 void PagedState::prefetch(Field field, int64_t offset, int64_t n) {
   if (n <= 0) return;
   memory::Pager& pager = pager_of(field);
@@ -239,7 +271,7 @@ void PagedState::prefetch(Field field, int64_t offset, int64_t n) {
 
 memory::PagerStats PagedState::take_stats() {
   memory::PagerStats s = state_->take_stats();
-  for (memory::Pager* pg : {params_.get(), grads_.get()}) {
+  for (memory::Pager* pg : {params_.get(), grads_.get(), side_.get()}) {
     if (pg == nullptr) continue;
     s.add(pg->take_stats(), false);  // (pass_s: the sweep is the state pager's)
   }
@@ -248,21 +280,21 @@ memory::PagerStats PagedState::take_stats() {
 
 size_t PagedState::resident(memory::Tier t) const {
   size_t n = state_->resident(t);
-  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+  for (const memory::Pager* pg : {params_.get(), grads_.get(), side_.get()})
     if (pg != nullptr) n += pg->resident(t);
   return n;
 }
 
 size_t PagedState::compute_frames() const {
   size_t n = state_->options().compute_frames;
-  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+  for (const memory::Pager* pg : {params_.get(), grads_.get(), side_.get()})
     if (pg != nullptr) n += pg->options().compute_frames;
   return n;
 }
 
 size_t PagedState::host_frames() const {
   size_t n = state_->options().host_frames;
-  for (const memory::Pager* pg : {params_.get(), grads_.get()})
+  for (const memory::Pager* pg : {params_.get(), grads_.get(), side_.get()})
     if (pg != nullptr) n += pg->options().host_frames;
   return n;
 }

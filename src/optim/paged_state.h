@@ -39,11 +39,19 @@ class PagedState {
     StateSchema schema = adamw_schema(false);
     size_t param_bytes = 0;  // parameter shard: 0 (not paged), 4 (fp32) or 2 (bf16)
     size_t grad_bytes = 0;   // gradient shard: likewise
-    // Bytes of n elements' state and shards, without the pages' padding.
+    // Side state: element-wise fp32 fields over elements of their own
+    // (`side_numel`), in pages of their own. 8- and 4-bit Adam keeps there
+    // the fp32 m and v of the tensors it does not quantize (optim/adamw.h).
+    StateSchema side{};
+    int64_t side_numel = 0;
+    // Bytes of n elements' state and shards (and the side state), without
+    // the pages' padding.
     int64_t bytes(int64_t n) const {
-      return schema.bytes(n) + n * static_cast<int64_t>(param_bytes + grad_bytes);
+      return schema.bytes(n) + n * static_cast<int64_t>(param_bytes + grad_bytes) + side.bytes(side_numel);
     }
   };
+  // Side field i (Layout::side's i-th).
+  static constexpr Field side_field(int i) { return -3 - i; }
   // One schema field at an element: its codes and (with a block scale) the
   // scale of the block the element starts.
   struct FieldView {
@@ -61,12 +69,13 @@ class PagedState {
   // How `numel` elements are cut into pages of `page_bytes`: the state pages,
   // then (when paged) the parameter and the gradient pages.
   struct Geometry {
-    int64_t state_elements = 0, param_elements = 0, grad_elements = 0;  // per page (0: none)
-    size_t state_pages = 0, param_pages = 0, grad_pages = 0;
+    int64_t state_elements = 0, param_elements = 0, grad_elements = 0, side_elements = 0;  // per page (0: none)
+    size_t state_pages = 0, param_pages = 0, grad_pages = 0, side_pages = 0;
     // Bytes from a state page's start to each schema field's codes and its
-    // block scales (-1: none), as StateSchema::place() lays them out.
-    std::array<int64_t, kMaxFields> offset{}, scales{};
-    size_t pages() const { return state_pages + param_pages + grad_pages; }
+    // block scales (-1: none), as StateSchema::place() lays them out; from a
+    // side page's start to each side field.
+    std::array<int64_t, kMaxFields> offset{}, scales{}, side_offset{};
+    size_t pages() const { return state_pages + param_pages + grad_pages + side_pages; }
   };
   static Geometry geometry(int64_t numel, size_t page_bytes, const Layout& layout);
   // The fewest compute frames the pagers work with together.
@@ -109,6 +118,11 @@ class PagedState {
   // of such a field, in order, the piece written back (read-modify-write).
   void update(Field f, int64_t offset, int64_t n,
               const std::function<void(void* ptr, int64_t first, int64_t count)>& fn);
+  // fn(fields, first, count) on each page-resident piece of side elements
+  // [offset, offset + n): fields[i] points at side field i's first element
+  // of the piece (written back).
+  void update_side(int64_t offset, int64_t n,
+                   const std::function<void(float* const* fields, int64_t first, int64_t count)>& fn);
   // Starts bringing the pages holding [offset, offset + n) of field f into
   // the compute tier.
   void prefetch(Field f, int64_t offset, int64_t n);
@@ -119,8 +133,8 @@ class PagedState {
   size_t page_bytes() const { return state_->page_bytes(); }
   size_t compute_frames() const;
   size_t host_frames() const;
-  // The swap file of the state (any schema field), parameter or gradient
-  // pages (null: none).
+  // The swap file of the state (any schema field), parameter, gradient or
+  // side pages (null: none).
   const memory::NvmeStore* store(Field f) const { return pager_of(f).store(); }
   memory::Pager& pager() { return *state_; }  // the state pages'
 
@@ -142,6 +156,7 @@ class PagedState {
   Geometry geo_;
   std::unique_ptr<memory::Pager> state_;          // the schema's fields
   std::unique_ptr<memory::Pager> params_, grads_; // ZeRO-Infinity's shards, or null
+  std::unique_ptr<memory::Pager> side_;           // the side state, or null
   std::vector<int64_t> consumed_;                 // per gradient page: elements consumed this step
 };
 

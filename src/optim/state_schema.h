@@ -53,10 +53,17 @@ struct StateField {
   StateDtype dtype = StateDtype::kF32;
   int64_t block = 0;        // elements sharing one fp32 scale; 0: no scale
   bool checkpointed = true;  // false: held elsewhere in a checkpoint (the master is "params")
+  // Blocks cut at tensor edges (8- and 4-bit Adam: a block is a grid block
+  // ∩ a tensor): a second scale per block, for a tensor's part of it that
+  // ends inside the block (optim/adamw.h). With tensors of at least `block`
+  // elements a grid block holds at most two such parts, so two scales do.
+  bool cut_blocks = false;
 
   constexpr int bits() const { return dtype_bits(dtype); }
   constexpr int64_t code_bytes(int64_t n) const { return (n * bits() + 7) / 8; }
-  constexpr int64_t scale_bytes(int64_t n) const { return block > 0 ? (n + block - 1) / block * 4 : 0; }
+  constexpr int64_t scale_bytes(int64_t n) const {
+    return block > 0 ? (n + block - 1) / block * 4 * (cut_blocks ? 2 : 1) : 0;
+  }
   constexpr int64_t bytes(int64_t n) const { return code_bytes(n) + scale_bytes(n); }
   // Element counts whose codes and scales start on whole bytes and scales:
   // a piece of the field may start only at a multiple of this.

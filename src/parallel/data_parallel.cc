@@ -31,25 +31,6 @@ std::vector<int64_t> unit_sizes(const model::Transformer& m) {
   return n;
 }
 
-// AdamW ranges over this rank's shard: each tensor cut to the owned part of
-// its unit, state (m, v and the gradient shard) in the rank's local buffers,
-// parameters in the model's flat buffer (stages 1-2) or, with `local_params`
-// (stage 3), in the local parameter shard at the same offsets as the state.
-// Quantized moments keep their blocks on the unit's grid (the layout cuts on
-// it), so each rank holds whole blocks, the ones an unsharded run has.
-std::vector<optim::ParamRange> shard_ranges(const model::Transformer& m, const ShardLayout& l,
-                                            bool local_params, const std::vector<bool>& quantized) {
-  std::vector<optim::ParamRange> ranges;
-  for (const OwnedPiece& p : owned_pieces(m.layout(), l)) {
-    const model::TensorSpec& info = m.param_infos()[p.tensor];
-    const int u = info.unit;
-    const int64_t local = l.local_offset(u) + (p.lo - l.begin(u));
-    ranges.push_back({local_params ? local : m.unit_offset(u) + p.lo, p.hi - p.lo, info.decay, local,
-                      quantized[p.tensor], p.lo});
-  }
-  return ranges;
-}
-
 }  // namespace
 
 DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& adam,
@@ -66,19 +47,9 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
            "DataParallel: parameters and reductions are fp32 or bf16");
   const int units = model.num_units();
   const int stage = options_.zero_stage;
-  const std::vector<bool> quantized = quantized_tensors(model.layout(), adam);
-  if (stage == 0) {
-    std::vector<optim::ParamRange> ranges;
-    for (size_t i = 0; i < model.param_infos().size(); ++i) {
-      const auto& info = model.param_infos()[i];
-      ranges.push_back({info.offset, info.numel(), info.decay, -1, quantized[i],
-                        info.offset - model.unit_offset(info.unit)});
-    }
-    adam_ = std::make_unique<optim::AdamW>(adam, std::move(ranges), model.num_params());
-  } else {
-    adam_ = std::make_unique<optim::AdamW>(adam, shard_ranges(model, layout_, stage == 3, quantized),
-                                           layout_.local_numel());
-  }
+  adam_ = std::make_unique<optim::AdamW>(
+      adam, adam_ranges(model.layout(), adam, stage == 0 ? nullptr : &layout_, stage == 3),
+      stage == 0 ? model.num_params() : layout_.local_numel());
   if (stage >= 2 || bf16()) {
     UnitBuffers::Options o;
     o.prefetch = options_.prefetch;
@@ -197,7 +168,7 @@ void DataParallel::take_master() {
   if (whole) {
     const float* full = model_.params();
     if (adam_->paged()) {
-      adam_->paged_state()->copy_in(F::kMaster, 0, model_.num_params(), full, kOnDevice);
+      adam_->copy_in_paged(F::kMaster, 0, model_.num_params(), full, kOnDevice);
     } else {
       master_ = tensor::Storage(static_cast<size_t>(model_.num_params()) * sizeof(float));
       backend::device_copy(master_.f32(), full, static_cast<size_t>(model_.num_params()) * sizeof(float));
@@ -209,7 +180,7 @@ void DataParallel::take_master() {
   for (int u = 0; u < layout_.num_units(); ++u) {
     const float* src = unit_values(u) + layout_.begin(u);
     if (adam_->paged())
-      adam_->paged_state()->copy_in(F::kMaster, state_offset(u), layout_.owned(u), src, kOnDevice);
+      adam_->copy_in_paged(F::kMaster, state_offset(u), layout_.owned(u), src, kOnDevice);
     else
       backend::device_copy(master_.f32() + state_offset(u), src,
                   static_cast<size_t>(layout_.owned(u)) * sizeof(float));

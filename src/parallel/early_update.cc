@@ -48,12 +48,12 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
          [&pager](int r) { pager.claim(r); }});
   }
   if (early_) {  // which units' gradients each page holds
-    const int64_t e = st->elements_per_page();
     page_units_.assign(st->state_pages(), 0);
     for (int u = 0; u < layout_.num_units(); ++u) {
       const auto [lo, n] = state_range(u);
       if (n == 0) continue;
-      for (int64_t p = lo / e; p <= (lo + n - 1) / e; ++p) ++page_units_[static_cast<size_t>(p)];
+      const auto [first, last] = adam_->pages_of(lo, n);
+      for (size_t p = first; p <= last; ++p) ++page_units_[p];
     }
     page_waiting_ = page_units_;
     page_done_.assign(st->state_pages(), false);
@@ -116,11 +116,11 @@ void DataParallel::add_paged_grad(int u, const void* block, DType dtype, bool fi
 // their reads overlap that unit's backward.
 void DataParallel::update_final_pages(int u) {
   optim::PagedState& st = *adam_->paged_state();
-  const int64_t e = st.elements_per_page();
   const auto [lo, n] = state_range(u);
   if (n == 0) return;
   const optim::OutsidePages outside = outside_pages();
-  for (int64_t p = (lo + n - 1) / e; p >= lo / e; --p) {
+  const auto [first_page, last_page] = adam_->pages_of(lo, n);
+  for (auto p = static_cast<int64_t>(last_page); p >= static_cast<int64_t>(first_page); --p) {
     const auto i = static_cast<size_t>(p);
     if (--page_waiting_[i] > 0) continue;
     if (!step_begun_) {
@@ -137,7 +137,8 @@ void DataParallel::update_final_pages(int u) {
   if (next < 0) return;
   const auto [next_lo, next_n] = state_range(next);
   if (next_n == 0) return;
-  const int64_t top = (next_lo + next_n - 1) / e, bottom = next_lo / e;
+  const auto [next_first, next_last] = adam_->pages_of(next_lo, next_n);
+  const auto top = static_cast<int64_t>(next_last), bottom = static_cast<int64_t>(next_first);
   const auto ahead = static_cast<int64_t>(st.pager().usable_frames() / 2);
   for (int64_t p = top; p >= std::max(bottom, top - ahead + 1); --p)
     if (!page_done_[static_cast<size_t>(p)]) st.pager().prefetch(static_cast<size_t>(p));

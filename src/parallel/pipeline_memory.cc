@@ -354,7 +354,7 @@ void PipelineExecutor::read_field(Chunk& c, bool replica, State kind, int64_t of
                                   float* dst) {
   optim::AdamW& a = replica ? *c.rep_adam : *c.adam;
   if (a.quantized() && kind != State::kParams) return a.read_moment(kind, offset, n, dst);  // decoded
-  if (a.paged()) return a.paged_state()->copy_out(optim::AdamW::paged_field(kind), offset, n, dst);
+  if (a.paged()) return a.copy_out_paged(optim::AdamW::paged_field(kind), offset, n, dst);
   backend::to_host(dst, field_in_memory(c, replica, kind) + offset, static_cast<size_t>(n) * sizeof(float));
 }
 
@@ -365,7 +365,7 @@ void PipelineExecutor::write_field(Chunk& c, bool replica, State kind, int64_t o
     quantized_on_load_ += a.write_moment(kind, offset, n, src);
     return;
   }
-  if (a.paged()) return a.paged_state()->copy_in(optim::AdamW::paged_field(kind), offset, n, src);
+  if (a.paged()) return a.copy_in_paged(optim::AdamW::paged_field(kind), offset, n, src);
   backend::from_host(field_in_memory(c, replica, kind) + offset, src, static_cast<size_t>(n) * sizeof(float));
 }
 

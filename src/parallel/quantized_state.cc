@@ -53,4 +53,25 @@ int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam
   return bytes;
 }
 
+std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const optim::AdamWConfig& adam,
+                                           const ShardLayout* shard, bool local_params) {
+  const std::vector<bool> quantized = quantized_tensors(layout, adam);
+  const std::vector<model::TensorSpec>& tensors = layout.tensors();
+  std::vector<optim::ParamRange> ranges;
+  if (shard == nullptr) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const model::TensorSpec& t = tensors[i];
+      ranges.push_back({t.offset, t.numel(), t.decay, -1, quantized[i], t.offset - layout.unit_offset(t.unit)});
+    }
+    return ranges;
+  }
+  for (const OwnedPiece& p : owned_pieces(layout, *shard)) {
+    const model::TensorSpec& t = tensors[p.tensor];
+    const int64_t local = shard->local_offset(t.unit) + (p.lo - shard->begin(t.unit));
+    ranges.push_back({local_params ? local : layout.unit_offset(t.unit) + p.lo, p.hi - p.lo, t.decay, local,
+                      quantized[p.tensor], p.lo});
+  }
+  return ranges;
+}
+
 }  // namespace po::parallel

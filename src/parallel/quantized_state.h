@@ -33,4 +33,14 @@ std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLay
 int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam,
                      const ShardLayout* shard = nullptr);
 
+// AdamW's ranges for a rank of the data group: every tensor whole at
+// ZeRO-0 (`shard` null; the state at the tensor's flat offset), or the part
+// `shard` gives the rank (the state at the shard's local offsets, and the
+// parameters there too with `local_params`, ZeRO-3). Quantized moments keep
+// their blocks on the unit's grid (the layout cuts on it), so each rank
+// holds whole blocks, the ones an unsharded run has. DataParallel builds
+// its AdamW from them, and the planner the pages' geometry.
+std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const optim::AdamWConfig& adam,
+                                           const ShardLayout* shard, bool local_params);
+
 }  // namespace po::parallel

@@ -33,7 +33,7 @@ void DataParallel::read_shard(Shard kind, int u, float* dst) {
     return;
   }
   if (const auto f = paged_field(kind)) {
-    adam_->paged_state()->copy_out(*f, state_offset(u), layout_.owned(u), dst);
+    adam_->copy_out_paged(*f, state_offset(u), layout_.owned(u), dst);
     return;
   }
   backend::to_host(dst, shard_pointer(kind, u), static_cast<size_t>(layout_.owned(u)) * sizeof(float));
@@ -47,7 +47,7 @@ void DataParallel::write_shard(Shard kind, int u, const float* src) {
     return;
   }
   if (const auto f = paged_field(kind)) {
-    adam_->paged_state()->copy_in(*f, state_offset(u), layout_.owned(u), src);
+    adam_->copy_in_paged(*f, state_offset(u), layout_.owned(u), src);
     return;
   }
   backend::from_host(shard_pointer(kind, u), src, static_cast<size_t>(layout_.owned(u)) * sizeof(float));
@@ -62,7 +62,7 @@ void DataParallel::write_whole_moment(Shard kind, int u, const float* src) {
     return;
   }
   if (const auto f = paged_field(kind)) {
-    adam_->paged_state()->copy_in(*f, at, n, src);
+    adam_->copy_in_paged(*f, at, n, src);
     return;
   }
   float* dst = (kind == Shard::kAdamM ? adam_->m() : adam_->v()) + at;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <deque>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -151,17 +152,22 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   if (!l.bf16 && stage == 1) grads += local * 4;  // the update's shard of the reduced gradient
   // (A tied table's lookup part is kept as rows, with the buckets: tied_pair.h.)
   double master = l.bf16 ? state_numel * 4 : 0;
-  double adam = 8 * state_numel;
-  if (l.state_bits < 32) {  // each tensor's moments as AdamW stores them (stages 1-3: rank 0's shard)
+  // Quantized moments (tp = 1: capabilities.cc): this rank's AdamW, as
+  // DataParallel builds it, counts them as stored and lays out their pages
+  // (the units on the blocks' grid, the 32-bit tensors' moments in side pages).
+  std::optional<optim::AdamW> rank_adam;
+  if (l.state_bits < 32) {
     optim::AdamWConfig a;
     a.state_bits = l.state_bits;
     a.block_size = l.state_block;
     a.state_bits_exclude = l.state_bits_exclude;
-    adam = static_cast<double>(parallel::moment_bytes(model::Layout(cfg), a,  // (tp = 1: capabilities.cc)
-                                                      stage >= 1 ? &layout : nullptr));
+    rank_adam.emplace(a, parallel::adam_ranges(model::Layout(cfg), a, stage == 0 ? nullptr : &layout, stage == 3),
+                      static_cast<int64_t>(state_numel));
   }
+  double adam = rank_adam ? static_cast<double>(rank_adam->moment_bytes()) : 8 * state_numel;
   const double unpaged_states = params + grads + master + adam;
-  const double paged_bytes = paged ? static_cast<double>(pl.bytes(static_cast<int64_t>(state_numel))) : 0;
+  const double paged_bytes =
+      !paged ? 0 : static_cast<double>(rank_adam ? rank_adam->ledger_paged_bytes(pl) : pl.bytes(static_cast<int64_t>(state_numel)));
   if (paged) {
     adam = 0;
     master = 0;
@@ -248,7 +254,8 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // Pages: the trainer's frame count for the budgets.
   if (paged) {
     const optim::PagedState::Geometry geo =
-        optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
+        rank_adam ? optim::PagedState::geometry(rank_adam->paged_numel(), l.page_bytes, rank_adam->paged_layout(pl))
+                  : optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
     const double page = static_cast<double>(l.page_bytes);
     const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;
     const memory::PagingPlan plan = memory::plan_paging(

@@ -62,6 +62,8 @@ size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp
   wo.ranks = static_cast<int>(p.dp * p.cp);  // ZeRO shards over dp × cp
   wo.context = p.cp > 1;
   wo.zero_stage = d.zero_stage;
+  const optim::AdamWConfig& adam = dp.adam().config();
+  wo.align = adam.state_bits < 32 ? adam.block_size : 1;  // the shard cut, as DataParallel's
   wo.prefetch = d.prefetch;
   wo.bf16 = d.param_dtype == tensor::DType::kBF16;
   wo.reduce_bf16 = d.reduce_dtype == tensor::DType::kBF16;
@@ -99,7 +101,7 @@ std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions
   std::string fields;
   for (const optim::StateField& f : schema.fields) {
     fields += core::str_cat(fields.empty() ? "" : ", ", f.name, " ", optim::dtype_name(f.dtype));
-    if (f.block > 0) fields += core::str_cat(" + fp32 scale per ", f.block);
+    if (f.block > 0) fields += core::str_cat(" + fp32 scale", f.cut_blocks ? "s (2)" : "", " per ", f.block);
   }
   std::snprintf(line, sizeof line, "\n  %zu pages of %.1f MiB (%lld elements of %.*s: %s)", geo.state_pages,
                 mib(static_cast<double>(o.page_bytes)), static_cast<long long>(geo.state_elements),
@@ -110,6 +112,11 @@ std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions
                   "\n  + %zu parameter-shard pages (%lld elements) + %zu gradient-shard pages (%lld elements)",
                   geo.param_pages, static_cast<long long>(geo.param_elements), geo.grad_pages,
                   static_cast<long long>(geo.grad_elements));
+    t += line;
+  }
+  if (geo.side_pages > 0) {
+    std::snprintf(line, sizeof line, "\n  + %zu side pages (%lld elements of fp32 Adam m, v: the 32-bit tensors')",
+                  geo.side_pages, static_cast<long long>(geo.side_elements));
     t += line;
   }
   std::snprintf(line, sizeof line, ", %.1f MiB in all", mib(static_cast<double>(pages * o.page_bytes)));
@@ -159,11 +166,11 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
     return false;
   }
   memory::PagerOptions o = pager_options(cfg, rank);
-  const optim::PagedState::Layout layout = dp.paging_layout();
-  const int64_t numel = dp.adam().num_params();
+  const optim::AdamW& adam = dp.adam();
+  const optim::PagedState::Layout layout = adam.paged_layout(dp.paging_layout());
   const optim::PagedState::Geometry geo =
-      optim::PagedState::geometry(numel, o.page_bytes, layout);
-  const size_t paged_bytes = static_cast<size_t>(layout.bytes(numel));
+      optim::PagedState::geometry(adam.paged_numel(), o.page_bytes, layout);
+  const auto paged_bytes = static_cast<size_t>(adam.ledger_paged_bytes(dp.paging_layout()));
   const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
   const size_t min_frames = optim::PagedState::min_compute_frames(geo, o.prefetch);
   const memory::PagingPlan plan =

@@ -283,7 +283,9 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
     const po::model::QuantTensor* a = whole.quantized(p);
     const po::model::QuantTensor* b = streamed.quantized(p);
     ASSERT_EQ(a == nullptr, b == nullptr) << p.name;
-    if (a != nullptr) EXPECT_EQ(a->nf4.codes, b->nf4.codes) << p.name << ": quantized while loading";
+    if (a != nullptr) {
+      EXPECT_EQ(a->nf4.codes, b->nf4.codes) << p.name << ": quantized while loading";
+    }
   }
   std::filesystem::remove_all(hf);
   // Bad files: another quant_type, a missing companion tensor.

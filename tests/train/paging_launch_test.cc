@@ -189,6 +189,69 @@ TEST_F(Paging, LlamaPagedZero3IsBitIdenticalResumesAndReshards) {
         << "Llama step " << i + 6 << ": resharded to dp 1 vs dp 2 ZeRO-3";
 }
 
+// 8- and 4-bit Adam state (optim.state_bits) in pages: codes with their
+// blocks' scales, the units moved onto the blocks' grid at ZeRO-0, the
+// 32-bit tensors' moments (the token table, c_attn: under 4096 elements) in
+// side pages. Every page evicted to NVMe every step, the run is bit for bit
+// the in-memory run at the same width, sweep and early updates alike, and a
+// paged run resumes paged on its own curve with nothing re-quantized.
+TEST_F(Paging, QuantizedStatePagesBitIdenticalToInMemory) {
+  struct Case {
+    int dp, stage, bits;
+    std::string extra;
+  };
+  const std::vector<Case> cases = {
+      {1, 0, 8, ""},
+      {1, 0, 4, "--set train.precision=bf16"},
+      {2, 1, 8, "--set train.precision=bf16"},
+      {2, 3, 4, ""},
+      {2, 3, 8, "--set train.precision=bf16"},
+      {1, 0, 8, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
+      {2, 2, 4, "--set train.grad_clip=0 --set memory.update_in_backward=true --set train.precision=bf16"},
+  };
+  for (const Case& c : cases) {
+    const std::string bits = " --set optim.state_bits=" + std::to_string(c.bits);
+    const std::string what = "dp " + std::to_string(c.dp) + " stage " + std::to_string(c.stage) + " " +
+                             std::to_string(c.bits) + "-bit " + c.extra;
+    std::string ref_extra;  // c.extra without its memory.* settings
+    {
+      std::istringstream in(c.extra);
+      for (std::string flag, kv; in >> flag >> kv;)
+        if (!kv.starts_with("memory.")) ref_extra += " " + flag + " " + kv;
+    }
+    const std::string tag = "q" + std::to_string(&c - cases.data());
+    const std::string ref = train(tag + "ref", c.dp, c.stage, ref_extra + bits);
+    const std::string extra = c.extra + bits + paged(dir_ / (tag + "swap"));
+    const std::string run = train(tag + "paged", c.dp, c.stage,
+                                  extra + " --set memory.compute_budget=" + budget(c.dp, c.stage, extra, 6));
+    const auto a = losses(ref, 10), b = losses(run, 10);
+    ASSERT_EQ(a.size(), 10u) << what;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i], b[i]) << what << ": loss at step " << i + 1 << " paged vs in memory";
+    po::test::expect_same_checkpoint(ref, run, 10, what + " paged");
+    const auto rec = paging_records(run);
+    ASSERT_EQ(rec.size(), 10u) << what;
+    EXPECT_GT(rec.back()["nvme_read_bytes"].get<double>(), 0) << what << ": no page came from NVMe";
+    if (c.extra.find("update_in_backward") != std::string::npos)
+      EXPECT_GT(po::test::last_metric(run, "paging_per_rank")[0]["pages_updated_in_backward"].get<double>(), 0)
+          << what << ": no page was updated during the backward";
+    if (&c - cases.data() > 2) continue;
+    // Resumed paged from step 5: the uninterrupted curve and checkpoint.
+    const std::string resumed = copy_checkpoint(run, 5, tag + "resumed");
+    const auto r = run_train(tag + "resumed", c.dp,
+                             args(c.stage, "--resume " + extra + " --set memory.compute_budget=" +
+                                               budget(c.dp, c.stage, extra, 6)));
+    ASSERT_EQ(r.exit_code, 0) << what << " resumed:\n" << r.output;
+    EXPECT_EQ(r.output.find("blocks of Adam's moments"), std::string::npos) << what << ": moments re-quantized on resume:\n"
+                                                             << r.output;
+    const auto tail = losses(resumed, 5);
+    ASSERT_EQ(tail.size(), 5u) << what;
+    for (size_t i = 0; i < tail.size(); ++i)
+      EXPECT_EQ(tail[i], b[5 + i]) << what << ": step " << i + 6 << " resumed vs uninterrupted";
+    po::test::expect_same_checkpoint(run, resumed, 10, what + " resumed");
+  }
+}
+
 // The checkpoint of a paged run (the pages copied out) resumes in memory,
 // and an in-memory run's checkpoint resumes paged: the continued curves are
 // the uninterrupted runs'.
