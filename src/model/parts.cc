@@ -84,14 +84,7 @@ void base_rows_product(float* z, Operand x, const Linear::Weights& p, int64_t ro
               in, 0.0f, z, n);
     return;
   }
-  const int64_t P = quant_panel_rows(in, n);
-  thread_local std::vector<float> panel;
-  panel.resize(static_cast<size_t>(P * in));
-  for (int64_t r = 0; r < n; r += P) {
-    const int64_t k = std::min(P, n - r);
-    p.q->decode(row0 + r, k, panel.data());
-    ops::gemm(false, true, rows, k, in, 1.0f, x, in, panel.data(), in, 0.0f, z + r, n);
-  }
+  quant_matmul_rows(z, n, x, *p.q, row0, n, rows, in);
 }
 
 // DoRA's per-row scale m / ‖W0 + s·B·A‖ of a piece (the norm over the input,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include <omp.h>
 
@@ -23,14 +24,32 @@ namespace {
 
 constexpr float kInv127 = 7.874015718698502e-3f;  // 1 / 127 in float32 (bitsandbytes' constant)
 
-void quantize_int8_rows(QuantTensor& t, const float* w) {
+// Names the first weight that is not finite (a one-line error); called only
+// once a quantizer has seen one, so good weights are read once.
+[[noreturn]] void refuse_nonfinite(WeightQuant format, const float* w, int64_t n, int64_t cols,
+                                   const std::string& name) {
+  int64_t e = 0;
+  while (e < n - 1 && std::isfinite(w[e])) ++e;
+  PO_CHECK(false, name, ": element ", e, " (row ", e / cols, ", column ", e % cols, ") is ", w[e],
+           "; model.quant = ", weight_quant_name(format), " needs finite weights");
+  std::abort();  // (PO_CHECK(false) throws)
+}
+
+// Returns false when a weight is not finite (the codes are then not used).
+bool quantize_int8_rows(QuantTensor& t, const float* w) {
   t.int8.resize(static_cast<size_t>(t.rows * t.cols));
   t.row_absmax.resize(static_cast<size_t>(t.rows));
-#pragma omp parallel for schedule(static)
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int64_t j = 0; j < t.rows; ++j) {
     const float* row = w + j * t.cols;
     float a = 0.0f;
-    for (int64_t i = 0; i < t.cols; ++i) a = std::max(a, std::fabs(row[i]));
+    bool ok = true;
+    for (int64_t i = 0; i < t.cols; ++i) {
+      a = std::max(a, std::fabs(row[i]));
+      ok = ok && std::isfinite(row[i]);
+    }
+    finite = finite && ok;
     t.row_absmax[static_cast<size_t>(j)] = a;
     int8_t* c = t.int8.data() + j * t.cols;
     if (a == 0.0f) {
@@ -41,6 +60,7 @@ void quantize_int8_rows(QuantTensor& t, const float* w) {
     // nearbyint under the default rounding mode: to nearest, ties to even.
     for (int64_t i = 0; i < t.cols; ++i) c[i] = static_cast<int8_t>(std::nearbyint(row[i] * k));
   }
+  return finite;
 }
 
 }  // namespace
@@ -50,17 +70,19 @@ QuantTensor quantize_weight(WeightQuant format, const float* w, int64_t rows, in
   PO_CHECK(format != WeightQuant::kNone, "quantize_weight: no format for ", name);
   PO_CHECK(rows > 0 && cols > 0, "quantize_weight: ", name, " is [", rows, ", ", cols, "]");
   const int64_t n = rows * cols;
-  for (int64_t e = 0; e < n; ++e)
-    PO_CHECK(std::isfinite(w[e]), name, ": element ", e, " (row ", e / cols, ", column ", e % cols,
-             ") is ", w[e], "; model.quant = ", weight_quant_name(format), " needs finite weights");
   QuantTensor t;
   t.format = format;
   t.rows = rows;
   t.cols = cols;
-  if (format == WeightQuant::kNf4)
+  if (format == WeightQuant::kInt8) {
+    if (!quantize_int8_rows(t, w)) refuse_nonfinite(format, w, n, cols, name);
+    return t;
+  }
+  try {  // quantize_nf4 checks every weight as it reads it
     t.nf4 = backend::quantize_nf4(w, n);
-  else
-    quantize_int8_rows(t, w);
+  } catch (const core::Error&) {
+    refuse_nonfinite(format, w, n, cols, name);
+  }
   return t;
 }
 
@@ -117,29 +139,36 @@ int64_t quant_panel_rows(int64_t in, int64_t out) {
 
 namespace {
 
-// fn(row0, n, panel[n, in]) for each panel of rows of W in order, decoded
-// into this thread's scratch.
+// fn(r, k, panel[k, in]) for each panel of rows [row0 + r, row0 + r + k) of
+// W in order, r from 0 to n, decoded into this thread's scratch.
 template <typename Fn>
-void for_each_panel(const QuantWeight& w, int64_t in, int64_t out, Fn&& fn) {
-  const int64_t P = quant_panel_rows(in, out);
+void for_each_panel(const QuantWeight& w, int64_t row0, int64_t n, int64_t in, Fn&& fn) {
+  const int64_t P = quant_panel_rows(in, n);
   thread_local std::vector<float> panel;
   panel.resize(static_cast<size_t>(P * in));
-  for (int64_t r0 = 0; r0 < out; r0 += P) {
-    const int64_t n = std::min(P, out - r0);
-    w.decode(r0, n, panel.data());
-    fn(r0, n, panel.data());
+  for (int64_t r = 0; r < n; r += P) {
+    const int64_t k = std::min(P, n - r);
+    w.decode(row0 + r, k, panel.data());
+    fn(r, k, panel.data());
   }
 }
 
 }  // namespace
 
+void quant_matmul_rows(float* y, int64_t ldy, ops::Operand x, const QuantWeight& w, int64_t row0, int64_t n,
+                       int64_t rows, int64_t in) {
+  PO_ASSERT(row0 >= 0 && row0 + n <= w.rows() && w.parts[0]->cols == in, "quant_matmul_rows: rows [", row0,
+            ", ", row0 + n, ") of a [", w.rows(), ", ", w.parts[0]->cols, "] weight for in ", in);
+  for_each_panel(w, row0, n, in, [&](int64_t r, int64_t k, const float* panel) {
+    ops::gemm(false, true, rows, k, in, 1.0f, x, in, panel, in, 0.0f, y + r, ldy);
+  });
+}
+
 void quant_matmul_forward(float* y, ops::Operand x, const QuantWeight& w, const float* bias,
                           int64_t rows, int64_t in, int64_t out) {
-  PO_ASSERT(w.rows() == out && w.parts[0]->cols == in, "quant_matmul_forward: a [", w.rows(), ", ",
-            w.parts[0]->cols, "] weight for in ", in, ", out ", out);
-  for_each_panel(w, in, out, [&](int64_t r0, int64_t n, const float* panel) {
-    ops::gemm(false, true, rows, n, in, 1.0f, x, in, panel, in, 0.0f, y + r0, out);
-  });
+  PO_ASSERT(w.rows() == out, "quant_matmul_forward: a [", w.rows(), ", ", w.parts[0]->cols, "] weight for out ",
+            out);
+  quant_matmul_rows(y, out, x, w, 0, out, rows, in);
   if (bias == nullptr) return;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; ++i)
@@ -150,7 +179,7 @@ void quant_matmul_backward_input(float* dx, ops::Operand dy, const QuantWeight& 
                                  int64_t in, int64_t out) {
   PO_ASSERT(w.rows() == out && w.parts[0]->cols == in, "quant_matmul_backward_input: a [", w.rows(),
             ", ", w.parts[0]->cols, "] weight for in ", in, ", out ", out);
-  for_each_panel(w, in, out, [&](int64_t r0, int64_t n, const float* panel) {
+  for_each_panel(w, 0, out, in, [&](int64_t r0, int64_t n, const float* panel) {
     const ops::Operand d(dy.f32 != nullptr ? dy.f32 + r0 : nullptr,
                          dy.bf16 != nullptr ? dy.bf16 + r0 : nullptr);
     ops::gemm(false, false, rows, in, n, 1.0f, d, out, panel, in, r0 == 0 ? 0.0f : 1.0f, dx, in);

@@ -62,6 +62,10 @@ int64_t quant_panel_rows(int64_t in, int64_t out);
 // y[rows, out] = x · Wᵀ + bias (bias may be null), W read panel by panel.
 void quant_matmul_forward(float* y, backend::cpu::Operand x, const QuantWeight& w, const float* bias,
                           int64_t rows, int64_t in, int64_t out);
+// The same for rows [row0, row0 + n) of W only: y[rows, n] (row stride ldy)
+// = x · W[row0 : row0 + n]ᵀ, no bias (a LoRA piece's or a DoRA row's base).
+void quant_matmul_rows(float* y, int64_t ldy, backend::cpu::Operand x, const QuantWeight& w, int64_t row0,
+                       int64_t n, int64_t rows, int64_t in);
 // dx[rows, in] = dy · W (written), W read panel by panel; the panels' sums
 // add in row order.
 void quant_matmul_backward_input(float* dx, backend::cpu::Operand dy, const QuantWeight& w,

@@ -26,7 +26,6 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
   std::sort(by_state_.begin(), by_state_.end(),
             [this](size_t a, size_t b) { return ranges_[a].state() < ranges_[b].state(); });
   if (quantized()) plan_quantized();
-  plan_paged_coordinates();
 }
 
 AdamWConfig adamw_config(const core::Config& cfg) {
@@ -105,33 +104,53 @@ void AdamW::allocate_quantized() {
 
 // The pages' coordinates: the state's, except that with quantized moments
 // each unit (ranges sharing one grid origin, state() - unit_offset) starts
-// its grid on a multiple of the block, shifted up past the one before.
-void AdamW::plan_paged_coordinates() {
-  paged_start_.assign(ranges_.size(), 0);
+// its grid on a multiple of the block, shifted up past the one before, and
+// (compact) the 32-bit ranges take no place.
+AdamW::PagedCoordinates AdamW::paged_coordinates(const PagedState::Layout& layout) const {
+  PagedCoordinates c;
+  c.start.assign(ranges_.size(), 0);
+  c.len.assign(ranges_.size(), 0);
+  bool some_quantized = false, some_not = false;
+  for (const ParamRange& r : ranges_) (r.quantized ? some_quantized : some_not) = true;
+  const bool compact = quantized() && some_quantized && some_not && layout.param_bytes == 0 &&
+                       layout.grad_bytes == 0 && layout.schema.fields.size() <= static_cast<size_t>(kMaster);
   const int64_t B = config_.block_size;
-  int64_t delta = 0, end = 0;  // the shift so far; the pages' end of the last range
+  int64_t delta = 0, end = 0;  // the shift so far; the pages' end of the last range placed
   for (size_t i : by_state_) {
     const ParamRange& r = ranges_[i];
     int64_t at = r.state() + delta;
-    if (quantized() && ((at - r.unit_offset) % B + B) % B != 0) {
+    if (compact && !r.quantized) {
+      c.start[i] = at;
+      delta -= r.numel;
+      continue;
+    }
+    if (quantized() && r.quantized && ((at - r.unit_offset) % B + B) % B != 0) {
       const int64_t origin = std::max(at, end) - r.unit_offset;  // the grid origin, moved up to a line
       const int64_t moved = (origin + B - 1) / B * B + r.unit_offset;
       delta += moved - at;
       at = moved;
-      shifts_.push_back({r.state(), delta});
+      c.shifts.push_back({r.state(), delta});
     }
-    paged_start_[i] = at;
+    c.start[i] = at;
+    c.len[i] = r.numel;
     end = at + r.numel;
   }
+  c.numel = std::max(end, n_ + delta);
+  for (int64_t& s : c.start) s = std::min(s, std::max<int64_t>(c.numel - 1, 0));  // (trailing 32-bit ranges)
+  return c;
 }
 
 int64_t AdamW::paged_at(int64_t x) const {
-  auto it = std::upper_bound(shifts_.begin(), shifts_.end(), x,
-                             [](int64_t v, const Shift& s) { return v < s.from; });
-  return it == shifts_.begin() ? x : x + std::prev(it)->delta;
+  // The last range starting at or before x; an element between ranges moves with the one before.
+  auto it = std::upper_bound(by_state_.begin(), by_state_.end(), x,
+                             [this](int64_t v, size_t i) { return v < ranges_[i].state(); });
+  if (it == by_state_.begin()) return x;
+  const size_t i = *std::prev(it);
+  const ParamRange& r = ranges_[i];
+  const int64_t len = coords_.len[i];
+  if (x < r.state() + r.numel) return coords_.start[i] + (len > 0 ? x - r.state() : 0);
+  return std::min(coords_.start[i] + len + (x - r.state() - r.numel), std::max<int64_t>(coords_.numel - 1, 0));
 }
-
-int64_t AdamW::paged_numel() const { return n_ == 0 ? 0 : paged_at(n_ - 1) + 1; }
 
 std::pair<size_t, size_t> AdamW::pages_of(int64_t lo, int64_t n) const {
   PO_ASSERT(paged_ != nullptr && n > 0, "AdamW::pages_of without pages or elements");
@@ -142,7 +161,7 @@ std::pair<size_t, size_t> AdamW::pages_of(int64_t lo, int64_t n) const {
 PagedState::Layout AdamW::paged_layout(const PagedState::Layout& layout) const {
   PagedState::Layout out = layout;
   if (!quantized()) return out;
-  PO_CHECK(shifts_.empty() || (layout.param_bytes == 0 && layout.grad_bytes == 0),
+  PO_CHECK(paged_coordinates(layout).shifts.empty() || (layout.param_bytes == 0 && layout.grad_bytes == 0),
            "paged parameter shards (ZeRO-3) with quantized moments need shards cut on the blocks' grid");
   const bool master = layout.schema.fields.size() > static_cast<size_t>(kMaster);
   out.schema = {"adamw", std::span<const StateField>(paged_fields_.data(), master ? 3 : 2)};
@@ -348,7 +367,8 @@ void AdamW::enable_paging(const memory::PagerOptions& options,
   PO_CHECK(t_ == 0, "AdamW::enable_paging after ", t_, " steps");
   PO_ASSERT(layout.schema.name == adamw_schema(false).name, "AdamW paged with schema '",
             layout.schema.name, "'");
-  paged_ = std::make_unique<PagedState>(paged_numel(), paged_layout(layout), options);
+  coords_ = paged_coordinates(layout);
+  paged_ = std::make_unique<PagedState>(coords_.numel, paged_layout(layout), options);
   m_ = tensor::Storage();
   v_ = tensor::Storage();
   quant_ = tensor::Storage();
@@ -360,13 +380,17 @@ namespace {
 // [lo, hi) (the pages' coordinates); then the page's gradient field is
 // zeroed (the shard starts the next step at zero).
 template <typename Fn>
-void page_pieces(const PagedState& state, const std::vector<size_t>& by_state,
-                 const std::vector<int64_t>& start, const std::vector<ParamRange>& ranges, int64_t lo,
-                 int64_t hi, const PagedState::View& view, Fn fn) {
+void page_pieces(const PagedState& state, const std::vector<size_t>& by_state, const std::vector<int64_t>& start,
+                 const std::vector<int64_t>& len, int64_t lo, int64_t hi, const PagedState::View& view, Fn fn) {
+  // (A range of length 0 is placed at one element: the page that holds it updates it.)
   auto it = std::lower_bound(by_state.begin(), by_state.end(), lo,
-                             [&](size_t i, int64_t x) { return start[i] + ranges[i].numel <= x; });
+                             [&](size_t i, int64_t x) { return start[i] + std::max<int64_t>(len[i], 1) <= x; });
   for (; it != by_state.end() && start[*it] < hi; ++it) {
-    const int64_t a = std::max(lo, start[*it]), b = std::min(hi, start[*it] + ranges[*it].numel);
+    if (len[*it] == 0) {
+      fn(*it, start[*it], int64_t{0});
+      continue;
+    }
+    const int64_t a = std::max(lo, start[*it]), b = std::min(hi, start[*it] + len[*it]);
     if (a < b) fn(*it, a, b - a);
   }
   if (view.grad)
@@ -383,7 +407,8 @@ void AdamW::begin_paged_step() {
 void AdamW::update_piece(size_t i, int64_t a, int64_t n, int64_t lo, const PagedState::View& page,
                          const OutsidePages& out, double lr, double scale) {
   const ParamRange& r = ranges_[i];
-  const int64_t rel = a - paged_start_[i], k = a - lo;  // into the range; into the page
+  if (coords_.len[i] == 0) n = r.numel;  // placed nowhere: the whole range, here
+  const int64_t rel = a - coords_.start[i], k = a - lo;  // into the range; into the page
   const int64_t state = r.state() + rel;
   const auto at = [&page, k](const void* f, size_t bytes) {
     return f ? static_cast<char*>(const_cast<void*>(f)) + static_cast<size_t>(k) * bytes : nullptr;
@@ -431,7 +456,7 @@ void AdamW::update_piece(size_t i, int64_t a, int64_t n, int64_t lo, const Paged
 // Every state page in the pager's order (a sweep), each range piece updated.
 void AdamW::apply_paged(const OutsidePages& outside, double lr, double scale) {
   paged_->for_each_page([&](int64_t lo, int64_t hi, const PagedState::View& view) {
-    page_pieces(*paged_, by_state_, paged_start_, ranges_, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
+    page_pieces(*paged_, by_state_, coords_.start, coords_.len, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
       update_piece(i, a, n, lo, view, outside, lr, scale);
     });
   }, true);
@@ -440,7 +465,7 @@ void AdamW::apply_paged(const OutsidePages& outside, double lr, double scale) {
 void AdamW::update_page(size_t page, double lr, double scale, const OutsidePages& outside) {
   PO_ASSERT(paged_ != nullptr, "AdamW::update_page without pages");
   paged_->visit_page(page, [&](int64_t lo, int64_t hi, const PagedState::View& view) {
-    page_pieces(*paged_, by_state_, paged_start_, ranges_, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
+    page_pieces(*paged_, by_state_, coords_.start, coords_.len, lo, hi, view, [&](size_t i, int64_t a, int64_t n) {
       update_piece(i, a, n, lo, view, outside, lr, scale);
     });
   }, true);
@@ -450,7 +475,7 @@ void AdamW::paged_block(size_t i, int64_t x0, int64_t len, bool dirty,
                         const std::function<void(uint8_t*, float*, uint8_t*, float*)>& fn) const {
   const PagedState::Geometry& g = paged_->geometry();
   const int64_t B = config_.block_size, e = g.state_elements;
-  const int64_t at = paged_start_[i] + x0, page = at / e, q = at % e;
+  const int64_t at = coords_.start[i] + x0, page = at / e, q = at % e;
   // The first scale where the block reaches its grid block's end, else the second.
   const int64_t slot = (q + len) % B == 0 ? q / B : e / B + q / B;
   const int bits = config_.state_bits;
@@ -465,9 +490,9 @@ void AdamW::paged_block(size_t i, int64_t x0, int64_t len, bool dirty,
 void AdamW::copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst, backend::Device::Direction d) {
   const size_t bytes = paged_->field_bytes(f);
   for (int64_t done = 0; done < n;) {  // pieces that one shift moves
-    auto next = std::upper_bound(shifts_.begin(), shifts_.end(), lo + done,
+    auto next = std::upper_bound(coords_.shifts.begin(), coords_.shifts.end(), lo + done,
                                  [](int64_t v, const Shift& s) { return v < s.from; });
-    const int64_t len = next == shifts_.end() ? n - done : std::min(n - done, next->from - (lo + done));
+    const int64_t len = next == coords_.shifts.end() ? n - done : std::min(n - done, next->from - (lo + done));
     paged_->copy_out(f, paged_at(lo + done), len, static_cast<char*>(dst) + static_cast<size_t>(done) * bytes, d);
     done += len;
   }
@@ -476,9 +501,9 @@ void AdamW::copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst
 void AdamW::copy_in_paged(PagedState::Field f, int64_t lo, int64_t n, const void* src, backend::Device::Direction d) {
   const size_t bytes = paged_->field_bytes(f);
   for (int64_t done = 0; done < n;) {
-    auto next = std::upper_bound(shifts_.begin(), shifts_.end(), lo + done,
+    auto next = std::upper_bound(coords_.shifts.begin(), coords_.shifts.end(), lo + done,
                                  [](int64_t v, const Shift& s) { return v < s.from; });
-    const int64_t len = next == shifts_.end() ? n - done : std::min(n - done, next->from - (lo + done));
+    const int64_t len = next == coords_.shifts.end() ? n - done : std::min(n - done, next->from - (lo + done));
     paged_->copy_in(f, paged_at(lo + done), len, static_cast<const char*>(src) + static_cast<size_t>(done) * bytes, d);
     done += len;
   }

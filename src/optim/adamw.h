@@ -139,9 +139,10 @@ class AdamW {
   bool paged() const { return paged_ != nullptr; }
   // The pages' layout for `layout` (the caller's shards and master): its
   // schema and side state as enable_paging makes them, and the elements
-  // they hold (the state's, or more where units are shifted onto the grid).
+  // they hold (the state's; more where units are shifted onto the grid,
+  // fewer where the 32-bit ranges take no place).
   PagedState::Layout paged_layout(const PagedState::Layout& layout) const;
-  int64_t paged_numel() const;
+  int64_t paged_numel(const PagedState::Layout& layout) const { return paged_coordinates(layout).numel; }
   // Where state element x lies in the pages' elements, and the first and
   // last state page holding state elements [lo, lo + n), n > 0.
   int64_t paged_at(int64_t x) const;
@@ -197,16 +198,25 @@ class AdamW {
   int64_t n_;
   int64_t t_ = 0;
   // Range indices sorted by state offset (the paged update walks pages in
-  // order), and each range's first element in the pages' coordinates.
+  // order).
   std::vector<size_t> by_state_;
-  std::vector<int64_t> paged_start_;  // by ranges_ index
-  // Where the pages' elements differ from the state's (quantized paging at
-  // ZeRO-0): state elements from `from` on lie `delta` further.
+  // The pages' coordinates: each range's first element and its length
+  // there (by ranges_ index), and where they move whole stretches of the
+  // state (quantized paging at ZeRO-0: state elements from `from` on lie
+  // `delta` further). With quantized moments and nothing else per element
+  // in the pages (no master, no shards) the 32-bit ranges take no place
+  // there (length 0): their moments are all in the side pages, and the
+  // range is updated with the page its place falls in.
   struct Shift {
     int64_t from = 0, delta = 0;
   };
-  std::vector<Shift> shifts_;
-  void plan_paged_coordinates();
+  struct PagedCoordinates {
+    std::vector<int64_t> start, len;
+    std::vector<Shift> shifts;
+    int64_t numel = 0;
+  };
+  PagedCoordinates paged_coordinates(const PagedState::Layout& layout) const;
+  PagedCoordinates coords_;  // enable_paging's
   // One update's operands for a range's elements from one on: the
   // parameter (fp32) or the master (bf16), the fp32 or bf16 gradient, the
   // bf16 parameter written from the master.

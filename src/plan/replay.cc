@@ -254,7 +254,7 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   // Pages: the trainer's frame count for the budgets.
   if (paged) {
     const optim::PagedState::Geometry geo =
-        rank_adam ? optim::PagedState::geometry(rank_adam->paged_numel(), l.page_bytes, rank_adam->paged_layout(pl))
+        rank_adam ? optim::PagedState::geometry(rank_adam->paged_numel(pl), l.page_bytes, rank_adam->paged_layout(pl))
                   : optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
     const double page = static_cast<double>(l.page_bytes);
     const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;

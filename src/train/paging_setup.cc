@@ -169,7 +169,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const optim::AdamW& adam = dp.adam();
   const optim::PagedState::Layout layout = adam.paged_layout(dp.paging_layout());
   const optim::PagedState::Geometry geo =
-      optim::PagedState::geometry(adam.paged_numel(), o.page_bytes, layout);
+      optim::PagedState::geometry(adam.paged_numel(dp.paging_layout()), o.page_bytes, layout);
   const auto paged_bytes = static_cast<size_t>(adam.ledger_paged_bytes(dp.paging_layout()));
   const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
   const size_t min_frames = optim::PagedState::min_compute_frames(geo, o.prefetch);

@@ -192,7 +192,7 @@ TEST_F(Paging, LlamaPagedZero3IsBitIdenticalResumesAndReshards) {
 // 8- and 4-bit Adam state (optim.state_bits) in pages: codes with their
 // blocks' scales, the units moved onto the blocks' grid at ZeRO-0, the
 // 32-bit tensors' moments (the token table, c_attn: under 4096 elements) in
-// side pages. Every page evicted to NVMe every step, the run is bit for bit
+// side pages (and, with no master or shards in the pages, nowhere else). Every page evicted to NVMe every step, the run is bit for bit
 // the in-memory run at the same width, sweep and early updates alike, and a
 // paged run resumes paged on its own curve with nothing re-quantized.
 TEST_F(Paging, QuantizedStatePagesBitIdenticalToInMemory) {
@@ -208,6 +208,10 @@ TEST_F(Paging, QuantizedStatePagesBitIdenticalToInMemory) {
       {2, 3, 8, "--set train.precision=bf16"},
       {1, 0, 8, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
       {2, 2, 4, "--set train.grad_clip=0 --set memory.update_in_backward=true --set train.precision=bf16"},
+      // fp32 at ZeRO 0-2 (nothing else per element in the pages): the 32-bit
+      // tensors take no place in the state pages, only in the side pages.
+      {2, 2, 4, ""},
+      {2, 1, 8, "--set train.grad_clip=0 --set memory.update_in_backward=true"},
   };
   for (const Case& c : cases) {
     const std::string bits = " --set optim.state_bits=" + std::to_string(c.bits);
@@ -232,9 +236,12 @@ TEST_F(Paging, QuantizedStatePagesBitIdenticalToInMemory) {
     const auto rec = paging_records(run);
     ASSERT_EQ(rec.size(), 10u) << what;
     EXPECT_GT(rec.back()["nvme_read_bytes"].get<double>(), 0) << what << ": no page came from NVMe";
-    if (c.extra.find("update_in_backward") != std::string::npos)
+    // (At stages 0-1 with several ranks a page goes early only if its bucket's
+    // all-reduce is seen landed in time: checked where timing cannot matter.)
+    if (c.extra.find("update_in_backward") != std::string::npos && (c.dp == 1 || c.stage >= 2)) {
       EXPECT_GT(po::test::last_metric(run, "paging_per_rank")[0]["pages_updated_in_backward"].get<double>(), 0)
           << what << ": no page was updated during the backward";
+    }
     if (&c - cases.data() > 2) continue;
     // Resumed paged from step 5: the uninterrupted curve and checkpoint.
     const std::string resumed = copy_checkpoint(run, 5, tag + "resumed");

@@ -93,9 +93,11 @@ TEST(Trainer, ResumeIsBitIdentical) {
 TEST(Trainer, ResumeAtAnotherThreadCountWarns) {
   Data d;
   auto full = po::train::train(d.config("threads1", 3));  // tiny_config: train.threads = 1
-  for (const auto& rec : read_metrics(full.run_dir))
-    if (rec.contains("loss"))
+  for (const auto& rec : read_metrics(full.run_dir)) {
+    if (rec.contains("loss")) {
       EXPECT_EQ(rec.value("threads_per_rank", -1), 1) << "metrics record: " << rec.dump();
+    }
+  }
   EXPECT_EQ(po::checkpoint::read_sharded_meta(po::train::checkpoint_path(full.run_dir, 3)).threads, 1)
       << "the manifest does not record the writer's threads per rank";
   for (int threads : {1, 2}) {
