@@ -24,6 +24,7 @@
 #include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "model/quant_weight.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -221,6 +222,23 @@ TEST(QloraBase, HoldsItsCodesAndGivesItsF32PagesBack) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*reinterpret_cast<const volatile float*>(inside))); }, "")
       << largest->name << "'s f32 values are still readable";
+}
+
+// A weight that is not finite cannot be quantized: a one-line error naming
+// the tensor, the element, its row and column, in either format.
+TEST(QloraBase, ANonFiniteWeightIsNamed) {
+  for (const auto format : {po::model::WeightQuant::kNf4, po::model::WeightQuant::kInt8}) {
+    std::vector<float> w(8 * 64, 0.5f);
+    w[1 * 64 + 2] = std::nanf("");
+    w[5 * 64] = INFINITY;
+    try {
+      (void)po::model::quantize_weight(format, w.data(), 8, 64, "h.0.mlp.up");
+      ADD_FAILURE() << po::model::weight_quant_name(format) << ": a NaN weight was quantized";
+    } catch (const po::core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("h.0.mlp.up: element 66 (row 1, column 2) is nan"), std::string::npos)
+          << po::model::weight_quant_name(format) << ": " << e.what();
+    }
+  }
 }
 
 // A Hugging Face "-bnb-4bit" checkpoint (tests/golden/bnb4bit_llama, written
