@@ -26,8 +26,8 @@ std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::Ad
              "', which is neither a tensor of this model (\"", tensors.front().name, "\", ...) nor ",
              "\"token_embedding\" or \"head\"");
   }
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i].numel() < optim::kMinQuantizedNumel) q[i] = false;
+  for (size_t i = 0; i < tensors.size(); ++i)  // (the whole tensor's size: a tp rank's piece is quantized alike)
+    if (tensor::shape_numel(tensors[i].global_shape) < optim::kMinQuantizedNumel) q[i] = false;
   return q;
 }
 

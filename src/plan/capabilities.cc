@@ -8,7 +8,8 @@ namespace po::plan {
 namespace {
 
 // Low-bit Adam state (optim.state_bits, optim/adamw.h): on the data-parallel
-// path (ZeRO 0-3) in memory and paged, and in pipelines in memory, so far.
+// path (ZeRO 0-3, tensor parallel) in memory and paged, and in pipelines in
+// memory without tensor parallel, so far.
 void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.state_bits >= 32) return;
   const std::string bits = core::str_cat("optim.state_bits = ", l.state_bits);
@@ -20,9 +21,9 @@ void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
         " is not built yet (each chunk's pages planned from its tensors); page at pp = 1 or use "
         "optim.state_bits = 32",
         "paged in a pipeline");
-  if (l.tp > 1)
-    row(core::str_cat("parallel.tp = ", l.tp), " is not built yet (blocks of each rank's piece); use parallel.tp = 1",
-        "with tensor parallel");
+  if (l.tp > 1 && l.pp > 1)
+    row(core::str_cat("parallel.tp = ", l.tp, " and parallel.pp = ", l.pp),
+        " is not built yet (blocks of each stage's pieces); use one or the other", "with tensor parallel in a pipeline");
 }
 
 // Adapters on a frozen base (lora.r > 0, model/layout.h): data parallel with

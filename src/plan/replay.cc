@@ -152,16 +152,18 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
   if (!l.bf16 && stage == 1) grads += local * 4;  // the update's shard of the reduced gradient
   // (A tied table's lookup part is kept as rows, with the buckets: tied_pair.h.)
   double master = l.bf16 ? state_numel * 4 : 0;
-  // Quantized moments (tp = 1: capabilities.cc): this rank's AdamW, as
-  // DataParallel builds it, counts them as stored and lays out their pages
-  // (the units on the blocks' grid, the 32-bit tensors' moments in side pages).
+  // Quantized moments: this rank's AdamW (tensor-parallel rank 0's pieces),
+  // as DataParallel builds it, counts them as stored and lays out their
+  // pages (the units on the blocks' grid, the 32-bit tensors' moments in
+  // side pages).
   std::optional<optim::AdamW> rank_adam;
   if (l.state_bits < 32) {
     optim::AdamWConfig a;
     a.state_bits = l.state_bits;
     a.block_size = l.state_block;
     a.state_bits_exclude = l.state_bits_exclude;
-    rank_adam.emplace(a, parallel::adam_ranges(model::Layout(cfg), a, stage == 0 ? nullptr : &layout, stage == 3),
+    const model::Layout tp_rank(cfg, model::TensorSplit{static_cast<int>(l.tp), 0});
+    rank_adam.emplace(a, parallel::adam_ranges(tp_rank, a, stage == 0 ? nullptr : &layout, stage == 3),
                       static_cast<int64_t>(state_numel));
   }
   double adam = rank_adam ? static_cast<double>(rank_adam->moment_bytes()) : 8 * state_numel;

@@ -57,6 +57,8 @@ const Case kCases[] = {
     {"dp1_s0_fp32_8bit_paged_nvme", 1, "optim.state_bits=8 memory.page_size=16KiB", true},
     {"dp2_s3_bf16_4bit_paged_nvme", 2,
      "parallel.zero_stage=3 train.precision=bf16 optim.state_bits=4 memory.page_size=16KiB", true},
+    // ... each tensor-parallel rank's pieces quantized on its own units' grid.
+    {"dp2_tp2_s1_fp32_8bit", 2, "parallel.tp=2 parallel.zero_stage=1 optim.state_bits=8"},
     // Llama (RMSNorm, RoPE, SwiGLU, GQA, untied head) on the same shapes.
     {"llama_dp1_s0_fp32", 1, "model.arch=llama model.n_kv_head=1"},
     {"llama_dp1_s0_bf16_ckpt", 1, "model.arch=llama train.precision=bf16 model.activation_checkpointing=true"},
@@ -137,13 +139,15 @@ class PlanVsEngine : public ::testing::TestWithParam<Case> {
     const optim::AdamWConfig a = optim::adamw_config(cfg);
     const int stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
     if (a.state_bits >= 32 || stage == 0 || !cfg.get_string("memory.nvme_dir").empty()) return 0;
-    const model::Layout layout(train::resolve_model_config(cfg));
+    // (Megatron's rank order: tensor-parallel ranks fastest.)
+    const int tp = static_cast<int>(cfg.get_int("parallel.tp"));
+    const model::Layout layout(train::resolve_model_config(cfg), model::TensorSplit{tp, rank % tp});
     const int group = static_cast<int>(cfg.get_int("parallel.dp") * cfg.get_int("parallel.cp"));
     auto bytes = [&](int r) {
       const parallel::ShardLayout shard(layout.unit_numels(), group, r, a.block_size);
       return static_cast<double>(parallel::moment_bytes(layout, a, &shard));
     };
-    return bytes(0) - bytes(rank % group);
+    return bytes(0) - bytes((rank / tp) % group);
   }
   // `pagedoptim train` with the overrides on `world` ranks, into dir_/run.
   CommandResult train_run(const std::vector<std::string>& sets, int world) const {

@@ -111,9 +111,10 @@ void expect_refused(Config cfg, const std::vector<std::string>& needles) {
 
 TEST(QuantizedState, RefusesWhatIsNotBuiltAndBadKeys) {
   Data d;
-  Config tensor = d.config("z", 2, 8);
+  Config tensor = d.config("z", 2, 8);  // tensor parallel in a pipeline
   tensor.set_override("parallel.tp=2");
-  expect_refused(tensor, {"optim.state_bits = 8", "parallel.tp = 2"});
+  tensor.set_override("parallel.pp=2");
+  expect_refused(tensor, {"optim.state_bits = 8", "parallel.tp = 2 and parallel.pp = 2"});
   Config paged = d.config("p", 2, 4);  // pages in a pipeline (one process: refused before launching)
   paged.set_override("memory.nvme_dir=\"" + (d.dir / "swap") + "\"");
   paged.set_override("parallel.pp=2");
