@@ -23,14 +23,8 @@ namespace po::parallel {
 namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
-namespace {
+namespace executor_detail {
 
-// AdamW ranges over a shard of units [first, last] (ShardLayout index i =
-// u - first) of a buffer whose element 0 is unit `first`'s: each tensor
-// `keep` accepts, cut to the owned part of its unit, with its state (m, v,
-// the gradient shard) at the shard's local offsets. With one rank the
-// state's offsets are the buffer's. With `sharded_params` (ZeRO-3) the
-// parameters are the shard too: at the state's offsets.
 std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last,
                                             const ShardLayout& sl, bool sharded_params,
                                             const std::vector<bool>& quantized,
@@ -51,9 +45,7 @@ std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, i
   return ranges;
 }
 
-bool every_tensor(const model::TensorSpec&) { return true; }
-
-}  // namespace
+}  // namespace executor_detail
 
 bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage) {
   return dp > 1 && overlap_comm && cp == 1 && zero_stage < 2;

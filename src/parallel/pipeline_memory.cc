@@ -300,9 +300,22 @@ std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfi
 std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::TransformerConfig& config,
                                                          const PipelineSetup& setup, int rank,
                                                          size_t page_bytes, int prefetch) {
+  // Each AdamW as the executor builds it at data rank 0, paged as it pages
+  // (quantized moments: their blocks and side pages, optim/adamw.h).
+  const model::Layout layout(config.resolved(), setup.split);
+  const std::vector<bool> quantized = quantized_tensors(layout, setup.adam);
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
+  const bool sharded_params = setup.zero_stage == 3 && setup.dp > 1;
+  const int64_t table = layout.token_embedding().offset;
+  const optim::PagedState::Layout base{.schema = optim::adamw_schema(setup.bf16)};
   size_t pages = 0, least = 0;
-  for (int64_t n : adam_numels(config, setup, rank)) {
-    const auto g = optim::PagedState::geometry(n, page_bytes, {.schema = optim::adamw_schema(setup.bf16)});
+  for (const AdamUnits& a : adam_units(layout, setup, rank)) {
+    const ShardLayout shard(unit_sizes(layout, a.first, a.last), zr, 0, setup.shard_align());
+    const optim::AdamW adam(setup.adam,
+                            shard_ranges(layout, a.first, a.last, shard, sharded_params, quantized,
+                                         [&](const model::TensorSpec& t) { return !a.table || t.offset == table; }),
+                            a.numel);
+    const auto g = optim::PagedState::geometry(adam.paged_numel(base), page_bytes, adam.paged_layout(base));
     pages += g.pages();
     least += optim::PagedState::min_compute_frames(g, prefetch);
   }
@@ -316,8 +329,9 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int 
 void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   const auto list = adams();
   std::vector<size_t> pages;
+  const optim::PagedState::Layout base{.schema = optim::adamw_schema(bf16_)};
   for (const auto& [a, name] : list)
-    pages.push_back(optim::PagedState::geometry(a->num_params(), options.page_bytes, {.schema = optim::adamw_schema(bf16_)}).pages());
+    pages.push_back(optim::PagedState::geometry(a->paged_numel(base), options.page_bytes, a->paged_layout(base)).pages());
   const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
   const std::vector<size_t> compute = memory::split_frames(
       options.compute_frames == 0 ? all : options.compute_frames, pages,
@@ -331,7 +345,7 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
     const auto dot = o.file_name.rfind('.');
     o.file_name = dot == std::string::npos ? o.file_name + name
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
-    list[k].first->enable_paging(o, {.schema = optim::adamw_schema(bf16_)});
+    list[k].first->enable_paging(o, base);
   }
   for (auto& c : chunks_) {  // bf16: the master is in the pages now
     c->master = tensor::Storage();

@@ -7,20 +7,14 @@ namespace po::plan {
 
 namespace {
 
-// Low-bit Adam state (optim.state_bits, optim/adamw.h): on the data-parallel
-// path (ZeRO 0-3, tensor parallel) in memory and paged, and in pipelines in
-// memory without tensor parallel, so far.
+// Low-bit Adam state (optim.state_bits, optim/adamw.h): in memory and paged,
+// ZeRO 0-3, with tensor parallel or in pipelines (not both), so far.
 void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.state_bits >= 32) return;
   const std::string bits = core::str_cat("optim.state_bits = ", l.state_bits);
   const auto row = [&](const std::string& with, const std::string& reason, const std::string& what) {
     out.push_back({bits + " with " + with, reason, core::str_cat(l.state_bits, "-bit Adam state ", what)});
   };
-  if (l.paging && l.pp > 1)
-    row(core::str_cat("paging (memory.*) and parallel.pp = ", l.pp),
-        " is not built yet (each chunk's pages planned from its tensors); page at pp = 1 or use "
-        "optim.state_bits = 32",
-        "paged in a pipeline");
   if (l.tp > 1 && l.pp > 1)
     row(core::str_cat("parallel.tp = ", l.tp, " and parallel.pp = ", l.pp),
         " is not built yet (blocks of each stage's pieces); use one or the other", "with tensor parallel in a pipeline");

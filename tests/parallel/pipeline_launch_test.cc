@@ -274,7 +274,8 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
 // 8- and 4-bit Adam state (optim.state_bits) in a pipeline: each chunk's
 // AdamW keeps its tensors' moments quantized on their unit's grid of blocks
 // (a ZeRO cut lies on it too), so a pipeline gives the one-stage run's bits,
-// and its checkpoint resumes at pp 1 with the codes recovered.
+// in memory and paged, and its checkpoint resumes at pp 1 with the codes
+// recovered.
 TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
   const std::string all = "--set 'optim.state_bits_exclude=\"\"' ";
   // GPT-2 at 8 bits, the tied table on two stages (1f1b) and on one (zbv).
@@ -291,6 +292,20 @@ TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
     expect_bits(train(tag + "_dp2", 2, 1, q4), train(tag + "_dp2pp2", 2, 2, q4 + "--set parallel.schedule=zb-h1"),
                 "llama 4-bit bf16 ZeRO-" + std::to_string(z) + " dp 2 × pp 2 zb-h1", false);
   }
+  // Paged to NVMe with a compute budget of the named minimum + 8 pages (most
+  // pages read back from the disk every step): the in-memory bits.
+  const std::string paged = q8 + "--set parallel.schedule=1f1b --set memory.nvme_dir=" + (dir_ / "qswap") +
+                            " --set memory.page_size=4096 ";
+  const auto probe = run("q8_probe", 1, 2, paged + "--set memory.compute_budget=1");
+  const int64_t least = po::test::named_minimum_budget(probe.output);
+  ASSERT_GT(least, 0) << "no minimum named:\n" << probe.output;
+  const std::string q8_paged =
+      train("q8_pp2_paged", 1, 2, paged + "--set memory.compute_budget=" + std::to_string(least + 8 * 4096));
+  expect_bits(ref8, q8_paged, "gpt2 8-bit pp 2 1f1b, Adam paged to NVMe");
+  double read = 0;  // (the budget is the neediest rank's: the other may hold all its pages)
+  for (const auto& rank : po::test::last_metric(q8_paged, "pp_paging_per_rank"))
+    read += rank["nvme_read_bytes"].get<double>();
+  EXPECT_GT(read, 0) << "8-bit pp 2: no page came back from NVMe";
   copy_checkpoint(dir_ / "q8_pp2_1f1b", 3, "q8_pp2_at_pp1");
   const auto r = run("q8_pp2_at_pp1", 1, 1, q8 + "--resume");
   ASSERT_EQ(r.exit_code, 0) << r.output;

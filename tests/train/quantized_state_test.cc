@@ -115,10 +115,6 @@ TEST(QuantizedState, RefusesWhatIsNotBuiltAndBadKeys) {
   tensor.set_override("parallel.tp=2");
   tensor.set_override("parallel.pp=2");
   expect_refused(tensor, {"optim.state_bits = 8", "parallel.tp = 2 and parallel.pp = 2"});
-  Config paged = d.config("p", 2, 4);  // pages in a pipeline (one process: refused before launching)
-  paged.set_override("memory.nvme_dir=\"" + (d.dir / "swap") + "\"");
-  paged.set_override("parallel.pp=2");
-  expect_refused(paged, {"optim.state_bits = 4", "paging", "parallel.pp = 2"});
   expect_refused(d.config("b", 2, 16), {"optim.state_bits = 16", "32, 8, 4"});
   Config block = d.config("k", 2, 8);
   block.set_override("optim.block_size=100");
