@@ -51,6 +51,25 @@ class PipelineRuns : public po::test::TinyTraining {
                               << extra << "\n" << r.output;
     return dir_ / name;
   }
+  // `extra` with each stage's Adam state in 4 KiB pages on NVMe behind a
+  // one-page host tier and the smallest compute tier the run accepts (the
+  // minimum it names for a 1-byte budget), so pages come back from the disk
+  // every step.
+  std::string on_nvme(int dp, int pp, const std::string& extra, int tp = 1) {
+    const std::string paging = extra + " --set memory.nvme_dir=" + (dir_ / "swap") +
+                               " --set memory.page_size=4096 --set memory.host_budget=4096 --set memory.compute_budget=";
+    const auto probe = run("nvme_probe", dp, pp, paging + "1", tp);
+    const int64_t least = po::test::named_minimum_budget(probe.output);
+    EXPECT_GT(least, 0) << "no minimum compute budget named:\n" << probe.output;
+    std::filesystem::remove_all(dir_ / "nvme_probe");
+    return paging + std::to_string(least);
+  }
+  // The bytes a paged run's ranks read back from NVMe at its last step.
+  static double nvme_read(const std::string& run) {
+    double read = 0;
+    for (const auto& r : po::test::last_metric(run, "pp_paging_per_rank")) read += r["nvme_read_bytes"].get<double>();
+    return read;
+  }
   // Every loss, gradient norm and validation loss, exactly; the checkpoints'
   // bytes (`files`), or the weights they export (runs whose rank files split
   // the state differently).
@@ -163,10 +182,9 @@ TEST_F(PipelineRuns, Bf16StagesAreBitIdenticalToOneStage) {
                 std::string("bf16 llama pp 2 ") + s);
   const std::string z0 = train("bf16_z0", 2, 2, bf16 + "--set parallel.schedule=zb-h1");
   const std::string paged =
-      train("bf16_z1_paged", 2, 2,
-            bf16 + "--set parallel.schedule=zb-h1 --set parallel.zero_stage=1 --set memory.nvme_dir=" +
-                (dir_ / "swap") + " --set memory.page_size=4096 --set memory.host_budget=4096");
+      train("bf16_z1_paged", 2, 2, on_nvme(2, 2, bf16 + "--set parallel.schedule=zb-h1 --set parallel.zero_stage=1"));
   expect_bits(z0, paged, "bf16 dp 2 × pp 2, ZeRO-1 paged against ZeRO-0 in memory");
+  EXPECT_GT(nvme_read(paged), 0) << "bf16 dp 2 × pp 2 ZeRO-1: no page came back from NVMe";
   // ... and dp 2's bits: the tied table's lookup part and the last
   // micro-batch's position rows go in at the step on both layouts.
   expect_bits(train("bf16_dp2", 2, 1, bf16), z0, "bf16 dp 2 × pp 2 zb-h1 against dp 2", false);
@@ -197,11 +215,9 @@ TEST_F(PipelineRuns, ZeroTwoStagesGiveOneStagesBits) {
   const std::string bf16 = z2 + "--set train.precision=bf16 ";
   const std::string bref = train("z2_bf16_pp1", 1, 1, bf16);
   expect_bits(bref, train("z2_bf16_pp2", 1, 2, bf16 + "--set parallel.schedule=zb-h1"), "llama ZeRO-2 bf16 pp 2 zb-h1");
-  expect_bits(bref,
-              train("z2_bf16_pp2_paged", 1, 2,
-                    bf16 + "--set parallel.schedule=1f1b --set memory.nvme_dir=" + (dir_ / "swap") +
-                        " --set memory.page_size=4096 --set memory.host_budget=4096"),
-              "llama ZeRO-2 bf16 pp 2, Adam and the master paged to NVMe", false);
+  const std::string z2_paged = train("z2_bf16_pp2_paged", 1, 2, on_nvme(1, 2, bf16 + "--set parallel.schedule=1f1b"));
+  expect_bits(bref, z2_paged, "llama ZeRO-2 bf16 pp 2, Adam and the master paged to NVMe", false);
+  EXPECT_GT(nvme_read(z2_paged), 0) << "llama ZeRO-2 bf16 pp 2: no page came back from NVMe";
   expect_bits(train("z2_dp2", 2, 1, z2), train("z2_dp2pp2", 2, 2, z2 + "--set parallel.schedule=zbv"),
               "llama ZeRO-2 dp 2 × pp 2 zbv", false);
   const std::string wire16 = bf16 + "--set parallel.reduce_dtype=bf16 ";
@@ -245,11 +261,10 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
   const std::string bref = train("z3_bf16_dp2", 2, 1, bf16);
   expect_bits(bref, train("z3_bf16_dp2pp2", 2, 2, bf16 + "--set parallel.schedule=zb-h1"),
               "llama ZeRO-3 bf16 dp 2 × pp 2 zb-h1", false);
-  expect_bits(bref,
-              train("z3_bf16_dp2pp2_paged", 2, 2,
-                    bf16 + "--set parallel.schedule=1f1b --set memory.nvme_dir=" + (dir_ / "swap") +
-                        " --set memory.page_size=4096 --set memory.host_budget=4096"),
-              "llama ZeRO-3 bf16 dp 2 × pp 2, Adam and the master paged to NVMe", false);
+  const std::string z3_paged =
+      train("z3_bf16_dp2pp2_paged", 2, 2, on_nvme(2, 2, bf16 + "--set parallel.schedule=1f1b"));
+  expect_bits(bref, z3_paged, "llama ZeRO-3 bf16 dp 2 × pp 2, Adam and the master paged to NVMe", false);
+  EXPECT_GT(nvme_read(z3_paged), 0) << "llama ZeRO-3 bf16 dp 2 × pp 2: no page came back from NVMe";
   const std::string wire16 = bf16 + "--set parallel.reduce_dtype=bf16 ";
   expect_bits(train("z3_dp2_wire16", 2, 1, wire16),
               train("z3_dp2pp2_wire16", 2, 2, wire16 + "--set parallel.schedule=zbv"),
@@ -292,20 +307,10 @@ TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
     expect_bits(train(tag + "_dp2", 2, 1, q4), train(tag + "_dp2pp2", 2, 2, q4 + "--set parallel.schedule=zb-h1"),
                 "llama 4-bit bf16 ZeRO-" + std::to_string(z) + " dp 2 × pp 2 zb-h1", false);
   }
-  // Paged to NVMe with a compute budget of the named minimum + 8 pages (most
-  // pages read back from the disk every step): the in-memory bits.
-  const std::string paged = q8 + "--set parallel.schedule=1f1b --set memory.nvme_dir=" + (dir_ / "qswap") +
-                            " --set memory.page_size=4096 ";
-  const auto probe = run("q8_probe", 1, 2, paged + "--set memory.compute_budget=1");
-  const int64_t least = po::test::named_minimum_budget(probe.output);
-  ASSERT_GT(least, 0) << "no minimum named:\n" << probe.output;
-  const std::string q8_paged =
-      train("q8_pp2_paged", 1, 2, paged + "--set memory.compute_budget=" + std::to_string(least + 8 * 4096));
+  // Paged to NVMe (pages read back from the disk every step): the in-memory bits.
+  const std::string q8_paged = train("q8_pp2_paged", 1, 2, on_nvme(1, 2, q8 + "--set parallel.schedule=1f1b"));
   expect_bits(ref8, q8_paged, "gpt2 8-bit pp 2 1f1b, Adam paged to NVMe");
-  double read = 0;  // (the budget is the neediest rank's: the other may hold all its pages)
-  for (const auto& rank : po::test::last_metric(q8_paged, "pp_paging_per_rank"))
-    read += rank["nvme_read_bytes"].get<double>();
-  EXPECT_GT(read, 0) << "8-bit pp 2: no page came back from NVMe";
+  EXPECT_GT(nvme_read(q8_paged), 0) << "8-bit pp 2: no page came back from NVMe";
   copy_checkpoint(dir_ / "q8_pp2_1f1b", 3, "q8_pp2_at_pp1");
   const auto r = run("q8_pp2_at_pp1", 1, 1, q8 + "--resume");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -372,10 +377,9 @@ TEST_F(PipelineRuns, VocabularyParallelRunsAreBitIdentical) {
               "vocabulary parallel with activation checkpointing");
   const std::string z0 = train("z0", 2, 2, "--set parallel.schedule=1f1b");
   const std::string paged =
-      train("vp_z1_paged", 2, 2,
-            vp + "--set parallel.schedule=1f1b --set parallel.zero_stage=1 --set memory.nvme_dir=" +
-                (dir_ / "swap") + " --set memory.page_size=4096 --set memory.host_budget=4096");
+      train("vp_z1_paged", 2, 2, on_nvme(2, 2, vp + "--set parallel.schedule=1f1b --set parallel.zero_stage=1"));
   expect_bits(z0, paged, "dp 2 × pp 2 vocabulary parallel, ZeRO-1 paged, against the head on the last stage");
+  EXPECT_GT(nvme_read(paged), 0) << "vocabulary parallel dp 2 × pp 2 ZeRO-1: no page came back from NVMe";
 }
 
 // ZeRO-1 over the data group and each stage's Adam state in pages (NVMe
@@ -391,19 +395,9 @@ TEST_F(PipelineRuns, ZeroOneAndPagedStagesGiveTheInMemoryBits) {
     EXPECT_LT(po::test::last_metric(z1, "pp_memory_per_rank")[x]["adam"].get<double>(),
               po::test::last_metric(z0, "pp_memory_per_rank")[y]["adam"].get<double>())
         << "ZeRO-1's Adam state on pipeline rank " << x << " is not smaller than ZeRO-0's";
-  const std::string paging = zbv + "--set parallel.zero_stage=1 --set memory.nvme_dir=" +
-                             (dir_ / "swap") + " --set memory.page_size=4096 "
-                             "--set memory.host_budget=4096 --set memory.compute_budget=";
-  const auto small = run("too_small", 2, 2, paging + "1");
-  ASSERT_NE(small.exit_code, 0) << small.output;
-  const int64_t least = po::test::named_minimum_budget(small.output);
-  ASSERT_GT(least, 0) << "the error names no minimum budget:\n" << small.output;
-  const std::string paged = train("paged", 2, 2, paging + std::to_string(least));
+  const std::string paged = train("paged", 2, 2, on_nvme(2, 2, zbv + "--set parallel.zero_stage=1"));
   expect_bits(z0, paged, "dp 2 × pp 2, ZeRO-1 paged to NVMe against ZeRO-0 in memory");
-  double read = 0;
-  for (const auto& r : po::test::last_metric(paged, "pp_paging_per_rank"))
-    read += r["nvme_read_bytes"].get<double>();
-  EXPECT_GT(read, 0) << "the paged run read nothing back from NVMe";
+  EXPECT_GT(nvme_read(paged), 0) << "the paged run read nothing back from NVMe";
 }
 
 // dp 2 × tp 2 × pp 2 with ZeRO-1 (8 processes): follows dp 2 within 1e-5;
@@ -428,10 +422,9 @@ TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   // state paged to NVMe, against dp 2 in bf16 (bf16 sums: 1e-4).
   const std::string b16 = " --set train.precision=bf16";
   const std::string dp2b = train("dp2_bf16", 2, 1, z1 + b16);
-  const std::string d3b = train("d3_bf16", 2, 2,
-                                z1 + b16 + " --set model.activation_checkpointing=true" +
-                                    " --set memory.nvme_dir=" + (dir_ / "swap") +
-                                    " --set memory.page_size=4096 --set memory.host_budget=4096", 2);
+  const std::string d3b =
+      train("d3_bf16", 2, 2, on_nvme(2, 2, z1 + b16 + " --set model.activation_checkpointing=true", 2), 2);
+  EXPECT_GT(nvme_read(d3b), 0) << "bf16 dp2×tp2×pp2: no page came back from NVMe";
   const auto a = metric(dp2b, "loss", 6), b = metric(d3b, "loss", 6);
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "bf16 dp2×tp2×pp2 (checkpointing, paged) vs dp 2: step " << i + 1;
