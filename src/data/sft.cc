@@ -99,7 +99,7 @@ std::vector<ChatMessage> parse_sft_record(std::string_view line, const std::stri
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of double's range (out_of_range)
     PO_THROW(core::InvalidArgument, where, ": not JSON: ", e.what());
   }
   return record_messages(j, where);

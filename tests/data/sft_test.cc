@@ -167,6 +167,7 @@ TEST(PrepareSft, BadRecordsAreOneLineErrorsNamingTheLineAndKeepOldOutputs) {
       {"{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
        in + ":2: the record has no assistant turn, so the loss would count none of its tokens"},
       {"{\"prompt\": \"a\"\n", in + ":1: not JSON: "},
+      {"{\"prompt\": 1E888}\n", in + ":1: not JSON: "},  // a number past double's range (found by fuzz/sft_fuzz)
       {"[1, 2]\n", in + ":1: a record must be a JSON object, got array"},
       {"{\"text\": \"a\"}\n", in + ":1: a record needs \"messages\", or \"prompt\" and \"completion\""},
       {"{\"prompt\": \"a\", \"completion\": 3}\n", in + ":1: \"completion\" must be a string, got number"},
