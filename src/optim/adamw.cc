@@ -487,26 +487,28 @@ void AdamW::paged_block(size_t i, int64_t x0, int64_t len, bool dirty,
   }, dirty);
 }
 
-void AdamW::copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst, backend::Device::Direction d) {
-  const size_t bytes = paged_->field_bytes(f);
+void AdamW::for_each_unshifted(int64_t lo, int64_t n, const std::function<void(int64_t, int64_t, int64_t)>& fn) const {
   for (int64_t done = 0; done < n;) {  // pieces that one shift moves
     auto next = std::upper_bound(coords_.shifts.begin(), coords_.shifts.end(), lo + done,
                                  [](int64_t v, const Shift& s) { return v < s.from; });
     const int64_t len = next == coords_.shifts.end() ? n - done : std::min(n - done, next->from - (lo + done));
-    paged_->copy_out(f, paged_at(lo + done), len, static_cast<char*>(dst) + static_cast<size_t>(done) * bytes, d);
+    fn(paged_at(lo + done), done, len);
     done += len;
   }
 }
 
+void AdamW::copy_out_paged(PagedState::Field f, int64_t lo, int64_t n, void* dst, backend::Device::Direction d) {
+  const size_t bytes = paged_->field_bytes(f);
+  for_each_unshifted(lo, n, [&](int64_t at, int64_t done, int64_t len) {
+    paged_->copy_out(f, at, len, static_cast<char*>(dst) + static_cast<size_t>(done) * bytes, d);
+  });
+}
+
 void AdamW::copy_in_paged(PagedState::Field f, int64_t lo, int64_t n, const void* src, backend::Device::Direction d) {
   const size_t bytes = paged_->field_bytes(f);
-  for (int64_t done = 0; done < n;) {
-    auto next = std::upper_bound(coords_.shifts.begin(), coords_.shifts.end(), lo + done,
-                                 [](int64_t v, const Shift& s) { return v < s.from; });
-    const int64_t len = next == coords_.shifts.end() ? n - done : std::min(n - done, next->from - (lo + done));
-    paged_->copy_in(f, paged_at(lo + done), len, static_cast<const char*>(src) + static_cast<size_t>(done) * bytes, d);
-    done += len;
-  }
+  for_each_unshifted(lo, n, [&](int64_t at, int64_t done, int64_t len) {
+    paged_->copy_in(f, at, len, static_cast<const char*>(src) + static_cast<size_t>(done) * bytes, d);
+  });
 }
 
 void AdamW::allocate_state() {

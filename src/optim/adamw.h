@@ -217,6 +217,9 @@ class AdamW {
   };
   PagedCoordinates paged_coordinates(const PagedState::Layout& layout) const;
   PagedCoordinates coords_;  // enable_paging's
+  // fn(pages' element, elements done, count) for each piece of state
+  // elements [lo, lo + n) that one shift moves whole (copy_in/out_paged).
+  void for_each_unshifted(int64_t lo, int64_t n, const std::function<void(int64_t, int64_t, int64_t)>& fn) const;
   // One update's operands for a range's elements from one on: the
   // parameter (fp32) or the master (bf16), the fp32 or bf16 gradient, the
   // bf16 parameter written from the master.

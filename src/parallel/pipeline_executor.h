@@ -250,10 +250,6 @@ class PipelineExecutor {
   static std::pair<size_t, size_t> paging_pages(const model::TransformerConfig& config,
                                                 const PipelineSetup& setup, int rank,
                                                 size_t page_bytes, int prefetch);
-  // The elements of each AdamW pipeline rank `rank` holds (its chunks', then
-  // a tied replica's): the local shard buffers, padding included.
-  static std::vector<int64_t> adam_numels(const model::TransformerConfig& config,
-                                          const PipelineSetup& setup, int rank);
   // All chunks' pagers: the traffic since the last call.
   memory::PagerStats take_paging_stats();
   // Quantized Adam blocks a checkpoint load could not recover and quantized

@@ -289,14 +289,6 @@ std::vector<std::pair<optim::AdamW*, std::string>> PipelineExecutor::adams() con
   return out;
 }
 
-std::vector<int64_t> PipelineExecutor::adam_numels(const model::TransformerConfig& config,
-                                                   const PipelineSetup& setup, int rank) {
-  std::vector<int64_t> out;
-  for (const AdamUnits& a : adam_units(model::Layout(config.resolved(), setup.split), setup, rank))
-    out.push_back(a.numel);
-  return out;
-}
-
 std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::TransformerConfig& config,
                                                          const PipelineSetup& setup, int rank,
                                                          size_t page_bytes, int prefetch) {
