@@ -234,15 +234,7 @@ void Llama2cReader::read(const std::string& name, float* dst) const {
     std::memcpy(dst, src, n * 4);
     return;
   }
-  // HF row h*hs + s*(hs/2) + i  <-  llama2.c row h*hs + 2*i + s.
-  const int64_t cols = shape[1], hs = shape[0] / slot.rope_heads, half = hs / 2;
-  const size_t row_bytes = static_cast<size_t>(cols) * 4;
-  for (int64_t h = 0; h < slot.rope_heads; ++h)
-    for (int64_t s = 0; s < 2; ++s)
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t to = h * hs + s * half + i, from = h * hs + 2 * i + s;
-        std::memcpy(dst + to * cols, src + from * row_bytes, row_bytes);
-      }
+  detail::interleaved_to_hf_rows(src, dst, shape[0], shape[1], slot.rope_heads);
 }
 
 std::unique_ptr<LlamaReader> open_llama2c(const std::string& path, const LlamaOverrides& overrides) {

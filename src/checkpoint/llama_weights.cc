@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint/hf_llama.h"
+#include "checkpoint/gguf_models.h"
 #include "checkpoint/llama2c.h"
 #include "core/error.h"
 
@@ -83,6 +84,7 @@ const char* llama_format_name(LlamaFormat f) {
     case LlamaFormat::kSafetensors: return "safetensors file";
     case LlamaFormat::kLlama2cLegacy: return "llama2.c legacy checkpoint";
     case LlamaFormat::kLlama2cV1: return "llama2.c version-1 checkpoint";
+    case LlamaFormat::kGguf: return "GGUF file";
   }
   return "?";
 }
@@ -139,6 +141,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::unique_ptr<LlamaReader> open_llama(const std::string& path, const LlamaOverrides& overrides) {
   if (is_directory(path)) return open_hf_llama(path, overrides);
   if (ends_with(path, ".safetensors")) return open_hf_llama(path, overrides);
+  if (is_gguf(path)) return open_gguf_llama(path, overrides);
   return open_llama2c(path, overrides);
 }
 
@@ -147,6 +150,27 @@ LlamaWeights load_llama(const std::string& path, const LlamaOverrides& overrides
 }
 
 namespace detail {
+
+void interleaved_to_hf_rows(const void* src, float* dst, int64_t rows, int64_t cols, int64_t heads) {
+  const int64_t hs = rows / heads, half = hs / 2;
+  const size_t row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  const auto* from_rows = static_cast<const std::byte*>(src);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t to = h * hs + s * half + i, from = h * hs + 2 * i + s;
+        std::memcpy(dst + to * cols, from_rows + from * row_bytes, row_bytes);
+      }
+}
+
+void hf_to_interleaved_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads) {
+  const int64_t hs = rows / heads, half = hs / 2;
+  const size_t row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < half; ++i)
+        std::memcpy(dst + (h * hs + 2 * i + s) * cols, src + (h * hs + s * half + i) * cols, row_bytes);
+}
 
 void override_must_match(const std::string& origin, const char* key,
                          const std::optional<int64_t>& v, int64_t file_value,

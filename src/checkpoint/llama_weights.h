@@ -105,7 +105,7 @@ struct LlamaWeights {
   std::map<std::string, LlamaTensor> tensors;  // HF names, HF layout
 };
 
-enum class LlamaFormat { kHfDirectory, kSafetensors, kLlama2cLegacy, kLlama2cV1 };
+enum class LlamaFormat { kHfDirectory, kSafetensors, kLlama2cLegacy, kLlama2cV1, kGguf };
 const char* llama_format_name(LlamaFormat f);
 
 // An opened checkpoint. Its shape is resolved and checked against every tensor
@@ -149,8 +149,9 @@ class LlamaReader {
 
 // Opens any supported form: a directory (Hugging Face: config.json plus
 // model.safetensors or model.safetensors.index.json and its shards), a
-// `.safetensors` file (an adjacent config.json is used when present), or a
-// llama2.c checkpoint (any other file: version 1 when it starts with the magic
+// `.safetensors` file (an adjacent config.json is used when present), a GGUF
+// file (checkpoint/gguf_models.h: it starts with "GGUF"), or a llama2.c
+// checkpoint (any other file: version 1 when it starts with the magic
 // 0x616b3432, else the legacy header). IoError when it cannot be read,
 // InvalidArgument naming the file, tensor or key when it is inconsistent.
 std::unique_ptr<LlamaReader> open_llama(const std::string& path, const LlamaOverrides& overrides = {});
@@ -159,6 +160,15 @@ std::unique_ptr<LlamaReader> open_llama(const std::string& path, const LlamaOver
 LlamaWeights load_llama(const std::string& path, const LlamaOverrides& overrides = {});
 
 namespace detail {
+
+// Meta's RoPE row order (llama2.c and GGUF files: each head's rows rotate as
+// interleaved pairs 2i, 2i+1) to Hugging Face's rotate-half order, for a
+// [rows, cols] f32 q or k projection of `heads` heads: HF row
+// h*hs + s*(hs/2) + i comes from row h*hs + 2*i + s. `src` may be unaligned
+// (a mapped file's bytes).
+void interleaved_to_hf_rows(const void* src, float* dst, int64_t rows, int64_t cols, int64_t heads);
+// The inverse (writers of those formats).
+void hf_to_interleaved_rows(const float* src, float* dst, int64_t rows, int64_t cols, int64_t heads);
 
 // Checks an override against what the file states: InvalidArgument
 // "ORIGIN: KEY = V but EVIDENCE" when they differ. `evidence` says where the

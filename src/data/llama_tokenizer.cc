@@ -333,6 +333,32 @@ std::unique_ptr<LlamaTokenizer::Impl> parse_sentencepiece(const std::string& pat
 
 }  // namespace
 
+LlamaTokenizer LlamaTokenizer::from_pieces(const std::string& origin, std::vector<std::string> pieces,
+                                           const std::vector<float>& scores, const std::vector<int32_t>& types,
+                                           std::optional<int32_t> bos, int32_t eos, bool dummy_prefix) {
+  const auto n = static_cast<int64_t>(pieces.size());
+  PO_CHECK(static_cast<int64_t>(scores.size()) == n && static_cast<int64_t>(types.size()) == n, origin, ": ", n,
+           " tokens but ", scores.size(), " scores and ", types.size(), " token types");
+  PO_CHECK(eos >= 0 && eos < n && (!bos || (*bos >= 0 && *bos < n)), origin, ": bos/eos id (",
+           bos ? std::to_string(*bos) : "none", ", ", eos, ") outside the ", n, " tokens");
+  auto m = std::make_unique<Impl>();
+  m->path = origin;
+  m->dummy_prefix = dummy_prefix;
+  m->pieces = std::move(pieces);
+  if (bos) m->bos = *bos;
+  m->eos = eos;
+  std::vector<int32_t> specials;
+  for (int32_t id = 0; id < n; ++id) {
+    PO_CHECK(types[id] != 4, origin, ": token ", id, " '", m->pieces[id],
+             "' is user-defined; user-defined pieces are not built");
+    PO_CHECK(!std::isnan(scores[id]), origin, ": token ", id, " has a NaN score");
+    if (types[id] == 2 || types[id] == 3 || types[id] == 5) specials.push_back(id);
+  }
+  m->index(specials);
+  add_score_merges(*m, scores);
+  return LlamaTokenizer(std::move(m));
+}
+
 LlamaTokenizer::LlamaTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LlamaTokenizer::~LlamaTokenizer() = default;
 LlamaTokenizer::LlamaTokenizer(LlamaTokenizer&&) noexcept = default;
@@ -454,6 +480,25 @@ int32_t LlamaTokenizer::vocab_size() const { return static_cast<int32_t>(impl_->
 std::optional<int32_t> LlamaTokenizer::bos_id() const { return impl_->bos; }
 int32_t LlamaTokenizer::eos_id() const { return impl_->eos; }
 size_t LlamaTokenizer::merge_count() const { return impl_->merges.size(); }
+
+std::vector<float> LlamaTokenizer::piece_scores() const {
+  std::vector<float> s(impl_->pieces.size(), -1e9f);
+  for (const auto& [pair, merge] : impl_->merges) {
+    float& score = s[static_cast<size_t>(merge.result)];
+    score = std::max(score, static_cast<float>(-merge.priority));
+  }
+  return s;
+}
+
+int32_t LlamaTokenizer::piece_type(int32_t id) const {
+  switch (impl_->kinds.at(static_cast<size_t>(id))) {
+    case PieceKind::kByte: return 6;
+    case PieceKind::kSpecial: return impl_->pieces[static_cast<size_t>(id)] == "<unk>" ? 2 : 3;
+    default: return 1;
+  }
+}
+
+bool LlamaTokenizer::dummy_prefix() const { return impl_->dummy_prefix; }
 
 const std::string& LlamaTokenizer::piece(int32_t id) const {
   PO_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " outside [0, ", vocab_size(), ")");

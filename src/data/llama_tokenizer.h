@@ -57,6 +57,15 @@ class LlamaTokenizer final : public TextTokenizer {
   // other non-BPE model, no byte fallback, a normaliser with a character map
   // (nmt_nfkc), user-defined pieces or a missing </s>.
   static LlamaTokenizer from_sentencepiece(const std::string& path);
+  // The pieces of a GGUF file's tokenizer.ggml.* keys (llama.cpp's "llama"
+  // model: SentencePiece BPE), by id, with their scores and token types
+  // (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), merged
+  // by score as a tokenizer.model is. `origin` names the file in errors:
+  // unequal lengths, a user-defined piece, a missing byte piece, a bos or eos
+  // id outside the vocabulary.
+  static LlamaTokenizer from_pieces(const std::string& origin, std::vector<std::string> pieces,
+                                    const std::vector<float>& scores, const std::vector<int32_t>& types,
+                                    std::optional<int32_t> bos, int32_t eos, bool dummy_prefix);
 
   ~LlamaTokenizer() override;
   LlamaTokenizer(LlamaTokenizer&&) noexcept;
@@ -77,6 +86,14 @@ class LlamaTokenizer final : public TextTokenizer {
   std::optional<int32_t> piece_id(std::string_view piece) const;
   // Number of pairs that can merge.
   size_t merge_count() const;
+  // Each piece's SentencePiece score, by id: the file's scores, or for a
+  // tokenizer.json (merge ranks) minus the best rank that makes the piece
+  // (-1e9 for pieces no merge makes), which merges in the same order. For GGUF.
+  std::vector<float> piece_scores() const;
+  // GGUF's token type of `id`: 1 normal, 2 unknown (<unk>), 3 control, 6 byte.
+  int32_t piece_type(int32_t id) const;
+  // Whether encode() puts "▁" before the text.
+  bool dummy_prefix() const;
 
   struct Impl;  // the vocabulary and merge table; opaque outside llama_tokenizer.cc
 

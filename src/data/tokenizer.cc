@@ -109,6 +109,7 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_to_bytes;   // raw bytes
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> string_to_id;
   std::unordered_map<uint64_t, Merge> merges;
+  std::vector<std::string> rules;  // "first second", by rank
   std::array<int32_t, 256> byte_to_id{};
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
 
@@ -119,6 +120,10 @@ struct Tokenizer::Impl {
 
   void load_vocab(const TokenizerFiles& files);
   void load_merges(const TokenizerFiles& files);
+  // The byte-encoded token strings by id; `origin` names their file in errors.
+  void set_vocab(std::vector<std::string> tokens, const std::string& origin);
+  // Merge rules "first second", rank = index; rule i is line i + first_line of `origin`.
+  void set_merges(const std::vector<std::string_view>& lines, const std::string& origin, size_t first_line);
   void bpe(std::string_view piece, std::vector<int32_t>& out);
   size_t match_pretoken(size_t i) const;
 };
@@ -131,14 +136,7 @@ void Tokenizer::Impl::load_vocab(const TokenizerFiles& files) {
     PO_THROW(core::InvalidArgument, files.encoder_json, ": not valid JSON: ", e.what());
   }
   PO_CHECK(j.is_object(), files.encoder_json, ": expected a JSON object of token -> id");
-  const auto byte_encoder = bytes_to_unicode();
-  std::array<int, 0x200> byte_decoder;
-  byte_decoder.fill(-1);
-  for (int b = 0; b < 256; ++b) byte_decoder[byte_encoder[b]] = b;
-
-  string_to_id.reserve(j.size());
-  id_to_string.assign(j.size(), {});
-  id_to_bytes.assign(j.size(), {});
+  std::vector<std::string> tokens(j.size());
   std::vector<bool> seen(j.size());
   for (auto it = j.begin(); it != j.end(); ++it) {
     PO_CHECK(it.value().is_number_integer(), files.encoder_json, ": id of ", it.key(), " is not an integer");
@@ -146,26 +144,40 @@ void Tokenizer::Impl::load_vocab(const TokenizerFiles& files) {
     PO_CHECK(id >= 0 && id < static_cast<int64_t>(j.size()) && !seen[id], files.encoder_json,
              ": ids must be a permutation of 0..", j.size() - 1, "; bad id ", id);
     seen[id] = true;
-    const std::string& s = it.key();
+    tokens[id] = it.key();
+  }
+  set_vocab(std::move(tokens), files.encoder_json);
+}
+
+void Tokenizer::Impl::set_vocab(std::vector<std::string> tokens, const std::string& origin) {
+  const auto byte_encoder = bytes_to_unicode();
+  std::array<int, 0x200> byte_decoder;
+  byte_decoder.fill(-1);
+  for (int b = 0; b < 256; ++b) byte_decoder[byte_encoder[b]] = b;
+
+  string_to_id.reserve(tokens.size());
+  id_to_bytes.assign(tokens.size(), {});
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    const std::string& s = tokens[id];
     std::string bytes;
     for (size_t pos = 0; pos < s.size();) {
       char32_t cp;
       int len;
-      PO_CHECK(utf8_decode(s, pos, &cp, &len), files.encoder_json, ": token ", id, " is not valid UTF-8");
-      PO_CHECK(cp < byte_decoder.size() && byte_decoder[cp] >= 0, files.encoder_json, ": token ", id,
+      PO_CHECK(utf8_decode(s, pos, &cp, &len), origin, ": token ", id, " is not valid UTF-8");
+      PO_CHECK(cp < byte_decoder.size() && byte_decoder[cp] >= 0, origin, ": token ", id,
                " has a character outside the byte alphabet");
       bytes += static_cast<char>(byte_decoder[cp]);
       pos += len;
     }
-    id_to_string[id] = s;
     id_to_bytes[id] = std::move(bytes);
-    string_to_id.emplace(s, static_cast<int32_t>(id));
+    PO_CHECK(string_to_id.emplace(s, static_cast<int32_t>(id)).second, origin, ": token '", s, "' appears twice");
   }
+  id_to_string = std::move(tokens);
   for (int b = 0; b < 256; ++b) {
     std::string s;
     append_utf8(s, byte_encoder[b]);
     auto it = string_to_id.find(s);
-    PO_CHECK(it != string_to_id.end(), files.encoder_json, ": byte ", b, " has no token");
+    PO_CHECK(it != string_to_id.end(), origin, ": byte ", b, " has no token");
     byte_to_id[b] = it->second;
   }
 }
@@ -180,13 +192,20 @@ void Tokenizer::Impl::load_merges(const TokenizerFiles& files) {
     start = nl + 1;
   }
   PO_CHECK(lines.size() >= 2, files.vocab_bpe, ": no merges");
+  // Line 1 is the "#version" header; the last is what follows the final newline.
+  set_merges(std::vector<std::string_view>(lines.begin() + 1, lines.end() - 1), files.vocab_bpe, 2);
+}
+
+void Tokenizer::Impl::set_merges(const std::vector<std::string_view>& lines, const std::string& origin,
+                                 size_t first_line) {
   // The reference ranks the key "first,second"; a later line with the same key
   // overwrites an earlier one. Every way of splitting a key at a comma into two
   // tokens is a pair it ranks; splits whose parts are not tokens cannot occur.
   merges.reserve(2 * lines.size());
+  rules.reserve(lines.size());
   std::vector<std::string_view> words;
   std::string key;
-  for (size_t i = 1; i + 1 < lines.size(); ++i) {
+  for (size_t i = 0; i < lines.size(); ++i) {
     words.clear();
     std::string_view line = lines[i];
     for (size_t p = 0; p < line.size();) {
@@ -196,8 +215,9 @@ void Tokenizer::Impl::load_merges(const TokenizerFiles& files) {
       if (q > p) words.push_back(line.substr(p, q - p));
       p = q;
     }
-    PO_CHECK(words.size() == 2, files.vocab_bpe, ": line ", i + 1, " is not `first second`");
-    const auto rank = static_cast<int32_t>(i - 1);
+    PO_CHECK(words.size() == 2, origin, ": line ", i + first_line, " is not `first second`");
+    rules.push_back(std::string(words[0]) + " " + std::string(words[1]));
+    const auto rank = static_cast<int32_t>(i);
     key.assign(words[0]);
     key += ',';
     key.append(words[1]);
@@ -288,6 +308,12 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) : impl_(std::make_unique<Impl>
   impl_->load_merges(files);
 }
 
+Tokenizer::Tokenizer(std::vector<std::string> tokens, const std::vector<std::string>& merges, const std::string& origin)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->set_vocab(std::move(tokens), origin);
+  impl_->set_merges(std::vector<std::string_view>(merges.begin(), merges.end()), origin, 1);
+}
+
 Tokenizer Tokenizer::load(const std::string& path) { return Tokenizer(find_tokenizer_files(path)); }
 
 Tokenizer::~Tokenizer() = default;
@@ -336,6 +362,13 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
   PO_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " outside [0, ", vocab_size(), ")");
   return impl_->id_to_bytes[id];
 }
+
+const std::string& Tokenizer::token_string(int32_t id) const {
+  PO_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " outside [0, ", vocab_size(), ")");
+  return impl_->id_to_string[static_cast<size_t>(id)];
+}
+
+const std::vector<std::string>& Tokenizer::merge_rules() const { return impl_->rules; }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_to_string.size()); }
 

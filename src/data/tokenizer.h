@@ -40,6 +40,10 @@ class Tokenizer final : public TextTokenizer {
 
   // Loads the vocabulary; throws InvalidArgument / IoError on a bad or missing file.
   explicit Tokenizer(const TokenizerFiles& files);
+  // GPT-2's vocabulary from its parts (a GGUF file's tokenizer.ggml.tokens and
+  // .merges): the byte-encoded tokens by id as encoder.json spells them, the
+  // merge rules "first second" best first. `origin` names the file in errors.
+  Tokenizer(std::vector<std::string> tokens, const std::vector<std::string>& merges, const std::string& origin);
   // Same as Tokenizer(find_tokenizer_files(path)).
   static Tokenizer load(const std::string& path = "");
   ~Tokenizer() override;
@@ -57,6 +61,10 @@ class Tokenizer final : public TextTokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   // Bytes of one token.
   const std::string& token_bytes(int32_t id) const;
+  // One token as encoder.json spells it (bytes mapped to printable characters).
+  const std::string& token_string(int32_t id) const;
+  // The merge rules "first second", best first, as vocab.bpe lists them.
+  const std::vector<std::string>& merge_rules() const;
 
   int32_t vocab_size() const override;
   // TextTokenizer: token_bytes(id) as a copy; no BOS; EOS = kEndOfText; "gpt2".

@@ -1,6 +1,7 @@
 #include "serve/generate.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
 #include "serve/sampler.h"
@@ -8,7 +9,9 @@
 namespace po::serve {
 
 std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
-                            const SampleOptions& o) {
+                            const SampleOptions& o, SampleTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  SampleTimes t;
   PO_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   PO_CHECK(o.temperature >= 0, "generate: --temperature must be >= 0, got ", o.temperature);
   PO_CHECK(o.top_k >= 0, "generate: --top-k must be >= 0, got ", o.top_k);
@@ -35,7 +38,16 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     if (cache.length + static_cast<int64_t>(context.size() - fed) > window) refill();
     const int64_t n = static_cast<int64_t>(context.size() - fed);
+    const auto t0 = Clock::now();
     model.forward_cached(context.data() + fed, n, cache, logits.data());
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i == 0) {
+      t.prompt_tokens = n;
+      t.prompt_seconds = secs;
+    } else {
+      ++t.decoded_tokens;
+      t.decode_seconds += secs;
+    }
     fed = context.size();
     const int32_t next = sample_token(logits.data(), V, p, context, static_cast<int64_t>(out.size()),
                                       static_cast<uint64_t>(i)).id;
@@ -43,6 +55,7 @@ std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t
     context.push_back(next);
     if (next == o.stop_token) break;
   }
+  if (times != nullptr) *times = t;
   return out;
 }
 

@@ -22,8 +22,16 @@ struct SampleOptions {
   int32_t stop_token = -1;   // stop after emitting this id (-1: never)
 };
 
+// Where the time went: the prompt's forward (prefill, its tokens) and the
+// rest (decode, one forward per further token; a window slide's refill
+// counts here), wall-clock seconds.
+struct SampleTimes {
+  int64_t prompt_tokens = 0, decoded_tokens = 0;
+  double prompt_seconds = 0, decode_seconds = 0;
+};
+
 // Returns the new tokens (prompt excluded). `model` must have batch 1.
 std::vector<int32_t> sample(model::Transformer& model, const std::vector<int32_t>& prompt,
-                            const SampleOptions& options);
+                            const SampleOptions& options, SampleTimes* times = nullptr);
 
 }  // namespace po::serve

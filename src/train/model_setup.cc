@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/gguf_models.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/llama_weights.h"
@@ -94,6 +95,8 @@ checkpoint::LlamaOverrides llama_overrides(const core::Config* c) {
 bool is_llama_weights(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return true;
+  if (fs::is_regular_file(path, ec) && checkpoint::is_gguf(path))
+    return checkpoint::gguf_architecture(checkpoint::GgufFile::open(path)) != "gpt2";
   if (path.ends_with(".safetensors"))
     return checkpoint::SafetensorsReader::open(path).has("model.embed_tokens.weight");
   return !path.empty() && path != "random" && fs::is_regular_file(path, ec);
@@ -177,6 +180,8 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   model::TransformerConfig m;
   if (init != "random" && is_llama_weights(init)) {
     m = llama_file_config(init, &config);  // the file's shape, the keys checked against it
+  } else if (init != "random" && checkpoint::is_gguf(init)) {
+    m = checkpoint::gguf_gpt2_config(checkpoint::GgufFile::open(init));  // the file's shape
   } else {
     m = model::TransformerConfig::preset(config.get_string("model.preset"));
     const std::string arch = config.get_string("model.arch");
@@ -285,7 +290,10 @@ void load_model_weights(const std::string& path, model::Transformer& model) {
     return;
   }
   if (model.config().arch == "gpt2" && !is_llama_weights(path)) {
-    checkpoint::load_gpt2_safetensors(path, model);
+    if (checkpoint::is_gguf(path))
+      checkpoint::load_gpt2_gguf(checkpoint::GgufFile::open(path), model);
+    else
+      checkpoint::load_gpt2_safetensors(path, model);
     return;
   }
   PO_CHECK(model.whole(), "loading weights needs a whole model");

@@ -2,7 +2,7 @@
 // model.init = a Llama file, the file's own shape) into one TransformerConfig,
 // and weights in and out in the formats users bring: Hugging Face GPT-2
 // safetensors, Hugging Face Llama (a directory with config.json and shards, or
-// one safetensors file), llama2.c checkpoints.
+// one safetensors file), llama2.c checkpoints, GGUF files (GPT-2 and Llama).
 #pragma once
 
 #include <string>
@@ -34,8 +34,9 @@ void load_base_and_adapters(const core::Config& config, model::Transformer& mode
 // trained without reading model.init's file again (it may have moved).
 void store_resolved_model(core::Config& config, const model::TransformerConfig& m);
 
-// Whether `path` holds Llama weights (a directory, a llama2.c .bin, or a
-// safetensors file with model.embed_tokens.weight) rather than GPT-2's.
+// Whether `path` holds Llama weights (a directory, a llama2.c .bin, a GGUF file
+// whose general.architecture is not gpt2, or a safetensors file with
+// model.embed_tokens.weight) rather than GPT-2's.
 bool is_llama_weights(const std::string& path);
 
 // The architecture and shapes of the weights at `path` (Llama only), with the

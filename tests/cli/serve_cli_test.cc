@@ -201,9 +201,12 @@ TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
   // The text `generate` prints after the prompt.
   const auto g = run_command(kBin + " generate " + model_ + " --prompt 'Hello there' --temperature 0 --max-new-tokens 12");
   ASSERT_EQ(g.exit_code, 0) << g.output;
-  const std::string printed = g.output.substr(0, g.output.rfind('\n'));
-  EXPECT_EQ("Hello there" + completion, printed.substr(printed.rfind("Hello there")))
-      << "the served completion differs from generate's text";
+  // (stderr's timing line follows the text: compare the line that starts with the prompt)
+  const size_t text_at = g.output.rfind("Hello there");
+  ASSERT_NE(text_at, std::string::npos) << g.output;
+  const std::string printed = g.output.substr(text_at, g.output.find('\n', text_at) - text_at);
+  EXPECT_EQ("Hello there" + completion, printed) << "the served completion differs from generate's text";
+  EXPECT_NE(g.output.find("tokens/s"), std::string::npos) << "generate prints no timings: " << g.output;
 }
 
 // `serve --lora a=DIR --lora b=DIR` (PEFT directories): requests of a, b and
