@@ -181,6 +181,10 @@ TEST_F(ServeCli, RealClientsStreamWhatGenerateGives) {
   EXPECT_FALSE(completion.empty()) << "12 greedy tokens of a random model gave no text";
   EXPECT_EQ(got["completion_stream"], completion) << "openai completions: streamed vs not";
   EXPECT_EQ(got["hf_stream"], completion) << "@huggingface/inference's stream vs openai's completion";
+  EXPECT_EQ(got["tgi_generate"], completion) << "/generate (a TGI client, @huggingface/inference 2.8.1) vs openai's";
+  EXPECT_EQ(got["tgi_compat"], completion) << "TGI's compat route / vs openai's completion";
+  EXPECT_EQ(got["tgi_stream"], completion) << "/generate_stream's token events vs openai's completion";
+  EXPECT_EQ(got["tgi_stream_final"], completion) << "/generate_stream's generated_text vs openai's completion";
   EXPECT_FALSE(got["chat"].get<std::string>().empty()) << "openai chat gave no text";
   EXPECT_EQ(got["chat_stream"], got["chat"]) << "openai chat: streamed vs not";
   const int used = got["completion_usage"]["completion_tokens"].get<int>();
