@@ -71,8 +71,6 @@ void write_gguf_model(const std::string& path, const model::Transformer& model, 
                       c.mlp == model::Mlp::kSwiGLU && !c.bias),
            "export: GGUF's llama architecture has RMSNorm, RoPE, SwiGLU and no biases; this model.arch = llama "
            "overrides one of them");
-  PO_CHECK(!llama || c.rope_scaling.factor <= 0,
-           "export: Llama-3.1 RoPE scaling (model.rope_scaling_factor) is not written to GGUF yet");
   const std::string a = c.arch;
   const auto u32 = [](int64_t v) { return GgufValue::u32(static_cast<uint32_t>(v)); };
   GgufMetadata kv = {{"general.architecture", GgufValue::str(a)},
@@ -118,6 +116,20 @@ void write_gguf_model(const std::string& path, const model::Transformer& model, 
       head.name = "output.weight";
       out.push_back(std::move(head));
     }
+  }
+  if (llama && c.rope_scaling.factor > 0) {  // Llama-3.1: the factors, as llama.cpp's converter writes them
+    const RopeScaling r{c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
+                        static_cast<int64_t>(c.rope_scaling.original_max_position)};
+    const int64_t head_dim = c.n_embd / c.n_head;
+    std::vector<double> factors = detail::llama3_rope_factors(r, c.rope_theta, head_dim);
+    out.push_back({"rope_freqs.weight", {head_dim / 2}, GgmlType::kF32, [factors](float* d) {
+                     for (size_t i = 0; i < factors.size(); ++i) d[i] = static_cast<float>(factors[i]);
+                   }});
+    kv.emplace_back("llama.rope.scaling.original_context_length", u32(r.original_max_position_embeddings));
+    // Not keys llama.cpp reads (it reads the factors): they let a reader tell
+    // a setting other than the published one from its factors.
+    kv.emplace_back("llama.rope.scaling.low_freq_factor", GgufValue::f32(static_cast<float>(r.low_freq_factor)));
+    kv.emplace_back("llama.rope.scaling.high_freq_factor", GgufValue::f32(static_cast<float>(r.high_freq_factor)));
   }
   write_gguf(path, kv, out);
 }

@@ -1,5 +1,6 @@
 #include "checkpoint/gguf_models.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -36,6 +37,25 @@ std::string mapped(const std::string& hf, const NameMap& whole, const std::strin
 }  // namespace
 
 namespace detail {
+
+std::vector<double> llama3_rope_factors(const RopeScaling& r, double theta, int64_t head_dim) {
+  const double orig = static_cast<double>(r.original_max_position_embeddings);
+  const double low_wavelen = orig / r.low_freq_factor, high_wavelen = orig / r.high_freq_factor;
+  std::vector<double> out;
+  for (int64_t i = 0; i < head_dim; i += 2) {
+    const double freq = 1.0 / std::pow(theta, static_cast<double>(i) / static_cast<double>(head_dim));
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < high_wavelen) {
+      out.push_back(1.0);
+    } else if (wavelen > low_wavelen) {
+      out.push_back(r.factor);
+    } else {
+      const double smooth = (orig / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      out.push_back(1.0 / ((1 - smooth) / r.factor + smooth));
+    }
+  }
+  return out;
+}
 
 std::string llama_gguf_name(const std::string& hf) {
   static const NameMap whole = {{"model.embed_tokens.weight", "token_embd.weight"},
@@ -100,6 +120,34 @@ void refuse_key(const GgufFile& f, const std::string& key, const std::string& wh
   PO_CHECK(f.find(key) == nullptr, f.origin(), ": metadata ", key, ": ", why);
 }
 
+// Llama-3.1's RoPE scaling from the per-frequency factors llama.cpp's
+// converter stores in rope_freqs.weight (it writes no scaling keys): the
+// factor is their largest, and the factors must be those of the published
+// setting (low_freq_factor 1, high_freq_factor 4, original context
+// llama.rope.scaling.original_context_length or 8192; this engine's export
+// also writes low_freq_factor and high_freq_factor keys), else an error
+// naming the tensor (another setting cannot be told from the factors alone).
+RopeScaling rope_scaling_of(const GgufFile& f, const GgufTensorInfo& t, const LlamaShape& s) {
+  const int64_t half = s.n_head > 0 ? s.dim / s.n_head / 2 : 0;
+  PO_CHECK(t.ne.size() == 1 && t.ne[0] == half, f.origin(), ": tensor rope_freqs.weight has ", t.numel,
+           " factors, the head size ", 2 * half, " needs ", half);
+  std::vector<float> got(static_cast<size_t>(t.numel));
+  f.read_f32(t, got.data());
+  RopeScaling r;
+  r.factor = *std::max_element(got.begin(), got.end());
+  r.original_max_position_embeddings = f.find_int("llama.rope.scaling.original_context_length").value_or(8192);
+  // (Written by this engine's export, which may hold another setting.)
+  r.low_freq_factor = f.find_float("llama.rope.scaling.low_freq_factor").value_or(1.0);
+  r.high_freq_factor = f.find_float("llama.rope.scaling.high_freq_factor").value_or(4.0);
+  const std::vector<double> want = detail::llama3_rope_factors(r, s.rope_theta, 2 * half);
+  for (int64_t i = 0; i < half; ++i)
+    PO_CHECK(std::fabs(got[i] - want[i]) <= 1e-4 * want[i], f.origin(), ": rope_freqs.weight[", i, "] = ", got[i],
+             " but Llama-3.1's scaling (factor ", r.factor, ", low ", r.low_freq_factor, ", high ", r.high_freq_factor,
+             ", original context ",
+             r.original_max_position_embeddings, ") gives ", want[i], ": another setting is not read");
+  return r;
+}
+
 class GgufLlamaReader final : public LlamaReader {
  public:
   GgufLlamaReader(GgufFile file, const LlamaOverrides& ov)
@@ -112,9 +160,10 @@ class GgufLlamaReader final : public LlamaReader {
     const auto expert_count = f.find_int("llama.expert_count");
     PO_CHECK(!expert_count || *expert_count == 0, o, ": llama.expert_count = ", expert_count.value_or(0),
              ": a mixture of experts (Mixtral) is not built yet");
-    refuse_key(f, "llama.rope.scaling.type", "RoPE scaling in GGUF files is not read yet");
-    PO_CHECK(f.find_tensor("rope_freqs.weight") == nullptr, o,
-             ": tensor rope_freqs.weight (Llama-3.1's RoPE frequency factors) is not read yet");
+    if (const GgufValue* t = f.find("llama.rope.scaling.type"))
+      PO_CHECK(t->type == GgufType::kString && t->value.get<std::string>() == "none", o,
+               ": metadata llama.rope.scaling.type = ", t->value.dump(),
+               ": linear and YaRN RoPE scaling are not built (Llama-3.1's rope_freqs.weight is)");
     const auto key = [&](const char* k, int64_t v) { return core::str_cat("metadata llama.", k, " = ", v); };
     LlamaShape s;
     s.dim = f.get_int("llama.embedding_length");
@@ -156,8 +205,9 @@ class GgufLlamaReader final : public LlamaReader {
     };
     s.rms_norm_eps = real("model.norm_eps", ov.rms_norm_eps, "attention.layer_norm_rms_epsilon", 1e-5);
     s.rope_theta = real("model.rope_theta", ov.rope_theta, "rope.freq_base", 10000.0);
+    if (const GgufTensorInfo* freqs = f.find_tensor("rope_freqs.weight")) s.rope_scaling = rope_scaling_of(f, *freqs, s);
     set_shape(s);
-    std::set<std::string> read;
+    std::set<std::string> read = {"rope_freqs.weight"};
     for (const LlamaTensorInfo& t : tensors()) {
       const std::string g = llama_gguf_name(t.name);
       expect_tensor(f, g, t.name, t.shape);

@@ -10,6 +10,7 @@
 //     blk.N.ffn_{gate,up,down}.weight  model.layers.N.mlp.{gate,up,down}_proj.weight
 //     output_norm.weight        model.norm.weight
 //     output.weight             lm_head.weight (absent: tied)
+//   rope_freqs.weight           Llama-3.1's RoPE scaling (recognised, written)
 //   q and k rows are stored in Meta's interleaved RoPE order (the converter
 //   permutes Hugging Face's); the reader undoes it, so values come out in HF's
 //   order, as every LlamaReader gives them. Shape keys: llama.embedding_length,
@@ -77,6 +78,13 @@ void write_gguf_model(const std::string& path, const model::Transformer& model, 
                       const GgufMetadata& tokenizer, const std::string& name);
 
 namespace detail {
+
+// The per-frequency divisors of Llama-3.1's RoPE scaling for a head of
+// `head_dim`, as llama.cpp's converter computes rope_freqs.weight from
+// config.json's rope_scaling: 1 for wavelengths under
+// original/high_freq_factor, `factor` over original/low_freq_factor, and
+// 1 / ((1 − smooth)/factor + smooth) between.
+std::vector<double> llama3_rope_factors(const RopeScaling& r, double theta, int64_t head_dim);
 
 // Hugging Face name -> GGUF name ("" when the architecture has no such tensor).
 std::string llama_gguf_name(const std::string& hf);

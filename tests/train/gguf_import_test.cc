@@ -180,6 +180,54 @@ TEST(GgufImport, ExportReadsBackToTheSameTensors) {
   }
 }
 
+// Llama-3.1's RoPE scaling goes out as llama.cpp's rope_freqs.weight and comes
+// back as the same setting: the published one (factor 8, low 1, high 4,
+// original 8192, as llama.cpp's converter writes it) and another (its
+// factors told apart by the keys the export adds).
+TEST(GgufImport, Llama31RopeScalingRoundTripsThroughRopeFreqs) {
+  test::TempDir dir;
+  for (const double low : {1.0, 2.0}) {
+    SCOPED_TRACE(low);
+    TransformerConfig c = TransformerConfig::arch_defaults("llama");
+    c.n_layer = 1;
+    c.n_embd = 128;
+    c.n_head = 2;  // head size 64: 32 factors, all three regions
+    c.n_kv_head = 1;
+    c.ffn_hidden = 96;
+    c.vocab_size = 64;
+    c.seq_len = 16;
+    c.rope_theta = 500000.0;
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.low_freq_factor = low;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position = 8192;
+    c.inference = true;
+    c.fill_derived();
+    Transformer m(c, 1, c.seq_len);
+    m.init_random(3);
+    const std::string path = dir / "rope.gguf";
+    checkpoint::write_gguf_model(path, m, backend::GgmlType::kF32, {}, "rope");
+    const GgufFile f = GgufFile::open(path);
+    const checkpoint::GgufTensorInfo* freqs = f.find_tensor("rope_freqs.weight");
+    ASSERT_NE(freqs, nullptr);
+    std::vector<float> v(static_cast<size_t>(freqs->numel));
+    f.read_f32(*freqs, v.data());
+    EXPECT_EQ(v.size(), 32u);
+    EXPECT_EQ(v.front(), 1.0f);  // the highest frequency is not scaled
+    EXPECT_EQ(v.back(), 8.0f);   // the lowest by the factor
+    TransformerConfig back;
+    auto loaded = load(path, &back);
+    EXPECT_EQ(back.rope_scaling.factor, 8.0);
+    EXPECT_EQ(back.rope_scaling.low_freq_factor, low);
+    EXPECT_EQ(back.rope_scaling.high_freq_factor, 4.0);
+    EXPECT_EQ(back.rope_scaling.original_max_position, 8192.0);
+    EXPECT_EQ(static_cast<float>(back.rope_theta), 500000.0f);
+    EXPECT_EQ(params_differ(*loaded, m), "");
+    std::vector<int32_t> tokens = {1, 5, 9, 2, 60};
+    EXPECT_EQ(logits_of(*loaded, tokens), logits_of(m, tokens));
+  }
+}
+
 std::vector<std::string> brown_texts() {
   std::vector<std::string> texts;
   for (const char* name : {"ca01", "cg22", "cn05", "cr09"})
