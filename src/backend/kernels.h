@@ -22,6 +22,9 @@ namespace po::backend::cpu {
   X(matmul_forward_decode, matmul_forward_decode, void,                                            \
     (float* out, const float* inp, const float* weight, const float* bias, int64_t BT, int64_t C,  \
      int64_t OC), (out, inp, weight, bias, BT, C, OC))                                             \
+  X(matmul_forward_decode_blocks, matmul_forward_decode_blocks, void,                              \
+    (float* out, const float* inp, const void* weight, GgmlType type, const float* bias,           \
+     int64_t BT, int64_t C, int64_t OC), (out, inp, weight, type, bias, BT, C, OC))                \
   X(matmul_backward, matmul_backward, void,                                                        \
     (float* dinp, float* dweight, float* dbias, Operand dout, Operand inp, Operand weight,         \
      int64_t BT, int64_t C, int64_t OC, bool accumulate_dinp),                                     \

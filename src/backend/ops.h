@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/block_formats.h"
 #include "backend/codebook.h"
 
 namespace po::backend::cpu {
@@ -87,6 +88,15 @@ void matmul_forward(float* out, Operand inp, Operand weight, const float* bias, 
 void matmul_forward_decode(float* out, const float* inp, const float* weight, const float* bias,
                            int64_t BT, int64_t C, int64_t OC);
 constexpr int64_t kDecodeRowsTiled = 40;
+// matmul_forward_decode over a weight [OC, C] stored in a GGUF block format
+// (backend/block_formats.h: rows of ggml_row_bytes(type, C) bytes), for a
+// few rows (a decode step): the blocks are dequantized in registers inside
+// the dot products, every output one dot over C in a fixed order, so each
+// stored byte is read once and no widened copy of the matrix is made. On the
+// avx512 paths Q8_0, Q4_0, BF16 and F16 (C % 32 == 0) run there; other types
+// and paths decode one weight row at a time into a thread's scratch.
+void matmul_forward_decode_blocks(float* out, const float* inp, const void* weight, GgmlType type,
+                                  const float* bias, int64_t BT, int64_t C, int64_t OC);
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);
 // dweight[OC,C] += dout^T · inp; dbias[OC] += sum_rows(dout) (dbias may be null).
 // dinp, dweight and dbias may each be null (skipped): the input-gradient and
