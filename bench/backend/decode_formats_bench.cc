@@ -2,7 +2,8 @@
 // block weight of gpt2-124M (12 blocks, 85M parameters, far past the
 // last-level cache) once, at 1 and 8 input rows, as f32
 // (matmul_forward_decode, the engine's path today) and as F16, BF16, Q8_0
-// and Q4_0 (matmul_forward_decode_blocks: dequantization in registers). At
+// Q4_0, Q4_K and Q6_K (matmul_forward_decode_blocks: dequantization in
+// registers; the K-quants from synthetic bytes, as the engine does not write them). At
 // one row a step is bound by reading the stored bytes: each format's rate is
 // printed beside the memory's read bandwidth (a STREAM triad) and the
 // fraction of it reached. One JSON line per measurement.
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   std::vector<float> out(8 * 3072);
   const double triad = po::bench::triad_gbs();
   std::printf("{\"bench\":\"decode_formats\",\"triad_gbs\":%.1f,\"threads\":%d}\n", triad, threads);
-  for (const char* name : {"f32", "F16", "BF16", "Q8_0", "Q4_0"}) {
+  for (const char* name : {"f32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"}) {
     const bool plain = std::string(name) == "f32";
     const GgmlType t = plain ? GgmlType::kF32 : *po::backend::ggml_type_from_name(name);
     std::vector<std::vector<uint8_t>> stored;
@@ -50,7 +51,19 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < step.size(); ++i) {
       const int64_t n = step[i].in * step[i].out;
       stored.emplace_back(static_cast<size_t>(po::backend::ggml_row_bytes(t, step[i].in) * step[i].out));
-      if (!plain) po::backend::ggml_quantize(t, f32[i].data(), stored.back().data(), n);
+      if (t == GgmlType::kQ4_K || t == GgmlType::kQ6_K) {  // read-only types: bytes with small finite scales
+        auto& w = stored.back();
+        for (size_t k = 0; k < w.size(); ++k) w[k] = static_cast<uint8_t>((k * 2654435761u) >> 13);
+        const size_t bb = static_cast<size_t>(po::backend::ggml_block_bytes(t));
+        for (size_t at = 0; at < w.size(); at += bb) {
+          const size_t dpos = t == GgmlType::kQ4_K ? at : at + bb - 2;
+          w[dpos] = 0x00;
+          w[dpos + 1] = 0x20;
+          if (t == GgmlType::kQ4_K) w[at + 2] = 0x00, w[at + 3] = 0x20;
+        }
+      } else if (!plain) {
+        po::backend::ggml_quantize(t, f32[i].data(), stored.back().data(), n);
+      }
       bytes += static_cast<double>(plain ? n * 4 : static_cast<int64_t>(stored.back().size()));
     }
     if (plain) stored.clear();

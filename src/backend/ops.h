@@ -92,9 +92,9 @@ constexpr int64_t kDecodeRowsTiled = 40;
 // (backend/block_formats.h: rows of ggml_row_bytes(type, C) bytes), for a
 // few rows (a decode step): the blocks are dequantized in registers inside
 // the dot products, every output one dot over C in a fixed order, so each
-// stored byte is read once and no widened copy of the matrix is made. On the
-// avx512 paths Q8_0, Q4_0, BF16 and F16 (C % 32 == 0) run there; other types
-// and paths decode one weight row at a time into a thread's scratch.
+// stored byte is read once and no widened copy of the matrix is made: Q8_0,
+// Q4_0, BF16, F16, Q4_K and Q6_K on the avx512 paths; F32, and every type on
+// the avx2 path, decode one weight row at a time into a thread's scratch.
 void matmul_forward_decode_blocks(float* out, const float* inp, const void* weight, GgmlType type,
                                   const float* bias, int64_t BT, int64_t C, int64_t OC);
 // dinp[BT,C] = dout · weight (written, or += when accumulate_dinp);

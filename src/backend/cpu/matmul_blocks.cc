@@ -117,6 +117,116 @@ void dot_rows_blocks(float* out, const float* x, const void* weight, const float
     }
   }
 }
+// The K-quants' super-blocks of 256, in registers. Q4_K: eight groups of 32
+// whose values are (d·sc)·q − dmin·m, dotted as (d·sc)·Σx·q − (dmin·m)·Σx;
+// Q6_K: sixteen groups of 16 whose values are (d·sc)·(q − 32). Lanes carry
+// partial sums across super-blocks; one reduction at the end.
+inline float half_at(const uint8_t* p) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(p[0] | (p[1] << 8)))));
+}
+
+template <int NR>
+void dot_row_q4k(float* out, const float* x, const uint8_t* w, const float* bias, int64_t C, int64_t OC) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < C / 256; ++b) {
+    const uint8_t* blk = w + b * 144;
+    const float d = half_at(blk), dmin = half_at(blk + 2);
+    const uint8_t* s = blk + 4;
+    const uint8_t* q = blk + 16;
+    for (int g = 0; g < 8; ++g) {  // group g: 32 values, qs[32·(g/2) ..] low (g even) or high nibbles
+      uint8_t sc, m;
+      if (g < 4) {
+        sc = s[g] & 63;
+        m = s[g + 4] & 63;
+      } else {
+        sc = static_cast<uint8_t>((s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4));
+        m = static_cast<uint8_t>((s[g + 4] >> 4) | ((s[g] >> 6) << 4));
+      }
+      const __m512 scale = _mm512_set1_ps(d * sc), min = _mm512_set1_ps(dmin * m);
+      const uint8_t* qg = q + 32 * (g / 2);
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16));
+      if (g % 2 == 1) {
+        a = _mm_srli_epi16(a, 4);
+        c = _mm_srli_epi16(c, 4);
+      }
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(a, mask)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(c, mask)));
+      for (int r = 0; r < NR; ++r) {
+        const float* xr = x + r * C + b * 256 + g * 32;
+        const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
+        const __m512 t = _mm512_fmadd_ps(x1, hi, _mm512_mul_ps(x0, lo));
+        acc[r] = _mm512_fmadd_ps(t, scale, acc[r]);
+        acc[r] = _mm512_fnmadd_ps(_mm512_add_ps(x0, x1), min, acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const float sum = _mm512_reduce_add_ps(acc[r]);
+    out[r * OC] = bias != nullptr ? *bias + sum : sum;
+  }
+}
+
+template <int NR>
+void dot_row_q6k(float* out, const float* x, const uint8_t* w, const float* bias, int64_t C, int64_t OC) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  const __m128i low4 = _mm_set1_epi8(0x0F), low2 = _mm_set1_epi8(0x03), bias32 = _mm_set1_epi8(32);
+  for (int64_t b = 0; b < C / 256; ++b) {
+    const uint8_t* blk = w + b * 210;
+    const float d = half_at(blk + 208);
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int n = 0; n < 2; ++n) {  // halves of 128: ql += 64, qh += 32, sc += 8
+      const uint8_t* ql = blk + 64 * n;
+      const uint8_t* qh = blk + 128 + 32 * n;
+      for (int h = 0; h < 2; ++h) {  // lanes l = 16h .. 16h + 15
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * h));
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 32 + 16 * h));
+        const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * h));
+        const __m128i hi2[4] = {_mm_and_si128(e, low2), _mm_and_si128(_mm_srli_epi16(e, 2), low2),
+                                _mm_and_si128(_mm_srli_epi16(e, 4), low2), _mm_and_si128(_mm_srli_epi16(e, 6), low2)};
+        const __m128i lo4[4] = {_mm_and_si128(a, low4), _mm_and_si128(c, low4),
+                                _mm_and_si128(_mm_srli_epi16(a, 4), low4), _mm_and_si128(_mm_srli_epi16(c, 4), low4)};
+        for (int k = 0; k < 4; ++k) {  // y[l + 32k] = (d·sc[8n + 2k + h])·q
+          const __m128i qk = _mm_sub_epi8(_mm_or_si128(lo4[k], _mm_slli_epi16(hi2[k], 4)), bias32);
+          const __m512 qv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qk));
+          const __m512 scale = _mm512_set1_ps(d * static_cast<float>(sc[8 * n + 2 * k + h]));
+          for (int r = 0; r < NR; ++r) {
+            const __m512 xv = _mm512_loadu_ps(x + r * C + b * 256 + 128 * n + 32 * k + 16 * h);
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(xv, qv), scale, acc[r]);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const float sum = _mm512_reduce_add_ps(acc[r]);
+    out[r * OC] = bias != nullptr ? *bias + sum : sum;
+  }
+}
+
+template <bool Q4K>
+void dot_rows_k(float* out, const float* x, const void* weight, const float* bias, int64_t rows, int64_t C,
+                int64_t OC) {
+  const int64_t row_bytes = ggml_row_bytes(Q4K ? GgmlType::kQ4_K : GgmlType::kQ6_K, C);
+  const auto* w = static_cast<const uint8_t*>(weight);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < OC; ++j) {
+    const float* bj = bias != nullptr ? bias + j : nullptr;
+    const uint8_t* wj = w + j * row_bytes;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      if constexpr (Q4K) dot_row_q4k<4>(out + r * OC + j, x + r * C, wj, bj, C, OC);
+      else dot_row_q6k<4>(out + r * OC + j, x + r * C, wj, bj, C, OC);
+    }
+    for (; r < rows; ++r) {
+      if constexpr (Q4K) dot_row_q4k<1>(out + r * OC + j, x + r * C, wj, bj, C, OC);
+      else dot_row_q6k<1>(out + r * OC + j, x + r * C, wj, bj, C, OC);
+    }
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -154,6 +264,8 @@ void matmul_forward_decode_blocks(float* out, const float* inp, const void* weig
       case GgmlType::kQ4_0: return dot_rows_blocks<GgmlType::kQ4_0>(out, inp, weight, bias, BT, C, OC);
       case GgmlType::kBF16: return dot_rows_blocks<GgmlType::kBF16>(out, inp, weight, bias, BT, C, OC);
       case GgmlType::kF16: return dot_rows_blocks<GgmlType::kF16>(out, inp, weight, bias, BT, C, OC);
+      case GgmlType::kQ4_K: return dot_rows_k<true>(out, inp, weight, bias, BT, C, OC);
+      case GgmlType::kQ6_K: return dot_rows_k<false>(out, inp, weight, bias, BT, C, OC);
       default: break;
     }
   }
