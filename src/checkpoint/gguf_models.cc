@@ -116,10 +116,6 @@ std::string architecture_of(const GgufFile& f) {
   return v->value.get<std::string>();
 }
 
-void refuse_key(const GgufFile& f, const std::string& key, const std::string& why) {
-  PO_CHECK(f.find(key) == nullptr, f.origin(), ": metadata ", key, ": ", why);
-}
-
 // Llama-3.1's RoPE scaling from the per-frequency factors llama.cpp's
 // converter stores in rope_freqs.weight (it writes no scaling keys): the
 // factor is their largest, and the factors must be those of the published

@@ -22,6 +22,15 @@ namespace {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+// out[r · OC] = bias + the lanes of acc[r] summed, for each input row r.
+template <int NR>
+inline void store_sums(const __m512* acc, float* out, const float* bias, int64_t OC) {
+  for (int r = 0; r < NR; ++r) {
+    const float s = _mm512_reduce_add_ps(acc[r]);
+    out[r * OC] = bias != nullptr ? *bias + s : s;
+  }
+}
+
 inline __m512 half_scale(const void* p) {
   uint16_t bits;
   __builtin_memcpy(&bits, p, 2);
@@ -63,60 +72,6 @@ inline void load_block(const uint8_t* row, int64_t b, __m512* lo, __m512* hi, __
   }
 }
 
-// out[r, j] for NR input rows and one weight row, each block decoded once
-// for all of them: per lane, x·q over the block then times the block's scale
-// (d·Σ x·q, not Σ x·(d·q): the same up to rounding, one multiply a block
-// instead of two), blocks ascending, one reduction at the end, so an output
-// does not depend on the other rows or the threads.
-template <GgmlType T, int NR>
-void dot_row(float* out, const float* x, const uint8_t* w, const float* bias, int64_t C, int64_t OC) {
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < C / 32; ++b) {
-    __m512 lo, hi, d;
-    load_block<T>(w, b, &lo, &hi, &d);
-    for (int r = 0; r < NR; ++r) {
-      const float* xr = x + r * C + b * 32;
-      if constexpr (kScaled<T>) {
-        const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, _mm512_mul_ps(_mm512_loadu_ps(xr), lo));
-        acc[r] = _mm512_fmadd_ps(t, d, acc[r]);
-      } else {
-        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), lo, acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, acc[r]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) {
-    const float s = _mm512_reduce_add_ps(acc[r]);
-    out[r * OC] = bias != nullptr ? *bias + s : s;
-  }
-}
-
-template <GgmlType T>
-void dot_rows_blocks(float* out, const float* x, const void* weight, const float* bias, int64_t rows, int64_t C,
-                     int64_t OC) {
-  const int64_t row_bytes = ggml_row_bytes(T, C);
-  const auto* w = static_cast<const uint8_t*>(weight);
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < OC; ++j) {
-    const float* bj = bias != nullptr ? bias + j : nullptr;
-    const uint8_t* wj = w + j * row_bytes;
-    for (int64_t r = 0; r < rows; r += 8) {  // eight input rows share each decoded block
-      float* o = out + r * OC + j;
-      const float* xr = x + r * C;
-      switch (std::min<int64_t>(8, rows - r)) {
-        case 8: dot_row<T, 8>(o, xr, wj, bj, C, OC); break;
-        case 7: dot_row<T, 7>(o, xr, wj, bj, C, OC); break;
-        case 6: dot_row<T, 6>(o, xr, wj, bj, C, OC); break;
-        case 5: dot_row<T, 5>(o, xr, wj, bj, C, OC); break;
-        case 4: dot_row<T, 4>(o, xr, wj, bj, C, OC); break;
-        case 3: dot_row<T, 3>(o, xr, wj, bj, C, OC); break;
-        case 2: dot_row<T, 2>(o, xr, wj, bj, C, OC); break;
-        default: dot_row<T, 1>(o, xr, wj, bj, C, OC); break;
-      }
-    }
-  }
-}
 // The K-quants' super-blocks of 256, in registers. Q4_K: eight groups of 32
 // whose values are (d·sc)·q − dmin·m, dotted as (d·sc)·Σx·q − (dmin·m)·Σx;
 // Q6_K: sixteen groups of 16 whose values are (d·sc)·(q − 32). Lanes carry
@@ -163,10 +118,7 @@ void dot_row_q4k(float* out, const float* x, const uint8_t* w, const float* bias
       }
     }
   }
-  for (int r = 0; r < NR; ++r) {
-    const float sum = _mm512_reduce_add_ps(acc[r]);
-    out[r * OC] = bias != nullptr ? *bias + sum : sum;
-  }
+  store_sums<NR>(acc, out, bias, OC);
 }
 
 template <int NR>
@@ -201,29 +153,68 @@ void dot_row_q6k(float* out, const float* x, const uint8_t* w, const float* bias
       }
     }
   }
-  for (int r = 0; r < NR; ++r) {
-    const float sum = _mm512_reduce_add_ps(acc[r]);
-    out[r * OC] = bias != nullptr ? *bias + sum : sum;
-  }
+  store_sums<NR>(acc, out, bias, OC);
 }
 
-template <bool Q4K>
-void dot_rows_k(float* out, const float* x, const void* weight, const float* bias, int64_t rows, int64_t C,
-                int64_t OC) {
-  const int64_t row_bytes = ggml_row_bytes(Q4K ? GgmlType::kQ4_K : GgmlType::kQ6_K, C);
+// out[r, j] for NR input rows and one weight row, each block decoded once
+// for all of them: per lane, x·q over the block then times the block's scale
+// (d·Σ x·q, not Σ x·(d·q): the same up to rounding, one multiply a block
+// instead of two), blocks ascending, one reduction at the end, so an output
+// does not depend on the other rows or the threads.
+template <GgmlType T, int NR>
+void dot_row_32(float* out, const float* x, const uint8_t* w, const float* bias, int64_t C, int64_t OC) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < C / 32; ++b) {
+    __m512 lo, hi, d;
+    load_block<T>(w, b, &lo, &hi, &d);
+    for (int r = 0; r < NR; ++r) {
+      const float* xr = x + r * C + b * 32;
+      if constexpr (kScaled<T>) {
+        const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, _mm512_mul_ps(_mm512_loadu_ps(xr), lo));
+        acc[r] = _mm512_fmadd_ps(t, d, acc[r]);
+      } else {
+        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), lo, acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, acc[r]);
+      }
+    }
+  }
+  store_sums<NR>(acc, out, bias, OC);
+}
+
+// One weight row of type T against NR input rows.
+template <GgmlType T, int NR>
+void dot_row(float* out, const float* x, const uint8_t* w, const float* bias, int64_t C, int64_t OC) {
+  if constexpr (T == GgmlType::kQ4_K)
+    dot_row_q4k<NR>(out, x, w, bias, C, OC);
+  else if constexpr (T == GgmlType::kQ6_K)
+    dot_row_q6k<NR>(out, x, w, bias, C, OC);
+  else
+    dot_row_32<T, NR>(out, x, w, bias, C, OC);
+}
+
+template <GgmlType T>
+void dot_rows_blocks(float* out, const float* x, const void* weight, const float* bias, int64_t rows, int64_t C,
+                     int64_t OC) {
+  const int64_t row_bytes = ggml_row_bytes(T, C);
   const auto* w = static_cast<const uint8_t*>(weight);
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < OC; ++j) {
     const float* bj = bias != nullptr ? bias + j : nullptr;
     const uint8_t* wj = w + j * row_bytes;
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      if constexpr (Q4K) dot_row_q4k<4>(out + r * OC + j, x + r * C, wj, bj, C, OC);
-      else dot_row_q6k<4>(out + r * OC + j, x + r * C, wj, bj, C, OC);
-    }
-    for (; r < rows; ++r) {
-      if constexpr (Q4K) dot_row_q4k<1>(out + r * OC + j, x + r * C, wj, bj, C, OC);
-      else dot_row_q6k<1>(out + r * OC + j, x + r * C, wj, bj, C, OC);
+    for (int64_t r = 0; r < rows; r += 8) {  // eight input rows share each decoded block
+      float* o = out + r * OC + j;
+      const float* xr = x + r * C;
+      switch (std::min<int64_t>(8, rows - r)) {
+        case 8: dot_row<T, 8>(o, xr, wj, bj, C, OC); break;
+        case 7: dot_row<T, 7>(o, xr, wj, bj, C, OC); break;
+        case 6: dot_row<T, 6>(o, xr, wj, bj, C, OC); break;
+        case 5: dot_row<T, 5>(o, xr, wj, bj, C, OC); break;
+        case 4: dot_row<T, 4>(o, xr, wj, bj, C, OC); break;
+        case 3: dot_row<T, 3>(o, xr, wj, bj, C, OC); break;
+        case 2: dot_row<T, 2>(o, xr, wj, bj, C, OC); break;
+        default: dot_row<T, 1>(o, xr, wj, bj, C, OC); break;
+      }
     }
   }
 }
@@ -264,8 +255,8 @@ void matmul_forward_decode_blocks(float* out, const float* inp, const void* weig
       case GgmlType::kQ4_0: return dot_rows_blocks<GgmlType::kQ4_0>(out, inp, weight, bias, BT, C, OC);
       case GgmlType::kBF16: return dot_rows_blocks<GgmlType::kBF16>(out, inp, weight, bias, BT, C, OC);
       case GgmlType::kF16: return dot_rows_blocks<GgmlType::kF16>(out, inp, weight, bias, BT, C, OC);
-      case GgmlType::kQ4_K: return dot_rows_k<true>(out, inp, weight, bias, BT, C, OC);
-      case GgmlType::kQ6_K: return dot_rows_k<false>(out, inp, weight, bias, BT, C, OC);
+      case GgmlType::kQ4_K: return dot_rows_blocks<GgmlType::kQ4_K>(out, inp, weight, bias, BT, C, OC);
+      case GgmlType::kQ6_K: return dot_rows_blocks<GgmlType::kQ6_K>(out, inp, weight, bias, BT, C, OC);
       default: break;
     }
   }
