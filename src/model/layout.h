@@ -95,6 +95,9 @@ class Layout {
   // (declared here, once), else lm_head.weight in the head unit.
   const TensorSpec& head() const { return base_tensors()[head_]; }
   bool tied() const { return head_ == 0; }
+  // A tied table that trains: tied, without adapters (a frozen base's table
+  // takes no gradient, so nothing of the tied pair is kept or summed).
+  bool tied_trains() const { return tied() && !adapters(); }
   // Units whose parameters the head reads, in the order it asks for them.
   std::vector<int> head_units() const;
 

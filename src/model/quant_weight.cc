@@ -101,6 +101,16 @@ void QuantTensor::decode(int64_t row0, int64_t n, float* out) const {
   }
 }
 
+size_t QuantTensor::predicted_bytes(WeightQuant format, int64_t rows, int64_t cols) {
+  const auto n = static_cast<size_t>(rows * cols);
+  if (format == WeightQuant::kNf4) {
+    const auto block = static_cast<size_t>(backend::kNf4Block), nested = static_cast<size_t>(backend::kNf4NestedBlock);
+    const size_t blocks = (n + block - 1) / block;
+    return (n + 1) / 2 + blocks + (blocks + nested - 1) / nested * sizeof(float) + sizeof(float);
+  }
+  return n + static_cast<size_t>(rows) * sizeof(float);
+}
+
 size_t QuantTensor::bytes() const {
   if (format == WeightQuant::kNf4)
     return nf4.codes.size() + nf4.absmax_codes.size() + nf4.nested_absmax.size() * sizeof(float) +

@@ -38,6 +38,8 @@ struct QuantTensor {
   std::vector<int8_t> int8;      // kInt8: rows · cols codes
   std::vector<float> row_absmax; // kInt8: one per row
 
+  // bytes() of a [rows, cols] tensor in `format`, before it is quantized.
+  static size_t predicted_bytes(WeightQuant format, int64_t rows, int64_t cols);
   // out[n · cols] = rows [row0, row0 + n) decoded.
   void decode(int64_t row0, int64_t n, float* out) const;
   size_t bytes() const;  // what the codes and scales hold

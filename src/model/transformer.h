@@ -188,6 +188,13 @@ class Transformer {
   // quantize_base() then drops the f32 pages of the quantized tensors, which
   // must not be read through base_params() again (base_values() decodes them).
   float* base_params();
+  // With adapters: this model reads the frozen base (its f32 values and its
+  // quantized tensors) from `owner`, a model of the same config holding the
+  // same units, instead of holding one of its own (a pipeline's activation
+  // slots share their chunk's). A tied head without unit 0 reads the base
+  // token table (unit 0's base, Layout::base_unit_offset order) at `unit0`.
+  // Both must outlive this model.
+  void share_base(Transformer& owner, float* unit0 = nullptr);
   // model.quant: quantizes the held blocks' linear weights of the base now in
   // base_params() (each Hugging Face module's weight on its own) and gives
   // their f32 pages back; once, after the base is loaded. init_random does it
@@ -197,11 +204,17 @@ class Transformer {
   // already quantized (a "-bnb-4bit" checkpoint's codes); quantize_base keeps
   // it as it is. Its f32 values are never read.
   void set_quantized(const TensorSpec& t, QuantTensor q);
-  bool base_quantized() const { return quantized_; }
+  bool base_quantized() const { return base_owner_ != nullptr ? base_owner_->quantized_ : quantized_; }
   // The quantized form of a base tensor; null where it is held in f32.
   const QuantTensor* quantized(const TensorSpec& base_tensor) const;
   // Bytes the quantized tensors hold, and the f32 bytes given back for them.
   size_t quantized_bytes() const;
+  // The frozen base this model holds by accounting (0 without adapters, or
+  // when share_base reads another's): each held base tensor's f32 bytes, or
+  // its quantized bytes; predicted_frozen_bytes: the same from the config
+  // alone, for the held units `units` (the pipeline's ledger).
+  size_t frozen_bytes() const;
+  static size_t predicted_frozen_bytes(const TransformerConfig& config, UnitRange units, TensorSplit split);
   size_t released_base_bytes() const { return base_sparse_.released(); }
   // The base of the held units in f32, in the base layout, the quantized
   // tensors decoded (what the GEMMs compute with).
@@ -532,9 +545,7 @@ class Transformer {
   float* unit_params(int u);
   // Where unit u's base tensors are, given its trainable parameters: the
   // same pointer, or with adapters the frozen base's unit.
-  float* base_of(int u, float* trainable) {
-    return layout_.adapters() ? base_params() + base_unit_offset(u) : trainable;
-  }
+  float* base_of(int u, float* trainable);
   // unit_params for a training step: the f32 values, the stored bf16 bits
   // (null where the hooks hold none), and whether the f32 values of the
   // read_as_bf16 tensors are missing (params_lean hooks at kBF16 GEMMs): then
@@ -635,6 +646,8 @@ class Transformer {
   std::vector<QuantTensor> quant_;
   std::vector<std::array<QuantWeight, 4>> quant_linears_;
   bool quantized_ = false;
+  Transformer* base_owner_ = nullptr;  // share_base: the model whose base this one reads
+  float* base_unit0_ = nullptr;        // share_base: unit 0's base for a tied head without it
   void quantize_unit(int u);
   // Points a block's Linear weights at their quantized forms (model.quant).
   void attach_quant(BlockWeights& P, int u) const;

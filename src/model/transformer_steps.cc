@@ -128,11 +128,15 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
   const bool overlap = tp_overlap_ && !split && tp_size() > 1;
   PO_ASSERT(h == nullptr || (sp_ == 1 && !split), "bf16 GEMM inputs are read directly at one ",
             "sequence shard in a fused backward");
+  // With adapters the base is frozen and the adapters' gradients come with
+  // the input gradient (Linear::backward computes both): the weight half
+  // has nothing left to do.
+  const bool defer = split && !layout_.adapters();
   auto keep = [&](float* dst, const float* src, int64_t n) {
-    if (split) backend::device_copy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    if (defer) backend::device_copy(dst, src, static_cast<size_t>(n) * sizeof(float));
   };
   // The weight gradients, unless the weight half computes them.
-  auto w = [&](const parts::Linear::Grads& g) { return split ? parts::Linear::Grads{} : g; };
+  auto w = [&](const parts::Linear::Grads& g) { return defer ? parts::Linear::Grads{} : g; };
   // d(activation output) [BT,F]: in place for GELU, beside d(fc) for SwiGLU
   float* dact = k.mlp.act == Mlp::kSwiGLU ? dfch_ + BT * FC : dfch_;
   // a norm's output gradient: the column-parallel GEMM's input gradient, reduced
@@ -252,6 +256,10 @@ void Transformer::block_backward_input(int layer, float* dres, WeightGradWork& w
 
 void Transformer::block_backward_weight(WeightGradWork& work) {
   PO_CHECK(work.layer >= 0, "block_backward_weight: no input half ran into this work");
+  if (layout_.adapters()) {  // (the input half added the adapters' gradients)
+    work.layer = -1;
+    return;
+  }
   const parts::Block& k = layout_.block();
   const int64_t BT = B_ * T_;
   const BlockGrads G = block_grads(work.layer + 1);

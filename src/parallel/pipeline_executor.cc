@@ -95,7 +95,14 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
         adam, shard_ranges(layout_, c->first, c->last, *c->shard, shard_params_, quantized, every_tensor),
         c->shard->local_numel());
     if (sharded && !bf16_ && !shard_grads_) c->grad_shard = zeroed(c->shard->local_numel());
-    if (layout_.tied() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
+    if (layout_.adapters()) {  // the frozen base (its values come with set_base)
+      model::TransformerConfig fc = config_.weights_only();
+      fc.inference = true;  // no training buffers: it never runs
+      c->frozen = std::make_unique<model::Transformer>(fc, 1, 1, model::UnitRange{c->first, c->last}, setup_.split);
+      if (layout_.tied() && c->holds(head) && !c->holds(0))
+        c->frozen_unit0 = zeroed(layout_.base_unit_offset(1) - layout_.base_unit_offset(0));
+    }
+    if (layout_.tied_trains() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
       c->rows = std::make_unique<LookupRows>(config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
       c->rows->reserve(static_cast<int64_t>(s.micro_batches) * setup_.micro * setup_.T);
     }
@@ -104,7 +111,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   emb_rank_ = s.rank_of(0);
   head_rank_ = s.rank_of(s.stages() - 1);
   for (auto& c : chunks_) {
-    if (!layout_.tied() || !c->holds(head) || c->holds(0)) continue;
+    if (!layout_.tied_trains() || !c->holds(head) || c->holds(0)) continue;
     if (emb_rank_ == rank_) {  // zbv: the embedding's chunk is here
       Chunk& e = chunk_of_stage(0);
       c->unit0_params = e.params.data();
@@ -312,7 +319,7 @@ void PipelineExecutor::init_random(uint64_t seed) {
 }
 
 void PipelineExecutor::sync_replica() {
-  if (!layout_.tied() || emb_rank_ == head_rank_) return vocab_refresh();
+  if (!layout_.tied_trains() || emb_rank_ == head_rank_) return vocab_refresh();
   // (ZeRO-3: this data rank's shard of it, the same cut on both copies)
   const int64_t n = layout_.unit_numel(0);
   const auto n0 = static_cast<size_t>(shard_params_ ? ShardLayout::stride_of(n, setup_.dp, setup_.shard_align()) : n);
@@ -390,6 +397,18 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});
         if (it != accs_.end()) flush(it);
+      };
+    }
+    if (c.frozen) {  // a tied head's unit 0 holds no adapters: its table is the frozen base's
+      m->share_base(*c.frozen, c.frozen_unit0.size() > 0 ? c.frozen_unit0.f32() : nullptr);
+      const auto frozen_table = [cp](auto hook) {
+        return [cp, hook](int u) { return cp->holds(u) ? hook(u) : nullptr; };
+      };
+      h.params = frozen_table(h.params);
+      if (h.params_lean) h.params_lean = frozen_table(h.params_lean);
+      if (h.params_bf16) h.params_bf16 = frozen_table(h.params_bf16);
+      h.done = [cp, done = h.done](int u) {
+        if (cp->holds(u)) done(u);
       };
     }
     m->set_unit_hooks(std::move(h));

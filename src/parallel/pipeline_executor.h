@@ -93,7 +93,16 @@
 // per step under 1F1B (forward and input backward; a deferred W reads no
 // parameters).
 //
+// Adapters (lora.r > 0): the chunk's parameters are its units' adapters;
+// the frozen base of its units is held once per chunk (Chunk::frozen, its
+// quantized tensors included) and every slot reads it (share_base). A
+// frozen tied table trains nothing, so the tied pair's replica, lookup rows
+// and sums are not made (Layout::tied_trains); a tied head on a rank
+// without the embedding reads a copy of the base token table. set_base
+// takes the base from a whole model loaded as a one-stage run loads it.
+//
 // What it does not do (refused by the trainer): ZeRO 2-3 with the
+// vocabulary-parallel head; adapters with dropout or the
 // vocabulary-parallel head.
 #pragma once
 
@@ -213,6 +222,13 @@ class PipelineExecutor {
   // Every held unit from the counter-based initialiser (the bits of
   // Transformer::init_random for the whole model), replicas included.
   void init_random(uint64_t seed);
+  // With adapters (lora.r > 0): the frozen base of the held units (and a
+  // tied head's base token table) from `whole`, a model of the same config
+  // holding every unit, its base loaded (and quantized, model.quant) as a
+  // one-stage run loads it (train::load_base_and_adapters). Quantized
+  // tensors are copied as they are, never quantized again. The adapters
+  // themselves are parameters: write_unit.
+  void set_base(model::Transformer& whole);
   // After parameters (and Adam state) were written into unit_params() etc.:
   // the tied replica takes the embedding's table, m and v (a copy over the
   // pipeline group; a collective of the pair).
@@ -267,11 +283,13 @@ class PipelineExecutor {
   // ZeRO-1 gather buffers, and the compute tier's page frames when paged.
   // (Vocabulary parallel: the pieces' rows a rank copies are in params and
   // grads, the logits and statistics held from S to T in activations.)
+  // (Adapters: `frozen` is the frozen base, its quantized tensors at their
+  // codes' and scales' bytes, and a tied head's copy of the base token table.)
   struct Memory {
     size_t params = 0, grads = 0, master = 0, adam = 0, activations = 0, w_queue = 0, buffers = 0,
-           pages = 0;
+           pages = 0, frozen = 0;
     size_t total() const {
-      return params + grads + master + adam + activations + w_queue + buffers + pages;
+      return params + grads + master + adam + activations + w_queue + buffers + pages + frozen;
     }
   };
   Memory memory() const;

@@ -88,6 +88,12 @@ struct PipelineExecutor::Chunk {
   std::unique_ptr<ShardLayout> shard, rep_shard;
   std::unique_ptr<optim::AdamW> adam, rep_adam;
   tensor::Storage grad_shard, rep_grad_shard;
+  // With adapters (lora.r > 0): the frozen base of the chunk's units, held
+  // once (its quantized tensors too) and read by every slot (share_base);
+  // a tied head without the embedding reads the base token table from
+  // frozen_unit0 (unit 0's base, a copy of the embedding stage's).
+  std::unique_ptr<model::Transformer> frozen;
+  tensor::Storage frozen_unit0;
   std::vector<std::unique_ptr<model::Transformer>> slots;
   std::vector<int> slot_micro;  // -1: free
   std::map<int, std::vector<model::WeightGradWork>> w_queue;

@@ -45,7 +45,7 @@ void PipelineExecutor::tied_pair(void* emb_at, void* head_at, int64_t lo, int64_
 
 // ZeRO 0-1: the whole table on both copies.
 void PipelineExecutor::sum_tied_pair() {
-  if (!layout_.tied() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
+  if (!layout_.tied_trains() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
   const model::TensorSpec& wte = layout_.token_embedding();
   auto table = [&](tensor::Storage& g) {  // unit 0 is the buffer's first
     return static_cast<char*>(g.data()) + static_cast<size_t>(wte.offset) * stored_esz();
@@ -101,7 +101,7 @@ void PipelineExecutor::add_lookup_tail() {
   setup_.data->all_gather(tail_tokens_.data(), tokens_all_.data(), count / static_cast<size_t>(setup_.dp),
                           DType::kI32);
   setup_.data->all_gather(tail_rows_.data(), rows_all_.data(), tail_rows_.size() / sizeof(float), DType::kF32);
-  add_deferred_lookup(layout_.tied() ? nullptr : at(layout_.token_embedding().offset),
+  add_deferred_lookup(layout_.tied_trains() ? nullptr : at(layout_.token_embedding().offset),
                       pos != nullptr ? at(pos->offset) : nullptr, bf16_ ? DType::kBF16 : DType::kF32,
                       rows_all_.f32(), static_cast<const int32_t*>(tokens_all_.data()), B, T, C,
                       layout_.vocab_begin(), layout_.vocab_real());
@@ -210,7 +210,7 @@ int64_t PipelineExecutor::acc_numel(int u) const {
 
 PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool params) {
   if (c.holds(u)) return {params ? &c.params : &c.grads, c.shard.get(), u - c.first};
-  PO_ASSERT(u == 0 && layout_.tied(), "pipeline chunk ", c.stage, ": unit ", u, " not held");
+  PO_ASSERT(u == 0 && layout_.tied_trains(), "pipeline chunk ", c.stage, ": unit ", u, " not held");
   if (c.replica()) return {params ? &c.rep_params : &c.rep_grads, c.rep_shard.get(), 0};
   Chunk& e = chunk_of_stage(0);  // the embedding's chunk on this rank (zbv)
   return {params ? &e.params : &e.grads, e.shard.get(), 0};
@@ -242,7 +242,7 @@ void PipelineExecutor::reduce_into_shard(Chunk& c, int u, float* acc) {
 // (the same cut on both copies); H is in the head's shard (the replica's,
 // or on one rank the embedding chunk's).
 void PipelineExecutor::sum_tied_shards() {
-  if (!layout_.tied() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
+  if (!layout_.tied_trains() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
   const model::TensorSpec& wte = layout_.token_embedding();
   const int64_t at = wte.offset - layout_.unit_offset(0), n = wte.numel();
   tensor::Storage* emb = rank_ == emb_rank_ ? &chunk_of_stage(0).grads : nullptr;

@@ -44,7 +44,7 @@ std::vector<AdamUnits> adam_units(const model::Layout& layout, const PipelineSet
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
     out.push_back({first, last, false, ShardLayout(unit_sizes(layout, first, last), zr, 0, align).local_numel()});
-    if (layout.tied() && last == head && first > 0 && s.rank_of(0) != rank)
+    if (layout.tied_trains() && last == head && first > 0 && s.rank_of(0) != rank)
       out.push_back({0, 0, true, ShardLayout(unit_sizes(layout, 0, 0), zr, 0, align).local_numel()});
   }
   return out;
@@ -213,12 +213,15 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       (u == 0 ? n0_used : other) = std::max(u == 0 ? n0_used : other, layout.unit_numel(u));
       largest = std::max(largest, layout.unit_numel(u));
     }
-    if (layout.tied() && last == head && first > 0) n0_used = layout.unit_numel(0);
+    if (layout.tied_trains() && last == head && first > 0) n0_used = layout.unit_numel(0);
     m.params += (z3 ? shard_numel(first, last) : n) * esz;
     m.grads += (z2 ? shard_numel(first, last) : n) * esz;
-    if (layout.tied() && first == 0)  // the step's lookup rows (tied_pair.h)
+    m.frozen += model::Transformer::predicted_frozen_bytes(c, {first, last}, setup.split);
+    if (layout.adapters() && layout.tied() && last == head && first > 0)  // the base token table's copy
+      m.frozen += static_cast<size_t>(layout.base_unit_numel(0)) * sizeof(float);
+    if (layout.tied_trains() && first == 0)  // the step's lookup rows (tied_pair.h)
       m.buffers += LookupRows::predicted_bytes(s.micro_batches * setup.micro * setup.T, c.n_embd, setup.dp);
-    if (layout.tied() && last == head && first > 0 && !emb_here) {
+    if (layout.tied_trains() && last == head && first > 0 && !emb_here) {
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       m.params += (z3 ? shard_numel(0, 0) : n0) * esz;
       m.grads += (z2 ? shard_numel(0, 0) : n0) * esz;
@@ -418,6 +421,28 @@ void PipelineExecutor::write_unit(State kind, int u, const float* src) {
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
+void PipelineExecutor::set_base(model::Transformer& whole) {
+  PO_CHECK(layout_.adapters() && whole.layout().adapters() && whole.whole(),
+           "pipeline: set_base takes a whole model with adapters, for a pipeline with adapters");
+  const model::Layout& wl = whole.layout();
+  const float* src = whole.base_params();
+  for (auto& c : chunks_) {
+    model::Transformer& f = *c->frozen;
+    float* dst = f.base_params();
+    const int64_t lo = wl.base_unit_offset(c->first);
+    for (const model::TensorSpec& t : wl.base_tensors()) {
+      if (!c->holds(t.unit)) continue;
+      if (const model::QuantTensor* q = whole.quantized(t)) {
+        f.set_quantized(t, *q);
+        continue;
+      }
+      std::copy_n(src + t.offset, t.numel(), dst + (t.offset - lo));
+    }
+    if (whole.base_quantized()) f.quantize_base();  // (every quantized tensor is given: nothing is quantized again)
+    if (c->frozen_unit0.size() > 0) std::copy_n(src, wl.base_unit_numel(0), c->frozen_unit0.f32());
+  }
+}
+
 PipelineExecutor::Memory PipelineExecutor::memory() const {
   Memory m;
   for (const auto& c : chunks_) {
@@ -427,6 +452,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     m.master += c->master.size() + c->rep_master.size();
     for (const auto& s : c->slots) m.activations += s->activation_bytes();
     m.w_queue += c->work_bytes;
+    if (c->frozen) m.frozen += c->frozen->frozen_bytes() + c->frozen_unit0.size();
   }
   for (const auto& [a, name] : adams()) {
     m.adam += a->state_bytes();

@@ -49,7 +49,7 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
       add(out.tensor, op_of(item.op), item.calls * m, item.bytes * static_cast<double>(m));
     if (dp == 1) continue;
     // Unit 0 on the tied head's chunk: its replica, or (zbv) the embedding chunk's.
-    const bool with_unit0 = layout.tied() && last == head && first > 0;
+    const bool with_unit0 = layout.tied_trains() && last == head && first > 0;
     const bool replica = with_unit0 && s.rank_of(0) != rank;
     std::vector<int> units;
     for (int u = first; u <= last; ++u) units.push_back(u);
@@ -83,7 +83,7 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
   }
   const int64_t rows = setup.micro * setup.T, C = c.n_embd;
   if (dp > 1 && s.rank_of(0) == rank) {
-    if (layout.tied()) {  // the step's lookup rows and tokens (tied_pair.h)
+    if (layout.tied_trains()) {  // the step's lookup rows and tokens (tied_pair.h)
       const double n = static_cast<double>(m) * static_cast<double>(rows) * dp;
       add(out.data, CommOp::kAllGather, 2, n * 4.0 * static_cast<double>(C + 1));
     }

@@ -115,6 +115,9 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
                     core::str_cat(" of Adam m, v", l.bf16 ? " and the fp32 master" : "",
                                   l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
   }
+  if (busiest.frozen > 0)
+    add_memory(p, "frozen base", static_cast<double>(busiest.frozen), Tier::kCompute,
+               "the adapters' base, once per stage: f32, or its quantized codes and scales");
   add_memory(p, "activations", static_cast<double>(busiest.activations), Tier::kCompute,
              "slots of the micro-batches in flight");
   add_memory(p, "weight-gradient queue", static_cast<double>(busiest.w_queue), Tier::kCompute,

@@ -21,17 +21,22 @@ void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
 }
 
 // Adapters on a frozen base (lora.r > 0, model/layout.h): data parallel with
-// ZeRO 0-3, context parallel and paging (of the adapters' parameters and
-// state: the frozen base is not paged), in fp32 or bf16, with activation
-// checkpointing, so far.
+// ZeRO 0-3, context parallel, pipelines and paging (of the adapters'
+// parameters and state: the frozen base is not paged), in fp32 or bf16, with
+// activation checkpointing, so far.
 void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
   if (l.lora_r == 0) return;
   const auto row = [&](const std::string& with, const std::string& what) {
     out.push_back({core::str_cat("lora.r = ", l.lora_r, " with ", with),
-                   " is not built yet; adapters train under data and context parallel, ZeRO 0-3",
+                   " is not built yet; adapters train under data, context and pipeline parallel, ZeRO 0-3",
                    "adapters " + what});
   };
-  if (l.pp > 1) row(core::str_cat("parallel.pp = ", l.pp), "in a pipeline");
+  if (l.pp > 1 && l.lora_dropout)
+    out.push_back({core::str_cat("lora.dropout > 0 with parallel.pp = ", l.pp),
+                   " is not built yet (a stage's forward does not drop); use lora.dropout = 0",
+                   "adapter dropout in a pipeline"});
+  if (l.pp > 1 && l.vocab_parallel)
+    row("parallel.vocab_parallel", "with the vocabulary-parallel head");
   if (l.lora_dropout && l.cp > 1)
     out.push_back({core::str_cat("lora.dropout > 0 with parallel.cp = ", l.cp),
                    " is not built yet (the masks follow a token's place in the batch, not a chunk's)",

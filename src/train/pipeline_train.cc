@@ -60,8 +60,9 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.bf16 = cfg.get_string("train.precision") == "bf16";
   s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
   s.dp = static_cast<int>(r.p.dp);
-  s.defer_lookup = parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
-                                           static_cast<int>(r.p.cp), s.zero_stage);
+  // (A frozen table, under adapters, has no lookup rows to defer.)
+  s.defer_lookup = !r.mcfg.lora.on() && parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
+                                                                static_cast<int>(r.p.cp), s.zero_stage);
   s.adam = r.adam;
   return s;
 }
@@ -223,6 +224,25 @@ void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& m
     shard_unit(ex.layout(), whole.layout(), u, whole.params() + whole.unit_offset(u), unit.data());
     ex.write_unit(parallel::PipelineExecutor::State::kParams, u, unit.data());
   }
+  ex.sync_replica();
+}
+
+// Adapters (lora.r > 0): the frozen base and the adapters on it, made on
+// every rank as a one-stage run makes them (load_base_and_adapters: model.init's
+// weights or the random base, quantized with model.quant, then the adapters
+// from train.seed or lora.init), so every layout starts from the same bits.
+// Each rank keeps its chunks' part of the base; the adapters are written as
+// parameters unless a checkpoint's follow (`params`).
+void load_base(parallel::PipelineExecutor& ex, const core::Config& cfg, const model::TransformerConfig& mcfg,
+               uint64_t seed, bool params) {
+  model::TransformerConfig wc = mcfg.weights_only();
+  wc.inference = true;  // it never runs
+  model::Transformer whole(wc, 1, 1);
+  load_base_and_adapters(cfg, whole, seed);
+  ex.set_base(whole);
+  if (!params) return;
+  for (int u = 0; u < whole.num_units(); ++u)
+    if (ex.holds(u)) ex.write_unit(parallel::PipelineExecutor::State::kParams, u, whole.params() + whole.unit_offset(u));
   ex.sync_replica();
 }
 
@@ -423,14 +443,14 @@ class PipelineSteps : public LayoutSteps {
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex_.memory();
     const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 12;
+    constexpr size_t kMem = 13;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
         static_cast<double>(mem.adam), static_cast<double>(mem.activations),
         static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
         static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
-        ps.hit_rate(), static_cast<double>(mem.master)};
+        ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen)};
     std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
     pipe_.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
     int peak = st.peak_in_flight;
@@ -442,7 +462,8 @@ class PipelineSteps : public LayoutSteps {
       const double* v = mems.data() + kMem * k;
       per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"master", v[11]}, {"adam", v[2]},
                           {"activations", v[3]}, {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
-                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6]}});
+                          {"frozen", v[12]},
+                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6] + v[12]}});
       paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
                          {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
     }
@@ -523,11 +544,15 @@ TrainResult train_pipeline(const RunInputs& r) {
   const auto existing = list_checkpoints(ckpt_dir);
   TrainState state;
   state.seed = r.seed;
-  if (r.resume && !existing.empty()) {
+  const bool resuming = r.resume && !existing.empty();
+  if (ex.layout().adapters()) load_base(ex, cfg, r.mcfg, r.seed, !resuming);  // (also on resume)
+  if (resuming) {
     state = load_pipeline(ex, existing.back(), launch.world.get());
     PO_CHECK(state.seed == r.seed, existing.back(), ": written with train.seed = ", state.seed,
              ", but the config says ", r.seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
+  } else if (ex.layout().adapters()) {
+    // (load_base wrote them)
   } else if (cfg.get_string("model.init") == "random") {
     ex.init_random(r.seed);
   } else {

@@ -319,6 +319,38 @@ TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
   EXPECT_EQ(tail(ref8), tail(dir_ / "q8_pp2_at_pp1")) << "8-bit pp 2 resumed at pp 1";
 }
 
+// Adapters on a frozen base (lora.r > 0): each stage keeps its units' base
+// once (its slots read it) and trains the adapters as parameters, so a
+// pipeline gives the one-stage run's bits: LoRA on GPT-2 (its frozen tied
+// table on two stages under 1f1b, on one under zbv), paged to NVMe; DoRA on
+// Llama in bf16 at dp 2 × pp 2 under ZeRO-3 against dp 2; QLoRA (NF4 base)
+// on Llama; and a pp 2 checkpoint (the adapters) resumes at pp 1.
+TEST_F(PipelineRuns, AdaptersGiveOneStagesBits) {
+  const std::string lora = "--set lora.r=4 --set lora.alpha=8 --set 'lora.targets=\"c_attn attn.c_proj c_fc\"' ";
+  const std::string ref = train("lora_pp1", 1, 1, lora);
+  for (const char* s : {"1f1b", "zbv"})
+    expect_bits(ref, train(std::string("lora_pp2_") + s, 1, 2, lora + "--set parallel.schedule=" + s),
+                std::string("gpt2 LoRA pp 2 ") + s);
+  const std::string paged = train("lora_pp2_paged", 1, 2, on_nvme(1, 2, lora + "--set parallel.schedule=1f1b"));
+  expect_bits(ref, paged, "gpt2 LoRA pp 2 1f1b, adapters' Adam state paged to NVMe");
+  EXPECT_GT(nvme_read(paged), 0) << "LoRA pp 2: no page came back from NVMe";
+  for (const auto& r : po::test::last_metric(dir_ / "lora_pp2_1f1b", "pp_memory_per_rank"))
+    EXPECT_GT(r["frozen"].get<double>(), 0) << "a stage reports no frozen base:\n" << r.dump();
+  copy_checkpoint(dir_ / "lora_pp2_1f1b", 3, "lora_pp2_at_pp1");
+  const auto resumed = run("lora_pp2_at_pp1", 1, 1, lora + "--resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(tail(ref), tail(dir_ / "lora_pp2_at_pp1")) << "LoRA pp 2 resumed at pp 1";
+
+  const std::string dora = kLlama + " --set model.tie_embeddings=false --set lora.r=4 --set lora.alpha=8 " +
+                           "--set lora.dora=true --set train.precision=bf16 --set parallel.zero_stage=3 ";
+  expect_bits(train("dora_dp2", 2, 1, dora), train("dora_dp2pp2", 2, 2, dora + "--set parallel.schedule=zb-h1"),
+              "llama DoRA bf16 ZeRO-3 dp 2 × pp 2 zb-h1", false);
+  const std::string qlora = kLlama + " --set model.tie_embeddings=false --set lora.r=4 --set lora.alpha=8 " +
+                            "--set model.quant=nf4 ";
+  expect_bits(train("qlora_pp1", 1, 1, qlora), train("qlora_pp2", 1, 2, qlora + "--set parallel.schedule=1f1b"),
+              "llama QLoRA (nf4 base) pp 2 1f1b");
+}
+
 TEST_F(PipelineRuns, CheckpointsReshardAcrossPp) {
   const std::string pp1 = train("pp1", 1, 1, "");
   const std::string pp2 = train("pp2", 1, 2, "--set parallel.schedule=zbv");
@@ -505,13 +537,17 @@ TEST_F(PipelineRuns, ThePlannerPredictsEachScheduleMemoryToTheByte) {
   const std::string paged = z1 + "--set memory.page_size=4096 --set memory.host_budget=8192 "
                                  "--set memory.nvme_dir=" + (dir_ / "swap") +
                             " --set memory.compute_budget=1200000";
+  const std::string lora = "--set lora.r=4 --set lora.alpha=8 ";
   const std::vector<Case> cases = {
       {"", "gpipe", "false", 1, ""},     {"", "1f1b", "false", 1, ""},
       {"", "interleaved", "false", 1, ""}, {"", "zb-h1", "false", 1, ""},
       {"", "zbv", "false", 1, ""},       {"", "1f1b", "true", 1, ""},
       {"", "zbv", "true", 1, ""},        {kLlama, "1f1b", "false", 1, ""},
       {kLlama, "zb-h1", "true", 1, ""},  {"", "1f1b", "false", 2, z1},
-      {"", "zbv", "false", 2, paged},    {"", "zb-h1", "false", 2, z1 + "--set train.precision=bf16"}};
+      {"", "zbv", "false", 2, paged},    {"", "zb-h1", "false", 2, z1 + "--set train.precision=bf16"},
+      // adapters: the frozen base (f32 with GPT-2's table copied to the head; NF4 codes on Llama)
+      {"", "1f1b", "false", 1, lora},    {kLlama + " --set model.tie_embeddings=false", "zb-h1", "false", 1,
+                                          lora + "--set model.quant=nf4"}};
   for (const auto& [model, s, ckpt, dp, extra] : cases) {
     const std::string args = model + " --set parallel.schedule=" + s +
                              " --set model.activation_checkpointing=" + ckpt + " " + extra;
