@@ -282,9 +282,10 @@ class Transformer {
   bool packed() const { return !segments_.empty(); }
 
   // Adapter dropout (lora.dropout > 0; parts.h AdapterDropout): the masks of
-  // the next forward_backward are those of `step`, this micro-batch's first
-  // sequence being `first_sequence` of the step's global batch. Evaluation
-  // and generation never drop.
+  // the next training pass (forward_backward, or a stage's stage_forward
+  // with grad_scale != 0 and its stage_backward) are those of `step`, this
+  // micro-batch's first sequence being `first_sequence` of the step's global
+  // batch. Evaluation and generation never drop.
   void set_dropout(uint64_t seed, int64_t step, int64_t first_sequence);
 
   // Routes every parameter and gradient access through `hooks` (all four

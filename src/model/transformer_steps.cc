@@ -10,6 +10,20 @@
 #include "model/transformer.h"
 
 namespace po::model {
+
+namespace {
+// A training pass: adapters drop out (set_dropout) in here only. A
+// pipeline stage's forward is one when it trains (grad_scale != 0, as
+// stage_forward's callers pass it), its backward always.
+struct TrainingPass {
+  bool& on;
+  TrainingPass(bool& flag, bool training) : on(flag) { on = training; }
+  ~TrainingPass() { on = false; }
+  TrainingPass(const TrainingPass&) = delete;
+  TrainingPass& operator=(const TrainingPass&) = delete;
+};
+}  // namespace
+
 namespace ops = po::backend::cpu;
 
 const float* Transformer::gather_rows(const float* chunk, float* full, int64_t rows) {
@@ -545,11 +559,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
   PO_CHECK(whole(), "forward_backward runs a whole model; a stage (units ", first_, "..", last_,
            ") runs stage_forward / stage_backward");
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
-  struct TrainingPass {  // adapters drop out (set_dropout) in here only
-    bool& on;
-    explicit TrainingPass(bool& f) : on(f) { on = true; }
-    ~TrainingPass() { on = false; }
-  } pass(training_pass_);
+  const TrainingPass pass(training_pass_, true);
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
@@ -609,6 +619,7 @@ float Transformer::evaluate(const int32_t* inputs, const int32_t* targets) {
 
 double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
                                   const int32_t* targets, float grad_scale) {
+  const TrainingPass pass(training_pass_, grad_scale != 0.0f);
   const int64_t BT = B_ * T_;
   if (holds(0)) {
     embed_forward(tokens, B_, T_);
@@ -655,6 +666,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
                                          const std::function<void(int unit)>& on_unit_ready,
                                          std::vector<WeightGradWork>* deferred,
                                          bool defer_embedding) {
+  const TrainingPass pass(training_pass_, true);
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);

@@ -584,7 +584,7 @@ float* PipelineExecutor::incoming_key(const Action& consumer, const Key& key) {
 }
 
 void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float grad_scale,
-                                   PipelineStepStats& stats) {
+                                   const MicroFn& before_forward, PipelineStepStats& stats) {
   if (a.op == Op::kHeadStats) return vocab_stats(a, batch);
   if (a.op == Op::kHeadGrad) return vocab_grad(a, grad_scale, stats);
   Chunk& c = chunk_of_stage(a.stage);
@@ -599,6 +599,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       const float* x = first ? nullptr : incoming(a, Payload::kActivation);
       const int64_t t0 = now_ns();
       model::Transformer& m = acquire_slot(c, a.micro);
+      if (before_forward) before_forward(a.micro, m);
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
                                          last ? targets_.data() : nullptr, grad_scale);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
@@ -674,7 +675,8 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   }
 }
 
-PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float grad_scale) {
+PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float grad_scale,
+                                                     const MicroFn& before_forward) {
   PipelineStepStats stats;
   stats_ = &stats;
   spans_.clear();
@@ -704,7 +706,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
       continue;
     }
     const int64_t t0 = now_ns();
-    run_compute(a, batch, grad_scale, stats);
+    run_compute(a, batch, grad_scale, before_forward, stats);
     stats.busy_s += static_cast<double>(now_ns() - t0) / 1e9;
     if (link_) post_receives();
   }

@@ -102,8 +102,7 @@
 // takes the base from a whole model loaded as a one-stage run loads it.
 //
 // What it does not do (refused by the trainer): ZeRO 2-3 with the
-// vocabulary-parallel head; adapters with dropout or the
-// vocabulary-parallel head.
+// vocabulary-parallel head; adapters with the vocabulary-parallel head.
 #pragma once
 
 #include <cstdint>
@@ -238,8 +237,13 @@ class PipelineExecutor {
   // inputs, targets)` fills micro-batch `micro` ([micro × T] each; called on
   // the first and the last stage). Gradients of grad_scale × Σ token losses
   // accumulate.
+  // `before_forward(micro, model)`, when given, is called on every stage
+  // with the slot's model before micro-batch `micro`'s forward (the slot
+  // keeps it until its backward): what a micro-batch sets on the model, such
+  // as its adapter dropout's masks (Transformer::set_dropout).
   using BatchFn = std::function<void(int micro, int32_t* inputs, int32_t* targets)>;
-  PipelineStepStats forward_backward(const BatchFn& batch, float grad_scale);
+  using MicroFn = std::function<void(int micro, model::Transformer& model)>;
+  PipelineStepStats forward_backward(const BatchFn& batch, float grad_scale, const MicroFn& before_forward = {});
   // The update: the data group's sums, the tied pair's H + E, the
   // global norm (every stage's units, grad_norm.h's order), clipping, AdamW.
   // Returns the pre-clip norm (the same on every rank).
@@ -338,7 +342,7 @@ class PipelineExecutor {
   static std::pair<bool, bool> vocab_copies(const model::Layout& layout, const PipelineSetup& setup,
                                             int rank);  // (a copy of its rows, its own gradient rows)
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
-                   PipelineStepStats& stats);
+                   const MicroFn& before_forward, PipelineStepStats& stats);
   void sum_tied_pair();
   void tied_pair(void* emb_at, void* head_at, int64_t lo, int64_t hi);
   void keep_lookup_tail(const model::Transformer& m);

@@ -31,10 +31,6 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
                    " is not built yet; adapters train under data, context and pipeline parallel, ZeRO 0-3",
                    "adapters " + what});
   };
-  if (l.pp > 1 && l.lora_dropout)
-    out.push_back({core::str_cat("lora.dropout > 0 with parallel.pp = ", l.pp),
-                   " is not built yet (a stage's forward does not drop); use lora.dropout = 0",
-                   "adapter dropout in a pipeline"});
   if (l.pp > 1 && l.vocab_parallel)
     row("parallel.vocab_parallel", "with the vocabulary-parallel head");
   if (l.lora_dropout && l.cp > 1)

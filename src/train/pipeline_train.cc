@@ -342,7 +342,10 @@ class PipelineSteps : public LayoutSteps {
             r_.sampler.fill(step, (rank * p_.accum + micro) * p_.micro, p_.micro, i, t);
           });
         },
-        grad_scale);
+        grad_scale,
+        [&](int micro, model::Transformer& m) {  // (no-op without lora.dropout)
+          m.set_dropout(r_.seed, step, (rank * p_.accum + micro) * p_.micro);
+        });
     const double norm = ex_.step(lr);
     for (int g = 0; g < 2; ++g)
       if (groups[g] != nullptr) traffic[g] = groups[g]->traffic().since(traffic[g]);

@@ -324,7 +324,8 @@ TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
 // pipeline gives the one-stage run's bits: LoRA on GPT-2 (its frozen tied
 // table on two stages under 1f1b, on one under zbv), paged to NVMe; DoRA on
 // Llama in bf16 at dp 2 × pp 2 under ZeRO-3 against dp 2; QLoRA (NF4 base)
-// on Llama; and a pp 2 checkpoint (the adapters) resumes at pp 1.
+// on Llama; adapter dropout (with activation checkpointing at dp 2 × pp 2);
+// and a pp 2 checkpoint (the adapters) resumes at pp 1.
 TEST_F(PipelineRuns, AdaptersGiveOneStagesBits) {
   const std::string lora = "--set lora.r=4 --set lora.alpha=8 --set 'lora.targets=\"c_attn attn.c_proj c_fc\"' ";
   const std::string ref = train("lora_pp1", 1, 1, lora);
@@ -340,6 +341,17 @@ TEST_F(PipelineRuns, AdaptersGiveOneStagesBits) {
   const auto resumed = run("lora_pp2_at_pp1", 1, 1, lora + "--resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(tail(ref), tail(dir_ / "lora_pp2_at_pp1")) << "LoRA pp 2 resumed at pp 1";
+
+  // Adapter dropout: the masks follow (step, sequence, position), so each
+  // stage drops what one stage drops, in its backward's recompute too.
+  const std::string drop = lora + "--set lora.dropout=0.1 ";
+  const std::string dref = train("drop_pp1", 1, 1, drop);
+  for (const char* s : {"1f1b", "zbv"})
+    expect_bits(dref, train(std::string("drop_pp2_") + s, 1, 2, drop + "--set parallel.schedule=" + s),
+                std::string("gpt2 LoRA dropout 0.1 pp 2 ") + s);
+  const std::string ckpt = drop + "--set model.activation_checkpointing=true ";
+  expect_bits(train("drop_dp2", 2, 1, ckpt), train("drop_dp2pp2", 2, 2, ckpt + "--set parallel.schedule=zb-h1"),
+              "gpt2 LoRA dropout 0.1, activation checkpointing, dp 2 × pp 2 zb-h1", false);
 
   const std::string dora = kLlama + " --set model.tie_embeddings=false --set lora.r=4 --set lora.alpha=8 " +
                            "--set lora.dora=true --set train.precision=bf16 --set parallel.zero_stage=3 ";

@@ -209,7 +209,8 @@ TEST_F(LoraTraining, WhatIsNotBuiltIsRefusedNamingItsKeys) {
     std::string args, want;
   };
   const Case cases[] = {
-      {kLora + " --set lora.dropout=0.1 --set parallel.pp=2", "lora.dropout > 0 with parallel.pp = 2 is not built yet"},
+      {kLora + " --set parallel.pp=2 --set parallel.vocab_parallel=true",
+       "lora.r = 4 with parallel.vocab_parallel is not built yet"},
       {kLora + " --set parallel.tp=2", "lora.r = 4 with parallel.tp = 2 is not built yet"},
       {kLora + " --set lora.dropout=0.1 --set lora.dora=true",
        "lora.dropout = 0.1 with lora.dora = true is not built yet"},
