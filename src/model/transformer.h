@@ -276,8 +276,8 @@ class Transformer {
   // causal attention: each example's attention runs alone, so its bits are
   // those of the example in a row of its own). Null, the default: positions
   // 0 .. T-1 in every row. The array is copied; it holds for every
-  // forward/evaluate and backward until the next call. One whole model at
-  // tp = 1 and cp = 1 (train/capabilities refuses packing elsewhere).
+  // forward/evaluate and backward until the next call. A whole model or a
+  // pipeline stage, at tp = 1 and cp = 1 (plan/capabilities refuses packing elsewhere).
   void set_positions(const int32_t* positions);
   bool packed() const { return !segments_.empty(); }
 

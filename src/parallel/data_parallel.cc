@@ -67,13 +67,10 @@ DataParallel::DataParallel(model::Transformer& model, const optim::AdamWConfig& 
   }
   // (Not at context parallel: the gathered lookup rows would be added at
   // each row's local place, not at its position in the sequence.)
-  // (A frozen table, under adapters, has no gradient to defer or keep.)
-  const bool table_trains = !model.layout().adapters();
-  defer_embedding_ = group_ != nullptr && options_.overlap && stage < 2 &&
-                     model.context_split().size == 1 && table_trains &&
-                     !(options_.packed_rows && model.layout().position_embedding() != nullptr);
+  defer_embedding_ = group_ != nullptr && defers_lookup(model.config(), group_->size(), options_.overlap,
+                                                        model.context_split().size, stage, options_.packed_rows);
   // The tied table's lookup rows are kept for the step (tied_pair.h).
-  if (model.layout().tied() && model.whole() && table_trains) {
+  if (model.layout().tied_trains() && model.whole()) {
     const model::Layout& ml = model.layout();
     rows_ = std::make_unique<LookupRows>(model.config().n_embd, ml.vocab_begin(), ml.vocab_real());
     rows_->reserve(options_.micro_batches * model.batch() * model.seq_len());

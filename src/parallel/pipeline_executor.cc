@@ -47,10 +47,6 @@ std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, i
 
 }  // namespace executor_detail
 
-bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage) {
-  return dp > 1 && overlap_comm && cp == 1 && zero_stage < 2;
-}
-
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
                                    const optim::AdamWConfig& adam, PipelineSetup setup)
     : config_(config.resolved()), layout_(config_, setup.split), setup_(std::move(setup)) {
@@ -721,7 +717,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   return stats;
 }
 
-double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets) {
+double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
   const pipeline::Schedule& s = setup_.schedule;
   const int S = s.stages();
   const size_t msg = static_cast<size_t>(rows_ * config_.n_embd);
@@ -741,6 +737,7 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets)
       link_->recv(x.data(), message_shape(), r.peer, pipeline::message_tag(r));
     }
     model::Transformer& m = acquire_slot(c, -2);
+    m.set_positions(positions);  // (null: clears what a training micro-batch left)
     if (vocab_ && st == S - 1) m.set_external_head(false);  // the owner has the whole table
     const double sum = m.stage_forward(st == 0 ? inputs : nullptr, st == 0 ? nullptr : x.data(),
                                        st == S - 1 ? targets : nullptr, 0.0f);

@@ -120,6 +120,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_link.h"
+#include "parallel/tied_pair.h"
 #include "tensor/tensor.h"
 
 namespace po::parallel {
@@ -160,11 +161,6 @@ struct PipelineSetup {
   optim::AdamWConfig adam;
   int64_t shard_align() const { return adam.state_bits < 32 ? adam.block_size : 1; }
 };
-
-// Whether a pipeline at this layout defers its last lookup rows as
-// DataParallel does (ZeRO 0-1 at dp > 1 with overlap_comm, cp 1), which
-// gives dp > 1 the one-stage run's bits.
-bool defers_lookup(int dp, bool overlap_comm, int cp, int zero_stage);
 
 // One compute, receive wait or send of a step as run (steady-clock ns from
 // the step's start).
@@ -252,8 +248,9 @@ class PipelineExecutor {
   void set_adam_steps(int64_t t);
 
   // Mean loss of one micro-batch without gradients, through the stages in
-  // turn (the value is the last stage's; others return 0).
-  double evaluate(const int32_t* inputs, const int32_t* targets);
+  // turn (the value is the last stage's; others return 0). Packed rows
+  // (data.pack): `positions` [micro × T], the same on every rank.
+  double evaluate(const int32_t* inputs, const int32_t* targets, const int32_t* positions = nullptr);
 
   // The last forward_backward's spans on this rank.
   const std::vector<PipelineSpan>& spans() const { return spans_; }

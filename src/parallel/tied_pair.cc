@@ -139,4 +139,10 @@ size_t LookupRows::predicted_bytes(int64_t rows, int64_t C, int ranks) {
   return b + n * static_cast<size_t>(ranks) * sizeof(int32_t);  // the order
 }
 
+bool defers_lookup(const model::TransformerConfig& config, int dp, bool overlap_comm, int cp, int zero_stage,
+                   bool packed_rows) {
+  return dp > 1 && overlap_comm && cp == 1 && zero_stage < 2 && !config.lora.on() &&
+         !(packed_rows && config.positions == model::Positions::kLearned);
+}
+
 }  // namespace po::parallel

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "model/config.h"
 #include "parallel/shard_layout.h"
 #include "tensor/tensor.h"
 
@@ -85,5 +86,16 @@ TableShard table_in_shard(const ShardLayout& sl, int i, int64_t at, int64_t n);
 // rounded). DataParallel and the pipeline's embedding stage both add them so.
 void add_deferred_lookup(void* wte, void* wpe, tensor::DType dtype, const float* rows,
                          const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t v0, int64_t nv);
+
+// Whether the embedding's last micro-batch's lookup rows are deferred:
+// gathered over the data group at the step and added after the reduction
+// (DataParallel's deferred embedding at pp = 1, the executor's
+// defer_lookup): ZeRO 0-1 at dp > 1 with overlap_comm and cp 1, a table
+// that trains (not a frozen base's, under adapters), and not with packed
+// rows' learned positions (each token's position gradient goes to its own
+// position, which the deferred rows do not know). One rule for both
+// engines, so a pipeline gives dp > 1's one-stage bits.
+bool defers_lookup(const model::TransformerConfig& config, int dp, bool overlap_comm, int cp, int zero_stage,
+                   bool packed_rows);
 
 }  // namespace po::parallel

@@ -71,7 +71,7 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.dp = l.dp;
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
-  s.defer_lookup = parallel::defers_lookup(l.dp, l.overlap, l.cp, l.zero_stage);
+  s.defer_lookup = parallel::defers_lookup(cfg, l.dp, l.overlap, l.cp, l.zero_stage, l.pack);
   s.adam.state_bits = l.state_bits;
   s.adam.block_size = l.state_block;
   s.adam.state_bits_exclude = l.state_bits_exclude;

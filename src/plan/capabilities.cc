@@ -41,13 +41,9 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
 }
 
 // SFT data (data/sft.h): the loss over the counted targets under every
-// layout; packed rows on one whole model per rank at tp = 1 and cp = 1.
+// layout; packed rows at tp = 1 and cp = 1 (pipelines included).
 void sft_rows(const Layout& l, std::vector<Refusal>& out) {
   if (!l.pack) return;
-  if (l.pp > 1)
-    out.push_back({core::str_cat("data.pack with parallel.pp = ", l.pp),
-                   " is not built yet (each micro-batch in flight with its own positions); use data.pack = false",
-                   "packed SFT rows in a pipeline"});
   if (l.tp > 1)
     out.push_back({core::str_cat("data.pack with parallel.tp = ", l.tp),
                    " is not built yet (packed rows' positions on each rank's heads); use data.pack = false",

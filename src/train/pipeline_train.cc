@@ -60,9 +60,8 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.bf16 = cfg.get_string("train.precision") == "bf16";
   s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
   s.dp = static_cast<int>(r.p.dp);
-  // (A frozen table, under adapters, has no lookup rows to defer.)
-  s.defer_lookup = !r.mcfg.lora.on() && parallel::defers_lookup(s.dp, cfg.get_bool("parallel.overlap_comm"),
-                                                                static_cast<int>(r.p.cp), s.zero_stage);
+  s.defer_lookup = parallel::defers_lookup(r.mcfg, s.dp, cfg.get_bool("parallel.overlap_comm"),
+                                           static_cast<int>(r.p.cp), s.zero_stage, cfg.get_bool("data.pack"));
   s.adam = r.adam;
   return s;
 }
@@ -322,6 +321,11 @@ class PipelineSteps : public LayoutSteps {
       seq_in_.resize(in_.size());
       seq_tg_.resize(in_.size());
     }
+    if (r.cfg.get_bool("data.pack")) {  // (cp 1: packing is refused at cp > 1)
+      pin_.resize(in_.size());
+      ptg_.resize(in_.size());
+      pos_.resize(in_.size());
+    }
   }
 
   Outcome step(int64_t step, double lr, const TrainState& after) override {
@@ -343,8 +347,13 @@ class PipelineSteps : public LayoutSteps {
           });
         },
         grad_scale,
-        [&](int micro, model::Transformer& m) {  // (no-op without lora.dropout)
-          m.set_dropout(r_.seed, step, (rank * p_.accum + micro) * p_.micro);
+        [&](int micro, model::Transformer& m) {
+          const int64_t first = (rank * p_.accum + micro) * p_.micro;
+          m.set_dropout(r_.seed, step, first);  // (no-op without lora.dropout)
+          if (pos_.empty()) return;
+          // Packed rows: every stage's positions (its attention and, on the first, the position table's)
+          r_.sampler.fill(step, first, p_.micro, pin_.data(), ptg_.data(), pos_.data());
+          m.set_positions(pos_.data());
         });
     const double norm = ex_.step(lr);
     for (int g = 0; g < 2; ++g)
@@ -390,9 +399,10 @@ class PipelineSteps : public LayoutSteps {
     const int64_t batches = std::min(p_.eval_batches, windows.num_sequences() / p_.micro);
     double vl = 0, counted = 0;
     for (int64_t b = 0; b < batches; ++b) {
+      int32_t* pos = pos_.empty() ? nullptr : pos_.data();
       fill_rows(in_.data(), tg_.data(),
-                [&](int32_t* i, int32_t* t) { windows.fill(b * p_.micro, p_.micro, i, t); });
-      const double mean = ex_.evaluate(in_.data(), tg_.data());
+                [&](int32_t* i, int32_t* t) { windows.fill(b * p_.micro, p_.micro, i, t, pos); });
+      const double mean = ex_.evaluate(in_.data(), tg_.data(), pos);
       if (r_.val_sft == nullptr) {
         vl += mean;
         continue;
@@ -516,6 +526,7 @@ class PipelineSteps : public LayoutSteps {
   std::string trace_;
   double formula_ = 0, planned_ = 0, costed_ = 0;
   std::vector<int32_t> in_, tg_, seq_in_, seq_tg_;
+  std::vector<int32_t> pin_, ptg_, pos_;  // packed rows: a micro-batch's positions (every stage)
   nlohmann::json paging_;
 };
 
