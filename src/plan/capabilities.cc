@@ -7,18 +7,6 @@ namespace po::plan {
 
 namespace {
 
-// Low-bit Adam state (optim.state_bits, optim/adamw.h): in memory and paged,
-// ZeRO 0-3, with tensor parallel or in pipelines (not both), so far.
-void quantized_state_rows(const Layout& l, std::vector<Refusal>& out) {
-  if (l.state_bits >= 32) return;
-  const std::string bits = core::str_cat("optim.state_bits = ", l.state_bits);
-  const auto row = [&](const std::string& with, const std::string& reason, const std::string& what) {
-    out.push_back({bits + " with " + with, reason, core::str_cat(l.state_bits, "-bit Adam state ", what)});
-  };
-  if (l.tp > 1 && l.pp > 1)
-    row(core::str_cat("parallel.tp = ", l.tp, " and parallel.pp = ", l.pp),
-        " is not built yet (blocks of each stage's pieces); use one or the other", "with tensor parallel in a pipeline");
-}
 
 // Adapters on a frozen base (lora.r > 0, model/layout.h): data parallel with
 // ZeRO 0-3, context parallel, pipelines and paging (of the adapters'
@@ -58,7 +46,6 @@ void sft_rows(const Layout& l, std::vector<Refusal>& out) {
 
 std::vector<Refusal> refusals(const Layout& l) {
   std::vector<Refusal> out;
-  quantized_state_rows(l, out);
   adapter_rows(l, out);
   sft_rows(l, out);
   if (l.pp == 1) return out;  // every pp = 1 layout of check_layout trains

@@ -307,6 +307,9 @@ TEST_F(PipelineRuns, QuantizedStateGivesOneStagesBits) {
     expect_bits(train(tag + "_dp2", 2, 1, q4), train(tag + "_dp2pp2", 2, 2, q4 + "--set parallel.schedule=zb-h1"),
                 "llama 4-bit bf16 ZeRO-" + std::to_string(z) + " dp 2 × pp 2 zb-h1", false);
   }
+  // tp 2 × pp 2: each tp rank's pieces quantized on its units' grid, as at tp 2 alone.
+  expect_bits(train("q8_tp2", 1, 1, q8, 2), train("q8_tp2pp2", 1, 2, q8 + "--set parallel.schedule=1f1b", 2),
+              "gpt2 8-bit tp 2 × pp 2 1f1b vs tp 2", false);
   // Paged to NVMe (pages read back from the disk every step): the in-memory bits.
   const std::string q8_paged = train("q8_pp2_paged", 1, 2, on_nvme(1, 2, q8 + "--set parallel.schedule=1f1b"));
   expect_bits(ref8, q8_paged, "gpt2 8-bit pp 2 1f1b, Adam paged to NVMe");

@@ -111,10 +111,6 @@ void expect_refused(Config cfg, const std::vector<std::string>& needles) {
 
 TEST(QuantizedState, RefusesWhatIsNotBuiltAndBadKeys) {
   Data d;
-  Config tensor = d.config("z", 2, 8);  // tensor parallel in a pipeline
-  tensor.set_override("parallel.tp=2");
-  tensor.set_override("parallel.pp=2");
-  expect_refused(tensor, {"optim.state_bits = 8", "parallel.tp = 2 and parallel.pp = 2"});
   expect_refused(d.config("b", 2, 16), {"optim.state_bits = 16", "32, 8, 4"});
   Config block = d.config("k", 2, 8);
   block.set_override("optim.block_size=100");
