@@ -25,26 +25,6 @@ using namespace executor_detail;  // its helpers and names (pipeline_executor_st
 
 namespace executor_detail {
 
-std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last,
-                                            const ShardLayout& sl, bool sharded_params,
-                                            const std::vector<bool>& quantized,
-                                            const std::function<bool(const model::TensorSpec&)>& keep) {
-  std::vector<optim::ParamRange> ranges;
-  const int64_t base = l.unit_offset(first);
-  for (size_t k = 0; k < l.tensors().size(); ++k) {
-    const model::TensorSpec& t = l.tensors()[k];
-    if (t.unit < first || t.unit > last || !keep(t)) continue;
-    const int i = t.unit - first;
-    const int64_t unit_lo = l.unit_offset(t.unit);
-    const int64_t lo = std::max(t.offset - unit_lo, sl.begin(i));
-    const int64_t hi = std::min(t.offset + t.numel() - unit_lo, sl.end(i));
-    if (lo >= hi) continue;
-    const int64_t state = sl.local_offset(i) + (lo - sl.begin(i));
-    ranges.push_back({sharded_params ? state : unit_lo - base + lo, hi - lo, t.decay, state, quantized[k], lo});
-  }
-  return ranges;
-}
-
 }  // namespace executor_detail
 
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
@@ -88,7 +68,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->grads = zeroed(shard_grads_ ? c->shard->local_numel() : c->numel, esz);    // ZeRO 2-3: the shard
     if (bf16_) c->master = zeroed(c->shard->local_numel());
     c->adam = std::make_unique<optim::AdamW>(
-        adam, shard_ranges(layout_, c->first, c->last, *c->shard, shard_params_, quantized, every_tensor),
+        adam, unit_ranges(layout_, c->first, c->last, *c->shard, shard_params_, quantized),
         c->shard->local_numel());
     if (sharded && !bf16_ && !shard_grads_) c->grad_shard = zeroed(c->shard->local_numel());
     if (layout_.adapters()) {  // the frozen base (its values come with set_base)
@@ -125,7 +105,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     c->unit0_grads = c->rep_grads.data();
     c->rep_adam = std::make_unique<optim::AdamW>(
         adam,
-        shard_ranges(layout_, 0, 0, *c->rep_shard, shard_params_, quantized,
+        unit_ranges(layout_, 0, 0, *c->rep_shard, shard_params_, quantized,
                      [wte](const model::TensorSpec& t) { return t.offset == wte; }),
         c->rep_shard->local_numel());
     if (sharded && !bf16_ && !shard_grads_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());

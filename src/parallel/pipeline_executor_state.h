@@ -44,16 +44,6 @@ inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int la
   return n;
 }
 
-// AdamW ranges over a shard of units [first, last] (ShardLayout index i =
-// u - first) of a buffer whose element 0 is unit `first`'s: each tensor
-// `keep` accepts, cut to the owned part of its unit, with its state (m, v,
-// the gradient shard) at the shard's local offsets. With one rank the
-// state's offsets are the buffer's. With `sharded_params` (ZeRO-3) the
-// parameters are the shard too: at the state's offsets.
-std::vector<optim::ParamRange> shard_ranges(const model::Layout& l, int first, int last, const ShardLayout& sl,
-                                            bool sharded_params, const std::vector<bool>& quantized,
-                                            const std::function<bool(const model::TensorSpec&)>& keep);
-inline bool every_tensor(const model::TensorSpec&) { return true; }
 
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
 inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)

@@ -55,15 +55,12 @@ std::vector<AdamUnits> adam_units(const model::Layout& layout, const PipelineSet
 // of each tensor, optim::moment_bytes).
 size_t adam_bytes(const model::Layout& layout, const PipelineSetup& setup, int zr, const AdamUnits& a) {
   if (setup.adam.state_bits >= 32) return 2 * static_cast<size_t>(a.numel) * sizeof(float);
-  const ShardLayout shard(layout.unit_numels(), zr, 0, setup.shard_align());  // a unit's cut does not depend on the others
-  const std::vector<bool> q = quantized_tensors(layout, setup.adam);
+  const ShardLayout shard(unit_sizes(layout, a.first, a.last), zr, 0, setup.shard_align());
   const int64_t table = layout.token_embedding().offset;
   int64_t bytes = 0;
-  for (const OwnedPiece& p : owned_pieces(layout, shard)) {
-    const model::TensorSpec& t = layout.tensors()[p.tensor];
-    if (t.unit < a.first || t.unit > a.last || (a.table && t.offset != table)) continue;
-    bytes += optim::moment_bytes(setup.adam, q[p.tensor], p.hi - p.lo, p.lo);
-  }
+  for (const optim::ParamRange& r : unit_ranges(layout, a.first, a.last, shard, false, quantized_tensors(layout, setup.adam),
+                                                [&](const model::TensorSpec& t) { return !a.table || t.offset == table; }))
+    bytes += optim::moment_bytes(setup.adam, r.quantized, r.numel, r.unit_offset);
   return static_cast<size_t>(bytes);
 }
 
@@ -307,7 +304,7 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::Transforme
   for (const AdamUnits& a : adam_units(layout, setup, rank)) {
     const ShardLayout shard(unit_sizes(layout, a.first, a.last), zr, 0, setup.shard_align());
     const optim::AdamW adam(setup.adam,
-                            shard_ranges(layout, a.first, a.last, shard, sharded_params, quantized,
+                            unit_ranges(layout, a.first, a.last, shard, sharded_params, quantized,
                                          [&](const model::TensorSpec& t) { return !a.table || t.offset == table; }),
                             a.numel);
     const auto g = optim::PagedState::geometry(adam.paged_numel(base), page_bytes, adam.paged_layout(base));

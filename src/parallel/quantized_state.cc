@@ -31,47 +31,39 @@ std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::Ad
   return q;
 }
 
-std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLayout& shard) {
-  std::vector<OwnedPiece> out;
-  const std::vector<model::TensorSpec>& tensors = layout.tensors();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const model::TensorSpec& t = tensors[i];
-    const int64_t at = t.offset - layout.unit_offset(t.unit);
-    const int64_t lo = std::max(at, shard.begin(t.unit)), hi = std::min(at + t.numel(), shard.end(t.unit));
-    if (lo < hi) out.push_back({i, lo, hi});
-  }
-  return out;
-}
-
 int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam,
                      const ShardLayout* shard) {
-  const std::vector<bool> q = quantized_tensors(layout, adam);
-  const ShardLayout whole(layout.unit_numels(), 1, 0);  // every tensor whole
   int64_t bytes = 0;
-  for (const OwnedPiece& p : owned_pieces(layout, shard != nullptr ? *shard : whole))
-    bytes += optim::moment_bytes(adam, q[p.tensor], p.hi - p.lo, p.lo);
+  for (const optim::ParamRange& r : adam_ranges(layout, adam, shard, false))
+    bytes += optim::moment_bytes(adam, r.quantized, r.numel, r.unit_offset);
   return bytes;
+}
+
+std::vector<optim::ParamRange> unit_ranges(const model::Layout& layout, int first, int last, const ShardLayout& shard,
+                                           bool local_params, const std::vector<bool>& quantized,
+                                           const std::function<bool(const model::TensorSpec&)>& keep) {
+  std::vector<optim::ParamRange> ranges;
+  const int64_t base = layout.unit_offset(first);
+  const std::vector<model::TensorSpec>& tensors = layout.tensors();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const model::TensorSpec& t = tensors[k];
+    if (t.unit < first || t.unit > last || (keep && !keep(t))) continue;
+    const int i = t.unit - first;
+    const int64_t unit_lo = layout.unit_offset(t.unit);
+    const int64_t lo = std::max(t.offset - unit_lo, shard.begin(i));
+    const int64_t hi = std::min(t.offset + t.numel() - unit_lo, shard.end(i));
+    if (lo >= hi) continue;
+    const int64_t state = shard.local_offset(i) + (lo - shard.begin(i));
+    ranges.push_back({local_params ? state : unit_lo - base + lo, hi - lo, t.decay, state, quantized[k], lo});
+  }
+  return ranges;
 }
 
 std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const optim::AdamWConfig& adam,
                                            const ShardLayout* shard, bool local_params) {
-  const std::vector<bool> quantized = quantized_tensors(layout, adam);
-  const std::vector<model::TensorSpec>& tensors = layout.tensors();
-  std::vector<optim::ParamRange> ranges;
-  if (shard == nullptr) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const model::TensorSpec& t = tensors[i];
-      ranges.push_back({t.offset, t.numel(), t.decay, -1, quantized[i], t.offset - layout.unit_offset(t.unit)});
-    }
-    return ranges;
-  }
-  for (const OwnedPiece& p : owned_pieces(layout, *shard)) {
-    const model::TensorSpec& t = tensors[p.tensor];
-    const int64_t local = shard->local_offset(t.unit) + (p.lo - shard->begin(t.unit));
-    ranges.push_back({local_params ? local : layout.unit_offset(t.unit) + p.lo, p.hi - p.lo, t.decay, local,
-                      quantized[p.tensor], p.lo});
-  }
-  return ranges;
+  const ShardLayout whole(layout.unit_numels(), 1, 0);  // ZeRO-0: every tensor whole, its state at its offset
+  return unit_ranges(layout, 0, layout.head_unit(), shard != nullptr ? *shard : whole, local_params,
+                     quantized_tensors(layout, adam));
 }
 
 }  // namespace po::parallel

@@ -5,6 +5,7 @@
 // whoever cuts the model into AdamW ranges (parallel/data_parallel.cc).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "model/layout.h"
@@ -17,15 +18,6 @@ namespace po::parallel {
 // optim.state_bits_exclude that is neither "token_embedding", "head" nor a
 // tensor's name is an error naming it.
 std::vector<bool> quantized_tensors(const model::Layout& layout, const optim::AdamWConfig& adam);
-
-// The part of each tensor of `layout` that `shard` gives its rank: the
-// tensor's index and the elements [lo, hi) counted from its unit's start
-// (tensors it owns none of are left out). The cut of the AdamW ranges.
-struct OwnedPiece {
-  size_t tensor = 0;
-  int64_t lo = 0, hi = 0;
-};
-std::vector<OwnedPiece> owned_pieces(const model::Layout& layout, const ShardLayout& shard);
 
 // Bytes of Adam's moments as AdamW holds them for every tensor of `layout`
 // whole (ZeRO-0), or for the part `shard` gives its rank (ZeRO 1-3, the
@@ -42,5 +34,17 @@ int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam
 // its AdamW from them, and the planner the pages' geometry.
 std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const optim::AdamWConfig& adam,
                                            const ShardLayout* shard, bool local_params);
+
+// The same over units [first, last] of a buffer whose element 0 is unit
+// `first`'s (a pipeline chunk's; ShardLayout index i = u - first), for the
+// tensors `keep` accepts (all when empty), with `quantized` per tensor
+// (quantized_tensors): each cut to the part `shard` owns, its state (m, v,
+// the gradient shard) at the shard's local offsets, its parameters at the
+// buffer's offsets or, with `local_params` (ZeRO-3), at the state's. With
+// one rank the state's offsets are the buffer's. adam_ranges is this over
+// the whole model. One function for DataParallel and the pipeline executor.
+std::vector<optim::ParamRange> unit_ranges(const model::Layout& layout, int first, int last, const ShardLayout& shard,
+                                           bool local_params, const std::vector<bool>& quantized,
+                                           const std::function<bool(const model::TensorSpec&)>& keep = {});
 
 }  // namespace po::parallel
