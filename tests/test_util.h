@@ -277,8 +277,10 @@ inline std::string pagedoptim_command(int np, const std::string& args) {
 // Run a's checkpoint of `step` against run b's: the same state bit for bit,
 // wherever the writers cut it (every kind's values of every unit, read
 // through the manifests), the same step, seed, tokens, AdamW step count,
-// units, tensors and kinds; and, when both were written by as many ranks,
-// every rank file byte for byte. (The .json records carry the config, which
+// units, tensors and kinds; and, when both were written by as many ranks
+// (and `files`: false where their writers cut the state differently, a
+// data-parallel run's slices against a pipeline's stages), every rank file
+// byte for byte. (The .json records carry the config, which
 // may differ in memory.* and parallel.*, and the writers' threads: left out.)
 // A checkpoint's whole state as one rank reads it: per state kind (the
 // manifest's order), per unit, its floats.
@@ -330,9 +332,6 @@ inline void expect_close_weights(const std::string& ref, const std::string& run,
   std::printf("[ weights ] %s: largest difference %.3g of a unit's largest weight\n", what.c_str(), worst);
 }
 
-// `files`: also the rank files' bytes, where both runs have as many writers
-// (false where their writers cut the state differently: a data-parallel
-// run's slices against a pipeline's stages).
 inline void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step,
                                    const std::string& what, bool files = true) {
   const std::string ca = train::checkpoint_path(a, step), cb = train::checkpoint_path(b, step);

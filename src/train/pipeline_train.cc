@@ -2,6 +2,7 @@
 #include "train/pipeline_train.h"
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -66,6 +67,16 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   return s;
 }
 
+// This rank's place in the pipeline group (0 at pp = 1, which has none).
+int pipe_rank(const comm::Communicator* pipe) { return pipe != nullptr ? pipe->rank() : 0; }
+
+// An all-gather over the pipeline group of `words` 4-byte words a rank (bits
+// as they are); at pp = 1 this rank's own.
+void gather_pipe(comm::Communicator* pipe, const void* mine, void* all, size_t words) {
+  if (pipe != nullptr) return pipe->all_gather(mine, all, words, DType::kI32);
+  std::memcpy(all, mine, words * 4);
+}
+
 // The pipeline rank that holds unit u.
 int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   for (int st = 0; st < s.schedule.stages(); ++st) {
@@ -113,10 +124,10 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
   StageState out{model::Layout(ex.config()), {}, {}};
   const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
-  comm::Communicator& pipe = *s.pipe;
+  const int prank = pipe_rank(s.pipe);
   comm::Communicator* tensor = r.launch.tp_group();
   if (stage_writer(r.launch)) {
-    out.file.emplace(stage_files(s, held, whole, pipe.rank()));
+    out.file.emplace(stage_files(s, held, whole, prank));
     for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
   }
   // Every tp rank's held layout, for the assembly.
@@ -125,7 +136,7 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
                                                     : std::vector<model::Layout>{};
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
-    if (owner_of(s, held, u) != pipe.rank()) continue;
+    if (owner_of(s, held, u) != prank) continue;
     const auto n = static_cast<size_t>(held.unit_numel(u)), nw = static_cast<size_t>(whole.unit_numel(u));
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
@@ -255,8 +266,8 @@ double mean_of(const std::vector<double>& v) {
 // returns whether the state is paged.
 bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
                         const model::TransformerConfig& mcfg, const parallel::PipelineSetup& setup,
-                        comm::Communicator& world) {
-  const int rank = world.rank();
+                        comm::Communicator* world) {
+  const int rank = world != nullptr ? world->rank() : 0;
   const size_t compute_budget = cfg.get_size("memory.compute_budget");
   const size_t host_budget = cfg.get_size("memory.host_budget");
   if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) return false;
@@ -276,10 +287,14 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
     // Stages differ: every rank checks the budget against the rank that needs the most.
     const int64_t mine[3] = {static_cast<int64_t>(plan.min_compute_bytes),
                              static_cast<int64_t>(fixed.total()), static_cast<int64_t>(least)};
-    std::vector<int64_t> all(3 * static_cast<size_t>(world.size()));
-    world.all_gather(mine, all.data(), 6, DType::kI32);  // int64s, bit-exact
+    const int ranks = world != nullptr ? world->size() : 1;
+    std::vector<int64_t> all(3 * static_cast<size_t>(ranks));
+    if (world != nullptr)
+      world->all_gather(mine, all.data(), 6, DType::kI32);  // int64s, bit-exact
+    else
+      std::copy_n(mine, 3, all.data());
     int worst = 0;
-    for (int k = 1; k < world.size(); ++k)
+    for (int k = 1; k < ranks; ++k)
       if (all[3 * static_cast<size_t>(k)] > all[3 * static_cast<size_t>(worst)]) worst = k;
     const int64_t* w = all.data() + 3 * worst;
     PO_CHECK(compute_budget >= static_cast<size_t>(w[0]), "memory.compute_budget = ", compute_budget,
@@ -304,7 +319,7 @@ class PipelineSteps : public LayoutSteps {
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
                 const model::ContextSplit& cp, bool paged)
       : r_(r), p_(r.p), ex_(ex), setup_(setup), cp_(cp), paged_(paged),
-        pipe_(*r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
+        pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
     formula_ = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
@@ -362,7 +377,7 @@ class PipelineSteps : public LayoutSteps {
     double loss = 0;
     {
       std::vector<double> sums(static_cast<size_t>(p_.pp));
-      pipe_.all_gather(&st.loss_sum, sums.data(), 2, DType::kI32);  // doubles, bit-exact
+      gather_pipe(pipe_, &st.loss_sum, sums.data(), 2);  // doubles, bit-exact
       loss = sums[static_cast<size_t>(sch.rank_of(sch.stages() - 1))];
     }
     if (comm::Communicator* data = r_.launch.dp_group(); data != nullptr) {
@@ -378,7 +393,7 @@ class PipelineSteps : public LayoutSteps {
     nlohmann::json record = report(st, seconds, traffic);
     if (!trace_.empty() && after.step == p_.steps) {
       const std::string json = ex_.gather_trace();
-      if (pipe_.rank() == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
+      if (pipe_rank(pipe_) == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
         checkpoint::write_file_atomic(trace_, json.data(), json.size());
     }
     if (!r_.launch.leader) return o;
@@ -441,7 +456,7 @@ class PipelineSteps : public LayoutSteps {
     const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
                             static_cast<double>(st.sends)};
     std::vector<double> all(5 * static_cast<size_t>(p_.pp));
-    pipe_.all_gather(mine, all.data(), 10, DType::kI32);  // doubles, bit-exact
+    gather_pipe(pipe_, mine, all.data(), 10);  // doubles, bit-exact
     std::vector<double> busy, secs, sent_per_rank, sends_per_rank;
     double wait_max = 0, sent = 0;
     for (int64_t k = 0; k < p_.pp; ++k) {
@@ -465,10 +480,10 @@ class PipelineSteps : public LayoutSteps {
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
         ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen)};
     std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
-    pipe_.all_gather(mine_mem, mems.data(), 2 * kMem, DType::kI32);  // doubles, bit-exact
+    gather_pipe(pipe_, mine_mem, mems.data(), 2 * kMem);  // doubles, bit-exact
     int peak = st.peak_in_flight;
     std::vector<int> peaks(static_cast<size_t>(p_.pp));
-    pipe_.all_gather(&peak, peaks.data(), 1, DType::kI32);
+    gather_pipe(pipe_, &peak, peaks.data(), 1);
     nlohmann::json per_rank = nlohmann::json::array();
     paging_ = nlohmann::json::array();
     for (int64_t k = 0; k < p_.pp; ++k) {
@@ -488,7 +503,7 @@ class PipelineSteps : public LayoutSteps {
       mine_comm.insert(mine_comm.end(), t.bytes, t.bytes + kOps);
     }
     std::vector<uint64_t> comms(mine_comm.size() * static_cast<size_t>(p_.pp));
-    pipe_.all_gather(mine_comm.data(), comms.data(), 2 * mine_comm.size(), DType::kI32);  // uint64s, bit-exact
+    gather_pipe(pipe_, mine_comm.data(), comms.data(), 2 * mine_comm.size());  // uint64s, bit-exact
     nlohmann::json comm_per_rank[2] = {nlohmann::json::array(), nlohmann::json::array()};
     for (int64_t k = 0; k < p_.pp; ++k)
       for (size_t g = 0; g < 2; ++g) {
@@ -522,7 +537,7 @@ class PipelineSteps : public LayoutSteps {
   const parallel::PipelineSetup& setup_;
   model::ContextSplit cp_;
   bool paged_;
-  comm::Communicator& pipe_;
+  comm::Communicator* pipe_;  // null at pp = 1
   std::string trace_;
   double formula_ = 0, planned_ = 0, costed_ = 0;
   std::vector<int32_t> in_, tg_, seq_in_, seq_tg_;
@@ -536,7 +551,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   const Plan& p = r.p;
   const core::Config& cfg = r.cfg;
   const Launch& launch = r.launch;
-  PO_CHECK(launch.pp_group() != nullptr, "parallel.pp = ", p.pp, " needs its pipeline group");
+  PO_CHECK(p.pp == 1 || launch.pp_group() != nullptr, "parallel.pp = ", p.pp, " needs its pipeline group");
   std::optional<parallel::TensorParallelOps> tp_ops;
   if (launch.tp_group() != nullptr) tp_ops.emplace(*launch.tp_group());
   // Context parallel: every stage's models run their attention over the
@@ -552,7 +567,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   const model::ContextSplit cp = cp_ops ? cp_ops->cp_split() : model::ContextSplit{};
   const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
-  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, *launch.world);
+  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world.get());
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);
@@ -584,7 +599,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   std::optional<parallel::ShardLayout> stage_file;
   if (cfg.get_bool("checkpoint.async")) {
     if (stage_writer(launch)) stage_file.emplace(stage_files(setup, ex.layout(), model::Layout(ex.config()),
-                                                             launch.pp_group()->rank()));
+                                                             pipe_rank(launch.pp_group())));
     l.async = &async.emplace(launch.world.get(), stage_file ? &*stage_file : nullptr,
                              static_cast<int>(p.pp),
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -489,7 +490,14 @@ TrainResult train(const core::Config& cfg) {
   store_resolved_model(stored, mcfg);
   const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), val_sft.get(),
                       optim::adamw_config(cfg), run_dir, stored.to_toml(), seed, resume, threads};
-  TrainResult result = p.pp > 1 ? train_pipeline(run) : train_one_stage(run);
+  // PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 runs pp = 1 through the pipeline
+  // executor as its one-stage schedule: the migration's test hook (issue 35:
+  // one gradient engine), which holds the layouts it covers to
+  // DataParallel's bits (tests/train/one_stage_executor_test.cc) until it is
+  // the only path.
+  const char* executor = std::getenv("PAGEDOPTIM_ONE_STAGE_EXECUTOR");
+  const bool one_stage_executor = executor != nullptr && std::string(executor) == "1";
+  TrainResult result = p.pp > 1 || one_stage_executor ? train_pipeline(run) : train_one_stage(run);
   // Stopped on request: every rank leaves together, once rank 0 has reported
   // and every rank has freed its state (its swap files removed): mpirun ends
   // the job when the first rank exits non-zero, killing the others wherever

@@ -1,0 +1,104 @@
+// Issue 35's migration: pp = 1 through the pipeline executor as its
+// one-stage schedule (PAGEDOPTIM_ONE_STAGE_EXECUTOR=1, train/trainer.cc)
+// gives DataParallel's bits: every loss, gradient norm (clipping on) and
+// validation loss, and the checkpoint's whole state (wherever the two
+// engines' writers cut it), at one thread per rank. Each layout here is one
+// the switch to a single engine must keep; a layout missing from this list
+// is not yet shown to keep its bits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../test_util.h"
+
+namespace {
+
+using po::test::metric;
+
+class OneStageExecutor : public po::test::TinyTraining {
+ protected:
+  int steps() const override { return 6; }
+  // `pagedoptim train` on `np` ranks (parallel.dp = np unless `extra` says
+  // otherwise), through DataParallel or the executor.
+  std::string train(const std::string& name, int np, const std::string& extra, bool executor) {
+    const std::string env = executor ? "env PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 " : "";
+    const auto r = po::test::run_command(
+        env + po::test::pagedoptim_command(
+                  np, "train -c " + config_ + " --set run.dir=" + (dir_ / name) + " --set parallel.dp=" +
+                          std::to_string(np) +
+                          " --set model.n_layer=4 --set train.batch_size=8 --set train.grad_clip=0.05"
+                          " --set train.eval_interval=3 --set train.checkpoint_interval=3 " +
+                          extra));
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << extra << "\n" << r.output;
+    if (executor) {
+      EXPECT_NE(r.output.find("pipeline: "), std::string::npos) << name << ": not run by the executor\n" << r.output;
+    }
+    return dir_ / name;
+  }
+  // Returns the two runs' directories (DataParallel's, the executor's).
+  std::pair<std::string, std::string> expect_same(int np, const std::string& extra, const std::string& what) {
+    const std::string tag = "r" + std::to_string(runs_++);
+    const std::string ref = train(tag + "_dp", np, extra, false), got = train(tag + "_ex", np, extra, true);
+    for (const auto& [key, count] : {std::pair{"loss", 6}, {"grad_norm", 6}, {"val_loss", 2}}) {
+      const auto a = metric(ref, key, count), b = metric(got, key, count);
+      EXPECT_EQ(a.size(), b.size()) << what << ": " << key;
+      if (a.size() != b.size()) return {ref, got};
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(a[i], b[i]) << what << ": " << key << " #" << i + 1 << " differs from DataParallel's";
+    }
+    po::test::expect_same_checkpoint(ref, got, 6, what, np == 1);
+    return {ref, got};
+  }
+  int runs_ = 0;
+};
+
+const std::string kLlama =
+    " --set model.preset=llama-tiny --set model.n_embd=32 --set model.n_head=4 --set model.n_kv_head=2"
+    " --set model.vocab_size=64 --set model.seq_len=16";
+
+TEST_F(OneStageExecutor, OneProcessGivesDataParallelsBits) {
+  expect_same(1, "", "gpt2 fp32");
+  expect_same(1, "--set train.precision=bf16", "gpt2 bf16");
+  expect_same(1, kLlama + " --set model.tie_embeddings=false", "llama fp32");
+  expect_same(1, "--set model.activation_checkpointing=true", "gpt2 activation checkpointing");
+  expect_same(1, "--set optim.state_bits=8 --set 'optim.state_bits_exclude=\"\"' --set model.n_embd=64",
+              "gpt2 8-bit Adam state");
+  expect_same(1, "--set lora.r=4 --set lora.alpha=8 --set lora.dropout=0.1", "gpt2 LoRA with dropout");
+}
+
+TEST_F(OneStageExecutor, DataParallelLayoutsGiveDataParallelsBits) {
+  for (int z : {0, 1, 2, 3})
+    expect_same(2, "--set parallel.zero_stage=" + std::to_string(z), "gpt2 dp 2 ZeRO-" + std::to_string(z));
+  expect_same(2, "--set train.precision=bf16 --set parallel.zero_stage=1", "gpt2 bf16 dp 2 ZeRO-1");
+}
+
+TEST_F(OneStageExecutor, SplitAndPagedLayoutsGiveDataParallelsBits) {
+  expect_same(2, "--set parallel.dp=1 --set parallel.tp=2", "gpt2 tp 2");
+  expect_same(2, "--set parallel.dp=1 --set parallel.cp=2", "gpt2 cp 2");
+  // Adam's pages on NVMe behind a one-page host tier, the compute tier the
+  // smallest both engines accept (the minimum each names for 1 byte).
+  const std::string paging = "--set memory.nvme_dir=" + std::string(dir_ / "swap") +
+                             " --set memory.page_size=4096 --set memory.host_budget=4096 --set memory.compute_budget=";
+  int64_t least = 0;
+  for (const bool executor : {false, true}) {
+    const auto probe = po::test::run_command(
+        std::string(executor ? "env PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 " : "") +
+        po::test::pagedoptim_command(1, "train -c " + config_ + " --set run.dir=" + (dir_ / "probe") +
+                                            " --set model.n_layer=4 --set train.batch_size=8 " + paging + "1"));
+    least = std::max(least, po::test::named_minimum_budget(probe.output));
+    std::filesystem::remove_all(dir_ / "probe");
+  }
+  ASSERT_GT(least, 0) << "no minimum compute budget named";
+  const auto [ref, got] = expect_same(1, paging + std::to_string(least), "gpt2 Adam state paged to NVMe");
+  double read[2] = {0, 0};
+  for (const auto& j : po::test::read_metrics(ref))
+    if (j.contains("paging")) read[0] += j["paging"].value("nvme_read_bytes", 0.0);
+  for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) read[1] += r["nvme_read_bytes"].get<double>();
+  EXPECT_GT(read[0], 0) << "DataParallel's run read no page back from NVMe";
+  EXPECT_GT(read[1], 0) << "the executor's run read no page back from NVMe at its last step";
+}
+
+}  // namespace
