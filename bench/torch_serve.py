@@ -83,12 +83,15 @@ def main():
             kc[:, :, pos0:pos0 + T] = k
             vc[:, :, pos0:pos0 + T] = v
             n = pos0 + T
-            kk = kc[:, :, :n].repeat_interleave(H // K, 1) if K != H else kc[:, :, :n]
-            vv = vc[:, :, :n].repeat_interleave(H // K, 1) if K != H else vc[:, :, :n]
-            mask = torch.full((T, n), float("-inf")).triu(pos0 + 1)
-            att = torch.baddbmm(mask.expand(B * H, T, n), q.reshape(B * H, T, hs),
-                                kk.reshape(B * H, n, hs).transpose(1, 2), alpha=1.0 / math.sqrt(hs))
-            y = torch.bmm(att.softmax(-1), vv.reshape(B * H, n, hs)).view(B, H, T, hs)
+            # Grouped-query attention without copying the cache per query
+            # head: the G = H / K query heads of a KV head are stacked as
+            # G·T rows against that head's keys and values (query head h
+            # reads KV head h // G, as repeat_interleave pairs them).
+            G = H // K
+            mask = torch.full((T, n), float("-inf")).triu(pos0 + 1).repeat(G, 1)
+            att = torch.baddbmm(mask.expand(B * K, G * T, n), q.reshape(B * K, G * T, hs),
+                                kc[:, :, :n].reshape(B * K, n, hs).transpose(1, 2), alpha=1.0 / math.sqrt(hs))
+            y = torch.bmm(att.softmax(-1), vc[:, :, :n].reshape(B * K, n, hs)).view(B, H, T, hs)
             x = x + F.linear(y.transpose(1, 2).reshape(B, T, H * hs), b["o"], None if llama else b["ob"])
             h = norm(x, b["ln2"], None if llama else b["ln2b"])
             if llama:
