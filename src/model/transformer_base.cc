@@ -121,11 +121,14 @@ size_t Transformer::predicted_frozen_bytes(const TransformerConfig& config, Unit
 
 size_t Transformer::frozen_bytes() const {
   if (!layout_.adapters() || base_owner_ != nullptr) return 0;
+  // (By index: quantized() finds a tensor by name, a quadratic walk on the
+  // per-step memory report.)
+  const std::vector<TensorSpec>& tensors = layout_.base_tensors();
   size_t n = 0;
-  for (const TensorSpec& t : layout_.base_tensors()) {
-    if (!holds(t.unit)) continue;
-    const QuantTensor* q = quantized(t);
-    n += q != nullptr ? q->bytes() : static_cast<size_t>(t.numel()) * sizeof(float);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (!holds(tensors[k].unit)) continue;
+    const bool q = k < quant_.size() && quant_[k].format != WeightQuant::kNone;
+    n += q ? quant_[k].bytes() : static_cast<size_t>(tensors[k].numel()) * sizeof(float);
   }
   return n;
 }

@@ -12,6 +12,7 @@
 #include "backend/cpu/kernel_isa.h"
 #include "backend/ops.h"
 #include "core/error.h"
+#include "core/f16.h"
 
 PO_KERNELS_BEGIN
 
@@ -77,7 +78,7 @@ inline void load_block(const uint8_t* row, int64_t b, __m512* lo, __m512* hi, __
 // Q6_K: sixteen groups of 16 whose values are (d·sc)·(q − 32). Lanes carry
 // partial sums across super-blocks; one reduction at the end.
 inline float half_at(const uint8_t* p) {
-  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(p[0] | (p[1] << 8)))));
+  return core::f16_to_f32(core::f16{static_cast<uint16_t>(p[0] | (p[1] << 8))});
 }
 
 template <int NR>
