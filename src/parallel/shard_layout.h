@@ -17,8 +17,11 @@
 // rounds S_u up to a multiple of itself, so every cut falls on the unit's
 // grid of blocks and no block of state is split between ranks.
 //
-// whole_units() makes the other cut a checkpoint's writers may take: every
-// unit whole on one rank (a pipeline stage's units, written by that stage).
+// stage_units() makes the cut a pipeline's checkpoint writers take: the ranks
+// are `groups` blocks of `group_ranks` (a stage's data ranks), unit u belongs
+// to block owner[u], and within it is cut as above over the block's ranks;
+// the other blocks own none of it. With one block it is the ZeRO cut; with
+// blocks of one rank each unit lies whole on its owner (whole_units()).
 #pragma once
 
 #include <cstdint>
@@ -31,11 +34,19 @@ class ShardLayout {
  public:
   // unit_numel[u] = elements of unit u; 0 <= rank < ranks; align >= 1.
   ShardLayout(std::vector<int64_t> unit_numel, int ranks, int rank, int64_t align = 1);
-  // Unit u whole on rank owner[u] (in [0, ranks)), nothing of it elsewhere;
-  // a rank's units back to back in its local buffers (local_offset), and
-  // stride(u) = n_u. Not a ZeRO cut: for checkpoint files only.
+  // Rank r = g·group_ranks + d is rank d of block g (of `groups`); unit u is
+  // cut over the ranks of block owner[u] (in [0, groups)) with stride
+  // stride_of(n_u, group_ranks, align), and is nothing on the other blocks'
+  // ranks; a rank's units back to back in its local buffers (local_offset).
+  // For checkpoint files only: the executor's ZeRO shards are its own.
+  static ShardLayout stage_units(std::vector<int64_t> unit_numel, std::vector<int> owner, int groups,
+                                 int group_ranks, int rank, int64_t align = 1);
+  // Unit u whole on rank owner[u] (in [0, ranks)), nothing of it elsewhere:
+  // stage_units with blocks of one rank.
   static ShardLayout whole_units(std::vector<int64_t> unit_numel, std::vector<int> owner,
-                                 int ranks, int rank);
+                                 int ranks, int rank) {
+    return stage_units(std::move(unit_numel), std::move(owner), ranks, 1, rank);
+  }
 
   int ranks() const { return ranks_; }
   int rank() const { return rank_; }
@@ -71,7 +82,8 @@ class ShardLayout {
 
  private:
   std::vector<int64_t> numel_, stride_, local_offset_;
-  std::vector<int> owner_;  // whole_units(): each unit's rank (empty: the ZeRO cut)
+  std::vector<int> owner_;  // stage_units(): each unit's block (empty: the ZeRO cut)
+  int group_ranks_ = 1;     // ranks per block (the ZeRO cut: all of them)
   int ranks_ = 1, rank_ = 0;
   int64_t total_ = 0;
 };

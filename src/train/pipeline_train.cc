@@ -87,16 +87,45 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   PO_THROW(core::Internal, "pipeline: no stage holds unit ", u);
 }
 
-// Each stage's units, whole, on the stage's writer (a collective over the
-// world): per unit and kind, the stage that holds the unit makes it whole:
-// its ZeRO-1 shards all-gathered over each data group (read_unit), its
-// tensor-parallel shards over the tensor group, assembled by tp rank 0
-// (assemble_unit). The writer, that stage's (dp 0, tp 0, cp 0) rank, keeps
-// it; nothing crosses the pipeline, and no rank holds more than its stage.
+// A checkpoint's writers: every data rank of every stage (the tensor
+// group's rank 0, which assembles the units), each writing the ZeRO cut of
+// its stage's units over the stage's data group (ShardLayout::stage_units),
+// as DataParallel's ranks write theirs at pp = 1: nothing is funnelled to
+// one rank. Writer g·D + d is data rank d of pipeline rank g (D ranks a
+// data group); `group` holds them in that order.
+struct Writers {
+  std::unique_ptr<comm::Communicator> group;  // null in one process, and on non-writers
+  std::optional<parallel::ShardLayout> file;  // this rank's cut (none: not a writer)
+  int count = 1;
+};
+
+// The checkpoint files' cut (above); collective over the world.
+Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor& ex,
+                           const parallel::PipelineSetup& s) {
+  const model::Layout& held = ex.layout();
+  const int D = s.data != nullptr ? s.data->size() : 1, index = pipe_rank(s.pipe) * D + (s.data ? s.data->rank() : 0);
+  const bool writes = r.launch.tp_rank == 0;
+  Writers w;
+  w.count = s.schedule.ranks * D;
+  if (r.launch.world) w.group = r.launch.world->split(writes ? 0 : comm::Communicator::kNoColor, index, "writers");
+  if (!writes) return w;
+  std::vector<int> owner;
+  for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
+  w.file.emplace(parallel::ShardLayout::stage_units(model::Layout(ex.config()).unit_numels(), std::move(owner),
+                                                    s.schedule.ranks, D, index));
+  return w;
+}
+
+// This writer's slices of its stage's units (a collective over the world):
+// per unit and kind, the stage that holds the unit makes it whole on its
+// data ranks: its ZeRO shards all-gathered over each data group
+// (read_unit), its tensor-parallel shards over the tensor group, assembled
+// by tp rank 0 (assemble_unit), which keeps its cut. Nothing crosses the
+// pipeline.
 struct StageState {
   model::Layout whole;
-  std::optional<parallel::ShardLayout> file;  // the writers': their stage's units whole
-  std::vector<float> all[3];                  // kAllStateKinds' order, at file->local_offset
+  const parallel::ShardLayout* file = nullptr;  // the writers': their cut
+  std::vector<float> all[3];                    // kAllStateKinds' order, at file->local_offset
   checkpoint::ShardSource source() const {
     return [this](checkpoint::StateKind k, int u) -> const float* {
       return all[static_cast<size_t>(k)].data() + file->local_offset(u);
@@ -104,32 +133,16 @@ struct StageState {
   }
 };
 
-// Whether this rank writes its stage's part of a checkpoint.
-bool stage_writer(const Launch& launch) {
-  return launch.dp_rank == 0 && launch.tp_rank == 0 && launch.cp_rank == 0;
-}
-
-// The checkpoint files' cut: unit u whole in the file of its stage's rank.
-parallel::ShardLayout stage_files(const parallel::PipelineSetup& s, const model::Layout& held,
-                                  const model::Layout& whole, int pipe_rank) {
-  std::vector<int> owner;
-  for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
-  return parallel::ShardLayout::whole_units(whole.unit_numels(), std::move(owner),
-                                            s.schedule.ranks, pipe_rank);
-}
-
-StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
-                        const parallel::PipelineSetup& s) {
+StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
+                        const Writers& writers) {
   const model::Layout& held = ex.layout();
-  StageState out{model::Layout(ex.config()), {}, {}};
+  StageState out{model::Layout(ex.config()), writers.file ? &*writers.file : nullptr, {}};
   const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   const int prank = pipe_rank(s.pipe);
   comm::Communicator* tensor = r.launch.tp_group();
-  if (stage_writer(r.launch)) {
-    out.file.emplace(stage_files(s, held, whole, prank));
+  if (out.file)
     for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
-  }
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
                                                     ? tp_rank_layouts(ex.config(), tp)
@@ -137,7 +150,7 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
     if (owner_of(s, held, u) != prank) continue;
-    const auto n = static_cast<size_t>(held.unit_numel(u)), nw = static_cast<size_t>(whole.unit_numel(u));
+    const auto n = static_cast<size_t>(held.unit_numel(u));
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
       unit.resize(n);
@@ -146,23 +159,24 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex,
         gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
       else
         assembled = unit;
-      if (out.file) std::copy_n(assembled.data(), nw, out.all[k].data() + out.file->local_offset(u));
+      if (out.file)
+        std::copy(assembled.begin() + out.file->begin(u), assembled.begin() + out.file->end(u),
+                  out.all[k].data() + out.file->local_offset(u));
     }
   }
   return out;
 }
 
 // The whole model's checkpoint, in the layout-independent format (a
-// collective over the world): gather_stage, then each stage's writer writes
-// its units' slices, in parallel, and pipeline rank 0 commits the manifest.
-// With `async`, the writers' copies are written in the background
-// (train/async_checkpoint.h) and committed later; returns the seconds the
-// step was held.
+// collective over the world): gather_stage, then every writer writes its
+// slices, in parallel, and writer 0 commits the manifest. With `async`, the
+// writers' copies are written in the background (train/async_checkpoint.h)
+// and committed later; returns the seconds the step was held.
 double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
-                     TrainState st, const std::string& path, AsyncCheckpointer* async) {
+                     const Writers& writers, TrainState st, const std::string& path, AsyncCheckpointer* async) {
   core::Timer t;
   st.adam_t = ex.adam_steps();
-  const StageState w = gather_stage(r, ex, s);
+  const StageState w = gather_stage(r, ex, s, writers);
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end());
   if (async != nullptr) {
     const double gathered = t.seconds();
@@ -173,7 +187,7 @@ double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const p
   std::exception_ptr error;
   if (w.file) {
     try {
-      save_checkpoint_sharded(path, w.whole, *w.file, w.source(), st, r.config_toml, s.pipe, kinds);
+      save_checkpoint_sharded(path, w.whole, *w.file, w.source(), st, r.config_toml, writers.group.get(), kinds);
     } catch (...) {
       error = std::current_exception();
     }
@@ -317,8 +331,8 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
 class PipelineSteps : public LayoutSteps {
  public:
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
-                const model::ContextSplit& cp, bool paged)
-      : r_(r), p_(r.p), ex_(ex), setup_(setup), cp_(cp), paged_(paged),
+                const model::ContextSplit& cp, bool paged, const Writers& writers)
+      : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), paged_(paged),
         pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
@@ -436,7 +450,7 @@ class PipelineSteps : public LayoutSteps {
   }
 
   double save(const std::string& path, const TrainState& state, AsyncCheckpointer* async) override {
-    return save_pipeline(r_, ex_, setup_, state, path, async);
+    return save_pipeline(r_, ex_, setup_, writers_, state, path, async);
   }
 
  private:
@@ -535,6 +549,7 @@ class PipelineSteps : public LayoutSteps {
   const Plan& p_;
   parallel::PipelineExecutor& ex_;
   const parallel::PipelineSetup& setup_;
+  const Writers& writers_;
   model::ContextSplit cp_;
   bool paged_;
   comm::Communicator* pipe_;  // null at pp = 1
@@ -594,21 +609,18 @@ TrainResult train_pipeline(const RunInputs& r) {
                                   r.config_toml.data(), r.config_toml.size());
   }
   LoopSetup l = loop_setup(r);
-  // checkpoint.async: each stage's writer holds its stage's copy.
+  // checkpoint.async: each writer holds its cut's copy.
+  const Writers writers = checkpoint_writers(r, ex, setup);
   std::optional<AsyncCheckpointer> async;
-  std::optional<parallel::ShardLayout> stage_file;
   if (cfg.get_bool("checkpoint.async")) {
-    if (stage_writer(launch)) stage_file.emplace(stage_files(setup, ex.layout(), model::Layout(ex.config()),
-                                                             pipe_rank(launch.pp_group())));
-    l.async = &async.emplace(launch.world.get(), stage_file ? &*stage_file : nullptr,
-                             static_cast<int>(p.pp),
+    l.async = &async.emplace(launch.world.get(), writers.file ? &*writers.file : nullptr, writers.count,
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
                                                                 checkpoint::kAllStateKinds.end()),
                              false);
-    PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on this ",
-                "stage's writer hold its checkpoint copy");
+    PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on each ",
+                "writer hold its checkpoint copy");
   }
-  PipelineSteps steps(r, ex, setup, cp, paged);
+  PipelineSteps steps(r, ex, setup, cp, paged, writers);
   return run_steps(steps, l, state);
 }
 

@@ -75,6 +75,49 @@ TEST(ShardLayout, WholeUnitsLieWithTheirOwners) {
   EXPECT_THROW(ShardLayout::whole_units(units, {0, 0}, 2, 0), core::InvalidArgument);
 }
 
+// The cut of a pipeline's data ranks' checkpoint files: each unit cut as ZeRO
+// cuts it over its stage's block of ranks, nothing of it on the other blocks;
+// every element has one owner, and a block of all the ranks is the ZeRO cut.
+TEST(ShardLayout, StageUnitsAreCutOverTheirStagesRanks) {
+  const std::vector<int64_t> units = {5, 9, 4, 6, 0};
+  const std::vector<int> owner = {0, 1, 1, 2, 0};
+  const int stages = 3, dp = 2;
+  for (int rank = 0; rank < stages * dp; ++rank) {
+    const ShardLayout l = ShardLayout::stage_units(units, owner, stages, dp, rank);
+    ASSERT_EQ(l.ranks(), stages * dp);
+    int64_t local = 0;
+    for (int u = 0; u < l.num_units(); ++u) {
+      const auto n = units[static_cast<size_t>(u)];
+      const int g = owner[static_cast<size_t>(u)];
+      EXPECT_EQ(l.stride(u), ShardLayout::stride_of(n, dp)) << "unit " << u;
+      EXPECT_EQ(l.local_offset(u), local) << "rank " << rank << " unit " << u;
+      if (rank / dp == g) local += l.stride(u);
+      int64_t covered = 0;
+      for (int r = 0; r < stages * dp; ++r) {
+        if (r / dp != g) {
+          EXPECT_EQ(l.end(u, r) - l.begin(u, r), 0) << "unit " << u << " on rank " << r << " of another stage";
+          continue;
+        }
+        EXPECT_EQ(l.begin(u, r), covered) << "unit " << u << " rank " << r;
+        covered = l.end(u, r);
+      }
+      EXPECT_EQ(covered, n) << "unit " << u;
+    }
+    EXPECT_EQ(l.local_numel(), local) << "rank " << rank;
+  }
+  // One block is the ZeRO cut, aligned as it is.
+  for (int rank = 0; rank < 4; ++rank) {
+    const ShardLayout a = ShardLayout::stage_units(units, {0, 0, 0, 0, 0}, 1, 4, rank, 2), b(units, 4, rank, 2);
+    for (int u = 0; u < a.num_units(); ++u) {
+      EXPECT_EQ(a.begin(u), b.begin(u)) << "rank " << rank << " unit " << u;
+      EXPECT_EQ(a.end(u), b.end(u)) << "rank " << rank << " unit " << u;
+      EXPECT_EQ(a.local_offset(u), b.local_offset(u)) << "rank " << rank << " unit " << u;
+    }
+  }
+  EXPECT_THROW(ShardLayout::stage_units(units, owner, 2, 2, 0), core::InvalidArgument);  // owner 2 of 2
+  EXPECT_THROW(ShardLayout::stage_units(units, owner, 3, 0, 0), core::InvalidArgument);
+}
+
 TEST(ShardLayout, BadArgumentsAreErrors) {
   EXPECT_THROW(ShardLayout({1}, 0, 0), core::InvalidArgument);
   EXPECT_THROW(ShardLayout({1}, 2, 2), core::InvalidArgument);

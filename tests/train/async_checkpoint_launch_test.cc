@@ -58,7 +58,7 @@ TEST_F(AsyncCheckpoint, TensorAndPipelineParallelWriteTheSynchronousFiles) {
   };
   for (const Case& k : {Case{"tp2", 2, " --set parallel.dp=1 --set parallel.tp=2"},
                         Case{"dp2tp2", 4, " --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=1"},
-                        Case{"pp2", 2, " --set parallel.dp=1 --set parallel.pp=2"}}) {
+                        Case{"dp2pp2", 4, " --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero_stage=1"}}) {
     auto train = [&](const std::string& name, const std::string& extra) {
       const auto r = po::test::run_command(po::test::pagedoptim_command(
           k.nproc, "train -c " + config_ + " --set run.dir=" + (dir_ / name) + k.layout + common_ + extra));
