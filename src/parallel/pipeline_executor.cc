@@ -1,8 +1,10 @@
-// The pipeline executor (pipeline_executor.h): the chunks' buffers and
-// slots, one step's actions in the rank's order. The step's end (the tied
-// pair, the data group's reductions, the norm, the update) is in
-// pipeline_finalize.cc, the vocabulary-parallel head in pipeline_vocab.cc,
-// the memory the executor holds and predicts in pipeline_memory.cc.
+// The pipeline executor (pipeline_executor.h): the chunks' slots, one
+// step's actions in the rank's order. The chunks' state is made in
+// pipeline_chunks.cc, the data group's gradient sums (ZeRO 0-1's buckets)
+// are in pipeline_grad_sync.cc, the step's end (the tied pair, ZeRO-2's
+// shards, the norm, the update) in pipeline_finalize.cc, the
+// vocabulary-parallel head in pipeline_vocab.cc, the memory the executor
+// holds and predicts in pipeline_memory.cc.
 #include "parallel/pipeline_executor.h"
 #include "backend/device.h"
 #include "parallel/pipeline_executor_state.h"
@@ -41,116 +43,21 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
            setup_.zero_stage, " (stages 0-3)");
   PO_CHECK(setup_.zero_stage < 2 || !s.vocab, "pipeline: ZeRO-", setup_.zero_stage,
            " with the vocabulary-parallel head");
+  PO_CHECK(!setup_.defer_lookup || setup_.data != nullptr, "pipeline: deferred lookup rows need a data group");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
   bf16_ = setup_.bf16;
   shard_grads_ = setup_.zero_stage >= 2;
   accumulate_ = bf16_ || shard_grads_;
-  const size_t esz = stored_esz();
-  const bool sharded = setup_.zero_stage >= 1 && setup_.dp > 1;
-  shard_params_ = setup_.zero_stage == 3 && sharded;
-  const int zr = sharded ? setup_.dp : 1, zk = sharded ? setup_.data->rank() : 0;
-  const int64_t align = setup_.shard_align();
+  shard_params_ = setup_.zero_stage == 3 && sharded();
   const std::vector<bool> quantized = quantized_tensors(layout_, adam);
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
-  const int head = layout_.head_unit();
   const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
   rows_ = setup_.micro * setup_.T / sp;
-  for (int stage : s.stages_of(rank_)) {
-    auto c = std::make_unique<Chunk>();
-    const model::UnitRange r = setup_.stage_units[static_cast<size_t>(stage)];
-    c->stage = stage;
-    c->first = r.first;
-    c->last = r.last < 0 ? head : r.last;
-    c->base = layout_.unit_offset(c->first);
-    c->numel = layout_.unit_offset(c->last + 1) - c->base;
-    c->shard = std::make_unique<ShardLayout>(unit_sizes(layout_, c->first, c->last), zr, zk, align);
-    c->params = zeroed(shard_params_ ? c->shard->local_numel() : c->numel, esz);  // ZeRO-3: the shard
-    c->grads = zeroed(shard_grads_ ? c->shard->local_numel() : c->numel, esz);    // ZeRO 2-3: the shard
-    if (bf16_) c->master = zeroed(c->shard->local_numel());
-    c->adam = std::make_unique<optim::AdamW>(
-        adam, unit_ranges(layout_, c->first, c->last, *c->shard, shard_params_, quantized),
-        c->shard->local_numel());
-    if (sharded && !bf16_ && !shard_grads_) c->grad_shard = zeroed(c->shard->local_numel());
-    if (layout_.adapters()) {  // the frozen base (its values come with set_base)
-      model::TransformerConfig fc = config_.weights_only();
-      fc.inference = true;  // no training buffers: it never runs
-      c->frozen = std::make_unique<model::Transformer>(fc, 1, 1, model::UnitRange{c->first, c->last}, setup_.split);
-      if (layout_.tied() && c->holds(head) && !c->holds(0))
-        c->frozen_unit0 = zeroed(layout_.base_unit_offset(1) - layout_.base_unit_offset(0));
-    }
-    if (layout_.tied_trains() && c->holds(0)) {  // the step's lookup rows (tied_pair.h)
-      c->rows = std::make_unique<LookupRows>(config_.n_embd, layout_.vocab_begin(), layout_.vocab_real());
-      c->rows->reserve(static_cast<int64_t>(s.micro_batches) * setup_.micro * setup_.T);
-    }
-    chunks_.push_back(std::move(c));
-  }
+  for (int stage : s.stages_of(rank_)) chunks_.push_back(make_chunk(stage, quantized));
   emb_rank_ = s.rank_of(0);
   head_rank_ = s.rank_of(s.stages() - 1);
-  for (auto& c : chunks_) {
-    if (!layout_.tied_trains() || !c->holds(head) || c->holds(0)) continue;
-    if (emb_rank_ == rank_) {  // zbv: the embedding's chunk is here
-      Chunk& e = chunk_of_stage(0);
-      c->unit0_params = e.params.data();
-      c->unit0_grads = e.grads.data();
-      continue;
-    }
-    const int64_t n0 = layout_.unit_numel(0);
-    // The embedding's shard layout of unit 0, so that both copies of the
-    // table update the same elements on the same data rank.
-    const int64_t wte = layout_.token_embedding().offset;
-    c->rep_shard = std::make_unique<ShardLayout>(unit_sizes(layout_, 0, 0), zr, zk, align);
-    c->rep_params = zeroed(shard_params_ ? c->rep_shard->local_numel() : n0, esz);
-    c->rep_grads = zeroed(shard_grads_ ? c->rep_shard->local_numel() : n0, esz);
-    c->unit0_params = c->rep_params.data();
-    c->unit0_grads = c->rep_grads.data();
-    c->rep_adam = std::make_unique<optim::AdamW>(
-        adam,
-        unit_ranges(layout_, 0, 0, *c->rep_shard, shard_params_, quantized,
-                     [wte](const model::TensorSpec& t) { return t.offset == wte; }),
-        c->rep_shard->local_numel());
-    if (sharded && !bf16_ && !shard_grads_) c->rep_grad_shard = zeroed(c->rep_shard->local_numel());
-    if (bf16_) c->rep_master = zeroed(c->rep_shard->local_numel());
-  }
-  // The largest unit held (a replica's included): ZeRO-1's gathers take a
-  // send block and ranks receive blocks of its stride; bf16 stages its f32
-  // sum over the data group (parallel.reduce_dtype fp32).
-  int64_t largest = 0;
-  for (const auto& c : chunks_) {
-    for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
-    if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
-  }
-  if (sharded) gather_ = zeroed(ShardLayout::stride_of(largest, zr, align) * (1 + zr));
-  PO_CHECK(!setup_.defer_lookup || setup_.data != nullptr, "pipeline: deferred lookup rows need a data group");
-  const int64_t C = config_.n_embd;
-  for (const bool all : {false, true}) {
-    const int64_t n = lookup_tail_rows(setup_, rank_, all);
-    if (n == 0) continue;
-    (all ? rows_all_ : tail_rows_) = zeroed(n * C);
-    (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
-  }
-  if (accumulate_) {  // bf16's widened parameters; the f32 gradient accumulators: unit 0's, the others'
-    int64_t n[2] = {0, 0}, acc[2] = {0, 0};
-    auto take = [&](int u) {
-      const int k = u == 0 ? 0 : 1;
-      n[k] = std::max(n[k], layout_.unit_numel(u));
-      acc[k] = std::max(acc[k], acc_numel(u));
-    };
-    for (const auto& c : chunks_) {
-      for (int u = c->first; u <= c->last; ++u) take(u);
-      if (c->unit0_params != nullptr) take(0);
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (bf16_) widen_[k] = zeroed(n[k]);
-      acc_[k] = zeroed(acc[k]);
-    }
-    if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-    if (shard_grads_ && sharded) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
-      const int64_t stride = ShardLayout::stride_of(largest, zr, align);
-      if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
-      rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
-    }
-    for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, esz);
-  }
+  for (auto& c : chunks_) setup_unit0(*c, quantized);
+  setup_buffers();
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
   if (const char* r = std::getenv("PAGEDOPTIM_TEST_PP_SKEW_RANK"))
@@ -158,6 +65,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   inputs_.resize(static_cast<size_t>(setup_.micro * setup_.T));
   targets_.resize(inputs_.size());
   vocab_setup();
+  setup_buckets();
 }
 
 // A step that ended in an error (a timeout, a shape mismatch, a failing
@@ -367,12 +275,15 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     }
     if (!accumulate_) {
       h.grads = [cp, at](int u) { return at(cp->grads.f32(), static_cast<float*>(cp->unit0_grads), u); };
-      h.grads_ready = [](int) {};
+      h.grads_ready = [this, cp](int u) {
+        if (cur_fused_) unit_finished(*cp, u);
+      };
     } else {  // f32 accumulators per micro-batch (see accumulator)
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         const auto it = accs_.find({cur_micro_, cp->stage, u});
         if (it != accs_.end()) flush(it);
+        if (cur_fused_) unit_finished(*cp, u);
       };
     }
     if (c.frozen) {  // a tied head's unit 0 holds no adapters: its table is the frozen base's
@@ -619,8 +530,10 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
         dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, keep);
         c.w_queue[a.micro] = std::move(works);
         stats.peak_w_queue = std::max(stats.peak_w_queue, ++w_queue_);
-      } else {
+      } else {  // (the hooks' grads_ready finishes each unit: unit_finished)
+        cur_fused_ = true;
         dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep);
+        cur_fused_ = false;
       }
       if (keep) keep_lookup_tail(*m);
       if (accumulate_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
@@ -640,6 +553,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       PO_ASSERT(it != c.w_queue.end(), "pipeline: ", pipeline::describe(a), " before its B");
       c.slots.front()->stage_backward_weight(it->second);
       if (accumulate_) flush_micro(c, a.micro, false);
+      chunk_finished(c);
       c.free_works.push_back(std::move(it->second));
       c.w_queue.erase(it);
       --w_queue_;

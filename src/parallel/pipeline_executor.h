@@ -154,6 +154,13 @@ struct PipelineSetup {
   // at the step and added after the reduction, in rank order, into the
   // position table (and an untied token table) (defers_lookup).
   bool defer_lookup = false;
+  // ZeRO 0-1 over dp > 1: the data group sums each chunk's gradient in
+  // buckets of consecutive units of about bucket_bytes (grad_buckets);
+  // overlap_comm: each bucket's sum starts, non-blocking, as soon as the
+  // last micro-batch's backward has finished its units (parallel.overlap_comm,
+  // parallel.bucket_size), else all at the step.
+  bool overlap_comm = false;
+  uint64_t bucket_bytes = 25u << 20;
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
@@ -244,6 +251,12 @@ class PipelineExecutor {
   // global norm (every stage's units, grad_norm.h's order), clipping, AdamW.
   // Returns the pre-clip norm (the same on every rank).
   double step(double lr);
+  // Seconds the last step() waited for the data group's gradient sums (what
+  // the backward did not hide; ZeRO 0-1).
+  double comm_wait_seconds() const { return sum_wait_s_; }
+  // Of the last step's bucket sums, how many the backward started and how
+  // many there were (parallel.overlap_comm; ZeRO 0-1 at dp > 1).
+  std::pair<int, int> overlapped_sums() const { return {early_sums_, all_sums_}; }
   int64_t adam_steps() const;
   void set_adam_steps(int64_t t);
 
@@ -316,6 +329,11 @@ class PipelineExecutor {
   struct Chunk;
   using Key = std::tuple<int, int, int>;  // (micro, stage, payload)
   Chunk& chunk_of_stage(int stage);
+  // The constructor's parts (pipeline_executor.cc).
+  bool sharded() const;
+  std::unique_ptr<Chunk> make_chunk(int stage, const std::vector<bool>& quantized);
+  void setup_unit0(Chunk& c, const std::vector<bool>& quantized);
+  void setup_buffers();
   model::Transformer& acquire_slot(Chunk& c, int micro);
   void release_slot(Chunk& c, int micro);
   float* take_buffer();
@@ -353,6 +371,25 @@ class PipelineExecutor {
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
   float* field_in_memory(Chunk& c, bool replica, State kind);
   void allreduce_grads(void* grads, int first, int last);
+  // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the chunks' buckets, a
+  // micro-batch's backward finishing unit u of chunk c (the bucket's sum
+  // starts, non-blocking, once every micro-batch has: overlap_comm), a
+  // bucket's sum, and at the step every bucket summed.
+  void setup_buckets();
+  void unit_finished(Chunk& c, int u);
+  void chunk_finished(Chunk& c);
+  void start_sum(Chunk& c, size_t b);
+  void finish_sums();
+  void narrow_staged();
+  struct Sum {
+    comm::Work work;
+    Chunk* chunk = nullptr;
+    int staged = -1;  // the unit summed in f32 in staging_ (bf16 gradients), or -1
+  };
+  std::vector<Sum> sums_;
+  bool cur_fused_ = false;  // the action running is a whole (unsplit) backward
+  double sum_wait_s_ = 0;   // the last step's wait for the data group's sums
+  int early_sums_ = 0, all_sums_ = 0, started_sums_ = 0;  // overlapped_sums(), and this step's so far
   // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for
   // chunk c (its own units; unit 0 of a tied head: the replica's, or the
   // embedding chunk's on the same rank), the reduce-scatter of one

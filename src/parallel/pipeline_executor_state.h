@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/vocab_head.h"
+#include "parallel/data_parallel.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/shard_layout.h"
 #include "parallel/tied_pair.h"
@@ -44,6 +45,28 @@ inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int la
   return n;
 }
 
+
+// ZeRO 0-1 over dp > 1: the data group's sums of the chunk of units
+// [first, last] (global indices), in the order the backward finishes them:
+// DataParallel's buckets of consecutive units (bucket_units: about
+// bucket_bytes each, unit 0 and unit 1 alone where the lookup is
+// deferred), or with bf16 gradients summed in f32 one unit each (the
+// executor stages one unit in f32 at a time).
+inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int first, int last,
+                                                     const PipelineSetup& s) {
+  std::vector<std::pair<int, int>> out;
+  if (s.bf16 && !s.reduce_bf16) {
+    for (int u = last; u >= first; --u) out.emplace_back(u, u);
+    return out;
+  }
+  out = DataParallel::bucket_units(unit_sizes(l, first, last), s.bf16 ? 2 : 4, s.bucket_bytes,
+                                   s.defer_lookup && first == 0);
+  for (auto& [lo, hi] : out) {
+    lo += first;
+    hi += first;
+  }
+  return out;
+}
 
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
 inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
@@ -84,6 +107,13 @@ struct PipelineExecutor::Chunk {
   // frozen_unit0 (unit 0's base, a copy of the embedding stage's).
   std::unique_ptr<model::Transformer> frozen;
   tensor::Storage frozen_unit0;
+  // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the data group's buckets
+  // (grad_buckets), whether each one's sum has started this step and how
+  // many of its units are not yet final; per unit (from `first`) its
+  // bucket and the micro-batches whose backward has finished it.
+  std::vector<std::pair<int, int>> buckets;
+  std::vector<char> started;
+  std::vector<int> unfinished, bucket_of, finished;
   std::vector<std::unique_ptr<model::Transformer>> slots;
   std::vector<int> slot_micro;  // -1: free
   std::map<int, std::vector<model::WeightGradWork>> w_queue;

@@ -1,6 +1,7 @@
 // The end of a pipeline step (pipeline_executor.h): the tied pair's two
-// parts, the data group's reductions (ZeRO 0-1: the whole gradient at the
-// step; ZeRO-2: each micro-batch's into the shards as it completes), the one
+// parts, the data group's reductions (ZeRO 0-1: the buckets'
+// sums, pipeline_grad_sync.cc; ZeRO-2: each micro-batch's into the shards as
+// it completes), the one
 // global norm in the order of pp = 1, clipping and the update.
 #include "parallel/pipeline_executor.h"
 #include "backend/device.h"
@@ -58,29 +59,6 @@ void PipelineExecutor::sum_tied_pair() {
   tied_pair(emb_at, head_at, 0, wte.numel());
 }
 
-// The data group's sum of stored gradients: fp32 in place; bf16 over the
-// wire in bf16, or (parallel.reduce_dtype fp32) widened unit by unit into
-// an f32 staging buffer, summed, and rounded back, as DataParallel does.
-void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
-  const int64_t n = layout_.unit_offset(last + 1) - layout_.unit_offset(first);
-  if (!bf16_) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
-    return;
-  }
-  if (setup_.reduce_bf16) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
-    return;
-  }
-  auto* g = static_cast<uint16_t*>(grads);
-  for (int u = first; u <= last; ++u) {
-    const int64_t k = layout_.unit_numel(u);
-    ops::bf16_to_f32(staging_.f32(), g, k);
-    setup_.data->allreduce(staging_.f32(), static_cast<size_t>(k), DType::kF32, comm::ReduceOp::kSum);
-    ops::f32_to_bf16(g, staging_.f32(), k);
-    g += k;
-  }
-}
-
 // defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
 // kept until the step.
 void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
@@ -120,13 +98,13 @@ double PipelineExecutor::step(double lr) {
   } else {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
     vocab_gather_grads();
-    // The data group's sums, the deferred lookup rows after them (as
-    // DataParallel adds them), then the tied table's H + E.
+    // The data group's sums (the buckets the backward has not started
+    // start now), the deferred lookup rows after them (as DataParallel adds
+    // them), then the tied table's H + E.
     if (setup_.data != nullptr) {
-      for (auto& c : chunks_) {
-        allreduce_grads(c->grads.data(), c->first, c->last);
+      finish_sums();
+      for (auto& c : chunks_)
         if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
-      }
     }
     add_lookup_tail();
     sum_tied_pair();

@@ -56,15 +56,13 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
     if (with_unit0) units.push_back(0);
     if (z >= 2) {  // every micro-batch's accumulator of every unit, reduce-scattered as it completes
       for (int u : units) add(out.data, CommOp::kReduceScatter, m, static_cast<double>(m) * dp * stride(u) * wire);
-    } else {  // the step's sums: the chunk's buffer (bf16 summed in f32: unit by unit), the replica's
+    } else {  // the step's sums: the chunk's buckets (bf16 summed in f32: units in f32), the replica's
+      const double esz = setup.bf16 && setup.reduce_bf16 ? 2 : 4;
       auto sums = [&](int u0, int u1) {
         const double n = static_cast<double>(layout.unit_offset(u1 + 1) - layout.unit_offset(u0));
-        if (setup.bf16 && !setup.reduce_bf16)
-          for (int u = u0; u <= u1; ++u) add(out.data, CommOp::kAllReduce, 1, 4.0 * static_cast<double>(layout.unit_numel(u)));
-        else
-          add(out.data, CommOp::kAllReduce, 1, n * (setup.bf16 ? 2 : 4));
+        add(out.data, CommOp::kAllReduce, 1, n * esz);
       };
-      sums(first, last);
+      for (const auto& [lo, hi] : grad_buckets(layout, first, last, setup)) sums(lo, hi);
       if (replica) sums(0, 0);
     }
     if (z == 3) {  // a gather per use: the units each step of the one-stage schedule on this chunk reads

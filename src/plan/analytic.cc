@@ -72,6 +72,8 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
   s.defer_lookup = parallel::defers_lookup(cfg, l.dp, l.overlap, l.cp, l.zero_stage, l.pack);
+  s.overlap_comm = l.overlap;
+  s.bucket_bytes = l.bucket_bytes;
   s.adam.state_bits = l.state_bits;
   s.adam.block_size = l.state_block;
   s.adam.state_bits_exclude = l.state_bits_exclude;

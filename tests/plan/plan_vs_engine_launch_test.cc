@@ -332,6 +332,8 @@ const Case kPipelineCases[] = {
     {"pp2_zbv_vocab", 1, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true"},
     {"pp4_interleaved", 1, "model.n_layer=8 parallel.pp=4 parallel.schedule=interleaved"},
     {"dp2_pp2_zbh1_s1_ckpt", 2, "parallel.pp=2 parallel.schedule=zb-h1 parallel.zero_stage=1 model.activation_checkpointing=true"},
+    {"dp2_pp2_zbv_s0_bf16_buckets", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=0 train.precision=bf16 parallel.bucket_size=8KiB"},
+    {"dp2_pp2_1f1b_s1_fp32_buckets", 2, "parallel.pp=2 parallel.zero_stage=1 parallel.bucket_size=8KiB"},
     {"pp2_tp2_gpipe_bf16_sp", 1, "parallel.pp=2 parallel.tp=2 parallel.schedule=gpipe train.precision=bf16 parallel.sequence_parallel=true"},
     {"llama_pp2_zbv_vocab_m3", 1, "model.n_layer=4 model.arch=llama model.n_head=4 model.n_kv_head=2 parallel.pp=2 parallel.schedule=zbv parallel.vocab_parallel=true train.batch_size=6"},
     {"pp2_1f1b_s1_paged_nvme", 1, "parallel.pp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
