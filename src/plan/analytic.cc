@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/context_parallel.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_stages.h"
 #include "plan/plan_parts.h"
@@ -40,18 +41,20 @@ parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Lay
 
 namespace detail {
 
-// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-3, in memory or paged, cp = 1).
+// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-3, in memory or paged, context parallel too).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.cp == 1 && l.flash_attention &&
+  return l.pp > 1 && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
 // Their memory is the executor's own accounting (PipelineExecutor::predict)
 // on the busiest pipeline rank, by item; their data and tensor groups'
 // collectives are its own too (predict_collectives), those of the pipeline
-// rank that moves the most.
+// rank that moves the most. Context parallel: a rank's stages hold T / cp
+// rows of each sequence, the data group is dp × cp (train/pipeline_train.cc),
+// and the context group's buffers (ContextParallelOps) come on top.
 parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   namespace pl = parallel::pipeline;
   const Layout& l = p.layout;
@@ -65,10 +68,10 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.schedule = std::move(pipe.schedule);
   s.stage_units = std::move(pipe.stages);
   s.micro = l.micro;
-  s.T = l.seq;
+  s.T = l.seq / l.cp;
   s.split = {l.tp, 0};
   s.zero_stage = l.zero_stage;
-  s.dp = l.dp;
+  s.dp = l.dp * l.cp;
   s.bf16 = l.bf16;
   s.reduce_bf16 = l.reduce_bf16;
   s.defer_lookup = parallel::defers_lookup(cfg, l.dp, l.overlap, l.cp, l.zero_stage, l.pack);
@@ -126,6 +129,14 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
              "zero-bubble W work");
   add_memory(p, "working buffers", static_cast<double>(busiest.buffers), Tier::kCompute,
              "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
+  if (l.cp > 1) {
+    const model::TransformerConfig local = p.model.engine.shard(l.tp);
+    add_memory(p, "context-parallel buffers",
+               static_cast<double>(parallel::ContextParallelOps::predicted_buffer_bytes(
+                   l.cp_allgather ? parallel::CpMode::kAllGather : parallel::CpMode::kRing, l.cp, l.micro,
+                   l.seq / l.cp, local.n_kv_head * local.head_dim())),
+               Tier::kCompute, "the context group's keys and values");
+  }
   parallel::PipelineExecutor::Collectives most;
   double moved = -1;
   for (int r = 0; r < l.pp; ++r) {
@@ -146,14 +157,17 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
 void add_pipeline_comm(Plan& p, const parallel::PipelineExecutor::Collectives& c, bool dp_inter) {
   const Layout& l = p.layout;
   const char* data_what[comm::kNumCommOps] = {};
-  data_what[static_cast<int>(comm::CommOp::kAllReduce)] = "gradients at the step (ZeRO 0-1)";
+  data_what[static_cast<int>(comm::CommOp::kAllReduce)] =
+      l.overlap ? "gradient buckets, started in the backward (ZeRO 0-1)" : "gradient buckets at the step (ZeRO 0-1)";
   data_what[static_cast<int>(comm::CommOp::kReduceScatter)] = "each micro-batch's gradients (ZeRO 2-3)";
   data_what[static_cast<int>(comm::CommOp::kAllGather)] =
       "updated shards (ZeRO 1-2), parameters per use (ZeRO-3), the tied table's lookup rows, the norm";
   for (int op = 0; op < comm::kNumCommOps; ++op) {
     const char* name = comm::comm_op_name(static_cast<comm::CommOp>(op));
+    // (ZeRO 0-1's buckets hide behind the backward with overlap_comm, but unit 0's)
+    const bool hidden = op == static_cast<int>(comm::CommOp::kAllReduce) && l.overlap;
     add_comm(p, "dp", name, data_what[op] != nullptr ? data_what[op] : "", c.data.calls[op],
-             static_cast<double>(c.data.bytes[op]), l.dp, dp_inter, false);
+             static_cast<double>(c.data.bytes[op]), l.dp * l.cp, dp_inter, hidden);
     add_comm(p, "tp", name, "the stages' tensor-parallel sums and gathers, the loss, the norm", c.tensor.calls[op],
              static_cast<double>(c.tensor.bytes[op]), l.tp, spans_nodes(p.cluster, 1, l.tp), false);
   }
@@ -252,9 +266,9 @@ void analytic_plan(Plan& p) {
   const bool dp_inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp, l.dp);
   const int n = shard;
   // At pp = 1 the data group's gradient traffic overlaps the backward
-  // (buckets, reduce-scatters in flight); the pipeline executor's waits at
-  // each call (ZeRO 0-1: at the step's end; ZeRO 2-3: each micro-batch's),
-  // so a pipeline layout's is exposed.
+  // (buckets, reduce-scatters in flight); the pipeline executor's ZeRO 0-1
+  // buckets do too (add_pipeline_comm), its ZeRO 2-3 reduce-scatters wait
+  // at each call, so those are exposed.
   const bool grads_overlap = l.pp == 1;
   if (engine) add_pipeline_comm(p, exact, dp_inter);
   if (n > 1 && !engine) {

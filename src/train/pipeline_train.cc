@@ -333,8 +333,9 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
 class PipelineSteps : public LayoutSteps {
  public:
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
-                const model::ContextSplit& cp, bool paged, const Writers& writers)
-      : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), paged_(paged),
+                const model::ContextSplit& cp, const parallel::ContextParallelOps* cp_ops, bool paged,
+                const Writers& writers)
+      : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), cp_ops_(cp_ops), paged_(paged),
         pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
@@ -491,14 +492,15 @@ class PipelineSteps : public LayoutSteps {
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex_.memory();
     const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 13;
+    constexpr size_t kMem = 14;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
         static_cast<double>(mem.adam), static_cast<double>(mem.activations),
         static_cast<double>(mem.w_queue), static_cast<double>(mem.buffers),
         static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
-        ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen)};
+        ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen),
+        cp_ops_ != nullptr ? static_cast<double>(cp_ops_->buffer_bytes()) : 0.0};  // (the ring's, as allocated)
     std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
     gather_pipe(pipe_, mine_mem, mems.data(), 2 * kMem);  // doubles, bit-exact
     int peak = st.peak_in_flight;
@@ -510,8 +512,8 @@ class PipelineSteps : public LayoutSteps {
       const double* v = mems.data() + kMem * k;
       per_rank.push_back({{"params", v[0]}, {"grads", v[1]}, {"master", v[11]}, {"adam", v[2]},
                           {"activations", v[3]}, {"w_queue", v[4]}, {"buffers", v[5]}, {"pages", v[6]},
-                          {"frozen", v[12]},
-                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6] + v[12]}});
+                          {"frozen", v[12]}, {"context", v[13]},
+                          {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6] + v[12] + v[13]}});
       paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
                          {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
     }
@@ -557,6 +559,7 @@ class PipelineSteps : public LayoutSteps {
   const parallel::PipelineSetup& setup_;
   const Writers& writers_;
   model::ContextSplit cp_;
+  const parallel::ContextParallelOps* cp_ops_;  // null at cp = 1
   bool paged_;
   comm::Communicator* pipe_;  // null at pp = 1
   std::string trace_;
@@ -626,7 +629,7 @@ TrainResult train_pipeline(const RunInputs& r) {
     PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on each ",
                 "writer hold its checkpoint copy");
   }
-  PipelineSteps steps(r, ex, setup, cp, paged, writers);
+  PipelineSteps steps(r, ex, setup, cp, cp_ops ? &*cp_ops : nullptr, paged, writers);
   return run_steps(steps, l, state);
 }
 
