@@ -19,6 +19,7 @@
 #include <random>
 #include <stdexcept>
 #include <sstream>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -206,6 +207,18 @@ inline std::vector<double> metric(const std::string& run_dir, const std::string&
     throw std::runtime_error(run_dir + "/metrics.jsonl: expected " + std::to_string(count) + " '" +
                              name + "' values, found " + std::to_string(out.size()));
   return out;
+}
+
+// Each metric's `count` values (metric() checks how many), bit for bit: a
+// run's against the reference run's, every difference named with `what`.
+inline void expect_same_metrics(const std::string& ref, const std::string& run,
+                                std::initializer_list<std::pair<const char*, size_t>> keys,
+                                const std::string& what) {
+  for (const auto& [key, count] : keys) {
+    const std::vector<double> a = metric(ref, key, count), b = metric(run, key, count);
+    for (size_t i = 0; i < count; ++i)
+      EXPECT_EQ(a[i], b[i]) << what << ": " << key << " #" << i + 1 << " differs from the reference run's";
+  }
 }
 
 // The value of `name` in the last record that has it (null when none), e.g.

@@ -25,10 +25,6 @@ namespace po::parallel {
 namespace ops = po::backend::cpu;
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
-namespace executor_detail {
-
-}  // namespace executor_detail
-
 PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
                                    const optim::AdamWConfig& adam, PipelineSetup setup)
     : config_(config.resolved()), layout_(config_, setup.split), setup_(std::move(setup)) {

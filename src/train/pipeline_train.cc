@@ -605,7 +605,7 @@ TrainResult train_pipeline(const RunInputs& r) {
              ", but the config says ", r.seed, " (batches would differ)");
     PO_LOG_INFO("resuming from ", existing.back(), " at step ", state.step);
   } else if (ex.layout().adapters()) {
-    // (load_base wrote them)
+    // load_base made the base and the adapters
   } else if (cfg.get_string("model.init") == "random") {
     ex.init_random(r.seed);
   } else {

@@ -75,13 +75,7 @@ class PipelineRuns : public po::test::TinyTraining {
   // the state differently).
   void expect_bits(const std::string& ref, const std::string& run, const std::string& what,
                    bool files = true) {
-    for (const auto& [key, count] : {std::pair{"loss", 6}, {"grad_norm", 6}, {"val_loss", 2}}) {
-      const auto a = metric(ref, key, count), b = metric(run, key, count);
-      ASSERT_EQ(a.size(), b.size()) << what << ": " << key;
-      ASSERT_FALSE(a.empty()) << what << ": no " << key;
-      for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_EQ(a[i], b[i]) << what << ": " << key << " #" << i + 1 << " differs from the reference";
-    }
+    po::test::expect_same_metrics(ref, run, {{"loss", 6}, {"grad_norm", 6}, {"val_loss", 2}}, what);
     for (int step : {3, 6}) {
       if (files) {
         po::test::expect_same_checkpoint(ref, run, step, what);

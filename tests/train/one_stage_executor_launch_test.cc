@@ -43,13 +43,8 @@ class OneStageExecutor : public po::test::TinyTraining {
   std::pair<std::string, std::string> expect_same(int np, const std::string& extra, const std::string& what) {
     const std::string tag = "r" + std::to_string(runs_++);
     const std::string ref = train(tag + "_dp", np, extra, false), got = train(tag + "_ex", np, extra, true);
-    for (const auto& [key, count] : {std::pair{"loss", 6}, {"grad_norm", 6}, {"val_loss", 2}}) {
-      const auto a = metric(ref, key, count), b = metric(got, key, count);
-      EXPECT_EQ(a.size(), b.size()) << what << ": " << key;
-      if (a.size() != b.size()) return {ref, got};
-      for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_EQ(a[i], b[i]) << what << ": " << key << " #" << i + 1 << " differs from DataParallel's";
-    }
+    po::test::expect_same_metrics(ref, got, {{"loss", 6}, {"grad_norm", 6}, {"val_loss", 2}},
+                                  what + " (the executor against DataParallel)");
     po::test::expect_same_checkpoint(ref, got, 6, what);
     return {ref, got};
   }

@@ -115,12 +115,8 @@ TEST_F(SftTraining, PackedRowsInAPipelineGiveOneStagesBits) {
   };
   const auto same = [&](const std::string& ref, const std::string& got, const std::string& what,
                         bool files = true) {
-    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
-      const auto a = po::test::metric(ref, key, key[0] == 'v' ? kSteps / 3 : kSteps);
-      const auto b = po::test::metric(got, key, key[0] == 'v' ? kSteps / 3 : kSteps);
-      ASSERT_EQ(a.size(), b.size()) << what << ": " << key;
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << what << ": " << key << " #" << i + 1;
-    }
+    po::test::expect_same_metrics(ref, got, {{"loss", kSteps}, {"grad_norm", kSteps}, {"val_loss", kSteps / 3}},
+                                  what);
     po::test::expect_same_checkpoint(ref, got, kSteps, what, files);
   };
   const std::string packed =
