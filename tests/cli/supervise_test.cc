@@ -33,11 +33,16 @@ class Supervise : public ::testing::Test {
 };
 
 TEST_F(Supervise, ALauncherThatNeverReapsADeadWorkerIsKilledAndRestarted) {
-  // `sleep 0` dies at once; the shell that started it becomes `sleep 600`,
-  // which never reaps it: mpirun's hang, as OpenMPI shows it.
+  // The worker (a subshell) dies once the shell that started it has become
+  // `sleep 600`, which never reaps it: mpirun's hang, as OpenMPI shows it.
+  // (A worker that died before the exec could be reaped by the shell first,
+  // and then nothing hangs: `sleep 0 &` here timed out once in a loaded CI,
+  // 2026-12-06. $$ in the subshell is the launcher's pid.)
   const std::string pid_file = dir_ / "launcher.pid";
   po::cli::Supervision s;
-  s.command = {"sh", "-c", "sleep 0 & echo $$ > " + pid_file + "; exec sleep 600"};
+  s.command = {"sh", "-c",
+               "(while [ \"$(cat /proc/$$/comm)\" != sleep ]; do sleep 0.05; done) & echo $$ > " + pid_file +
+                   "; exec sleep 600"};
   s.resume_command = {"true"};
   s.max_restarts = 1;
   s.run_dir = dir_;
