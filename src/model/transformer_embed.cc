@@ -64,10 +64,11 @@ void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
 
 void Transformer::add_positions(float* out, const float* wpe, int64_t b, int64_t t) const {
   const int64_t C = config_.n_embd, rows = b * t, row0 = chunk_begin(rows), n = rows / sp_;
-  if (packed()) {  // (one whole model at tp = 1: every row here)
+  if (packed()) {  // this rank's rows (sequence parallel: its chunk of them), each at its example's position
+    const int64_t first = sp_ > 1 ? row0 : 0;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-      const float* w = wpe + static_cast<int64_t>(positions_[static_cast<size_t>(i)]) * C;
+      const float* w = wpe + static_cast<int64_t>(positions_[static_cast<size_t>(first + i)]) * C;
       float* o = out + i * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; c++) o[c] += w[c];

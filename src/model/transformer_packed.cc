@@ -13,7 +13,7 @@ void Transformer::set_positions(const int32_t* positions) {
   segments_.clear();
   positions_.clear();
   if (positions == nullptr) return;
-  PO_CHECK(tp_size() == 1 && cp_.size == 1, "packed rows (data.pack) run at tp = 1 and cp = 1");
+  PO_CHECK(cp_.size == 1, "packed rows (data.pack) run at cp = 1");
   positions_.assign(positions, positions + B_ * T_);
   for (int64_t b = 0; b < B_; b++) {
     for (int64_t t = 0; t < T_; t++) {

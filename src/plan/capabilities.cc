@@ -29,13 +29,10 @@ void adapter_rows(const Layout& l, std::vector<Refusal>& out) {
 }
 
 // SFT data (data/sft.h): the loss over the counted targets under every
-// layout; packed rows at tp = 1 and cp = 1 (pipelines included).
+// layout; packed rows at cp = 1 (tensor parallel, sequence parallel and
+// pipelines included).
 void sft_rows(const Layout& l, std::vector<Refusal>& out) {
   if (!l.pack) return;
-  if (l.tp > 1)
-    out.push_back({core::str_cat("data.pack with parallel.tp = ", l.tp),
-                   " is not built yet (packed rows' positions on each rank's heads); use data.pack = false",
-                   "packed SFT rows with tensor parallel"});
   if (l.cp > 1)
     out.push_back({core::str_cat("data.pack with parallel.cp = ", l.cp),
                    " is not built yet (examples cut across the context group's chunks); use data.pack = false",

@@ -132,6 +132,41 @@ TEST_F(SftTraining, PackedRowsInAPipelineGiveOneStagesBits) {
        "gpt2 packed dp 2 × pp 2 zb-h1", false);  // (the same state, cut into other files)
 }
 
+// Packed rows under tensor parallel: each rank's heads attend within the
+// examples and the position table's rows follow each rank's rows (under
+// sequence parallel its chunk of them), so tp 2 follows one process within
+// 1e-5 (the tensor group's sums) for GPT-2 (learned positions) and Llama
+// (RoPE), with and without sequence parallel; tp 2 × pp 2 gives tp 2's bits.
+TEST_F(SftTraining, PackedRowsUnderTensorParallelFollowOneProcess) {
+  const std::string llama =
+      " --set model.preset=llama-tiny --set model.n_embd=32 --set model.n_head=4 --set model.n_kv_head=2"
+      " --set model.vocab_size=64 --set model.seq_len=16 --set model.tie_embeddings=false";
+  const std::string packed = kBatch8 + " --set train.micro_batch_size=2 --set data.pack=true --set train.eval_interval=3";
+  const auto tp2 = [&](const std::string& name, int pp, const std::string& args) {
+    const auto r = po::test::run_command(po::test::pagedoptim_command(
+        2 * pp, "train -c " + config_ + " --set run.dir=" + (dir_ / name) +
+                    " --set parallel.dp=1 --set parallel.tp=2 --set parallel.pp=" + std::to_string(pp) + args));
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << args << "\n" << r.output;
+    return std::string(dir_ / name);
+  };
+  for (const auto& [model, name] : {std::pair{std::string(), std::string("gpt2")}, {llama, std::string("llama")}}) {
+    const std::string one = train_ok(name + "_one", 1, packed + model);
+    for (const bool sp : {false, true}) {
+      const std::string what = name + " packed tp 2" + (sp ? " with sequence parallel" : "");
+      const std::string tp = tp2(name + (sp ? "_tp2_sp" : "_tp2"), 1,
+                                 packed + model + (sp ? " --set parallel.sequence_parallel=true" : ""));
+      po::test::expect_same_curve(losses(tp, kSteps), losses(one, kSteps), what);
+      po::test::expect_close_weights(one, tp, kSteps, 1e-5, what);
+      EXPECT_NEAR(po::test::metric(tp, "val_loss", kSteps / 3).back(),
+                  po::test::metric(one, "val_loss", kSteps / 3).back(), 1e-5)
+          << what << ": the validation loss";
+    }
+  }
+  po::test::expect_same_metrics(dir_ / "gpt2_tp2", tp2("gpt2_tp2pp2", 2, packed + " --set model.n_layer=2"),
+                                {{"loss", kSteps}, {"grad_norm", kSteps}, {"val_loss", kSteps / 3}},
+                                "gpt2 packed tp 2 × pp 2 against tp 2");
+}
+
 TEST_F(SftTraining, PackedRowsLearnTheRepliesAndValidate) {
   const std::string run = train_ok("packed", 1, " --set data.pack=true --set train.steps=30 --set train.lr=1e-2");
   const std::vector<double> l = losses(run, 30);
