@@ -269,7 +269,11 @@ std::string sweep_status(const std::string& dir) {
     }
     std::string state = "pending";
     const std::string code = read_text((run / "exit_code").string());
-    const bool complete = total >= 0 && fs::exists(train::checkpoint_path(run.string(), total), ec);
+    // The final checkpoint is saved before its step's metrics line is written
+    // (the line records the save's time): complete once that line is there
+    // too, or the run has exited, never "complete" with a step short.
+    const bool complete = total >= 0 && fs::exists(train::checkpoint_path(run.string(), total), ec) &&
+                          (step == total || !code.empty());
     if (complete) {
       state = "complete";
     } else if (!code.empty() && std::stoi(code) == 75) {

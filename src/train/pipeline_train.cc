@@ -592,6 +592,9 @@ TrainResult train_pipeline(const RunInputs& r) {
   const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
   const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world.get());
+  if (cfg.get_bool("memory.update_in_backward") && launch.leader)
+    PO_LOG_WARN("memory.update_in_backward = true has no effect in the pipeline executor (parallel.pp = ", p.pp,
+                "): it updates at the step");
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);
