@@ -4,7 +4,9 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
@@ -201,6 +203,16 @@ void ggml_dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
   PO_ASSERT(n % ggml_block_elems(t) == 0, "ggml_dequantize: ", n, " elements, not whole blocks of ",
             ggml_type_name(t));
   const int64_t nb = n / ggml_block_elems(t);
+  // A file's tensor may start at any byte (a GGUF with general.alignment =
+  // 1): the typed reads below need their type's alignment, so a misaligned
+  // tensor is read from an aligned copy (the fuzzer found an F16 one).
+  std::vector<float> aligned;
+  if (reinterpret_cast<uintptr_t>(src) % alignof(float) != 0) {
+    const size_t bytes = static_cast<size_t>(nb) * ggml_block_bytes(t);
+    aligned.resize((bytes + sizeof(float) - 1) / sizeof(float));
+    std::memcpy(aligned.data(), src, bytes);
+    src = aligned.data();
+  }
   switch (t) {
     case GgmlType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
