@@ -370,21 +370,23 @@ class PipelineExecutor {
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
   float* field_in_memory(Chunk& c, bool replica, State kind);
-  void allreduce_grads(void* grads, int first, int last);
   // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the chunks' buckets, a
   // micro-batch's backward finishing unit u of chunk c (the bucket's sum
-  // starts, non-blocking, once every micro-batch has: overlap_comm), a
-  // bucket's sum, and at the step every bucket summed.
+  // starts, non-blocking, once every micro-batch has: overlap_comm), the
+  // data group's sum of n stored gradients in place (a bucket's, a tied
+  // replica's), and at the step every bucket and replica summed.
   void setup_buckets();
+  void reset_buckets();
   void unit_finished(Chunk& c, int u);
   void chunk_finished(Chunk& c);
-  void start_sum(Chunk& c, size_t b);
+  void start_bucket(Chunk& c, size_t b);
+  void start_sum(void* grads, int64_t n);
   void finish_sums();
   void narrow_staged();
   struct Sum {
     comm::Work work;
-    Chunk* chunk = nullptr;
-    int staged = -1;  // the unit summed in f32 in staging_ (bf16 gradients), or -1
+    uint16_t* narrow_into = nullptr;  // bf16 summed in f32 in staging_: where its n values go back
+    int64_t n = 0;
   };
   std::vector<Sum> sums_;
   bool cur_fused_ = false;  // the action running is a whole (unsplit) backward

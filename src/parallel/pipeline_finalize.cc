@@ -98,14 +98,10 @@ double PipelineExecutor::step(double lr) {
   } else {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
     vocab_gather_grads();
-    // The data group's sums (the buckets the backward has not started
-    // start now), the deferred lookup rows after them (as DataParallel adds
-    // them), then the tied table's H + E.
-    if (setup_.data != nullptr) {
-      finish_sums();
-      for (auto& c : chunks_)
-        if (c->replica()) allreduce_grads(c->rep_grads.data(), 0, 0);
-    }
+    // The data group's sums (the buckets the backward has not started and
+    // the tied replicas start now), the deferred lookup rows after them (as
+    // DataParallel adds them), then the tied table's H + E.
+    if (setup_.data != nullptr) finish_sums();
     add_lookup_tail();
     sum_tied_pair();
     norm = unit_norm(uncounted);

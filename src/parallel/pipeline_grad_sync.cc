@@ -4,9 +4,9 @@
 // finishes them). With parallel.overlap_comm a bucket's all-reduce starts,
 // non-blocking, as soon as every micro-batch's backward has finished its
 // units, and runs while the backward goes on; the step starts the rest and
-// waits for all (finish_sums). A bucket is the same in-place all-reduce of
-// the same elements whenever it starts, so overlap changes no bit, and at
-// pp = 1 the buckets are DataParallel's.
+// waits for all, the tied replicas' sums with them (finish_sums). A bucket
+// is the same in-place all-reduce of the same elements whenever it starts,
+// so overlap changes no bit, and at pp = 1 the buckets are DataParallel's.
 //
 // A unit is finished by a micro-batch when the model's grads_ready hook
 // reports it during a whole backward (kBackward), or, for a split backward,
@@ -36,6 +36,13 @@ void PipelineExecutor::setup_buckets() {
     for (size_t b = 0; b < c->buckets.size(); ++b)
       for (int u = c->buckets[b].first; u <= c->buckets[b].second; ++u)
         c->bucket_of[static_cast<size_t>(u - c->first)] = static_cast<int>(b);
+  }
+  reset_buckets();
+}
+
+// A step's start: no bucket started, no unit finished.
+void PipelineExecutor::reset_buckets() {
+  for (auto& c : chunks_) {
     c->started.assign(c->buckets.size(), 0);
     c->finished.assign(c->bucket_of.size(), 0);
     c->unfinished.clear();
@@ -53,7 +60,7 @@ void PipelineExecutor::unit_finished(Chunk& c, int u) {
   const auto [lo, hi] = c.buckets[b];
   const int head = layout_.head_unit();
   if (lo == 0 || (vocab_ && lo <= head && head <= hi)) return;  // (at the step)
-  start_sum(c, b);
+  start_bucket(c, b);
   ++started_sums_;
 }
 
@@ -61,35 +68,40 @@ void PipelineExecutor::chunk_finished(Chunk& c) {
   for (int u = c.last; u >= c.first; --u) unit_finished(c, u);
 }
 
-void PipelineExecutor::start_sum(Chunk& c, size_t b) {
+void PipelineExecutor::start_bucket(Chunk& c, size_t b) {
   const auto [lo, hi] = c.buckets[b];
   c.started[b] = 1;
-  const int64_t n = layout_.unit_offset(hi + 1) - layout_.unit_offset(lo);
-  void* g = static_cast<char*>(c.grads.data()) + static_cast<size_t>(layout_.unit_offset(lo) - c.base) * stored_esz();
+  start_sum(static_cast<char*>(c.grads.data()) + static_cast<size_t>(layout_.unit_offset(lo) - c.base) * stored_esz(),
+            layout_.unit_offset(hi + 1) - layout_.unit_offset(lo));
+}
+
+// fp32 in place; bf16 over the wire in bf16, or (parallel.reduce_dtype
+// fp32) widened into the one f32 staging buffer (one unit at most:
+// grad_buckets), summed, and rounded back by narrow_staged, as DataParallel
+// sums them.
+void PipelineExecutor::start_sum(void* grads, int64_t n) {
   Sum s;
-  s.chunk = &c;
   if (!bf16_) {
-    s.work = setup_.data->iallreduce(g, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
+    s.work = setup_.data->iallreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
   } else if (setup_.reduce_bf16) {
-    s.work = setup_.data->iallreduce(g, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
-  } else {  // one unit (grad_buckets) widened into the one staging buffer: the previous one first
+    s.work = setup_.data->iallreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
+  } else {  // the previous staged sum first
     narrow_staged();
-    ops::bf16_to_f32(staging_.f32(), static_cast<const uint16_t*>(g), n);
+    ops::bf16_to_f32(staging_.f32(), static_cast<const uint16_t*>(grads), n);
     s.work = setup_.data->iallreduce(staging_.f32(), static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
-    s.staged = lo;
+    s.narrow_into = static_cast<uint16_t*>(grads);
+    s.n = n;
   }
   sums_.push_back(std::move(s));
 }
 
-// The sum in the staging buffer (if any), waited and rounded back into its unit.
+// The sum in the staging buffer (if any), waited and rounded back into its place.
 void PipelineExecutor::narrow_staged() {
   for (Sum& s : sums_) {
-    if (s.staged < 0) continue;
+    if (s.narrow_into == nullptr) continue;
     s.work.wait();
-    const int u = s.staged;
-    auto* g = static_cast<uint16_t*>(s.chunk->grads.data()) + (layout_.unit_offset(u) - s.chunk->base);
-    ops::f32_to_bf16(g, staging_.f32(), layout_.unit_numel(u));
-    s.staged = -1;
+    ops::f32_to_bf16(s.narrow_into, staging_.f32(), s.n);
+    s.narrow_into = nullptr;
   }
 }
 
@@ -100,41 +112,15 @@ void PipelineExecutor::finish_sums() {
   for (auto& c : chunks_) {
     all_sums_ += static_cast<int>(c->buckets.size());
     for (size_t b = 0; b < c->buckets.size(); ++b)
-      if (!c->started[b]) start_sum(*c, b);
+      if (!c->started[b]) start_bucket(*c, b);
   }
+  for (auto& c : chunks_)  // the tied head's replica of the table
+    if (c->replica()) start_sum(c->rep_grads.data(), layout_.unit_numel(0));
   narrow_staged();
   for (Sum& s : sums_) s.work.wait();
   sums_.clear();
   sum_wait_s_ = wait.seconds();
-  for (auto& c : chunks_) {  // the next step's
-    std::fill(c->started.begin(), c->started.end(), 0);
-    std::fill(c->finished.begin(), c->finished.end(), 0);
-    for (size_t b = 0; b < c->buckets.size(); ++b)
-      c->unfinished[b] = c->buckets[b].second - c->buckets[b].first + 1;
-  }
-}
-
-// The data group's sum of stored gradients: fp32 in place; bf16 over the
-// wire in bf16, or (parallel.reduce_dtype fp32) widened unit by unit into
-// an f32 staging buffer, summed, and rounded back, as DataParallel does.
-void PipelineExecutor::allreduce_grads(void* grads, int first, int last) {
-  const int64_t n = layout_.unit_offset(last + 1) - layout_.unit_offset(first);
-  if (!bf16_) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kF32, comm::ReduceOp::kSum);
-    return;
-  }
-  if (setup_.reduce_bf16) {
-    setup_.data->allreduce(grads, static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
-    return;
-  }
-  auto* g = static_cast<uint16_t*>(grads);
-  for (int u = first; u <= last; ++u) {
-    const int64_t k = layout_.unit_numel(u);
-    ops::bf16_to_f32(staging_.f32(), g, k);
-    setup_.data->allreduce(staging_.f32(), static_cast<size_t>(k), DType::kF32, comm::ReduceOp::kSum);
-    ops::f32_to_bf16(g, staging_.f32(), k);
-    g += k;
-  }
+  reset_buckets();
 }
 
 }  // namespace po::parallel

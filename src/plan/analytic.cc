@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/context_parallel.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_stages.h"
 #include "plan/plan_parts.h"
@@ -129,14 +128,8 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
              "zero-bubble W work");
   add_memory(p, "working buffers", static_cast<double>(busiest.buffers), Tier::kCompute,
              "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
-  if (l.cp > 1) {
-    const model::TransformerConfig local = p.model.engine.shard(l.tp);
-    add_memory(p, "context-parallel buffers",
-               static_cast<double>(parallel::ContextParallelOps::predicted_buffer_bytes(
-                   l.cp_allgather ? parallel::CpMode::kAllGather : parallel::CpMode::kRing, l.cp, l.micro,
-                   l.seq / l.cp, local.n_kv_head * local.head_dim())),
-               Tier::kCompute, "the context group's keys and values");
-  }
+  add_memory(p, "context-parallel buffers", context_buffer_bytes(p.model, l), Tier::kCompute,
+             "the context group's keys and values");
   parallel::PipelineExecutor::Collectives most;
   double moved = -1;
   for (int r = 0; r < l.pp; ++r) {

@@ -33,6 +33,11 @@ void add_comm(Plan& p, const std::string& dim, const std::string& op, const std:
 void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::UnitRange range,
                        uint64_t micro_batches, bool inter);
 
+// The context group's buffers of one rank (ContextParallelOps: the ring's
+// or the all-gather's keys and values of T / cp rows, tp's local heads); 0
+// at cp = 1.
+double context_buffer_bytes(const ModelSpec& m, const Layout& l);
+
 // A memory item; none when bytes <= 0.
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,
                 const std::string& note = "");

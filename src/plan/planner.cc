@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "parallel/context_parallel.h"
 #include "plan/plan_parts.h"
 
 namespace po::plan {
@@ -136,6 +137,14 @@ void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::Unit
     add_comm(p, "tp", op, item.what, item.calls * micro_batches, item.bytes * static_cast<double>(micro_batches),
              l.tp, inter, false);
   }
+}
+
+double context_buffer_bytes(const ModelSpec& m, const Layout& l) {
+  if (l.cp == 1) return 0;
+  const model::TransformerConfig local = m.engine.shard(l.tp);
+  return static_cast<double>(parallel::ContextParallelOps::predicted_buffer_bytes(
+      l.cp_allgather ? parallel::CpMode::kAllGather : parallel::CpMode::kRing, l.cp, l.micro, l.seq / l.cp,
+      local.n_kv_head * local.head_dim()));
 }
 
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier,

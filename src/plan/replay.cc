@@ -66,15 +66,13 @@ void engine_plan(Plan& p) {
   if (l.cp == 1) return engine_plan_dp(p, false, 0);
   model::TransformerConfig cfg = p.model.engine.shard(l.tp);
   const int64_t kv_width = cfg.n_kv_head * cfg.head_dim(), T = l.seq / l.cp;
-  const parallel::CpMode mode = l.cp_allgather ? parallel::CpMode::kAllGather : parallel::CpMode::kRing;
   Layout twin = l;
   twin.dp = l.dp * l.cp;
   twin.cp = 1;
   twin.seq = l.seq / l.cp;
   twin.batch = l.batch * l.cp;  // the same micro-batches per rank
   p.layout = twin;
-  engine_plan_dp(p, true,
-                 static_cast<double>(parallel::ContextParallelOps::predicted_buffer_bytes(mode, l.cp, l.micro, T, kv_width)));
+  engine_plan_dp(p, true, context_buffer_bytes(p.model, l));
   p.layout = l;
   const double n = static_cast<double>(l.micro * T * 2 * kv_width), bytes = 4 * n;  // one rank's keys and values, f32
   const auto L = static_cast<uint64_t>(p.model.engine.n_layer), accum = static_cast<uint64_t>(l.accum());
