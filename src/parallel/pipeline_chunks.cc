@@ -89,8 +89,9 @@ void PipelineExecutor::setup_unit0(Chunk& c, const std::vector<bool>& quantized)
 // included): ZeRO-1's gathers take a send block and ranks receive blocks of
 // its stride; bf16 stages its f32 sum over the data group
 // (parallel.reduce_dtype fp32); the deferred lookup's rows; bf16's widened
-// parameters and the f32 accumulators (unit 0's, the others'); ZeRO-2's
-// reduce-scatter blocks and ZeRO-3's gathered units.
+// parameters and the f32 accumulators (unit 0's ring and the others',
+// acc_ring; ZeRO 2-3's reduce-scatter blocks in them), ZeRO-3's gathered
+// units.
 void PipelineExecutor::setup_buffers() {
   const int zr = sharded() ? setup_.dp : 1;
   const int64_t align = setup_.shard_align();
@@ -108,11 +109,12 @@ void PipelineExecutor::setup_buffers() {
     (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
   }
   if (!accumulate_) return;
-  int64_t n[2] = {0, 0}, acc[2] = {0, 0};
+  int64_t n[2] = {0, 0};
+  size_t acc[2] = {0, 0};  // an accumulator's bytes, its blocks included
   auto take = [&](int u) {
     const int k = u == 0 ? 0 : 1;
     n[k] = std::max(n[k], layout_.unit_numel(u));
-    acc[k] = std::max(acc[k], acc_numel(u));
+    acc[k] = std::max(acc[k], acc_layout(layout_.unit_numel(u), setup_).bytes);
   };
   for (const auto& c : chunks_) {
     for (int u = c->first; u <= c->last; ++u) take(u);
@@ -120,14 +122,11 @@ void PipelineExecutor::setup_buffers() {
   }
   for (int k = 0; k < 2; ++k) {
     if (bf16_) widen_[k] = zeroed(n[k]);
-    acc_[k] = zeroed(acc[k]);
+    AccRing& r = rings_[k];
+    for (int i = 0; i < acc_ring(setup_, k); ++i) r.bufs.push_back(zeroed(static_cast<int64_t>(acc[k]), 1));
+    r.reduction.assign(r.bufs.size(), -1);
   }
   if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-  if (shard_grads_ && sharded()) {  // one reduce-scatter at a time: its send block (bf16 on the wire), its receive block
-    const int64_t stride = ShardLayout::stride_of(largest, zr, align);
-    if (setup_.reduce_bf16) rs_send_ = zeroed(stride * zr, sizeof(uint16_t));
-    rs_recv_ = zeroed(stride, setup_.reduce_bf16 ? sizeof(uint16_t) : sizeof(float));
-  }
   for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, stored_esz());
 }
 

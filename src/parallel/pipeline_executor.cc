@@ -70,8 +70,15 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
 // than wait. Their memory is leaked with them: the buffers, the receives'
 // headers (moved with their map's nodes, which do not move) and the link
 // with its sends' headers; a message that arrives later then lands in
-// memory nobody else owns, never in a freed and reused block.
+// memory nobody else owns, never in a freed and reused block. So do the
+// accumulators of ZeRO 2-3's reduce-scatters still in flight (their send
+// and receive blocks).
 PipelineExecutor::~PipelineExecutor() {
+  if (!reductions_.empty()) {
+    (void)new std::vector<tensor::Storage>(std::move(acc_pool_));
+    for (AccRing& r : rings_) (void)new std::vector<tensor::Storage>(std::move(r.bufs));
+    (void)new std::deque<Reduction>(std::move(reductions_));
+  }
   if (posted_.empty() && sending_.empty()) return;
   std::set<const float*> busy(sending_.begin(), sending_.end());
   for (const auto& [key, p] : posted_) busy.insert(p.buffer);
@@ -277,6 +284,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     } else {  // f32 accumulators per micro-batch (see accumulator)
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
+        for (Reduction& r : reductions_) r.work.test();  // (progress for the ones in flight)
         const auto it = accs_.find({cur_micro_, cp->stage, u});
         if (it != accs_.end()) flush(it);
         if (cur_fused_) unit_finished(*cp, u);
@@ -334,52 +342,51 @@ const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
   return src;
 }
 
-// bf16 and ZeRO-2: the f32 gradient accumulator of unit u for the
+// bf16 and ZeRO 2-3: the f32 gradient accumulator of unit u for the
 // micro-batch in hand, zeroed at its first use; once the micro-batch's part
 // is complete (flush) its sum is rounded into the stored bf16 gradient, or
-// (ZeRO-2) reduce-scattered into the shard: as pp = 1 does per micro-batch
-// and unit. A block whose weight half is deferred keeps its own
-// until the W (a pool of block-sized buffers, counted with the W queue);
-// the others take the one buffer of their kind.
+// (ZeRO 2-3) reduce-scattered into the shard: as pp = 1 does per micro-batch
+// and unit. A block whose weight half is deferred keeps its own until the W
+// (a pool of block-sized buffers, counted with the W queue); the others
+// take their kind's ring in turn (acc_ring), a slot whose reduction is
+// still in flight once that reduction has completed.
 float* PipelineExecutor::accumulator(Chunk& c, int u) {
   const std::tuple<int, int, int> key{cur_micro_, c.stage, u};
   if (const auto it = accs_.find(key); it != accs_.end()) return it->second.buf;
-  const int64_t n = acc_numel(u);
   Acc a;
   if (cur_deferred_ && u >= 1 && u <= static_cast<int>(config_.n_layer)) {
     if (acc_free_.empty()) {
-      acc_pool_.push_back(zeroed(n));
+      acc_pool_.push_back(zeroed(static_cast<int64_t>(acc_layout(layout_.unit_numel(u), setup_).bytes), 1));
       acc_free_.push_back(acc_pool_.back().f32());
     }
     a.buf = acc_free_.back();
     acc_free_.pop_back();
   } else {
-    a.fixed = u == 0 ? 0 : 1;
-    PO_ASSERT(!acc_busy_[a.fixed], "pipeline: a second accumulator of unit ", u, "'s kind");
-    acc_busy_[a.fixed] = true;
-    a.buf = acc_[a.fixed].f32();
+    a.ring = u == 0 ? 0 : 1;
+    AccRing& r = rings_[a.ring];
+    PO_ASSERT(!r.busy, "pipeline: a second accumulator of unit ", u, "'s kind");
+    a.slot = static_cast<int>(r.next);
+    r.next = (r.next + 1) % r.bufs.size();
+    if (r.reduction[static_cast<size_t>(a.slot)] >= 0) complete_reductions(r.reduction[static_cast<size_t>(a.slot)]);
+    r.busy = true;
+    a.buf = r.bufs[static_cast<size_t>(a.slot)].f32();
   }
-  backend::device_zero(a.buf, static_cast<size_t>(n) * sizeof(float));
+  backend::device_zero(a.buf, static_cast<size_t>(acc_numel(u)) * sizeof(float));
   a.chunk = &c;
   return accs_.emplace(key, a).first->second.buf;
 }
 
 void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   const int u = std::get<2>(it->first);
-  const Acc& a = it->second;
+  const Acc a = it->second;
   Chunk& c = *a.chunk;
-  if (shard_grads_) {
-    reduce_into_shard(c, u, a.buf);
-  } else {
-    auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
-                           : static_cast<uint16_t*>(c.unit0_grads);
-    ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)
-  }
-  if (a.fixed >= 0)
-    acc_busy_[a.fixed] = false;
-  else
-    acc_free_.push_back(a.buf);
   accs_.erase(it);
+  if (a.ring >= 0) rings_[a.ring].busy = false;
+  if (shard_grads_) return reduce_into_shard(c, u, a);  // (it gives the buffer back)
+  auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
+                         : static_cast<uint16_t*>(c.unit0_grads);
+  ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)
+  if (a.ring < 0) acc_free_.push_back(a.buf);
 }
 
 // Every accumulator of (micro, the chunk's stage) into the stored gradient,
@@ -388,7 +395,7 @@ void PipelineExecutor::flush_micro(Chunk& c, int micro, bool keep_deferred) {
   for (auto it = accs_.begin(); it != accs_.end();) {
     const auto next = std::next(it);
     const auto [k, stage, u] = it->first;
-    if (k == micro && stage == c.stage && !(keep_deferred && it->second.fixed < 0)) flush(it);
+    if (k == micro && stage == c.stage && !(keep_deferred && it->second.ring < 0)) flush(it);
     it = next;
   }
 }

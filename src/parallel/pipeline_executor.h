@@ -106,6 +106,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -251,11 +252,13 @@ class PipelineExecutor {
   // global norm (every stage's units, grad_norm.h's order), clipping, AdamW.
   // Returns the pre-clip norm (the same on every rank).
   double step(double lr);
-  // Seconds the last step() waited for the data group's gradient sums (what
-  // the backward did not hide; ZeRO 0-1).
+  // Seconds the last step waited for the data group's gradient sums (what
+  // the backward did not hide; ZeRO 0-1: at the step, ZeRO 2-3: for its
+  // reduce-scatters, in the backward too).
   double comm_wait_seconds() const { return sum_wait_s_; }
-  // Of the last step's bucket sums, how many the backward started and how
-  // many there were (parallel.overlap_comm; ZeRO 0-1 at dp > 1).
+  // Of the last step's data-group reductions (ZeRO 0-1: the bucket sums,
+  // ZeRO 2-3: the reduce-scatters; dp > 1), how many ran beside the
+  // backward and how many there were (parallel.overlap_comm).
   std::pair<int, int> overlapped_sums() const { return {early_sums_, all_sums_}; }
   int64_t adam_steps() const;
   void set_adam_steps(int64_t t);
@@ -411,7 +414,6 @@ class PipelineExecutor {
   // buffer of unit 0's kind or the others', until done(u).
   const void* gather_use(Chunk& c, int u);
   void release_use(int u);
-  void reduce_into_shard(Chunk& c, int u, float* acc);
   void sum_tied_shards();
   double unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
   double shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
@@ -419,13 +421,37 @@ class PipelineExecutor {
   bool shard_grads_ = false;   // ZeRO 2-3: each chunk keeps its shard of the gradient
   bool shard_params_ = false;  // ZeRO-3 over dp > 1: and of the stored parameters
   bool accumulate_ = false;    // per-micro-batch f32 accumulators: bf16 or ZeRO 2-3
-  tensor::Storage rs_send_, rs_recv_;  // ZeRO 2-3: a bf16 send block, a receive block
+  // ZeRO 2-3 (pipeline_grad_sync.cc): one micro-batch's accumulator of a
+  // unit reduce-scattered into this rank's shard, non-blocking; the
+  // reductions complete in the order they were posted (so the shards add
+  // them as a blocking one would), when their accumulator is taken again,
+  // at a deferred block's, and at the step.
+  struct Reduction {
+    comm::Work work;
+    int64_t seq = 0;      // posted_reductions_ at its post
+    char* dst = nullptr;  // the unit's shard (as stored)
+    const void* recv = nullptr;
+    tensor::DType wire = tensor::DType::kF32;
+    int64_t stride = 0;
+    int ring = -1, slot = 0;  // whose accumulator it holds (ring -1: the deferred pool's `pool`)
+    float* pool = nullptr;
+  };
+  struct Acc;
+  void reduce_into_shard(Chunk& c, int u, const Acc& a);
+  void complete_reductions(int64_t through);
+  void finish_reductions();
+  std::deque<Reduction> reductions_;
+  int64_t posted_reductions_ = 0;
+  int step_reductions_ = 0, overlapped_reductions_ = 0;  // this step's, and of them not waited for at their post
+  double reduction_wait_s_ = 0;  // this step's wait for them so far
   tensor::Storage use_[2];             // ZeRO-3: a gathered unit 0, another unit (ranks × stride, as stored)
   int use_unit_[2] = {-1, -1};         // the unit each holds for its use (-1: free)
-  // bf16 (see pipeline_executor.cc): widened parameters, f32 accumulators.
+  // bf16 or ZeRO 2-3 (see pipeline_executor.cc): widened parameters, f32
+  // accumulators, each followed by its reduce-scatter's send and receive
+  // blocks (acc_layout).
   struct Acc {
     float* buf = nullptr;
-    int fixed = -1;  // acc_[fixed], or a pool buffer (-1)
+    int ring = -1, slot = 0;  // rings_[ring].bufs[slot], or a pool buffer (-1)
     Chunk* chunk = nullptr;
   };
   using AccKey = std::tuple<int, int, int>;  // (micro, stage, unit)
@@ -459,8 +485,19 @@ class PipelineExecutor {
   std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
   tensor::Storage gather_;       // ZeRO-1: a send block and ranks × stride (the largest unit)
   bool bf16_ = false;
-  tensor::Storage widen_[2], acc_[2];  // bf16: unit 0's, the largest other unit's
-  bool widen_busy_[2] = {false, false}, acc_busy_[2] = {false, false};
+  tensor::Storage widen_[2];  // bf16: unit 0's, the largest other unit's
+  bool widen_busy_[2] = {false, false};
+  // The accumulators of unit 0's kind and of the others': a ring each
+  // (acc_ring: with reductions in flight, several of the others'), taken in
+  // turn; a slot's reduction in flight (its seq, -1: none) completes before
+  // the slot is taken again.
+  struct AccRing {
+    std::vector<tensor::Storage> bufs;
+    std::vector<int64_t> reduction;
+    size_t next = 0;
+    bool busy = false;  // one accumulates at a time
+  };
+  AccRing rings_[2];
   std::map<AccKey, Acc> accs_;
   std::vector<tensor::Storage> acc_pool_;  // deferred blocks' accumulators
   std::vector<float*> acc_free_;

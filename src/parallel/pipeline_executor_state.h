@@ -18,6 +18,7 @@
 #include "parallel/pipeline_executor.h"
 #include "parallel/shard_layout.h"
 #include "parallel/tied_pair.h"
+#include "parallel/units.h"
 
 namespace po::parallel {
 namespace executor_detail {
@@ -66,6 +67,37 @@ inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int
     hi += first;
   }
   return out;
+}
+
+// bf16 or ZeRO 2-3: an accumulator of a unit of n elements. Its f32 gradient (ZeRO 2-3:
+// padded to ranks × stride, the blocks a reduce-scatter sends), then, where
+// the data group reduce-scatters it (ZeRO 2-3 at dp > 1), its bf16 send
+// block (parallel.reduce_dtype bf16) and its receive block of one stride:
+// a reduction in flight holds all three, as UnitBuffers' accumulators do.
+struct AccLayout {
+  int64_t numel = 0;   // the f32 gradient's
+  size_t send_at = 0;  // the bytes where the bf16 send block starts
+  size_t recv_at = 0;  // and the receive block
+  size_t bytes = 0;
+};
+inline AccLayout acc_layout(int64_t n, const PipelineSetup& s) {
+  AccLayout a;
+  const bool reduced = s.zero_stage >= 2 && s.dp > 1;
+  const int64_t stride = s.zero_stage >= 2 ? ShardLayout::stride_of(n, s.dp, s.shard_align()) : n;
+  a.numel = s.zero_stage >= 2 ? stride * s.dp : n;
+  a.send_at = a.recv_at = static_cast<size_t>(a.numel) * sizeof(float);
+  if (reduced && s.reduce_bf16) a.recv_at += static_cast<size_t>(a.numel) * sizeof(uint16_t);
+  a.bytes = a.recv_at + (reduced ? static_cast<size_t>(stride) * (s.reduce_bf16 ? 2 : 4) : 0);
+  return a;
+}
+
+// The accumulators of unit 0's kind (0) and of the others' (1): with ZeRO
+// 2-3's reductions overlapping the backward (dp > 1, parallel.overlap_comm)
+// the others' ring holds UnitBuffers::kMaxReductionsInFlight in flight and
+// one accumulating; otherwise one of each kind.
+inline int acc_ring(const PipelineSetup& s, int kind) {
+  const bool overlap = s.zero_stage >= 2 && s.dp > 1 && s.overlap_comm;
+  return kind == 1 && overlap ? static_cast<int>(UnitBuffers::kMaxReductionsInFlight) + 1 : 1;
 }
 
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use

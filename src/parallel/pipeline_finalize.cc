@@ -1,8 +1,8 @@
 // The end of a pipeline step (pipeline_executor.h): the tied pair's two
-// parts, the data group's reductions (ZeRO 0-1: the buckets'
-// sums, pipeline_grad_sync.cc; ZeRO-2: each micro-batch's into the shards as
-// it completes), the one
-// global norm in the order of pp = 1, clipping and the update.
+// parts, the data group's reductions (pipeline_grad_sync.cc; ZeRO 0-1: the
+// buckets' sums; ZeRO 2-3: each micro-batch's reduce-scatters into the
+// shards), the one global norm in the order of pp = 1, clipping and the
+// update.
 #include "parallel/pipeline_executor.h"
 #include "backend/device.h"
 #include "parallel/pipeline_executor_state.h"
@@ -92,7 +92,8 @@ double PipelineExecutor::step(double lr) {
     std::sort(uncounted.begin(), uncounted.end());
   }
   double norm = 0;
-  if (shard_grads_) {  // the micro-batches' sums are in the shards already
+  if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
+    finish_reductions();
     sum_tied_shards();
     norm = shard_norm(uncounted);
   } else {
@@ -177,10 +178,7 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
 
 // ZeRO 2-3 (sharded over dp > 1): a unit's accumulator is padded to ranks ×
 // stride, the blocks a reduce-scatter sends.
-int64_t PipelineExecutor::acc_numel(int u) const {
-  const int64_t n = layout_.unit_numel(u);
-  return shard_grads_ ? ShardLayout::stride_of(n, setup_.dp, setup_.shard_align()) * setup_.dp : n;
-}
+int64_t PipelineExecutor::acc_numel(int u) const { return acc_layout(layout_.unit_numel(u), setup_).numel; }
 
 PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool params) {
   if (c.holds(u)) return {params ? &c.params : &c.grads, c.shard.get(), u - c.first};
@@ -188,28 +186,6 @@ PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool par
   if (c.replica()) return {params ? &c.rep_params : &c.rep_grads, c.rep_shard.get(), 0};
   Chunk& e = chunk_of_stage(0);  // the embedding's chunk on this rank (zbv)
   return {params ? &e.params : &e.grads, e.shard.get(), 0};
-}
-
-// One micro-batch's gradient of unit u (the f32 accumulator, padded) into
-// this rank's shard: summed over the data group by a reduce-scatter (in
-// parallel.reduce_dtype), then added as stored; with one data rank the
-// accumulator is the sum. UnitBuffers' arithmetic (add_block), so the
-// shards hold pp = 1's bits.
-void PipelineExecutor::reduce_into_shard(Chunk& c, int u, float* acc) {
-  const UnitShard g = shard_of(c, u, false);
-  const ShardLayout& sl = *g.layout;
-  const int64_t stride = sl.stride(g.index);
-  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  char* dst = g.at(stored_esz());
-  if (sl.ranks() == 1) return add_block(dst, stored, acc, DType::kF32, stride);
-  const DType wire = setup_.reduce_bf16 ? DType::kBF16 : DType::kF32;
-  const void* send = acc;
-  if (wire == DType::kBF16) {
-    ops::f32_to_bf16(static_cast<uint16_t*>(rs_send_.data()), acc, stride * sl.ranks());
-    send = rs_send_.data();
-  }
-  setup_.data->reduce_scatter(send, rs_recv_.data(), static_cast<size_t>(stride), wire, comm::ReduceOp::kSum);
-  add_block(dst, stored, rs_recv_.data(), wire, stride);
 }
 
 // ZeRO-2's tied pair: the table's elements in this rank's shard of unit 0

@@ -1,5 +1,7 @@
-// The data group's gradient sums of ZeRO 0-1 at dp > 1 (pipeline_executor.h).
-// Each chunk's units are summed in DataParallel's buckets (grad_buckets:
+// The data group's gradient sums (pipeline_executor.h): ZeRO 0-1's buckets
+// at dp > 1, and ZeRO 2-3's reduce-scatters into the shards (below).
+//
+// ZeRO 0-1: each chunk's units are summed in DataParallel's buckets (grad_buckets:
 // consecutive units of about parallel.bucket_size, in the order the backward
 // finishes them). With parallel.overlap_comm a bucket's all-reduce starts,
 // non-blocking, as soon as every micro-batch's backward has finished its
@@ -121,6 +123,78 @@ void PipelineExecutor::finish_sums() {
   sums_.clear();
   sum_wait_s_ = wait.seconds();
   reset_buckets();
+}
+
+// ZeRO 2-3: one micro-batch's gradient of unit u (accumulator a, padded)
+// into this rank's shard: summed over the data group by a reduce-scatter
+// (in parallel.reduce_dtype), then added as stored; with one data rank the
+// accumulator is the sum. UnitBuffers' arithmetic (add_block), so the
+// shards hold pp = 1's bits. With parallel.overlap_comm the reduction runs
+// while the backward goes on; a deferred block's (its weight half ran
+// later than the others') and, without overlap, every one completes at its
+// post. What completes does so in post order, whatever landed first: the
+// shards add the same blocks in the same order, and the accumulators held
+// at every point do not depend on timing (predict counts them).
+void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a) {
+  const UnitShard g = shard_of(c, u, false);
+  const ShardLayout& sl = *g.layout;
+  const int64_t stride = sl.stride(g.index);
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  char* dst = g.at(stored_esz());
+  if (sl.ranks() == 1) {
+    add_block(dst, stored, a.buf, DType::kF32, stride);
+    if (a.ring < 0) acc_free_.push_back(a.buf);
+    return;
+  }
+  const AccLayout at = acc_layout(layout_.unit_numel(u), setup_);
+  char* bytes = reinterpret_cast<char*>(a.buf);
+  Reduction r;
+  r.seq = posted_reductions_++;
+  ++step_reductions_;
+  r.dst = dst;
+  r.recv = bytes + at.recv_at;
+  r.wire = setup_.reduce_bf16 ? DType::kBF16 : DType::kF32;
+  r.stride = stride;
+  r.ring = a.ring;
+  r.slot = a.slot;
+  r.pool = a.ring < 0 ? a.buf : nullptr;
+  const void* send = a.buf;
+  if (r.wire == DType::kBF16) {
+    ops::f32_to_bf16(reinterpret_cast<uint16_t*>(bytes + at.send_at), a.buf, stride * sl.ranks());
+    send = bytes + at.send_at;
+  }
+  r.work = setup_.data->ireduce_scatter(send, bytes + at.recv_at, static_cast<size_t>(stride), r.wire,
+                                        comm::ReduceOp::kSum);
+  if (a.ring >= 0) rings_[a.ring].reduction[static_cast<size_t>(a.slot)] = r.seq;
+  reductions_.push_back(std::move(r));
+  if (a.ring < 0 || !setup_.overlap_comm) return complete_reductions(reductions_.back().seq);
+  ++overlapped_reductions_;
+}
+
+// Every reduction posted up to `through` (its seq), oldest first: waited,
+// added into its shard, its accumulator free again.
+void PipelineExecutor::complete_reductions(int64_t through) {
+  core::Timer wait;
+  while (!reductions_.empty() && reductions_.front().seq <= through) {
+    Reduction& r = reductions_.front();
+    r.work.wait();
+    add_block(r.dst, bf16_ ? DType::kBF16 : DType::kF32, r.recv, r.wire, r.stride);
+    if (r.ring >= 0)
+      rings_[r.ring].reduction[static_cast<size_t>(r.slot)] = -1;
+    else
+      acc_free_.push_back(r.pool);
+    reductions_.pop_front();
+  }
+  reduction_wait_s_ += wait.seconds();
+}
+
+// The step's: the reductions still in flight; overlapped_sums() reports
+// this step's reduce-scatters (those not waited for at their post, all).
+void PipelineExecutor::finish_reductions() {
+  complete_reductions(posted_reductions_ - 1);
+  sum_wait_s_ = std::exchange(reduction_wait_s_, 0.0);
+  early_sums_ = std::exchange(overlapped_reductions_, 0);
+  all_sums_ = static_cast<int>(std::exchange(step_reductions_, 0));
 }
 
 }  // namespace po::parallel

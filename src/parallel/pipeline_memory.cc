@@ -187,9 +187,10 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   // only the gradient's shard. bf16 stores parameters and gradients in 2
   // bytes, widens in buffers of unit 0 and of the largest other unit, and
   // stages a unit's f32 sum; bf16 and ZeRO-2 accumulate each micro-batch in
-  // f32 buffers of those two kinds (ZeRO-2 at dp > 1: padded to ranks ×
-  // stride) and ZeRO-2 reduce-scatters through a receive block (and a bf16
-  // send block) of the largest unit's stride. ZeRO-3 (dp > 1) stores only the
+  // f32 buffers of those two kinds, as many of each as its ring holds
+  // (acc_ring; ZeRO-2 at dp > 1: padded to ranks × stride, with the
+  // reduce-scatter's receive block and bf16 send block, acc_layout), and the
+  // deferred blocks' in a pool. ZeRO-3 (dp > 1) stores only the
   // parameters' shard, and gathers unit 0 and the largest other unit for
   // their uses into ranks × stride blocks, as stored.
   const bool z2 = setup.zero_stage >= 2;
@@ -246,13 +247,10 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
   }
   if (setup.bf16 || z2) {
-    m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * f;
+    m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(n0_used, setup).bytes +
+                 static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(other, setup).bytes;
     if (z3) m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * esz;
-    m.w_queue += static_cast<size_t>(acc_peak * padded(layout.unit_numel(1))) * f;
-  }
-  if (z2 && zr > 1) {
-    const auto stride = static_cast<size_t>(ShardLayout::stride_of(largest, zr, align));
-    m.buffers += setup.reduce_bf16 ? stride * static_cast<size_t>(zr + 1) * 2 : stride * f;
+    m.w_queue += static_cast<size_t>(acc_peak) * acc_layout(layout.unit_numel(1), setup).bytes;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
     m.buffers += static_cast<size_t>(lookup_tail_rows(setup, rank, all) * (c.n_embd + 1)) * f;
@@ -456,12 +454,14 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
-              gather_.size() + widen_[0].size() + widen_[1].size() + acc_[0].size() + acc_[1].size() +
-              staging_.size() + rs_send_.size() + rs_recv_.size() + use_[0].size() + use_[1].size() +
+              gather_.size() + widen_[0].size() + widen_[1].size() + staging_.size() + use_[0].size() +
+              use_[1].size() +
               tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
               tokens_all_.size();
   for (const auto& c : chunks_)
     if (c->rows) m.buffers += c->rows->bytes();
+  for (const AccRing& r : rings_)
+    for (const auto& b : r.bufs) m.buffers += b.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {
     m.buffers += vocab_->scratch.size();

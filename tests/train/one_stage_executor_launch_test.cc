@@ -133,4 +133,27 @@ TEST_F(OneStageExecutor, BucketSumsOverlapTheBackwardWithTheSameBits) {
   EXPECT_GT(sums(pp).first, 0) << "dp 2 × pp 2 zb-h1: no sum started in the backward";
 }
 
+// ZeRO 2-3: each micro-batch's reduce-scatters run while the backward goes
+// on (parallel.overlap_comm: a ring of accumulators, two in flight), and
+// complete in the order they were posted: DataParallel's bits with and
+// without overlap, in fp32 and in bf16 with bf16 on the wire; with overlap
+// every reduction is posted to run beside the backward, without it none.
+TEST_F(OneStageExecutor, ReduceScattersOverlapTheBackwardWithTheSameBits) {
+  auto sums = [](const std::string& run) {
+    const nlohmann::json j = po::test::last_metric(run, "dp_sums");
+    return std::pair<int, int>{j.value("overlapped", -1), j.value("all", -1)};
+  };
+  for (const std::string& extra : {std::string("--set parallel.zero_stage=2"),
+                                   std::string("--set parallel.zero_stage=3 --set train.precision=bf16"
+                                               " --set parallel.reduce_dtype=bf16")}) {
+    const std::string on = expect_same(2, extra, "dp 2 " + extra + ", overlapped").second;
+    const std::string off =
+        expect_same(2, extra + " --set parallel.overlap_comm=false", "dp 2 " + extra + ", at each post").second;
+    const auto [early, all] = sums(on);
+    EXPECT_GE(all, 6) << extra << ": a reduce-scatter per unit and micro-batch";
+    EXPECT_EQ(early, all) << extra << ": " << early << " of " << all << " reduce-scatters beside the backward";
+    EXPECT_EQ(sums(off), std::make_pair(0, all)) << extra << ": without overlap_comm";
+  }
+}
+
 }  // namespace
