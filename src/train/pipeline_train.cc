@@ -276,6 +276,42 @@ double mean_of(const std::vector<double>& v) {
   return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
+// Context parallel's ring buffers on a rank (allocated at the first
+// forward; 0 at parallel.cp = 1).
+size_t context_bytes(const core::Config& cfg, const model::TransformerConfig& mcfg,
+                     const parallel::PipelineSetup& setup) {
+  if (cfg.get_int("parallel.cp") <= 1) return 0;
+  const model::TransformerConfig local = mcfg.shard(setup.split.size);
+  return parallel::ContextParallelOps::predicted_buffer_bytes(
+      parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")), static_cast<int>(cfg.get_int("parallel.cp")),
+      setup.micro, setup.T, local.n_kv_head * local.head_dim());
+}
+
+// The set-up's memory table, for the log: what each pipeline rank will hold
+// after a step (PipelineExecutor::predict, at data rank 0; the step records'
+// pp_memory_per_rank measure the same kinds). Paged state's frames are
+// counted where the pages are set up, not here.
+std::string predicted_memory_table(const core::Config& cfg, const model::TransformerConfig& mcfg,
+                                   const parallel::PipelineSetup& setup) {
+  static constexpr const char* kKinds[] = {"params",  "grads",   "master", "adam",    "activations",
+                                           "w_queue", "buffers", "frozen", "context", "total"};
+  std::string t = "memory per pipeline rank (MiB), predicted after a step:\n  rank";
+  for (const char* k : kKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
+  const size_t context = context_bytes(cfg, mcfg, setup);
+  for (int r = 0; r < setup.schedule.ranks; ++r) {
+    const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(mcfg, setup, r);
+    const size_t v[] = {m.params, m.grads, m.master,  m.adam,  m.activations,
+                        m.w_queue, m.buffers, m.frozen, context, m.total() + context};
+    t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
+    for (size_t b : v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(b) / (1 << 20));
+      t += buf;
+    }
+  }
+  return t;
+}
+
 // memory.host_budget / memory.nvme_dir: each stage's Adam state in pages
 // (PipelineExecutor::enable_paging). memory.compute_budget leaves the
 // compute tier what the executor's own accounting (predict) does not take;
@@ -291,13 +327,7 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
   parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
   fixed.adam = fixed.master = 0;  // what is paged
-  if (cfg.get_int("parallel.cp") > 1) {  // context parallel's buffers, allocated at the first forward
-    const model::TransformerConfig local = mcfg.shard(setup.split.size);
-    fixed.buffers += parallel::ContextParallelOps::predicted_buffer_bytes(
-        parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
-        static_cast<int>(cfg.get_int("parallel.cp")), setup.micro, setup.T,
-        local.n_kv_head * local.head_dim());
-  }
+  fixed.buffers += context_bytes(cfg, mcfg, setup);
   const memory::PagingPlan plan = memory::plan_paging({pages, least, fixed.total()}, paging_budgets(cfg, o.page_bytes));
   if (compute_budget > 0) {
     // Stages differ: every rank checks the budget against the rank that needs the most.
@@ -334,8 +364,9 @@ class PipelineSteps : public LayoutSteps {
  public:
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
                 const model::ContextSplit& cp, const parallel::ContextParallelOps* cp_ops, bool paged,
-                const Writers& writers)
+                const Writers& writers, double peak_gflops)
       : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), cp_ops_(cp_ops), paged_(paged),
+        peak_gflops_(peak_gflops),
         pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
@@ -348,7 +379,10 @@ class PipelineSteps : public LayoutSteps {
                 sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(), ", ",
                 p_.accum, " micro-batches of ", p_.micro, "; bubble by formula ", formula_,
                 ", as planned ", planned_, "; ", r.threads, " threads per rank, kernels ",
-                backend::cpu::isa_description());
+                backend::cpu::isa_description(), " (",
+                backend::cpu::gemm_precision() == backend::cpu::GemmPrecision::kBF16 ? "bf16 GEMM" : "sgemm",
+                " peak ", static_cast<int>(peak_gflops), " GFLOP/s",
+                r.cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "", ": mfu's denominator)");
     if (cp_.size > 1) {  // whole sequences, cut into this rank's rows
       seq_in_.resize(in_.size());
       seq_tg_.resize(in_.size());
@@ -420,6 +454,7 @@ class PipelineSteps : public LayoutSteps {
     record["grad_norm"] = norm;
     record["tokens"] = after.tokens;
     record["tokens_per_s"] = tokens_per_step(p_) / seconds;
+    record["mfu"] = model_flops_utilisation(p_, r_.mcfg, tokens_per_step(p_) / seconds, peak_gflops_);
     record["comm_wait_ms"] = ex_.comm_wait_seconds() * 1000;  // this rank's wait for the data group's sums
     if (const auto [early, all] = ex_.overlapped_sums(); all > 0)
       record["dp_sums"] = {{"overlapped", early}, {"all", all}};
@@ -561,6 +596,7 @@ class PipelineSteps : public LayoutSteps {
   model::ContextSplit cp_;
   const parallel::ContextParallelOps* cp_ops_;  // null at cp = 1
   bool paged_;
+  double peak_gflops_;        // mfu's denominator (gemm_peak_gflops)
   comm::Communicator* pipe_;  // null at pp = 1
   std::string trace_;
   double formula_ = 0, planned_ = 0, costed_ = 0;
@@ -632,7 +668,9 @@ TrainResult train_pipeline(const RunInputs& r) {
     PO_LOG_INFO("checkpoint.async: ", async->host_bytes() >> 20, " MiB of host memory on each ",
                 "writer hold its checkpoint copy");
   }
-  PipelineSteps steps(r, ex, setup, cp, cp_ops ? &*cp_ops : nullptr, paged, writers);
+  const double peak_gflops = gemm_peak_gflops(cfg);
+  if (launch.leader) PO_LOG_INFO(predicted_memory_table(cfg, r.mcfg, setup));
+  PipelineSteps steps(r, ex, setup, cp, cp_ops ? &*cp_ops : nullptr, paged, writers, peak_gflops);
   return run_steps(steps, l, state);
 }
 

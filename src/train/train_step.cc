@@ -121,6 +121,11 @@ StepStats train_step(StepContext& c, int64_t step, double lr) {
   return s;
 }
 
+double gemm_peak_gflops(const core::Config& cfg) {
+  const double configured = cfg.get_float("train.peak_gflops");
+  return configured > 0 ? configured : backend::cpu::measure_gemm_peak_gflops(backend::cpu::gemm_precision());
+}
+
 CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
                      double comm_wait_s) {
   // Waiting for a slower rank is imbalance, not communication; the steady
@@ -142,8 +147,7 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
                             const std::vector<RankRecord>& records) {
   const double tps = tokens_per_step(c.p) / s.seconds;
   // Each rank measured the peak of its own share of the cores.
-  const double mfu =
-      tps * c.mcfg.flops_per_token(c.p.T) / (c.peak_gflops * 1e9 * static_cast<double>(c.p.world()));
+  const double mfu = model_flops_utilisation(c.p, c.mcfg, tps, c.peak_gflops);
   nlohmann::json m = {{"step", state.step},
           {"loss", s.loss},
           {"lr", s.lr},

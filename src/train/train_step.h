@@ -62,6 +62,19 @@ void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
 // Tokens in one step's global batch, all ranks.
 inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batch * p.T); }
 
+// MFU's denominator, GFLOP/s per rank: train.peak_gflops, or the GEMM peak
+// of the precision the steps run in (the bf16 GEMM's on bf16 operands in a
+// bf16 run), measured here on this rank's threads. Every rank measures at
+// once, so each reads the peak of its own share of the cores.
+double gemm_peak_gflops(const core::Config& cfg);
+
+// Model FLOPs utilisation of a step: its tokens per second × the model's
+// FLOPs per token, over every rank's peak.
+inline double model_flops_utilisation(const Plan& p, const model::TransformerConfig& m,
+                                      double tokens_per_s, double peak_gflops) {
+  return tokens_per_s * m.flops_per_token(p.T) / (peak_gflops * 1e9 * static_cast<double>(p.world()));
+}
+
 // What one step did, on this rank.
 struct StepStats {
   double loss = 0;  // mean over the global batch (every rank's)

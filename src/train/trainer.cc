@@ -382,9 +382,7 @@ TrainResult train_one_stage(const RunInputs& r) {
   // MFU is against the GEMM peak of the precision the step runs in (the bf16
   // GEMM's on bf16 operands in a bf16 run), measured here unless configured.
   const bool bf16_peak = ops::gemm_precision() == ops::GemmPrecision::kBF16;
-  c.peak_gflops = cfg.get_float("train.peak_gflops") > 0
-                      ? cfg.get_float("train.peak_gflops")
-                      : ops::measure_gemm_peak_gflops(ops::gemm_precision());
+  c.peak_gflops = gemm_peak_gflops(cfg);
   // The compute budget holds from here on (set up is done: the whole fp32
   // model has given way to shards, the GEMM probe's matrices are freed).
   if (c.paging)

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -502,14 +503,35 @@ TEST_F(PipelineRuns, ThreeDimensionalFollowsOneProcessOverTwentySteps) {
                               "dp2×tp2×pp2 (zbv, ZeRO-1) vs one process, 20 steps");
 }
 
+// Each step's record has the bubble, the MFU against the GEMM peak the run
+// measured at start, and every rank's memory, which the start-up table in the
+// log predicted (to its 0.1 MiB).
 TEST_F(PipelineRuns, ReportsTheBubbleAndWritesATrace) {
   const std::string trace = dir_ / "zbv.json";
-  const std::string run = train("zbv", 1, 2, "--set parallel.schedule=zbv --trace " + trace);
+  const auto out = this->run("zbv", 1, 2, "--set parallel.schedule=zbv --trace " + trace);
+  ASSERT_EQ(out.exit_code, 0) << out.output;
+  const std::string run = dir_ / "zbv";
   const auto records = read_metrics(run);
+  const std::string head = "memory per pipeline rank (MiB), predicted after a step:";
+  const size_t table = out.output.find(head);
+  ASSERT_NE(table, std::string::npos) << "no start-up memory table\n" << out.output;
+  std::vector<double> predicted;  // each row's total, its last column
+  std::istringstream rows(out.output.substr(table + head.size()));
+  std::string line;
+  std::getline(rows, line);  // the rest of the heading line
+  std::getline(rows, line);  // the kinds
+  EXPECT_NE(line.find("total"), std::string::npos) << line;
+  while (predicted.size() < 2 && std::getline(rows, line)) predicted.push_back(std::stod(line.substr(line.rfind(' '))));
   int seen = 0;
   for (const auto& j : records) {
     if (!j.contains("pp_bubble")) continue;
     ++seen;
+    const double mfu = j["mfu"].get<double>();
+    EXPECT_TRUE(mfu > 0 && mfu < 1.5) << "step " << j["step"] << ": mfu " << mfu;
+    ASSERT_EQ(predicted.size(), j["pp_memory_per_rank"].size());
+    for (size_t r = 0; r < predicted.size(); ++r)
+      EXPECT_NEAR(predicted[r], j["pp_memory_per_rank"][r]["total"].get<double>() / 1048576.0, 0.05)
+          << "rank " << r << ": the start-up table against step " << j["step"];
     const double b = j["pp_bubble"].get<double>();
     EXPECT_GE(b, 0.0);
     EXPECT_LT(b, 1.0);
