@@ -152,13 +152,17 @@ void add_pipeline_comm(Plan& p, const parallel::PipelineExecutor::Collectives& c
   const char* data_what[comm::kNumCommOps] = {};
   data_what[static_cast<int>(comm::CommOp::kAllReduce)] =
       l.overlap ? "gradient buckets, started in the backward (ZeRO 0-1)" : "gradient buckets at the step (ZeRO 0-1)";
-  data_what[static_cast<int>(comm::CommOp::kReduceScatter)] = "each micro-batch's gradients (ZeRO 2-3)";
+  data_what[static_cast<int>(comm::CommOp::kReduceScatter)] =
+      l.overlap ? "each micro-batch's gradients, in the backward (ZeRO 2-3)" : "each micro-batch's gradients (ZeRO 2-3)";
   data_what[static_cast<int>(comm::CommOp::kAllGather)] =
       "updated shards (ZeRO 1-2), parameters per use (ZeRO-3), the tied table's lookup rows, the norm";
   for (int op = 0; op < comm::kNumCommOps; ++op) {
     const char* name = comm::comm_op_name(static_cast<comm::CommOp>(op));
-    // (ZeRO 0-1's buckets hide behind the backward with overlap_comm, but unit 0's)
-    const bool hidden = op == static_cast<int>(comm::CommOp::kAllReduce) && l.overlap;
+    // (ZeRO 0-1's buckets hide behind the backward with overlap_comm, but
+    // unit 0's; so do ZeRO 2-3's reduce-scatters, two in flight)
+    const bool hidden = (op == static_cast<int>(comm::CommOp::kAllReduce) ||
+                         op == static_cast<int>(comm::CommOp::kReduceScatter)) &&
+                        l.overlap;
     add_comm(p, "dp", name, data_what[op] != nullptr ? data_what[op] : "", c.data.calls[op],
              static_cast<double>(c.data.bytes[op]), l.dp * l.cp, dp_inter, hidden);
     add_comm(p, "tp", name, "the stages' tensor-parallel sums and gathers, the loss, the norm", c.tensor.calls[op],
@@ -259,9 +263,8 @@ void analytic_plan(Plan& p) {
   const bool dp_inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp, l.dp);
   const int n = shard;
   // At pp = 1 the data group's gradient traffic overlaps the backward
-  // (buckets, reduce-scatters in flight); the pipeline executor's ZeRO 0-1
-  // buckets do too (add_pipeline_comm), its ZeRO 2-3 reduce-scatters wait
-  // at each call, so those are exposed.
+  // (buckets, reduce-scatters in flight); so do the pipeline executor's
+  // ZeRO 0-1 buckets and ZeRO 2-3 reduce-scatters (add_pipeline_comm).
   const bool grads_overlap = l.pp == 1;
   if (engine) add_pipeline_comm(p, exact, dp_inter);
   if (n > 1 && !engine) {

@@ -6,7 +6,8 @@
 // that depends on the layout. So ZeRO-1 gives ZeRO-0's bits and ZeRO-3 gives
 // ZeRO-2's (checkpoints equal value for value, losses and norms equal);
 // ZeRO-2 reduces each micro-batch's gradient as it comes, another summation
-// order, and stays within 1e-4 of ZeRO-0's losses (as at 32 bits). A
+// order, and stays within 1e-4 of ZeRO-0's losses in fp32 (as at 32
+// bits), 1e-3 in bf16 (its gradient rounded at other points). A
 // checkpoint resumes at another stage of the same reduction order bit for
 // bit, with the codes recovered from the decoded moments it holds (nothing
 // re-quantized), ZeRO-0 included. Each rank's Adam bytes are what the ledger
@@ -62,10 +63,15 @@ TEST_F(QuantizedZero, StagesGiveTheBitsOfTheirReductionOrder) {
           << what << ": the gradient norms differ";
       po::test::expect_same_checkpoint(run[ref], run[stage], 6, what);
     }
+    // In bf16 the stored gradient rounds (2^-8) at other points: ZeRO-2
+    // after each micro-batch's sum over the data group, ZeRO-0 each rank's
+    // micro-batch before the group's sum. So bf16 is held to 1e-3 (step 5
+    // read 1.2e-4 apart on an Intel Xeon with AMX, 2026-12-06), fp32 to 1e-4.
+    const double tolerance = std::string(c.precision) == "bf16" ? 1e-3 : 1e-4;
     const auto a = losses(run[0], kSteps), b = losses(run[2], kSteps);
     ASSERT_EQ(a.size(), b.size()) << tag;
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(b[i], a[i], 1e-4 * a[i]) << tag << " ZeRO-2 against ZeRO-0, step " << i + 1;
+      EXPECT_NEAR(b[i], a[i], tolerance * a[i]) << tag << " ZeRO-2 against ZeRO-0, step " << i + 1;
   }
 }
 
