@@ -127,7 +127,9 @@ void PipelineExecutor::setup_buffers() {
     r.reduction.assign(r.bufs.size(), -1);
   }
   if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-  for (int k = 0; k < 2 && shard_params_; ++k) use_[k] = zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, stored_esz());
+  for (int k = 0; k < 2 && shard_params_; ++k)  // (the others' kind: the one in use and parallel.prefetch ahead)
+    for (int i = 0; i < (k == 0 ? 1 : 1 + setup_.prefetch); ++i)
+      use_[k].push_back({zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, stored_esz())});
 }
 
 }  // namespace po::parallel

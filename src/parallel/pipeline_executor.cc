@@ -1,7 +1,8 @@
 // The pipeline executor (pipeline_executor.h): the chunks' slots, one
 // step's actions in the rank's order. The chunks' state is made in
-// pipeline_chunks.cc, the data group's gradient sums (ZeRO 0-1's buckets)
-// are in pipeline_grad_sync.cc, the step's end (the tied pair, ZeRO-2's
+// pipeline_chunks.cc, the data group's gradient sums (ZeRO 0-1's buckets,
+// ZeRO 2-3's reduce-scatters) are in pipeline_grad_sync.cc, its parameter
+// gathers (ZeRO 1's updated shards, ZeRO-3's uses) in pipeline_gathers.cc, the step's end (the tied pair, ZeRO-2's
 // shards, the norm, the update) in pipeline_finalize.cc, the
 // vocabulary-parallel head in pipeline_vocab.cc, the memory the executor
 // holds and predicts in pipeline_memory.cc.
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "backend/ops.h"
 #include "core/error.h"
@@ -39,6 +41,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
            setup_.zero_stage, " (stages 0-3)");
   PO_CHECK(setup_.zero_stage < 2 || !s.vocab, "pipeline: ZeRO-", setup_.zero_stage,
            " with the vocabulary-parallel head");
+  PO_CHECK(setup_.prefetch >= 0, "parallel.prefetch = ", setup_.prefetch, " must be >= 0");
   PO_CHECK(!setup_.defer_lookup || setup_.data != nullptr, "pipeline: deferred lookup rows need a data group");
   if (setup_.data != nullptr) setup_.dp = setup_.data->size();
   bf16_ = setup_.bf16;
@@ -72,8 +75,12 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
 // with its sends' headers; a message that arrives later then lands in
 // memory nobody else owns, never in a freed and reused block. So do the
 // accumulators of ZeRO 2-3's reduce-scatters still in flight (their send
-// and receive blocks).
+// and receive blocks) and ZeRO-3's prefetched gathers' buffers.
 PipelineExecutor::~PipelineExecutor() {
+  if (!param_gathers_.empty()) {  // (ZeRO-3's gathers in flight)
+    for (auto& kind : use_) (void)new std::vector<UseBuffer>(std::move(kind));
+    (void)new std::deque<ParamGather>(std::move(param_gathers_));
+  }
   if (!reductions_.empty()) {
     (void)new std::vector<tensor::Storage>(std::move(acc_pool_));
     for (AccRing& r : rings_) (void)new std::vector<tensor::Storage>(std::move(r.bufs));
@@ -145,36 +152,6 @@ void PipelineExecutor::store_unit(Chunk& c, bool replica, int u, const float* sr
 float* PipelineExecutor::unit_params(int u) {
   PO_ASSERT(!bf16_ && !shard_params_, "pipeline: unit_params of bf16 or ZeRO-3 stages (use read_unit)");
   return static_cast<float*>(stored_unit(u));
-}
-
-// ZeRO-3: unit u's parameters for one use, every data rank's shard of it
-// gathered (as stored: bf16 stays 2 bytes on the wire). The model asks for
-// unit 0 and one other at most at once (the tied head), so two buffers do.
-const void* PipelineExecutor::gather_use(Chunk& c, int u) {
-  const int k = u == 0 ? 0 : 1;
-  PO_ASSERT(use_unit_[k] < 0, "pipeline: unit ", u, "'s parameters asked for while unit ", use_unit_[k],
-            "'s are in use");
-  use_unit_[k] = u;
-  const UnitShard s = shard_of(c, u, true);
-  setup_.data->all_gather(s.at(stored_esz()), use_[k].data(), static_cast<size_t>(s.layout->stride(s.index)),
-                          bf16_ ? DType::kBF16 : DType::kF32);
-  return use_[k].data();
-}
-
-void PipelineExecutor::release_use(int u) { use_unit_[u == 0 ? 0 : 1] = -1; }
-
-// Every data rank's shard of one unit (`mine`: this rank's owned(i)
-// elements) into dst, the whole unit: a collective over the data group.
-void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst,
-                                   DType dtype) {
-  const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
-  const int64_t stride = sl.stride(i), owned = sl.owned(i);
-  char* send = static_cast<char*>(gather_.data());
-  char* recv = send + static_cast<size_t>(stride) * esz;
-  backend::device_copy(send, mine, static_cast<size_t>(owned) * esz);
-  backend::device_zero(send + static_cast<size_t>(owned) * esz, static_cast<size_t>(stride - owned) * esz);
-  setup_.data->all_gather(send, recv, static_cast<size_t>(stride), dtype);
-  backend::device_copy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
 }
 
 int64_t PipelineExecutor::adam_steps() const { return chunks_.front()->adam->steps_taken(); }
@@ -333,8 +310,9 @@ float* PipelineExecutor::widen(Chunk& c, int u, bool lean) {
 const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
   if (shard_params_) {
     const int k = u == 0 ? 0 : 1;
-    PO_ASSERT(use_unit_[k] == u, "pipeline: unit ", u, "'s bf16 parameters asked for before the unit");
-    return static_cast<const uint16_t*>(use_[k].data());
+    PO_ASSERT(use_slot_[k] >= 0 && use_[k][static_cast<size_t>(use_slot_[k])].unit == u, "pipeline: unit ", u,
+              "'s bf16 parameters asked for before the unit");
+    return static_cast<const uint16_t*>(use_[k][static_cast<size_t>(use_slot_[k])].buf.data());
   }
   const auto* src = c.holds(u) ? static_cast<const uint16_t*>(c.params.data()) + (layout_.unit_offset(u) - c.base)
                                : static_cast<const uint16_t*>(c.unit0_params);
@@ -576,6 +554,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   step_start_ns_ = now_ns();
   const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
   next_recv_ = 0;
+  recording_ = shard_params_ && !order_known_;  // ZeRO-3: the first step's requests are the order
   if (link_) post_receives();
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
@@ -606,6 +585,8 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   if (link_) link_->wait_sends();
   for (float* b : sending_) give_buffer(b);
   sending_.clear();
+  drain_gathers();
+  if (std::exchange(recording_, false)) order_known_ = true;
   PO_ASSERT(ready_.empty() && posted_.empty() && in_flight_ == 0 && w_queue_ == 0,
             "pipeline rank ", rank_, ": the step left tensors behind");
   stats.seconds = static_cast<double>(now_ns() - step_start_ns_) / 1e9;
@@ -643,6 +624,7 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets,
     else backend::device_copy(x.data(), m.stage_output(), msg * sizeof(float));
     release_slot(c, -2);
     have = true;
+    drain_gathers();  // (what the training order prefetched past the evaluation's requests)
     if (st + 1 < S && s.rank_of(st + 1) != rank_) {
       Action snd{Op::kSend, 0, st + 1, s.rank_of(st + 1), Payload::kActivation};
       link_->send(x.data(), message_shape(), snd.peer, pipeline::message_tag(snd));

@@ -162,6 +162,9 @@ struct PipelineSetup {
   // parallel.bucket_size), else all at the step.
   bool overlap_comm = false;
   uint64_t bucket_bytes = 25u << 20;
+  // ZeRO-3 over dp > 1: the parameter gathers issued ahead of their use,
+  // along the step's order of requests (parallel.prefetch; 0: at each use).
+  int prefetch = 1;
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
@@ -187,6 +190,9 @@ struct PipelineStepStats {
   int peak_w_queue = 0;    // deferred weight backwards waiting at once
   int64_t sends = 0;       // p2p messages sent
   int64_t sent_bytes = 0;  // p2p payload sent
+  // ZeRO-3 over dp > 1: the parameter gathers of the step, and of them
+  // those issued ahead of their use (parallel.prefetch).
+  int param_gathers = 0, prefetched = 0;
 };
 
 class PipelineExecutor {
@@ -444,8 +450,33 @@ class PipelineExecutor {
   int64_t posted_reductions_ = 0;
   int step_reductions_ = 0, overlapped_reductions_ = 0;  // this step's, and of them not waited for at their post
   double reduction_wait_s_ = 0;  // this step's wait for them so far
-  tensor::Storage use_[2];             // ZeRO-3: a gathered unit 0, another unit (ranks × stride, as stored)
-  int use_unit_[2] = {-1, -1};         // the unit each holds for its use (-1: free)
+  // ZeRO-3 (pipeline_gathers.cc): a unit's stored parameters gathered over
+  // the data group for a use, into buffers of unit 0's kind and of the
+  // others' (ranks × stride, as stored; 1 + parallel.prefetch of the
+  // others'). The requests of the first step, (stage, unit) in the order the
+  // model made them, are the order later steps' gathers are issued along,
+  // `prefetch` units ahead; a request off the order waits for what is in
+  // flight and is gathered alone, as UnitBuffers does at pp = 1.
+  struct UseBuffer {
+    tensor::Storage buf;
+    int unit = -1;        // the unit it holds or is gathering (-1: free)
+    bool in_use = false;  // handed to the model, until done
+  };
+  struct ParamGather {
+    int pos = 0;  // in order_
+    int kind = 0;
+    size_t slot = 0;
+    comm::Work work;
+  };
+  bool issue_gather(int pos);
+  void issue_ahead();
+  void drain_gathers();
+  std::vector<UseBuffer> use_[2];
+  int use_slot_[2] = {-1, -1};  // the buffer of each kind in use (-1: none)
+  std::vector<std::pair<int, int>> order_;
+  bool order_known_ = false, recording_ = false;
+  std::deque<ParamGather> param_gathers_;
+  int next_ = 0, issued_ = 0;  // order_'s next request, and the next gather to issue
   // bf16 or ZeRO 2-3 (see pipeline_executor.cc): widened parameters, f32
   // accumulators, each followed by its reduce-scatter's send and receive
   // blocks (acc_layout).

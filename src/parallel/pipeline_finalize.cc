@@ -86,6 +86,7 @@ void PipelineExecutor::add_lookup_tail() {
 }
 
 double PipelineExecutor::step(double lr) {
+  drain_gathers();  // (none outside a step: the update changes what they read)
   std::vector<std::pair<int64_t, int64_t>> uncounted;  // what tp ranks > 0 do not count
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
     uncounted = layout_.replicated_ranges();

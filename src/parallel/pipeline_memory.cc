@@ -192,7 +192,8 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   // reduce-scatter's receive block and bf16 send block, acc_layout), and the
   // deferred blocks' in a pool. ZeRO-3 (dp > 1) stores only the
   // parameters' shard, and gathers unit 0 and the largest other unit for
-  // their uses into ranks × stride blocks, as stored.
+  // their uses into ranks × stride blocks, as stored (the others' kind
+  // 1 + parallel.prefetch of them).
   const bool z2 = setup.zero_stage >= 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const bool z3 = setup.zero_stage == 3 && zr > 1;
@@ -249,7 +250,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
   if (setup.bf16 || z2) {
     m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(n0_used, setup).bytes +
                  static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(other, setup).bytes;
-    if (z3) m.buffers += static_cast<size_t>(padded(n0_used) + padded(other)) * esz;
+    if (z3) m.buffers += static_cast<size_t>(padded(n0_used) + (1 + setup.prefetch) * padded(other)) * esz;
     m.w_queue += static_cast<size_t>(acc_peak) * acc_layout(layout.unit_numel(1), setup).bytes;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
@@ -454,14 +455,15 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
   }
   m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
-              gather_.size() + widen_[0].size() + widen_[1].size() + staging_.size() + use_[0].size() +
-              use_[1].size() +
+              gather_.size() + widen_[0].size() + widen_[1].size() + staging_.size() +
               tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
               tokens_all_.size();
   for (const auto& c : chunks_)
     if (c->rows) m.buffers += c->rows->bytes();
   for (const AccRing& r : rings_)
     for (const auto& b : r.bufs) m.buffers += b.size();
+  for (const auto& kind : use_)
+    for (const UseBuffer& b : kind) m.buffers += b.buf.size();
   for (const auto& b : acc_pool_) m.w_queue += b.size();
   if (vocab_) {
     m.buffers += vocab_->scratch.size();

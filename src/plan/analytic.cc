@@ -75,6 +75,7 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.reduce_bf16 = l.reduce_bf16;
   s.defer_lookup = parallel::defers_lookup(cfg, l.dp, l.overlap, l.cp, l.zero_stage, l.pack);
   s.overlap_comm = l.overlap;
+  s.prefetch = l.prefetch;
   s.bucket_bytes = l.bucket_bytes;
   s.adam.state_bits = l.state_bits;
   s.adam.block_size = l.state_block;
@@ -275,7 +276,7 @@ void analytic_plan(Plan& p) {
                stage_params * resz * (stage == 1 ? 1 : mb), n, dp_inter, grads_overlap);
       if (stage < 3)
         add_comm(p, "dp", "all_gather", "updated parameters", 1, stage_params * esz, n, dp_inter, false);
-      else  // (prefetched along the order at pp = 1; a pipeline gathers at each use)
+      else  // (prefetched along the step's order, at pp = 1 and in a pipeline)
         add_comm(p, "dp", "all_gather", "parameter gathers (forward and backward)",
                  static_cast<uint64_t>(2 * mb), 2 * mb * stage_params * esz, n, dp_inter, grads_overlap);
     }

@@ -64,6 +64,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.defer_lookup = parallel::defers_lookup(r.mcfg, s.dp, cfg.get_bool("parallel.overlap_comm"),
                                            static_cast<int>(r.p.cp), s.zero_stage, cfg.get_bool("data.pack"));
   s.overlap_comm = cfg.get_bool("parallel.overlap_comm");
+  s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   s.bucket_bytes = cfg.get_size("parallel.bucket_size");
   s.adam = r.adam;
   return s;
@@ -458,6 +459,8 @@ class PipelineSteps : public LayoutSteps {
     record["comm_wait_ms"] = ex_.comm_wait_seconds() * 1000;  // this rank's wait for the data group's sums
     if (const auto [early, all] = ex_.overlapped_sums(); all > 0)
       record["dp_sums"] = {{"overlapped", early}, {"all", all}};
+    if (st.param_gathers > 0)  // (this rank's: ZeRO-3)
+      record["param_gathers"] = {{"prefetched", st.prefetched}, {"all", st.param_gathers}};
     o.records.push_back(std::move(record));
     if (paged_) o.records.push_back({{"step", after.step}, {"pp_paging_per_rank", paging_}});
     return o;

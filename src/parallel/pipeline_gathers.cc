@@ -1,0 +1,136 @@
+// The data group's parameter gathers (pipeline_executor.h): ZeRO-1's
+// updated shards (gather_unit) and ZeRO-3's gathers of a unit for each use.
+//
+// ZeRO-3: the model asks for a unit's parameters (gather_use) and returns
+// them (release_use), one unit of each kind (unit 0, the others) at a time.
+// The first step records the (stage, unit) of every request; from the next
+// step on the requests are expected in that order, and the gathers of the
+// next parallel.prefetch units are issued, non-blocking, while the model
+// computes with the one in hand, each into a free buffer of its kind (the
+// others' kind has 1 + prefetch; issuing stops at the first that has none
+// free). A request off the order (evaluation, a schedule that asks
+// otherwise) waits for the gathers in flight and is gathered alone. Every
+// decision depends on the sequence of requests only, never on timing, and
+// every data rank of a stage makes the same requests, so the collectives
+// match across the group; the gathered values are the stored shards, so
+// prefetching changes no bit. Nothing stays in flight outside a step or an
+// evaluation (the update changes the shards the gathers read).
+#include "parallel/pipeline_executor.h"
+#include "parallel/pipeline_executor_state.h"
+
+#include <algorithm>
+
+#include "backend/device.h"
+#include "core/error.h"
+
+namespace po::parallel {
+using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
+
+namespace {
+int kind_of(int u) { return u == 0 ? 0 : 1; }
+}  // namespace
+
+const void* PipelineExecutor::gather_use(Chunk& c, int u) {
+  const int k = kind_of(u);
+  PO_ASSERT(use_slot_[k] < 0, "pipeline: unit ", u, "'s parameters asked for while unit ",
+            use_[k][static_cast<size_t>(std::max(use_slot_[k], 0))].unit, "'s are in use");
+  const std::pair<int, int> key{c.stage, u};
+  if (recording_) order_.push_back(key);
+  const int n = order_known_ ? static_cast<int>(order_.size()) : 0;
+  if (next_ >= n || order_[static_cast<size_t>(next_)] != key) {
+    drain_gathers();  // what was prefetched is not what is asked for
+    next_ = issued_ = n > 0 && order_.front() == key ? 0 : n;
+  }
+  size_t slot = 0;
+  PipelineStepStats scratch;
+  PipelineStepStats& stats = stats_ != nullptr ? *stats_ : scratch;
+  ++stats.param_gathers;
+  if (next_ < n) {
+    if (!param_gathers_.empty()) ++stats.prefetched;
+    if (param_gathers_.empty()) {
+      PO_ASSERT(issue_gather(next_), "pipeline: no free buffer for unit ", u, "'s gather");
+      issued_ = next_ + 1;
+    }
+    ParamGather& g = param_gathers_.front();
+    PO_ASSERT(g.pos == next_, "pipeline: parameter gathers out of order");
+    g.work.wait();
+    slot = g.slot;
+    param_gathers_.pop_front();
+    ++next_;
+  } else {  // off the order (or no order yet): gathered alone
+    auto& bufs = use_[k];
+    while (slot < bufs.size() && bufs[slot].unit >= 0) ++slot;
+    PO_ASSERT(slot < bufs.size(), "pipeline: no free buffer for unit ", u, "'s gather");
+    const UnitShard s = shard_of(c, u, true);
+    setup_.data->all_gather(s.at(stored_esz()), bufs[slot].buf.data(),
+                            static_cast<size_t>(s.layout->stride(s.index)), bf16_ ? DType::kBF16 : DType::kF32);
+  }
+  UseBuffer& b = use_[k][slot];
+  b.unit = u;
+  b.in_use = true;
+  use_slot_[k] = static_cast<int>(slot);
+  issue_ahead();  // the next units' gathers run while this one computes
+  return b.buf.data();
+}
+
+void PipelineExecutor::release_use(int u) {
+  const int k = kind_of(u);
+  PO_ASSERT(use_slot_[k] >= 0, "pipeline: unit ", u, " returned but not in use");
+  UseBuffer& b = use_[k][static_cast<size_t>(use_slot_[k])];
+  b.unit = -1;
+  b.in_use = false;
+  use_slot_[k] = -1;
+  issue_ahead();  // (a buffer is free again)
+}
+
+// The gather of order_[pos] into a free buffer of its kind; false if none is.
+bool PipelineExecutor::issue_gather(int pos) {
+  const auto [stage, u] = order_[static_cast<size_t>(pos)];
+  const int k = kind_of(u);
+  auto& bufs = use_[k];
+  size_t slot = 0;
+  while (slot < bufs.size() && bufs[slot].unit >= 0) ++slot;
+  if (slot == bufs.size()) return false;
+  bufs[slot].unit = u;
+  const UnitShard s = shard_of(chunk_of_stage(stage), u, true);
+  param_gathers_.push_back({pos, k, slot,
+                            setup_.data->iall_gather(s.at(stored_esz()), bufs[slot].buf.data(),
+                                                     static_cast<size_t>(s.layout->stride(s.index)),
+                                                     bf16_ ? DType::kBF16 : DType::kF32)});
+  return true;
+}
+
+// Up to parallel.prefetch gathers ahead of the next request, in order.
+void PipelineExecutor::issue_ahead() {
+  if (!order_known_ || next_ >= static_cast<int>(order_.size())) return;
+  const int end = std::min(static_cast<int>(order_.size()), next_ + setup_.prefetch);
+  issued_ = std::max(issued_, next_);
+  while (issued_ < end && issue_gather(issued_)) ++issued_;
+}
+
+// Every gather in flight waited for and its buffer free again; the order
+// restarts at the next request.
+void PipelineExecutor::drain_gathers() {
+  for (ParamGather& g : param_gathers_) {
+    g.work.wait();
+    use_[g.kind][g.slot].unit = -1;
+  }
+  param_gathers_.clear();
+  issued_ = next_;
+}
+
+// Every data rank's shard of one unit (`mine`: this rank's owned(i)
+// elements) into dst, the whole unit: a collective over the data group.
+void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst,
+                                   DType dtype) {
+  const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  const int64_t stride = sl.stride(i), owned = sl.owned(i);
+  char* send = static_cast<char*>(gather_.data());
+  char* recv = send + static_cast<size_t>(stride) * esz;
+  backend::device_copy(send, mine, static_cast<size_t>(owned) * esz);
+  backend::device_zero(send + static_cast<size_t>(owned) * esz, static_cast<size_t>(stride - owned) * esz);
+  setup_.data->all_gather(send, recv, static_cast<size_t>(stride), dtype);
+  backend::device_copy(dst, recv, static_cast<size_t>(sl.unit_numel(i)) * esz);
+}
+
+}  // namespace po::parallel
