@@ -165,9 +165,8 @@ std::vector<std::pair<size_t, size_t>> Transformer::predicted_activation_regions
 }
 
 void Transformer::lend_region(size_t r) {
-  if (!lender_.lend || accumulating_ || r >= regions_.size() || lent_[r]) return;
-  lent_[r] = true;
-  lender_.lend(static_cast<int>(r), regions_[r].first, regions_[r].second);
+  if (!lender_.lend || r >= regions_.size() || lent_[r]) return;
+  lent_[r] = lender_.lend(static_cast<int>(r), regions_[r].first, regions_[r].second);
 }
 
 void Transformer::claim_region(size_t r) {

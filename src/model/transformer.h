@@ -86,12 +86,15 @@ struct UnitHooks {
 // through block l, block l's saved activations are dead until its next
 // forward, and after the head's backward the head's until the next head.
 // Region ids: the held blocks in order (0 = the first), then the head. The
-// model calls lend(region, base, bytes) once a region is dead and
-// claim(region) before it writes there again; claim must have taken
-// everything back when it returns. The memory stays the model's allocation
-// (the compute pool does not move).
+// model offers lend(region, base, bytes) once a region is dead, which
+// returns whether it took it (the caller lends only after the step's last
+// micro-batch), and calls claim(region) for a region taken before it writes
+// there again; claim must have taken everything back when it returns. The
+// memory stays the model's allocation (the compute pool does not move).
+// A split backward's blocks (stage_backward with deferred weight halves)
+// are not offered.
 struct ActivationLender {
-  std::function<void(int region, char* base, size_t bytes)> lend;
+  std::function<bool(int region, char* base, size_t bytes)> lend;
   std::function<void(int region)> claim;
 };
 

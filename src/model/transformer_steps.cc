@@ -634,7 +634,9 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
     return 0.0;
   }
   PO_CHECK(head_logits_, "stage_forward: this model's head has no logits (made for an external head)");
-  return head_forward(out_, targets, BT, grad_scale);
+  const double loss = head_forward(out_, targets, BT, grad_scale);
+  if (grad_scale != 0.0f) lend_region(regions_.size() - 1);  // (the lender takes the last micro-batch's)
+  return loss;
 }
 
 void Transformer::set_external_head(bool on) {
@@ -699,6 +701,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     const LayerActs a = backward_acts(l, P, in, h);
     block_backward(P, G, in, a, dres_, nullptr, h);
     unit_done(u);
+    lend_region(static_cast<size_t>(l - first_block()));
     ready(u);
   }
   if (holds(0)) {

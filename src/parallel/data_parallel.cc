@@ -269,6 +269,7 @@ void DataParallel::begin_step(double lr) {
 float DataParallel::micro_batch(const int32_t* inputs, const int32_t* targets, float grad_scale,
                                 bool last) {
   if (units_) units_->set_final_micro_batch(last);  // (paged shards take the norm as the last land)
+  final_micro_ = last;  // (the activation lender lends the last one's)
   model_.set_accumulating(!last);  // the model's own tied E (no sink) is added once, at the end
   const float loss = model_.forward_backward(inputs, targets, grad_scale,
                                              last ? unit_ready() : std::function<void(int)>(),

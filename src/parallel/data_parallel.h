@@ -295,6 +295,7 @@ class DataParallel {
   ShardLayout layout_;
   std::unique_ptr<optim::AdamW> adam_;
   bool defer_embedding_ = false;
+  bool final_micro_ = true;  // the micro-batch in hand is the step's last (micro_batch)
   double comm_wait_s_ = 0, staged_wait_s_ = 0;
   int64_t backward_end_ns_ = 0, wait_end_ns_ = 0;
 

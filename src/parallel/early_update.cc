@@ -43,9 +43,12 @@ void DataParallel::enable_paging(const memory::PagerOptions& options) {
     // visit pages in their own order, which reads ahead by itself.
     memory::Pager& pager = st->pager();
     const bool read_ahead = !early_;
-    model_.set_activation_lender(
-        {[&pager, read_ahead](int r, char* base, size_t bytes) { pager.lend(r, base, bytes, read_ahead); },
-         [&pager](int r) { pager.claim(r); }});
+    model_.set_activation_lender({[this, &pager, read_ahead](int r, char* base, size_t bytes) {
+                                    if (!final_micro_) return false;  // (the step's last micro-batch's)
+                                    pager.lend(r, base, bytes, read_ahead);
+                                    return true;
+                                  },
+                                  [&pager](int r) { pager.claim(r); }});
   }
   if (early_) {  // which units' gradients each page holds
     page_units_.assign(st->state_pages(), 0);

@@ -77,6 +77,9 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
 // accumulators of ZeRO 2-3's reduce-scatters still in flight (their send
 // and receive blocks) and ZeRO-3's prefetched gathers' buffers.
 PipelineExecutor::~PipelineExecutor() {
+  if (lender_.lend)  // (lent frames back to their models before the pager goes)
+    for (auto& c : chunks_)
+      for (auto& m : c->slots) m->set_activation_lender({});
   if (!param_gathers_.empty()) {  // (ZeRO-3's gathers in flight)
     for (auto& kind : use_) (void)new std::vector<UseBuffer>(std::move(kind));
     (void)new std::deque<ParamGather>(std::move(param_gathers_));
@@ -281,6 +284,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     }
     m->set_unit_hooks(std::move(h));
     m->set_accumulating(true);
+    if (lender_.lend) m->set_activation_lender(lender_);
     if (setup_.schedule.vocab && c.holds(layout_.head_unit())) m->set_external_head(true);
     if (LookupRows* rows = c.rows.get())
       m->set_tied_lookup_rows([rows](const float* r, const int32_t* t, int64_t n) { rows->append(r, t, n); });

@@ -165,6 +165,10 @@ struct PipelineSetup {
   // ZeRO-3 over dp > 1: the parameter gathers issued ahead of their use,
   // along the step's order of requests (parallel.prefetch; 0: at each use).
   int prefetch = 1;
+  // Paged state of one whole chunk (pp = 1): its slot's activations, dead
+  // after the step's last micro-batch until the next forward, lent to the
+  // pager as compute frames (memory.lend_activations), as DataParallel lends.
+  bool lend_activations = false;
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
@@ -548,6 +552,7 @@ class PipelineExecutor {
   int emb_rank_ = 0, head_rank_ = 0;
   bool skew_ = false;  // PAGEDOPTIM_TEST_PP_SKEW_RANK (fault tests)
   std::unique_ptr<VocabPart> vocab_;
+  model::ActivationLender lender_;  // (lend_activations, once paged; empty: none)
 };
 
 }  // namespace po::parallel

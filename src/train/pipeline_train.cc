@@ -65,6 +65,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
                                            static_cast<int>(r.p.cp), s.zero_stage, cfg.get_bool("data.pack"));
   s.overlap_comm = cfg.get_bool("parallel.overlap_comm");
   s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
+  s.lend_activations = cfg.get_bool("memory.lend_activations");
   s.bucket_bytes = cfg.get_size("parallel.bucket_size");
   s.adam = r.adam;
   return s;
@@ -530,7 +531,7 @@ class PipelineSteps : public LayoutSteps {
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex_.memory();
     const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 14;
+    constexpr size_t kMem = 15;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
         static_cast<double>(mem.adam), static_cast<double>(mem.activations),
@@ -538,7 +539,8 @@ class PipelineSteps : public LayoutSteps {
         static_cast<double>(mem.pages), static_cast<double>(ps.nvme_read_bytes),
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
         ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen),
-        cp_ops_ != nullptr ? static_cast<double>(cp_ops_->buffer_bytes()) : 0.0};  // (the ring's, as allocated)
+        cp_ops_ != nullptr ? static_cast<double>(cp_ops_->buffer_bytes()) : 0.0,  // (the ring's, as allocated)
+        static_cast<double>(ps.lent_read_bytes)};
     std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
     gather_pipe(pipe_, mine_mem, mems.data(), 2 * kMem);  // doubles, bit-exact
     int peak = st.peak_in_flight;
@@ -553,7 +555,7 @@ class PipelineSteps : public LayoutSteps {
                           {"frozen", v[12]}, {"context", v[13]},
                           {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6] + v[12] + v[13]}});
       paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
-                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}});
+                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}, {"lent_read_bytes", v[14]}});
     }
     // Every pipeline rank's collectives on its data and tensor groups.
     constexpr size_t kOps = comm::kNumCommOps;

@@ -90,12 +90,21 @@ TEST_F(OneStageExecutor, SplitAndPagedLayoutsGiveDataParallelsBits) {
   }
   ASSERT_GT(least, 0) << "no minimum compute budget named";
   const auto [ref, got] = expect_same(1, paging + std::to_string(least), "gpt2 Adam state paged to NVMe");
-  double read[2] = {0, 0};
+  double read[2] = {0, 0}, lent[2] = {0, 0};
   for (const auto& j : po::test::read_metrics(ref))
-    if (j.contains("paging")) read[0] += j["paging"].value("nvme_read_bytes", 0.0);
-  for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) read[1] += r["nvme_read_bytes"].get<double>();
+    if (j.contains("paging")) {
+      read[0] += j["paging"].value("nvme_read_bytes", 0.0);
+      lent[0] += j["paging"].value("lent_read_bytes", 0.0);
+    }
+  for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) {
+    read[1] += r["nvme_read_bytes"].get<double>();
+    lent[1] += r["lent_read_bytes"].get<double>();
+  }
   EXPECT_GT(read[0], 0) << "DataParallel's run read no page back from NVMe";
   EXPECT_GT(read[1], 0) << "the executor's run read no page back from NVMe at its last step";
+  // The dead activations lent to the pager (memory.lend_activations), filled with pages.
+  EXPECT_GT(lent[0], 0) << "DataParallel's run read no page into lent activations";
+  EXPECT_GT(lent[1], 0) << "the executor's run read no page into lent activations at its last step";
 }
 
 // The data group's sums in buckets, started while the backward runs
