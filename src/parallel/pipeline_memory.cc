@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include <cstring>
 #include <vector>
@@ -64,155 +65,167 @@ size_t adam_bytes(const model::Layout& layout, const PipelineSetup& setup, int z
   return static_cast<size_t>(bytes);
 }
 
-}  // namespace
 
-PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
-                                                   const PipelineSetup& setup, int rank) {
-  const model::TransformerConfig c = config.resolved();
-  const model::Layout layout(c, setup.split);
-  const pipeline::Schedule& s = setup.schedule;
-  const int S = s.stages(), head = layout.head_unit();
-  const int64_t tp = setup.split.size;
-  const int64_t sp = c.sequence_parallel && tp > 1 ? tp : 1;
-  const auto f = sizeof(float);
-  Memory m;
-  const std::vector<int> stages = s.stages_of(rank);
-  const bool emb_here = s.rank_of(0) == rank;
-  // Per chunk: the most slots and deferred works held at once, replayed.
-  std::map<int, int> held, slots, queued, works;
-  int64_t live = 0, peak = 0, posted = 0;
-  int64_t acc_live = 0, acc_peak = 0;  // bf16, ZeRO-2: deferred blocks' accumulators
-  int64_t vocab_live = 0, vocab_peak = 0;  // vocabulary parallel: micro-batches from S to T
-  const int head_rank = s.rank_of(S - 1);
-  auto blocks_of = [&](int stage) {
-    const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
-    const int first = r.first, last = r.last < 0 ? head : r.last;
-    return static_cast<int64_t>(std::min(last, head - 1) - (std::max(first, 1) - 1));
-  };
-  size_t next = 0;
-  std::set<Key> posted_keys, local;
-  const auto& list = s.actions[static_cast<size_t>(rank)];
-  auto post_one = [&] {
-    const Action& a = list[next++];
-    if (a.op != Op::kRecv) return;
-    posted_keys.insert({a.micro, a.stage, static_cast<int>(a.payload)});
-    ++posted;
-    peak = std::max(peak, ++live);
-  };
-  auto window = [&] {
-    while (posted < static_cast<int64_t>(kRecvWindow) && next < list.size()) post_one();
-  };
-  auto consume = [&](const Key& k) {  // incoming(): a local hand-off or a posted receive
-    if (local.erase(k) > 0) return;
-    while (posted_keys.count(k) == 0) post_one();
-    posted_keys.erase(k);
-    --posted;
-  };
-  if (s.ranks > 1) window();
-  for (const Action& a : list) {
-    if (a.op == Op::kRecv) continue;
-    if (a.op == Op::kSend) {
-      local.erase({a.micro, a.stage, static_cast<int>(a.payload)});
-      continue;
+// A rank's action list replayed from the schedule alone, with the
+// executor's own bookkeeping: per stage the most slots (micro-batches from
+// their F to their B) and deferred W works held at once; the most message
+// buffers, deferred blocks' accumulators (split backwards) and, with the
+// vocabulary-parallel head, micro-batches from their S to their T.
+struct ScheduleReplay {
+  std::map<int, int> slots, works;
+  int64_t buffers = 0, accumulators = 0, vocab = 0;
+};
+
+// The blocks (units 1..L) of a stage: a split backward's accumulators and W works.
+int64_t stage_blocks(const model::Layout& layout, const PipelineSetup& setup, int stage) {
+  const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+  const int head = layout.head_unit(), first = r.first, last = r.last < 0 ? head : r.last;
+  return static_cast<int64_t>(std::min(last, head - 1) - (std::max(first, 1) - 1));
+}
+
+class ActionReplay {
+ public:
+  ActionReplay(const model::Layout& layout, const PipelineSetup& setup, int rank)
+      : layout_(layout), setup_(setup), s_(setup.schedule), rank_(rank), S_(s_.stages()),
+        head_rank_(s_.rank_of(S_ - 1)), list_(s_.actions[static_cast<size_t>(rank)]) {}
+
+  ScheduleReplay run() {
+    if (s_.ranks > 1) window();
+    for (const Action& a : list_) {
+      if (a.op == Op::kHeadStats) head_stats(a);
+      else if (a.op == Op::kHeadGrad) head_grad(a);
+      else if (a.op == Op::kForward) forward(a);
+      else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) backward(a);
+      else if (a.op == Op::kBackwardWeight) weight(a);
+      else if (a.op == Op::kSend) local_.erase({a.micro, a.stage, static_cast<int>(a.payload)});
+      if (a.op != Op::kRecv && a.op != Op::kSend && s_.ranks > 1) window();
     }
-    const bool first = a.stage == 0, last = a.stage == S - 1;
-    const int p = s.ranks;
-    auto node_key = [&](const std::pair<int, int>& node) {
-      return Key{a.micro, S + 1 + 2 * p + node.first, static_cast<int>(Payload::kHeadGrad)};
-    };
-    if (a.op == Op::kHeadStats) {  // vocab_stats' buffers, in its order
-      if (rank != head_rank) consume({a.micro, S + 1 + rank, static_cast<int>(Payload::kHeadInput)});
-      vocab_peak = std::max(vocab_peak, ++vocab_live);
-      peak = std::max(peak, ++live);  // one buffer for every rank
-      local.insert({a.micro, S + 1 + p + rank, static_cast<int>(Payload::kHeadStats)});
-    } else if (a.op == Op::kHeadGrad) {  // vocab_grad's
-      for (int q = 0; q < p; ++q)
-        if (q != rank) {
-          consume({a.micro, S + 1 + p + q, static_cast<int>(Payload::kHeadStats)});
-          --live;
-        }
-      for (const auto& node : s.grad_nodes(rank)) {
-        peak = std::max(peak, ++live);
-        local.insert(node_key(node));
-      }
-      if (rank != head_rank) --live;
-      --vocab_live;
-    } else if (a.op == Op::kForward) {
-      if (!first) consume({a.micro, a.stage, static_cast<int>(Payload::kActivation)});
-      slots[a.stage] = std::max(slots[a.stage], ++held[a.stage]);
-      if (!first) --live;
-      if (last && s.vocab)  // vocab_forward_done
-        for (int q = 0; q < p; ++q)
-          if (q != rank) {
-            peak = std::max(peak, ++live);
-            local.insert({a.micro, S + 1 + q, static_cast<int>(Payload::kHeadInput)});
-          }
-      if (!last) {
-        peak = std::max(peak, ++live);
-        local.insert({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)});
-      }
-    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
-      if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
-      if (last && s.vocab) {  // vocab_input_grad
-        int parts = 0;
-        for (int q = 0; q < p; ++q)
-          for (const auto& node : s.grad_nodes(q)) {
-            consume(node_key(node));
-            ++parts;
-          }
-        peak = std::max(peak, ++live);
-        live -= parts;
-      }
-      if (a.op == Op::kBackwardInput) {
-        works[a.stage] = std::max(works[a.stage], ++queued[a.stage]);
-        acc_peak = std::max(acc_peak, acc_live += blocks_of(a.stage));
-      }
-      if (!last || s.vocab) --live;
-      if (!first) {
-        peak = std::max(peak, ++live);
-        local.insert({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)});
-      }
-      --held[a.stage];
-    } else if (a.op == Op::kBackwardWeight) {
-      --queued[a.stage];
-      acc_live -= blocks_of(a.stage);
-    }
-    if (s.ranks > 1) window();
+    return out_;
   }
-  m.buffers = static_cast<size_t>(peak * setup.micro * setup.T / sp * c.n_embd) * f;
-  const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
-  // Adam (bf16: and the master) over the ZeRO 1-2 shard, padded; fp32 ZeRO-1
-  // also copies out the reduced gradient's shard, and gathers through a send
-  // block + ranks receive blocks of the largest unit's stride; ZeRO-2 keeps
-  // only the gradient's shard. bf16 stores parameters and gradients in 2
-  // bytes, widens in buffers of unit 0 and of the largest other unit, and
-  // stages a unit's f32 sum; bf16 and ZeRO-2 accumulate each micro-batch in
-  // f32 buffers of those two kinds, as many of each as its ring holds
-  // (acc_ring; ZeRO-2 at dp > 1: padded to ranks × stride, with the
-  // reduce-scatter's receive block and bf16 send block, acc_layout), and the
-  // deferred blocks' in a pool. ZeRO-3 (dp > 1) stores only the
-  // parameters' shard, and gathers unit 0 and the largest other unit for
-  // their uses into ranks × stride blocks, as stored (the others' kind
-  // 1 + parallel.prefetch of them).
+
+ private:
+  using MsgKey = std::tuple<int, int, int>;  // (micro, stage, payload), as the executor keys messages
+
+  void take() { out_.buffers = std::max(out_.buffers, ++live_); }  // a message buffer
+  void make(const MsgKey& k) {  // a tensor made here for a send or a local consumer
+    take();
+    local_.insert(k);
+  }
+  void post_one() {  // the list's next action, posted if it is a receive
+    const Action& a = list_[next_++];
+    if (a.op != Op::kRecv) return;
+    posted_keys_.insert({a.micro, a.stage, static_cast<int>(a.payload)});
+    ++posted_;
+    take();
+  }
+  void window() {  // receives posted ahead of their use
+    while (posted_ < static_cast<int64_t>(kRecvWindow) && next_ < list_.size()) post_one();
+  }
+  void consume(const MsgKey& k) {  // incoming(): a local hand-off or a posted receive
+    if (local_.erase(k) > 0) return;
+    while (posted_keys_.count(k) == 0) post_one();
+    posted_keys_.erase(k);
+    --posted_;
+  }
+  MsgKey node_key(const Action& a, const std::pair<int, int>& node) const {
+    return {a.micro, S_ + 1 + 2 * s_.ranks + node.first, static_cast<int>(Payload::kHeadGrad)};
+  }
+  int64_t blocks_of(int stage) const { return stage_blocks(layout_, setup_, stage); }
+  void head_stats(const Action& a) {  // vocab_stats' buffers, in its order
+    if (rank_ != head_rank_) consume({a.micro, S_ + 1 + rank_, static_cast<int>(Payload::kHeadInput)});
+    out_.vocab = std::max(out_.vocab, ++vocab_live_);
+    make({a.micro, S_ + 1 + s_.ranks + rank_, static_cast<int>(Payload::kHeadStats)});  // (one for every rank)
+  }
+  void head_grad(const Action& a) {  // vocab_grad's
+    for (int q = 0; q < s_.ranks; ++q)
+      if (q != rank_) {
+        consume({a.micro, S_ + 1 + s_.ranks + q, static_cast<int>(Payload::kHeadStats)});
+        --live_;
+      }
+    for (const auto& node : s_.grad_nodes(rank_)) make(node_key(a, node));
+    if (rank_ != head_rank_) --live_;
+    --vocab_live_;
+  }
+  void forward(const Action& a) {
+    const bool first = a.stage == 0, last = a.stage == S_ - 1;
+    if (!first) consume({a.micro, a.stage, static_cast<int>(Payload::kActivation)});
+    out_.slots[a.stage] = std::max(out_.slots[a.stage], ++held_[a.stage]);
+    if (!first) --live_;
+    if (last && s_.vocab)  // vocab_forward_done
+      for (int q = 0; q < s_.ranks; ++q)
+        if (q != rank_) make({a.micro, S_ + 1 + q, static_cast<int>(Payload::kHeadInput)});
+    if (!last) make({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)});
+  }
+  void backward(const Action& a) {
+    const bool first = a.stage == 0, last = a.stage == S_ - 1;
+    if (!last) consume({a.micro, a.stage, static_cast<int>(Payload::kGradient)});
+    if (last && s_.vocab) {  // vocab_input_grad
+      int parts = 0;
+      for (int q = 0; q < s_.ranks; ++q)
+        for (const auto& node : s_.grad_nodes(q)) {
+          consume(node_key(a, node));
+          ++parts;
+        }
+      take();
+      live_ -= parts;
+    }
+    if (a.op == Op::kBackwardInput) {
+      out_.works[a.stage] = std::max(out_.works[a.stage], ++queued_[a.stage]);
+      out_.accumulators = std::max(out_.accumulators, acc_live_ += blocks_of(a.stage));
+    }
+    if (!last || s_.vocab) --live_;
+    if (!first) make({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)});
+    --held_[a.stage];
+  }
+  void weight(const Action& a) {
+    --queued_[a.stage];
+    acc_live_ -= blocks_of(a.stage);
+  }
+
+  const model::Layout& layout_;
+  const PipelineSetup& setup_;
+  const pipeline::Schedule& s_;
+  const int rank_, S_, head_rank_;
+  const std::vector<Action>& list_;
+  size_t next_ = 0;
+  int64_t live_ = 0, posted_ = 0, acc_live_ = 0, vocab_live_ = 0;
+  std::set<MsgKey> posted_keys_, local_;
+  std::map<int, int> held_, queued_;
+  ScheduleReplay out_;
+};
+
+// The sizes the working buffers follow: the largest unit 0 a rank uses (its
+// own, or a tied head's replica), the largest other unit, the largest of
+// all (a replica's included).
+struct HeldUnits {
+  int64_t n0_used = 0, other = 0, largest = 0;
+};
+
+// Each stage's parameters, gradients, frozen base, activations (its slots)
+// and deferred W works on `rank`, and the tied table's lookup rows.
+HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig& c, const model::Layout& layout,
+                     const PipelineSetup& setup, int rank, const ScheduleReplay& replay) {
+  const pipeline::Schedule& s = setup.schedule;
+  const int head = layout.head_unit();
+  const int64_t tp = setup.split.size;
   const bool z2 = setup.zero_stage >= 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const bool z3 = setup.zero_stage == 3 && zr > 1;
   const size_t esz = setup.bf16 ? 2 : 4;
-  const int64_t align = setup.shard_align();
-  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr, align) * zr : n; };
+  const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
   auto shard_numel = [&](int first, int last) {
-    return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0, align).local_numel());
+    return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0, setup.shard_align()).local_numel());
   };
-  int64_t n0_used = 0, other = 0, largest = 0;  // largest: of the units held, a replica's included
-  for (int stage : stages) {
+  HeldUnits h;
+  for (int stage : s.stages_of(rank)) {
     const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
     const int first = r.first, last = r.last < 0 ? head : r.last;
     const auto n = static_cast<size_t>(layout.unit_offset(last + 1) - layout.unit_offset(first));
     for (int u = first; u <= last; ++u) {
-      (u == 0 ? n0_used : other) = std::max(u == 0 ? n0_used : other, layout.unit_numel(u));
-      largest = std::max(largest, layout.unit_numel(u));
+      (u == 0 ? h.n0_used : h.other) = std::max(u == 0 ? h.n0_used : h.other, layout.unit_numel(u));
+      h.largest = std::max(h.largest, layout.unit_numel(u));
     }
-    if (layout.tied_trains() && last == head && first > 0) n0_used = layout.unit_numel(0);
+    if (layout.tied_trains() && last == head && first > 0) h.n0_used = layout.unit_numel(0);
     m.params += (z3 ? shard_numel(first, last) : n) * esz;
     m.grads += (z2 ? shard_numel(first, last) : n) * esz;
     m.frozen += model::Transformer::predicted_frozen_bytes(c, {first, last}, setup.split);
@@ -220,11 +233,11 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
       m.frozen += static_cast<size_t>(layout.base_unit_numel(0)) * sizeof(float);
     if (layout.tied_trains() && first == 0)  // the step's lookup rows (tied_pair.h)
       m.buffers += LookupRows::predicted_bytes(s.micro_batches * setup.micro * setup.T, c.n_embd, setup.dp);
-    if (layout.tied_trains() && last == head && first > 0 && !emb_here) {
+    if (layout.tied_trains() && last == head && first > 0 && s.rank_of(0) != rank) {  // the replica
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
       m.params += (z3 ? shard_numel(0, 0) : n0) * esz;
       m.grads += (z2 ? shard_numel(0, 0) : n0) * esz;
-      largest = std::max(largest, layout.unit_numel(0));
+      h.largest = std::max(h.largest, layout.unit_numel(0));
     }
     // (vocabulary parallel: the last stage's first slot alone has logits)
     const bool spread = s.vocab && last == head;
@@ -233,29 +246,76 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     const size_t without = spread ? model::Transformer::predicted_stage_activation_bytes(
                                         c, setup.micro, setup.T, tp, {first, last}, false)
                                   : with_logits;
-    if (slots[stage] > 0)
-      m.activations += with_logits + static_cast<size_t>(slots[stage] - 1) * without;
-    m.w_queue += static_cast<size_t>(works[stage] * blocks_of(stage)) * work;
+    const int slots = replay.slots.count(stage) > 0 ? replay.slots.at(stage) : 0;
+    if (slots > 0) m.activations += with_logits + static_cast<size_t>(slots - 1) * without;
+    const int works = replay.works.count(stage) > 0 ? replay.works.at(stage) : 0;
+    m.w_queue += static_cast<size_t>(works * stage_blocks(layout, setup, stage)) * work;
   }
+  return h;
+}
+
+// Adam's moments (bf16: and the fp32 master) over each AdamW's ZeRO 1-2
+// shard, padded; fp32 ZeRO-1 also copies out the reduced gradient's shard.
+void add_optimizer(PipelineExecutor::Memory& m, const model::Layout& layout, const PipelineSetup& setup, int rank) {
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   for (const AdamUnits& a : adam_units(layout, setup, rank)) {
     m.adam += adam_bytes(layout, setup, zr, a);
-    if (setup.bf16) m.master += static_cast<size_t>(a.numel) * f;
-    if (zr > 1 && !setup.bf16 && !z2) m.grads += static_cast<size_t>(a.numel) * f;
+    if (setup.bf16) m.master += static_cast<size_t>(a.numel) * sizeof(float);
+    if (zr > 1 && !setup.bf16 && setup.zero_stage < 2) m.grads += static_cast<size_t>(a.numel) * sizeof(float);
   }
-  if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(largest, zr, align) * (1 + zr)) * f;
+}
+
+// The working buffers (pipeline_chunks.cc's setup_buffers): the message
+// buffers at the replay's peak; ZeRO 1-2's gathers through a send block +
+// ranks receive blocks of the largest unit's stride; bf16's widened units
+// (unit 0's and the largest other's) and its staged f32 sum; the f32
+// accumulators of bf16 and ZeRO 2-3, as many of each kind as its ring holds
+// (acc_ring; ZeRO 2-3 at dp > 1: padded to ranks × stride, with the
+// reduce-scatter's receive block and bf16 send block, acc_layout), and the
+// split backward's in a pool (counted with the W queue); ZeRO-3's gathered
+// units, ranks × stride as stored (the others' kind 1 + parallel.prefetch
+// of them); the deferred lookup's rows and tokens.
+void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c, const model::Layout& layout,
+                 const PipelineSetup& setup, int rank, const ScheduleReplay& replay, const HeldUnits& h) {
+  const auto f = sizeof(float);
+  const int64_t tp = setup.split.size;
+  const int64_t sp = c.sequence_parallel && tp > 1 ? tp : 1;
+  m.buffers += static_cast<size_t>(replay.buffers * setup.micro * setup.T / sp * c.n_embd) * f;
+  const bool z2 = setup.zero_stage >= 2;
+  const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
+  const bool z3 = setup.zero_stage == 3 && zr > 1;
+  const size_t esz = setup.bf16 ? 2 : 4;
+  const int64_t align = setup.shard_align();
+  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr, align) * zr : n; };
+  if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(h.largest, zr, align) * (1 + zr)) * f;
   if (setup.bf16) {
-    m.buffers += static_cast<size_t>(n0_used + other) * f;
-    if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(largest) * f;
+    m.buffers += static_cast<size_t>(h.n0_used + h.other) * f;
+    if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(h.largest) * f;
   }
   if (setup.bf16 || z2) {
-    m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(n0_used, setup).bytes +
-                 static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(other, setup).bytes;
-    if (z3) m.buffers += static_cast<size_t>(padded(n0_used) + (1 + setup.prefetch) * padded(other)) * esz;
-    m.w_queue += static_cast<size_t>(acc_peak) * acc_layout(layout.unit_numel(1), setup).bytes;
+    m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(h.n0_used, setup).bytes +
+                 static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(h.other, setup).bytes;
+    if (z3) m.buffers += static_cast<size_t>(padded(h.n0_used) + (1 + setup.prefetch) * padded(h.other)) * esz;
+    m.w_queue += static_cast<size_t>(replay.accumulators) * acc_layout(layout.unit_numel(1), setup).bytes;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
     m.buffers += static_cast<size_t>(lookup_tail_rows(setup, rank, all) * (c.n_embd + 1)) * f;
-  if (s.vocab) {
+}
+
+}  // namespace
+
+PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfig& config,
+                                                   const PipelineSetup& setup, int rank) {
+  const model::TransformerConfig c = config.resolved();
+  const model::Layout layout(c, setup.split);
+  const ScheduleReplay replay = ActionReplay(layout, setup, rank).run();
+  Memory m;
+  const HeldUnits held = add_stages(m, c, layout, setup, rank, replay);
+  add_optimizer(m, layout, setup, rank);
+  add_buffers(m, c, layout, setup, rank, replay, held);
+  const pipeline::Schedule& s = setup.schedule;
+  if (s.vocab) {  // the head's pieces: their rows' copy and gradient, the tree's sums, the held micro-batches
+    const auto f = sizeof(float);
     const model::vocab::Pieces pieces = model::vocab::pieces_of(c.vocab_size);
     const auto [k0, k1] = s.pieces_of(rank, pieces.count());
     const auto rows = static_cast<size_t>((pieces.begin(k1) - pieces.begin(k0)) * c.n_embd) * f;
@@ -265,7 +325,7 @@ PipelineExecutor::Memory PipelineExecutor::predict(const model::TransformerConfi
     m.buffers += static_cast<size_t>(model::vocab::tree_height(pieces.count()) *
                                      model::Transformer::head_chunk_rows(setup.micro, setup.T) *
                                      c.n_embd) * f;
-    m.activations += static_cast<size_t>(vocab_peak) * vocab_held_bytes(config, setup, rank);
+    m.activations += static_cast<size_t>(replay.vocab) * vocab_held_bytes(config, setup, rank);
   }
   return m;
 }
@@ -341,6 +401,18 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   for (auto& c : chunks_) {  // bf16: the master is in the pages now
     c->master = tensor::Storage();
     c->rep_master = tensor::Storage();
+  }
+  Chunk& c = *chunks_.front();
+  if (setup_.lend_activations && chunks_.size() == 1 && c.first == 0 && c.last == layout_.head_unit()) {
+    memory::Pager& pager = c.adam->paged_state()->pager();
+    const int last = setup_.schedule.micro_batches - 1;
+    lender_ = {[this, &pager, last](int r, char* base, size_t bytes) {
+                 if (cur_micro_ != last) return false;  // (the step's last micro-batch's)
+                 pager.lend(r, base, bytes);
+                 return true;
+               },
+               [&pager](int r) { pager.claim(r); }};
+    for (auto& m : c.slots) m->set_activation_lender(lender_);
   }
 }
 
