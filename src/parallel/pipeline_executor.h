@@ -224,6 +224,16 @@ class PipelineExecutor {
   using State = optim::StateKind;
   void read_unit(State kind, int u, float* dst);
   void write_unit(State kind, int u, const float* src);
+  // Elements [lo, hi) of unit u's state (holds(u)) into dst, from this rank
+  // alone: a part of a kind held whole, or of a sharded kind within this
+  // rank's ZeRO cut (local_parts()). No collective.
+  void read_unit_part(State kind, int u, int64_t lo, int64_t hi, float* dst);
+  // Whether every data rank's ZeRO cut of each unit is the cut
+  // ShardLayout::stage_units makes over the data group (blocks of
+  // stride_of(n, dp)): ZeRO-0, one data rank, or unquantized Adam state (a
+  // quantized state's cut lies on its blocks' grid). A checkpoint writer's
+  // slice then is its own (read_unit_part).
+  bool local_parts() const;
   // Unit u's fp32 parameters in place (holds(u); not for bf16 stages).
   float* unit_params(int u);
   // The head's replica of the tied token table on this rank as stored (fp32

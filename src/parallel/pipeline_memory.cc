@@ -477,6 +477,33 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
   PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
 }
 
+bool PipelineExecutor::local_parts() const {
+  return setup_.zero_stage == 0 || setup_.dp == 1 || setup_.shard_align() == 1;
+}
+
+void PipelineExecutor::read_unit_part(State kind, int u, int64_t lo, int64_t hi, float* dst) {
+  const auto n = static_cast<size_t>(hi - lo);
+  if (kind == State::kParams && !bf16_ && !shard_params_) {  // fp32 parameters, whole
+    backend::to_host(dst, unit_params(u) + lo, n * sizeof(float));
+    return;
+  }
+  for (auto& c : chunks_) {
+    if (!c->holds(u)) continue;
+    const ShardLayout& sl = *c->shard;
+    const int i = u - c->first;
+    const int64_t mine = sl.ranks() == 1 ? 0 : sl.begin(i);  // this rank's first element of the unit
+    PO_ASSERT(lo >= mine && hi <= mine + (sl.ranks() == 1 ? sl.unit_numel(i) : sl.owned(i)), "pipeline: elements [",
+              lo, ", ", hi, ") of unit ", u, " are not in rank ", rank_, "'s cut");
+    if (kind == State::kParams && !bf16_) {  // ZeRO-3: the stored fp32 shard
+      backend::to_host(dst, static_cast<const float*>(stored_at(*c, false, u)) + (lo - mine), n * sizeof(float));
+      return;
+    }
+    read_field(*c, false, kind, sl.local_offset(i) + (lo - mine), hi - lo, dst);
+    return;
+  }
+  PO_THROW(core::Internal, "pipeline: unit ", u, " is not on rank ", rank_);
+}
+
 void PipelineExecutor::write_unit(State kind, int u, const float* src) {
   for (auto& c : chunks_) {
     if (!c->holds(u)) continue;

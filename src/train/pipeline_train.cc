@@ -125,7 +125,8 @@ Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor&
 // data ranks: its ZeRO shards all-gathered over each data group
 // (read_unit), its tensor-parallel shards over the tensor group, assembled
 // by tp rank 0 (assemble_unit), which keeps its cut. Nothing crosses the
-// pipeline.
+// pipeline. At tp = 1 with the ZeRO cut the file's (local_parts), each
+// writer reads its slice where it lies, and nothing is gathered at all.
 struct StageState {
   model::Layout whole;
   const parallel::ShardLayout* file = nullptr;  // the writers': their cut
@@ -151,12 +152,20 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, cons
   const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
                                                     ? tp_rank_layouts(ex.config(), tp)
                                                     : std::vector<model::Layout>{};
+  // Each writer's slice is within its own ZeRO cut: read there, nothing gathered.
+  const bool own = tp == 1 && ex.local_parts();
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
     if (owner_of(s, held, u) != prank) continue;
     const auto n = static_cast<size_t>(held.unit_numel(u));
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
+      if (own) {
+        if (out.file)
+          ex.read_unit_part(kind, u, out.file->begin(u), out.file->end(u),
+                            out.all[k].data() + out.file->local_offset(u));
+        continue;
+      }
       unit.resize(n);
       ex.read_unit(kind, u, unit.data());
       if (tp > 1)
