@@ -2,7 +2,8 @@
 # Issue 35's migration: pp = 1 through DataParallel (today's path) against
 # the pipeline executor's one-stage schedule (PAGEDOPTIM_ONE_STAGE_EXECUTOR=1),
 # on the same work: bench-small, global batch 8 x 256 in micro-batches of 4,
-# one process with 2 threads and dp = 2 with 1 thread each. The runs
+# one process with 2 threads and dp = 2 with 1 thread each (ZeRO-0, and
+# ZeRO-2 and ZeRO-3: the reduce-scatters and the gathers overlapped). The runs
 # alternate (A B A B) so that the VM's drift falls on both. Prints each
 # engine's tokens/s (steps after the first 3, both repeats) and the ratio
 # executor / DataParallel; the switch to one engine must not fall below
@@ -21,6 +22,10 @@ for rep in 1 2; do
   executor "dp1_executor_$rep" --set train.threads=2
   run "dp2_dataparallel_$rep" --set train.threads=1 --nproc 2
   executor "dp2_executor_$rep" --set train.threads=1 --nproc 2
+  for z in 2 3; do
+    run "dp2z${z}_dataparallel_$rep" --set train.threads=1 --nproc 2 --set parallel.zero_stage=$z
+    executor "dp2z${z}_executor_$rep" --set train.threads=1 --nproc 2 --set parallel.zero_stage=$z
+  done
 done
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
@@ -30,7 +35,7 @@ def rate(run):
     return sum(r["tokens_per_s"] * r["step_ms"] / 1000 for r in recs) / t
 out = {"bench": "one_stage_engines"}
 print("bench-small B=8 T=256 (micro-batches of 4), tokens/s of the steps after the first 3")
-for layout in ("dp1", "dp2"):
+for layout in ("dp1", "dp2", "dp2z2", "dp2z3"):
     r = {e: [rate(f"{layout}_{e}_{k}") for k in (1, 2)] for e in ("dataparallel", "executor")}
     mean = {e: sum(v) / 2 for e, v in r.items()}
     ratio = mean["executor"] / mean["dataparallel"]
