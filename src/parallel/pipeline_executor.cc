@@ -57,6 +57,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   head_rank_ = s.rank_of(s.stages() - 1);
   for (auto& c : chunks_) setup_unit0(*c, quantized);
   setup_buffers();
+  keep_unit0_ = head_meets_embedding();
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
   if (const char* r = std::getenv("PAGEDOPTIM_TEST_PP_SKEW_RANK"))
@@ -264,7 +265,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     } else {  // f32 accumulators per micro-batch (see accumulator)
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
-        for (Reduction& r : reductions_) r.work.test();  // (progress for the ones in flight)
+        progress();
         const auto it = accs_.find({cur_micro_, cp->stage, u});
         if (it != accs_.end()) flush(it);
         if (cur_fused_) unit_finished(*cp, u);
@@ -371,13 +372,36 @@ void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   if (a.ring < 0) acc_free_.push_back(a.buf);
 }
 
+// Whether the one chunk that holds the embedding and the head (one stage)
+// runs each micro-batch's backward before the next forward: the tied
+// table's accumulator then waits from the head's forward to the embedding's
+// backward (its kind's ring has one buffer), so unit 0 is summed once a
+// micro-batch, as at pp = 1, not once for the head's part and once for the
+// rest.
+bool PipelineExecutor::head_meets_embedding() const {
+  if (setup_.schedule.stages() != 1) return false;
+  int open = -1;  // the micro-batch forwarded and not yet backwarded
+  for (const Action& a : setup_.schedule.actions[static_cast<size_t>(rank_)]) {
+    if (a.op == Op::kForward) {
+      if (open >= 0) return false;
+      open = a.micro;
+    } else if (a.op == Op::kBackward || a.op == Op::kBackwardInput) {
+      if (a.micro != open) return false;
+      open = -1;
+    }
+  }
+  return true;
+}
+
 // Every accumulator of (micro, the chunk's stage) into the stored gradient,
-// but, with `keep_deferred`, those of blocks whose weight half is to come.
-void PipelineExecutor::flush_micro(Chunk& c, int micro, bool keep_deferred) {
+// but, with `keep_deferred`, those of blocks whose weight half is to come,
+// and with `keep_unit0` unit 0's.
+void PipelineExecutor::flush_micro(Chunk& c, int micro, bool keep_deferred, bool keep_unit0) {
   for (auto it = accs_.begin(); it != accs_.end();) {
     const auto next = std::next(it);
     const auto [k, stage, u] = it->first;
-    if (k == micro && stage == c.stage && !(keep_deferred && it->second.ring < 0)) flush(it);
+    if (k == micro && stage == c.stage && !(keep_deferred && it->second.ring < 0) && !(keep_unit0 && u == 0))
+      flush(it);
     it = next;
   }
 }
@@ -475,7 +499,9 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
                                          last ? targets_.data() : nullptr, grad_scale);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
-      if (accumulate_ && last) flush_micro(c, a.micro, false);  // the head's gradients are complete
+      // The head's gradients are complete (the tied table's may wait for the
+      // embedding's backward: keep_unit0_).
+      if (accumulate_ && last) flush_micro(c, a.micro, false, first && keep_unit0_);
       if (last && vocab_) vocab_forward_done(m, a.micro);
       if (last) {
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));

@@ -483,6 +483,7 @@ class PipelineExecutor {
     comm::Work work;
   };
   bool issue_gather(int pos);
+  void progress();
   void issue_ahead();
   void drain_gathers();
   std::vector<UseBuffer> use_[2];
@@ -504,7 +505,9 @@ class PipelineExecutor {
   const uint16_t* stored_bf16(const Chunk& c, int u) const;
   float* accumulator(Chunk& c, int u);
   void flush(std::map<AccKey, Acc>::iterator it);
-  void flush_micro(Chunk& c, int micro, bool keep_deferred);
+  void flush_micro(Chunk& c, int micro, bool keep_deferred, bool keep_unit0 = false);
+  bool head_meets_embedding() const;
+  bool keep_unit0_ = false;  // head_meets_embedding()
   std::vector<std::pair<optim::AdamW*, std::string>> adams() const;
   void gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst, tensor::DType dtype);
   tensor::Shape message_shape() const;

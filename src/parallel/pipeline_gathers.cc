@@ -30,7 +30,17 @@ namespace {
 int kind_of(int u) { return u == 0 ? 0 : 1; }
 }  // namespace
 
+// MPI moves a non-blocking collective on only inside its calls: every
+// gather and reduction in flight is polled at each of the model's hooks, as
+// UnitBuffers polls its own. (Polling takes nothing: what completes is
+// still taken in order, where the order says.)
+void PipelineExecutor::progress() {
+  for (ParamGather& g : param_gathers_) g.work.test();
+  for (Reduction& r : reductions_) r.work.test();
+}
+
 const void* PipelineExecutor::gather_use(Chunk& c, int u) {
+  progress();
   const int k = kind_of(u);
   PO_ASSERT(use_slot_[k] < 0, "pipeline: unit ", u, "'s parameters asked for while unit ",
             use_[k][static_cast<size_t>(std::max(use_slot_[k], 0))].unit, "'s are in use");
@@ -81,6 +91,7 @@ void PipelineExecutor::release_use(int u) {
   b.in_use = false;
   use_slot_[k] = -1;
   issue_ahead();  // (a buffer is free again)
+  progress();
 }
 
 // The gather of order_[pos] into a free buffer of its kind; false if none is.

@@ -156,7 +156,14 @@ TEST_F(OneStageExecutor, ReduceScattersOverlapTheBackwardWithTheSameBits) {
   for (const std::string& extra : {std::string("--set parallel.zero_stage=2"),
                                    std::string("--set parallel.zero_stage=3 --set train.precision=bf16"
                                                " --set parallel.reduce_dtype=bf16")}) {
-    const std::string on = expect_same(2, extra, "dp 2 " + extra + ", overlapped").second;
+    const auto [ref, on] = expect_same(2, extra, "dp 2 " + extra + ", overlapped");
+    // The same collectives on the data group as DataParallel's, calls and
+    // bytes (the tied table's accumulator is summed once a micro-batch).
+    const nlohmann::json dp_comm = po::test::last_metric(ref, "comm");
+    const nlohmann::json ex_comm = po::test::last_metric(on, "pp_comm_per_rank")[0];
+    for (const char* op : {"reduce_scatter", "all_gather"})
+      EXPECT_EQ(dp_comm.value(op, nlohmann::json()), ex_comm.value(op, nlohmann::json()))
+          << extra << ": the data group's " << op << "s, DataParallel's against the executor's";
     const std::string off =
         expect_same(2, extra + " --set parallel.overlap_comm=false", "dp 2 " + extra + ", at each post").second;
     const auto [early, all] = sums(on);
@@ -164,6 +171,9 @@ TEST_F(OneStageExecutor, ReduceScattersOverlapTheBackwardWithTheSameBits) {
     EXPECT_EQ(early, all) << extra << ": " << early << " of " << all << " reduce-scatters beside the backward";
     EXPECT_EQ(sums(off), std::make_pair(0, all)) << extra << ": without overlap_comm";
   }
+  // GPipe's one stage forwards both micro-batches before either backward:
+  // the head's part of the tied table is summed at its forward, apart.
+  expect_same(2, "--set parallel.zero_stage=2 --set parallel.schedule=gpipe", "dp 2 ZeRO-2, gpipe");
 }
 
 // ZeRO-3: the parameter gathers issued ahead of their use along the order
