@@ -369,7 +369,7 @@ void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
                          : static_cast<uint16_t*>(c.unit0_grads);
   ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)
-  if (a.ring < 0) acc_free_.push_back(a.buf);
+  release_acc(a.ring, a.slot, a.buf);
 }
 
 // Whether the one chunk that holds the embedding and the head (one stage)

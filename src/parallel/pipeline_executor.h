@@ -453,12 +453,13 @@ class PipelineExecutor {
     const void* recv = nullptr;
     tensor::DType wire = tensor::DType::kF32;
     int64_t stride = 0;
-    int ring = -1, slot = 0;  // whose accumulator it holds (ring -1: the deferred pool's `pool`)
-    float* pool = nullptr;
+    int ring = -1, slot = 0;  // whose accumulator it holds (ring -1: the deferred pool's)
+    float* acc = nullptr;
   };
   struct Acc;
   void reduce_into_shard(Chunk& c, int u, const Acc& a);
   void complete_reductions(int64_t through);
+  void release_acc(int ring, int slot, float* buf);
   void finish_reductions();
   std::deque<Reduction> reductions_;
   int64_t posted_reductions_ = 0;
@@ -473,8 +474,7 @@ class PipelineExecutor {
   // flight and is gathered alone, as UnitBuffers does at pp = 1.
   struct UseBuffer {
     tensor::Storage buf;
-    int unit = -1;        // the unit it holds or is gathering (-1: free)
-    bool in_use = false;  // handed to the model, until done
+    int unit = -1;  // the unit it holds or is gathering (-1: free)
   };
   struct ParamGather {
     int pos = 0;  // in order_
@@ -482,6 +482,7 @@ class PipelineExecutor {
     size_t slot = 0;
     comm::Work work;
   };
+  std::pair<size_t, comm::Work> start_use_gather(Chunk& c, int u);
   bool issue_gather(int pos);
   void progress();
   void issue_ahead();

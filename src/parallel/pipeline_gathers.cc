@@ -56,8 +56,9 @@ const void* PipelineExecutor::gather_use(Chunk& c, int u) {
   PipelineStepStats& stats = stats_ != nullptr ? *stats_ : scratch;
   ++stats.param_gathers;
   if (next_ < n) {
-    if (!param_gathers_.empty()) ++stats.prefetched;
-    if (param_gathers_.empty()) {
+    if (!param_gathers_.empty()) {
+      ++stats.prefetched;
+    } else {
       PO_ASSERT(issue_gather(next_), "pipeline: no free buffer for unit ", u, "'s gather");
       issued_ = next_ + 1;
     }
@@ -68,16 +69,12 @@ const void* PipelineExecutor::gather_use(Chunk& c, int u) {
     param_gathers_.pop_front();
     ++next_;
   } else {  // off the order (or no order yet): gathered alone
-    auto& bufs = use_[k];
-    while (slot < bufs.size() && bufs[slot].unit >= 0) ++slot;
-    PO_ASSERT(slot < bufs.size(), "pipeline: no free buffer for unit ", u, "'s gather");
-    const UnitShard s = shard_of(c, u, true);
-    setup_.data->all_gather(s.at(stored_esz()), bufs[slot].buf.data(),
-                            static_cast<size_t>(s.layout->stride(s.index)), bf16_ ? DType::kBF16 : DType::kF32);
+    auto [free, work] = start_use_gather(c, u);
+    PO_ASSERT(free < use_[k].size(), "pipeline: no free buffer for unit ", u, "'s gather");
+    work.wait();
+    slot = free;
   }
   UseBuffer& b = use_[k][slot];
-  b.unit = u;
-  b.in_use = true;
   use_slot_[k] = static_cast<int>(slot);
   issue_ahead();  // the next units' gathers run while this one computes
   return b.buf.data();
@@ -86,28 +83,33 @@ const void* PipelineExecutor::gather_use(Chunk& c, int u) {
 void PipelineExecutor::release_use(int u) {
   const int k = kind_of(u);
   PO_ASSERT(use_slot_[k] >= 0, "pipeline: unit ", u, " returned but not in use");
-  UseBuffer& b = use_[k][static_cast<size_t>(use_slot_[k])];
-  b.unit = -1;
-  b.in_use = false;
+  use_[k][static_cast<size_t>(use_slot_[k])].unit = -1;
   use_slot_[k] = -1;
   issue_ahead();  // (a buffer is free again)
   progress();
 }
 
+// Unit u's gather (as stored) into a free buffer of its kind, which then
+// holds u: the buffer and the gather in flight, or (no buffer free) the
+// kind's count of buffers and nothing started.
+std::pair<size_t, comm::Work> PipelineExecutor::start_use_gather(Chunk& c, int u) {
+  auto& bufs = use_[kind_of(u)];
+  size_t slot = 0;
+  while (slot < bufs.size() && bufs[slot].unit >= 0) ++slot;
+  if (slot == bufs.size()) return {slot, comm::Work()};
+  bufs[slot].unit = u;
+  const UnitShard s = shard_of(c, u, true);
+  return {slot, setup_.data->iall_gather(s.at(stored_esz()), bufs[slot].buf.data(),
+                                         static_cast<size_t>(s.layout->stride(s.index)),
+                                         bf16_ ? DType::kBF16 : DType::kF32)};
+}
+
 // The gather of order_[pos] into a free buffer of its kind; false if none is.
 bool PipelineExecutor::issue_gather(int pos) {
   const auto [stage, u] = order_[static_cast<size_t>(pos)];
-  const int k = kind_of(u);
-  auto& bufs = use_[k];
-  size_t slot = 0;
-  while (slot < bufs.size() && bufs[slot].unit >= 0) ++slot;
-  if (slot == bufs.size()) return false;
-  bufs[slot].unit = u;
-  const UnitShard s = shard_of(chunk_of_stage(stage), u, true);
-  param_gathers_.push_back({pos, k, slot,
-                            setup_.data->iall_gather(s.at(stored_esz()), bufs[slot].buf.data(),
-                                                     static_cast<size_t>(s.layout->stride(s.index)),
-                                                     bf16_ ? DType::kBF16 : DType::kF32)});
+  auto [slot, work] = start_use_gather(chunk_of_stage(stage), u);
+  if (slot == use_[kind_of(u)].size()) return false;
+  param_gathers_.push_back({pos, kind_of(u), slot, std::move(work)});
   return true;
 }
 

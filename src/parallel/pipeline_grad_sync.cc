@@ -143,8 +143,7 @@ void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a) {
   char* dst = g.at(stored_esz());
   if (sl.ranks() == 1) {
     add_block(dst, stored, a.buf, DType::kF32, stride);
-    if (a.ring < 0) acc_free_.push_back(a.buf);
-    return;
+    return release_acc(a.ring, a.slot, a.buf);
   }
   const AccLayout at = acc_layout(layout_.unit_numel(u), setup_);
   char* bytes = reinterpret_cast<char*>(a.buf);
@@ -157,7 +156,7 @@ void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a) {
   r.stride = stride;
   r.ring = a.ring;
   r.slot = a.slot;
-  r.pool = a.ring < 0 ? a.buf : nullptr;
+  r.acc = a.buf;
   const void* send = a.buf;
   if (r.wire == DType::kBF16) {
     ops::f32_to_bf16(reinterpret_cast<uint16_t*>(bytes + at.send_at), a.buf, stride * sl.ranks());
@@ -179,13 +178,19 @@ void PipelineExecutor::complete_reductions(int64_t through) {
     Reduction& r = reductions_.front();
     r.work.wait();
     add_block(r.dst, bf16_ ? DType::kBF16 : DType::kF32, r.recv, r.wire, r.stride);
-    if (r.ring >= 0)
-      rings_[r.ring].reduction[static_cast<size_t>(r.slot)] = -1;
-    else
-      acc_free_.push_back(r.pool);
+    release_acc(r.ring, r.slot, r.acc);
     reductions_.pop_front();
   }
   reduction_wait_s_ += wait.seconds();
+}
+
+// An accumulator whose sum has landed, free again: its ring's slot, or
+// back to the deferred pool (ring -1).
+void PipelineExecutor::release_acc(int ring, int slot, float* buf) {
+  if (ring < 0)
+    acc_free_.push_back(buf);
+  else
+    rings_[ring].reduction[static_cast<size_t>(slot)] = -1;
 }
 
 // The step's: the reductions still in flight; overlapped_sums() reports

@@ -390,10 +390,7 @@ class PipelineSteps : public LayoutSteps {
                 sch.chunks > 1 ? core::str_cat(" × ", sch.chunks, " chunks") : std::string(), ", ",
                 p_.accum, " micro-batches of ", p_.micro, "; bubble by formula ", formula_,
                 ", as planned ", planned_, "; ", r.threads, " threads per rank, kernels ",
-                backend::cpu::isa_description(), " (",
-                backend::cpu::gemm_precision() == backend::cpu::GemmPrecision::kBF16 ? "bf16 GEMM" : "sgemm",
-                " peak ", static_cast<int>(peak_gflops), " GFLOP/s",
-                r.cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "", ": mfu's denominator)");
+                backend::cpu::isa_description(), " (", gemm_peak_note(r.cfg, peak_gflops), ")");
     if (cp_.size > 1) {  // whole sequences, cut into this rank's rows
       seq_in_.resize(in_.size());
       seq_tg_.resize(in_.size());

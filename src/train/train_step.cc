@@ -126,6 +126,12 @@ double gemm_peak_gflops(const core::Config& cfg) {
   return configured > 0 ? configured : backend::cpu::measure_gemm_peak_gflops(backend::cpu::gemm_precision());
 }
 
+std::string gemm_peak_note(const core::Config& cfg, double peak_gflops) {
+  return core::str_cat(backend::cpu::gemm_precision() == backend::cpu::GemmPrecision::kBF16 ? "bf16 GEMM" : "sgemm",
+                       " peak ", static_cast<int>(peak_gflops), " GFLOP/s",
+                       cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "", ": mfu's denominator");
+}
+
 CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
                      double comm_wait_s) {
   // Waiting for a slower rank is imbalance, not communication; the steady

@@ -67,6 +67,8 @@ inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batc
 // bf16 run), measured here on this rank's threads. Every rank measures at
 // once, so each reads the peak of its own share of the cores.
 double gemm_peak_gflops(const core::Config& cfg);
+// The log's words for it: "sgemm peak N GFLOP/s[, as configured]: mfu's denominator".
+std::string gemm_peak_note(const core::Config& cfg, double peak_gflops);
 
 // Model FLOPs utilisation of a step: its tokens per second × the model's
 // FLOPs per token, over every rank's peak.

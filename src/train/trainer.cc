@@ -381,7 +381,6 @@ TrainResult train_one_stage(const RunInputs& r) {
 
   // MFU is against the GEMM peak of the precision the step runs in (the bf16
   // GEMM's on bf16 operands in a bf16 run), measured here unless configured.
-  const bool bf16_peak = ops::gemm_precision() == ops::GemmPrecision::kBF16;
   c.peak_gflops = gemm_peak_gflops(cfg);
   // The compute budget holds from here on (set up is done: the whole fp32
   // model has given way to shards, the GEMM probe's matrices are freed).
@@ -408,10 +407,7 @@ TrainResult train_one_stage(const RunInputs& r) {
                                        cfg.get_string("parallel.cp_mode"), ")")
                        : std::string(),
               "; batch ", p.batch, " = ", p.accum, " x ", p.micro, "; ", threads, " threads per rank, kernels ",
-              ops::isa_description(), ", BLAS ", ops::blas_name(), " (", bf16_peak ? "bf16 GEMM" : "sgemm", " peak ",
-              static_cast<int>(c.peak_gflops), " GFLOP/s",
-              cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "",
-              ": mfu's denominator)");
+              ops::isa_description(), ", BLAS ", ops::blas_name(), " (", gemm_peak_note(cfg, c.peak_gflops), ")");
   if (l.leader && cp_ops) {
     const model::TransformerConfig& local = model.local_config();
     PO_LOG_INFO("context parallel: ", T_local, " of ", p.T, " positions per rank; the ",
