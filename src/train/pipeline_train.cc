@@ -304,23 +304,17 @@ size_t context_bytes(const core::Config& cfg, const model::TransformerConfig& mc
 // counted where the pages are set up, not here.
 std::string predicted_memory_table(const core::Config& cfg, const model::TransformerConfig& mcfg,
                                    const parallel::PipelineSetup& setup) {
-  static constexpr const char* kKinds[] = {"params",  "grads",   "master", "adam",    "activations",
-                                           "w_queue", "buffers", "frozen", "context", "total"};
-  std::string t = "memory per pipeline rank (MiB), predicted after a step:\n  rank";
-  for (const char* k : kKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
   const size_t context = context_bytes(cfg, mcfg, setup);
+  std::vector<std::vector<uint64_t>> rows;
   for (int r = 0; r < setup.schedule.ranks; ++r) {
     const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(mcfg, setup, r);
-    const size_t v[] = {m.params, m.grads, m.master,  m.adam,  m.activations,
-                        m.w_queue, m.buffers, m.frozen, context, m.total() + context};
-    t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
-    for (size_t b : v) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(b) / (1 << 20));
-      t += buf;
-    }
+    rows.push_back({m.params, m.grads, m.master, m.adam, m.activations, m.w_queue, m.buffers, m.frozen, context,
+                    m.total() + context});
   }
-  return t;
+  return memory_table("memory per pipeline rank (MiB), predicted after a step:",
+                      {"params", "grads", "master", "adam", "activations", "w_queue", "buffers", "frozen", "context",
+                       "total"},
+                      rows);
 }
 
 // memory.host_budget / memory.nvme_dir: each stage's Adam state in pages

@@ -120,12 +120,13 @@ nlohmann::json traffic_json(const comm::Traffic& t) {
   return out;
 }
 
-std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note) {
-  std::string t = "memory per rank (MiB):\n  rank";
-  for (const char* k : kMemoryKinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
+std::string memory_table(const std::string& title, const std::vector<const char*>& kinds,
+                         const std::vector<std::vector<uint64_t>>& rows, const std::string& note) {
+  std::string t = title + "\n  rank";
+  for (const char* k : kinds) t += core::str_cat(" ", std::string(12 - std::min<size_t>(11, std::strlen(k)), ' '), k);
   for (size_t r = 0; r < rows.size(); ++r) {
     t += core::str_cat("\n  ", r < 10 ? "   " : "  ", r);
-    for (uint64_t v : rows[r].memory) {
+    for (uint64_t v : rows[r]) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " %12.1f", static_cast<double>(v) / (1 << 20));
       t += buf;
@@ -133,6 +134,12 @@ std::string memory_table(const std::vector<RankRecord>& rows, const std::string&
   }
   if (!note.empty()) t += "\n  " + note;
   return t;
+}
+
+std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note) {
+  std::vector<std::vector<uint64_t>> values;
+  for (const RankRecord& r : rows) values.emplace_back(r.memory.begin(), r.memory.end());
+  return memory_table("memory per rank (MiB):", {std::begin(kMemoryKinds), std::end(kMemoryKinds)}, values, note);
 }
 
 nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows) {

@@ -67,6 +67,9 @@ nlohmann::json traffic_json(const comm::Traffic& t);
 
 // The log's table, MiB per rank and kind; `note`, when given, a last line.
 std::string memory_table(const std::vector<RankRecord>& rows, const std::string& note = "");
+// The same table of any kinds: `title`, then a row per rank of bytes, in MiB.
+std::string memory_table(const std::string& title, const std::vector<const char*>& kinds,
+                         const std::vector<std::vector<uint64_t>>& rows, const std::string& note = "");
 
 // `paging`: rank 0's traffic this step; `paging_per_rank`: every rank's.
 nlohmann::json paging_json(int64_t step, const std::vector<RankRecord>& rows);
