@@ -530,17 +530,24 @@ PagerStats Pager::take_stats() {
 }
 
 std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least) {
+  std::vector<size_t> kept(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) kept[i] = std::min(pages[i], least);
+  return split_frames(frames, pages, kept);
+}
+
+std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, const std::vector<size_t>& least) {
+  PO_ASSERT(least.size() == pages.size(), "split_frames: ", least.size(), " minima for ", pages.size(), " pagers");
   size_t total = 0, kept = 0;
-  for (size_t p : pages) {
-    total += p;
-    kept += std::min(p, least);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    total += pages[i];
+    kept += std::min(pages[i], least[i]);
   }
   if (frames >= total) return pages;
   const size_t spare = frames > kept ? frames - kept : 0;
   std::vector<size_t> out(pages.size());
   size_t given = 0;
   for (size_t i = 0; i < pages.size(); ++i) {
-    out[i] = std::min(pages[i], std::min(pages[i], least) + spare * pages[i] / total);
+    out[i] = std::min(pages[i], std::min(pages[i], least[i]) + spare * pages[i] / total);
     given += out[i];
   }
   // Rounding leftovers to whoever has room, in order.

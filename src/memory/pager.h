@@ -242,5 +242,8 @@ class Pager {
 // than its pages (all of them when everything fits); the shares add up to
 // min(frames, Σ pages) whenever frames covers the kept ones.
 std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, size_t least);
+// The same with each pager's own minimum (least[i] <= pages[i]: a pager of
+// several, optim::PagedState, keeps one per field).
+std::vector<size_t> split_frames(size_t frames, const std::vector<size_t>& pages, const std::vector<size_t>& least);
 
 }  // namespace po::memory

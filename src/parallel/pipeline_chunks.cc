@@ -127,9 +127,11 @@ void PipelineExecutor::setup_buffers() {
     r.reduction.assign(r.bufs.size(), -1);
   }
   if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-  for (int k = 0; k < 2 && shard_params_; ++k)  // (the others' kind: the one in use and parallel.prefetch ahead)
+  for (int k = 0; k < 2 && shard_params_; ++k) {  // (the others' kind: the one in use and parallel.prefetch ahead)
+    const int64_t stride = ShardLayout::stride_of(n[k], zr, align);  // (paged: and a send block)
     for (int i = 0; i < (k == 0 ? 1 : 1 + setup_.prefetch); ++i)
-      use_[k].push_back({zeroed(ShardLayout::stride_of(n[k], zr, align) * zr, stored_esz())});
+      use_[k].push_back({zeroed(stride * zr + (setup_.paged ? stride : 0), stored_esz())});
+  }
 }
 
 }  // namespace po::parallel

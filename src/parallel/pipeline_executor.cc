@@ -48,6 +48,10 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   shard_grads_ = setup_.zero_stage >= 2;
   accumulate_ = bf16_ || shard_grads_;
   shard_params_ = setup_.zero_stage == 3 && sharded();
+  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {  // what tp ranks > 0 do not count in the norm
+    uncounted_ = layout_.replicated_ranges();
+    std::sort(uncounted_.begin(), uncounted_.end());
+  }
   const std::vector<bool> quantized = quantized_tensors(layout_, adam);
   if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
@@ -131,6 +135,7 @@ void* PipelineExecutor::stored_unit(int u) {
 // Where chunk c (its replica) stores unit u's parameters: the whole unit,
 // or under ZeRO-3 this rank's shard of it.
 void* PipelineExecutor::stored_at(Chunk& c, bool replica, int u) {
+  PO_ASSERT(!paged_shards_, "pipeline: unit ", u, "'s stored parameters are in pages (shard_out)");
   if (shard_params_) return shard_of(c, u, true).at(stored_esz());
   const int64_t at = replica ? 0 : layout_.unit_offset(u) - c.base;
   return static_cast<char*>((replica ? c.rep_params : c.params).data()) + static_cast<size_t>(at) * stored_esz();
@@ -142,15 +147,16 @@ void* PipelineExecutor::stored_at(Chunk& c, bool replica, int u) {
 void PipelineExecutor::store_unit(Chunk& c, bool replica, int u, const float* src) {
   const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
   const int i = replica ? 0 : u - c.first;
-  const int64_t lo = shard_params_ ? sl.begin(i) : 0;
-  const int64_t n = shard_params_ ? sl.owned(i) : sl.unit_numel(i);
-  void* dst = stored_at(c, replica, u);
-  if (!bf16_) {
-    backend::from_host(dst, src + lo, static_cast<size_t>(n) * sizeof(float));
-    return;
+  if (bf16_) write_field(c, replica, State::kParams, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
+  if (shard_params_) {  // this rank's shard, wherever it lives (the padding stays 0)
+    std::vector<uint16_t> narrowed(bf16_ ? static_cast<size_t>(sl.owned(i)) : 0);
+    if (bf16_) ops::f32_to_bf16(narrowed.data(), src + sl.begin(i), sl.owned(i));
+    const void* stored = bf16_ ? static_cast<const void*>(narrowed.data()) : src + sl.begin(i);
+    return shard_in(shard_of(c, u, true), 0, sl.owned(i), stored, Direction::kHostToDevice);  // (c's replica: unit 0's)
   }
-  write_field(c, replica, State::kParams, sl.local_offset(i), sl.owned(i), src + sl.begin(i));
-  ops::f32_to_bf16(static_cast<uint16_t*>(dst), src + lo, n);
+  void* dst = stored_at(c, replica, u);
+  if (!bf16_) return backend::from_host(dst, src, static_cast<size_t>(sl.unit_numel(i)) * sizeof(float));
+  ops::f32_to_bf16(static_cast<uint16_t*>(dst), src, sl.unit_numel(i));
 }
 
 float* PipelineExecutor::unit_params(int u) {
@@ -200,7 +206,9 @@ void PipelineExecutor::sync_replica() {
     Chunk& e = chunk_of_stage(0);
     const auto own = static_cast<size_t>(e.shard->owned(0));
     std::vector<float> state(own);
-    setup_.pipe->send(stored_unit(0), n0, stored, head_rank_, kPairTag);
+    std::vector<char> shard(shard_params_ ? n0 * stored_esz() : 0);  // (ZeRO-3: out of its pages, if paged)
+    if (shard_params_) shard_out(shard_of(e, 0, true), 0, static_cast<int64_t>(n0), shard.data());
+    setup_.pipe->send(shard_params_ ? shard.data() : stored_unit(0), n0, stored, head_rank_, kPairTag);
     for (int k = 0; k < fields; ++k) {
       read_field(e, false, kinds[k], e.shard->local_offset(0), e.shard->owned(0), state.data());
       setup_.pipe->send(state.data(), own, DType::kF32, head_rank_, kPairTag + 3 + k);
@@ -211,7 +219,9 @@ void PipelineExecutor::sync_replica() {
       if (c->replica()) {
         const auto own = static_cast<size_t>(c->rep_shard->owned(0));
         std::vector<float> state(own);
-        setup_.pipe->recv(stored_at(*c, true, 0), n0, stored, emb_rank_, kPairTag);
+        std::vector<char> shard(shard_params_ ? n0 * stored_esz() : 0);
+        setup_.pipe->recv(shard_params_ ? shard.data() : stored_at(*c, true, 0), n0, stored, emb_rank_, kPairTag);
+        if (shard_params_) shard_in(shard_of(*c, 0, true), 0, static_cast<int64_t>(n0), shard.data());
         for (int k = 0; k < fields; ++k) {
           setup_.pipe->recv(state.data(), own, DType::kF32, emb_rank_, kPairTag + 3 + k);
           write_field(*c, true, kinds[k], c->rep_shard->local_offset(0), c->rep_shard->owned(0),
@@ -361,11 +371,13 @@ float* PipelineExecutor::accumulator(Chunk& c, int u) {
 
 void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
   const int u = std::get<2>(it->first);
+  const bool last_micro = std::get<0>(it->first) == setup_.schedule.micro_batches - 1;
   const Acc a = it->second;
   Chunk& c = *a.chunk;
   accs_.erase(it);
   if (a.ring >= 0) rings_[a.ring].busy = false;
-  if (shard_grads_) return reduce_into_shard(c, u, a);  // (it gives the buffer back)
+  if (shard_grads_)  // (it gives the buffer back)
+    return reduce_into_shard(c, u, a, last_micro);
   auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
                          : static_cast<uint16_t*>(c.unit0_grads);
   ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)

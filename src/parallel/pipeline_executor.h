@@ -36,10 +36,14 @@
 // both copies update the same elements on the same rank. The update is
 // element-wise, so the bits do not depend on the stage: ZeRO-1 gives ZeRO-0's.
 //
-// Paging (enable_paging): each chunk's Adam state (its shard under ZeRO-1)
+// Paging (enable_paging): each chunk's Adam state (its shard under ZeRO 1-3)
 // lives in pages of its own pager (memory/pager.h), moving between the compute
 // tier, host RAM and an NVMe swap file per chunk; the update is the same
 // element-wise computation cut at page boundaries, so the bits do not change.
+// Under ZeRO-3 over dp > 1 the stored parameter and gradient shards live in
+// the same pages (ZeRO-Infinity, pipeline_shards.cc): a gather copies the
+// shard out of its pages, a reduction adds into them, and the step's last
+// reduction of a unit sums its squares for the norm as it lands.
 //
 // bf16 (PipelineSetup::bf16): parameters and gradients are stored in bf16
 // and the fp32 master lives with Adam (over the ZeRO shard, paged with it).
@@ -88,10 +92,10 @@
 // most one of each), and the update writes the shard with no gather after
 // it. Every data rank of a stage runs the same action list, so the gathers
 // match as the reduce-scatters do; the gathered values are the stored ones,
-// so ZeRO-3 gives ZeRO-2's bits. Gathers run where their compute needs
-// them, not ahead (no prefetch yet): 2 × micro-batches gathers of a unit
-// per step under 1F1B (forward and input backward; a deferred W reads no
-// parameters).
+// so ZeRO-3 gives ZeRO-2's bits. 2 × micro-batches gathers of a unit per
+// step under 1F1B (forward and input backward; a deferred W reads no
+// parameters), issued parallel.prefetch ahead of their use along the first
+// step's order (pipeline_gathers.cc).
 //
 // Adapters (lora.r > 0): the chunk's parameters are its units' adapters;
 // the frozen base of its units is held once per chunk (Chunk::frozen, its
@@ -169,6 +173,13 @@ struct PipelineSetup {
   // after the step's last micro-batch until the next forward, lent to the
   // pager as compute frames (memory.lend_activations), as DataParallel lends.
   bool lend_activations = false;
+  // The optimizer state is paged (memory.host_budget or memory.nvme_dir;
+  // enable_paging): Adam's moments and the fp32 master, and under ZeRO-3
+  // over dp > 1 the stored parameter and gradient shards too (ZeRO-Infinity,
+  // as DataParallel pages them at pp = 1). predict() then counts none of
+  // them (the caller adds the compute tier's frames), and ZeRO-3's gather
+  // buffers each hold a send block the shard is copied into out of its pages.
+  bool paged = false;
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
@@ -424,19 +435,39 @@ class PipelineExecutor {
     tensor::Storage* store;  // the gradient's shard, or (ZeRO-3) the stored parameters'
     const ShardLayout* layout;
     int index;  // of the unit in `layout`
+    optim::AdamW* adam;  // over the shard (under paged_shards_ its pages hold it)
+    bool params;
+    int unit;      // the global unit
+    bool counted;  // a chunk's own unit (the norm's), not a tied head's replica
     char* at(size_t esz) const {
       return static_cast<char*>(store->data()) + static_cast<size_t>(layout->local_offset(index)) * esz;
     }
   };
   UnitShard shard_of(Chunk& c, int u, bool params);
+  // ZeRO-3 over dp > 1 with paged state (pipeline_shards.cc): the stored
+  // parameter and gradient shards live in their AdamW's pages (ZeRO-Infinity,
+  // as DataParallel's paged shards at pp = 1). Elements [lo, lo + n) of a
+  // unit's shard as stored, out of or into device memory, wherever it lives;
+  // a reduced block of the unit's gradient added into its shard (the last
+  // micro-batch's add also sums the unit's squares, so the norm reads no
+  // page again: paged_sq_).
+  using Direction = backend::Device::Direction;
+  void shard_out(const UnitShard& s, int64_t lo, int64_t n, void* dst, Direction d = Direction::kDeviceToDevice);
+  void shard_in(const UnitShard& s, int64_t lo, int64_t n, const void* src,
+                Direction d = Direction::kDeviceToDevice);
+  void add_into_shard(const UnitShard& g, const void* block, tensor::DType dtype, bool final);
+  void shard_squares(int u);  // unit u's squares (the tied pair changed unit 0 after its last add)
+  bool paged_shards_ = false;
+  std::vector<double> paged_sq_;  // per unit: the counted squares of this rank's gradient shard
+  std::vector<std::pair<int64_t, int64_t>> uncounted_;  // tp ranks > 0: the replicated ranges (sorted)
   // ZeRO-3: unit u's stored parameters gathered over the data group for one
   // use (every data rank of the stage asks in the same order), into the
   // buffer of unit 0's kind or the others', until done(u).
   const void* gather_use(Chunk& c, int u);
   void release_use(int u);
   void sum_tied_shards();
-  double unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
-  double shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted);
+  double unit_norm();
+  double shard_norm();
   int64_t acc_numel(int u) const;  // an accumulator's floats (ZeRO-2 at dp > 1: padded)
   bool shard_grads_ = false;   // ZeRO 2-3: each chunk keeps its shard of the gradient
   bool shard_params_ = false;  // ZeRO-3 over dp > 1: and of the stored parameters
@@ -448,8 +479,9 @@ class PipelineExecutor {
   // at a deferred block's, and at the step.
   struct Reduction {
     comm::Work work;
-    int64_t seq = 0;      // posted_reductions_ at its post
-    char* dst = nullptr;  // the unit's shard (as stored)
+    int64_t seq = 0;  // posted_reductions_ at its post
+    UnitShard dst{};  // the unit's gradient shard
+    bool final = false;  // the step's last micro-batch's
     const void* recv = nullptr;
     tensor::DType wire = tensor::DType::kF32;
     int64_t stride = 0;
@@ -457,7 +489,7 @@ class PipelineExecutor {
     float* acc = nullptr;
   };
   struct Acc;
-  void reduce_into_shard(Chunk& c, int u, const Acc& a);
+  void reduce_into_shard(Chunk& c, int u, const Acc& a, bool final);
   void complete_reductions(int64_t through);
   void release_acc(int ring, int slot, float* buf);
   void finish_reductions();

@@ -100,6 +100,15 @@ inline int acc_ring(const PipelineSetup& s, int kind) {
   return kind == 1 && overlap ? static_cast<int>(UnitBuffers::kMaxReductionsInFlight) + 1 : 1;
 }
 
+// What an AdamW's pages hold beside its moments: the fp32 master of bf16
+// stages, and under ZeRO-3 over dp > 1 the stored parameter and gradient
+// shards (PipelineSetup::paged).
+inline optim::PagedState::Layout paged_fields(const PipelineSetup& s) {
+  optim::PagedState::Layout l{.schema = optim::adamw_schema(s.bf16)};
+  if (s.zero_stage == 3 && s.dp > 1) l.param_bytes = l.grad_bytes = s.bf16 ? sizeof(uint16_t) : sizeof(float);
+  return l;
+}
+
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
 inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 
@@ -152,7 +161,7 @@ struct PipelineExecutor::Chunk {
   std::vector<std::vector<model::WeightGradWork>> free_works;
   size_t work_bytes = 0;  // every WeightGradWork made (the W queue at its peak)
   bool holds(int u) const { return u >= first && u <= last; }
-  bool replica() const { return rep_params.size() > 0; }
+  bool replica() const { return rep_adam != nullptr; }
 };
 
 struct PipelineExecutor::VocabPart {

@@ -87,16 +87,11 @@ void PipelineExecutor::add_lookup_tail() {
 
 double PipelineExecutor::step(double lr) {
   drain_gathers();  // (none outside a step: the update changes what they read)
-  std::vector<std::pair<int64_t, int64_t>> uncounted;  // what tp ranks > 0 do not count
-  if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {
-    uncounted = layout_.replicated_ranges();
-    std::sort(uncounted.begin(), uncounted.end());
-  }
   double norm = 0;
   if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
     finish_reductions();
     sum_tied_shards();
-    norm = shard_norm(uncounted);
+    norm = shard_norm();
   } else {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
     vocab_gather_grads();
@@ -106,7 +101,7 @@ double PipelineExecutor::step(double lr) {
     if (setup_.data != nullptr) finish_sums();
     add_lookup_tail();
     sum_tied_pair();
-    norm = unit_norm(uncounted);
+    norm = unit_norm();
   }
   const double clip = chunks_.front()->adam->clip_scale(norm);
   for (auto& c : chunks_) {
@@ -119,7 +114,8 @@ double PipelineExecutor::step(double lr) {
 
 // The whole reduced gradient's norm: per unit, over the tensor group, then
 // over the stages (grad_norm.h's order).
-double PipelineExecutor::unit_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted) {
+double PipelineExecutor::unit_norm() {
+  const auto& uncounted = uncounted_;
   std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
@@ -181,44 +177,52 @@ void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
 // stride, the blocks a reduce-scatter sends.
 int64_t PipelineExecutor::acc_numel(int u) const { return acc_layout(layout_.unit_numel(u), setup_).numel; }
 
-PipelineExecutor::UnitShard PipelineExecutor::shard_of(Chunk& c, int u, bool params) {
-  if (c.holds(u)) return {params ? &c.params : &c.grads, c.shard.get(), u - c.first};
-  PO_ASSERT(u == 0 && layout_.tied_trains(), "pipeline chunk ", c.stage, ": unit ", u, " not held");
-  if (c.replica()) return {params ? &c.rep_params : &c.rep_grads, c.rep_shard.get(), 0};
-  Chunk& e = chunk_of_stage(0);  // the embedding's chunk on this rank (zbv)
-  return {params ? &e.params : &e.grads, e.shard.get(), 0};
-}
-
-// ZeRO-2's tied pair: the table's elements in this rank's shard of unit 0
+// ZeRO 2-3's tied pair: the table's elements in this rank's shard of unit 0
 // (the same cut on both copies); H is in the head's shard (the replica's,
-// or on one rank the embedding chunk's).
+// or on one rank the embedding chunk's). Paged shards: the table's part
+// out of the pages and back, and unit 0's squares counted again.
 void PipelineExecutor::sum_tied_shards() {
   if (!layout_.tied_trains() || (rank_ != emb_rank_ && rank_ != head_rank_)) return;
   const model::TensorSpec& wte = layout_.token_embedding();
   const int64_t at = wte.offset - layout_.unit_offset(0), n = wte.numel();
-  tensor::Storage* emb = rank_ == emb_rank_ ? &chunk_of_stage(0).grads : nullptr;
-  tensor::Storage* head = nullptr;
-  const ShardLayout* sl = rank_ == emb_rank_ ? chunk_of_stage(0).shard.get() : nullptr;
+  std::vector<UnitShard> copies;  // (the embedding's, then the head's replica)
+  if (rank_ == emb_rank_) copies.push_back(shard_of(chunk_of_stage(0), 0, false));
   for (auto& c : chunks_)
-    if (c->replica()) {
-      head = &c->rep_grads;
-      sl = c->rep_shard.get();
+    if (c->replica()) copies.push_back(shard_of(*c, 0, false));
+  const TableShard t = table_in_shard(*copies.front().layout, 0, at, n);
+  const int64_t k = t.hi - t.lo;
+  std::vector<std::vector<char>> out(copies.size());
+  void* table[2] = {nullptr, nullptr};  // (the embedding's, the head's)
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const int which = copies[i].counted ? 0 : 1;
+    if (!paged_shards_) {
+      table[which] = copies[i].at(stored_esz()) + static_cast<size_t>(t.first) * stored_esz();
+      continue;
     }
-  const TableShard t = table_in_shard(*sl, 0, at, n);
-  auto table = [&](tensor::Storage* g) {  // unit 0's shard is the first in the buffer
-    return g == nullptr ? nullptr : static_cast<char*>(g->data()) + static_cast<size_t>(t.first) * stored_esz();
-  };
-  tied_pair(table(emb), table(head), t.lo, t.hi);
+    out[i].resize(static_cast<size_t>(std::max<int64_t>(k, 0)) * stored_esz());
+    if (k > 0) shard_out(copies[i], t.first, k, out[i].data());
+    table[which] = out[i].data();
+  }
+  tied_pair(table[0], table[1], t.lo, t.hi);
+  if (!paged_shards_) return;
+  for (size_t i = 0; i < copies.size(); ++i)
+    if (k > 0) shard_in(copies[i], t.first, k, out[i].data());
+  if (rank_ == emb_rank_) shard_squares(0);
 }
 
 // The shards' global norm in DataParallel::sharded_grad_norm's order: each
 // unit's counted squares of this rank's shard (the pipeline group puts them
 // together), added in unit order; the data group's totals in rank order;
 // then the tensor group's.
-double PipelineExecutor::shard_norm(const std::vector<std::pair<int64_t, int64_t>>& uncounted) {
+double PipelineExecutor::shard_norm() {
+  const auto& uncounted = uncounted_;
   std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
+      if (paged_shards_) {  // summed as the unit's last reduction landed (add_into_shard)
+        sq[static_cast<size_t>(u)] = paged_sq_[static_cast<size_t>(u)];
+        continue;
+      }
       const ShardLayout& sl = *c->shard;
       const int i = u - c->first;
       const int64_t lo = layout_.unit_offset(u) + sl.begin(i);

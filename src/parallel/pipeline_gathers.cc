@@ -91,7 +91,8 @@ void PipelineExecutor::release_use(int u) {
 
 // Unit u's gather (as stored) into a free buffer of its kind, which then
 // holds u: the buffer and the gather in flight, or (no buffer free) the
-// kind's count of buffers and nothing started.
+// kind's count of buffers and nothing started. Paged shards come out of
+// their pages into the send block after the gathered unit.
 std::pair<size_t, comm::Work> PipelineExecutor::start_use_gather(Chunk& c, int u) {
   auto& bufs = use_[kind_of(u)];
   size_t slot = 0;
@@ -99,9 +100,17 @@ std::pair<size_t, comm::Work> PipelineExecutor::start_use_gather(Chunk& c, int u
   if (slot == bufs.size()) return {slot, comm::Work()};
   bufs[slot].unit = u;
   const UnitShard s = shard_of(c, u, true);
-  return {slot, setup_.data->iall_gather(s.at(stored_esz()), bufs[slot].buf.data(),
-                                         static_cast<size_t>(s.layout->stride(s.index)),
-                                         bf16_ ? DType::kBF16 : DType::kF32)};
+  const int64_t stride = s.layout->stride(s.index);
+  char* buf = static_cast<char*>(bufs[slot].buf.data());
+  const void* send = nullptr;
+  if (paged_shards_) {
+    char* block = buf + static_cast<size_t>(stride * s.layout->ranks()) * stored_esz();
+    shard_out(s, 0, stride, block);
+    send = block;
+  } else {
+    send = s.at(stored_esz());
+  }
+  return {slot, setup_.data->iall_gather(send, buf, static_cast<size_t>(stride), bf16_ ? DType::kBF16 : DType::kF32)};
 }
 
 // The gather of order_[pos] into a free buffer of its kind; false if none is.

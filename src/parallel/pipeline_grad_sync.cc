@@ -135,14 +135,12 @@ void PipelineExecutor::finish_sums() {
 // post. What completes does so in post order, whatever landed first: the
 // shards add the same blocks in the same order, and the accumulators held
 // at every point do not depend on timing (predict counts them).
-void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a) {
+void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a, bool final) {
   const UnitShard g = shard_of(c, u, false);
   const ShardLayout& sl = *g.layout;
   const int64_t stride = sl.stride(g.index);
-  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
-  char* dst = g.at(stored_esz());
   if (sl.ranks() == 1) {
-    add_block(dst, stored, a.buf, DType::kF32, stride);
+    add_into_shard(g, a.buf, DType::kF32, final);
     return release_acc(a.ring, a.slot, a.buf);
   }
   const AccLayout at = acc_layout(layout_.unit_numel(u), setup_);
@@ -150,7 +148,8 @@ void PipelineExecutor::reduce_into_shard(Chunk& c, int u, const Acc& a) {
   Reduction r;
   r.seq = posted_reductions_++;
   ++step_reductions_;
-  r.dst = dst;
+  r.dst = g;
+  r.final = final;
   r.recv = bytes + at.recv_at;
   r.wire = setup_.reduce_bf16 ? DType::kBF16 : DType::kF32;
   r.stride = stride;
@@ -177,7 +176,7 @@ void PipelineExecutor::complete_reductions(int64_t through) {
   while (!reductions_.empty() && reductions_.front().seq <= through) {
     Reduction& r = reductions_.front();
     r.work.wait();
-    add_block(r.dst, bf16_ ? DType::kBF16 : DType::kF32, r.recv, r.wire, r.stride);
+    add_into_shard(r.dst, r.recv, r.wire, r.final);
     release_acc(r.ring, r.slot, r.acc);
     reductions_.pop_front();
   }

@@ -212,6 +212,7 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const bool z3 = setup.zero_stage == 3 && zr > 1;
   const size_t esz = setup.bf16 ? 2 : 4;
+  const size_t shards = z3 && setup.paged ? 0 : esz;  // ZeRO-3 paged: the shards are in the pages
   const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
   auto shard_numel = [&](int first, int last) {
     return static_cast<size_t>(ShardLayout(unit_sizes(layout, first, last), zr, 0, setup.shard_align()).local_numel());
@@ -226,8 +227,8 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
       h.largest = std::max(h.largest, layout.unit_numel(u));
     }
     if (layout.tied_trains() && last == head && first > 0) h.n0_used = layout.unit_numel(0);
-    m.params += (z3 ? shard_numel(first, last) : n) * esz;
-    m.grads += (z2 ? shard_numel(first, last) : n) * esz;
+    m.params += z3 ? shard_numel(first, last) * shards : n * esz;
+    m.grads += z3 ? shard_numel(first, last) * shards : (z2 ? shard_numel(first, last) : n) * esz;
     m.frozen += model::Transformer::predicted_frozen_bytes(c, {first, last}, setup.split);
     if (layout.adapters() && layout.tied() && last == head && first > 0)  // the base token table's copy
       m.frozen += static_cast<size_t>(layout.base_unit_numel(0)) * sizeof(float);
@@ -235,8 +236,8 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
       m.buffers += LookupRows::predicted_bytes(s.micro_batches * setup.micro * setup.T, c.n_embd, setup.dp);
     if (layout.tied_trains() && last == head && first > 0 && s.rank_of(0) != rank) {  // the replica
       const auto n0 = static_cast<size_t>(layout.unit_numel(0));
-      m.params += (z3 ? shard_numel(0, 0) : n0) * esz;
-      m.grads += (z2 ? shard_numel(0, 0) : n0) * esz;
+      m.params += z3 ? shard_numel(0, 0) * shards : n0 * esz;
+      m.grads += z3 ? shard_numel(0, 0) * shards : (z2 ? shard_numel(0, 0) : n0) * esz;
       h.largest = std::max(h.largest, layout.unit_numel(0));
     }
     // (vocabulary parallel: the last stage's first slot alone has logits)
@@ -255,12 +256,13 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
 }
 
 // Adam's moments (bf16: and the fp32 master) over each AdamW's ZeRO 1-2
-// shard, padded; fp32 ZeRO-1 also copies out the reduced gradient's shard.
+// shard, padded, unless paged; fp32 ZeRO-1 also copies out the reduced
+// gradient's shard.
 void add_optimizer(PipelineExecutor::Memory& m, const model::Layout& layout, const PipelineSetup& setup, int rank) {
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   for (const AdamUnits& a : adam_units(layout, setup, rank)) {
-    m.adam += adam_bytes(layout, setup, zr, a);
-    if (setup.bf16) m.master += static_cast<size_t>(a.numel) * sizeof(float);
+    if (!setup.paged) m.adam += adam_bytes(layout, setup, zr, a);
+    if (setup.bf16 && !setup.paged) m.master += static_cast<size_t>(a.numel) * sizeof(float);
     if (zr > 1 && !setup.bf16 && setup.zero_stage < 2) m.grads += static_cast<size_t>(a.numel) * sizeof(float);
   }
 }
@@ -274,7 +276,8 @@ void add_optimizer(PipelineExecutor::Memory& m, const model::Layout& layout, con
 // reduce-scatter's receive block and bf16 send block, acc_layout), and the
 // split backward's in a pool (counted with the W queue); ZeRO-3's gathered
 // units, ranks × stride as stored (the others' kind 1 + parallel.prefetch
-// of them); the deferred lookup's rows and tokens.
+// of them; paged: each with a send block of one stride); the deferred
+// lookup's rows and tokens.
 void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c, const model::Layout& layout,
                  const PipelineSetup& setup, int rank, const ScheduleReplay& replay, const HeldUnits& h) {
   const auto f = sizeof(float);
@@ -287,6 +290,7 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   const size_t esz = setup.bf16 ? 2 : 4;
   const int64_t align = setup.shard_align();
   auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr, align) * zr : n; };
+  auto gathered = [&](int64_t n) { return padded(n) + (setup.paged ? ShardLayout::stride_of(n, zr, align) : 0); };
   if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(h.largest, zr, align) * (1 + zr)) * f;
   if (setup.bf16) {
     m.buffers += static_cast<size_t>(h.n0_used + h.other) * f;
@@ -295,7 +299,7 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   if (setup.bf16 || z2) {
     m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(h.n0_used, setup).bytes +
                  static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(h.other, setup).bytes;
-    if (z3) m.buffers += static_cast<size_t>(padded(h.n0_used) + (1 + setup.prefetch) * padded(h.other)) * esz;
+    if (z3) m.buffers += static_cast<size_t>(gathered(h.n0_used) + (1 + setup.prefetch) * gathered(h.other)) * esz;
     m.w_queue += static_cast<size_t>(replay.accumulators) * acc_layout(layout.unit_numel(1), setup).bytes;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
@@ -358,7 +362,7 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::Transforme
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const bool sharded_params = setup.zero_stage == 3 && setup.dp > 1;
   const int64_t table = layout.token_embedding().offset;
-  const optim::PagedState::Layout base{.schema = optim::adamw_schema(setup.bf16)};
+  const optim::PagedState::Layout base = paged_fields(setup);
   size_t pages = 0, least = 0;
   for (const AdamUnits& a : adam_units(layout, setup, rank)) {
     const ShardLayout shard(unit_sizes(layout, a.first, a.last), zr, 0, setup.shard_align());
@@ -378,15 +382,18 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int 
 }
 
 void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
+  PO_CHECK(setup_.paged, "pipeline: enable_paging on a setup that is not paged (PipelineSetup::paged)");
   const auto list = adams();
-  std::vector<size_t> pages;
-  const optim::PagedState::Layout base{.schema = optim::adamw_schema(bf16_)};
-  for (const auto& [a, name] : list)
-    pages.push_back(optim::PagedState::geometry(a->paged_numel(base), options.page_bytes, a->paged_layout(base)).pages());
+  std::vector<size_t> pages, least;  // (each keeps its fields' minimum: PagedState::min_compute_frames)
+  const optim::PagedState::Layout base = paged_fields(setup_);
+  for (const auto& [a, name] : list) {
+    const auto g = optim::PagedState::geometry(a->paged_numel(base), options.page_bytes, a->paged_layout(base));
+    pages.push_back(g.pages());
+    least.push_back(optim::PagedState::min_compute_frames(g, options.prefetch));
+  }
   const size_t all = std::accumulate(pages.begin(), pages.end(), size_t{0});
-  const std::vector<size_t> compute = memory::split_frames(
-      options.compute_frames == 0 ? all : options.compute_frames, pages,
-      memory::Pager::min_compute_frames(options.prefetch));
+  const std::vector<size_t> compute =
+      memory::split_frames(options.compute_frames == 0 ? all : options.compute_frames, pages, least);
   const std::vector<size_t> host = memory::split_frames(options.host_frames, pages, 0);
   for (size_t k = 0; k < list.size(); ++k) {
     memory::PagerOptions o = options;
@@ -398,9 +405,13 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
     list[k].first->enable_paging(o, base);
   }
+  paged_shards_ = shard_params_;  // (ZeRO-3 over dp > 1: the stored shards too; their values come after)
+  if (paged_shards_) paged_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_) {  // bf16: the master is in the pages now
     c->master = tensor::Storage();
     c->rep_master = tensor::Storage();
+    if (!paged_shards_) continue;
+    for (tensor::Storage* s : {&c->params, &c->grads, &c->rep_params, &c->rep_grads}) *s = tensor::Storage();
   }
   Chunk& c = *chunks_.front();
   if (setup_.lend_activations && chunks_.size() == 1 && c.first == 0 && c.last == layout_.head_unit()) {
@@ -463,8 +474,11 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
-    if (kind == State::kParams && !bf16_)  // ZeRO-3: the stored shards
-      return gather_unit(sl, i, stored_at(*c, false, u), dst, DType::kF32);
+    if (kind == State::kParams && !bf16_) {  // ZeRO-3: the stored shards
+      std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
+      shard_out(shard_of(*c, u, true), 0, sl.owned(i), mine.data(), Direction::kDeviceToHost);
+      return gather_unit(sl, i, mine.data(), dst, DType::kF32);
+    }
     if (sl.ranks() == 1) {
       read_field(*c, false, kind, sl.local_offset(i), sl.unit_numel(i), dst);
       return;
@@ -494,10 +508,8 @@ void PipelineExecutor::read_unit_part(State kind, int u, int64_t lo, int64_t hi,
     const int64_t mine = sl.ranks() == 1 ? 0 : sl.begin(i);  // this rank's first element of the unit
     PO_ASSERT(lo >= mine && hi <= mine + (sl.ranks() == 1 ? sl.unit_numel(i) : sl.owned(i)), "pipeline: elements [",
               lo, ", ", hi, ") of unit ", u, " are not in rank ", rank_, "'s cut");
-    if (kind == State::kParams && !bf16_) {  // ZeRO-3: the stored fp32 shard
-      backend::to_host(dst, static_cast<const float*>(stored_at(*c, false, u)) + (lo - mine), n * sizeof(float));
-      return;
-    }
+    if (kind == State::kParams && !bf16_)  // ZeRO-3: the stored fp32 shard
+      return shard_out(shard_of(*c, u, true), lo - mine, hi - lo, dst, Direction::kDeviceToHost);
     read_field(*c, false, kind, sl.local_offset(i) + (lo - mine), hi - lo, dst);
     return;
   }

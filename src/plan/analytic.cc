@@ -77,15 +77,29 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.overlap_comm = l.overlap;
   s.prefetch = l.prefetch;
   s.bucket_bytes = l.bucket_bytes;
+  s.paged = l.paging;
   s.adam.state_bits = l.state_bits;
   s.adam.block_size = l.state_block;
   s.adam.state_bits_exclude = l.state_bits_exclude;
+  // Each rank's memory, paged as the trainer pages it: the budget is checked
+  // against the rank that needs the most; each rank's pages not in the
+  // compute tier go to the host tier, then NVMe. The busiest rank is the one
+  // holding the most, its compute-tier frames included.
   parallel::PipelineExecutor::Memory busiest;
-  int at = 0;
+  memory::PagingPlan neediest, mine;
+  int at = -1;
   for (int r = 0; r < l.pp; ++r) {
-    const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
-    if (m.total() > busiest.total()) {
+    parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
+    memory::PagingPlan plan;
+    if (l.paging) {
+      const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
+      plan = memory::plan_paging({n, least, m.total()}, {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
+      m.pages = plan.compute_frames * l.page_bytes;
+      if (r == 0 || plan.min_compute_bytes > neediest.min_compute_bytes) neediest = plan;
+    }
+    if (at < 0 || m.total() > busiest.total()) {
       busiest = m;
+      mine = plan;
       at = r;
     }
   }
@@ -101,23 +115,12 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
     add_memory(p, "Adam m, v", static_cast<double>(busiest.adam), Tier::kCompute,
                l.zero_stage >= 1 ? shard : "");
   } else {
-    // Paged as the trainer pages them: the budget is checked against the
-    // rank that needs the most; each rank's pages not in the compute tier go
-    // to the host tier, then NVMe.
-    memory::PagingPlan neediest, mine;
-    for (int r = 0; r < l.pp; ++r) {
-      const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
-      const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
-      const memory::PagingPlan plan = memory::plan_paging(
-          {n, least, m.total() - m.adam - m.master}, {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
-      if (r == 0 || plan.min_compute_bytes > neediest.min_compute_bytes) neediest = plan;
-      if (r == at) mine = plan;
-    }
     // The budget is checked against the rank that needs the most, as the trainer does.
     mine.compute_fits = neediest.compute_fits;
     mine.min_compute_bytes = neediest.min_compute_bytes;
     add_paged_tiers(p, mine, l,
                     core::str_cat(" of Adam m, v", l.bf16 ? " and the fp32 master" : "",
+                                  l.zero_stage == 3 && s.dp > 1 ? ", the parameter and gradient shards" : "",
                                   l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
   }
   if (busiest.frozen > 0)

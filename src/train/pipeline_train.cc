@@ -66,6 +66,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.overlap_comm = cfg.get_bool("parallel.overlap_comm");
   s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   s.lend_activations = cfg.get_bool("memory.lend_activations");
+  s.paged = cfg.get_size("memory.host_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();  // (setup_stage_paging)
   s.bucket_bytes = cfg.get_size("parallel.bucket_size");
   s.adam = r.adam;
   return s;
@@ -317,7 +318,8 @@ std::string predicted_memory_table(const core::Config& cfg, const model::Transfo
                       rows);
 }
 
-// memory.host_budget / memory.nvme_dir: each stage's Adam state in pages
+// memory.host_budget / memory.nvme_dir: each stage's Adam state (ZeRO-3
+// over dp > 1: and its stored parameter and gradient shards) in pages
 // (PipelineExecutor::enable_paging). memory.compute_budget leaves the
 // compute tier what the executor's own accounting (predict) does not take;
 // returns whether the state is paged.
@@ -327,11 +329,10 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
   const int rank = world != nullptr ? world->rank() : 0;
   const size_t compute_budget = cfg.get_size("memory.compute_budget");
   const size_t host_budget = cfg.get_size("memory.host_budget");
-  if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) return false;
+  if (!setup.paged) return false;
   memory::PagerOptions o = pager_options(cfg, rank);
   const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
   parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
-  fixed.adam = fixed.master = 0;  // what is paged
   fixed.buffers += context_bytes(cfg, mcfg, setup);
   const memory::PagingPlan plan = memory::plan_paging({pages, least, fixed.total()}, paging_budgets(cfg, o.page_bytes));
   if (compute_budget > 0) {

@@ -301,3 +301,24 @@ TEST(TensorPools, AComputeBudgetRefusesAllocationsBeyondIt) {
 }
 
 }  // namespace
+
+// Frames split over several pagers (a pipeline rank's chunks): each keeps
+// its own minimum, the rest goes in proportion to pages, the shares add up
+// to the frames given, and nobody gets more than its pages.
+TEST(SplitFrames, EachPagerKeepsItsOwnMinimum) {
+  const std::vector<size_t> pages = {40, 10, 30};
+  const std::vector<size_t> least = {3, 9, 4};  // (the second: a pager of several fields)
+  const std::vector<size_t> out = po::memory::split_frames(20, pages, least);
+  ASSERT_EQ(out.size(), 3u);
+  size_t sum = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_GE(out[i], least[i]) << "pager " << i << " got " << out[i] << " frames, below its minimum " << least[i];
+    EXPECT_LE(out[i], pages[i]) << "pager " << i << " got more frames than pages";
+    sum += out[i];
+  }
+  EXPECT_EQ(sum, 20u) << "the shares do not add up to the frames given";
+  // One minimum for all (the scalar form) gives what the vector of it gives.
+  EXPECT_EQ(po::memory::split_frames(20, pages, 4), po::memory::split_frames(20, pages, std::vector<size_t>{4, 4, 4}));
+  // Everything fits: every pager holds all its pages.
+  EXPECT_EQ(po::memory::split_frames(100, pages, least), pages);
+}

@@ -71,6 +71,14 @@ class PipelineRuns : public po::test::TinyTraining {
     for (const auto& r : po::test::last_metric(run, "pp_paging_per_rank")) read += r["nvme_read_bytes"].get<double>();
     return read;
   }
+  // ZeRO-3 over dp > 1, paged: no pipeline rank holds a parameter or
+  // gradient byte outside its pages (and its gathers' buffers).
+  static void expect_shards_paged(const std::string& run, const std::string& what) {
+    for (const auto& r : po::test::last_metric(run, "pp_memory_per_rank")) {
+      EXPECT_EQ(r["params"].get<double>(), 0) << what << ": parameter bytes held outside the pages";
+      EXPECT_EQ(r["grads"].get<double>(), 0) << what << ": gradient bytes held outside the pages";
+    }
+  }
   // Every loss, gradient norm and validation loss, exactly; the checkpoints'
   // bytes (`files`), or the weights they export (runs whose rank files split
   // the state differently).
@@ -240,10 +248,11 @@ TEST_F(PipelineRuns, ZeroTwoStagesGiveOneStagesBits) {
 // ZeRO-3 at pp 2: each chunk stores only its data rank's shard of the
 // parameters and gathers a unit for each use. At dp 2 × pp 2 the runs give
 // dp 2's bits (fp32 under 1f1b and zbv, bf16 under zb-h1, bf16 on the wire,
-// Adam and the master paged to NVMe, GPT-2's tied table on two stages and
-// on one, dp 2 × tp 2 × pp 2 on 8 ranks), pp 2 alone gives pp 1's, and a
-// dp 2 × pp 2 checkpoint resumes at dp 2 on its curve. Every run is at one
-// thread per rank (the bits compared are at equal threads per rank).
+// paged to NVMe: Adam, the master and the parameter and gradient shards,
+// GPT-2's tied table on two stages and on one, in memory and paged, dp 2 ×
+// tp 2 × pp 2 on 8 ranks), pp 2 alone gives pp 1's, and a dp 2 × pp 2
+// checkpoint resumes at dp 2 on its curve. Every run is at one thread per
+// rank (the bits compared are at equal threads per rank).
 TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
   const std::string z3 = kLlama + " --set model.tie_embeddings=false --set parallel.zero_stage=3 ";
   const std::string dp2 = train("z3_dp2", 2, 1, z3);
@@ -258,8 +267,9 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
               "llama ZeRO-3 bf16 dp 2 × pp 2 zb-h1", false);
   const std::string z3_paged =
       train("z3_bf16_dp2pp2_paged", 2, 2, on_nvme(2, 2, bf16 + "--set parallel.schedule=1f1b"));
-  expect_bits(bref, z3_paged, "llama ZeRO-3 bf16 dp 2 × pp 2, Adam and the master paged to NVMe", false);
+  expect_bits(bref, z3_paged, "llama ZeRO-3 bf16 dp 2 × pp 2, the state and the shards paged to NVMe", false);
   EXPECT_GT(nvme_read(z3_paged), 0) << "llama ZeRO-3 bf16 dp 2 × pp 2: no page came back from NVMe";
+  expect_shards_paged(z3_paged, "llama ZeRO-3 bf16 dp 2 × pp 2 paged");
   const std::string wire16 = bf16 + "--set parallel.reduce_dtype=bf16 ";
   expect_bits(train("z3_dp2_wire16", 2, 1, wire16),
               train("z3_dp2pp2_wire16", 2, 2, wire16 + "--set parallel.schedule=zbv"),
@@ -279,6 +289,10 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
   const std::string gb = g3 + "--set train.precision=bf16 ";
   expect_bits(train("z3_gpt2_bf16_dp2", 2, 1, gb), train("z3_gpt2_bf16_dp2pp2", 2, 2, gb + "--set parallel.schedule=1f1b"),
               "gpt2 ZeRO-3 bf16 dp 2 × pp 2 1f1b", false);
+  // The tied table's two copies (the head's replica on the other stage) in pages.
+  const std::string g3_paged = train("z3_gpt2_dp2pp2_paged", 2, 2, on_nvme(2, 2, g3 + "--set parallel.schedule=1f1b"));
+  expect_bits(gref, g3_paged, "gpt2 ZeRO-3 dp 2 × pp 2 1f1b, the state and the shards paged to NVMe", false);
+  expect_shards_paged(g3_paged, "gpt2 ZeRO-3 dp 2 × pp 2 paged");
 }
 
 // 8- and 4-bit Adam state (optim.state_bits) in a pipeline: each chunk's

@@ -49,6 +49,25 @@ class OneStageExecutor : public po::test::TinyTraining {
     po::test::expect_same_checkpoint(ref, got, 6, what);
     return {ref, got};
   }
+  // `extra` with the state paged to NVMe behind a one-page host tier, the
+  // compute tier the smallest both engines accept on `np` ranks (the
+  // minimum each names for 1 byte).
+  std::string on_nvme(int np, const std::string& extra) {
+    const std::string paging = extra + " --set memory.nvme_dir=" + std::string(dir_ / "swap") +
+                               " --set memory.page_size=4096 --set memory.host_budget=4096 --set memory.compute_budget=";
+    int64_t least = 0;
+    for (const bool executor : {false, true}) {
+      const auto probe = po::test::run_command(
+          std::string(executor ? "env PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 " : "") +
+          po::test::pagedoptim_command(np, "train -c " + config_ + " --set run.dir=" + (dir_ / "probe") +
+                                               " --set parallel.dp=" + std::to_string(np) +
+                                               " --set model.n_layer=4 --set train.batch_size=8 " + paging + "1"));
+      least = std::max(least, po::test::named_minimum_budget(probe.output));
+      std::filesystem::remove_all(dir_ / "probe");
+    }
+    EXPECT_GT(least, 0) << "no minimum compute budget named for " << extra;
+    return paging + std::to_string(least);
+  }
   int runs_ = 0;
 };
 
@@ -75,21 +94,8 @@ TEST_F(OneStageExecutor, DataParallelLayoutsGiveDataParallelsBits) {
 TEST_F(OneStageExecutor, SplitAndPagedLayoutsGiveDataParallelsBits) {
   expect_same(2, "--set parallel.dp=1 --set parallel.tp=2", "gpt2 tp 2");
   expect_same(2, "--set parallel.dp=1 --set parallel.cp=2", "gpt2 cp 2");
-  // Adam's pages on NVMe behind a one-page host tier, the compute tier the
-  // smallest both engines accept (the minimum each names for 1 byte).
-  const std::string paging = "--set memory.nvme_dir=" + std::string(dir_ / "swap") +
-                             " --set memory.page_size=4096 --set memory.host_budget=4096 --set memory.compute_budget=";
-  int64_t least = 0;
-  for (const bool executor : {false, true}) {
-    const auto probe = po::test::run_command(
-        std::string(executor ? "env PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 " : "") +
-        po::test::pagedoptim_command(1, "train -c " + config_ + " --set run.dir=" + (dir_ / "probe") +
-                                            " --set model.n_layer=4 --set train.batch_size=8 " + paging + "1"));
-    least = std::max(least, po::test::named_minimum_budget(probe.output));
-    std::filesystem::remove_all(dir_ / "probe");
-  }
-  ASSERT_GT(least, 0) << "no minimum compute budget named";
-  const auto [ref, got] = expect_same(1, paging + std::to_string(least), "gpt2 Adam state paged to NVMe");
+  // Adam's pages on NVMe behind a one-page host tier.
+  const auto [ref, got] = expect_same(1, on_nvme(1, ""), "gpt2 Adam state paged to NVMe");
   double read[2] = {0, 0}, lent[2] = {0, 0};
   for (const auto& j : po::test::read_metrics(ref))
     if (j.contains("paging")) {
@@ -105,6 +111,25 @@ TEST_F(OneStageExecutor, SplitAndPagedLayoutsGiveDataParallelsBits) {
   // The dead activations lent to the pager (memory.lend_activations), filled with pages.
   EXPECT_GT(lent[0], 0) << "DataParallel's run read no page into lent activations";
   EXPECT_GT(lent[1], 0) << "the executor's run read no page into lent activations at its last step";
+}
+
+// ZeRO-3 paged (ZeRO-Infinity): the stored parameter and gradient shards in
+// the pages beside Adam's state and the master, on NVMe, fp32 and bf16: the
+// executor's gathers copy a shard out of its pages, its reductions add into
+// them, and it holds no parameter or gradient byte outside them; the bits
+// and files of DataParallel's paged shards.
+TEST_F(OneStageExecutor, ZeroThreeShardsPagedGiveDataParallelsBits) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const std::string extra = "--set parallel.zero_stage=3 --set train.precision=" + precision;
+    const std::string got = expect_same(2, on_nvme(2, extra), "dp 2 ZeRO-3 " + precision + ", shards paged").second;
+    for (const auto& r : po::test::last_metric(got, "pp_memory_per_rank")) {
+      EXPECT_EQ(r["params"].get<double>(), 0) << precision << ": parameter bytes held outside the pages";
+      EXPECT_EQ(r["grads"].get<double>(), 0) << precision << ": gradient bytes held outside the pages";
+    }
+    double read = 0;
+    for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) read += r["nvme_read_bytes"].get<double>();
+    EXPECT_GT(read, 0) << precision << ": the executor's run read no page back from NVMe at its last step";
+  }
 }
 
 // The data group's sums in buckets, started while the backward runs
