@@ -127,11 +127,9 @@ void PipelineExecutor::setup_buffers() {
     r.reduction.assign(r.bufs.size(), -1);
   }
   if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-  for (int k = 0; k < 2 && shard_params_; ++k) {  // (the others' kind: the one in use and parallel.prefetch ahead)
-    const int64_t stride = ShardLayout::stride_of(n[k], zr, align);  // (paged: and a send block)
+  for (int k = 0; k < 2 && shard_params_; ++k)  // (the others' kind: the one in use and parallel.prefetch ahead)
     for (int i = 0; i < (k == 0 ? 1 : 1 + setup_.prefetch); ++i)
-      use_[k].push_back({zeroed(stride * zr + (setup_.paged ? stride : 0), stored_esz())});
-  }
+      use_[k].push_back({zeroed(use_buffer_numel(n[k], setup_), stored_esz())});
 }
 
 }  // namespace po::parallel

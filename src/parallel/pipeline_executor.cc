@@ -47,7 +47,10 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   bf16_ = setup_.bf16;
   shard_grads_ = setup_.zero_stage >= 2;
   accumulate_ = bf16_ || shard_grads_;
-  shard_params_ = setup_.zero_stage == 3 && sharded();
+  // ZeRO-3 stores the parameters' shards over dp > 1, and with paged state
+  // on one data rank too: its one "shard" (the whole unit) lives in the
+  // pages and is copied out for each use, as DataParallel's paged shards.
+  shard_params_ = setup_.zero_stage == 3 && (sharded() || setup_.paged);
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {  // what tp ranks > 0 do not count in the norm
     uncounted_ = layout_.replicated_ranges();
     std::sort(uncounted_.begin(), uncounted_.end());

@@ -100,13 +100,27 @@ inline int acc_ring(const PipelineSetup& s, int kind) {
   return kind == 1 && overlap ? static_cast<int>(UnitBuffers::kMaxReductionsInFlight) + 1 : 1;
 }
 
-// What an AdamW's pages hold beside its moments: the fp32 master of bf16
-// stages, and under ZeRO-3 over dp > 1 the stored parameter and gradient
-// shards (PipelineSetup::paged).
+// What an AdamW's pages hold beside its moments (PipelineSetup::paged): the
+// fp32 master of bf16 stages, and under ZeRO-3 the stored parameter and
+// gradient shards.
 inline optim::PagedState::Layout paged_fields(const PipelineSetup& s) {
   optim::PagedState::Layout l{.schema = optim::adamw_schema(s.bf16)};
-  if (s.zero_stage == 3 && s.dp > 1) l.param_bytes = l.grad_bytes = s.bf16 ? sizeof(uint16_t) : sizeof(float);
+  if (s.zero_stage == 3) l.param_bytes = l.grad_bytes = s.bf16 ? sizeof(uint16_t) : sizeof(float);
   return l;
+}
+
+// ZeRO-3 over dp > 1, or paged on one data rank: the stored parameters are
+// the shards (the executor's shard_params_).
+inline bool stores_shards(const PipelineSetup& s) { return s.zero_stage == 3 && (s.dp > 1 || s.paged); }
+
+// A ZeRO-3 gather's buffer (unit 0's kind or the others', the largest unit
+// n of it): ranks × stride as stored, and with paged shards over dp > 1 a
+// send block of one stride the shard is copied into (on one rank it is
+// copied straight into place).
+inline int64_t use_buffer_numel(int64_t n, const PipelineSetup& s) {
+  const int zr = s.dp;
+  const int64_t stride = ShardLayout::stride_of(n, zr, s.shard_align());
+  return stride * zr + (s.paged && zr > 1 ? stride : 0);
 }
 
 inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use

@@ -92,7 +92,8 @@ void PipelineExecutor::release_use(int u) {
 // Unit u's gather (as stored) into a free buffer of its kind, which then
 // holds u: the buffer and the gather in flight, or (no buffer free) the
 // kind's count of buffers and nothing started. Paged shards come out of
-// their pages into the send block after the gathered unit.
+// their pages into the send block after the gathered unit (on one data
+// rank: into the buffer, and nothing is in flight).
 std::pair<size_t, comm::Work> PipelineExecutor::start_use_gather(Chunk& c, int u) {
   auto& bufs = use_[kind_of(u)];
   size_t slot = 0;
@@ -102,6 +103,10 @@ std::pair<size_t, comm::Work> PipelineExecutor::start_use_gather(Chunk& c, int u
   const UnitShard s = shard_of(c, u, true);
   const int64_t stride = s.layout->stride(s.index);
   char* buf = static_cast<char*>(bufs[slot].buf.data());
+  if (s.layout->ranks() == 1) {  // (paged on one data rank: straight into place)
+    shard_out(s, 0, stride, buf);
+    return {slot, comm::Work()};
+  }
   const void* send = nullptr;
   if (paged_shards_) {
     char* block = buf + static_cast<size_t>(stride * s.layout->ranks()) * stored_esz();

@@ -210,7 +210,7 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
   const int64_t tp = setup.split.size;
   const bool z2 = setup.zero_stage >= 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
-  const bool z3 = setup.zero_stage == 3 && zr > 1;
+  const bool z3 = stores_shards(setup);
   const size_t esz = setup.bf16 ? 2 : 4;
   const size_t shards = z3 && setup.paged ? 0 : esz;  // ZeRO-3 paged: the shards are in the pages
   const size_t work = model::Transformer::predicted_weight_grad_work_bytes(c, setup.micro, setup.T, tp);
@@ -286,11 +286,8 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   m.buffers += static_cast<size_t>(replay.buffers * setup.micro * setup.T / sp * c.n_embd) * f;
   const bool z2 = setup.zero_stage >= 2;
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
-  const bool z3 = setup.zero_stage == 3 && zr > 1;
   const size_t esz = setup.bf16 ? 2 : 4;
   const int64_t align = setup.shard_align();
-  auto padded = [&](int64_t n) { return z2 ? ShardLayout::stride_of(n, zr, align) * zr : n; };
-  auto gathered = [&](int64_t n) { return padded(n) + (setup.paged ? ShardLayout::stride_of(n, zr, align) : 0); };
   if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(h.largest, zr, align) * (1 + zr)) * f;
   if (setup.bf16) {
     m.buffers += static_cast<size_t>(h.n0_used + h.other) * f;
@@ -299,7 +296,9 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   if (setup.bf16 || z2) {
     m.buffers += static_cast<size_t>(acc_ring(setup, 0)) * acc_layout(h.n0_used, setup).bytes +
                  static_cast<size_t>(acc_ring(setup, 1)) * acc_layout(h.other, setup).bytes;
-    if (z3) m.buffers += static_cast<size_t>(gathered(h.n0_used) + (1 + setup.prefetch) * gathered(h.other)) * esz;
+    if (stores_shards(setup))
+      m.buffers += static_cast<size_t>(use_buffer_numel(h.n0_used, setup) +
+                                       (1 + setup.prefetch) * use_buffer_numel(h.other, setup)) * esz;
     m.w_queue += static_cast<size_t>(replay.accumulators) * acc_layout(layout.unit_numel(1), setup).bytes;
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
@@ -360,7 +359,7 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(const model::Transforme
   const model::Layout layout(config.resolved(), setup.split);
   const std::vector<bool> quantized = quantized_tensors(layout, setup.adam);
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
-  const bool sharded_params = setup.zero_stage == 3 && setup.dp > 1;
+  const bool sharded_params = stores_shards(setup);
   const int64_t table = layout.token_embedding().offset;
   const optim::PagedState::Layout base = paged_fields(setup);
   size_t pages = 0, least = 0;
@@ -474,6 +473,8 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
+    if (kind == State::kParams && !bf16_ && sl.ranks() == 1)  // ZeRO-3 paged on one data rank: the whole unit
+      return shard_out(shard_of(*c, u, true), 0, sl.unit_numel(i), dst, Direction::kDeviceToHost);
     if (kind == State::kParams && !bf16_) {  // ZeRO-3: the stored shards
       std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
       shard_out(shard_of(*c, u, true), 0, sl.owned(i), mine.data(), Direction::kDeviceToHost);

@@ -250,8 +250,9 @@ TEST_F(PipelineRuns, ZeroTwoStagesGiveOneStagesBits) {
 // dp 2's bits (fp32 under 1f1b and zbv, bf16 under zb-h1, bf16 on the wire,
 // paged to NVMe: Adam, the master and the parameter and gradient shards,
 // GPT-2's tied table on two stages and on one, in memory and paged, dp 2 ×
-// tp 2 × pp 2 on 8 ranks), pp 2 alone gives pp 1's, and a dp 2 × pp 2
-// checkpoint resumes at dp 2 on its curve. Every run is at one thread per
+// tp 2 × pp 2 on 8 ranks), pp 2 alone gives pp 1's (in memory, and paged:
+// one data rank's whole units in the pages), and a dp 2 × pp 2 checkpoint
+// resumes at dp 2 on its curve. Every run is at one thread per
 // rank (the bits compared are at equal threads per rank).
 TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
   const std::string z3 = kLlama + " --set model.tie_embeddings=false --set parallel.zero_stage=3 ";
@@ -259,8 +260,12 @@ TEST_F(PipelineRuns, ZeroThreeStagesGiveOneStagesBits) {
   for (const char* s : {"1f1b", "zbv"})
     expect_bits(dp2, train(std::string("z3_dp2pp2_") + s, 2, 2, z3 + "--set parallel.schedule=" + s),
                 std::string("llama ZeRO-3 dp 2 × pp 2 ") + s, false);
-  expect_bits(train("z3_pp1", 1, 1, z3), train("z3_pp2", 1, 2, z3 + "--set parallel.schedule=zb-h1"),
-              "llama ZeRO-3 pp 2 zb-h1");
+  const std::string pp1 = train("z3_pp1", 1, 1, z3);
+  expect_bits(pp1, train("z3_pp2", 1, 2, z3 + "--set parallel.schedule=zb-h1"), "llama ZeRO-3 pp 2 zb-h1");
+  // One data rank, paged: each stage's whole units live in its pages, copied out for each use.
+  const std::string pp2_paged = train("z3_pp2_paged", 1, 2, on_nvme(1, 2, z3 + "--set parallel.schedule=zb-h1"));
+  expect_bits(pp1, pp2_paged, "llama ZeRO-3 pp 2 zb-h1, the state and the parameters paged to NVMe");
+  expect_shards_paged(pp2_paged, "llama ZeRO-3 pp 2 paged");
   const std::string bf16 = z3 + "--set train.precision=bf16 ";
   const std::string bref = train("z3_bf16_dp2", 2, 1, bf16);
   expect_bits(bref, train("z3_bf16_dp2pp2", 2, 2, bf16 + "--set parallel.schedule=zb-h1"),

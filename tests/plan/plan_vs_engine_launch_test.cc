@@ -347,6 +347,7 @@ const Case kPipelineCases[] = {
     {"pp2_1f1b_s1_8bit_paged_nvme", 1, "parallel.pp=2 parallel.zero_stage=1 optim.state_bits=8 memory.page_size=16KiB", true},
     {"dp2_pp2_zbv_s3_bf16_4bit", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=3 train.precision=bf16 optim.state_bits=4"},
     {"dp2_pp2_zbv_s3_fp32_paged_nvme", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=3 memory.page_size=16KiB", true},
+    {"pp2_zbh1_s3_bf16_paged_nvme", 1, "parallel.pp=2 parallel.schedule=zb-h1 parallel.zero_stage=3 train.precision=bf16 memory.page_size=16KiB", true},
 };
 
 class PlanVsPipeline : public PlanVsEngine {};

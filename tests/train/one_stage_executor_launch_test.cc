@@ -114,22 +114,25 @@ TEST_F(OneStageExecutor, SplitAndPagedLayoutsGiveDataParallelsBits) {
 }
 
 // ZeRO-3 paged (ZeRO-Infinity): the stored parameter and gradient shards in
-// the pages beside Adam's state and the master, on NVMe, fp32 and bf16: the
-// executor's gathers copy a shard out of its pages, its reductions add into
-// them, and it holds no parameter or gradient byte outside them; the bits
-// and files of DataParallel's paged shards.
+// the pages beside Adam's state and the master, on NVMe, fp32 and bf16, over
+// two data ranks and on one (a model larger than the compute tier on one
+// device): the executor's gathers copy a shard out of its pages, its
+// reductions add into them, and it holds no parameter or gradient byte
+// outside them; the bits and files of DataParallel's paged shards.
 TEST_F(OneStageExecutor, ZeroThreeShardsPagedGiveDataParallelsBits) {
-  for (const std::string precision : {"fp32", "bf16"}) {
-    const std::string extra = "--set parallel.zero_stage=3 --set train.precision=" + precision;
-    const std::string got = expect_same(2, on_nvme(2, extra), "dp 2 ZeRO-3 " + precision + ", shards paged").second;
-    for (const auto& r : po::test::last_metric(got, "pp_memory_per_rank")) {
-      EXPECT_EQ(r["params"].get<double>(), 0) << precision << ": parameter bytes held outside the pages";
-      EXPECT_EQ(r["grads"].get<double>(), 0) << precision << ": gradient bytes held outside the pages";
+  for (const int np : {2, 1})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      const std::string extra = "--set parallel.zero_stage=3 --set train.precision=" + precision;
+      const std::string what = "dp " + std::to_string(np) + " ZeRO-3 " + precision + ", shards paged";
+      const std::string got = expect_same(np, on_nvme(np, extra), what).second;
+      for (const auto& r : po::test::last_metric(got, "pp_memory_per_rank")) {
+        EXPECT_EQ(r["params"].get<double>(), 0) << what << ": parameter bytes held outside the pages";
+        EXPECT_EQ(r["grads"].get<double>(), 0) << what << ": gradient bytes held outside the pages";
+      }
+      double read = 0;
+      for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) read += r["nvme_read_bytes"].get<double>();
+      EXPECT_GT(read, 0) << what << ": the executor's run read no page back from NVMe at its last step";
     }
-    double read = 0;
-    for (const auto& r : po::test::last_metric(got, "pp_paging_per_rank")) read += r["nvme_read_bytes"].get<double>();
-    EXPECT_GT(read, 0) << precision << ": the executor's run read no page back from NVMe at its last step";
-  }
 }
 
 // The data group's sums in buckets, started while the backward runs
