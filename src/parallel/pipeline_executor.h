@@ -180,6 +180,12 @@ struct PipelineSetup {
   // them (the caller adds the compute tier's frames), and ZeRO-3's gather
   // buffers each hold a send block the shard is copied into out of its pages.
   bool paged = false;
+  // Paged, with no clipping (adam.grad_clip <= 0) and overlap_comm: each
+  // page of an AdamW is updated as soon as the gradients of every unit it
+  // holds are final, during the backward (memory.update_in_backward; the
+  // learning rate comes before the step: begin_step). Unit 0 and a
+  // vocabulary-parallel head wait for the step (their rows come then).
+  bool update_in_backward = false;
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
@@ -307,6 +313,12 @@ class PipelineExecutor {
   // proportion to their pages, each keeping its minimum; each chunk's swap
   // file is options.file_name with the stage appended.
   void enable_paging(const memory::PagerOptions& options);
+  // The coming step's learning rate, before its forward_backward: with
+  // update_in_backward the pages whose gradients are final are updated at
+  // it during the backward (step(lr) then takes the same lr and updates the
+  // rest). Pages updated so in the last step: pages_updated_in_backward().
+  void begin_step(double lr);
+  int64_t pages_updated_in_backward() const { return early_last_; }
   // Pages of every chunk at page_bytes (what enable_paging will make), and
   // the fewest compute frames they work with; from the configuration alone
   // for pipeline rank `rank` (the planner's).
@@ -421,6 +433,8 @@ class PipelineExecutor {
     comm::Work work;
     uint16_t* narrow_into = nullptr;  // bf16 summed in f32 in staging_: where its n values go back
     int64_t n = 0;
+    Chunk* chunk = nullptr;  // a bucket's (update_in_backward: its units are final once it lands)
+    int lo = 0, hi = -1;
   };
   std::vector<Sum> sums_;
   bool cur_fused_ = false;  // the action running is a whole (unsplit) backward
@@ -457,6 +471,26 @@ class PipelineExecutor {
                 Direction d = Direction::kDeviceToDevice);
   void add_into_shard(const UnitShard& g, const void* block, tensor::DType dtype, bool final);
   void shard_squares(int u);  // unit u's squares (the tied pair changed unit 0 after its last add)
+  // update_in_backward (pipeline_early_update.cc): unit u of chunk c (its
+  // local index i in `sl`, its AdamW `a`) is final: the pages that wait for
+  // no other unit are updated now; at the step, every page not yet updated.
+  struct EarlyPages {
+    std::vector<int> units, waiting;  // per state page: the units it holds, those not yet final
+    std::vector<char> done;
+    bool begun = false;  // the AdamW's step counted (begin_paged_step)
+  };
+  void setup_early();
+  void early_unit_final(Chunk& c, int u);
+  void early_finished(Chunk& c, int u);
+  void unit_landed(int u);
+  void early_sums_landed();
+  void finish_early(Chunk& c, bool replica, double lr);
+  optim::OutsidePages outside_pages(Chunk& c, bool replica);
+  void copy_grad_shard(Chunk& c, bool replica, int i);
+  bool early_ = false, lr_known_ = false;
+  double step_lr_ = 0;
+  int64_t early_count_ = 0, early_last_ = 0;
+  std::map<std::pair<int, int>, int> early_micro_;  // (stage, unit): micro-batches finished (dp 1, ZeRO 0-1)
   bool paged_shards_ = false;
   std::vector<double> paged_sq_;  // per unit: the counted squares of this rank's gradient shard
   std::vector<std::pair<int64_t, int64_t>> uncounted_;  // tp ranks > 0: the replicated ranges (sorted)

@@ -174,6 +174,7 @@ struct PipelineExecutor::Chunk {
   std::map<int, std::vector<model::WeightGradWork>> w_queue;
   std::vector<std::vector<model::WeightGradWork>> free_works;
   size_t work_bytes = 0;  // every WeightGradWork made (the W queue at its peak)
+  EarlyPages early, rep_early;  // update_in_backward: per AdamW's state page
   bool holds(int u) const { return u >= first && u <= last; }
   bool replica() const { return rep_adam != nullptr; }
 };

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -109,6 +110,9 @@ double PipelineExecutor::step(double lr) {
     if (c->replica()) update(*c, true, lr, clip);
   }
   vocab_refresh();
+  lr_known_ = false;  // (update_in_backward: the next begin_step gives the next one)
+  early_last_ = std::exchange(early_count_, 0);
+  early_micro_.clear();
   return norm;
 }
 
@@ -135,40 +139,34 @@ double PipelineExecutor::unit_norm() {
 }
 
 // One AdamW step of a chunk's units (or of its replica of unit 0) from the
-// full reduced gradient, which starts the next step at zero. ZeRO-1: this
-// rank's shard of it is copied out, the shard of the parameters updated, and
-// the updated shards all-gathered unit by unit.
+// full reduced gradient, which starts the next step at zero: bf16, the fp32
+// master (this rank's shard) takes the update from the bf16 gradient (ZeRO
+// 2-3: its shard), rounded into the stored parameters; fp32 ZeRO-1 copies
+// this rank's shard of the gradient out first. With updates in the
+// backward, the pages it left. ZeRO 1-2 then all-gather the updated shards
+// unit by unit (ZeRO-3 keeps its shard).
 void PipelineExecutor::update(Chunk& c, bool replica, double lr, double clip) {
   const ShardLayout& sl = replica ? *c.rep_shard : *c.shard;
   optim::AdamW& adam = replica ? *c.rep_adam : *c.adam;
   tensor::Storage& params = replica ? c.rep_params : c.params;
   tensor::Storage& grads = replica ? c.rep_grads : c.grads;
-  if (bf16_) {
-    // The fp32 master (this rank's shard) takes the update from the bf16
-    // gradient (ZeRO 2-3: its shard), rounded into the stored parameters;
-    // ZeRO 1-2 gather those (ZeRO-3 keeps its shard).
-    auto* p16 = static_cast<uint16_t*>(params.data());
+  if (early_ && lr_known_) {
+    finish_early(c, replica, lr);
+  } else if (bf16_) {
     adam.apply_mixed((replica ? c.rep_master : c.master).f32(), static_cast<const uint16_t*>(grads.data()),
-                     shard_grads_, p16, lr, clip);
-    int64_t at = 0;
-    for (int i = 0; sl.ranks() > 1 && !shard_params_ && i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, p16 + at + sl.begin(i), p16 + at, DType::kBF16);
+                     shard_grads_, static_cast<uint16_t*>(params.data()), lr, clip);
   } else if (sl.ranks() == 1 || shard_grads_) {  // (ZeRO 2-3: the gradient is this rank's shard)
     adam.apply(params.f32(), grads.f32(), lr, clip);
-    int64_t at = 0;
-    for (int i = 0; sl.ranks() > 1 && !shard_params_ && i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
   } else {
-    float* shard = replica ? c.rep_grad_shard.f32() : c.grad_shard.f32();
-    int64_t at = 0;  // unit i's first element in the buffers
-    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      backend::device_copy(shard + sl.local_offset(i), grads.f32() + at + sl.begin(i),
-                  static_cast<size_t>(sl.owned(i)) * sizeof(float));
-    adam.apply(params.f32(), shard, lr, clip);
-    at = 0;
-    for (int i = 0; i < sl.num_units(); at += sl.unit_numel(i), ++i)
-      gather_unit(sl, i, params.f32() + at + sl.begin(i), params.f32() + at, DType::kF32);
+    for (int i = 0; i < sl.num_units(); ++i) copy_grad_shard(c, replica, i);
+    adam.apply(params.f32(), (replica ? c.rep_grad_shard : c.grad_shard).f32(), lr, clip);
   }
+  const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
+  char* p = static_cast<char*>(params.data());
+  int64_t at = 0;  // unit i's first element in the buffers
+  for (int i = 0; sl.ranks() > 1 && !shard_params_ && i < sl.num_units(); at += sl.unit_numel(i), ++i)
+    gather_unit(sl, i, p + static_cast<size_t>(at + sl.begin(i)) * stored_esz(), p + static_cast<size_t>(at) * stored_esz(),
+                stored);
   backend::device_zero(grads.data(), grads.size());
 }
 

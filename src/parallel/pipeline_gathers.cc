@@ -37,6 +37,7 @@ int kind_of(int u) { return u == 0 ? 0 : 1; }
 void PipelineExecutor::progress() {
   for (ParamGather& g : param_gathers_) g.work.test();
   for (Reduction& r : reductions_) r.work.test();
+  early_sums_landed();
 }
 
 const void* PipelineExecutor::gather_use(Chunk& c, int u) {

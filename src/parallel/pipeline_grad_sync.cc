@@ -53,8 +53,10 @@ void PipelineExecutor::reset_buckets() {
 }
 
 void PipelineExecutor::unit_finished(Chunk& c, int u) {
+  early_finished(c, u);  // (update_in_backward on one data rank)
   if (c.buckets.empty() || !c.holds(u)) return;
   for (Sum& s : sums_) s.work.test();  // (progress for the ones in flight)
+  early_sums_landed();
   const auto i = static_cast<size_t>(u - c.first);
   if (++c.finished[i] != setup_.schedule.micro_batches) return;
   const auto b = static_cast<size_t>(c.bucket_of[i]);
@@ -75,6 +77,9 @@ void PipelineExecutor::start_bucket(Chunk& c, size_t b) {
   c.started[b] = 1;
   start_sum(static_cast<char*>(c.grads.data()) + static_cast<size_t>(layout_.unit_offset(lo) - c.base) * stored_esz(),
             layout_.unit_offset(hi + 1) - layout_.unit_offset(lo));
+  sums_.back().chunk = &c;  // (update_in_backward: its units are final once it lands)
+  sums_.back().lo = lo;
+  sums_.back().hi = hi;
 }
 
 // fp32 in place; bf16 over the wire in bf16, or (parallel.reduce_dtype

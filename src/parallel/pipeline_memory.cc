@@ -382,6 +382,7 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int 
 
 void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   PO_CHECK(setup_.paged, "pipeline: enable_paging on a setup that is not paged (PipelineSetup::paged)");
+  early_ = setup_.update_in_backward && setup_.adam.grad_clip <= 0 && setup_.overlap_comm;
   const auto list = adams();
   std::vector<size_t> pages, least;  // (each keeps its fields' minimum: PagedState::min_compute_frames)
   const optim::PagedState::Layout base = paged_fields(setup_);
@@ -416,14 +417,16 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   if (setup_.lend_activations && chunks_.size() == 1 && c.first == 0 && c.last == layout_.head_unit()) {
     memory::Pager& pager = c.adam->paged_state()->pager();
     const int last = setup_.schedule.micro_batches - 1;
-    lender_ = {[this, &pager, last](int r, char* base, size_t bytes) {
+    const bool read_ahead = !early_;  // (early updates visit pages in their own order, which reads ahead by itself)
+    lender_ = {[this, &pager, last, read_ahead](int r, char* base, size_t bytes) {
                  if (cur_micro_ != last) return false;  // (the step's last micro-batch's)
-                 pager.lend(r, base, bytes);
+                 pager.lend(r, base, bytes, read_ahead);
                  return true;
                },
                [&pager](int r) { pager.claim(r); }};
     for (auto& m : c.slots) m->set_activation_lender(lender_);
   }
+  setup_early();
 }
 
 memory::PagerStats PipelineExecutor::take_paging_stats() {

@@ -60,7 +60,11 @@ void PipelineExecutor::shard_in(const UnitShard& s, int64_t lo, int64_t n, const
 void PipelineExecutor::add_into_shard(const UnitShard& g, const void* block, DType dtype, bool final) {
   const DType stored = bf16_ ? DType::kBF16 : DType::kF32;
   const int64_t stride = g.layout->stride(g.index);
-  if (!paged_shards_) return add_block(g.at(stored_esz()), stored, block, dtype, stride);
+  if (!paged_shards_) {
+    add_block(g.at(stored_esz()), stored, block, dtype, stride);
+    if (final && g.counted) unit_landed(g.unit);
+    return;
+  }
   const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
   SumOfSquares sq;
   const int64_t flat = layout_.unit_offset(g.unit) + g.layout->begin(g.index);
@@ -69,7 +73,16 @@ void PipelineExecutor::add_into_shard(const UnitShard& g, const void* block, DTy
         add_block(ptr, stored, static_cast<const char*>(block) + static_cast<size_t>(first) * esz, dtype, count);
         if (final) add_squares(sq, bf16_, flat + first, ptr, count, uncounted_);
       });
-  if (final && g.counted) paged_sq_[static_cast<size_t>(g.unit)] = sq.total();
+  if (final && g.counted) {
+    paged_sq_[static_cast<size_t>(g.unit)] = sq.total();
+    unit_landed(g.unit);
+  }
+}
+
+// ZeRO 2-3: unit u's gradient shard is final (its last reduction is in).
+void PipelineExecutor::unit_landed(int u) {
+  for (auto& c : chunks_)
+    if (c->holds(u)) early_unit_final(*c, u);
 }
 
 // Unit u's counted squares read out of its gradient shard's pages (the tied

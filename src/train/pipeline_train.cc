@@ -67,6 +67,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   s.lend_activations = cfg.get_bool("memory.lend_activations");
   s.paged = cfg.get_size("memory.host_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();  // (setup_stage_paging)
+  s.update_in_backward = cfg.get_bool("memory.update_in_backward");
   s.bucket_bytes = cfg.get_size("parallel.bucket_size");
   s.adam = r.adam;
   return s;
@@ -409,6 +410,7 @@ class PipelineSteps : public LayoutSteps {
     comm::Traffic traffic[2];
     for (int g = 0; g < 2; ++g)
       if (groups[g] != nullptr) traffic[g] = groups[g]->traffic();
+    ex_.begin_step(lr);  // (memory.update_in_backward updates pages at it during the backward)
     const parallel::PipelineStepStats st = ex_.forward_backward(
         [&](int micro, int32_t* inputs, int32_t* targets) {
           fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
@@ -532,7 +534,7 @@ class PipelineSteps : public LayoutSteps {
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex_.memory();
     const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
-    constexpr size_t kMem = 15;
+    constexpr size_t kMem = 16;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
         static_cast<double>(mem.adam), static_cast<double>(mem.activations),
@@ -541,7 +543,7 @@ class PipelineSteps : public LayoutSteps {
         static_cast<double>(ps.nvme_written_bytes), static_cast<double>(ps.host_read_bytes + ps.host_written_bytes),
         ps.hit_rate(), static_cast<double>(mem.master), static_cast<double>(mem.frozen),
         cp_ops_ != nullptr ? static_cast<double>(cp_ops_->buffer_bytes()) : 0.0,  // (the ring's, as allocated)
-        static_cast<double>(ps.lent_read_bytes)};
+        static_cast<double>(ps.lent_read_bytes), static_cast<double>(ex_.pages_updated_in_backward())};
     std::vector<double> mems(kMem * static_cast<size_t>(p_.pp));
     gather_pipe(pipe_, mine_mem, mems.data(), 2 * kMem);  // doubles, bit-exact
     int peak = st.peak_in_flight;
@@ -556,7 +558,8 @@ class PipelineSteps : public LayoutSteps {
                           {"frozen", v[12]}, {"context", v[13]},
                           {"total", v[0] + v[1] + v[11] + v[2] + v[3] + v[4] + v[5] + v[6] + v[12] + v[13]}});
       paging_.push_back({{"nvme_read_bytes", v[7]}, {"nvme_written_bytes", v[8]},
-                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}, {"lent_read_bytes", v[14]}});
+                         {"host_copy_bytes", v[9]}, {"hit_rate", v[10]}, {"lent_read_bytes", v[14]},
+                         {"pages_updated_in_backward", v[15]}});
     }
     // Every pipeline rank's collectives on its data and tensor groups.
     constexpr size_t kOps = comm::kNumCommOps;
@@ -634,9 +637,6 @@ TrainResult train_pipeline(const RunInputs& r) {
   const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
   const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world.get());
-  if (cfg.get_bool("memory.update_in_backward") && launch.leader)
-    PO_LOG_WARN("memory.update_in_backward = true has no effect in the pipeline executor (parallel.pp = ", p.pp,
-                "): it updates at the step");
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);

@@ -135,6 +135,44 @@ TEST_F(OneStageExecutor, ZeroThreeShardsPagedGiveDataParallelsBits) {
     }
 }
 
+// Updates in the backward (memory.update_in_backward, no clipping): each
+// page goes as soon as its units' gradients are final. DataParallel's bits
+// (the sweep's) at ZeRO 0 on one rank, 2 (bf16) and 3 (shards paged) over
+// two, and over a pipeline of two stages against dp 2; pages go early
+// wherever that cannot depend on timing (one rank, ZeRO 2-3).
+TEST_F(OneStageExecutor, UpdatesInTheBackwardGiveDataParallelsBits) {
+  const std::string early = "--set train.grad_clip=0 --set memory.update_in_backward=true ";
+  auto pages_early = [](const std::string& run) {
+    double n = 0;
+    for (const auto& r : po::test::last_metric(run, "pp_paging_per_rank"))
+      n += r["pages_updated_in_backward"].get<double>();
+    return n;
+  };
+  struct Case {
+    int np;
+    std::string extra;
+  };
+  for (const Case& c : {Case{1, ""}, Case{2, "--set parallel.zero_stage=2 --set train.precision=bf16"},
+                        Case{2, "--set parallel.zero_stage=3"}, Case{2, "--set parallel.zero_stage=1"}}) {
+    const std::string what = "dp " + std::to_string(c.np) + " " + c.extra + ", updates in the backward";
+    const std::string got = expect_same(c.np, on_nvme(c.np, early + c.extra), what).second;
+    std::printf("[ %s ] %.0f pages updated in the backward at the last step\n", what.c_str(), pages_early(got));
+    if (c.np == 1 || c.extra.find("zero_stage=1") == std::string::npos) {
+      EXPECT_GT(pages_early(got), 0) << what << ": no page was updated in the backward";
+    }
+  }
+  // Two pipeline stages (1f1b, ZeRO-2) against dp 2 in memory with clipping off.
+  const std::string z2 = "--set train.grad_clip=0 --set parallel.zero_stage=2";
+  const std::string ref = train("early_ref", 2, z2, false);
+  const std::string pp = train("early_pp2", 4,
+                               on_nvme(2, early + "--set parallel.zero_stage=2") +
+                                   " --set parallel.dp=2 --set parallel.pp=2 --set parallel.schedule=1f1b",
+                               false);
+  for (const char* key : {"loss", "grad_norm"})
+    EXPECT_EQ(metric(ref, key, 6), metric(pp, key, 6)) << "ZeRO-2 dp 2 × pp 2 paged, updates in the backward: " << key;
+  EXPECT_GT(pages_early(pp), 0) << "ZeRO-2 dp 2 × pp 2: no page was updated in the backward";
+}
+
 // The data group's sums in buckets, started while the backward runs
 // (parallel.overlap_comm, small buckets so there are several): the bits of
 // DataParallel's overlapped buckets and of the executor's own sums at the
