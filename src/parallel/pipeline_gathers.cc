@@ -128,12 +128,19 @@ bool PipelineExecutor::issue_gather(int pos) {
   return true;
 }
 
-// Up to parallel.prefetch gathers ahead of the next request, in order.
+// Up to parallel.prefetch gathers ahead of the next request, in order;
+// with paged shards the pages of the one after them start coming in, so
+// its copy out of the pages finds them resident.
 void PipelineExecutor::issue_ahead() {
-  if (!order_known_ || next_ >= static_cast<int>(order_.size())) return;
-  const int end = std::min(static_cast<int>(order_.size()), next_ + setup_.prefetch);
+  const int n = static_cast<int>(order_.size());
+  if (!order_known_ || next_ >= n) return;
+  const int end = std::min(n, next_ + setup_.prefetch);
   issued_ = std::max(issued_, next_);
   while (issued_ < end && issue_gather(issued_)) ++issued_;
+  if (!paged_shards_ || issued_ >= n) return;
+  const auto [stage, u] = order_[static_cast<size_t>(issued_)];
+  const UnitShard s = shard_of(chunk_of_stage(stage), u, true);
+  s.adam->paged_state()->prefetch(optim::PagedState::kParam, s.layout->local_offset(s.index), s.layout->stride(s.index));
 }
 
 // Every gather in flight waited for and its buffer free again; the order
