@@ -100,7 +100,8 @@ void PipelineExecutor::setup_buffers() {
     for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
     if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
   }
-  if (sharded()) gather_ = zeroed(ShardLayout::stride_of(largest, zr, align) * (1 + zr));
+  // (ZeRO-3 gathers a whole unit only for a checkpoint: a buffer then, not held.)
+  if (sharded() && !shard_params_) gather_ = zeroed(ShardLayout::stride_of(largest, zr, align) * (1 + zr));
   const int64_t C = config_.n_embd;
   for (const bool all : {false, true}) {
     const int64_t n = lookup_tail_rows(setup_, rank_, all);

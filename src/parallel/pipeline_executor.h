@@ -598,7 +598,7 @@ class PipelineExecutor {
   };
   std::map<Key, Posted> posted_;
   std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
-  tensor::Storage gather_;       // ZeRO-1: a send block and ranks × stride (the largest unit)
+  tensor::Storage gather_;       // ZeRO 1-2: a send block and ranks × stride (the largest unit)
   bool bf16_ = false;
   tensor::Storage widen_[2];  // bf16: unit 0's, the largest other unit's
   bool widen_busy_[2] = {false, false};

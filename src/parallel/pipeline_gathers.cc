@@ -160,7 +160,9 @@ void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* min
                                    DType dtype) {
   const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
   const int64_t stride = sl.stride(i), owned = sl.owned(i);
-  char* send = static_cast<char*>(gather_.data());
+  tensor::Storage once;  // (ZeRO-3 holds no gather buffer: a checkpoint's unit takes one for itself)
+  if (gather_.size() == 0) once = tensor::Storage(static_cast<size_t>(stride * (1 + sl.ranks())) * esz);
+  char* send = static_cast<char*>((gather_.size() > 0 ? gather_ : once).data());
   char* recv = send + static_cast<size_t>(stride) * esz;
   backend::device_copy(send, mine, static_cast<size_t>(owned) * esz);
   backend::device_zero(send + static_cast<size_t>(owned) * esz, static_cast<size_t>(stride - owned) * esz);

@@ -288,7 +288,8 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   const int zr = setup.zero_stage >= 1 ? setup.dp : 1;
   const size_t esz = setup.bf16 ? 2 : 4;
   const int64_t align = setup.shard_align();
-  if (zr > 1) m.buffers += static_cast<size_t>(ShardLayout::stride_of(h.largest, zr, align) * (1 + zr)) * f;
+  if (zr > 1 && !stores_shards(setup))  // (ZeRO-3: a checkpoint's gather takes its buffer for the time it runs)
+    m.buffers += static_cast<size_t>(ShardLayout::stride_of(h.largest, zr, align) * (1 + zr)) * f;
   if (setup.bf16) {
     m.buffers += static_cast<size_t>(h.n0_used + h.other) * f;
     if (!z2 && setup.dp > 1 && !setup.reduce_bf16) m.buffers += static_cast<size_t>(h.largest) * f;
