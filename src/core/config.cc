@@ -159,8 +159,9 @@ Config::Value from_node(const KeySpec& spec, const toml::node& node, const std::
   };
   switch (spec.kind) {
     case Kind::kInt: {
+      if (!node.is_integer()) bad();  // (before value<>: a float out of int64's range converts with UB)
       auto v = node.value<int64_t>();
-      if (!v || !node.is_integer()) bad();
+      if (!v) bad();
       check_range(spec, static_cast<double>(*v), origin);
       return *v;
     }

@@ -58,6 +58,14 @@ TEST(Config, BadValuesAreNamed) {
   EXPECT_THROW(c.set_override("memory.page_size=12 parsecs"), po::core::InvalidArgument);
   EXPECT_THROW(Config::parse("[train\n", "broken.toml"), po::core::InvalidArgument);
   EXPECT_THROW(c.set_override("no_equals_sign"), po::core::InvalidArgument);
+  // A float where an integer goes, beyond int64's range (libFuzzer's find:
+  // toml++ converted it with undefined behaviour before the type was checked).
+  try {
+    (void)Config::parse("[model]\nn_layer = 6e74\n", "big.toml");
+    FAIL() << "n_layer = 6e74 accepted";
+  } catch (const po::core::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_layer must be an integer"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
