@@ -74,8 +74,7 @@ void PipelineExecutor::copy_grad_shard(Chunk& c, bool replica, int i) {
   if (bf16_ || shard_grads_ || sl.ranks() == 1) return;
   float* shard = (replica ? c.rep_grad_shard : c.grad_shard).f32();
   const float* grads = (replica ? c.rep_grads : c.grads).f32();
-  int64_t at = 0;  // unit i's first element in the buffers
-  for (int k = 0; k < i; ++k) at += sl.unit_numel(k);
+  const int64_t at = replica ? 0 : layout_.unit_offset(c.first + i) - c.base;  // unit i's first element in the buffers
   backend::device_copy(shard + sl.local_offset(i), grads + at + sl.begin(i),
                        static_cast<size_t>(sl.owned(i)) * sizeof(float));
 }

@@ -40,8 +40,8 @@
 // lives in pages of its own pager (memory/pager.h), moving between the compute
 // tier, host RAM and an NVMe swap file per chunk; the update is the same
 // element-wise computation cut at page boundaries, so the bits do not change.
-// Under ZeRO-3 over dp > 1 the stored parameter and gradient shards live in
-// the same pages (ZeRO-Infinity, pipeline_shards.cc): a gather copies the
+// Under ZeRO-3 (over dp > 1, and on one data rank) the stored parameter
+// and gradient shards live in the same pages (ZeRO-Infinity, pipeline_shards.cc): a gather copies the
 // shard out of its pages, a reduction adds into them, and the step's last
 // reduction of a unit sums its squares for the norm as it lands.
 //

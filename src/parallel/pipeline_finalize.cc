@@ -119,7 +119,6 @@ double PipelineExecutor::step(double lr) {
 // The whole reduced gradient's norm: per unit, over the tensor group, then
 // over the stages (grad_norm.h's order).
 double PipelineExecutor::unit_norm() {
-  const auto& uncounted = uncounted_;
   std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
@@ -127,10 +126,10 @@ double PipelineExecutor::unit_norm() {
       const int64_t at = layout_.unit_offset(u) - c->base;
       if (bf16_)
         add_counted_flat(acc, layout_.unit_offset(u), static_cast<const uint16_t*>(c->grads.data()) + at,
-                         layout_.unit_numel(u), uncounted);
+                         layout_.unit_numel(u), uncounted_);
       else
         add_counted_flat(acc, layout_.unit_offset(u), c->grads.f32() + at, layout_.unit_numel(u),
-                         uncounted);
+                         uncounted_);
       sq[static_cast<size_t>(u)] = acc.total();
     }
   sum_units_over(sq, setup_.tensor);
@@ -213,7 +212,6 @@ void PipelineExecutor::sum_tied_shards() {
 // together), added in unit order; the data group's totals in rank order;
 // then the tensor group's.
 double PipelineExecutor::shard_norm() {
-  const auto& uncounted = uncounted_;
   std::vector<double> sq(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_)
     for (int u = c->first; u <= c->last; ++u) {
@@ -227,9 +225,9 @@ double PipelineExecutor::shard_norm() {
       SumOfSquares acc;
       if (bf16_)
         add_counted_flat(acc, lo, static_cast<const uint16_t*>(c->grads.data()) + sl.local_offset(i),
-                         sl.stride(i), uncounted);
+                         sl.stride(i), uncounted_);
       else
-        add_counted_flat(acc, lo, c->grads.f32() + sl.local_offset(i), sl.stride(i), uncounted);
+        add_counted_flat(acc, lo, c->grads.f32() + sl.local_offset(i), sl.stride(i), uncounted_);
       sq[static_cast<size_t>(u)] = acc.total();
     }
   sum_units_over(sq, setup_.pipe);  // each unit's owner's value, the others' 0

@@ -159,6 +159,8 @@ void PipelineExecutor::drain_gathers() {
 void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst,
                                    DType dtype) {
   const size_t esz = dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  if (sl.ranks() == 1)  // (ZeRO-3 paged on one data rank: the shard is the unit)
+    return backend::device_copy(dst, mine, static_cast<size_t>(sl.unit_numel(i)) * esz);
   const int64_t stride = sl.stride(i), owned = sl.owned(i);
   tensor::Storage once;  // (ZeRO-3 holds no gather buffer: a checkpoint's unit takes one for itself)
   if (gather_.size() == 0) once = tensor::Storage(static_cast<size_t>(stride * (1 + sl.ranks())) * esz);

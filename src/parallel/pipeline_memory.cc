@@ -406,7 +406,7 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
                                            : o.file_name.substr(0, dot) + name + o.file_name.substr(dot);
     list[k].first->enable_paging(o, base);
   }
-  paged_shards_ = shard_params_;  // (ZeRO-3 over dp > 1: the stored shards too; their values come after)
+  paged_shards_ = shard_params_;  // (ZeRO-3: the stored shards too; their values come after)
   if (paged_shards_) paged_sq_.assign(static_cast<size_t>(layout_.num_units()), 0.0);
   for (auto& c : chunks_) {  // bf16: the master is in the pages now
     c->master = tensor::Storage();
@@ -477,8 +477,6 @@ void PipelineExecutor::read_unit(State kind, int u, float* dst) {
     if (!c->holds(u)) continue;
     const ShardLayout& sl = *c->shard;
     const int i = u - c->first;
-    if (kind == State::kParams && !bf16_ && sl.ranks() == 1)  // ZeRO-3 paged on one data rank: the whole unit
-      return shard_out(shard_of(*c, u, true), 0, sl.unit_numel(i), dst, Direction::kDeviceToHost);
     if (kind == State::kParams && !bf16_) {  // ZeRO-3: the stored shards
       std::vector<float> mine(static_cast<size_t>(sl.owned(i)));
       shard_out(shard_of(*c, u, true), 0, sl.owned(i), mine.data(), Direction::kDeviceToHost);

@@ -120,7 +120,7 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
     mine.min_compute_bytes = neediest.min_compute_bytes;
     add_paged_tiers(p, mine, l,
                     core::str_cat(" of Adam m, v", l.bf16 ? " and the fp32 master" : "",
-                                  l.zero_stage == 3 && s.dp > 1 ? ", the parameter and gradient shards" : "",
+                                  l.zero_stage == 3 ? ", the parameter and gradient shards" : "",  // (paged, ZeRO-3 pages them)
                                   l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
   }
   if (busiest.frozen > 0)

@@ -26,6 +26,10 @@ memory::PagingBudgets paging_budgets(const core::Config& cfg, size_t page_bytes)
           !cfg.get_string("memory.nvme_dir").empty()};
 }
 
+bool pages_state(const core::Config& cfg) {
+  return cfg.get_size("memory.host_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
+}
+
 memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
   memory::PagerOptions o;
   o.page_bytes = cfg.get_size("memory.page_size");
@@ -161,7 +165,7 @@ bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
   const std::string& io = cfg.get_string("memory.io");
   PO_CHECK(io == "auto" || io == "fallback", "memory.io = \"", io,
            "\": choose \"auto\" (io_uring where allowed) or \"fallback\" (pread/pwrite threads)");
-  if (host_budget == 0 && cfg.get_string("memory.nvme_dir").empty()) {
+  if (!pages_state(cfg)) {
     if (compute_budget > 0) tensor::set_pool_budget(tensor::Pool::kCompute, compute_budget);
     return false;
   }

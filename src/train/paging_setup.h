@@ -19,6 +19,8 @@ namespace po::train {
 // page size, prefetch, direction, the NVMe directory and this rank's swap
 // file name, the I/O settings.
 memory::PagerOptions pager_options(const core::Config& cfg, int rank);
+// Whether the run pages its optimizer state: memory.host_budget or memory.nvme_dir set.
+bool pages_state(const core::Config& cfg);
 
 // memory.*'s budgets for memory::plan_paging (the one paging policy).
 memory::PagingBudgets paging_budgets(const core::Config& cfg, size_t page_bytes);

@@ -66,7 +66,7 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.overlap_comm = cfg.get_bool("parallel.overlap_comm");
   s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   s.lend_activations = cfg.get_bool("memory.lend_activations");
-  s.paged = cfg.get_size("memory.host_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();  // (setup_stage_paging)
+  s.paged = pages_state(cfg);
   s.update_in_backward = cfg.get_bool("memory.update_in_backward");
   s.bucket_bytes = cfg.get_size("parallel.bucket_size");
   s.adam = r.adam;
@@ -319,8 +319,8 @@ std::string predicted_memory_table(const core::Config& cfg, const model::Transfo
                       rows);
 }
 
-// memory.host_budget / memory.nvme_dir: each stage's Adam state (ZeRO-3
-// over dp > 1: and its stored parameter and gradient shards) in pages
+// memory.host_budget / memory.nvme_dir: each stage's Adam state (ZeRO-3:
+// and its stored parameter and gradient shards) in pages
 // (PipelineExecutor::enable_paging). memory.compute_budget leaves the
 // compute tier what the executor's own accounting (predict) does not take;
 // returns whether the state is paged.
