@@ -137,6 +137,7 @@ class PagedState {
   // side pages (null: none).
   const memory::NvmeStore* store(Field f) const { return pager_of(f).store(); }
   memory::Pager& pager() { return *state_; }  // the state pages'
+  const memory::Pager& pager() const { return *state_; }
 
  private:
   const memory::Pager& pager_of(Field f) const;

@@ -60,6 +60,7 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/grad_norm.h"
+#include "parallel/memory_report.h"
 #include "parallel/shard_layout.h"
 #include "parallel/tied_pair.h"
 
@@ -88,24 +89,6 @@ struct DataParallelOptions {
   // position gradient goes to its own position's row, which the deferred
   // lookup rows (defer_embedding) do not know: the embedding's gradient is then not deferred.
   bool packed_rows = false;
-};
-
-// Bytes this rank holds for model state and communication, by kind.
-struct MemoryReport {
-  size_t params = 0;      // model parameters as stored (fp32: also the master; stage 3: the shard)
-  size_t grads = 0;       // gradients as stored: the whole buffer or this rank's shard
-  size_t master = 0;      // fp32 master weights of a bf16 run (this rank's shard)
-  size_t adam = 0;        // Adam m + v
-  size_t gathered = 0;    // all-gather buffers and per-unit f32 parameter buffers
-  size_t buckets = 0;     // per-unit gradient accumulators, reduction staging and padding,
-                          // embedding-lookup gathers
-  size_t activations = 0;
-  size_t pages = 0;       // paged optimizer state: the pager's compute-tier frames
-  size_t host = 0;        // paged optimizer state: the pager's host-tier frames (not in total)
-  // DESIGN.md's model states: what the ledger formulas count.
-  size_t model_states() const { return params + grads + master + adam; }
-  // Everything in the compute tier.
-  size_t total() const { return model_states() + gathered + buckets + activations + pages; }
 };
 
 class DataParallel {

@@ -591,6 +591,11 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   }
 }
 
+bool one_stage_executor() {
+  const char* v = std::getenv("PAGEDOPTIM_ONE_STAGE_EXECUTOR");
+  return v != nullptr && std::string(v) == "1";
+}
+
 PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float grad_scale,
                                                      const MicroFn& before_forward) {
   PipelineStepStats stats;
@@ -634,7 +639,8 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   if (std::exchange(recording_, false)) order_known_ = true;
   PO_ASSERT(ready_.empty() && posted_.empty() && in_flight_ == 0 && w_queue_ == 0,
             "pipeline rank ", rank_, ": the step left tensors behind");
-  stats.seconds = static_cast<double>(now_ns() - step_start_ns_) / 1e9;
+  backward_end_ns_ = now_ns();
+  stats.seconds = static_cast<double>(backward_end_ns_ - step_start_ns_) / 1e9;
   stats.busy_s -= stats.wait_s;  // a compute's time includes its receive's wait
   stats_ = nullptr;
   return stats;

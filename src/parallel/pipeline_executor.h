@@ -122,6 +122,7 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "memory/pager.h"
+#include "parallel/memory_report.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_link.h"
@@ -215,6 +216,13 @@ struct PipelineStepStats {
   // those issued ahead of their use (parallel.prefetch).
   int param_gathers = 0, prefetched = 0;
 };
+
+// Whether parallel.pp = 1 trains through the executor's one-stage schedule
+// (PAGEDOPTIM_ONE_STAGE_EXECUTOR=1) rather than DataParallel: read by the
+// trainer and by the planner, which plans a layout by the rules of the
+// engine that trains it (issue 35's migration, until the executor is the
+// only engine).
+bool one_stage_executor();
 
 class PipelineExecutor {
  public:
@@ -353,6 +361,15 @@ class PipelineExecutor {
     }
   };
   Memory memory() const;
+  // The same bytes in the step records' kinds (memory_per_rank, as
+  // DataParallel reports them), and the pagers' state after the step.
+  MemoryReport memory_report() const;
+  PagingReport paging_report() const;
+  // When this rank's last forward_backward ended, and when the step's wait
+  // for the data group's sums did (steady clock, ns): the exposed
+  // communication and the ranks' imbalance (train/train_step.h's comm_split).
+  int64_t backward_end_ns() const { return backward_end_ns_; }
+  int64_t wait_end_ns() const { return wait_end_ns_; }
   // What memory() will be on pipeline rank `rank` after a step, from the
   // configuration and the schedule alone (the slots, works and message
   // buffers its action list needs: the same bookkeeping, replayed). The
@@ -439,6 +456,7 @@ class PipelineExecutor {
   std::vector<Sum> sums_;
   bool cur_fused_ = false;  // the action running is a whole (unsplit) backward
   double sum_wait_s_ = 0;   // the last step's wait for the data group's sums
+  int64_t backward_end_ns_ = 0, wait_end_ns_ = 0;  // (backward_end_ns(), wait_end_ns())
   int early_sums_ = 0, all_sums_ = 0, started_sums_ = 0;  // overlapped_sums(), and this step's so far
   // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for
   // chunk c (its own units; unit 0 of a tied head: the replica's, or the
@@ -576,6 +594,11 @@ class PipelineExecutor {
   bool head_meets_embedding() const;
   bool keep_unit0_ = false;  // head_meets_embedding()
   std::vector<std::pair<optim::AdamW*, std::string>> adams() const;
+  // The working buffers' bytes by what they hold (pipeline_memory.cc).
+  struct Buffers {
+    size_t messages = 0, gathered = 0, sums = 0, deferred = 0;
+  };
+  Buffers buffer_bytes() const;
   void gather_unit(const ShardLayout& sl, int i, const void* mine, void* dst, tensor::DType dtype);
   tensor::Shape message_shape() const;
 

@@ -92,6 +92,7 @@ double PipelineExecutor::step(double lr) {
   if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
     finish_reductions();
     sum_tied_shards();
+    wait_end_ns_ = now_ns();
     norm = shard_norm();
   } else {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
@@ -102,6 +103,7 @@ double PipelineExecutor::step(double lr) {
     if (setup_.data != nullptr) finish_sums();
     add_lookup_tail();
     sum_tied_pair();
+    wait_end_ns_ = now_ns();
     norm = unit_norm();
   }
   const double clip = chunks_.front()->adam->clip_scale(norm);

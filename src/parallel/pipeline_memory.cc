@@ -553,6 +553,27 @@ void PipelineExecutor::set_base(model::Transformer& whole) {
   }
 }
 
+// The working buffers, by what they hold: messages between stages; gathered
+// parameters (ZeRO gathers, ZeRO-3's units in use, bf16's widened units);
+// gradient sums (accumulator rings, reduction staging, the tied table's
+// lookup rows and their gathers, the vocabulary pieces' scratch); the
+// deferred blocks' accumulators.
+PipelineExecutor::Buffers PipelineExecutor::buffer_bytes() const {
+  Buffers b;
+  b.messages = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  b.gathered = gather_.size() + widen_[0].size() + widen_[1].size();
+  for (const auto& kind : use_)
+    for (const UseBuffer& u : kind) b.gathered += u.buf.size();
+  b.sums = staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() + tokens_all_.size();
+  for (const auto& c : chunks_)
+    if (c->rows) b.sums += c->rows->bytes();
+  for (const AccRing& r : rings_)
+    for (const auto& buf : r.bufs) b.sums += buf.size();
+  if (vocab_) b.sums += vocab_->scratch.size();
+  for (const auto& buf : acc_pool_) b.deferred += buf.size();
+  return b;
+}
+
 PipelineExecutor::Memory PipelineExecutor::memory() const {
   Memory m;
   for (const auto& c : chunks_) {
@@ -568,24 +589,40 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     m.adam += a->state_bytes();
     if (a->paged()) m.pages += a->paged_state()->compute_frames() * a->paged_state()->page_bytes();
   }
-  m.buffers = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float) +
-              gather_.size() + widen_[0].size() + widen_[1].size() + staging_.size() +
-              tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
-              tokens_all_.size();
-  for (const auto& c : chunks_)
-    if (c->rows) m.buffers += c->rows->bytes();
-  for (const AccRing& r : rings_)
-    for (const auto& b : r.bufs) m.buffers += b.size();
-  for (const auto& kind : use_)
-    for (const UseBuffer& b : kind) m.buffers += b.buf.size();
-  for (const auto& b : acc_pool_) m.w_queue += b.size();
+  const Buffers b = buffer_bytes();
+  m.buffers = b.messages + b.gathered + b.sums;
+  m.w_queue += b.deferred;
   if (vocab_) {
-    m.buffers += vocab_->scratch.size();
     m.params += vocab_->w_copy.size();
     m.grads += vocab_->dw_own.size();
     m.activations += vocab_->held.size() * vocab_held_bytes(config_, setup_, rank_);
   }
   return m;
+}
+
+MemoryReport PipelineExecutor::memory_report() const {
+  const Memory m = memory();
+  const Buffers b = buffer_bytes();
+  MemoryReport r;
+  r.params = m.params + m.frozen;  // (a frozen base: with the parameters, as DataParallel reports it)
+  r.grads = m.grads;
+  r.master = m.master;
+  r.adam = m.adam;
+  r.gathered = b.gathered;
+  r.buckets = b.sums + b.deferred;
+  r.activations = m.activations + (m.w_queue - b.deferred) + b.messages;
+  r.pages = m.pages;
+  for (const auto& [a, name] : adams())
+    if (a->paged()) r.host += a->paged_state()->host_frames() * a->paged_state()->page_bytes();
+  return r;
+}
+
+PagingReport PipelineExecutor::paging_report() const {
+  PagingReport r;
+  for (const auto& [a, name] : adams())
+    if (a->paged()) r.add(*a->paged_state());
+  r.pages_updated_in_backward = static_cast<uint64_t>(early_last_);
+  return r;
 }
 
 }  // namespace po::parallel

@@ -44,8 +44,25 @@ namespace detail {
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return l.pp > 1 && l.flash_attention &&
+  return (l.pp > 1 || parallel::one_stage_executor()) && l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
+}
+
+// The most transformer blocks a pipeline rank's stages hold (all of them at pp = 1).
+uint64_t blocks_on_busiest_rank(const Plan& p) {
+  const Layout& l = p.layout;
+  const int L = static_cast<int>(p.model.n_layer);
+  if (l.pp == 1) return static_cast<uint64_t>(L);
+  const parallel::pipeline::Pipeline pipe = pipeline_schedule(p.model, l);
+  if (pipe.stages.empty()) return static_cast<uint64_t>(L);  // (no pipeline: pipeline_engine_memory says why)
+  std::vector<uint64_t> blocks(static_cast<size_t>(l.pp), 0);
+  for (int st = 0; st < static_cast<int>(pipe.stages.size()); ++st) {
+    const model::UnitRange r = pipe.stages[static_cast<size_t>(st)];
+    const int last = r.last < 0 ? L + 1 : r.last;  // (units: the embedding, L blocks, the head)
+    const int held = std::max(0, std::min(last, L) - std::max(r.first, 1) + 1);
+    blocks[static_cast<size_t>(pipe.schedule.rank_of(st))] += static_cast<uint64_t>(held);
+  }
+  return *std::max_element(blocks.begin(), blocks.end());
 }
 
 // Their memory is the executor's own accounting (PipelineExecutor::predict)
@@ -122,6 +139,10 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
                     core::str_cat(" of Adam m, v", l.bf16 ? " and the fp32 master" : "",
                                   l.zero_stage == 3 ? ", the parameter and gradient shards" : "",  // (paged, ZeRO-3 pages them)
                                   l.zero_stage >= 1 ? core::str_cat(" (the ZeRO-", l.zero_stage, " shard)") : ""));
+    // One stage holding the whole model lends its activations' frames (PipelineExecutor::enable_paging).
+    model::TransformerConfig lender = cfg;
+    lender.bf16_activations = l.bf16;
+    add_paged_io(p, mine, lender, s.T, l.pp == 1);
   }
   if (busiest.frozen > 0)
     add_memory(p, "frozen base", static_cast<double>(busiest.frozen), Tier::kCompute,
@@ -305,7 +326,9 @@ void analytic_plan(Plan& p) {
     add_comm(p, "pp", "send", "activations forward, gradients backward", sends,
              static_cast<double>(sends) * s * b * h * 4 / (sp ? l.tp : 1), 2, inter, false);
   }
-  if (l.cp > 1) {
+  if (l.cp > 1 && engine) {
+    add_context_comm(p, blocks_on_busiest_rank(p));
+  } else if (l.cp > 1) {
     const bool inter = spans_nodes(p.cluster, l.tp, l.cp);
     const double kv = 2 * s * b * h * static_cast<double>(m.n_kv_head) / static_cast<double>(m.n_head) * esz / l.tp;
     // Ring attention: K, V blocks pass cp - 1 times forward; K, V and their

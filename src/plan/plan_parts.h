@@ -38,6 +38,23 @@ void add_model_tp_comm(Plan& p, const model::TransformerConfig& cfg, model::Unit
 // at cp = 1.
 double context_buffer_bytes(const ModelSpec& m, const Layout& l);
 
+// The context group's transfers of a step over `layers` blocks (parallel/
+// context_parallel.h, per layer and micro-batch): ring: cp - 1 key/value
+// blocks sent and received in the forward (again in the recompute under
+// checkpointing), cp - 1 in the backward and cp gradient accumulators;
+// allgather: one all-gather in the forward (and recompute), one all-gather
+// and one reduce-scatter in the backward. None at cp = 1.
+void add_context_comm(Plan& p, uint64_t layers);
+
+// Paged I/O per step: every page not in the compute tier is read and
+// written once. Lent frames (model::ActivationLender: the pages of the
+// model's saved activations at their places in the 2 MiB-aligned
+// allocation, `cfg` at T rows a sequence) take that many NVMe pages' reads
+// into the backward and their writes behind the next forward; the rest
+// moves in the sweep. `lends`: the engine lends (pp = 1, whole model).
+void add_paged_io(Plan& p, const memory::PagingPlan& plan, const model::TransformerConfig& cfg, int64_t T,
+                  bool lends);
+
 // A memory item; none when bytes <= 0.
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,
                 const std::string& note = "");

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline_executor.h"
 #include "plan/plan_parts.h"
 
 namespace po::plan {
@@ -147,6 +148,47 @@ double context_buffer_bytes(const ModelSpec& m, const Layout& l) {
       local.n_kv_head * local.head_dim()));
 }
 
+void add_context_comm(Plan& p, uint64_t layers) {
+  const Layout& l = p.layout;
+  if (l.cp == 1) return;
+  const model::TransformerConfig cfg = p.model.engine.shard(l.tp);
+  const int64_t kv_width = cfg.n_kv_head * cfg.head_dim(), T = l.seq / l.cp;
+  const double n = static_cast<double>(l.micro * T * 2 * kv_width), bytes = 4 * n;  // one rank's keys and values, f32
+  const auto accum = static_cast<uint64_t>(l.accum());
+  const uint64_t forwards = l.checkpointing ? 2 : 1, c = static_cast<uint64_t>(l.cp);
+  const bool inter = spans_nodes(p.cluster, l.tp, l.cp);
+  if (l.cp_allgather) {
+    const uint64_t gathers = accum * layers * (forwards + 1), scatters = accum * layers;
+    add_comm(p, "cp", "all_gather", "keys and values", gathers, static_cast<double>(gathers) * bytes * l.cp, l.cp, inter, false);
+    add_comm(p, "cp", "reduce_scatter", "key and value gradients", scatters, static_cast<double>(scatters) * bytes * l.cp, l.cp, inter, false);
+  } else {
+    const uint64_t blocks = accum * layers * (forwards * (c - 1) + (c - 1) + c);
+    add_comm(p, "cp", "send", "ring: key/value blocks and gradient accumulators", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
+    add_comm(p, "cp", "recv", "ring: the sends' other ends", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
+    p.comm.back().wire_bytes = p.comm.back().seconds = 0;  // the sends carry the time
+  }
+}
+
+void add_paged_io(Plan& p, const memory::PagingPlan& plan, const model::TransformerConfig& cfg, int64_t T,
+                  bool lends) {
+  const Layout& l = p.layout;
+  const double page = static_cast<double>(l.page_bytes);
+  const auto nvme_pages = static_cast<double>(plan.nvme_pages);
+  const auto host_frames = static_cast<double>(plan.host_frames);
+  p.lent_frames = 0;
+  if (lends && l.lend_activations)
+    for (const auto& [offset, bytes] : model::Transformer::predicted_activation_regions(cfg, l.micro, T, l.tp))
+      p.lent_frames += static_cast<double>(memory::Pager::frames_in(offset, bytes, l.page_bytes));
+  const double lent = std::min(nvme_pages, p.lent_frames);
+  const double host_part = host_frames * page, nvme_part = nvme_pages * page;
+  const double rbw = p.cluster.nvme_read_bw, wbw = p.cluster.nvme_write_bw;
+  const double host_io = p.cluster.host_bw > 0 ? 2 * host_part / p.cluster.host_bw : 0;
+  p.io_under_backward_s = rbw > 0 ? lent * page / rbw : 0;
+  p.io_under_forward_s = wbw > 0 ? lent * page / wbw : 0;
+  p.io_total_s = host_io + (rbw > 0 ? nvme_part / rbw : 0) + (wbw > 0 ? nvme_part / wbw : 0);
+  p.io_s = p.io_total_s - p.io_under_backward_s - p.io_under_forward_s;  // the sweep's
+}
+
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier,
                 const std::string& note) {
   if (bytes <= 0) return;
@@ -203,7 +245,7 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   // Pipeline layouts the engine trains are analytic but for their memory,
   // which is the executor's own (analytic.cc).
   p.engine_exact = p.not_trainable.empty() && layout.pp == 1;
-  if (p.engine_exact) {
+  if (p.engine_exact && !parallel::one_stage_executor()) {
     detail::engine_plan(p);
   } else {
     detail::analytic_plan(p);

@@ -55,17 +55,11 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers);
 // working buffers and data-group collectives are those of the data-parallel
 // layout of dp × cp ranks at sequence T / cp (without the deferred
 // embedding, which context parallel turns off); on top come the ring's
-// buffers and the context group's transfers (parallel/context_parallel.h):
-// per layer and micro-batch, ring: cp − 1 key/value blocks sent and received
-// in the forward (again in the recompute under checkpointing), cp − 1 in
-// the backward and cp gradient accumulators; allgather: one all-gather in
-// the forward (and recompute), one all-gather and one reduce-scatter in the
-// backward. The transfers hide behind the blocks' attention.
+// buffers and the context group's transfers (add_context_comm), which hide
+// behind the blocks' attention.
 void engine_plan(Plan& p) {
   const Layout l = p.layout;
   if (l.cp == 1) return engine_plan_dp(p, false, 0);
-  model::TransformerConfig cfg = p.model.engine.shard(l.tp);
-  const int64_t kv_width = cfg.n_kv_head * cfg.head_dim(), T = l.seq / l.cp;
   Layout twin = l;
   twin.dp = l.dp * l.cp;
   twin.cp = 1;
@@ -74,20 +68,7 @@ void engine_plan(Plan& p) {
   p.layout = twin;
   engine_plan_dp(p, true, context_buffer_bytes(p.model, l));
   p.layout = l;
-  const double n = static_cast<double>(l.micro * T * 2 * kv_width), bytes = 4 * n;  // one rank's keys and values, f32
-  const auto L = static_cast<uint64_t>(p.model.engine.n_layer), accum = static_cast<uint64_t>(l.accum());
-  const uint64_t forwards = l.checkpointing ? 2 : 1, c = static_cast<uint64_t>(l.cp);
-  const bool inter = spans_nodes(p.cluster, l.tp, l.cp);
-  if (l.cp_allgather) {
-    const uint64_t gathers = accum * L * (forwards + 1), scatters = accum * L;
-    add_comm(p, "cp", "all_gather", "keys and values", gathers, static_cast<double>(gathers) * bytes * l.cp, l.cp, inter, false);
-    add_comm(p, "cp", "reduce_scatter", "key and value gradients", scatters, static_cast<double>(scatters) * bytes * l.cp, l.cp, inter, false);
-  } else {
-    const uint64_t blocks = accum * L * (forwards * (c - 1) + (c - 1) + c);
-    add_comm(p, "cp", "send", "ring: key/value blocks and gradient accumulators", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
-    add_comm(p, "cp", "recv", "ring: the sends' other ends", blocks, static_cast<double>(blocks) * bytes, 2, inter, true);
-    p.comm.back().wire_bytes = p.comm.back().seconds = 0;  // the sends carry the time
-  }
+  add_context_comm(p, static_cast<uint64_t>(p.model.engine.n_layer));
 }
 
 void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
@@ -256,30 +237,12 @@ void engine_plan_dp(Plan& p, bool context, double cp_buffers) {
     const optim::PagedState::Geometry geo =
         rank_adam ? optim::PagedState::geometry(rank_adam->paged_numel(pl), l.page_bytes, rank_adam->paged_layout(pl))
                   : optim::PagedState::geometry(static_cast<int64_t>(state_numel), l.page_bytes, pl);
-    const double page = static_cast<double>(l.page_bytes);
     const double fixed = unpaged_states - paged_bytes + acts + cp_buffers + p.working_bytes;
     const memory::PagingPlan plan = memory::plan_paging(
         {geo.pages(), optim::PagedState::min_compute_frames(geo, l.page_prefetch), static_cast<size_t>(fixed)},
         {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
     add_paged_tiers(p, plan, l, "");
-    const auto nvme_pages = static_cast<double>(plan.nvme_pages);
-    const auto host_frames = static_cast<double>(plan.host_frames);
-    // Every page not in the compute tier is read and written once per step.
-    // Lent frames (model::ActivationLender: the pages of each block's saved
-    // activations, and the head's, at their places in the 2 MiB-aligned
-    // allocation) take that many NVMe pages' reads into the backward and
-    // their writes behind the next forward; the rest moves in the sweep.
-    if (l.lend_activations && l.pp == 1)
-      for (const auto& [offset, bytes] : model::Transformer::predicted_activation_regions(cfg, l.micro, l.seq, l.tp))
-        p.lent_frames += static_cast<double>(memory::Pager::frames_in(offset, bytes, l.page_bytes));
-    const double lent = std::min(nvme_pages, p.lent_frames);
-    const double host_part = host_frames * page, nvme_part = nvme_pages * page;
-    const double rbw = p.cluster.nvme_read_bw, wbw = p.cluster.nvme_write_bw;
-    const double host_io = p.cluster.host_bw > 0 ? 2 * host_part / p.cluster.host_bw : 0;
-    p.io_under_backward_s = rbw > 0 ? lent * page / rbw : 0;
-    p.io_under_forward_s = wbw > 0 ? lent * page / wbw : 0;
-    p.io_total_s = host_io + (rbw > 0 ? nvme_part / rbw : 0) + (wbw > 0 ? nvme_part / wbw : 0);
-    p.io_s = p.io_total_s - p.io_under_backward_s - p.io_under_forward_s;  // the sweep's
+    add_paged_io(p, plan, cfg, l.seq, l.pp == 1);
   }
 }
 

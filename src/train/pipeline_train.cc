@@ -370,13 +370,18 @@ bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
 class PipelineSteps : public LayoutSteps {
  public:
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
-                const model::ContextSplit& cp, const parallel::ContextParallelOps* cp_ops, bool paged,
-                const Writers& writers, double peak_gflops)
-      : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), cp_ops_(cp_ops), paged_(paged),
-        peak_gflops_(peak_gflops),
+                const model::ContextSplit& cp, parallel::TensorParallelOps* tp_ops,
+                parallel::ContextParallelOps* cp_ops, bool paged, const Writers& writers, double peak_gflops)
+      : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), tp_ops_(tp_ops), cp_ops_(cp_ops),
+        paged_(paged), peak_gflops_(peak_gflops),
         pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
+    // The ledger's prediction for this rank (the step records' predicted_bytes):
+    // its model states and activations, the context ring's buffers.
+    const parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(r.mcfg, setup, ex.rank());
+    predicted_ = m.params + m.grads + m.master + m.adam + m.frozen + m.activations + m.w_queue +
+                 context_bytes(r.cfg, r.mcfg, setup);
     formula_ = pl::formula_bubble(sch.kind, sch.ranks, sch.micro_batches, sch.chunks);
     planned_ = pl::simulate(sch).bubble();
     // The same with each stage's FLOP costs: what the stages' imbalance leaves.
@@ -410,6 +415,8 @@ class PipelineSteps : public LayoutSteps {
     comm::Traffic traffic[2];
     for (int g = 0; g < 2; ++g)
       if (groups[g] != nullptr) traffic[g] = groups[g]->traffic();
+    comm::Traffic cp_before;
+    if (cp_ops_ != nullptr) cp_before = r_.launch.cp_group()->traffic();
     ex_.begin_step(lr);  // (memory.update_in_backward updates pages at it during the backward)
     const parallel::PipelineStepStats st = ex_.forward_backward(
         [&](int micro, int32_t* inputs, int32_t* targets) {
@@ -444,29 +451,47 @@ class PipelineSteps : public LayoutSteps {
     // cp ranks: means over their own tokens; SFT: each a micro-batch's sum over its rows.
     loss = sft ? loss * static_cast<double>(p_.micro * p_.T / p_.cp) / counted
                : loss / static_cast<double>(p_.accum * p_.dp * p_.cp);
-    const double seconds = step_timer.seconds();
-    Outcome o{loss, norm, seconds, {}};
-    nlohmann::json record = report(st, seconds, traffic);
+    StepStats s;
+    s.loss = loss;
+    s.lr = lr;
+    s.grad_norm = norm;
+    s.seconds = step_timer.seconds();
+    s.comm_wait_s = ex_.comm_wait_seconds();
+    s.traffic = traffic[0];
+    s.tp_traffic = traffic[1];
+    if (tp_ops_ != nullptr) s.tp_seconds = tp_ops_->take_seconds();
+    if (cp_ops_ != nullptr) {
+      s.cp_traffic = r_.launch.cp_group()->traffic().since(cp_before);
+      s.cp_attention_s = cp_ops_->take_attention_seconds();
+      s.cp_wait_s = cp_ops_->take_wait_seconds();
+    }
+    if (paged_) s.paging = ex_.take_paging_stats();
+    Outcome o{loss, norm, s.seconds, {}};
+    // Every rank's memory and paging, as DataParallel's runs report them (a
+    // collective over the world), then the pipeline's own record.
+    RankReport mine{ex_.memory_report(), ex_.paging_report(), ex_.backward_end_ns(), s.cp_attention_s * 1e3,
+                    s.cp_wait_s * 1e3};
+    const std::vector<RankRecord> records = gather_records(r_.launch.world.get(), mine, s.paging);
+    const CommSplit split = comm_split(r_.launch.world.get(), ex_.wait_end_ns(), records, s.comm_wait_s);
+    const nlohmann::json pipeline = report(st, s.seconds, traffic, s.paging);
     if (!trace_.empty() && after.step == p_.steps) {
       const std::string json = ex_.gather_trace();
       if (pipe_rank(pipe_) == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
         checkpoint::write_file_atomic(trace_, json.data(), json.size());
     }
     if (!r_.launch.leader) return o;
-    record["step"] = after.step;
-    record["loss"] = loss;
-    record["lr"] = lr;
-    record["grad_norm"] = norm;
-    record["tokens"] = after.tokens;
-    record["tokens_per_s"] = tokens_per_step(p_) / seconds;
-    record["mfu"] = model_flops_utilisation(p_, r_.mcfg, tokens_per_step(p_) / seconds, peak_gflops_);
-    record["comm_wait_ms"] = ex_.comm_wait_seconds() * 1000;  // this rank's wait for the data group's sums
+    nlohmann::json record = step_metrics(p_, r_.mcfg, peak_gflops_, s, after, split, predicted_, records);
+    record.update(pipeline);
     if (const auto [early, all] = ex_.overlapped_sums(); all > 0)
       record["dp_sums"] = {{"overlapped", early}, {"all", all}};
     if (st.param_gathers > 0)  // (this rank's: ZeRO-3)
       record["param_gathers"] = {{"prefetched", st.prefetched}, {"all", st.param_gathers}};
     o.records.push_back(std::move(record));
-    if (paged_) o.records.push_back({{"step", after.step}, {"pp_paging_per_rank", paging_}});
+    if (paged_) {
+      nlohmann::json pages = paging_json(after.step, records);
+      pages["pp_paging_per_rank"] = paging_;
+      o.records.push_back(std::move(pages));
+    }
     return o;
   }
 
@@ -515,7 +540,8 @@ class PipelineSteps : public LayoutSteps {
   // The step's pipeline record (collectives over the pipeline group): the
   // measured bubble (1 - mean compute / the slowest stage's step), the p2p
   // traffic, every rank's memory and paging traffic, the micro-batches held.
-  nlohmann::json report(const parallel::PipelineStepStats& st, double seconds, const comm::Traffic (&traffic)[2]) {
+  nlohmann::json report(const parallel::PipelineStepStats& st, double seconds, const comm::Traffic (&traffic)[2],
+                        const memory::PagerStats& ps) {
     const double mine[5] = {st.busy_s, st.seconds, st.wait_s, static_cast<double>(st.sent_bytes),
                             static_cast<double>(st.sends)};
     std::vector<double> all(5 * static_cast<size_t>(p_.pp));
@@ -533,7 +559,6 @@ class PipelineSteps : public LayoutSteps {
     const double bubble = 1 - mean_of(busy) / *std::max_element(secs.begin(), secs.end());
     // Every pipeline rank's bytes (the executor's accounting), for the report.
     const parallel::PipelineExecutor::Memory mem = ex_.memory();
-    const memory::PagerStats ps = paged_ ? ex_.take_paging_stats() : memory::PagerStats{};
     constexpr size_t kMem = 16;
     const double mine_mem[kMem] = {
         static_cast<double>(mem.params), static_cast<double>(mem.grads),
@@ -603,9 +628,11 @@ class PipelineSteps : public LayoutSteps {
   const parallel::PipelineSetup& setup_;
   const Writers& writers_;
   model::ContextSplit cp_;
-  const parallel::ContextParallelOps* cp_ops_;  // null at cp = 1
+  parallel::TensorParallelOps* tp_ops_;   // null at tp = 1
+  parallel::ContextParallelOps* cp_ops_;  // null at cp = 1
   bool paged_;
   double peak_gflops_;        // mfu's denominator (gemm_peak_gflops)
+  size_t predicted_ = 0;
   comm::Communicator* pipe_;  // null at pp = 1
   std::string trace_;
   double formula_ = 0, planned_ = 0, costed_ = 0;
@@ -676,7 +703,10 @@ TrainResult train_pipeline(const RunInputs& r) {
   }
   const double peak_gflops = gemm_peak_gflops(cfg);
   if (launch.leader) PO_LOG_INFO(predicted_memory_table(cfg, r.mcfg, setup));
-  PipelineSteps steps(r, ex, setup, cp, cp_ops ? &*cp_ops : nullptr, paged, writers, peak_gflops);
+  // From here "peak" is the training steps' own (memory_per_rank's).
+  tensor::reset_pool_peak(tensor::Pool::kCompute);
+  PipelineSteps steps(r, ex, setup, cp, tp_ops ? &*tp_ops : nullptr, cp_ops ? &*cp_ops : nullptr, paged, writers,
+                      peak_gflops);
   return run_steps(steps, l, state);
 }
 

@@ -14,21 +14,23 @@
 namespace po::train {
 namespace {
 
-PagingRow paging_row(parallel::DataParallel& dp, const memory::PagerStats& s) {
-  optim::PagedState* pg = dp.paged_state();
-  if (pg == nullptr) return {};
-  const uint64_t page = pg->page_bytes();
-  return {pg->resident(memory::Tier::kCompute) * page, pg->resident(memory::Tier::kHost) * page,
-          pg->resident(memory::Tier::kNvme) * page,    s.nvme_read_bytes,
-          s.nvme_written_bytes,                         s.host_read_bytes,
-          s.host_written_bytes,                         s.accesses,
-          s.hits,                                       static_cast<uint64_t>(s.wait_s * 1e6),
+PagingRow paging_row(const parallel::PagingReport& p, const memory::PagerStats& s) {
+  return {p.resident_bytes[0],
+          p.resident_bytes[1],
+          p.resident_bytes[2],
+          s.nvme_read_bytes,
+          s.nvme_written_bytes,
+          s.host_read_bytes,
+          s.host_written_bytes,
+          s.accesses,
+          s.hits,
+          static_cast<uint64_t>(s.wait_s * 1e6),
           static_cast<uint64_t>(s.pass_s * 1e6),
-          static_cast<uint64_t>(dp.pages_updated_in_backward()),
+          p.pages_updated_in_backward,
           s.host_hits,
           s.lent_read_bytes,
           static_cast<uint64_t>(s.claim_wait_s * 1e6),
-          pg->pager().usable_frames() - pg->pager().options().compute_frames,
+          p.lent_frames,
           static_cast<uint64_t>(s.read_busy_s * 1e6),
           static_cast<uint64_t>(s.write_busy_s * 1e6)};
 }
@@ -60,18 +62,14 @@ nlohmann::json paging_object(const PagingRow& r) {
   return j;
 }
 
-// This rank's record; with `predicted_grads`, gradients at least as the
-// ledger predicts them (and the total with them).
-RankRecord own_record(parallel::DataParallel& dp, const memory::PagerStats& paging,
-                      bool predicted_grads) {
-  parallel::MemoryReport m = dp.memory();
-  if (predicted_grads) m.grads = std::max<size_t>(m.grads, dp.predicted_grad_bytes());
-  return {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets, m.activations, m.pages,
-           m.host, m.total(), tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
-          dp.backward_end_ns(),
-          paging_row(dp, paging),
-          0,
-          0};
+RankRecord own_record(const RankReport& r, const memory::PagerStats& paging) {
+  const parallel::MemoryReport& m = r.memory;
+  return {{m.params, m.grads, m.master, m.adam, m.gathered, m.buckets, m.activations, m.pages, m.host, m.total(),
+           tensor::pool_bytes_peak(tensor::Pool::kCompute), peak_rss_bytes()},
+          r.backward_end_ns,
+          paging_row(r.paging, paging),
+          r.cp_attention_ms,
+          r.cp_wait_ms};
 }
 
 std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine) {
@@ -86,18 +84,26 @@ std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine
 
 }  // namespace
 
-std::vector<RankRecord> gather_records(comm::Communicator* world, parallel::DataParallel& dp,
-                                       const memory::PagerStats& paging, double cp_attention_ms,
-                                       double cp_wait_ms) {
-  RankRecord mine = own_record(dp, paging, false);
-  mine.cp_attention_ms = cp_attention_ms;
-  mine.cp_wait_ms = cp_wait_ms;
-  return gather(world, mine);
+RankReport rank_report(parallel::DataParallel& dp) {
+  RankReport r{dp.memory(), {}, dp.backward_end_ns()};
+  if (optim::PagedState* pg = dp.paged_state()) {
+    r.paging.add(*pg);
+    r.paging.pages_updated_in_backward = static_cast<uint64_t>(dp.pages_updated_in_backward());
+  }
+  return r;
+}
+
+std::vector<RankRecord> gather_records(comm::Communicator* world, const RankReport& mine,
+                                       const memory::PagerStats& paging) {
+  return gather(world, own_record(mine, paging));
 }
 
 std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
                                              parallel::DataParallel& dp) {
-  return gather(world, own_record(dp, {}, true));
+  // Gradients not yet allocated count as the steps will hold them.
+  RankReport r = rank_report(dp);
+  r.memory.grads = std::max<size_t>(r.memory.grads, dp.predicted_grad_bytes());
+  return gather(world, own_record(r, {}));
 }
 
 nlohmann::json memory_json(const std::vector<RankRecord>& rows) {

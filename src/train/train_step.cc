@@ -132,28 +132,28 @@ std::string gemm_peak_note(const core::Config& cfg, double peak_gflops) {
                        cfg.get_float("train.peak_gflops") > 0 ? ", as configured" : "", ": mfu's denominator");
 }
 
-CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
+CommSplit comm_split(const comm::Communicator* world, int64_t wait_end_ns, const std::vector<RankRecord>& records,
                      double comm_wait_s) {
   // Waiting for a slower rank is imbalance, not communication; the steady
   // clock is shared on one node, so this is exact there.
   CommSplit out{comm_wait_s * 1000, 0};
-  if (!c.world) return out;
+  if (world == nullptr) return out;
   const auto [lo, hi] = std::minmax_element(
       records.begin(), records.end(), [](const RankRecord& a, const RankRecord& b) {
         return a.backward_end_ns < b.backward_end_ns;
       });
   out.exposed_ms =
-      std::max<double>(0, static_cast<double>(c.dp.wait_end_ns() - hi->backward_end_ns) / 1e6);
+      std::max<double>(0, static_cast<double>(wait_end_ns - hi->backward_end_ns) / 1e6);
   out.imbalance_ms = static_cast<double>(hi->backward_end_ns - lo->backward_end_ns) / 1e6;
   return out;
 }
 
-nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const TrainState& state,
-                            const CommSplit& split, size_t predicted,
+nlohmann::json step_metrics(const Plan& p, const model::TransformerConfig& mcfg, double peak_gflops,
+                            const StepStats& s, const TrainState& state, const CommSplit& split, size_t predicted,
                             const std::vector<RankRecord>& records) {
-  const double tps = tokens_per_step(c.p) / s.seconds;
+  const double tps = tokens_per_step(p) / s.seconds;
   // Each rank measured the peak of its own share of the cores.
-  const double mfu = model_flops_utilisation(c.p, c.mcfg, tps, c.peak_gflops);
+  const double mfu = model_flops_utilisation(p, mcfg, tps, peak_gflops);
   nlohmann::json m = {{"step", state.step},
           {"loss", s.loss},
           {"lr", s.lr},
@@ -171,7 +171,7 @@ nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const Trai
           {"tp_comm", traffic_json(s.tp_traffic)},
           {"tp_comm_ms", s.tp_seconds * 1000},
           {"memory_per_rank", memory_json(records)}};
-  if (c.cpo) {  // per rank: the balance of the attention, and what the ring left exposed
+  if (p.cp > 1) {  // per rank: the balance of the attention, and what the ring left exposed
     nlohmann::json att = nlohmann::json::array(), wait = nlohmann::json::array();
     for (const RankRecord& r : records) {
       att.push_back(r.cp_attention_ms);

@@ -111,16 +111,19 @@ StepStats train_step(StepContext& c, int64_t step, double lr);
 
 // Exposed communication: how long it ran on after the LAST rank finished its
 // backward; imbalance: how far apart the ranks' backwards ended.
+// `wait_end_ns`: when this rank's wait for the sums ended (the engine's);
+// one rank (no world): neither.
 struct CommSplit {
   double exposed_ms = 0, imbalance_ms = 0;
 };
-CommSplit comm_split(const StepContext& c, const std::vector<RankRecord>& records,
+CommSplit comm_split(const comm::Communicator* world, int64_t wait_end_ns, const std::vector<RankRecord>& records,
                      double comm_wait_s);
 
 // The step's record in metrics.jsonl. `state` is after the step; `predicted`:
 // the memory ledger's prediction for this rank (bytes).
-nlohmann::json step_metrics(const StepContext& c, const StepStats& s, const TrainState& state,
-                            const CommSplit& split, size_t predicted,
+// Either engine's: `peak_gflops` is mfu's denominator (gemm_peak_gflops).
+nlohmann::json step_metrics(const Plan& p, const model::TransformerConfig& mcfg, double peak_gflops,
+                            const StepStats& s, const TrainState& state, const CommSplit& split, size_t predicted,
                             const std::vector<RankRecord>& records);
 
 // Mean validation loss over train.eval_batches micro-batches of `val`.

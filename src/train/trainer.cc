@@ -29,6 +29,7 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/tensor_parallel.h"
 #include "train/async_checkpoint.h"
 #include "train/launch.h"
@@ -241,12 +242,14 @@ class OneStageSteps : public LayoutSteps {
 
   Outcome step(int64_t step, double lr, const TrainState& after) override {
     const StepStats s = train_step(c_, step, lr);
-    const auto records =
-        gather_records(c_.world, c_.dp, s.paging, s.cp_attention_s * 1e3, s.cp_wait_s * 1e3);
-    const CommSplit split = comm_split(c_, records, s.comm_wait_s);
+    RankReport mine = rank_report(c_.dp);
+    mine.cp_attention_ms = s.cp_attention_s * 1e3;
+    mine.cp_wait_ms = s.cp_wait_s * 1e3;
+    const auto records = gather_records(c_.world, mine, s.paging);
+    const CommSplit split = comm_split(c_.world, c_.dp.wait_end_ns(), records, s.comm_wait_s);
     Outcome o{s.loss, s.grad_norm, s.seconds, {}};
     if (!leader_) return o;
-    o.records.push_back(step_metrics(c_, s, after, split, predicted_, records));
+    o.records.push_back(step_metrics(c_.p, c_.mcfg, c_.peak_gflops, s, after, split, predicted_, records));
     if (c_.paging) o.records.push_back(paging_json(after.step, records));
     return o;
   }
@@ -484,14 +487,11 @@ TrainResult train(const core::Config& cfg) {
   store_resolved_model(stored, mcfg);
   const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), val_sft.get(),
                       optim::adamw_config(cfg), run_dir, stored.to_toml(), seed, resume, threads};
-  // PAGEDOPTIM_ONE_STAGE_EXECUTOR=1 runs pp = 1 through the pipeline
-  // executor as its one-stage schedule: the migration's test hook (issue 35:
-  // one gradient engine), which holds the layouts it covers to
-  // DataParallel's bits (tests/train/one_stage_executor_test.cc) until it is
-  // the only path.
-  const char* executor = std::getenv("PAGEDOPTIM_ONE_STAGE_EXECUTOR");
-  const bool one_stage_executor = executor != nullptr && std::string(executor) == "1";
-  TrainResult result = p.pp > 1 || one_stage_executor ? train_pipeline(run) : train_one_stage(run);
+  // parallel::one_stage_executor(): pp = 1 through the pipeline executor as
+  // its one-stage schedule, the migration's switch (issue 35: one gradient
+  // engine), which holds the layouts it covers to DataParallel's bits
+  // (tests/train/one_stage_executor_launch_test.cc) until it is the only path.
+  TrainResult result = p.pp > 1 || parallel::one_stage_executor() ? train_pipeline(run) : train_one_stage(run);
   // Stopped on request: every rank leaves together, once rank 0 has reported
   // and every rank has freed its state (its swap files removed): mpirun ends
   // the job when the first rank exits non-zero, killing the others wherever
