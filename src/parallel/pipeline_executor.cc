@@ -591,11 +591,6 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   }
 }
 
-bool one_stage_executor() {
-  const char* v = std::getenv("PAGEDOPTIM_ONE_STAGE_EXECUTOR");
-  return v != nullptr && std::string(v) == "1";
-}
-
 PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float grad_scale,
                                                      const MicroFn& before_forward) {
   PipelineStepStats stats;

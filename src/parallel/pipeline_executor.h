@@ -217,13 +217,6 @@ struct PipelineStepStats {
   int param_gathers = 0, prefetched = 0;
 };
 
-// Whether parallel.pp = 1 trains through the executor's one-stage schedule
-// (PAGEDOPTIM_ONE_STAGE_EXECUTOR=1) rather than DataParallel: read by the
-// trainer and by the planner, which plans a layout by the rules of the
-// engine that trains it (issue 35's migration, until the executor is the
-// only engine).
-bool one_stage_executor();
-
 class PipelineExecutor {
  public:
   PipelineExecutor(const model::TransformerConfig& config, const optim::AdamWConfig& adam,
@@ -336,6 +329,11 @@ class PipelineExecutor {
                                                 size_t page_bytes, int prefetch);
   // All chunks' pagers: the traffic since the last call.
   memory::PagerStats take_paging_stats();
+  // Every chunk's paged state (and a tied replica's), in chunk order; none unpaged.
+  std::vector<const optim::PagedState*> paged_states() const;
+  // Frames a step lends the pages from the activations (memory.lend_activations:
+  // one stage holding the whole model), as predicted from the model's layout.
+  size_t lent_frames() const;
   // Quantized Adam blocks a checkpoint load could not recover and quantized
   // (a 32-bit checkpoint's moments), since the start.
   int64_t quantized_on_load() const { return quantized_on_load_; }
@@ -385,6 +383,12 @@ class PipelineExecutor {
   };
   static Collectives predict_collectives(const model::TransformerConfig& config, const PipelineSetup& setup,
                                          int rank);
+  // The ring collectives' scratch the step's data and tensor collectives hold
+  // at most at once (comm/mpi/ring_sizes.h: those large enough to take the
+  // ring; allocated by the communicator, in the compute tier, beside what
+  // memory() counts).
+  static size_t predict_ring_scratch(const model::TransformerConfig& config, const PipelineSetup& setup,
+                                     int rank);
   // Activation bytes of one slot of each chunk (a Transformer for its units).
   std::vector<size_t> slot_bytes() const;
 

@@ -162,8 +162,12 @@ void PipelineExecutor::gather_unit(const ShardLayout& sl, int i, const void* min
   if (sl.ranks() == 1)  // (ZeRO-3 paged on one data rank: the shard is the unit)
     return backend::device_copy(dst, mine, static_cast<size_t>(sl.unit_numel(i)) * esz);
   const int64_t stride = sl.stride(i), owned = sl.owned(i);
-  tensor::Storage once;  // (ZeRO-3 holds no gather buffer: a checkpoint's unit takes one for itself)
-  if (gather_.size() == 0) once = tensor::Storage(static_cast<size_t>(stride * (1 + sl.ranks())) * esz);
+  // ZeRO-3 holds no gather buffer: a checkpoint's unit takes one for itself,
+  // in the host tier beside the checkpoint's staging (the compute tier's
+  // budget is the steps').
+  tensor::Storage once;
+  if (gather_.size() == 0)
+    once = tensor::Storage(static_cast<size_t>(stride * (1 + sl.ranks())) * esz, tensor::Pool::kHost);
   char* send = static_cast<char*>((gather_.size() > 0 ? gather_ : once).data());
   char* recv = send + static_cast<size_t>(stride) * esz;
   backend::device_copy(send, mine, static_cast<size_t>(owned) * esz);

@@ -430,6 +430,23 @@ void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   setup_early();
 }
 
+std::vector<const optim::PagedState*> PipelineExecutor::paged_states() const {
+  std::vector<const optim::PagedState*> out;
+  for (const auto& [a, name] : adams())
+    if (a->paged()) out.push_back(a->paged_state());
+  return out;
+}
+
+size_t PipelineExecutor::lent_frames() const {
+  if (!lender_.lend) return 0;
+  const size_t page = chunks_.front()->adam->paged_state()->page_bytes();
+  size_t n = 0;
+  for (const auto& [offset, bytes] :
+       model::Transformer::predicted_activation_regions(config_, setup_.micro, setup_.T, setup_.split.size))
+    n += memory::Pager::frames_in(offset, bytes, page);
+  return n;
+}
+
 memory::PagerStats PipelineExecutor::take_paging_stats() {
   memory::PagerStats sum;
   for (const auto& [a, name] : adams()) {

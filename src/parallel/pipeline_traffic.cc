@@ -6,6 +6,10 @@
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_executor_state.h"
 
+#include <algorithm>
+
+#include "comm/mpi/ring_sizes.h"
+
 namespace po::parallel {
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)
 
@@ -97,6 +101,47 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
     add(out.tensor, CommOp::kAllGather, 1, 8.0 * static_cast<double>(layout.num_units() * tp));
   }
   return out;
+}
+
+size_t PipelineExecutor::predict_ring_scratch(const model::TransformerConfig& config, const PipelineSetup& setup,
+                                              int rank) {
+  namespace ring = comm::mpi::ring;
+  const model::TransformerConfig c = config.resolved();
+  const model::Layout layout(c, setup.split);
+  const int head = layout.head_unit(), dp = setup.dp, tp = setup.split.size;
+  double out = 0;
+  if (dp > 1) {  // at most: every eligible sum in flight at once, each the largest one's
+    const double wire = setup.reduce_bf16 ? 2 : 4;
+    double largest = 0;
+    int eligible = 0;
+    auto consider = [&](bool rs, double payload) {
+      const double r = ring::scratch_bytes(rs, payload, dp);
+      eligible += r > 0 ? 1 : 0;
+      largest = std::max(largest, r);
+    };
+    for (int stage : setup.schedule.stages_of(rank)) {
+      const model::UnitRange r = setup.stage_units[static_cast<size_t>(stage)];
+      const int first = r.first, last = r.last < 0 ? head : r.last;
+      if (setup.zero_stage >= 2) {
+        for (int u = first; u <= last; ++u)
+          consider(true, static_cast<double>(ShardLayout::stride_of(layout.unit_numel(u), dp, setup.shard_align()) *
+                                             dp) * wire);
+      } else {
+        const double esz = setup.bf16 && setup.reduce_bf16 ? 2 : 4;
+        for (const auto& [lo, hi] : grad_buckets(layout, first, last, setup))
+          consider(false, static_cast<double>(layout.unit_offset(hi + 1) - layout.unit_offset(lo)) * esz);
+      }
+    }
+    // ZeRO 2-3: the accumulators' ring bounds the reduce-scatters in flight.
+    if (setup.zero_stage >= 2) eligible = std::min(eligible, acc_ring(setup, 1));
+    out += eligible * largest;
+  }
+  // The tensor group's ring is a channel of its own. Its collectives block,
+  // one at a time, and the largest is a [B·T, C] f32 activation (a
+  // reduce-scatter's under sequence parallel, an all-reduce's otherwise).
+  out += ring::scratch_bytes(c.sequence_parallel && tp > 1,
+                             4.0 * static_cast<double>(setup.micro * setup.T * c.n_embd), tp);
+  return static_cast<size_t>(out);
 }
 
 }  // namespace po::parallel

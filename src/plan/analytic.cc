@@ -40,11 +40,12 @@ parallel::pipeline::Pipeline pipeline_schedule(const ModelSpec& model, const Lay
 
 namespace detail {
 
-// Pipeline layouts the executor trains (fp32 or bf16, ZeRO 0-3, in memory or paged, context parallel too).
+// Layouts the executor trains (every schedule, pp = 1 its one-stage one: fp32
+// or bf16, ZeRO 0-3, in memory or paged, tensor and context parallel too).
 bool pipeline_trainable(const Plan& p) {
   const Layout& l = p.layout;
   const ModelSpec& m = p.model;
-  return (l.pp > 1 || parallel::one_stage_executor()) && l.flash_attention &&
+  return l.flash_attention &&
          m.n_kv_head % l.tp == 0 && m.ffn % l.tp == 0;
 }
 
@@ -102,22 +103,29 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   // against the rank that needs the most; each rank's pages not in the
   // compute tier go to the host tier, then NVMe. The busiest rank is the one
   // holding the most, its compute-tier frames included.
+  // (Beside each rank's accounting: the context group's buffers and the
+  // ring collectives' scratch, as the trainer counts them for the budget.)
   parallel::PipelineExecutor::Memory busiest;
   memory::PagingPlan neediest, mine;
   int at = -1;
+  const auto context = static_cast<size_t>(context_buffer_bytes(p.model, l));
+  size_t ring = 0;
   for (int r = 0; r < l.pp; ++r) {
     parallel::PipelineExecutor::Memory m = parallel::PipelineExecutor::predict(cfg, s, r);
+    const size_t scratch = parallel::PipelineExecutor::predict_ring_scratch(cfg, s, r);
     memory::PagingPlan plan;
     if (l.paging) {
       const auto [n, least] = parallel::PipelineExecutor::paging_pages(cfg, s, r, l.page_bytes, l.page_prefetch);
-      plan = memory::plan_paging({n, least, m.total()}, {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
+      plan = memory::plan_paging({n, least, m.total() + context + scratch},
+                                 {l.page_bytes, l.compute_budget, l.host_budget, l.nvme});
       m.pages = plan.compute_frames * l.page_bytes;
       if (r == 0 || plan.min_compute_bytes > neediest.min_compute_bytes) neediest = plan;
     }
-    if (at < 0 || m.total() > busiest.total()) {
+    if (at < 0 || m.total() + scratch > busiest.total() + ring) {
       busiest = m;
       mine = plan;
       at = r;
+      ring = scratch;
     }
   }
   p.memory.clear();
@@ -155,6 +163,8 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
              "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
   add_memory(p, "context-parallel buffers", context_buffer_bytes(p.model, l), Tier::kCompute,
              "the context group's keys and values");
+  add_memory(p, "ring scratch", static_cast<double>(ring), Tier::kCompute,
+             "at most: the data and tensor groups' ring collectives in flight");
   parallel::PipelineExecutor::Collectives most;
   double moved = -1;
   for (int r = 0; r < l.pp; ++r) {
@@ -280,6 +290,19 @@ void analytic_plan(Plan& p) {
   parallel::PipelineExecutor::Collectives exact;
   const bool engine = pipeline_trainable(p);
   if (engine) exact = pipeline_engine_memory(p);
+  if (engine && l.pp == 1) {  // one stage: the model's own activation layout, with and without checkpointing
+    model::TransformerConfig c = engine_config(m, l);
+    c.bf16_activations = l.bf16;
+    c.sequence_parallel = sp;
+    const int64_t T = l.seq / l.cp;
+    for (const bool on : {false, true}) {
+      c.activation_checkpointing = on;
+      (on ? p.activations_ckpt : p.activations_no_ckpt) =
+          static_cast<double>(model::Transformer::predicted_activation_bytes(c, l.micro, T, l.tp));
+    }
+    p.activations_formula = static_cast<double>(m.n_layer) *
+                            korthikanti_layer_bytes(static_cast<double>(T), b, h, a, l.tp, sp, l.checkpointing, true);
+  }
 
   // Communication per step.
   const double act_bytes = s * b * h * esz;  // one [s, b, h] activation

@@ -1,6 +1,6 @@
-// The pieces make_plan() assembles a Plan from, shared by its two models:
-// the items (memory by tier, collectives with their time on the cluster's
-// links) and the two ways of filling them in. Internal to plan/.
+// The pieces make_plan() assembles a Plan from: the items (memory by tier,
+// collectives with their time on the cluster's links) and the way of
+// filling them in. Internal to plan/.
 #pragma once
 
 #include <cstdint>
@@ -69,11 +69,8 @@ void add_paged_tiers(Plan& p, const memory::PagingPlan& plan, const Layout& l, c
 // it can, and the plan is engine-exact.
 std::vector<std::string> not_trainable(const ModelSpec& m, const Layout& l);
 
-// Engine-exact (replay.cc): data parallel × tensor parallel, sizes by the
-// engine's rules.
-void engine_plan(Plan& p);
-
-// Analytic (analytic.cc): pipeline and context parallel (not_trainable's reasons).
+// The plan (analytic.cc): the executor's own accounting of what it trains,
+// the analytic model for the rest (not_trainable's reasons).
 void analytic_plan(Plan& p);
 
 }  // namespace po::plan::detail

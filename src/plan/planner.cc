@@ -10,8 +10,8 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "memory/pager.h"
 #include "parallel/context_parallel.h"
-#include "parallel/pipeline_executor.h"
 #include "plan/plan_parts.h"
 
 namespace po::plan {
@@ -238,18 +238,14 @@ Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout&
   p.model = model;
   p.cluster = cluster;
   p.layout = layout;
-  // What the engine trains (data parallel × tensor parallel, with sequence
-  // parallel and paging: docs/tensor-parallel.md) is planned by its own
-  // rules; the rest by the analytic model.
+  // What the engine trains takes its memory and its data and tensor
+  // collectives from the executor's own accounting (PipelineExecutor::predict,
+  // predict_collectives: analytic.cc); the rest is the analytic model. At
+  // pp = 1 the whole plan is the engine's (engine_exact); a pipeline's time
+  // and bubble stay analytic.
   p.not_trainable = detail::not_trainable(model, layout);
-  // Pipeline layouts the engine trains are analytic but for their memory,
-  // which is the executor's own (analytic.cc).
   p.engine_exact = p.not_trainable.empty() && layout.pp == 1;
-  if (p.engine_exact && !parallel::one_stage_executor()) {
-    detail::engine_plan(p);
-  } else {
-    detail::analytic_plan(p);
-  }
+  detail::analytic_plan(p);
   for (const MemoryItem& it : p.memory) {
     if (it.tier == Tier::kCompute) p.compute_peak += it.bytes;
     if (it.tier == Tier::kHost) p.host_bytes += it.bytes;

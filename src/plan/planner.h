@@ -121,7 +121,6 @@ struct Plan {
   // (flash-style attention), next to the engine's own layout.
   double activations_formula = 0;
   double min_compute_budget = 0;  // paging: the smallest memory.compute_budget the engine accepts
-  double working_bytes = 0;       // engine-exact: gathers, accumulators, buckets, staging, ring scratch
 
   std::vector<CommItem> comm;  // per rank per step
   double model_flops = 0;      // per step, all devices
@@ -145,10 +144,6 @@ struct Plan {
 };
 
 Plan make_plan(const ModelSpec& model, const ClusterSpec& cluster, const Layout& layout);
-// The engine's working buffers for a layout it runs (Plan::working_bytes):
-// what a compute budget must leave free besides model states, activations
-// and pages. The trainer's minimum budget is built on it.
-double engine_working_bytes(const ModelSpec& model, const Layout& layout);
 // A pipelined layout's schedule as the engine builds it (ordered at its
 // stages' FLOP costs, parallel/pipeline_stages.h's make_pipeline) with those
 // stages; where the partition refuses the layout, the unit-cost orders and

@@ -136,7 +136,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["model"] = {{"name", p.model.name}, {"parameters", p.model.num_params()}, {"n_layer", p.model.n_layer},
                 {"n_embd", p.model.n_embd}, {"n_head", p.model.n_head}, {"vocab", p.model.vocab}};
   j["cluster"] = {{"name", p.cluster.name}, {"nodes", p.cluster.nodes},
-                  {"devices_per_node", p.cluster.devices_per_node}, {"device_memory", p.cluster.device_memory},
+                  {"devices_per_node", p.cluster.devices_per_node}, {"device_memory", p.cluster.device_memory}, {"overhead", p.cluster.overhead},
                   {"source", p.cluster.source}};
   const Layout& l = p.layout;
   j["layout"] = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"zero_stage", l.zero_stage},

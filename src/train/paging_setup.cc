@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -15,8 +16,6 @@
 #include "memory/paging_plan.h"
 #include "model/layout.h"
 #include "optim/adamw.h"
-#include "parallel/context_parallel.h"
-#include "parallel/working_set.h"
 #include "tensor/tensor.h"
 
 namespace po::train {
@@ -46,53 +45,6 @@ memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
 }
 
 namespace {
-
-// What the compute tier holds besides pages once set up: the ledger's count
-// of what is not paged (all but `paged_bytes`), what else is allocated, the
-// working buffers to come.
-size_t unpaged_compute_bytes(const core::Config& cfg, parallel::DataParallel& dp,
-                             const model::TransformerConfig& mcfg, const Plan& p,
-                             size_t paged_bytes) {
-  const size_t predicted = dp.predicted_model_state_bytes() - paged_bytes +
-                           model::Transformer::predicted_activation_bytes(mcfg, p.micro, p.T / p.cp, p.tp);
-  // Allocations outside the engine's ledger (token files, ...).
-  const size_t live = tensor::pool_bytes_live(tensor::Pool::kCompute);
-  const size_t known = dp.memory().total();
-  // The working buffers to come (gathers, accumulators, buckets, staging,
-  // ring scratch at most), counted by parallel/working_set.h, which the
-  // planner reports too.
-  const parallel::DataParallelOptions& d = dp.options();
-  parallel::WorkingSetOptions wo;
-  wo.ranks = static_cast<int>(p.dp * p.cp);  // ZeRO shards over dp × cp
-  wo.context = p.cp > 1;
-  wo.zero_stage = d.zero_stage;
-  const optim::AdamWConfig& adam = dp.adam().config();
-  wo.align = adam.state_bits < 32 ? adam.block_size : 1;  // the shard cut, as DataParallel's
-  wo.prefetch = d.prefetch;
-  wo.bf16 = d.param_dtype == tensor::DType::kBF16;
-  wo.reduce_bf16 = d.reduce_dtype == tensor::DType::kBF16;
-  wo.overlap = d.overlap;
-  wo.paged = true;  // set-up runs only for a paged run
-  wo.micro = p.micro;
-  wo.seq = p.T / p.cp;  // this rank's rows of each sequence
-  wo.accum = p.accum;
-  wo.bucket_bytes = d.bucket_bytes;
-  wo.tp = static_cast<int>(p.tp);
-  wo.sequence_parallel = mcfg.sequence_parallel;
-  const auto working = static_cast<size_t>(parallel::working_set(mcfg, wo).total());
-  // Context parallel's ring (or gather) buffers, allocated at the first forward.
-  const model::TransformerConfig local = mcfg.shard(static_cast<int>(p.tp));
-  const size_t ring = p.cp > 1 ? parallel::ContextParallelOps::predicted_buffer_bytes(
-                                     parallel::parse_cp_mode(cfg.get_string("parallel.cp_mode")),
-                                     static_cast<int>(p.cp), p.micro, p.T / p.cp,
-                                     local.n_kv_head * local.head_dim())
-                               : 0;
-  // A frozen base under adapters (f32, allocated when it is loaded, after this).
-  size_t base = 0;
-  if (mcfg.lora.on() && mcfg.quant == model::WeightQuant::kNone)
-    base = static_cast<size_t>(model::Layout(mcfg).base_num_params()) * sizeof(float);
-  return predicted + (live > known ? live - known : 0) + working + ring + base;
-}
 
 // The log's one-screen account of the pages and where they live.
 std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions& o,
@@ -158,38 +110,53 @@ std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions
 
 }  // namespace
 
-bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
-                  const model::TransformerConfig& mcfg, const Plan& p, int rank) {
+bool setup_paging(const core::Config& cfg, parallel::PipelineExecutor& ex, const model::TransformerConfig& mcfg,
+                  const parallel::PipelineSetup& setup, comm::Communicator* world, size_t context) {
+  const int rank = world != nullptr ? world->rank() : 0;
   const size_t compute_budget = cfg.get_size("memory.compute_budget");
   const size_t host_budget = cfg.get_size("memory.host_budget");
   const std::string& io = cfg.get_string("memory.io");
   PO_CHECK(io == "auto" || io == "fallback", "memory.io = \"", io,
            "\": choose \"auto\" (io_uring where allowed) or \"fallback\" (pread/pwrite threads)");
-  if (!pages_state(cfg)) {
-    if (compute_budget > 0) tensor::set_pool_budget(tensor::Pool::kCompute, compute_budget);
-    return false;
-  }
+  if (!setup.paged) return false;
   memory::PagerOptions o = pager_options(cfg, rank);
-  const optim::AdamW& adam = dp.adam();
-  const optim::PagedState::Layout layout = adam.paged_layout(dp.paging_layout());
-  const optim::PagedState::Geometry geo =
-      optim::PagedState::geometry(adam.paged_numel(dp.paging_layout()), o.page_bytes, layout);
-  const auto paged_bytes = static_cast<size_t>(adam.ledger_paged_bytes(dp.paging_layout()));
-  const size_t fixed = unpaged_compute_bytes(cfg, dp, mcfg, p, paged_bytes);
-  const size_t min_frames = optim::PagedState::min_compute_frames(geo, o.prefetch);
-  const memory::PagingPlan plan =
-      memory::plan_paging({geo.pages(), min_frames, fixed}, paging_budgets(cfg, o.page_bytes));
-  PO_CHECK(plan.compute_fits, "memory.compute_budget = ", compute_budget,
-           " bytes is too small for rank ", rank, "'s working set: at least ", plan.min_compute_bytes,
-           " bytes (", fixed, " for parameters, gradients, activations and working buffers + ",
-           min_frames, " pages of ", o.page_bytes, ")");
+  const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
+  parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
+  fixed.buffers += context + parallel::PipelineExecutor::predict_ring_scratch(mcfg, setup, ex.rank());
+  const memory::PagingPlan plan = memory::plan_paging({pages, least, fixed.total()}, paging_budgets(cfg, o.page_bytes));
+  if (compute_budget > 0) {
+    // Stages differ: every rank checks the budget against the rank that needs the most.
+    const int64_t mine[3] = {static_cast<int64_t>(plan.min_compute_bytes),
+                             static_cast<int64_t>(fixed.total()), static_cast<int64_t>(least)};
+    const int ranks = world != nullptr ? world->size() : 1;
+    std::vector<int64_t> all(3 * static_cast<size_t>(ranks));
+    if (world != nullptr)
+      world->all_gather(mine, all.data(), 6, tensor::DType::kI32);  // int64s, bit-exact
+    else
+      std::copy_n(mine, 3, all.data());
+    int worst = 0;
+    for (int k = 1; k < ranks; ++k)
+      if (all[3 * static_cast<size_t>(k)] > all[3 * static_cast<size_t>(worst)]) worst = k;
+    const int64_t* w = all.data() + 3 * worst;
+    PO_CHECK(compute_budget >= static_cast<size_t>(w[0]), "memory.compute_budget = ", compute_budget,
+             " bytes is too small for rank ", worst, "'s ", setup.schedule.ranks > 1 ? "pipeline stages" : "working set",
+             ": at least ", w[0], " bytes (", w[1], " for parameters, gradients, activations and buffers + ", w[2],
+             " pages of ", o.page_bytes, ")");
+  }
   o.compute_frames = plan.compute_frames;
   o.host_frames = plan.host_budget_frames;
   if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
-  dp.enable_paging(o);
-  const std::string t =
-      paging_table(*dp.paged_state(), o, geo, layout.schema, fixed, compute_budget, dp.lent_frames(), rank);
-  if (rank == 0) PO_LOG_INFO(t);
+  ex.enable_paging(o);
+  if (rank != 0) return true;
+  // Each chunk's pages (one at pp = 1), as its pager holds them.
+  const std::vector<const optim::PagedState*> states = ex.paged_states();
+  for (size_t k = 0; k < states.size(); ++k) {
+    const optim::PagedState& pg = *states[k];
+    PO_LOG_INFO(paging_table(pg, o, pg.geometry(), pg.schema(), k == 0 ? fixed.total() : 0, compute_budget,
+                             k == 0 ? ex.lent_frames() : 0, rank),
+                states.size() > 1 ? core::str_cat("\n  (chunk ", k + 1, " of ", states.size(), " on this rank)")
+                                  : std::string());
+  }
   return true;
 }
 

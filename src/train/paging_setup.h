@@ -10,7 +10,8 @@
 #include "memory/pager.h"
 #include "memory/paging_plan.h"
 #include "model/transformer.h"
-#include "parallel/data_parallel.h"
+#include "comm/communicator.h"
+#include "parallel/pipeline_executor.h"
 #include "train/launch.h"
 
 namespace po::train {
@@ -25,9 +26,15 @@ bool pages_state(const core::Config& cfg);
 // memory.*'s budgets for memory::plan_paging (the one paging policy).
 memory::PagingBudgets paging_budgets(const core::Config& cfg, size_t page_bytes);
 
-// Turns paging on in `dp` when memory.host_budget or memory.nvme_dir is set;
-// returns whether it did. Its one-screen table goes to the log (rank 0).
-bool setup_paging(const core::Config& cfg, parallel::DataParallel& dp,
-                  const model::TransformerConfig& mcfg, const Plan& p, int rank);
+// Turns paging on in the executor when memory.host_budget or memory.nvme_dir
+// is set (PipelineSetup::paged): each chunk's Adam state (a bf16 run's fp32
+// master with it; ZeRO-3: its stored parameter and gradient shards) in
+// pages (PipelineExecutor::enable_paging). memory.compute_budget leaves the
+// compute tier what the executor's own accounting (predict, plus `context`:
+// the context group's buffers, and the ring collectives' scratch) does not
+// take, checked against the rank that needs the most. Returns whether the state is paged; the pages'
+// one-screen table goes to the log (rank 0).
+bool setup_paging(const core::Config& cfg, parallel::PipelineExecutor& ex, const model::TransformerConfig& mcfg,
+                  const parallel::PipelineSetup& setup, comm::Communicator* world, size_t context);
 
 }  // namespace po::train

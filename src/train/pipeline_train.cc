@@ -60,9 +60,9 @@ parallel::PipelineSetup pipeline_setup(const RunInputs& r, model::ParallelOps* t
   s.zero_stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
   s.bf16 = cfg.get_string("train.precision") == "bf16";
   s.reduce_bf16 = cfg.get_string("parallel.reduce_dtype") == "bf16";
-  s.dp = static_cast<int>(r.p.dp);
-  s.defer_lookup = parallel::defers_lookup(r.mcfg, s.dp, cfg.get_bool("parallel.overlap_comm"),
+  s.defer_lookup = parallel::defers_lookup(r.mcfg, static_cast<int>(r.p.dp), cfg.get_bool("parallel.overlap_comm"),
                                            static_cast<int>(r.p.cp), s.zero_stage, cfg.get_bool("data.pack"));
+  s.dp = static_cast<int>(r.p.dp * r.p.cp);  // the data group spans dp × cp (the executor takes its size)
   s.overlap_comm = cfg.get_bool("parallel.overlap_comm");
   s.prefetch = static_cast<int>(cfg.get_int("parallel.prefetch"));
   s.lend_activations = cfg.get_bool("memory.lend_activations");
@@ -317,53 +317,6 @@ std::string predicted_memory_table(const core::Config& cfg, const model::Transfo
                       {"params", "grads", "master", "adam", "activations", "w_queue", "buffers", "frozen", "context",
                        "total"},
                       rows);
-}
-
-// memory.host_budget / memory.nvme_dir: each stage's Adam state (ZeRO-3:
-// and its stored parameter and gradient shards) in pages
-// (PipelineExecutor::enable_paging). memory.compute_budget leaves the
-// compute tier what the executor's own accounting (predict) does not take;
-// returns whether the state is paged.
-bool setup_stage_paging(const core::Config& cfg, parallel::PipelineExecutor& ex,
-                        const model::TransformerConfig& mcfg, const parallel::PipelineSetup& setup,
-                        comm::Communicator* world) {
-  const int rank = world != nullptr ? world->rank() : 0;
-  const size_t compute_budget = cfg.get_size("memory.compute_budget");
-  const size_t host_budget = cfg.get_size("memory.host_budget");
-  if (!setup.paged) return false;
-  memory::PagerOptions o = pager_options(cfg, rank);
-  const auto [pages, least] = ex.paging_pages(o.page_bytes, o.prefetch);
-  parallel::PipelineExecutor::Memory fixed = parallel::PipelineExecutor::predict(mcfg, setup, ex.rank());
-  fixed.buffers += context_bytes(cfg, mcfg, setup);
-  const memory::PagingPlan plan = memory::plan_paging({pages, least, fixed.total()}, paging_budgets(cfg, o.page_bytes));
-  if (compute_budget > 0) {
-    // Stages differ: every rank checks the budget against the rank that needs the most.
-    const int64_t mine[3] = {static_cast<int64_t>(plan.min_compute_bytes),
-                             static_cast<int64_t>(fixed.total()), static_cast<int64_t>(least)};
-    const int ranks = world != nullptr ? world->size() : 1;
-    std::vector<int64_t> all(3 * static_cast<size_t>(ranks));
-    if (world != nullptr)
-      world->all_gather(mine, all.data(), 6, DType::kI32);  // int64s, bit-exact
-    else
-      std::copy_n(mine, 3, all.data());
-    int worst = 0;
-    for (int k = 1; k < ranks; ++k)
-      if (all[3 * static_cast<size_t>(k)] > all[3 * static_cast<size_t>(worst)]) worst = k;
-    const int64_t* w = all.data() + 3 * worst;
-    PO_CHECK(compute_budget >= static_cast<size_t>(w[0]), "memory.compute_budget = ", compute_budget,
-             " bytes is too small for rank ", worst, "'s pipeline stages: at least ", w[0],
-             " bytes (", w[1], " for parameters, gradients, activations and buffers + ", w[2],
-             " pages of ", o.page_bytes, ")");
-  }
-  o.compute_frames = plan.compute_frames;
-  o.host_frames = plan.host_budget_frames;
-  if (host_budget > 0) tensor::set_pool_budget(tensor::Pool::kHost, host_budget);
-  ex.enable_paging(o);
-  PO_LOG_INFO("paged optimizer state (rank ", rank, "): ", pages, " pages of ",
-              static_cast<double>(o.page_bytes) / (1 << 20), " MiB over its stages; compute tier ",
-              o.compute_frames, " pages, host tier ", o.host_frames,
-              o.nvme_dir.empty() ? std::string() : core::str_cat(", the rest in ", o.nvme_dir));
-  return true;
 }
 
 // The pipeline's steps for the one loop (train/train_loop.h).
@@ -663,7 +616,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   const model::ContextSplit cp = cp_ops ? cp_ops->cp_split() : model::ContextSplit{};
   const parallel::PipelineSetup setup = pipeline_setup(r, stage_ops);
   parallel::PipelineExecutor ex(r.mcfg, r.adam, setup);
-  const bool paged = setup_stage_paging(cfg, ex, r.mcfg, setup, launch.world.get());
+  const bool paged = setup_paging(cfg, ex, r.mcfg, setup, launch.world.get(), context_bytes(cfg, r.mcfg, setup));
 
   const std::string ckpt_dir = (fs::path(r.run_dir) / "checkpoints").string();
   const auto existing = list_checkpoints(ckpt_dir);
@@ -703,6 +656,10 @@ TrainResult train_pipeline(const RunInputs& r) {
   }
   const double peak_gflops = gemm_peak_gflops(cfg);
   if (launch.leader) PO_LOG_INFO(predicted_memory_table(cfg, r.mcfg, setup));
+  // The compute budget holds from here on (set-up is done: whole models
+  // read for the weights have given way to this rank's part).
+  if (const size_t budget = cfg.get_size("memory.compute_budget"); budget > 0)
+    tensor::set_pool_budget(tensor::Pool::kCompute, budget);
   // From here "peak" is the training steps' own (memory_per_rank's).
   tensor::reset_pool_peak(tensor::Pool::kCompute);
   PipelineSteps steps(r, ex, setup, cp, tp_ops ? &*tp_ops : nullptr, cp_ops ? &*cp_ops : nullptr, paged, writers,

@@ -1,12 +1,15 @@
-// train() at parallel.pp > 1: the pipeline executor (parallel/pipeline_executor.h)
-// over the launch's dp × tp × pp mesh, with the trainer's data, schedule of
-// learning rates, evaluation, checkpoints and metrics. A step's loss, norm
-// and update are the bits of the pp = 1 trainer at the same micro-batching.
+// train() for every layout: the pipeline executor (parallel/pipeline_executor.h)
+// over the launch's dp × tp × pp × cp mesh (pp = 1: its one-stage
+// schedule), with the trainer's data, schedule of learning rates,
+// evaluation, checkpoints and metrics. A step's loss, norm and update are
+// the same bits at any pp and dp at the same micro-batching and threads per rank.
 //
 // Checkpoints are the whole model's (any layout reads them: pp 2 -> pp 1,
-// pp -> dp, and back): each stage's writer (its dp 0, tp 0, cp 0 rank)
-// writes its stage's units, whole, in parallel with the others; at start
-// every rank reads the units it holds. metrics.jsonl adds the step's measured bubble (1 - mean compute /
+// pp -> dp, and back): every data rank of every stage (tp rank 0 of its
+// tensor group) writes the ZeRO cut of its stage's units, in parallel with
+// the others; at start every rank reads the units it holds. metrics.jsonl
+// has every rank's memory and paging (memory_per_rank, paging_per_rank) and
+// the pipeline's own record: the step's measured bubble (1 - mean compute /
 // step, over the stages) beside the schedule's formula, the p2p bytes and
 // the micro-batches each stage held at once. train.trace writes the last
 // step of every rank as Chrome trace-event JSON.

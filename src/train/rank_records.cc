@@ -84,26 +84,9 @@ std::vector<RankRecord> gather(comm::Communicator* world, const RankRecord& mine
 
 }  // namespace
 
-RankReport rank_report(parallel::DataParallel& dp) {
-  RankReport r{dp.memory(), {}, dp.backward_end_ns()};
-  if (optim::PagedState* pg = dp.paged_state()) {
-    r.paging.add(*pg);
-    r.paging.pages_updated_in_backward = static_cast<uint64_t>(dp.pages_updated_in_backward());
-  }
-  return r;
-}
-
 std::vector<RankRecord> gather_records(comm::Communicator* world, const RankReport& mine,
                                        const memory::PagerStats& paging) {
   return gather(world, own_record(mine, paging));
-}
-
-std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
-                                             parallel::DataParallel& dp) {
-  // Gradients not yet allocated count as the steps will hold them.
-  RankReport r = rank_report(dp);
-  r.memory.grads = std::max<size_t>(r.memory.grads, dp.predicted_grad_bytes());
-  return gather(world, own_record(r, {}));
 }
 
 nlohmann::json memory_json(const std::vector<RankRecord>& rows) {

@@ -1,6 +1,6 @@
 // What every rank reports after a step, gathered to every rank in one
-// collective: its memory by kind (its engine's ledger, DataParallel's or the
-// pipeline executor's, plus the process's peak RSS), when its backward
+// collective: its memory by kind (the executor's ledger, MemoryReport's
+// kinds, plus the process's peak RSS), when its backward
 // ended (for the exposed-communication split) and its paging traffic; and
 // their forms in metrics.jsonl and the log.
 #pragma once
@@ -15,7 +15,6 @@
 
 #include "comm/communicator.h"
 #include "memory/pager.h"
-#include "parallel/data_parallel.h"
 #include "parallel/memory_report.h"
 
 namespace po::train {
@@ -49,24 +48,17 @@ struct RankRecord {
 };
 static_assert(sizeof(RankRecord) % sizeof(int32_t) == 0);
 
-// What one rank says of itself after a step, whichever engine ran it.
+// What one rank says of itself after a step (PipelineExecutor::memory_report, paging_report).
 struct RankReport {
   parallel::MemoryReport memory;
   parallel::PagingReport paging;
   int64_t backward_end_ns = 0;
   double cp_attention_ms = 0, cp_wait_ms = 0;  // (RankRecord's)
 };
-RankReport rank_report(parallel::DataParallel& dp);
 
 // One row per rank (a collective over `world`; null: this process's only).
 std::vector<RankRecord> gather_records(comm::Communicator* world, const RankReport& mine,
                                        const memory::PagerStats& paging = {});
-
-// The start-up table's rows: as gather_records, but gradients not yet
-// allocated (they are at first use) count as what the steps will hold
-// (DataParallel::predicted_grad_bytes), and the total with them.
-std::vector<RankRecord> gather_setup_records(comm::Communicator* world,
-                                             parallel::DataParallel& dp);
 
 // metrics.jsonl's memory_per_rank: one object per rank, keyed by kMemoryKinds.
 nlohmann::json memory_json(const std::vector<RankRecord>& rows);

@@ -1,8 +1,8 @@
-// One optimizer step of the data-parallel trainer: this rank's micro-batches
-// (gradients reduced during the last one's backward), the optimizer step,
-// the loss averaged over every rank, and the step's record in metrics.jsonl.
-// Batches are a pure function of (seed, step, rank's slice), so a resumed run
-// takes the same steps as an uninterrupted one.
+// What every step shares, whichever layout: the loss's denominator (every
+// token of the global batch, or with SFT data its counted targets), the
+// context group's cut of a batch, MFU, and the step's record in
+// metrics.jsonl. Batches are a pure function of (seed, step, rank's slice),
+// so a resumed run takes the same steps as an uninterrupted one.
 #pragma once
 
 #include <cstdint>
@@ -16,43 +16,11 @@
 #include "memory/pager.h"
 #include "model/transformer.h"
 #include "parallel/context_parallel.h"
-#include "parallel/data_parallel.h"
-#include "parallel/tensor_parallel.h"
 #include "train/launch.h"
 #include "train/rank_records.h"
 #include "train/run_state.h"
 
 namespace po::train {
-
-// What the steps share: set up once by train(), used by every step.
-struct StepContext {
-  const Plan& p;
-  const model::TransformerConfig& mcfg;
-  model::Transformer& model;
-  parallel::DataParallel& dp;
-  comm::Communicator* world;  // null at parallel.dp = 1
-  data::BatchSampler& sampler;
-  int rank = 0;                // this rank's place in the data-parallel group (its batch slice)
-  comm::Communicator* data = nullptr;  // the data-parallel group (null at dp = 1)
-  parallel::TensorParallelOps* tp = nullptr;  // the tensor group's collectives (null at tp = 1)
-  bool paging = false;         // Adam state in pages (train/paging_setup.h)
-  double peak_gflops = 0;      // this rank's measured (or configured) GEMM peak at the run's precision
-  std::vector<int32_t> inputs{}, targets{};  // one micro-batch (p.micro x p.T / p.cp), sized by the loop
-  // Context parallel: this rank's share of each sequence, the context group
-  // and its ops (null at parallel.cp = 1), whole sequences before the cut.
-  model::ContextSplit cp{};
-  comm::Communicator* context = nullptr;
-  parallel::ContextParallelOps* cpo = nullptr;
-  std::vector<int32_t> seq_inputs{}, seq_targets{};
-  // SFT data (data/sft.h): validation's examples (null: plain text), and
-  // the packed rows' positions (sized by the loop when data.pack).
-  const data::SftExamples* val_sft = nullptr;
-  std::vector<int32_t> positions{};
-  uint64_t seed = 0;  // train.seed: adapter dropout's masks (model.set_dropout)
-};
-
-// Sizes inputs and targets (and the whole sequences' buffers at cp > 1).
-void size_batch_buffers(StepContext& c);
 
 // Context parallel: this rank's chunks (model/parallel_ops.h) of `micro`
 // whole sequences of T tokens, seq[micro × T] → local[micro × T / cp].
@@ -93,21 +61,15 @@ struct StepStats {
 
 // The targets step `step`'s loss is the mean over: every token of the
 // global batch, or with SFT data the batch's counted targets (each rank
-// counts them from the sampler; none is an error naming the step).
+// counts them from the sampler, a pure function of the step; none is an
+// error naming the step), so a batch of 8 is the batch of 1 accumulated 8
+// times however long the examples are.
 double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step);
 
 // Validation over SFT data: sum (Σ of a batch's mean × its rows) over the
 // counted targets of those batches, both summed over the context group
 // (null at cp = 1) first; none counted is an error.
 double counted_mean(double sum, double counted, comm::Communicator* context, int64_t batches);
-
-// Step `step` (0-based) at learning rate `lr`: zero grads, accumulate this
-// rank's micro-batches, reduce, clip, AdamW. The loss is the mean over the
-// global batch's counted targets: every token, or with SFT data the replies'
-// tokens of every sequence of every micro-batch on every rank (each rank
-// counts them from the sampler, a pure function of the step), so a batch of
-// 8 is the batch of 1 accumulated 8 times however long the examples are.
-StepStats train_step(StepContext& c, int64_t step, double lr);
 
 // Exposed communication: how long it ran on after the LAST rank finished its
 // backward; imbalance: how far apart the ranks' backwards ended.
@@ -126,7 +88,5 @@ nlohmann::json step_metrics(const Plan& p, const model::TransformerConfig& mcfg,
                             const StepStats& s, const TrainState& state, const CommSplit& split, size_t predicted,
                             const std::vector<RankRecord>& records);
 
-// Mean validation loss over train.eval_batches micro-batches of `val`.
-double evaluate(StepContext& c, const data::TokenFile& val);
 
 }  // namespace po::train

@@ -340,9 +340,9 @@ TEST_F(Paging, SwapFilesAreRemovedOnSigterm) {
 }
 
 TEST_F(Paging, ABudgetBelowTheWorkingSetNamesTheMinimum) {
-  auto r = run("small", 1, 1, paged(dir_ / "s") + " --set memory.compute_budget=1MiB");
+  auto r = run("small", 1, 1, paged(dir_ / "s") + " --set memory.compute_budget=256KiB");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("memory.compute_budget = 1048576 bytes is too small"), std::string::npos)
+  EXPECT_NE(r.output.find("memory.compute_budget = 262144 bytes is too small"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("at least"), std::string::npos) << r.output;
   // Pages beyond the compute and host tiers need a swap directory.
