@@ -230,6 +230,11 @@ HeldUnits add_stages(PipelineExecutor::Memory& m, const model::TransformerConfig
     m.params += z3 ? shard_numel(first, last) * shards : n * esz;
     m.grads += z3 ? shard_numel(first, last) * shards : (z2 ? shard_numel(first, last) : n) * esz;
     m.frozen += model::Transformer::predicted_frozen_bytes(c, {first, last}, setup.split);
+    if (layout.adapters()) {  // the frozen model's own buffers (one row: it never runs)
+      model::TransformerConfig fc = c.weights_only();
+      fc.inference = true;
+      m.frozen += model::Transformer::predicted_stage_activation_bytes(fc, 1, 1, setup.split.size, {first, last});
+    }
     if (layout.adapters() && layout.tied() && last == head && first > 0)  // the base token table's copy
       m.frozen += static_cast<size_t>(layout.base_unit_numel(0)) * sizeof(float);
     if (layout.tied_trains() && first == 0)  // the step's lookup rows (tied_pair.h)
@@ -600,7 +605,7 @@ PipelineExecutor::Memory PipelineExecutor::memory() const {
     m.master += c->master.size() + c->rep_master.size();
     for (const auto& s : c->slots) m.activations += s->activation_bytes();
     m.w_queue += c->work_bytes;
-    if (c->frozen) m.frozen += c->frozen->frozen_bytes() + c->frozen_unit0.size();
+    if (c->frozen) m.frozen += c->frozen->frozen_bytes() + c->frozen->activation_bytes() + c->frozen_unit0.size();
   }
   for (const auto& [a, name] : adams()) {
     m.adam += a->state_bytes();
