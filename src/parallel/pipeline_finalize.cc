@@ -91,8 +91,8 @@ double PipelineExecutor::step(double lr) {
   double norm = 0;
   if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
     finish_reductions();
+    wait_end_ns_ = now_ns();  // (the data group's gradient sums: what the backward may hide)
     sum_tied_shards();
-    wait_end_ns_ = now_ns();
     norm = shard_norm();
   } else {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
@@ -101,9 +101,9 @@ double PipelineExecutor::step(double lr) {
     // the tied replicas start now), the deferred lookup rows after them (as
     // DataParallel adds them), then the tied table's H + E.
     if (setup_.data != nullptr) finish_sums();
+    wait_end_ns_ = now_ns();  // (the data group's gradient sums: what the backward may hide)
     add_lookup_tail();
     sum_tied_pair();
-    wait_end_ns_ = now_ns();
     norm = unit_norm();
   }
   const double clip = chunks_.front()->adam->clip_scale(norm);
