@@ -332,8 +332,11 @@ class PipelineExecutor {
   // Every chunk's paged state (and a tied replica's), in chunk order; none unpaged.
   std::vector<const optim::PagedState*> paged_states() const;
   // Frames a step lends the pages from the activations (memory.lend_activations:
-  // one stage holding the whole model), as predicted from the model's layout.
+  // one stage holding the whole model), as predicted from the model's layout;
+  // the static one for `config` (its activation layout) and `setup` alone,
+  // as if it lends (the planner's).
   size_t lent_frames() const;
+  static size_t lent_frames(const model::TransformerConfig& config, const PipelineSetup& setup, size_t page_bytes);
   // Quantized Adam blocks a checkpoint load could not recover and quantized
   // (a 32-bit checkpoint's moments), since the start.
   int64_t quantized_on_load() const { return quantized_on_load_; }

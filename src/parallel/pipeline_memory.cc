@@ -442,14 +442,18 @@ std::vector<const optim::PagedState*> PipelineExecutor::paged_states() const {
   return out;
 }
 
-size_t PipelineExecutor::lent_frames() const {
-  if (!lender_.lend) return 0;
-  const size_t page = chunks_.front()->adam->paged_state()->page_bytes();
+size_t PipelineExecutor::lent_frames(const model::TransformerConfig& config, const PipelineSetup& setup,
+                                     size_t page_bytes) {
   size_t n = 0;
   for (const auto& [offset, bytes] :
-       model::Transformer::predicted_activation_regions(config_, setup_.micro, setup_.T, setup_.split.size))
-    n += memory::Pager::frames_in(offset, bytes, page);
+       model::Transformer::predicted_activation_regions(config, setup.micro, setup.T, setup.split.size))
+    n += memory::Pager::frames_in(offset, bytes, page_bytes);
   return n;
+}
+
+size_t PipelineExecutor::lent_frames() const {
+  if (!lender_.lend) return 0;
+  return lent_frames(config_, setup_, chunks_.front()->adam->paged_state()->page_bytes());
 }
 
 memory::PagerStats PipelineExecutor::take_paging_stats() {

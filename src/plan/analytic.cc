@@ -150,7 +150,10 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
     // One stage holding the whole model lends its activations' frames (PipelineExecutor::enable_paging).
     model::TransformerConfig lender = cfg;
     lender.bf16_activations = l.bf16;
-    add_paged_io(p, mine, lender, s.T, l.pp == 1);
+    add_paged_io(p, mine,
+                 l.lend_activations && l.pp == 1
+                     ? static_cast<double>(parallel::PipelineExecutor::lent_frames(lender, s, l.page_bytes))
+                     : 0.0);
   }
   if (busiest.frozen > 0)
     add_memory(p, "frozen base", static_cast<double>(busiest.frozen), Tier::kCompute,
@@ -161,7 +164,7 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
              "zero-bubble W work");
   add_memory(p, "working buffers", static_cast<double>(busiest.buffers), Tier::kCompute,
              "p2p messages, ZeRO gathers and reduce-scatters, f32 accumulators");
-  add_memory(p, "context-parallel buffers", context_buffer_bytes(p.model, l), Tier::kCompute,
+  add_memory(p, "context-parallel buffers", static_cast<double>(context), Tier::kCompute,
              "the context group's keys and values");
   add_memory(p, "ring scratch", static_cast<double>(ring), Tier::kCompute,
              "at most: the data and tensor groups' ring collectives in flight");

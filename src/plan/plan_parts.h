@@ -47,13 +47,12 @@ double context_buffer_bytes(const ModelSpec& m, const Layout& l);
 void add_context_comm(Plan& p, uint64_t layers);
 
 // Paged I/O per step: every page not in the compute tier is read and
-// written once. Lent frames (model::ActivationLender: the pages of the
+// written once. `lent_frames` (model::ActivationLender: the pages of the
 // model's saved activations at their places in the 2 MiB-aligned
-// allocation, `cfg` at T rows a sequence) take that many NVMe pages' reads
-// into the backward and their writes behind the next forward; the rest
-// moves in the sweep. `lends`: the engine lends (pp = 1, whole model).
-void add_paged_io(Plan& p, const memory::PagingPlan& plan, const model::TransformerConfig& cfg, int64_t T,
-                  bool lends);
+// allocation; PipelineExecutor::lent_frames) take that many NVMe pages'
+// reads into the backward and their writes behind the next forward; the
+// rest moves in the sweep. Sets Plan::lent_frames.
+void add_paged_io(Plan& p, const memory::PagingPlan& plan, double lent_frames);
 
 // A memory item; none when bytes <= 0.
 void add_memory(Plan& p, const std::string& name, double bytes, Tier tier = Tier::kCompute,

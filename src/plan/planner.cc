@@ -10,7 +10,6 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "memory/pager.h"
 #include "parallel/context_parallel.h"
 #include "plan/plan_parts.h"
 
@@ -169,16 +168,12 @@ void add_context_comm(Plan& p, uint64_t layers) {
   }
 }
 
-void add_paged_io(Plan& p, const memory::PagingPlan& plan, const model::TransformerConfig& cfg, int64_t T,
-                  bool lends) {
+void add_paged_io(Plan& p, const memory::PagingPlan& plan, double lent_frames) {
   const Layout& l = p.layout;
   const double page = static_cast<double>(l.page_bytes);
   const auto nvme_pages = static_cast<double>(plan.nvme_pages);
   const auto host_frames = static_cast<double>(plan.host_frames);
-  p.lent_frames = 0;
-  if (lends && l.lend_activations)
-    for (const auto& [offset, bytes] : model::Transformer::predicted_activation_regions(cfg, l.micro, T, l.tp))
-      p.lent_frames += static_cast<double>(memory::Pager::frames_in(offset, bytes, l.page_bytes));
+  p.lent_frames = lent_frames;
   const double lent = std::min(nvme_pages, p.lent_frames);
   const double host_part = host_frames * page, nvme_part = nvme_pages * page;
   const double rbw = p.cluster.nvme_read_bw, wbw = p.cluster.nvme_write_bw;

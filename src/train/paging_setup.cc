@@ -47,9 +47,10 @@ memory::PagerOptions pager_options(const core::Config& cfg, int rank) {
 namespace {
 
 // The log's one-screen account of the pages and where they live.
-std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions& o,
-                         const optim::PagedState::Geometry& geo, const optim::StateSchema& schema, size_t fixed,
+std::string paging_table(const optim::PagedState& pg, const memory::PagerOptions& o, size_t fixed,
                          size_t compute_budget, size_t lent, int rank) {
+  const optim::PagedState::Geometry& geo = pg.geometry();
+  const optim::StateSchema& schema = pg.schema();
   const size_t pages = geo.pages();
   const auto mib = [](double b) { return b / (1 << 20); };
   char line[256];
@@ -152,7 +153,7 @@ bool setup_paging(const core::Config& cfg, parallel::PipelineExecutor& ex, const
   const std::vector<const optim::PagedState*> states = ex.paged_states();
   for (size_t k = 0; k < states.size(); ++k) {
     const optim::PagedState& pg = *states[k];
-    PO_LOG_INFO(paging_table(pg, o, pg.geometry(), pg.schema(), k == 0 ? fixed.total() : 0, compute_budget,
+    PO_LOG_INFO(paging_table(pg, o, k == 0 ? fixed.total() : 0, compute_budget,
                              k == 0 ? ex.lent_frames() : 0, rank),
                 states.size() > 1 ? core::str_cat("\n  (chunk ", k + 1, " of ", states.size(), " on this rank)")
                                   : std::string());
