@@ -346,7 +346,9 @@ class Transformer {
   // With `deferred` (one work per held block, from make_weight_grad_work) only
   // the blocks' input halves run, keeping what stage_backward_weight needs.
   // With `defer_embedding` the first stage's lookup rows are left in
-  // embedding_output_grad() instead of added (as forward_backward's).
+  // embedding_output_grad() instead of added (as forward_backward's), and a
+  // stage holding the head and unit 0 reports unit 0 ready right after the
+  // head (all it will hold this micro-batch is there).
   const float* stage_backward(const int32_t* tokens, const float* d_out,
                               const std::function<void(int unit)>& on_unit_ready = {},
                               std::vector<WeightGradWork>* deferred = nullptr,

@@ -679,6 +679,10 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
       final_norm_backward(d_out);
     }
     ready(layout_.head_unit());
+    if (defer_embedding && holds(0)) {  // all but this micro-batch's lookup rows (as forward_backward)
+      if (!accumulating_) fold_tied_lookup();
+      ready(0);
+    }
   } else {
     PO_CHECK(d_out != nullptr, "stage_backward: a stage before the last needs its output gradient");
     backend::device_copy(dres_, d_out, static_cast<size_t>(B_ * T_ / sp_ * config_.n_embd) * sizeof(float));
@@ -706,8 +710,10 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
   }
   if (holds(0)) {
     embed_backward(tokens, defer_embedding);
-    if (!accumulating_) fold_tied_lookup();
-    ready(0);
+    if (!defer_embedding || !has_head()) {
+      if (!accumulating_) fold_tied_lookup();
+      ready(0);
+    }
   }
   return dres_;
 }

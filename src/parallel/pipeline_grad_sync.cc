@@ -13,10 +13,12 @@
 // A unit is finished by a micro-batch when the model's grads_ready hook
 // reports it during a whole backward (kBackward), or, for a split backward,
 // when the micro-batch's weight half (kBackwardWeight) has run: the input
-// half reports units whose weight gradients are still to come. Buckets with
-// unit 0 (the tied pair's table, the deferred lookup rows, the one the
-// backward finishes last) or the vocabulary-parallel head (its rows come
-// from the other stages at the step) always wait for the step.
+// half reports units whose weight gradients are still to come. The bucket
+// with unit 0 waits for the step (the backward finishes it last) unless the
+// lookup is deferred (defer_lookup: unit 0 alone, final right after the
+// head, its lookup rows added after the sum, as DataParallel started it);
+// a bucket with the vocabulary-parallel head (its rows come from the other
+// stages at the step) always waits.
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_executor_state.h"
 
@@ -63,7 +65,10 @@ void PipelineExecutor::unit_finished(Chunk& c, int u) {
   if (--c.unfinished[b] > 0 || !setup_.overlap_comm) return;
   const auto [lo, hi] = c.buckets[b];
   const int head = layout_.head_unit();
-  if (lo == 0 || (vocab_ && lo <= head && head <= hi)) return;  // (at the step)
+  // Unit 0's bucket waits for the step unless the lookup is deferred: then
+  // the last micro-batch reports it right after the head (its lookup rows
+  // are added after the sum), and its sum runs under the rest of the backward.
+  if ((lo == 0 && !setup_.defer_lookup) || (vocab_ && lo <= head && head <= hi)) return;  // (at the step)
   start_bucket(c, b);
   ++started_sums_;
 }
