@@ -25,6 +25,7 @@
 #include "core/cpus.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/signal_stack.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/transformer.h"
@@ -331,6 +332,7 @@ int cmd_serve(ServeOptions o) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_ONSTACK;  // (core/signal_stack.h: the engine runs oneDNN)
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 

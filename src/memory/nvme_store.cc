@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/signal_stack.h"
 
 namespace po::memory {
 namespace {
@@ -43,6 +44,7 @@ void install_handler() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_ONSTACK;  // (core/signal_stack.h)
     sigaction(SIGINT, &sa, &g_previous[0]);
     sigaction(SIGTERM, &sa, &g_previous[1]);
   });

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/signal_stack.h"
 
 namespace po::train {
 namespace {
@@ -71,7 +72,7 @@ void hold_early_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_early_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = core::kHandlerFlags;  // (core/signal_stack.h)
   for (size_t i = 0; i < std::size(kHeld); ++i) {
     struct sigaction now {};
     if (sigaction(kHeld[i], nullptr, &now) != 0 || now.sa_handler == SIG_IGN) continue;
@@ -108,7 +109,7 @@ StopRequests::StopRequests(int extra_signal, double timeout_s, bool sigterm)
   struct sigaction sa {};
   sa.sa_handler = on_stop_request;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = core::kHandlerFlags;  // (core/signal_stack.h)
   for (int i = 0; i < 3; ++i) {
     if (signals_[i] == 0) continue;
     sigaction(signals_[i], &sa, &g_previous[i]);

@@ -9,6 +9,7 @@
 #include "backend/isa.h"
 #include "backend/ops.h"
 #include "core/error.h"
+#include "core/signal_stack.h"
 #include "core/timer.h"
 #include "tensor/tensor.h"
 
@@ -51,11 +52,31 @@ namespace {
 
 GemmPrecision g_precision = GemmPrecision::kF32;
 
+#if defined(PO_BLAS_DNNL)
+// oneDNN's GEMM kernels may run with the stack pointer on the heap
+// (core/signal_stack.h): the calling thread and every thread of its OpenMP
+// team get an alternate signal stack before oneDNN runs on them (once per
+// team size; a GEMM called inside a parallel region covers its own thread).
+void give_team_signal_stacks() {
+  thread_local int covered = 0;
+  const int n = omp_get_max_threads();
+  if (n <= covered) return;
+  core::give_thread_signal_stack();
+  if (omp_in_parallel()) return;
+  if (n > 1) {
+#pragma omp parallel num_threads(n)
+    core::give_thread_signal_stack();
+  }
+  covered = n;
+}
+#endif
+
 void gemm_f32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc) {
 #if defined(PO_BLAS_DNNL)
   active_isa();  // fixed (and oneDNN capped to PO_ISA) before oneDNN's first call
+  give_team_signal_stacks();
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
                  beta, C, ldc);
@@ -113,6 +134,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   if (M == 0 || N == 0) return;
 #if defined(PO_BLAS_DNNL)
   if (native_bf16_gemm() && K > 0) {
+    give_team_signal_stacks();
     const dnnl_status_t st = dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M,
                                                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     PO_ASSERT(st == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
