@@ -366,7 +366,7 @@ class Transformer {
   // forward_backward adds its own. With hooks holding the gradient and no
   // sink the lookup rows go straight into grads(0), each micro-batch's whole.
   void set_accumulating(bool on) { accumulating_ = on; }
-  // Training (DataParallel, the pipeline's embedding stage): the tied
+  // Training (the executor's embedding stage): the tied
   // table's lookup rows go to `sink` (rows [n, C], their tokens), deferred
   // micro-batches' too, and nothing adds them here: the caller adds E once
   // at the step (parallel/tied_pair.h). The position table's rows are

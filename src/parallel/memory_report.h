@@ -1,6 +1,6 @@
 // What a rank holds after a step, by kind, whichever engine ran it: the
 // step records' memory_per_rank and paging_per_rank (train/rank_records.h)
-// read these, from DataParallel and the pipeline executor alike.
+// read these, from the pipeline executor.
 #pragma once
 
 #include <cstddef>

@@ -21,7 +21,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "model/vocab_head.h"
-#include "parallel/units.h"
+#include "parallel/unit_blocks.h"
 
 namespace po::parallel {
 namespace ops = po::backend::cpu;
@@ -49,7 +49,7 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   accumulate_ = bf16_ || shard_grads_;
   // ZeRO-3 stores the parameters' shards over dp > 1, and with paged state
   // on one data rank too: its one "shard" (the whole unit) lives in the
-  // pages and is copied out for each use, as DataParallel's paged shards.
+  // pages and is copied out for each use.
   shard_params_ = setup_.zero_stage == 3 && (sharded() || setup_.paged);
   if (setup_.tensor != nullptr && setup_.tensor->rank() > 0) {  // what tp ranks > 0 do not count in the norm
     uncounted_ = layout_.replicated_ranges();
@@ -537,7 +537,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       for (size_t i = 0; i < c.slots.size(); ++i)
         if (c.slot_micro[i] == a.micro) m = c.slots[i].get();
       PO_ASSERT(m != nullptr, "pipeline: ", pipeline::describe(a), " before its forward");
-      // (as the one-stage model's last micro-batch with DataParallel's deferred embedding)
+      // (defer_lookup: the last micro-batch's lookup rows wait for the step's sums)
       const bool keep = first && setup_.defer_lookup && a.micro == setup_.schedule.micro_batches - 1;
       const float* dres = nullptr;
       if (a.op == Op::kBackwardInput) {

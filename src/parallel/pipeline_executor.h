@@ -29,8 +29,8 @@
 // mismatch is an error naming both ranks and shapes.
 //
 // ZeRO-1 (PipelineSetup::zero_stage = 1): each chunk's Adam state exists for
-// this rank's shard of its units only (ShardLayout over the data group, the
-// layout DataParallel uses), the full reduced gradient's shard feeds the
+// this rank's shard of its units only (ShardLayout over the data group), the
+// full reduced gradient's shard feeds the
 // update and the updated shards are all-gathered unit by unit. The tied
 // head's replica of unit 0 is cut by the same layout as the embedding's, so
 // both copies update the same elements on the same rank. The update is
@@ -73,16 +73,16 @@
 // keeps only its shard of the gradient. Every unit's per-micro-batch f32
 // accumulator (the bf16 path's, for fp32 too) is reduce-scattered over the
 // data group into the shard as soon as that micro-batch's part is complete,
-// with UnitBuffers' arithmetic (add_block). Every rank of a stage's data
+// with add_block's arithmetic (unit_blocks.h). Every rank of a stage's data
 // group runs the same action list, so the reduce-scatters of a unit come in
 // the same order on each, and in pp = 1's micro-batch order: the shards hold
-// pp = 1's ZeRO-2 bits, the norm is DataParallel's sharded one (its order).
+// pp = 1's ZeRO-2 bits, and the norm takes grad_norm.h's order.
 //
 // The tied table (tied_pair.h), at every ZeRO stage: the head's part H goes
 // along the gradient path on the head's copy; the embedding's rank keeps the
 // step's lookup rows, gathers its data group's at the step, adds E once into
 // the H the head's rank sends it, and sends the sum back (on one rank, zbv:
-// in place), the sum DataParallel makes at pp = 1.
+// in place), the same sum at every pp.
 //
 // ZeRO-3 (zero_stage = 3, dp > 1): each chunk (and a tied head's replica)
 // also stores only this rank's shard of its parameters (bf16 stages: the
@@ -144,7 +144,7 @@ struct PipelineSetup {
   // ZeRO: 0 (whole Adam state per chunk), 1 (this rank's shard over the
   // data group), 2 (also the gradient: each micro-batch's part of a unit is
   // reduce-scattered into this rank's shard as soon as it is complete, from
-  // an f32 accumulator, as DataParallel does at pp = 1) or 3 (also the
+  // an f32 accumulator) or 3 (also the
   // stored parameters, gathered per use). `dp` is the data group's size
   // (predict() reads it when `data` is null).
   int zero_stage = 0;
@@ -154,8 +154,8 @@ struct PipelineSetup {
   // data group sums the gradients in bf16 (parallel.reduce_dtype).
   bool bf16 = false;
   bool reduce_bf16 = false;
-  // The data-parallel trainer's deferred embedding (DataParallel at dp > 1
-  // with parallel.overlap_comm, cp 1): the last micro-batch's lookup rows
+  // The deferred embedding (dp > 1 with parallel.overlap_comm, cp 1,
+  // ZeRO 0-1: defers_lookup): the last micro-batch's lookup rows
   // are not added on the embedding's stage but gathered over the data group
   // at the step and added after the reduction, in rank order, into the
   // position table (and an untied token table) (defers_lookup).
@@ -172,12 +172,12 @@ struct PipelineSetup {
   int prefetch = 1;
   // Paged state of one whole chunk (pp = 1): its slot's activations, dead
   // after the step's last micro-batch until the next forward, lent to the
-  // pager as compute frames (memory.lend_activations), as DataParallel lends.
+  // pager as compute frames (memory.lend_activations).
   bool lend_activations = false;
   // The optimizer state is paged (memory.host_budget or memory.nvme_dir;
   // enable_paging): Adam's moments and the fp32 master, and under ZeRO-3
-  // over dp > 1 the stored parameter and gradient shards too (ZeRO-Infinity,
-  // as DataParallel pages them at pp = 1). predict() then counts none of
+  // over dp > 1 the stored parameter and gradient shards too
+  // (ZeRO-Infinity). predict() then counts none of
   // them (the caller adds the compute tier's frames), and ZeRO-3's gather
   // buffers each hold a send block the shard is copied into out of its pages.
   bool paged = false;
@@ -190,7 +190,7 @@ struct PipelineSetup {
   // Adam's configuration (the executor's constructor sets it from its own
   // argument; predict() reads it): with optim.state_bits < 32 the moments are
   // stored quantized in blocks, and the data group's ZeRO cut lies on the
-  // blocks' grid (shard_align), as DataParallel's does.
+  // blocks' grid (shard_align).
   optim::AdamWConfig adam;
   int64_t shard_align() const { return adam.state_bits < 32 ? adam.block_size : 1; }
 };
@@ -362,8 +362,7 @@ class PipelineExecutor {
     }
   };
   Memory memory() const;
-  // The same bytes in the step records' kinds (memory_per_rank, as
-  // DataParallel reports them), and the pagers' state after the step.
+  // The same bytes in the step records' kinds (memory_per_rank), and the pagers' state after the step.
   MemoryReport memory_report() const;
   PagingReport paging_report() const;
   // When this rank's last forward_backward ended, and when the step's wait
@@ -469,7 +468,7 @@ class PipelineExecutor {
   // chunk c (its own units; unit 0 of a tied head: the replica's, or the
   // embedding chunk's on the same rank), the reduce-scatter of one
   // micro-batch's accumulator into it, the tied pair's sum over the shards
-  // and the shards' global norm in DataParallel's order.
+  // and the shards' global norm in grad_norm.h's order.
   struct UnitShard {
     tensor::Storage* store;  // the gradient's shard, or (ZeRO-3) the stored parameters'
     const ShardLayout* layout;
@@ -484,8 +483,8 @@ class PipelineExecutor {
   };
   UnitShard shard_of(Chunk& c, int u, bool params);
   // ZeRO-3 over dp > 1 with paged state (pipeline_shards.cc): the stored
-  // parameter and gradient shards live in their AdamW's pages (ZeRO-Infinity,
-  // as DataParallel's paged shards at pp = 1). Elements [lo, lo + n) of a
+  // parameter and gradient shards live in their AdamW's pages
+  // (ZeRO-Infinity). Elements [lo, lo + n) of a
   // unit's shard as stored, out of or into device memory, wherever it lives;
   // a reduced block of the unit's gradient added into its shard (the last
   // micro-batch's add also sums the unit's squares, so the norm reads no
@@ -562,7 +561,7 @@ class PipelineExecutor {
   // others'). The requests of the first step, (stage, unit) in the order the
   // model made them, are the order later steps' gathers are issued along,
   // `prefetch` units ahead; a request off the order waits for what is in
-  // flight and is gathered alone, as UnitBuffers does at pp = 1.
+  // flight and is gathered alone.
   struct UseBuffer {
     tensor::Storage buf;
     int unit = -1;  // the unit it holds or is gathering (-1: free)

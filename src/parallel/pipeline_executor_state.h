@@ -14,11 +14,10 @@
 
 #include "core/error.h"
 #include "model/vocab_head.h"
-#include "parallel/data_parallel.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/shard_layout.h"
 #include "parallel/tied_pair.h"
-#include "parallel/units.h"
+#include "parallel/unit_blocks.h"
 
 namespace po::parallel {
 namespace executor_detail {
@@ -47,11 +46,32 @@ inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int la
 }
 
 
+// Buckets of consecutive units of about bucket_bytes (esz bytes each) as
+// {lowest unit, highest unit}, in the order the backward finishes them (the
+// highest units first). With the embedding's lookup deferred (`defer`), unit
+// 0 goes alone (the head finishes it, first), and so does unit 1: the
+// backward finishes it last, so nothing can hide its sum and it should be as
+// short as possible.
+inline std::vector<std::pair<int, int>> bucket_units(const std::vector<int64_t>& unit_numel, size_t esz,
+                                                     uint64_t bucket_bytes, bool defer) {
+  std::vector<std::pair<int, int>> out;
+  const uint64_t limit = std::max<uint64_t>(1, bucket_bytes);
+  int hi = static_cast<int>(unit_numel.size()) - 1;
+  while (hi >= 0) {
+    int lo = hi;
+    uint64_t bytes = static_cast<uint64_t>(unit_numel[static_cast<size_t>(lo)]) * esz;
+    const int floor = !defer || hi == 0 ? 0 : hi == 1 ? 1 : 2;
+    while (lo > floor && bytes < limit) bytes += static_cast<uint64_t>(unit_numel[static_cast<size_t>(--lo)]) * esz;
+    out.emplace_back(lo, hi);
+    hi = lo - 1;
+  }
+  return out;
+}
+
 // ZeRO 0-1 over dp > 1: the data group's sums of the chunk of units
 // [first, last] (global indices), in the order the backward finishes them:
-// DataParallel's buckets of consecutive units (bucket_units: about
-// bucket_bytes each, unit 0 and unit 1 alone where the lookup is
-// deferred), or with bf16 gradients summed in f32 one unit each (the
+// buckets of consecutive units (bucket_units: about bucket_bytes each,
+// unit 0 and unit 1 alone where the lookup is deferred), or with bf16 gradients summed in f32 one unit each (the
 // executor stages one unit in f32 at a time).
 inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int first, int last,
                                                      const PipelineSetup& s) {
@@ -60,7 +80,7 @@ inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int
     for (int u = last; u >= first; --u) out.emplace_back(u, u);
     return out;
   }
-  out = DataParallel::bucket_units(unit_sizes(l, first, last), s.bf16 ? 2 : 4, s.bucket_bytes,
+  out = bucket_units(unit_sizes(l, first, last), s.bf16 ? 2 : 4, s.bucket_bytes,
                                    s.defer_lookup && first == 0);
   for (auto& [lo, hi] : out) {
     lo += first;
@@ -73,7 +93,7 @@ inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int
 // padded to ranks × stride, the blocks a reduce-scatter sends), then, where
 // the data group reduce-scatters it (ZeRO 2-3 at dp > 1), its bf16 send
 // block (parallel.reduce_dtype bf16) and its receive block of one stride:
-// a reduction in flight holds all three, as UnitBuffers' accumulators do.
+// a reduction in flight holds all three.
 struct AccLayout {
   int64_t numel = 0;   // the f32 gradient's
   size_t send_at = 0;  // the bytes where the bf16 send block starts
@@ -91,13 +111,18 @@ inline AccLayout acc_layout(int64_t n, const PipelineSetup& s) {
   return a;
 }
 
+// ZeRO 2-3's reduce-scatters in flight at once beside the backward
+// (parallel.overlap_comm): two hide one unit's sum behind the next unit's
+// backward and bound the accumulators held.
+inline constexpr int kMaxReductionsInFlight = 2;
+
 // The accumulators of unit 0's kind (0) and of the others' (1): with ZeRO
 // 2-3's reductions overlapping the backward (dp > 1, parallel.overlap_comm)
-// the others' ring holds UnitBuffers::kMaxReductionsInFlight in flight and
-// one accumulating; otherwise one of each kind.
+// the others' ring holds kMaxReductionsInFlight in flight and one
+// accumulating; otherwise one of each kind.
 inline int acc_ring(const PipelineSetup& s, int kind) {
   const bool overlap = s.zero_stage >= 2 && s.dp > 1 && s.overlap_comm;
-  return kind == 1 && overlap ? static_cast<int>(UnitBuffers::kMaxReductionsInFlight) + 1 : 1;
+  return kind == 1 && overlap ? kMaxReductionsInFlight + 1 : 1;
 }
 
 // What an AdamW's pages hold beside its moments (PipelineSetup::paged): the

@@ -15,9 +15,8 @@
 
 #include "backend/ops.h"
 #include "core/error.h"
-#include "parallel/data_parallel.h"
 #include "parallel/grad_norm.h"
-#include "parallel/units.h"
+#include "parallel/unit_blocks.h"
 
 namespace po::parallel {
 namespace ops = po::backend::cpu;
@@ -68,8 +67,8 @@ void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
 }
 
 // defer_lookup: every data rank's last lookup rows, added into the reduced
-// position table (and an untied token table) in rank order, as DataParallel
-// adds them at pp = 1 (a tied table takes its rows in the pair).
+// position table (and an untied token table) in rank order (a tied table
+// takes its rows in the pair).
 void PipelineExecutor::add_lookup_tail() {
   if (!setup_.defer_lookup || rows_all_.size() == 0) return;
   const int64_t C = config_.n_embd, T = setup_.T, B = setup_.micro * setup_.dp;
@@ -98,8 +97,8 @@ double PipelineExecutor::step(double lr) {
     // Vocabulary parallel: the pieces' rows of the head's gradient to its owner.
     vocab_gather_grads();
     // The data group's sums (the buckets the backward has not started and
-    // the tied replicas start now), the deferred lookup rows after them (as
-    // DataParallel adds them), then the tied table's H + E.
+    // the tied replicas start now), the deferred lookup rows after them,
+    // then the tied table's H + E.
     if (setup_.data != nullptr) finish_sums();
     wait_end_ns_ = now_ns();  // (the data group's gradient sums: what the backward may hide)
     add_lookup_tail();
@@ -209,7 +208,7 @@ void PipelineExecutor::sum_tied_shards() {
   if (rank_ == emb_rank_) shard_squares(0);
 }
 
-// The shards' global norm in DataParallel::sharded_grad_norm's order: each
+// The shards' global norm in grad_norm.h's order: each
 // unit's counted squares of this rank's shard (the pipeline group puts them
 // together), added in unit order; the data group's totals in rank order;
 // then the tensor group's.

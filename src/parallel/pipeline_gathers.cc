@@ -31,8 +31,8 @@ int kind_of(int u) { return u == 0 ? 0 : 1; }
 }  // namespace
 
 // MPI moves a non-blocking collective on only inside its calls: every
-// gather and reduction in flight is polled at each of the model's hooks, as
-// UnitBuffers polls its own. (Polling takes nothing: what completes is
+// gather and reduction in flight is polled at each of the model's hooks.
+// (Polling takes nothing: what completes is
 // still taken in order, where the order says.)
 void PipelineExecutor::progress() {
   for (ParamGather& g : param_gathers_) g.work.test();

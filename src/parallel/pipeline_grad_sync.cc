@@ -1,14 +1,14 @@
 // The data group's gradient sums (pipeline_executor.h): ZeRO 0-1's buckets
 // at dp > 1, and ZeRO 2-3's reduce-scatters into the shards (below).
 //
-// ZeRO 0-1: each chunk's units are summed in DataParallel's buckets (grad_buckets:
+// ZeRO 0-1: each chunk's units are summed in buckets (grad_buckets:
 // consecutive units of about parallel.bucket_size, in the order the backward
 // finishes them). With parallel.overlap_comm a bucket's all-reduce starts,
 // non-blocking, as soon as every micro-batch's backward has finished its
 // units, and runs while the backward goes on; the step starts the rest and
 // waits for all, the tied replicas' sums with them (finish_sums). A bucket
 // is the same in-place all-reduce of the same elements whenever it starts,
-// so overlap changes no bit, and at pp = 1 the buckets are DataParallel's.
+// so overlap changes no bit.
 //
 // A unit is finished by a micro-batch when the model's grads_ready hook
 // reports it during a whole backward (kBackward), or, for a split backward,
@@ -16,7 +16,7 @@
 // half reports units whose weight gradients are still to come. The bucket
 // with unit 0 waits for the step (the backward finishes it last) unless the
 // lookup is deferred (defer_lookup: unit 0 alone, final right after the
-// head, its lookup rows added after the sum, as DataParallel started it);
+// head, its lookup rows added after the sum);
 // a bucket with the vocabulary-parallel head (its rows come from the other
 // stages at the step) always waits.
 #include "parallel/pipeline_executor.h"
@@ -89,8 +89,7 @@ void PipelineExecutor::start_bucket(Chunk& c, size_t b) {
 
 // fp32 in place; bf16 over the wire in bf16, or (parallel.reduce_dtype
 // fp32) widened into the one f32 staging buffer (one unit at most:
-// grad_buckets), summed, and rounded back by narrow_staged, as DataParallel
-// sums them.
+// grad_buckets), summed, and rounded back by narrow_staged.
 void PipelineExecutor::start_sum(void* grads, int64_t n) {
   Sum s;
   if (!bf16_) {
@@ -138,7 +137,7 @@ void PipelineExecutor::finish_sums() {
 // ZeRO 2-3: one micro-batch's gradient of unit u (accumulator a, padded)
 // into this rank's shard: summed over the data group by a reduce-scatter
 // (in parallel.reduce_dtype), then added as stored; with one data rank the
-// accumulator is the sum. UnitBuffers' arithmetic (add_block), so the
+// accumulator is the sum. add_block's arithmetic (unit_blocks.h), so the
 // shards hold pp = 1's bits. With parallel.overlap_comm the reduction runs
 // while the backward goes on; a deferred block's (its weight half ran
 // later than the others') and, without overlap, every one completes at its

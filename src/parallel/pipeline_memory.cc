@@ -630,7 +630,7 @@ MemoryReport PipelineExecutor::memory_report() const {
   const Memory m = memory();
   const Buffers b = buffer_bytes();
   MemoryReport r;
-  r.params = m.params + m.frozen;  // (a frozen base: with the parameters, as DataParallel reports it)
+  r.params = m.params + m.frozen;  // (a frozen base: with the parameters)
   r.grads = m.grads;
   r.master = m.master;
   r.adam = m.adam;

@@ -2,7 +2,7 @@
 // shard (ZeRO 2-3) and the stored parameter shard (ZeRO-3) of each chunk's
 // units, and of a tied head's replica of unit 0, in memory, or with paged
 // state at ZeRO-3 over dp > 1 in the pages of the AdamW over them, beside
-// its m, v and master (ZeRO-Infinity: DataParallel's paged shards at pp = 1).
+// its m, v and master (ZeRO-Infinity).
 // The arithmetic is the same either way (add_block, cut at page boundaries),
 // so paging changes no bit.
 #include "parallel/pipeline_executor.h"
@@ -13,7 +13,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "parallel/grad_norm.h"
-#include "parallel/units.h"
+#include "parallel/unit_blocks.h"
 
 namespace po::parallel {
 using namespace executor_detail;  // its helpers and names (pipeline_executor_state.h)

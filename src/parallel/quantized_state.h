@@ -30,8 +30,8 @@ int64_t moment_bytes(const model::Layout& layout, const optim::AdamWConfig& adam
 // `shard` gives the rank (the state at the shard's local offsets, and the
 // parameters there too with `local_params`, ZeRO-3). Quantized moments keep
 // their blocks on the unit's grid (the layout cuts on it), so each rank
-// holds whole blocks, the ones an unsharded run has. DataParallel builds
-// its AdamW from them, and the planner the pages' geometry.
+// holds whole blocks, the ones an unsharded run has. The planner reads
+// the pages' geometry from them.
 std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const optim::AdamWConfig& adam,
                                            const ShardLayout* shard, bool local_params);
 
@@ -42,7 +42,7 @@ std::vector<optim::ParamRange> adam_ranges(const model::Layout& layout, const op
 // the gradient shard) at the shard's local offsets, its parameters at the
 // buffer's offsets or, with `local_params` (ZeRO-3), at the state's. With
 // one rank the state's offsets are the buffer's. adam_ranges is this over
-// the whole model. One function for DataParallel and the pipeline executor.
+// the whole model.
 std::vector<optim::ParamRange> unit_ranges(const model::Layout& layout, int first, int last, const ShardLayout& shard,
                                            bool local_params, const std::vector<bool>& quantized,
                                            const std::function<bool(const model::TensorSpec&)>& keep = {});

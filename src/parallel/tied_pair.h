@@ -83,18 +83,17 @@ TableShard table_in_shard(const ShardLayout& sl, int i, int64_t at, int64_t n);
 // of T positions, in rank order) added into the position table `wpe` and,
 // when given, an untied token table `wte` (slice [v0, v0 + nv)), as stored:
 // fp32 in embedding_backward's order, bf16 row by row (each row's add
-// rounded). DataParallel and the pipeline's embedding stage both add them so.
+// rounded). The embedding's stage adds them so at every pp.
 void add_deferred_lookup(void* wte, void* wpe, tensor::DType dtype, const float* rows,
                          const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t v0, int64_t nv);
 
 // Whether the embedding's last micro-batch's lookup rows are deferred:
 // gathered over the data group at the step and added after the reduction
-// (DataParallel's deferred embedding at pp = 1, the executor's
-// defer_lookup): ZeRO 0-1 at dp > 1 with overlap_comm and cp 1, a table
-// that trains (not a frozen base's, under adapters), and not with packed
-// rows' learned positions (each token's position gradient goes to its own
-// position, which the deferred rows do not know). One rule for both
-// engines, so a pipeline gives dp > 1's one-stage bits.
+// (the executor's defer_lookup): ZeRO 0-1 at dp > 1 with overlap_comm and
+// cp 1, a table that trains (not a frozen base's, under adapters), and not
+// with packed rows' learned positions (each token's position gradient goes
+// to its own position, which the deferred rows do not know). The planner
+// reads the same rule.
 bool defers_lookup(const model::TransformerConfig& config, int dp, bool overlap_comm, int cp, int zero_stage,
                    bool packed_rows);
 

@@ -173,7 +173,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
 }
 
 // Gradients are summed over ranks in buckets during the backward of each
-// step's last micro-batch (parallel/data_parallel.h).
+// step's last micro-batch (parallel/pipeline_grad_sync.cc).
 Launch::Launch(const core::Config& cfg, const Plan& p) {
   const int64_t n = p.world();
   if (n > 1) {
@@ -241,7 +241,7 @@ int setup_compute(const core::Config& cfg, int local_ranks) {
   int threads = static_cast<int>(cfg.get_int("train.threads"));
   if (threads == 0) threads = std::max(1, core::usable_cpus() / local_ranks);
   ops::set_num_threads(threads);
-  // bf16: parameters and gradients stored in bf16 (DataParallel), the
+  // bf16: parameters and gradients stored in bf16 (the executor), the
   // products of every linear layer (and the tied head) in bf16 with f32
   // accumulation; fp32 master weights and Adam state for the update.
   const bool bf16 = cfg.get_string("train.precision") == "bf16";

@@ -57,7 +57,7 @@ struct WholeSlices {
 
 // The gathers of a save (a collective over the mesh), without the writing:
 // `held` is the ShardLayout of this rank's held units over the data group
-// (DataParallel::layout()), `source` gives its shards (the contract of
+// (the executor's ShardLayout), `source` gives its shards (the contract of
 // checkpoint::ShardSource under `held`). Background saves write the result
 // later (train/async_checkpoint.h).
 WholeSlices gather_whole_slices(const model::Transformer& model, const parallel::ShardLayout& held,

@@ -1,9 +1,8 @@
 // The one loop every layout trains in: for each step the learning rate, the
 // layout's step, evaluation, the agreed stop, checkpoints (and committing the
 // background ones), metrics.jsonl and the progress line, in the same order
-// on every rank. A layout brings only its steps (LayoutSteps): pp = 1's
-// model and DataParallel (train/trainer.cc), the pipeline executor
-// (train/pipeline_train.cc).
+// on every rank. A layout brings only its steps (LayoutSteps): the
+// pipeline executor's, at every pp (train/pipeline_train.cc).
 #pragma once
 
 #include <cstdint>

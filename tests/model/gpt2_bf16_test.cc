@@ -15,7 +15,7 @@
 
 #include "backend/ops.h"
 #include "model/transformer.h"
-#include "parallel/units.h"
+#include "parallel/unit_blocks.h"
 
 namespace {
 

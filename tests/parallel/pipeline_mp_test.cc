@@ -3,8 +3,8 @@
 // interleaved, zb-h1, zbv) at m = p, 2p and 2p + 1 micro-batches trains
 // three steps with clipping active and gives, bit for bit, the losses, the
 // gradient norms and the final weights (and Adam moments) of one stage —
-// each rank runs that pp = 1 reference itself (Transformer::forward_backward
-// + DataParallel, the trainer's step) and checks the units it holds, the
+// each rank runs that pp = 1 reference itself (the executor's one-stage
+// schedule, the trainer's step) and checks the units it holds, the
 // tied table's replica on the head's rank included (the two copies never
 // drift apart). GPT-2 with its tied embedding and Llama (untied). The
 // engine's own count of micro-batches in flight stays within each
@@ -23,7 +23,6 @@
 #include "../mpi_world.h"
 #include "backend/ops.h"
 #include "comm/mesh.h"
-#include "parallel/data_parallel.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/tensor_parallel.h"
@@ -87,29 +86,6 @@ double lr_at(int64_t step) { return 1e-2 * (1.0 + 0.1 * static_cast<double>(step
 // rounding differences of other reduction orders past 1e-5.
 double lr_3d(int64_t) { return 1e-3; }
 
-// The trainer's pp = 1 step (train/train_step.cc) on a whole model.
-struct Reference {
-  Transformer model;
-  DataParallel dp;
-  StepLog log;
-  Reference(const TransformerConfig& c, int m, int steps, double (*lr)(int64_t) = lr_at)
-      : model(c, kB, kT), dp(model, adam(), nullptr, DataParallelOptions{}) {
-    model.init_random(kSeed);
-    std::vector<int32_t> in(kB * kT), tg(kB * kT);
-    for (int64_t s = 0; s < steps; ++s) {
-      model.zero_grads();
-      double loss = 0;
-      for (int micro = 0; micro < m; ++micro) {
-        fill(c, s, micro, in.data(), tg.data());
-        model.set_accumulating(micro != m - 1);
-        loss += model.forward_backward(in.data(), tg.data(), 1.0f / static_cast<float>(m * kB * kT));
-      }
-      log.norm.push_back(dp.step(lr(s)));
-      log.loss.push_back(static_cast<float>(loss));
-    }
-  }
-};
-
 PipelineSetup setup_for(const TransformerConfig& c, ScheduleKind kind, int p, int m,
                         comm::Communicator* pipe, bool vocab = false) {
   PipelineSetup s;
@@ -122,7 +98,8 @@ PipelineSetup setup_for(const TransformerConfig& c, ScheduleKind kind, int p, in
   return s;
 }
 
-StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, int steps) {
+StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, int steps,
+                     double (*lr)(int64_t) = lr_at) {
   StepLog log;
   ex.init_random(kSeed);
   for (int64_t s = 0; s < steps; ++s) {
@@ -138,24 +115,38 @@ StepLog run_pipeline(PipelineExecutor& ex, const TransformerConfig& c, int m, in
       // p, or p + 1 under vocabulary parallel
       EXPECT_EQ(st.peak_in_flight, std::min(m, sch.in_flight_cap(0))) << "1F1B's first stage holds min(m, its cap)";
     }
-    log.norm.push_back(ex.step(lr_at(s)));
+    log.norm.push_back(ex.step(lr(s)));
     log.loss.push_back(static_cast<float>(st.loss_sum));  // the last stage's (0 elsewhere)
   }
   return log;
 }
 
+// The reference: one stage (pp = 1, the trainer's step) on this rank alone,
+// m micro-batches a step.
+struct Reference {
+  PipelineExecutor ex;
+  StepLog log;
+  Reference(const TransformerConfig& c, int m, int steps, double (*lr)(int64_t) = lr_at)
+      : ex(c, adam(), setup_for(c, ScheduleKind::k1F1B, 1, m, nullptr)) {
+    log = run_pipeline(ex, c, m, steps, lr);
+  }
+};
+
 // The pp = 1 reference's unit u (parameters, m, v) against the executor's.
 void expect_unit_bits(Reference& ref, PipelineExecutor& ex, int u, const std::string& what) {
-  const int64_t n = ref.model.unit_numel(u), off = ref.model.unit_offset(u);
-  const float* want[3] = {ref.model.params() + off, ref.dp.adam().m() + off, ref.dp.adam().v() + off};
-  std::vector<float> state[3];
+  const int64_t n = ex.layout().unit_numel(u);
+  std::vector<float> state[3], reference[3];
   using S = PipelineExecutor::State;
   const S kinds[3] = {S::kParams, S::kAdamM, S::kAdamV};
   const float* got[3];
+  const float* want[3];
   for (int k = 0; k < 3; ++k) {
     state[k].resize(static_cast<size_t>(n));
+    reference[k].resize(static_cast<size_t>(n));
     ex.read_unit(kinds[k], u, state[k].data());
+    ref.ex.read_unit(kinds[k], u, reference[k].data());
     got[k] = state[k].data();
+    want[k] = reference[k].data();
   }
   const char* names[3] = {"parameters", "Adam m", "Adam v"};
   for (int k = 0; k < 3; ++k) {
@@ -206,14 +197,13 @@ void check_all_schedules(const TransformerConfig& c, const std::string& model_na
           EXPECT_EQ(got.loss[s], ref.log.loss[s]) << what << " step " << s << ": loss";
         }
       }
-      for (int u = 0; u < ref.model.num_units(); ++u)
+      for (int u = 0; u < ref.ex.layout().num_units(); ++u)
         if (ex.holds(u)) expect_unit_bits(ref, ex, u, what);
       expect_predicted_memory(ex, c, kind, p, m, what, vocab);
       // The evaluation runs through the stages too.
       std::vector<int32_t> in(kB * kT), tg(kB * kT);
       fill(c, 99, 0, in.data(), tg.data());
-      EXPECT_EQ(ex.evaluate(in.data(), tg.data()),
-                static_cast<double>(ref.model.evaluate(in.data(), tg.data())))
+      EXPECT_EQ(ex.evaluate(in.data(), tg.data()), ref.ex.evaluate(in.data(), tg.data()))
           << what << ": evaluation loss";
       if (::testing::Test::HasFailure()) return;  // one layout's report is enough
     }
