@@ -76,14 +76,18 @@ struct UnitHooks {
   // every value is. Training steps ask for it when GEMMs run at kBF16;
   // generation asks params(u).
   std::function<float*(int u)> params_lean;
+  // Optional, a tied table's training: the lookup rows of unit 0's token
+  // table (rows [n, C] and their tokens) go here, deferred micro-batches'
+  // too, and the model adds none of them (the caller adds E once at the
+  // step: parallel/tied_pair.h). The position table's rows are added as ever.
+  std::function<void(const float* rows, const int32_t* tokens, int64_t n)> lookup_rows;
   bool empty() const {
-    return !params && !done && !grads && !grads_ready && !params_bf16 && !params_lean;
+    return !params && !done && !grads && !grads_ready && !params_bf16 && !params_lean && !lookup_rows;
   }
 };
 
 // Where a whole model's activation memory goes while nothing in it will be
-// read: after the backward of a step's last micro-batch (not accumulating)
-// through block l, block l's saved activations are dead until its next
+// read: after the backward of a step's last micro-batch through block l, block l's saved activations are dead until its next
 // forward, and after the head's backward the head's until the next head.
 // Region ids: the held blocks in order (0 = the first), then the head. The
 // model offers lend(region, base, bytes) once a region is dead, which
@@ -155,7 +159,7 @@ class Transformer {
   // slice; the reductions between ranks go through set_parallel_ops(), whose
   // tp_size() and tp_rank() must match `split`.
   // head_logits = false: the head's logits and loss rows are not allocated:
-  // the model runs only the final norm of its head (set_external_head), as a
+  // the model runs only the final norm of its head (HeadPart::kNormOnly), as a
   // pipeline's last stage does when the head's pieces are spread over the
   // ranks.
   Transformer(const TransformerConfig& config, int64_t B, int64_t T, UnitRange range = {},
@@ -326,19 +330,21 @@ class Transformer {
   // Mean loss over [B,T] without touching gradients.
   float evaluate(const int32_t* inputs, const int32_t* targets);
 
+  // What a last stage runs of its head: all of it (logits, loss and their
+  // backward), or, where the head's vocabulary pieces are spread over the
+  // pipeline ranks (parallel/pipeline_executor.h), its final norm only:
+  // stage_forward then returns 0 and hands out the norm's output [B*T, C]
+  // (the head's input, for every rank's pieces), and stage_backward takes
+  // the head's input gradient as d_out and runs the norm's backward before
+  // the blocks'. (tp = 1.)
+  enum class HeadPart { kWhole, kNormOnly };
   // A pipeline stage's forward: tokens (first stage) or activations x_in
-  // [B*T, C] in; the held blocks run; the last stage also runs the head and
-  // its backward (grad_scale != 0) and returns the loss sum, others return 0
+  // [B*T, C] in; the held blocks run; the last stage also runs `head` and
+  // (grad_scale != 0) its backward and returns the loss sum, others return 0
   // and hand out stage_output() [B*T, C].
   double stage_forward(const int32_t* tokens, const float* x_in, const int32_t* targets,
-                       float grad_scale);
-  const float* stage_output() const { return external_head_ && has_head() ? lnf_ : out_; }
-  // Vocabulary-parallel pipelines (parallel/pipeline_executor.h): the last
-  // stage runs the final norm only. Its stage_forward returns 0 and hands
-  // out the norm's output [B*T, C] (the head's input, for every rank's
-  // pieces); its stage_backward takes the head's input gradient as d_out
-  // and runs the norm's backward before the blocks'. (tp = 1.)
-  void set_external_head(bool on);
+                       float grad_scale, HeadPart head = HeadPart::kWhole);
+  const float* stage_output() const { return norm_only_ && has_head() ? lnf_ : out_; }
   // A stage's backward: d_out [B*T, C] (ignored on the last stage, which has
   // its head's gradient), then the held blocks; returns dL/d(stage input)
   // [B*T, C] (valid until the next call), and on the first stage adds the
@@ -352,27 +358,17 @@ class Transformer {
   const float* stage_backward(const int32_t* tokens, const float* d_out,
                               const std::function<void(int unit)>& on_unit_ready = {},
                               std::vector<WeightGradWork>* deferred = nullptr,
-                              bool defer_embedding = false);
+                              bool defer_embedding = false, HeadPart head = HeadPart::kWhole);
   // The weight halves of a stage_backward(..., deferred): the blocks from the
   // highest down, as the fused backward adds them.
   void stage_backward_weight(std::vector<WeightGradWork>& works);
 
   // The tied token table's gradient (GPT-2) is the head's part H plus the
-  // lookup's part E. Training hands E's rows to a sink (below); without one
-  // (a model used on its own) E accumulates over the step's micro-batches
-  // apart and is added once, wte += E, where unit 0 is reported ready (its
-  // gradient final): the same sum. While `accumulating` (every micro-batch
-  // of a step but its last) E is not added yet. Off by default: each
-  // forward_backward adds its own. With hooks holding the gradient and no
-  // sink the lookup rows go straight into grads(0), each micro-batch's whole.
-  void set_accumulating(bool on) { accumulating_ = on; }
-  // Training (the executor's embedding stage): the tied
-  // table's lookup rows go to `sink` (rows [n, C], their tokens), deferred
-  // micro-batches' too, and nothing adds them here: the caller adds E once
-  // at the step (parallel/tied_pair.h). The position table's rows are
-  // added as ever.
-  using LookupSink = std::function<void(const float* rows, const int32_t* tokens, int64_t n)>;
-  void set_tied_lookup_rows(LookupSink sink) { lookup_sink_ = std::move(sink); }
+  // lookup's part E. Training hands E's rows to its hooks
+  // (UnitHooks::lookup_rows), which add E once at the step; a model used on
+  // its own sums each micro-batch's E apart and adds it, wte += E, where
+  // unit 0 is reported ready. With hooks holding the gradient and no
+  // lookup_rows hook the rows go straight into grads(0).
   // Bytes of the model's own E accumulator (0 until the first lookup backward).
   size_t lookup_grads_bytes() const { return lookup_.size(); }
   // The bytes the model's own E takes for `config` at tp (0 untied).
@@ -638,7 +634,7 @@ class Transformer {
   int first_ = 0, last_ = 0;
   int64_t num_params_ = 0;
   int64_t head_chunk_ = 0;  // rows of logits processed at once
-  bool external_head_ = false;
+  bool norm_only_ = false;  // the last stage_forward ran HeadPart::kNormOnly
   bool head_logits_ = true;  // the head's logits and losses allocated
   void final_norm_forward(const float* residual);
   void final_norm_backward(const float* dlnf);
@@ -660,7 +656,6 @@ class Transformer {
   tensor::Storage acts_;
   bool params_released_ = false, grads_released_ = false;
   UnitHooks hooks_;
-  bool accumulating_ = false;
   // ActivationLender: the regions' memory, which are lent now.
   ActivationLender lender_;
   std::vector<std::pair<char*, size_t>> regions_;
@@ -668,8 +663,7 @@ class Transformer {
   void lend_region(size_t r);
   void claim_region(size_t r);
   void claim_regions();
-  tensor::Storage lookup_;           // the tied table's E (set_accumulating), allocated at first use
-  LookupSink lookup_sink_;           // set_tied_lookup_rows
+  tensor::Storage lookup_;           // the tied table's E (a model on its own), allocated at first use
   float* tied_lookup_grads();
   void fold_tied_lookup();
   ParallelOps* pops_ = &NullParallelOps::instance();

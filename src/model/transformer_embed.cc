@@ -42,14 +42,14 @@ void Transformer::embed_forward(const int32_t* tokens, int64_t b, int64_t t) {
 // Every rank adds the whole lookup gradient of its vocabulary slice and of
 // the positions, from every row: the position table's gradient needs no
 // reduction over the group even under sequence parallel.
-// A tied table's lookup rows go to the caller's sink (set_tied_lookup_rows)
+// A tied table's lookup rows go to the hooks' lookup_rows
 // or, without one, to their own accumulator (tied_lookup_grads) unless hooks
 // hold the gradient (they take each micro-batch's whole unit 0).
 void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   if (layout_.adapters()) return;  // the tables are frozen
   emb_dout_ = gather_rows(dres_, full_, B_ * T_);
-  const bool sink = layout_.tied() && lookup_sink_;
-  if (sink) lookup_sink_(emb_dout_, tokens, B_ * T_);
+  const bool sink = layout_.tied() && hooks_.lookup_rows;
+  if (sink) hooks_.lookup_rows(emb_dout_, tokens, B_ * T_);
   if (deferred) return;
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();

@@ -580,7 +580,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         lend_region(regions_.size() - 1);  // (the last micro-batch's)
         ready(layout_.head_unit());
         if (defer_embedding) {  // all but this micro-batch's lookup rows
-          if (!accumulating_) fold_tied_lookup();
+          fold_tied_lookup();
           ready(0);
         }
         break;
@@ -600,7 +600,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
       case Step::kEmbedBackward:
         embed_backward(inputs, defer_embedding);
         if (!defer_embedding) {  // a tied table also collected the head's gradient
-          if (!accumulating_) fold_tied_lookup();
+          fold_tied_lookup();
           ready(0);
         }
         break;
@@ -618,8 +618,11 @@ float Transformer::evaluate(const int32_t* inputs, const int32_t* targets) {
 }
 
 double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
-                                  const int32_t* targets, float grad_scale) {
+                                  const int32_t* targets, float grad_scale, HeadPart head) {
+  PO_CHECK(head == HeadPart::kWhole || (tp_size() == 1 && sp_ == 1),
+           "the head spread over pipeline ranks needs tp = 1");
   const TrainingPass pass(training_pass_, grad_scale != 0.0f);
+  norm_only_ = head == HeadPart::kNormOnly;
   const int64_t BT = B_ * T_;
   if (holds(0)) {
     embed_forward(tokens, B_, T_);
@@ -629,7 +632,7 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
   }
   out_ = forward_blocks(encoded_, B_, T_, true);
   if (!has_head()) return 0.0;
-  if (external_head_) {
+  if (norm_only_) {
     final_norm_forward(out_);
     return 0.0;
   }
@@ -637,11 +640,6 @@ double Transformer::stage_forward(const int32_t* tokens, const float* x_in,
   const double loss = head_forward(out_, targets, BT, grad_scale);
   if (grad_scale != 0.0f) lend_region(regions_.size() - 1);  // (the lender takes the last micro-batch's)
   return loss;
-}
-
-void Transformer::set_external_head(bool on) {
-  PO_CHECK(!on || (tp_size() == 1 && sp_ == 1), "the head spread over pipeline ranks needs tp = 1");
-  external_head_ = on;
 }
 
 // The final norm's parameters or gradients: the head unit's (never the table's).
@@ -667,20 +665,20 @@ void Transformer::final_norm_backward(const float* dlnf) {
 const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
                                          const std::function<void(int unit)>& on_unit_ready,
                                          std::vector<WeightGradWork>* deferred,
-                                         bool defer_embedding) {
+                                         bool defer_embedding, HeadPart head) {
   const TrainingPass pass(training_pass_, true);
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
   };
   if (has_head()) {
-    if (external_head_) {
+    if (head == HeadPart::kNormOnly) {
       PO_CHECK(d_out != nullptr, "stage_backward: the head's input gradient is missing");
       final_norm_backward(d_out);
     }
     ready(layout_.head_unit());
     if (defer_embedding && holds(0)) {  // all but this micro-batch's lookup rows (as forward_backward)
-      if (!accumulating_) fold_tied_lookup();
+      fold_tied_lookup();
       ready(0);
     }
   } else {
@@ -711,7 +709,7 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
   if (holds(0)) {
     embed_backward(tokens, defer_embedding);
     if (!defer_embedding || !has_head()) {
-      if (!accumulating_) fold_tied_lookup();
+      fold_tied_lookup();
       ready(0);
     }
   }

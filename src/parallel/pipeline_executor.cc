@@ -296,12 +296,10 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
         if (cp->holds(u)) done(u);
       };
     }
+    if (LookupRows* rows = c.rows.get())  // the tied table's E, added once at the step (tied_pair.h)
+      h.lookup_rows = [rows](const float* r, const int32_t* t, int64_t n) { rows->append(r, t, n); };
     m->set_unit_hooks(std::move(h));
-    m->set_accumulating(true);
     if (lender_.lend) m->set_activation_lender(lender_);
-    if (setup_.schedule.vocab && c.holds(layout_.head_unit())) m->set_external_head(true);
-    if (LookupRows* rows = c.rows.get())
-      m->set_tied_lookup_rows([rows](const float* r, const int32_t* t, int64_t n) { rows->append(r, t, n); });
     c.slots.push_back(std::move(m));
     c.slot_micro.push_back(-1);
   }
@@ -504,6 +502,9 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   const size_t msg = static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
   cur_micro_ = a.micro;  // (bf16: whose accumulators the hooks hand out)
   cur_deferred_ = a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight;
+  // Vocabulary parallel: the last stage runs its head's final norm, every
+  // rank its pieces (pipeline_vocab.cc); an evaluation runs the whole head.
+  const auto head = vocab_ && last ? model::Transformer::HeadPart::kNormOnly : model::Transformer::HeadPart::kWhole;
   switch (a.op) {
     case Op::kForward: {
       if (first || last) batch(a.micro, inputs_.data(), targets_.data());
@@ -512,7 +513,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       model::Transformer& m = acquire_slot(c, a.micro);
       if (before_forward) before_forward(a.micro, m);
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
-                                         last ? targets_.data() : nullptr, grad_scale);
+                                         last ? targets_.data() : nullptr, grad_scale, head);
       if (x != nullptr) give_buffer(const_cast<float*>(x));
       // The head's gradients are complete (the tied table's may wait for the
       // embedding's backward: keep_unit0_).
@@ -553,12 +554,12 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
             c.work_bytes += works.back().storage.size();
           }
         }
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, keep);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, keep, head);
         c.w_queue[a.micro] = std::move(works);
         stats.peak_w_queue = std::max(stats.peak_w_queue, ++w_queue_);
       } else {  // (the hooks' grads_ready finishes each unit: unit_finished)
         cur_fused_ = true;
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep, head);
         cur_fused_ = false;
       }
       if (keep) keep_lookup_tail(*m);
@@ -662,10 +663,8 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets,
     }
     model::Transformer& m = acquire_slot(c, -2);
     m.set_positions(positions);  // (null: clears what a training micro-batch left)
-    if (vocab_ && st == S - 1) m.set_external_head(false);  // the owner has the whole table
     const double sum = m.stage_forward(st == 0 ? inputs : nullptr, st == 0 ? nullptr : x.data(),
                                        st == S - 1 ? targets : nullptr, 0.0f);
-    if (vocab_ && st == S - 1) m.set_external_head(true);
     if (st == S - 1) loss = static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
     else backend::device_copy(x.data(), m.stage_output(), msg * sizeof(float));
     release_slot(c, -2);
