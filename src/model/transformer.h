@@ -87,8 +87,9 @@ struct UnitHooks {
 };
 
 // Where a whole model's activation memory goes while nothing in it will be
-// read: after the backward of a step's last micro-batch through block l, block l's saved activations are dead until its next
-// forward, and after the head's backward the head's until the next head.
+// read: after the backward of a step's last micro-batch through block l,
+// block l's saved activations are dead until its next forward, and after
+// the head's backward the head's until the next head.
 // Region ids: the held blocks in order (0 = the first), then the head. The
 // model offers lend(region, base, bytes) once a region is dead, which
 // returns whether it took it (the caller lends only after the step's last

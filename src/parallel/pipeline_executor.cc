@@ -504,7 +504,8 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
   cur_deferred_ = a.op == Op::kBackwardInput || a.op == Op::kBackwardWeight;
   // Vocabulary parallel: the last stage runs its head's final norm, every
   // rank its pieces (pipeline_vocab.cc); an evaluation runs the whole head.
-  const auto head = vocab_ && last ? model::Transformer::HeadPart::kNormOnly : model::Transformer::HeadPart::kWhole;
+  using HeadPart = model::Transformer::HeadPart;
+  const HeadPart head = vocab_ && last ? HeadPart::kNormOnly : HeadPart::kWhole;
   switch (a.op) {
     case Op::kForward: {
       if (first || last) batch(a.micro, inputs_.data(), targets_.data());

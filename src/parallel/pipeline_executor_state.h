@@ -61,7 +61,8 @@ inline std::vector<std::pair<int, int>> bucket_units(const std::vector<int64_t>&
     int lo = hi;
     uint64_t bytes = static_cast<uint64_t>(unit_numel[static_cast<size_t>(lo)]) * esz;
     const int floor = !defer || hi == 0 ? 0 : hi == 1 ? 1 : 2;
-    while (lo > floor && bytes < limit) bytes += static_cast<uint64_t>(unit_numel[static_cast<size_t>(--lo)]) * esz;
+    while (lo > floor && bytes < limit)
+      bytes += static_cast<uint64_t>(unit_numel[static_cast<size_t>(--lo)]) * esz;
     out.emplace_back(lo, hi);
     hi = lo - 1;
   }
@@ -71,8 +72,9 @@ inline std::vector<std::pair<int, int>> bucket_units(const std::vector<int64_t>&
 // ZeRO 0-1 over dp > 1: the data group's sums of the chunk of units
 // [first, last] (global indices), in the order the backward finishes them:
 // buckets of consecutive units (bucket_units: about bucket_bytes each,
-// unit 0 and unit 1 alone where the lookup is deferred), or with bf16 gradients summed in f32 one unit each (the
-// executor stages one unit in f32 at a time).
+// unit 0 and unit 1 alone where the lookup is deferred), or with bf16
+// gradients summed in f32 one unit each (the executor stages one unit in f32
+// at a time).
 inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int first, int last,
                                                      const PipelineSetup& s) {
   std::vector<std::pair<int, int>> out;
@@ -80,8 +82,7 @@ inline std::vector<std::pair<int, int>> grad_buckets(const model::Layout& l, int
     for (int u = last; u >= first; --u) out.emplace_back(u, u);
     return out;
   }
-  out = bucket_units(unit_sizes(l, first, last), s.bf16 ? 2 : 4, s.bucket_bytes,
-                                   s.defer_lookup && first == 0);
+  out = bucket_units(unit_sizes(l, first, last), s.bf16 ? 2 : 4, s.bucket_bytes, s.defer_lookup && first == 0);
   for (auto& [lo, hi] : out) {
     lo += first;
     hi += first;

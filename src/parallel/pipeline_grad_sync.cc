@@ -16,9 +16,9 @@
 // half reports units whose weight gradients are still to come. The bucket
 // with unit 0 waits for the step (the backward finishes it last) unless the
 // lookup is deferred (defer_lookup: unit 0 alone, final right after the
-// head, its lookup rows added after the sum);
-// a bucket with the vocabulary-parallel head (its rows come from the other
-// stages at the step) always waits.
+// head, its lookup rows added after the sum); a bucket with the
+// vocabulary-parallel head (its rows come from the other stages at the
+// step) always waits.
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_executor_state.h"
 

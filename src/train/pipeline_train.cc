@@ -96,8 +96,9 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
 // A checkpoint's writers: every data rank of every stage (the tensor
 // group's rank 0, which assembles the units), each writing the ZeRO cut of
 // its stage's units over the stage's data group (ShardLayout::stage_units),
-// at every pp: nothing is funnelled to one rank. Writer g·D + d is data rank d of pipeline rank g (D ranks a
-// data group); `group` holds them in that order.
+// at every pp: nothing is funnelled to one rank. Writer g·D + d is data
+// rank d of pipeline rank g (D ranks a data group); `group` holds them in
+// that order.
 struct Writers {
   std::unique_ptr<comm::Communicator> group;  // null in one process, and on non-writers
   std::optional<parallel::ShardLayout> file;  // this rank's cut (none: not a writer)
@@ -419,7 +420,8 @@ class PipelineSteps : public LayoutSteps {
     }
     if (paged_) s.paging = ex_.take_paging_stats();
     Outcome o{loss, norm, s.seconds, {}};
-    // Every rank's memory and paging (a collective over the world), then the pipeline's own record.
+    // Every rank's memory and paging (a collective over the world), then
+    // the pipeline's own record.
     RankReport mine{ex_.memory_report(), ex_.paging_report(), ex_.backward_end_ns(), s.cp_attention_s * 1e3,
                     s.cp_wait_s * 1e3};
     const std::vector<RankRecord> records = gather_records(r_.launch.world.get(), mine, s.paging);

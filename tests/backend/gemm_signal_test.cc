@@ -47,10 +47,9 @@ void gemms_under_a_signal_storm(int threads) {
     std::vector<float> a(M * K, 1.0f), b(K * N, 0.5f), c(M * N, -1.0f);
     cpu::gemm(false, false, M, N, K, 1.0f, cpu::Operand(a.data()), K, cpu::Operand(b.data()), N, 0.0f,
               c.data(), N);
-    for (int64_t j = 0; j < M * N; ++j)
-      if (c[static_cast<size_t>(j)] != 0.5f * K || a[static_cast<size_t>(j)] != 1.0f || b[static_cast<size_t>(j)] != 0.5f) {
-        std::fprintf(stderr, "GEMM %d: element %lld: C %g (want %g), A %g, B %g\n", i, static_cast<long long>(j),
-                     c[static_cast<size_t>(j)], 0.5 * K, a[static_cast<size_t>(j)], b[static_cast<size_t>(j)]);
+    for (size_t j = 0; j < c.size(); ++j)  // (A and B hold at least as many)
+      if (c[j] != 0.5f * K || a[j] != 1.0f || b[j] != 0.5f) {
+        std::fprintf(stderr, "GEMM %d: element %zu: C %g (want %g), A %g, B %g\n", i, j, c[j], 0.5 * K, a[j], b[j]);
         std::exit(1);
       }
   }
