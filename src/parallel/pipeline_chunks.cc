@@ -128,9 +128,18 @@ void PipelineExecutor::setup_buffers() {
     r.reduction.assign(r.bufs.size(), -1);
   }
   if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
-  for (int k = 0; k < 2 && shard_params_; ++k)  // (the others' kind: the one in use and parallel.prefetch ahead)
-    for (int i = 0; i < (k == 0 ? 1 : 1 + setup_.prefetch); ++i)
-      use_[k].push_back({zeroed(use_buffer_numel(n[k], setup_), stored_esz())});
+  if (shard_params_) {
+    const auto bytes = [&](int k) { return static_cast<size_t>(use_buffer_numel(n[k], setup_)) * stored_esz(); };
+    gathers_ = std::make_unique<ParamGathers>(
+        std::array<size_t, 2>{bytes(0), bytes(1)}, setup_.prefetch,
+        [this](int stage, int u, void* buf) { return start_param_gather(stage, u, buf); },
+        [this](int stage, int u) {  // paged shards: the pages of the gather after those issued start coming in
+          if (!paged_shards_) return;
+          const UnitShard s = shard_of(chunk_of_stage(stage), u, true);
+          s.adam->paged_state()->prefetch(optim::PagedState::kParam, s.layout->local_offset(s.index),
+                                          s.layout->stride(s.index));
+        });
+  }
 }
 
 }  // namespace po::parallel

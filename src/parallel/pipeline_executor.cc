@@ -83,15 +83,12 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
 // with its sends' headers; a message that arrives later then lands in
 // memory nobody else owns, never in a freed and reused block. So do the
 // accumulators of ZeRO 2-3's reduce-scatters still in flight (their send
-// and receive blocks) and ZeRO-3's prefetched gathers' buffers.
+// and receive blocks); ZeRO-3's prefetched gathers leak their own buffers
+// (ParamGathers).
 PipelineExecutor::~PipelineExecutor() {
   if (lender_.lend)  // (lent frames back to their models before the pager goes)
     for (auto& c : chunks_)
       for (auto& m : c->slots) m->set_activation_lender({});
-  if (!param_gathers_.empty()) {  // (ZeRO-3's gathers in flight)
-    for (auto& kind : use_) (void)new std::vector<UseBuffer>(std::move(kind));
-    (void)new std::deque<ParamGather>(std::move(param_gathers_));
-  }
   if (!reductions_.empty()) {
     (void)new std::vector<tensor::Storage>(std::move(acc_pool_));
     for (AccRing& r : rings_) (void)new std::vector<tensor::Storage>(std::move(r.bufs));
@@ -324,12 +321,7 @@ float* PipelineExecutor::widen(Chunk& c, int u, bool lean) {
 // bf16: unit u's stored parameters (the model's bf16 GEMMs read their
 // weights here); ZeRO-3: as gathered for the use in hand.
 const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
-  if (shard_params_) {
-    const int k = u == 0 ? 0 : 1;
-    PO_ASSERT(use_slot_[k] >= 0 && use_[k][static_cast<size_t>(use_slot_[k])].unit == u, "pipeline: unit ", u,
-              "'s bf16 parameters asked for before the unit");
-    return static_cast<const uint16_t*>(use_[k][static_cast<size_t>(use_slot_[k])].buf.data());
-  }
+  if (shard_params_) return static_cast<const uint16_t*>(gathers_->in_use(u));
   const auto* src = c.holds(u) ? static_cast<const uint16_t*>(c.params.data()) + (layout_.unit_offset(u) - c.base)
                                : static_cast<const uint16_t*>(c.unit0_params);
   PO_ASSERT(src != nullptr, "pipeline chunk ", c.stage, ": unit ", u, " not held");
@@ -601,7 +593,7 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   step_start_ns_ = now_ns();
   const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
   next_recv_ = 0;
-  recording_ = shard_params_ && !order_known_;  // ZeRO-3: the first step's requests are the order
+  if (gathers_) gathers_->begin_step();  // (ZeRO-3: the first step's requests are the order)
   if (link_) post_receives();
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
@@ -632,8 +624,11 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   if (link_) link_->wait_sends();
   for (float* b : sending_) give_buffer(b);
   sending_.clear();
-  drain_gathers();
-  if (std::exchange(recording_, false)) order_known_ = true;
+  if (gathers_) {
+    gathers_->end_step();
+    stats.param_gathers = gathers_->uses();
+    stats.prefetched = gathers_->prefetched();
+  }
   PO_ASSERT(ready_.empty() && posted_.empty() && in_flight_ == 0 && w_queue_ == 0,
             "pipeline rank ", rank_, ": the step left tensors behind");
   backward_end_ns_ = now_ns();
@@ -670,7 +665,7 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets,
     else backend::device_copy(x.data(), m.stage_output(), msg * sizeof(float));
     release_slot(c, -2);
     have = true;
-    drain_gathers();  // (what the training order prefetched past the evaluation's requests)
+    if (gathers_) gathers_->drain();  // (what the training order prefetched past the evaluation's requests)
     if (st + 1 < S && s.rank_of(st + 1) != rank_) {
       Action snd{Op::kSend, 0, st + 1, s.rank_of(st + 1), Payload::kActivation};
       link_->send(x.data(), message_shape(), snd.peer, pipeline::message_tag(snd));

@@ -123,6 +123,7 @@
 #include "optim/adamw.h"
 #include "memory/pager.h"
 #include "parallel/memory_report.h"
+#include "parallel/param_gathers.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_link.h"
@@ -519,8 +520,7 @@ class PipelineExecutor {
   std::vector<double> paged_sq_;  // per unit: the counted squares of this rank's gradient shard
   std::vector<std::pair<int64_t, int64_t>> uncounted_;  // tp ranks > 0: the replicated ranges (sorted)
   // ZeRO-3: unit u's stored parameters gathered over the data group for one
-  // use (every data rank of the stage asks in the same order), into the
-  // buffer of unit 0's kind or the others', until done(u).
+  // use (every data rank of the stage asks in the same order), until done(u).
   const void* gather_use(Chunk& c, int u);
   void release_use(int u);
   void sum_tied_shards();
@@ -555,34 +555,11 @@ class PipelineExecutor {
   int64_t posted_reductions_ = 0;
   int step_reductions_ = 0, overlapped_reductions_ = 0;  // this step's, and of them not waited for at their post
   double reduction_wait_s_ = 0;  // this step's wait for them so far
-  // ZeRO-3 (pipeline_gathers.cc): a unit's stored parameters gathered over
-  // the data group for a use, into buffers of unit 0's kind and of the
-  // others' (ranks × stride, as stored; 1 + parallel.prefetch of the
-  // others'). The requests of the first step, (stage, unit) in the order the
-  // model made them, are the order later steps' gathers are issued along,
-  // `prefetch` units ahead; a request off the order waits for what is in
-  // flight and is gathered alone.
-  struct UseBuffer {
-    tensor::Storage buf;
-    int unit = -1;  // the unit it holds or is gathering (-1: free)
-  };
-  struct ParamGather {
-    int pos = 0;  // in order_
-    int kind = 0;
-    size_t slot = 0;
-    comm::Work work;
-  };
-  std::pair<size_t, comm::Work> start_use_gather(Chunk& c, int u);
-  bool issue_gather(int pos);
-  void progress();
-  void issue_ahead();
-  void drain_gathers();
-  std::vector<UseBuffer> use_[2];
-  int use_slot_[2] = {-1, -1};  // the buffer of each kind in use (-1: none)
-  std::vector<std::pair<int, int>> order_;
-  bool order_known_ = false, recording_ = false;
-  std::deque<ParamGather> param_gathers_;
-  int next_ = 0, issued_ = 0;  // order_'s next request, and the next gather to issue
+  // ZeRO-3 over dp > 1: the gathers of a unit's stored parameters for each
+  // use (param_gathers.h); what one moves (pipeline_gathers.cc).
+  std::unique_ptr<ParamGathers> gathers_;
+  comm::Work start_param_gather(int stage, int u, void* buf);
+  void progress();  // the collectives in flight moved on (at the model's hooks)
   // bf16 or ZeRO 2-3 (see pipeline_executor.cc): widened parameters, f32
   // accumulators, each followed by its reduce-scatter's send and receive
   // blocks (acc_layout).

@@ -86,7 +86,7 @@ void PipelineExecutor::add_lookup_tail() {
 }
 
 double PipelineExecutor::step(double lr) {
-  drain_gathers();  // (none outside a step: the update changes what they read)
+  if (gathers_) gathers_->drain();  // (none outside a step: the update changes what they read)
   double norm = 0;
   if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
     finish_reductions();

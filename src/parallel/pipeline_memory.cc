@@ -588,8 +588,7 @@ PipelineExecutor::Buffers PipelineExecutor::buffer_bytes() const {
   Buffers b;
   b.messages = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
   b.gathered = gather_.size() + widen_[0].size() + widen_[1].size();
-  for (const auto& kind : use_)
-    for (const UseBuffer& u : kind) b.gathered += u.buf.size();
+  if (gathers_) b.gathered += gathers_->bytes();
   b.sums = staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() + tokens_all_.size();
   for (const auto& c : chunks_)
     if (c->rows) b.sums += c->rows->bytes();
