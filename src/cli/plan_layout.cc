@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "train/optim_keys.h"
 
 namespace po::cli {
 
@@ -38,7 +39,7 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.page_bytes = cfg.get_size("memory.page_size");
   l.page_prefetch = static_cast<int>(cfg.get_int("memory.prefetch"));
   l.lend_activations = cfg.get_bool("memory.lend_activations");
-  const optim::AdamWConfig adam = optim::adamw_config(cfg);
+  const optim::AdamWConfig adam = train::adamw_config(cfg);
   l.state_bits = adam.state_bits;
   l.state_block = adam.block_size;
   l.state_bits_exclude = adam.state_bits_exclude;

@@ -8,7 +8,6 @@
 
 #include "backend/device.h"
 #include "backend/ops.h"
-#include "core/config.h"
 #include "core/error.h"
 #include "backend/quant_map.h"
 
@@ -26,24 +25,6 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<ParamRange> ranges, int64_t 
   std::sort(by_state_.begin(), by_state_.end(),
             [this](size_t a, size_t b) { return ranges_[a].state() < ranges_[b].state(); });
   if (quantized()) plan_quantized();
-}
-
-AdamWConfig adamw_config(const core::Config& cfg) {
-  AdamWConfig o;
-  o.beta1 = cfg.get_float("train.beta1");
-  o.beta2 = cfg.get_float("train.beta2");
-  o.eps = cfg.get_float("train.eps");
-  o.weight_decay = cfg.get_float("train.weight_decay");
-  o.grad_clip = cfg.get_float("train.grad_clip");
-  o.state_bits = static_cast<int>(cfg.get_int("optim.state_bits"));
-  PO_CHECK(o.state_bits == 32 || o.state_bits == 8 || o.state_bits == 4, "optim.state_bits = ",
-           o.state_bits, " is not one of 32, 8, 4");
-  const int64_t block = cfg.get_int("optim.block_size");
-  PO_CHECK(block == 0 || (block >= 2 && (block & (block - 1)) == 0), "optim.block_size = ", block,
-           " is not a power of two (2 to 4096; 0 takes 256 at 8 bits, 128 at 4)");
-  o.block_size = block != 0 ? block : o.state_bits == 4 ? 128 : 256;
-  o.state_bits_exclude = cfg.get_string("optim.state_bits_exclude");
-  return o;
 }
 
 int64_t quant_blocks(int64_t n, int64_t block, int64_t unit_offset) {

@@ -18,12 +18,9 @@
 #include "optim/paged_state.h"
 #include "tensor/tensor.h"
 
-namespace po::core {
-class Config;
-}
-
 namespace po::optim {
 
+// Read from a run's keys at the edge (train/optim_keys.h).
 struct AdamWConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -41,10 +38,6 @@ struct AdamWConfig {
   std::string state_bits_exclude = "token_embedding head";
 };
 inline constexpr int64_t kMinQuantizedNumel = 4096;
-
-// train.beta1, beta2, eps, weight_decay, grad_clip and the optim.* keys,
-// checked (a one-line error naming the key).
-AdamWConfig adamw_config(const core::Config& cfg);
 
 // Blocks of quantized state a range of n elements starting `unit_offset`
 // into its unit cuts into (ParamRange: the unit's grid of `block`).

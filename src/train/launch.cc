@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "data/token_file.h"
 #include "optim/adamw.h"
+#include "train/optim_keys.h"
 #include "core/log.h"
 #include "parallel/context_parallel.h"
 #include "parallel/pipeline_schedule.h"
@@ -154,7 +155,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.bf16 = precision == "bf16";
   wanted.vocab_parallel = cfg.get_bool("parallel.vocab_parallel");
   wanted.paging = cfg.get_size("memory.compute_budget") > 0 || !cfg.get_string("memory.nvme_dir").empty();
-  wanted.state_bits = optim::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
+  wanted.state_bits = train::adamw_config(cfg).state_bits;  // (checks the optim.* keys)
   wanted.lora_r = cfg.get_int("lora.r");
   wanted.lora_dropout = wanted.lora_r > 0 && cfg.get_float("lora.dropout") > 0.0;
   wanted.sft = !cfg.get_string("data.train").empty() &&

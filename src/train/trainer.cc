@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "optim/adamw.h"
+#include "train/optim_keys.h"
 #include "optim/schedule.h"
 #include "train/launch.h"
 #include "train/live_metrics.h"
@@ -134,7 +135,7 @@ TrainResult train(const core::Config& cfg) {
   core::Config stored = cfg;
   store_resolved_model(stored, mcfg);
   const RunInputs run{cfg, mcfg, p, launch, sampler, sched, val_data.get(), val_sft.get(),
-                      optim::adamw_config(cfg), run_dir, stored.to_toml(), seed, resume, threads};
+                      train::adamw_config(cfg), run_dir, stored.to_toml(), seed, resume, threads};
   // Every layout through the executor: pp = 1 is its one-stage schedule.
   TrainResult result = train_pipeline(run);
   // Stopped on request: every rank leaves together, once rank 0 has reported

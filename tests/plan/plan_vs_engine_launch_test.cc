@@ -20,6 +20,7 @@
 
 #include "cli/plan_layout.h"
 #include "optim/adamw.h"
+#include "train/optim_keys.h"
 #include "parallel/quantized_state.h"
 #include "plan/planner.h"
 #include "train/model_setup.h"
@@ -137,7 +138,7 @@ class PlanVsEngine : public ::testing::TestWithParam<Case> {
   // or paged: the compute tier then holds the budget's frames).
   double moments_below_rank0(const std::vector<std::string>& sets, int rank) const {
     const core::Config cfg = core::Config::load(config_, sets);
-    const optim::AdamWConfig a = optim::adamw_config(cfg);
+    const optim::AdamWConfig a = train::adamw_config(cfg);
     const int stage = static_cast<int>(cfg.get_int("parallel.zero_stage"));
     if (a.state_bits >= 32 || stage == 0 || !cfg.get_string("memory.nvme_dir").empty()) return 0;
     // (Megatron's rank order: tensor-parallel ranks fastest.)
