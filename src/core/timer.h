@@ -2,8 +2,15 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 
 namespace po::core {
+
+// The steady clock now, in nanoseconds (for spans and busy intervals).
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 class Timer {
  public:

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "core/log.h"
 #include "core/signal_stack.h"
 
@@ -209,13 +210,7 @@ void NvmeStore::finish_request(Op* op, long res, size_t len) {
   --op->chunks_left;
 }
 
-namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
+using core::now_ns;
 
 void NvmeStore::started(bool is_read) {
   if (inflight_dir_[is_read]++ == 0) busy_since_ns_[is_read] = now_ns();

@@ -443,6 +443,8 @@ float* Transformer::grads() {
 void Transformer::set_unit_hooks(UnitHooks hooks) {
   PO_ASSERT(hooks.empty() || (hooks.params && hooks.done && hooks.grads && hooks.grads_ready),
            "Transformer::set_unit_hooks: give all four hooks (params, done, grads, grads_ready) or none");
+  PO_ASSERT(!hooks.defers_lookup == !hooks.deferred_lookup,
+            "Transformer::set_unit_hooks: defers_lookup and deferred_lookup go together");
   hooks_ = std::move(hooks);
 }
 

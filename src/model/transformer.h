@@ -81,8 +81,18 @@ struct UnitHooks {
   // too, and the model adds none of them (the caller adds E once at the
   // step: parallel/tied_pair.h). The position table's rows are added as ever.
   std::function<void(const float* rows, const int32_t* tokens, int64_t n)> lookup_rows;
+  // Optional, data parallel's deferred lookup (parallel/tied_pair.h,
+  // defers_lookup): asked once per backward of a model holding unit 0.
+  // Where it answers true, this micro-batch's lookup gradient rows [n, C]
+  // and their tokens go to deferred_lookup and none of them is added into
+  // unit 0 (the caller adds them after the data group's sum), and a model
+  // holding the head too reports unit 0 ready right after the head: all
+  // unit 0 will hold of this micro-batch is there then.
+  std::function<bool()> defers_lookup;
+  std::function<void(const float* rows, const int32_t* tokens, int64_t n)> deferred_lookup;
   bool empty() const {
-    return !params && !done && !grads && !grads_ready && !params_bf16 && !params_lean && !lookup_rows;
+    return !params && !done && !grads && !grads_ready && !params_bf16 && !params_lean && !lookup_rows &&
+           !defers_lookup && !deferred_lookup;
   }
 };
 
@@ -314,20 +324,10 @@ class Transformer {
   // grad_scale * sum(per-token losses) accumulate into grads(). Returns the
   // mean loss over the B*T tokens. `on_unit_ready`, when given, is called with
   // each unit's index as soon as its gradients are final for this micro-batch
-  // (head unit, blocks L..1, then the embedding).
-  //
-  // `defer_embedding` (for data parallel): the embedding unit's gradient gets
-  // its dense part (the tied head's) at the START of the backward and only
-  // the sparse lookup rows at the end. With it set, unit 0 is reported ready
-  // right after the head, holding everything but this micro-batch's lookup
-  // rows, and the lookup gradient is left in embedding_output_grad() ([B*T,
-  // C]) for the caller to add with ops::embedding_backward once unit 0 is
-  // reduced. With gradient hooks, grads_ready(0) comes right after the head
-  // and the lookup rows never reach grads(0).
+  // (head unit, blocks L..1, then the embedding; with the hooks'
+  // defers_lookup, unit 0 right after the head).
   float forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
-                         const std::function<void(int unit)>& on_unit_ready = {},
-                         bool defer_embedding = false);
-  const float* embedding_output_grad() const { return emb_dout_; }
+                         const std::function<void(int unit)>& on_unit_ready = {});
   // Mean loss over [B,T] without touching gradients.
   float evaluate(const int32_t* inputs, const int32_t* targets);
 
@@ -352,14 +352,10 @@ class Transformer {
   // embedding's gradient. on_unit_ready as in forward_backward.
   // With `deferred` (one work per held block, from make_weight_grad_work) only
   // the blocks' input halves run, keeping what stage_backward_weight needs.
-  // With `defer_embedding` the first stage's lookup rows are left in
-  // embedding_output_grad() instead of added (as forward_backward's), and a
-  // stage holding the head and unit 0 reports unit 0 ready right after the
-  // head (all it will hold this micro-batch is there).
+  // The hooks' defers_lookup is asked as forward_backward asks it.
   const float* stage_backward(const int32_t* tokens, const float* d_out,
                               const std::function<void(int unit)>& on_unit_ready = {},
-                              std::vector<WeightGradWork>* deferred = nullptr,
-                              bool defer_embedding = false, HeadPart head = HeadPart::kWhole);
+                              std::vector<WeightGradWork>* deferred = nullptr, HeadPart head = HeadPart::kWhole);
   // The weight halves of a stage_backward(..., deferred): the blocks from the
   // highest down, as the fused backward adds them.
   void stage_backward_weight(std::vector<WeightGradWork>& works);
@@ -587,9 +583,12 @@ class Transformer {
                           const LayerActs16* h = nullptr);
   const float* forward_blocks(const float* x0, int64_t b, int64_t t, bool save);
   void embed_forward(const int32_t* tokens, int64_t b, int64_t t);
-  // Gathers dL/d(embedding output) of every row (sequence parallel) into
-  // embedding_output_grad(); then, unless `deferred`, adds the lookup's gradient.
+  // Gathers dL/d(embedding output) of every row (sequence parallel); then
+  // adds the lookup's gradient, or (`deferred`) hands the rows to the hooks'
+  // deferred_lookup.
   void embed_backward(const int32_t* tokens, bool deferred = false);
+  // Whether this backward's lookup rows are deferred (UnitHooks::defers_lookup).
+  bool defers_lookup() const { return holds(0) && hooks_.defers_lookup && hooks_.defers_lookup(); }
   LayerActs load_saved(int64_t l, bool widen_all);
   LayerActs scratch_with_stats(int64_t l) const;
   // Generation's embedding of n tokens at positions pos0.. into x[n, C].

@@ -50,7 +50,7 @@ void Transformer::embed_backward(const int32_t* tokens, bool deferred) {
   emb_dout_ = gather_rows(dres_, full_, B_ * T_);
   const bool sink = layout_.tied() && hooks_.lookup_rows;
   if (sink) hooks_.lookup_rows(emb_dout_, tokens, B_ * T_);
-  if (deferred) return;
+  if (deferred) return hooks_.deferred_lookup(emb_dout_, tokens, B_ * T_);
   float* g0 = unit_grads(0);
   const TensorSpec* wpe = layout_.position_embedding();
   const bool apart = layout_.tied() && !hooks_.grads;

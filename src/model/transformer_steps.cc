@@ -554,8 +554,7 @@ void Transformer::head_logits(const float* x, int64_t rows, float* logits) {
 
 float Transformer::forward_backward(const int32_t* inputs, const int32_t* targets,
                                     float grad_scale,
-                                    const std::function<void(int unit)>& on_unit_ready,
-                                    bool defer_embedding) {
+                                    const std::function<void(int unit)>& on_unit_ready) {
   PO_CHECK(whole(), "forward_backward runs a whole model; a stage (units ", first_, "..", last_,
            ") runs stage_forward / stage_backward");
   PO_CHECK(grad_scale != 0.0f, "forward_backward needs a non-zero grad_scale");
@@ -564,6 +563,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
   };
+  const bool defer_lookup = defers_lookup();
   const int64_t BT = B_ * T_;
   double loss_sum = 0;
   const float* x = encoded_;
@@ -579,7 +579,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         loss_sum = head_forward(x, targets, BT, grad_scale);
         lend_region(regions_.size() - 1);  // (the last micro-batch's)
         ready(layout_.head_unit());
-        if (defer_embedding) {  // all but this micro-batch's lookup rows
+        if (defer_lookup) {  // all but this micro-batch's lookup rows
           fold_tied_lookup();
           ready(0);
         }
@@ -598,8 +598,8 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
         break;
       }
       case Step::kEmbedBackward:
-        embed_backward(inputs, defer_embedding);
-        if (!defer_embedding) {  // a tied table also collected the head's gradient
+        embed_backward(inputs, defer_lookup);
+        if (!defer_lookup) {  // a tied table also collected the head's gradient
           fold_tied_lookup();
           ready(0);
         }
@@ -664,20 +664,20 @@ void Transformer::final_norm_backward(const float* dlnf) {
 
 const float* Transformer::stage_backward(const int32_t* tokens, const float* d_out,
                                          const std::function<void(int unit)>& on_unit_ready,
-                                         std::vector<WeightGradWork>* deferred,
-                                         bool defer_embedding, HeadPart head) {
+                                         std::vector<WeightGradWork>* deferred, HeadPart head) {
   const TrainingPass pass(training_pass_, true);
   auto ready = [&](int unit) {
     if (hooks_.grads_ready) hooks_.grads_ready(unit);
     if (on_unit_ready) on_unit_ready(unit);
   };
+  const bool defer_lookup = defers_lookup();
   if (has_head()) {
     if (head == HeadPart::kNormOnly) {
       PO_CHECK(d_out != nullptr, "stage_backward: the head's input gradient is missing");
       final_norm_backward(d_out);
     }
     ready(layout_.head_unit());
-    if (defer_embedding && holds(0)) {  // all but this micro-batch's lookup rows (as forward_backward)
+    if (defer_lookup) {  // all but this micro-batch's lookup rows (as forward_backward)
       fold_tied_lookup();
       ready(0);
     }
@@ -707,8 +707,8 @@ const float* Transformer::stage_backward(const int32_t* tokens, const float* d_o
     ready(u);
   }
   if (holds(0)) {
-    embed_backward(tokens, defer_embedding);
-    if (!defer_embedding || !has_head()) {
+    embed_backward(tokens, defer_lookup);
+    if (!defer_lookup || !has_head()) {
       fold_tied_lookup();
       ready(0);
     }

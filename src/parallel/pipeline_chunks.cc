@@ -85,21 +85,26 @@ void PipelineExecutor::setup_unit0(Chunk& c, const std::vector<bool>& quantized)
   if (bf16_) c.rep_master = zeroed(c.rep_shard->local_numel());
 }
 
+// The largest unit held, a replica's included.
+int64_t PipelineExecutor::largest_unit() const {
+  int64_t largest = 0;
+  for (const auto& c : chunks_) {
+    for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
+    if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
+  }
+  return largest;
+}
+
 // The working buffers, sized by the largest unit held (a replica's
 // included): ZeRO-1's gathers take a send block and ranks receive blocks of
-// its stride; bf16 stages its f32 sum over the data group
-// (parallel.reduce_dtype fp32); the deferred lookup's rows; bf16's widened
+// its stride; the deferred lookup's rows; bf16's widened
 // parameters and the f32 accumulators (unit 0's ring and the others',
 // acc_ring; ZeRO 2-3's reduce-scatter blocks in them), ZeRO-3's gathered
 // units.
 void PipelineExecutor::setup_buffers() {
   const int zr = sharded() ? setup_.dp : 1;
   const int64_t align = setup_.shard_align();
-  int64_t largest = 0;
-  for (const auto& c : chunks_) {
-    for (int u = c->first; u <= c->last; ++u) largest = std::max(largest, layout_.unit_numel(u));
-    if (c->replica()) largest = std::max(largest, layout_.unit_numel(0));
-  }
+  const int64_t largest = largest_unit();
   // (ZeRO-3 gathers a whole unit only for a checkpoint: a buffer then, not held.)
   if (sharded() && !shard_params_) gather_ = zeroed(ShardLayout::stride_of(largest, zr, align) * (1 + zr));
   const int64_t C = config_.n_embd;
@@ -121,13 +126,10 @@ void PipelineExecutor::setup_buffers() {
     for (int u = c->first; u <= c->last; ++u) take(u);
     if (c->unit0_params != nullptr) take(0);
   }
-  for (int k = 0; k < 2; ++k) {
-    if (bf16_) widen_[k] = zeroed(n[k]);
-    AccRing& r = rings_[k];
-    for (int i = 0; i < acc_ring(setup_, k); ++i) r.bufs.push_back(zeroed(static_cast<int64_t>(acc[k]), 1));
-    r.reduction.assign(r.bufs.size(), -1);
-  }
-  if (bf16_ && !shard_grads_ && setup_.dp > 1 && !setup_.reduce_bf16) staging_ = zeroed(largest);
+  for (int k = 0; k < 2 && bf16_; ++k) widen_[k] = zeroed(n[k]);
+  accs_ = std::make_unique<UnitAccumulators>(std::array<size_t, 2>{acc[0], acc[1]},
+                                             std::array<int, 2>{acc_ring(setup_, 0), acc_ring(setup_, 1)});
+  if (shard_grads_) reductions_ = std::make_unique<ShardReductions>();
   if (shard_params_) {
     const auto bytes = [&](int k) { return static_cast<size_t>(use_buffer_numel(n[k], setup_)) * stored_esz(); };
     gathers_ = std::make_unique<ParamGathers>(

@@ -122,13 +122,12 @@ void PipelineExecutor::early_finished(Chunk& c, int u) {
 // ZeRO 0-1 over dp > 1: the units of every bucket whose all-reduce has
 // landed (in place: a staged bf16 sum is rounded back at the step).
 void PipelineExecutor::early_sums_landed() {
-  if (!early_ || !lr_known_) return;
-  for (Sum& s : sums_) {
-    if (s.chunk == nullptr || s.narrow_into != nullptr || !s.work.test()) continue;
-    Chunk& c = *s.chunk;
-    s.chunk = nullptr;
-    for (int u = s.hi; u >= s.lo; --u) early_unit_final(c, u);
-  }
+  if (!early_ || !lr_known_ || !sums_) return;
+  sums_->landed([this](int chunk, int lo, int hi) {
+    for (auto& c : chunks_)
+      if (c->sum_chunk == chunk)
+        for (int u = hi; u >= lo; --u) early_unit_final(*c, u);
+  });
 }
 
 // The step's end: the pages the backward did not update, then the counts start over.

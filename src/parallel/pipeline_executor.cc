@@ -56,7 +56,6 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
     std::sort(uncounted_.begin(), uncounted_.end());
   }
   const std::vector<bool> quantized = quantized_tensors(layout_, adam);
-  if (setup_.pipe) link_ = std::make_unique<StageLink>(*setup_.pipe);
   const int64_t sp = config_.sequence_parallel && setup_.split.size > 1 ? setup_.split.size : 1;
   rows_ = setup_.micro * setup_.T / sp;
   for (int stage : s.stages_of(rank_)) chunks_.push_back(make_chunk(stage, quantized));
@@ -67,8 +66,12 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
   keep_unit0_ = head_meets_embedding();
   // A fault test's knob: this rank's messages declare the transposed shape
   // (the same size: what matching by order alone would swap in silently).
-  if (const char* r = std::getenv("PAGEDOPTIM_TEST_PP_SKEW_RANK"))
-    skew_ = std::atoi(r) == rank_ && setup_.pipe != nullptr;
+  bool skew = false;
+  if (const char* r = std::getenv("PAGEDOPTIM_TEST_PP_SKEW_RANK")) skew = std::atoi(r) == rank_ && setup_.pipe != nullptr;
+  messages_ = std::make_unique<StageMessages>(
+      rank_, setup_.pipe != nullptr ? std::make_unique<StageLink>(*setup_.pipe) : nullptr,
+      s.actions[static_cast<size_t>(rank_)], message_shape(),
+      skew ? tensor::Shape{config_.n_embd, rows_} : message_shape());
   inputs_.resize(static_cast<size_t>(setup_.micro * setup_.T));
   targets_.resize(inputs_.size());
   vocab_setup();
@@ -76,31 +79,16 @@ PipelineExecutor::PipelineExecutor(const model::TransformerConfig& config,
 }
 
 // A step that ended in an error (a timeout, a shape mismatch, a failing
-// batch) leaves receives posted into message buffers and sends in flight
-// from them, and comm::Work leaks such operations while unwinding rather
-// than wait. Their memory is leaked with them: the buffers, the receives'
-// headers (moved with their map's nodes, which do not move) and the link
-// with its sends' headers; a message that arrives later then lands in
-// memory nobody else owns, never in a freed and reused block. So do the
-// accumulators of ZeRO 2-3's reduce-scatters still in flight (their send
-// and receive blocks); ZeRO-3's prefetched gathers leak their own buffers
-// (ParamGathers).
+// batch) leaves operations in flight, and comm::Work leaks such operations
+// while unwinding rather than wait. What they write is leaked with them by
+// its owner, so that a message that arrives later lands in memory nobody
+// else owns, never in a freed and reused block: the messages' buffers and
+// the link (StageMessages), the accumulators of ZeRO 2-3's reduce-scatters
+// (UnitAccumulators), ZeRO-3's prefetched gathers' buffers (ParamGathers).
 PipelineExecutor::~PipelineExecutor() {
   if (lender_.lend)  // (lent frames back to their models before the pager goes)
     for (auto& c : chunks_)
       for (auto& m : c->slots) m->set_activation_lender({});
-  if (!reductions_.empty()) {
-    (void)new std::vector<tensor::Storage>(std::move(acc_pool_));
-    for (AccRing& r : rings_) (void)new std::vector<tensor::Storage>(std::move(r.bufs));
-    (void)new std::deque<Reduction>(std::move(reductions_));
-  }
-  if (posted_.empty() && sending_.empty()) return;
-  std::set<const float*> busy(sending_.begin(), sending_.end());
-  for (const auto& [key, p] : posted_) busy.insert(p.buffer);
-  for (auto& b : buffers_)
-    if (busy.count(b.get()) > 0) (void)b.release();
-  (void)new std::map<Key, Posted>(std::move(posted_));
-  (void)link_.release();
 }
 
 PipelineExecutor::Chunk& PipelineExecutor::chunk_of_stage(int stage) {
@@ -276,8 +264,7 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
       h.grads = [this, cp](int u) { return accumulator(*cp, u); };
       h.grads_ready = [this, cp](int u) {
         progress();
-        const auto it = accs_.find({cur_micro_, cp->stage, u});
-        if (it != accs_.end()) flush(it);
+        if (accs_->find({cur_micro_, cp->stage, u}) != nullptr) flush({cur_micro_, cp->stage, u});
         if (cur_fused_) unit_finished(*cp, u);
       };
     }
@@ -295,6 +282,10 @@ model::Transformer& PipelineExecutor::acquire_slot(Chunk& c, int micro) {
     }
     if (LookupRows* rows = c.rows.get())  // the tied table's E, added once at the step (tied_pair.h)
       h.lookup_rows = [rows](const float* r, const int32_t* t, int64_t n) { rows->append(r, t, n); };
+    if (setup_.defer_lookup && c.holds(0)) {  // the last micro-batch's lookup rows wait for the step's sums
+      h.defers_lookup = [this] { return cur_micro_ == setup_.schedule.micro_batches - 1; };
+      h.deferred_lookup = [this](const float* r, const int32_t* t, int64_t n) { keep_lookup_tail(r, t, n); };
+    }
     m->set_unit_hooks(std::move(h));
     if (lender_.lend) m->set_activation_lender(lender_);
     c.slots.push_back(std::move(m));
@@ -337,44 +328,25 @@ const uint16_t* PipelineExecutor::stored_bf16(const Chunk& c, int u) const {
 // take their kind's ring in turn (acc_ring), a slot whose reduction is
 // still in flight once that reduction has completed.
 float* PipelineExecutor::accumulator(Chunk& c, int u) {
-  const std::tuple<int, int, int> key{cur_micro_, c.stage, u};
-  if (const auto it = accs_.find(key); it != accs_.end()) return it->second.buf;
-  Acc a;
-  if (cur_deferred_ && u >= 1 && u <= static_cast<int>(config_.n_layer)) {
-    if (acc_free_.empty()) {
-      acc_pool_.push_back(zeroed(static_cast<int64_t>(acc_layout(layout_.unit_numel(u), setup_).bytes), 1));
-      acc_free_.push_back(acc_pool_.back().f32());
-    }
-    a.buf = acc_free_.back();
-    acc_free_.pop_back();
-  } else {
-    a.ring = u == 0 ? 0 : 1;
-    AccRing& r = rings_[a.ring];
-    PO_ASSERT(!r.busy, "pipeline: a second accumulator of unit ", u, "'s kind");
-    a.slot = static_cast<int>(r.next);
-    r.next = (r.next + 1) % r.bufs.size();
-    if (r.reduction[static_cast<size_t>(a.slot)] >= 0) complete_reductions(r.reduction[static_cast<size_t>(a.slot)]);
-    r.busy = true;
-    a.buf = r.bufs[static_cast<size_t>(a.slot)].f32();
-  }
-  backend::device_zero(a.buf, static_cast<size_t>(acc_numel(u)) * sizeof(float));
-  a.chunk = &c;
-  return accs_.emplace(key, a).first->second.buf;
+  const UnitAccumulators::Key key{cur_micro_, c.stage, u};
+  if (float* buf = accs_->find(key)) return buf;
+  const bool pooled = cur_deferred_ && u >= 1 && u <= static_cast<int>(config_.n_layer);
+  return accs_->take(key, pooled, acc_layout(layout_.unit_numel(u), setup_).bytes,
+                     static_cast<size_t>(acc_numel(u)) * sizeof(float),
+                     [this](int64_t seq) { reductions_->complete_through(seq); });
 }
 
-void PipelineExecutor::flush(std::map<AccKey, Acc>::iterator it) {
-  const int u = std::get<2>(it->first);
-  const bool last_micro = std::get<0>(it->first) == setup_.schedule.micro_batches - 1;
-  const Acc a = it->second;
-  Chunk& c = *a.chunk;
-  accs_.erase(it);
-  if (a.ring >= 0) rings_[a.ring].busy = false;
+void PipelineExecutor::flush(const UnitAccumulators::Key& key) {
+  const auto [micro, stage, u] = key;
+  const bool last_micro = micro == setup_.schedule.micro_batches - 1;
+  Chunk& c = chunk_of_stage(stage);
+  const UnitAccumulators::Acc a = accs_->remove(key);
   if (shard_grads_)  // (it gives the buffer back)
     return reduce_into_shard(c, u, a, last_micro);
   auto* dst = c.holds(u) ? static_cast<uint16_t*>(c.grads.data()) + (layout_.unit_offset(u) - c.base)
                          : static_cast<uint16_t*>(c.unit0_grads);
   ops::bf16_add_f32(dst, a.buf, layout_.unit_numel(u));  // (bf16 below ZeRO-2)
-  release_acc(a.ring, a.slot, a.buf);
+  accs_->release(a);
 }
 
 // Whether the one chunk that holds the embedding and the head (one stage)
@@ -402,12 +374,10 @@ bool PipelineExecutor::head_meets_embedding() const {
 // but, with `keep_deferred`, those of blocks whose weight half is to come,
 // and with `keep_unit0` unit 0's.
 void PipelineExecutor::flush_micro(Chunk& c, int micro, bool keep_deferred, bool keep_unit0) {
-  for (auto it = accs_.begin(); it != accs_.end();) {
-    const auto next = std::next(it);
-    const auto [k, stage, u] = it->first;
-    if (k == micro && stage == c.stage && !(keep_deferred && it->second.ring < 0) && !(keep_unit0 && u == 0))
-      flush(it);
-    it = next;
+  for (const UnitAccumulators::Key& key : accs_->taken()) {
+    const auto [k, stage, u] = key;
+    if (k == micro && stage == c.stage && !(keep_deferred && accs_->pooled(key)) && !(keep_unit0 && u == 0))
+      flush(key);
   }
 }
 
@@ -421,33 +391,7 @@ void PipelineExecutor::release_slot(Chunk& c, int micro) {
   PO_THROW(core::Internal, "pipeline: no slot holds micro-batch ", micro, " of stage ", c.stage);
 }
 
-float* PipelineExecutor::take_buffer() {
-  if (free_buffers_.empty()) {
-    buffers_.push_back(std::make_unique<float[]>(static_cast<size_t>(rows_ * config_.n_embd)));
-    free_buffers_.push_back(buffers_.back().get());
-  }
-  float* b = free_buffers_.back();
-  free_buffers_.pop_back();
-  return b;
-}
-
-void PipelineExecutor::give_buffer(float* b) { free_buffers_.push_back(b); }
-
 tensor::Shape PipelineExecutor::message_shape() const { return {rows_, config_.n_embd}; }
-
-// The list's next action, posted if it is a receive.
-void PipelineExecutor::post_next() {
-  const Action& a = setup_.schedule.actions[static_cast<size_t>(rank_)][next_recv_++];
-  if (a.op != Op::kRecv) return;
-  Posted& p = posted_[{a.micro, a.stage, static_cast<int>(a.payload)}];
-  p.buffer = take_buffer();
-  link_->post_recv(p.in, p.buffer, message_shape(), a.peer, pipeline::message_tag(a));
-}
-
-void PipelineExecutor::post_receives() {
-  const size_t n = setup_.schedule.actions[static_cast<size_t>(rank_)].size();
-  while (posted_.size() < kRecvWindow && next_recv_ < n) post_next();
-}
 
 // The tensor the compute `consumer` reads: made on this rank (a local
 // hand-off) or received (posted ahead; waited here).
@@ -455,32 +399,18 @@ const float* PipelineExecutor::incoming(const Action& consumer, Payload payload)
   return incoming_key(consumer, {consumer.micro, consumer.stage, static_cast<int>(payload)});
 }
 
-// The same for the message `key` (the head's, vocabulary parallel).
+// The same for the message `key` (the head's, vocabulary parallel); a
+// receive's wait is a span of the step.
 float* PipelineExecutor::incoming_key(const Action& consumer, const Key& key) {
-  const auto payload = static_cast<Payload>(std::get<2>(key));
-  if (auto it = ready_.find(key); it != ready_.end()) {
-    float* b = it->second;
-    ready_.erase(it);
-    return b;
-  }
-  const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
-  while (posted_.find(key) == posted_.end()) {
-    PO_ASSERT(next_recv_ < list.size(), "pipeline rank ", rank_, ": no receive for ",
-              pipeline::describe(consumer));
-    post_next();
-  }
-  auto it = posted_.find(key);
-  const int64_t t0 = now_ns();
-  link_->finish_recv(it->second.in);
-  const int64_t t1 = now_ns();
+  StageMessages::Wait w;
+  float* b = messages_->get(consumer, key, &w);
+  if (w.peer < 0) return b;
   Action r = consumer;
   r.op = Op::kRecv;
-  r.payload = payload;
-  r.peer = it->second.in.peer;
-  spans_.push_back({r, true, t0 - step_start_ns_, t1 - step_start_ns_});
-  stats_->wait_s += static_cast<double>(t1 - t0) / 1e9;
-  float* b = it->second.buffer;
-  posted_.erase(it);
+  r.payload = static_cast<Payload>(std::get<2>(key));
+  r.peer = w.peer;
+  spans_.push_back({r, true, w.start_ns - step_start_ns_, w.end_ns - step_start_ns_});
+  stats_->wait_s += static_cast<double>(w.end_ns - w.start_ns) / 1e9;
   return b;
 }
 
@@ -507,7 +437,7 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       if (before_forward) before_forward(a.micro, m);
       const double sum = m.stage_forward(first ? inputs_.data() : nullptr, x,
                                          last ? targets_.data() : nullptr, grad_scale, head);
-      if (x != nullptr) give_buffer(const_cast<float*>(x));
+      if (x != nullptr) messages_->give(const_cast<float*>(x));
       // The head's gradients are complete (the tied table's may wait for the
       // embedding's backward: keep_unit0_).
       if (accumulate_ && last) flush_micro(c, a.micro, false, first && keep_unit0_);
@@ -515,9 +445,9 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       if (last) {
         stats.loss_sum += static_cast<float>(sum / static_cast<double>(setup_.micro * setup_.T));
       } else {
-        float* out = take_buffer();
+        float* out = messages_->take();
         backend::device_copy(out, m.stage_output(), msg);
-        ready_[{a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)}] = out;
+        messages_->made({a.micro, a.stage + 1, static_cast<int>(Payload::kActivation)}, out);
       }
       spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
       break;
@@ -531,8 +461,6 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
       for (size_t i = 0; i < c.slots.size(); ++i)
         if (c.slot_micro[i] == a.micro) m = c.slots[i].get();
       PO_ASSERT(m != nullptr, "pipeline: ", pipeline::describe(a), " before its forward");
-      // (defer_lookup: the last micro-batch's lookup rows wait for the step's sums)
-      const bool keep = first && setup_.defer_lookup && a.micro == setup_.schedule.micro_batches - 1;
       const float* dres = nullptr;
       if (a.op == Op::kBackwardInput) {
         std::vector<model::WeightGradWork> works;
@@ -547,21 +475,20 @@ void PipelineExecutor::run_compute(const Action& a, const BatchFn& batch, float 
             c.work_bytes += works.back().storage.size();
           }
         }
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, keep, head);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, &works, head);
         c.w_queue[a.micro] = std::move(works);
         stats.peak_w_queue = std::max(stats.peak_w_queue, ++w_queue_);
       } else {  // (the hooks' grads_ready finishes each unit: unit_finished)
         cur_fused_ = true;
-        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, keep, head);
+        dres = m->stage_backward(first ? inputs_.data() : nullptr, d, {}, nullptr, head);
         cur_fused_ = false;
       }
-      if (keep) keep_lookup_tail(*m);
       if (accumulate_) flush_micro(c, a.micro, a.op == Op::kBackwardInput);
-      if (d != nullptr) give_buffer(const_cast<float*>(d));
+      if (d != nullptr) messages_->give(const_cast<float*>(d));
       if (!first) {
-        float* out = take_buffer();
+        float* out = messages_->take();
         backend::device_copy(out, dres, msg);
-        ready_[{a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)}] = out;
+        messages_->made({a.micro, a.stage - 1, static_cast<int>(Payload::kGradient)}, out);
       }
       release_slot(c, a.micro);
       spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
@@ -592,44 +519,31 @@ PipelineStepStats PipelineExecutor::forward_backward(const BatchFn& batch, float
   spans_.clear();
   step_start_ns_ = now_ns();
   const auto& list = setup_.schedule.actions[static_cast<size_t>(rank_)];
-  next_recv_ = 0;
   if (gathers_) gathers_->begin_step();  // (ZeRO-3: the first step's requests are the order)
-  if (link_) post_receives();
+  messages_->begin_step();
   for (size_t i = 0; i < list.size(); ++i) {
     const Action& a = list[i];
     if (a.op == Op::kRecv) continue;  // posted ahead, waited by its compute
     if (a.op == Op::kSend) {
-      const auto it = ready_.find({a.micro, a.stage, static_cast<int>(a.payload)});
-      PO_ASSERT(it != ready_.end(), "pipeline: ", pipeline::describe(a), " before its tensor");
       const int64_t t0 = now_ns();
-      link_->send(it->second, skew_ ? tensor::Shape{config_.n_embd, rows_} : message_shape(),
-                  a.peer, pipeline::message_tag(a));
+      messages_->send(a);
       stats.sent_bytes += rows_ * config_.n_embd * static_cast<int64_t>(sizeof(float));
       ++stats.sends;
-      // A tensor for several ranks (the head's statistics) leaves with its last send.
-      const auto f = fanout_.find(it->first);
-      if (f == fanout_.end() || --f->second == 0) {
-        if (f != fanout_.end()) fanout_.erase(f);
-        sending_.push_back(it->second);
-        ready_.erase(it);
-      }
       spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
       continue;
     }
     const int64_t t0 = now_ns();
     run_compute(a, batch, grad_scale, before_forward, stats);
     stats.busy_s += static_cast<double>(now_ns() - t0) / 1e9;
-    if (link_) post_receives();
+    messages_->post_ahead();
   }
-  if (link_) link_->wait_sends();
-  for (float* b : sending_) give_buffer(b);
-  sending_.clear();
+  messages_->end_step();
   if (gathers_) {
     gathers_->end_step();
     stats.param_gathers = gathers_->uses();
     stats.prefetched = gathers_->prefetched();
   }
-  PO_ASSERT(ready_.empty() && posted_.empty() && in_flight_ == 0 && w_queue_ == 0,
+  PO_ASSERT(messages_->idle() && in_flight_ == 0 && w_queue_ == 0,
             "pipeline rank ", rank_, ": the step left tensors behind");
   backward_end_ns_ = now_ns();
   stats.seconds = static_cast<double>(backward_end_ns_ - step_start_ns_) / 1e9;
@@ -655,7 +569,7 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets,
     Chunk& c = chunk_of_stage(st);
     if (st > 0 && !have) {
       Action r{Op::kRecv, 0, st, s.rank_of(st - 1), Payload::kActivation};
-      link_->recv(x.data(), message_shape(), r.peer, pipeline::message_tag(r));
+      messages_->link()->recv(x.data(), message_shape(), r.peer, pipeline::message_tag(r));
     }
     model::Transformer& m = acquire_slot(c, -2);
     m.set_positions(positions);  // (null: clears what a training micro-batch left)
@@ -668,8 +582,8 @@ double PipelineExecutor::evaluate(const int32_t* inputs, const int32_t* targets,
     if (gathers_) gathers_->drain();  // (what the training order prefetched past the evaluation's requests)
     if (st + 1 < S && s.rank_of(st + 1) != rank_) {
       Action snd{Op::kSend, 0, st + 1, s.rank_of(st + 1), Payload::kActivation};
-      link_->send(x.data(), message_shape(), snd.peer, pipeline::message_tag(snd));
-      link_->wait_sends();
+      messages_->link()->send(x.data(), message_shape(), snd.peer, pipeline::message_tag(snd));
+      messages_->link()->wait_sends();
     }
   }
   stats_ = nullptr;

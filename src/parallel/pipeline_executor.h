@@ -95,7 +95,7 @@
 // so ZeRO-3 gives ZeRO-2's bits. 2 × micro-batches gathers of a unit per
 // step under 1F1B (forward and input backward; a deferred W reads no
 // parameters), issued parallel.prefetch ahead of their use along the first
-// step's order (pipeline_gathers.cc).
+// step's order (param_gathers.h).
 //
 // Adapters (lora.r > 0): the chunk's parameters are its units' adapters;
 // the frozen base of its units is held once per chunk (Chunk::frozen, its
@@ -122,12 +122,16 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "memory/pager.h"
+#include "parallel/bucket_sums.h"
 #include "parallel/memory_report.h"
 #include "parallel/param_gathers.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
+#include "parallel/shard_reductions.h"
 #include "parallel/stage_link.h"
+#include "parallel/stage_messages.h"
 #include "parallel/tied_pair.h"
+#include "parallel/unit_accumulators.h"
 #include "tensor/tensor.h"
 
 namespace po::parallel {
@@ -397,7 +401,7 @@ class PipelineExecutor {
 
  private:
   struct Chunk;
-  using Key = std::tuple<int, int, int>;  // (micro, stage, payload)
+  using Key = StageMessages::Key;  // (micro, stage, payload)
   Chunk& chunk_of_stage(int stage);
   // The constructor's parts (pipeline_executor.cc).
   bool sharded() const;
@@ -406,10 +410,6 @@ class PipelineExecutor {
   void setup_buffers();
   model::Transformer& acquire_slot(Chunk& c, int micro);
   void release_slot(Chunk& c, int micro);
-  float* take_buffer();
-  void give_buffer(float* b);
-  void post_next();
-  void post_receives();
   const float* incoming(const pipeline::Action& consumer, pipeline::Payload payload);
   float* incoming_key(const pipeline::Action& consumer, const Key& key);
   // Vocabulary parallel (pipeline_vocab.cc).
@@ -430,7 +430,7 @@ class PipelineExecutor {
                    const MicroFn& before_forward, PipelineStepStats& stats);
   void sum_tied_pair();
   void tied_pair(void* emb_at, void* head_at, int64_t lo, int64_t hi);
-  void keep_lookup_tail(const model::Transformer& m);
+  void keep_lookup_tail(const float* rows, const int32_t* tokens, int64_t n);
   void add_lookup_tail();
   void update(Chunk& c, bool replica, double lr, double clip);
   void* stored_unit(int u);
@@ -440,31 +440,19 @@ class PipelineExecutor {
   void read_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, float* dst);
   void write_field(Chunk& c, bool replica, State kind, int64_t offset, int64_t n, const float* src);
   float* field_in_memory(Chunk& c, bool replica, State kind);
-  // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the chunks' buckets, a
-  // micro-batch's backward finishing unit u of chunk c (the bucket's sum
-  // starts, non-blocking, once every micro-batch has: overlap_comm), the
-  // data group's sum of n stored gradients in place (a bucket's, a tied
-  // replica's), and at the step every bucket and replica summed.
+  // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the data group's sums in
+  // buckets (bucket_sums.h), each started as the backward finishes its
+  // units (overlap_comm), the rest and the tied replicas' at the step.
+  std::unique_ptr<BucketSums> sums_;
   void setup_buckets();
-  void reset_buckets();
   void unit_finished(Chunk& c, int u);
   void chunk_finished(Chunk& c);
-  void start_bucket(Chunk& c, size_t b);
-  void start_sum(void* grads, int64_t n);
   void finish_sums();
-  void narrow_staged();
-  struct Sum {
-    comm::Work work;
-    uint16_t* narrow_into = nullptr;  // bf16 summed in f32 in staging_: where its n values go back
-    int64_t n = 0;
-    Chunk* chunk = nullptr;  // a bucket's (update_in_backward: its units are final once it lands)
-    int lo = 0, hi = -1;
-  };
-  std::vector<Sum> sums_;
+  int64_t largest_unit() const;
   bool cur_fused_ = false;  // the action running is a whole (unsplit) backward
   double sum_wait_s_ = 0;   // the last step's wait for the data group's sums
   int64_t backward_end_ns_ = 0, wait_end_ns_ = 0;  // (backward_end_ns(), wait_end_ns())
-  int early_sums_ = 0, all_sums_ = 0, started_sums_ = 0;  // overlapped_sums(), and this step's so far
+  int early_sums_ = 0, all_sums_ = 0;  // overlapped_sums()
   // ZeRO-2 (pipeline_executor.cc): where unit u's gradient shard lives for
   // chunk c (its own units; unit 0 of a tied head: the replica's, or the
   // embedding chunk's on the same rank), the reduce-scatter of one
@@ -531,48 +519,23 @@ class PipelineExecutor {
   bool shard_params_ = false;  // ZeRO-3 over dp > 1: and of the stored parameters
   bool accumulate_ = false;    // per-micro-batch f32 accumulators: bf16 or ZeRO 2-3
   // ZeRO 2-3 (pipeline_grad_sync.cc): one micro-batch's accumulator of a
-  // unit reduce-scattered into this rank's shard, non-blocking; the
-  // reductions complete in the order they were posted (so the shards add
-  // them as a blocking one would), when their accumulator is taken again,
-  // at a deferred block's, and at the step.
-  struct Reduction {
-    comm::Work work;
-    int64_t seq = 0;  // posted_reductions_ at its post
-    UnitShard dst{};  // the unit's gradient shard
-    bool final = false;  // the step's last micro-batch's
-    const void* recv = nullptr;
-    tensor::DType wire = tensor::DType::kF32;
-    int64_t stride = 0;
-    int ring = -1, slot = 0;  // whose accumulator it holds (ring -1: the deferred pool's)
-    float* acc = nullptr;
-  };
-  struct Acc;
-  void reduce_into_shard(Chunk& c, int u, const Acc& a, bool final);
-  void complete_reductions(int64_t through);
-  void release_acc(int ring, int slot, float* buf);
+  // unit reduce-scattered into this rank's shard, non-blocking, completed
+  // in post order (shard_reductions.h).
+  std::unique_ptr<ShardReductions> reductions_;
+  void reduce_into_shard(Chunk& c, int u, const UnitAccumulators::Acc& a, bool final);
   void finish_reductions();
-  std::deque<Reduction> reductions_;
-  int64_t posted_reductions_ = 0;
-  int step_reductions_ = 0, overlapped_reductions_ = 0;  // this step's, and of them not waited for at their post
-  double reduction_wait_s_ = 0;  // this step's wait for them so far
   // ZeRO-3 over dp > 1: the gathers of a unit's stored parameters for each
   // use (param_gathers.h); what one moves (pipeline_gathers.cc).
   std::unique_ptr<ParamGathers> gathers_;
   comm::Work start_param_gather(int stage, int u, void* buf);
   void progress();  // the collectives in flight moved on (at the model's hooks)
-  // bf16 or ZeRO 2-3 (see pipeline_executor.cc): widened parameters, f32
-  // accumulators, each followed by its reduce-scatter's send and receive
-  // blocks (acc_layout).
-  struct Acc {
-    float* buf = nullptr;
-    int ring = -1, slot = 0;  // rings_[ring].bufs[slot], or a pool buffer (-1)
-    Chunk* chunk = nullptr;
-  };
-  using AccKey = std::tuple<int, int, int>;  // (micro, stage, unit)
+  // bf16 or ZeRO 2-3 (see pipeline_executor.cc): widened parameters and
+  // the f32 accumulators (unit_accumulators.h), each followed by its
+  // reduce-scatter's send and receive blocks (acc_layout).
   float* widen(Chunk& c, int u, bool lean = false);
   const uint16_t* stored_bf16(const Chunk& c, int u) const;
   float* accumulator(Chunk& c, int u);
-  void flush(std::map<AccKey, Acc>::iterator it);
+  void flush(const UnitAccumulators::Key& key);
   void flush_micro(Chunk& c, int micro, bool keep_deferred, bool keep_unit0 = false);
   bool head_meets_embedding() const;
   bool keep_unit0_ = false;  // head_meets_embedding()
@@ -591,44 +554,18 @@ class PipelineExecutor {
   int rank_ = 0;
   int64_t quantized_on_load_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;
-  std::unique_ptr<StageLink> link_;
   int64_t rows_ = 0;  // rows of a message: micro × T / sequence shards
-  // Message buffers [rows_, C]: free, and what each holds.
-  std::vector<std::unique_ptr<float[]>> buffers_;
-  std::vector<float*> free_buffers_;
-  std::map<Key, float*> ready_;  // made here, waiting for their local consumer or send
-  std::map<Key, int> fanout_;    // of those, sent to several ranks: the sends still to go
-  struct Posted {
-    StageLink::Incoming in;
-    float* buffer = nullptr;
-  };
-  std::map<Key, Posted> posted_;
-  std::vector<float*> sending_;  // buffers in flight, back to the pool at wait_sends
+  std::unique_ptr<StageMessages> messages_;  // between the stages (stage_messages.h)
   tensor::Storage gather_;       // ZeRO 1-2: a send block and ranks × stride (the largest unit)
   bool bf16_ = false;
   tensor::Storage widen_[2];  // bf16: unit 0's, the largest other unit's
   bool widen_busy_[2] = {false, false};
-  // The accumulators of unit 0's kind and of the others': a ring each
-  // (acc_ring: with reductions in flight, several of the others'), taken in
-  // turn; a slot's reduction in flight (its seq, -1: none) completes before
-  // the slot is taken again.
-  struct AccRing {
-    std::vector<tensor::Storage> bufs;
-    std::vector<int64_t> reduction;
-    size_t next = 0;
-    bool busy = false;  // one accumulates at a time
-  };
-  AccRing rings_[2];
-  std::map<AccKey, Acc> accs_;
-  std::vector<tensor::Storage> acc_pool_;  // deferred blocks' accumulators
-  std::vector<float*> acc_free_;
-  tensor::Storage staging_;  // bf16 with an fp32 reduction: one unit in f32
+  std::unique_ptr<UnitAccumulators> accs_;
   // defer_lookup: the last micro-batch's lookup rows [micro·T, C] and tokens
   // (the embedding's rank), every data rank's (there and on a tied head's).
   tensor::Storage tail_rows_, tail_tokens_, rows_all_, tokens_all_;
   int cur_micro_ = -1;
   bool cur_deferred_ = false;
-  size_t next_recv_ = 0;         // the next kRecv of the list to post
   std::vector<int32_t> inputs_, targets_;
   std::vector<PipelineSpan> spans_;
   int64_t step_start_ns_ = 0;
@@ -636,7 +573,6 @@ class PipelineExecutor {
   PipelineStepStats* stats_ = nullptr;
   // The tied table: the rank and chunk of unit 0, of the head.
   int emb_rank_ = 0, head_rank_ = 0;
-  bool skew_ = false;  // PAGEDOPTIM_TEST_PP_SKEW_RANK (fault tests)
   std::unique_ptr<VocabPart> vocab_;
   model::ActivationLender lender_;  // (lend_activations, once paged; empty: none)
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "model/vocab_head.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/shard_layout.h"
@@ -27,11 +28,7 @@ using pipeline::Op;
 using pipeline::Payload;
 using tensor::DType;
 
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using core::now_ns;
 
 inline tensor::Storage zeroed(int64_t elements, size_t esz = sizeof(float)) {
   tensor::Storage s(static_cast<size_t>(elements) * esz);
@@ -149,7 +146,7 @@ inline int64_t use_buffer_numel(int64_t n, const PipelineSetup& s) {
   return stride * zr + (s.paged && zr > 1 ? stride : 0);
 }
 
-inline constexpr size_t kRecvWindow = 4;  // receives posted ahead of their use
+inline constexpr size_t kRecvWindow = StageMessages::kWindow;  // receives posted ahead of their use
 inline constexpr int kPairTag = 32700;     // the tied pair's exchange (StageLink's tags stay below 30720)
 
 // defer_lookup's rows on `rank` (each C floats and a token): the
@@ -188,13 +185,7 @@ struct PipelineExecutor::Chunk {
   // frozen_unit0 (unit 0's base, a copy of the embedding stage's).
   std::unique_ptr<model::Transformer> frozen;
   tensor::Storage frozen_unit0;
-  // ZeRO 0-1 over dp > 1 (pipeline_grad_sync.cc): the data group's buckets
-  // (grad_buckets), whether each one's sum has started this step and how
-  // many of its units are not yet final; per unit (from `first`) its
-  // bucket and the micro-batches whose backward has finished it.
-  std::vector<std::pair<int, int>> buckets;
-  std::vector<char> started;
-  std::vector<int> unfinished, bucket_of, finished;
+  int sum_chunk = -1;  // ZeRO 0-1 over dp > 1: its index in the BucketSums
   std::vector<std::unique_ptr<model::Transformer>> slots;
   std::vector<int> slot_micro;  // -1: free
   std::map<int, std::vector<model::WeightGradWork>> w_queue;

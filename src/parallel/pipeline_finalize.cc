@@ -61,9 +61,11 @@ void PipelineExecutor::sum_tied_pair() {
 
 // defer_lookup: the embedding's last micro-batch's lookup rows and tokens,
 // kept until the step.
-void PipelineExecutor::keep_lookup_tail(const model::Transformer& m) {
-  backend::device_copy(tail_rows_.data(), m.embedding_output_grad(), tail_rows_.size());
-  backend::from_host(tail_tokens_.data(), inputs_.data(), tail_tokens_.size());
+void PipelineExecutor::keep_lookup_tail(const float* rows, const int32_t* tokens, int64_t n) {
+  PO_ASSERT(static_cast<size_t>(n) * sizeof(int32_t) == tail_tokens_.size(), "pipeline: ", n,
+            " deferred lookup rows for ", tail_tokens_.size() / sizeof(int32_t));
+  backend::device_copy(tail_rows_.data(), rows, tail_rows_.size());
+  backend::from_host(tail_tokens_.data(), tokens, tail_tokens_.size());
 }
 
 // defer_lookup: every data rank's last lookup rows, added into the reduced

@@ -18,7 +18,7 @@ using namespace executor_detail;  // its helpers and names (pipeline_executor_st
 // still taken in order, where the order says.)
 void PipelineExecutor::progress() {
   if (gathers_) gathers_->poll();
-  for (Reduction& r : reductions_) r.work.test();
+  if (reductions_) reductions_->poll();
   early_sums_landed();
 }
 

@@ -586,16 +586,15 @@ void PipelineExecutor::set_base(model::Transformer& whole) {
 // deferred blocks' accumulators.
 PipelineExecutor::Buffers PipelineExecutor::buffer_bytes() const {
   Buffers b;
-  b.messages = buffers_.size() * static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
+  b.messages = messages_->bytes();
   b.gathered = gather_.size() + widen_[0].size() + widen_[1].size();
   if (gathers_) b.gathered += gathers_->bytes();
-  b.sums = staging_.size() + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() + tokens_all_.size();
+  b.sums = (sums_ ? sums_->bytes() : 0) + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() + tokens_all_.size();
   for (const auto& c : chunks_)
     if (c->rows) b.sums += c->rows->bytes();
-  for (const AccRing& r : rings_)
-    for (const auto& buf : r.bufs) b.sums += buf.size();
+  if (accs_) b.sums += accs_->ring_bytes();
   if (vocab_) b.sums += vocab_->scratch.size();
-  for (const auto& buf : acc_pool_) b.deferred += buf.size();
+  if (accs_) b.deferred += accs_->pool_bytes();
   return b;
 }
 

@@ -104,9 +104,9 @@ void PipelineExecutor::vocab_forward_done(model::Transformer& m, int micro) {
   const size_t msg = static_cast<size_t>(rows_ * config_.n_embd) * sizeof(float);
   for (int q = 0; q < s.ranks; ++q) {
     if (q == rank_) continue;
-    float* out = take_buffer();
+    float* out = messages_->take();
     backend::device_copy(out, m.stage_output(), msg);
-    ready_[{micro, s.stages() + 1 + q, static_cast<int>(Payload::kHeadInput)}] = out;
+    messages_->made({micro, s.stages() + 1 + q, static_cast<int>(Payload::kHeadInput)}, out);
   }
 }
 
@@ -145,7 +145,7 @@ void PipelineExecutor::vocab_stats(const Action& a, const BatchFn& batch) {
   // Packed per chunk: the pieces' maxima, sums (doubles) and the targets'
   // logits; one buffer sent to every other rank.
   {
-    float* out = take_buffer();
+    float* out = messages_->take();
     float* at = out;
     for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
       const int64_t n = std::min(chunk, rows_ - r0);
@@ -159,8 +159,7 @@ void PipelineExecutor::vocab_stats(const Action& a, const BatchFn& batch) {
       at += n;
     }
     const Key key{a.micro, S + 1 + s.ranks + rank_, static_cast<int>(Payload::kHeadStats)};
-    ready_[key] = out;
-    fanout_[key] = s.ranks - 1;
+    messages_->made(key, out, s.ranks - 1);
   }
   spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
 }
@@ -194,7 +193,7 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
       }
       at += n;
     }
-    give_buffer(in);
+    messages_->give(in);
   }
   const int64_t t0 = now_ns();
   std::vector<float> losses(static_cast<size_t>(chunk));
@@ -212,7 +211,7 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
   // also add the pieces' weight gradients), for the last stage's backward.
   const std::vector<float*> scratch = v.scratch_at(chunk, C);
   for (const auto& [lo, hi] : s.grad_nodes(rank_)) {
-    float* node = take_buffer();
+    float* node = messages_->take();
     for (int64_t r0 = 0, ci = 0; r0 < rows_; r0 += chunk, ++ci) {
       const int64_t n = std::min(chunk, rows_ - r0);
       const model::vocab::Stats& st = h.stats[static_cast<size_t>(ci)];
@@ -226,9 +225,9 @@ void PipelineExecutor::vocab_grad(const Action& a, float grad_scale, PipelineSte
           },
           {}, scratch.data());
     }
-    ready_[{a.micro, S + 1 + 2 * s.ranks + lo, static_cast<int>(Payload::kHeadGrad)}] = node;
+    messages_->made({a.micro, S + 1 + 2 * s.ranks + lo, static_cast<int>(Payload::kHeadGrad)}, node);
   }
-  if (h.x_buffer) give_buffer(const_cast<float*>(h.x));
+  if (h.x_buffer) messages_->give(const_cast<float*>(h.x));
   h.micro = -1;
   spans_.push_back({a, false, t0 - step_start_ns_, now_ns() - step_start_ns_});
 }
@@ -246,7 +245,7 @@ float* PipelineExecutor::vocab_input_grad(const Action& a) {
     for (const auto& node : s.grad_nodes(q))
       parts[node] = incoming_key(a, {a.micro, S + 1 + 2 * s.ranks + node.first,
                                      static_cast<int>(Payload::kHeadGrad)});
-  float* d = take_buffer();
+  float* d = messages_->take();
   const std::vector<float*> scratch = v.scratch_at(chunk, C);
   for (int64_t r0 = 0; r0 < rows_; r0 += chunk) {
     const int64_t n = std::min(chunk, rows_ - r0);
@@ -259,7 +258,7 @@ float* PipelineExecutor::vocab_input_grad(const Action& a) {
         },
         scratch.data());
   }
-  for (const auto& [node, buffer] : parts) give_buffer(buffer);
+  for (const auto& [node, buffer] : parts) messages_->give(buffer);
   return d;
 }
 
