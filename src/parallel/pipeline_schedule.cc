@@ -4,6 +4,7 @@
 #include <array>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -176,109 +177,160 @@ std::vector<std::vector<Action>> interleaved_orders(const Schedule& s) {
   return out;
 }
 
+// The list scheduler: each rank in turn (the earliest free first) runs
+// the ready compute the schedule prefers (priority), within its cap of
+// micro-batches in flight and of deferred weight backwards; a rank with
+// nothing ready waits for the next end anywhere.
+class ListScheduler {
+ public:
+  ListScheduler(const Schedule& s, const std::vector<Costs>& costs)
+      : s_(s),
+        costs_(costs),
+        p_(s.ranks),
+        m_(s.micro_batches),
+        pr_(s.stages(), s.micro_batches, s.ranks),
+        free_at_(static_cast<size_t>(p_), 0),
+        in_flight_(static_cast<size_t>(p_), 0),
+        w_queue_(static_cast<size_t>(p_), 0),
+        left_(static_cast<size_t>(p_), per_rank()),
+        stalled_(static_cast<size_t>(p_), false),
+        fixed_at_(static_cast<size_t>(p_), 0),
+        out_(static_cast<size_t>(p_)) {
+    // Interleaved with the head spread: Megatron's order of forwards and
+    // backwards stays fixed, and the head's S and T go in as they are ready.
+    if (interleaved()) fixed_ = interleaved_orders(s);
+  }
+
+  std::vector<std::vector<Action>> run() {
+    for (int done = 0, total = p_ * per_rank(); done < total;) {
+      const int r = next_rank();
+      const double t = free_at_[static_cast<size_t>(r)];
+      if (const std::optional<Action> a = best_ready(r, t)) {
+        take(r, t, *a);
+        ++done;
+      } else {
+        wait(r, t);
+      }
+    }
+    return std::move(out_);
+  }
+
+ private:
+  bool interleaved() const { return s_.kind == ScheduleKind::kInterleaved; }
+  int per_rank() const {
+    return s_.chunks * m_ * (s_.split_backward() ? 3 : 2) + (s_.vocab ? 2 * m_ : 0);
+  }
+  double cost(const Action& a) const {
+    static const Costs unit;
+    return cost_of(a.op, costs_.empty() ? unit : costs_[static_cast<size_t>(a.stage)]);
+  }
+
+  // The rank that decides next: with compute left, not stalled, free first.
+  int next_rank() const {
+    int r = -1;
+    for (int q = 0; q < p_; ++q) {
+      const auto qi = static_cast<size_t>(q);
+      if (left_[qi] > 0 && !stalled_[qi] && (r < 0 || free_at_[qi] < free_at_[static_cast<size_t>(r)])) r = q;
+    }
+    PO_ASSERT(r >= 0, "pipeline schedule ", schedule_name(s_.kind), " (p ", p_, ", m ", m_, ", v ", s_.chunks,
+              ") deadlocks");
+    return r;
+  }
+
+  // The compute rank r prefers among those ready at t, if any.
+  std::optional<Action> best_ready(int r, double t) const {
+    const auto ri = static_cast<size_t>(r);
+    // zbv: a rank's first-chunk forwards leave a place in its cap for a
+    // second-chunk forward, which alone leads to the input backwards that
+    // free the cap (at uneven costs the first chunk could otherwise fill it
+    // while the second waits for its input: a deadlock).
+    const int reserve = s_.kind == ScheduleKind::kZbV ? 1 : 0;
+    std::optional<Action> best;
+    auto offer = [&](const Action& a) {
+      if (!best || priority(s_, a) < priority(s_, *best)) best = a;
+    };
+    auto consider = [&](const Action& a) {
+      const double ready = inputs_ready(s_, pr_, a, r);
+      if (ready == kNever || ready > t) return;
+      const bool first_chunk = a.stage < s_.ranks;
+      if (a.op == Op::kForward && in_flight_[ri] >= s_.in_flight_cap(r) - (first_chunk ? reserve : 0)) return;
+      // A full W queue runs its oldest W before anything else.
+      if (s_.split_backward() && a.op != Op::kBackwardWeight && w_queue_[ri] >= s_.w_queue_cap(r)) return;
+      offer(a);
+    };
+    if (interleaved()) {
+      if (fixed_at_[ri] < fixed_[ri].size()) {
+        const Action& a = fixed_[ri][fixed_at_[ri]];
+        const double ready = inputs_ready(s_, pr_, a, r);
+        if (ready != kNever && ready <= t) offer(a);
+      }
+    } else {
+      for (int st : s_.stages_of(r)) {
+        const auto si = static_cast<size_t>(st);
+        if (pr_.next_f[si] < m_) consider({Op::kForward, pr_.next_f[si], st});
+        if (pr_.next_b[si] < m_)
+          consider({s_.split_backward() ? Op::kBackwardInput : Op::kBackward, pr_.next_b[si], st});
+        if (s_.split_backward() && pr_.next_w[si] < m_ && pr_.next_w[si] < pr_.next_b[si])
+          consider({Op::kBackwardWeight, pr_.next_w[si], st});
+      }
+    }
+    if (s_.vocab) {
+      const int S = s_.stages();
+      if (pr_.next_hs[ri] < m_) consider({Op::kHeadStats, pr_.next_hs[ri], S - 1});
+      if (pr_.next_hg[ri] < pr_.next_hs[ri]) consider({Op::kHeadGrad, pr_.next_hg[ri], S - 1});
+    }
+    return best;
+  }
+
+  // Nothing ready on rank r at t: it waits for the next end, or the next
+  // decision, anywhere (none: stalled until another rank decides).
+  void wait(int r, double t) {
+    const auto ri = static_cast<size_t>(r);
+    const auto after = ends_.upper_bound(t);
+    double next = after == ends_.end() ? std::numeric_limits<double>::infinity() : *after;
+    for (int q = 0; q < p_; ++q)
+      if (left_[static_cast<size_t>(q)] > 0 && free_at_[static_cast<size_t>(q)] > t)
+        next = std::min(next, free_at_[static_cast<size_t>(q)]);
+    if (next == std::numeric_limits<double>::infinity())
+      stalled_[ri] = true;
+    else
+      free_at_[ri] = next;
+  }
+
+  void take(int r, double t, const Action& a) {
+    const auto ri = static_cast<size_t>(r);
+    std::fill(stalled_.begin(), stalled_.end(), false);
+    const double end = t + cost(a);
+    record(pr_, a, end, r);
+    if (interleaved() && (a.op == Op::kForward || a.op == Op::kBackward)) ++fixed_at_[ri];
+    ends_.insert(end);
+    if (a.op == Op::kForward) ++in_flight_[ri];
+    if (releases(a.op)) --in_flight_[ri];
+    if (a.op == Op::kBackwardInput) ++w_queue_[ri];
+    if (a.op == Op::kBackwardWeight) --w_queue_[ri];
+    free_at_[ri] = end;
+    --left_[ri];
+    out_[ri].push_back(a);
+  }
+
+  const Schedule& s_;
+  const std::vector<Costs>& costs_;
+  int p_, m_;
+  Progress pr_;
+  std::vector<double> free_at_;
+  std::vector<int> in_flight_, w_queue_, left_;  // per rank; w_queue_: B done, W not yet
+  std::vector<bool> stalled_;  // nothing ready and nothing to wait for yet: another rank decides first
+  std::set<double> ends_;      // every decided end time (for idle ranks to wait to)
+  std::vector<std::vector<Action>> fixed_;  // interleaved: Megatron's order per rank
+  std::vector<size_t> fixed_at_;
+  std::vector<std::vector<Action>> out_;
+};
+
 // Each rank's compute, in the order the list scheduler runs it at `costs`
 // (each stage's; empty: unit costs).
 std::vector<std::vector<Action>> compute_orders(const Schedule& s, const std::vector<Costs>& costs) {
-  const bool interleaved = s.kind == ScheduleKind::kInterleaved;
-  if (interleaved && !s.vocab) return interleaved_orders(s);
-  // Interleaved with the head spread: Megatron's order of forwards and
-  // backwards stays fixed, and the head's S and T go in as they are ready.
-  const std::vector<std::vector<Action>> fixed =
-      interleaved ? interleaved_orders(s) : std::vector<std::vector<Action>>{};
-  std::vector<size_t> fixed_at(static_cast<size_t>(s.ranks), 0);
-  const int p = s.ranks, m = s.micro_batches, S = s.stages();
-  Progress pr(S, m, p);
-  std::vector<double> free_at(static_cast<size_t>(p), 0);
-  std::vector<int> in_flight(static_cast<size_t>(p), 0), left(static_cast<size_t>(p), 0);
-  std::vector<int> w_queue(static_cast<size_t>(p), 0);  // B done, W not yet
-  const int kinds = s.split_backward() ? 3 : 2;
-  for (int r = 0; r < p; ++r) left[static_cast<size_t>(r)] = s.chunks * m * kinds + (s.vocab ? 2 * m : 0);
-  std::set<double> ends;  // every decided end time (for idle ranks to wait to)
-  std::vector<std::vector<Action>> out(static_cast<size_t>(p));
-  const Costs unit;
-  // zbv: a rank's first-chunk forwards leave a place in its cap for a
-  // second-chunk forward, which alone leads to the input backwards that free
-  // the cap (at uneven costs the first chunk could otherwise fill it while
-  // the second waits for its input: a deadlock).
-  const int reserve = s.kind == ScheduleKind::kZbV ? 1 : 0;
-  auto cost = [&](const Action& a) {
-    return cost_of(a.op, costs.empty() ? unit : costs[static_cast<size_t>(a.stage)]);
-  };
-  // Ranks with nothing ready and nothing to wait for yet: another rank at the
-  // same time decides first.
-  std::vector<bool> stalled(static_cast<size_t>(p), false);
-  for (int done = 0, total = p * (s.chunks * m * kinds + (s.vocab ? 2 * m : 0)); done < total;) {
-    int r = -1;
-    for (int q = 0; q < p; ++q) {
-      const auto qi = static_cast<size_t>(q);
-      if (left[qi] > 0 && !stalled[qi] && (r < 0 || free_at[qi] < free_at[static_cast<size_t>(r)]))
-        r = q;
-    }
-    PO_ASSERT(r >= 0, "pipeline schedule ", schedule_name(s.kind), " (p ", p, ", m ", m, ", v ",
-              s.chunks, ") deadlocks");
-    const auto ri = static_cast<size_t>(r);
-    const double t = free_at[ri];
-    bool found = false;
-    Action best;
-    auto consider = [&](const Action& a) {
-      const double ready = inputs_ready(s, pr, a, r);
-      if (ready == kNever || ready > t) return;
-      const bool first_chunk = a.stage < s.ranks;
-      if (a.op == Op::kForward && in_flight[ri] >= s.in_flight_cap(r) - (first_chunk ? reserve : 0))
-        return;
-      // A full W queue runs its oldest W before anything else.
-      if (s.split_backward() && a.op != Op::kBackwardWeight && w_queue[ri] >= s.w_queue_cap(r))
-        return;
-      if (!found || priority(s, a) < priority(s, best)) best = a;
-      found = true;
-    };
-    if (interleaved && fixed_at[ri] < fixed[ri].size()) {
-      const Action& a = fixed[ri][fixed_at[ri]];
-      const double ready = inputs_ready(s, pr, a, r);
-      if (ready != kNever && ready <= t && (!found || priority(s, a) < priority(s, best))) {
-        best = a;
-        found = true;
-      }
-    }
-    for (int st : interleaved ? std::vector<int>{} : s.stages_of(r)) {
-      const size_t si = static_cast<size_t>(st);
-      if (pr.next_f[si] < m) consider({Op::kForward, pr.next_f[si], st});
-      if (pr.next_b[si] < m)
-        consider({s.split_backward() ? Op::kBackwardInput : Op::kBackward, pr.next_b[si], st});
-      if (s.split_backward() && pr.next_w[si] < m && pr.next_w[si] < pr.next_b[si])
-        consider({Op::kBackwardWeight, pr.next_w[si], st});
-    }
-    if (s.vocab) {
-      if (pr.next_hs[ri] < m) consider({Op::kHeadStats, pr.next_hs[ri], S - 1});
-      if (pr.next_hg[ri] < pr.next_hs[ri]) consider({Op::kHeadGrad, pr.next_hg[ri], S - 1});
-    }
-    if (!found) {  // wait for the next end, or the next decision, anywhere
-      const auto after = ends.upper_bound(t);
-      double next = after == ends.end() ? std::numeric_limits<double>::infinity() : *after;
-      for (int q = 0; q < p; ++q)
-        if (left[static_cast<size_t>(q)] > 0 && free_at[static_cast<size_t>(q)] > t)
-          next = std::min(next, free_at[static_cast<size_t>(q)]);
-      if (next == std::numeric_limits<double>::infinity())
-        stalled[ri] = true;
-      else
-        free_at[ri] = next;
-      continue;
-    }
-    std::fill(stalled.begin(), stalled.end(), false);
-    const double end = t + cost(best);
-    record(pr, best, end, r);
-    if (interleaved && (best.op == Op::kForward || best.op == Op::kBackward)) ++fixed_at[ri];
-    ends.insert(end);
-    if (best.op == Op::kForward) ++in_flight[ri];
-    if (releases(best.op)) --in_flight[ri];
-    if (best.op == Op::kBackwardInput) ++w_queue[ri];
-    if (best.op == Op::kBackwardWeight) --w_queue[ri];
-    free_at[ri] = end;
-    --left[ri];
-    ++done;
-    out[ri].push_back(best);
-  }
-  return out;
+  if (s.kind == ScheduleKind::kInterleaved && !s.vocab) return interleaved_orders(s);
+  return ListScheduler(s, costs).run();
 }
 
 // The compute orders with the sends and receives between ranks around them.
