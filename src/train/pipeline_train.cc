@@ -93,15 +93,15 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
   PO_THROW(core::Internal, "pipeline: no stage holds unit ", u);
 }
 
-// A checkpoint's writers: every data rank of every stage (the tensor
-// group's rank 0, which assembles the units), each writing the ZeRO cut of
-// its stage's units over the stage's data group (ShardLayout::stage_units),
-// at every pp: nothing is funnelled to one rank. Writer g·D + d is data
-// rank d of pipeline rank g (D ranks a data group); `group` holds them in
-// that order.
+// A checkpoint's writers: every rank, each writing its cut of its stage's
+// units over the stage's data × tensor ranks (ShardLayout::stage_units), at
+// every pp and tp: nothing is funnelled to one rank. Writer g·W + d·TP + t
+// is data rank d, tensor rank t of pipeline rank g (W = D × TP ranks a
+// stage, D a data group); `group` holds them in that order. (Until
+// 2026-12-07 each tensor group's rank 0 wrote the group's part.)
 struct Writers {
-  std::unique_ptr<comm::Communicator> group;  // null in one process, and on non-writers
-  std::optional<parallel::ShardLayout> file;  // this rank's cut (none: not a writer)
+  std::unique_ptr<comm::Communicator> group;  // null in one process
+  std::optional<parallel::ShardLayout> file;  // this rank's cut
   int count = 1;
 };
 
@@ -109,24 +109,24 @@ struct Writers {
 Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor& ex,
                            const parallel::PipelineSetup& s) {
   const model::Layout& held = ex.layout();
-  const int D = s.data != nullptr ? s.data->size() : 1, index = pipe_rank(s.pipe) * D + (s.data ? s.data->rank() : 0);
-  const bool writes = r.launch.tp_rank == 0;
+  const int D = s.data != nullptr ? s.data->size() : 1, TP = static_cast<int>(r.p.tp);
+  const int W = D * TP;
+  const int index = pipe_rank(s.pipe) * W + (s.data ? s.data->rank() : 0) * TP + r.launch.tp_rank;
   Writers w;
-  w.count = s.schedule.ranks * D;
-  if (r.launch.world) w.group = r.launch.world->split(writes ? 0 : comm::Communicator::kNoColor, index, "writers");
-  if (!writes) return w;
+  w.count = s.schedule.ranks * W;
+  if (r.launch.world) w.group = r.launch.world->split(0, index, "writers");
   std::vector<int> owner;
   for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
   w.file.emplace(parallel::ShardLayout::stage_units(model::Layout(ex.config()).unit_numels(), std::move(owner),
-                                                    s.schedule.ranks, D, index));
+                                                    s.schedule.ranks, W, index));
   return w;
 }
 
 // This writer's slices of its stage's units (a collective over the world):
 // per unit and kind, the stage that holds the unit makes it whole on its
-// data ranks: its ZeRO shards all-gathered over each data group
-// (read_unit), its tensor-parallel shards over the tensor group, assembled
-// by tp rank 0 (assemble_unit), which keeps its cut. Nothing crosses the
+// ranks: its ZeRO shards all-gathered over each data group (read_unit), its
+// tensor-parallel shards over the tensor group, assembled on every tensor
+// rank (gather_whole_unit), each keeping its cut. Nothing crosses the
 // pipeline. At tp = 1 with the ZeRO cut the file's (local_parts), each
 // writer reads its slice where it lies, and nothing is gathered at all.
 struct StageState {
@@ -151,9 +151,8 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, cons
   if (out.file)
     for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
   // Every tp rank's held layout, for the assembly.
-  const std::vector<model::Layout> tp_layouts = tp > 1 && r.launch.tp_rank == 0
-                                                    ? tp_rank_layouts(ex.config(), tp)
-                                                    : std::vector<model::Layout>{};
+  const std::vector<model::Layout> tp_layouts =
+      tp > 1 ? tp_rank_layouts(ex.config(), tp) : std::vector<model::Layout>{};
   // Each writer's slice is within its own ZeRO cut: read there, nothing gathered.
   const bool own = tp == 1 && ex.local_parts();
   std::vector<float> unit, assembled;

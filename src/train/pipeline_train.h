@@ -5,9 +5,8 @@
 // the same bits at any pp and dp at the same micro-batching and threads per rank.
 //
 // Checkpoints are the whole model's (any layout reads them: pp 2 -> pp 1,
-// pp -> dp, and back): every data rank of every stage (tp rank 0 of its
-// tensor group) writes the ZeRO cut of its stage's units, in parallel with
-// the others; at start every rank reads the units it holds. metrics.jsonl
+// pp -> dp, and back): every rank writes its cut of its stage's units
+// (over the stage's data × tensor ranks), in parallel with the others; at start every rank reads the units it holds. metrics.jsonl
 // has every rank's memory and paging (memory_per_rank, paging_per_rank) and
 // the pipeline's own record: the step's measured bubble (1 - mean compute /
 // step, over the stages) beside the schedule's formula, the p2p bytes and

@@ -497,9 +497,9 @@ TEST_F(PipelineRuns, ThreeDimensionalCheckpointsReshardToDataParallelAndBack) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(tail(d3), tail(dir_ / "d3_at_d3")) << "dp2×tp2×pp2 resumed in its own layout";
   po::test::expect_same_checkpoint(d3, dir_ / "d3_at_d3", 6, "dp2×tp2×pp2 resumed in its own layout");
-  // Every data rank of every stage wrote its cut (tp rank 0 of each): no funnel.
-  EXPECT_EQ(po::checkpoint::read_manifest(po::train::checkpoint_path(d3, 6)).writers, 4)
-      << "dp2×tp2×pp2: a checkpoint is written by dp 2 × pp 2 ranks";
+  // Every rank wrote its cut (every tp rank too, since 2026-12-07): no funnel.
+  EXPECT_EQ(po::checkpoint::read_manifest(po::train::checkpoint_path(d3, 6)).writers, 8)
+      << "dp2×tp2×pp2: a checkpoint is written by all dp 2 × tp 2 × pp 2 ranks";
 }
 
 // Sequence parallel inside each stage: tp 2 × pp 2 (4 processes) gives
