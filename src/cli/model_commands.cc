@@ -16,6 +16,7 @@
 
 #include "backend/isa.h"
 #include "backend/ops.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/gguf_models.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/peft.h"
@@ -69,32 +70,6 @@ std::unique_ptr<data::TextTokenizer> tokenizer_for(const std::string& model_src,
 // directory, or of a Hugging Face Llama directory or safetensors file, a GPT-2
 // safetensors file, or a llama2.c .bin. Its buffers hold `batch` sequences of
 // the model's context, more when `min_rows` (B·T) asks for more.
-// The shapes of a weights file: a Llama's config, or a GPT-2 safetensors'
-// tensors.
-model::TransformerConfig weights_file_config(const std::string& src) {
-  model::TransformerConfig m;
-  if (train::is_llama_weights(src)) {
-    m = train::llama_file_config(src, nullptr);
-  } else if (checkpoint::is_gguf(src)) {
-    m = checkpoint::gguf_gpt2_config(checkpoint::GgufFile::open(src));
-  } else {  // GPT-2 safetensors: the shapes of the file
-    const auto f = checkpoint::SafetensorsReader::open(src);
-    const std::string pre = f.has("wte.weight") ? "" : "transformer.";
-    PO_CHECK(f.has(pre + "wte.weight"), src, ": neither GPT-2 (wte.weight) nor Llama "
-             "(model.embed_tokens.weight) tensors");
-    m = model::TransformerConfig::arch_defaults("gpt2");
-    const auto& wte = f.get(pre + "wte.weight");
-    const auto& wpe = f.get(pre + "wpe.weight");
-    m.vocab_size = wte.shape[0];
-    m.n_embd = wte.shape[1];
-    m.seq_len = wpe.shape[0];
-    while (f.has(pre + "h." + std::to_string(m.n_layer) + ".ln_1.weight")) ++m.n_layer;
-    m.n_head = m.n_embd / 64;  // GPT-2's head size; the file does not store the count
-    m.fill_derived();
-  }
-  return m;
-}
-
 model::Transformer load_model(const std::string& src, int64_t batch, int64_t min_rows = 0) {
   const auto batch_for = [&](const model::TransformerConfig& m) {
     return std::max(batch, (min_rows + m.seq_len - 1) / m.seq_len);
@@ -103,10 +78,10 @@ model::Transformer load_model(const std::string& src, int64_t batch, int64_t min
   const bool run_or_ckpt = fs::is_directory(src, ec) && (fs::exists(fs::path(src) / "manifest.json", ec) ||
                                                          fs::exists(fs::path(src) / "checkpoints", ec));
   if (!run_or_ckpt && fs::exists(src, ec)) {
-    model::TransformerConfig m = weights_file_config(src);
+    model::TransformerConfig m = checkpoint::weights_file_config(src);
     m.inference = true;  // generate, serve and export: no training buffers
     model::Transformer model(m, batch_for(m), m.seq_len);
-    train::load_model_weights(src, model);
+    checkpoint::load_model_weights(src, model);
     return model;
   }
   const std::string path = train::resolve_checkpoint(src);
@@ -203,14 +178,14 @@ int cmd_export(const ExportOptions& eo) {
     model::Transformer merged(plain, 1, plain.seq_len);
     model.merged_params(merged.params());
     if (gguf) return export_gguf(eo, merged);
-    train::export_model_weights(out, merged);
+    checkpoint::export_model_weights(out, merged);
     std::printf("wrote %s (%lld parameters, f32, adapters merged)\n", out.c_str(),
                 static_cast<long long>(merged.num_params()));
     return 0;
   }
   if (gguf) return export_gguf(eo, model);
   // A Llama export is a model directory (config.json beside the weights).
-  train::export_model_weights(out, model);
+  checkpoint::export_model_weights(out, model);
   std::printf("wrote %s (%lld parameters, f32)\n", out.c_str(),
               static_cast<long long>(model.num_params()));
   return 0;
@@ -389,14 +364,14 @@ int cmd_serve(ServeOptions o) {
 // (QLoRA), so it folds into the decoded base, dequant(W4) + s·B·A.
 int cmd_merge(const std::string& base, const std::string& adapter, const std::string& out,
               const std::string& quant) {
-  model::TransformerConfig m = weights_file_config(base);
+  model::TransformerConfig m = checkpoint::weights_file_config(base);
   m.lora = checkpoint::read_peft_config(adapter);
   core::Config keys;
   if (!quant.empty()) keys.set_text("model.quant", quant, "--quant");
   m.quant = train::weight_quant(keys);
   m.inference = true;
   model::Transformer model(m, 1, m.seq_len);
-  train::load_model_weights(base, model);
+  checkpoint::load_model_weights(base, model);
   if (m.quant != model::WeightQuant::kNone) model.quantize_base();
   checkpoint::read_peft_adapter(adapter, model);
   const model::TransformerConfig plain = m.base_model();
@@ -406,7 +381,7 @@ int cmd_merge(const std::string& base, const std::string& adapter, const std::st
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
   PO_CHECK(!ec, "--out '", out, "': cannot create its directory: ", ec.message());
-  train::export_model_weights(out, merged);
+  checkpoint::export_model_weights(out, merged);
   std::printf("wrote %s (%s with %s merged, r = %lld)\n", out.c_str(), base.c_str(), adapter.c_str(),
               static_cast<long long>(m.lora.r));
   return 0;

@@ -6,11 +6,9 @@
 #include <sstream>
 
 #include "checkpoint/gguf_models.h"
-#include "checkpoint/gpt2_io.h"
-#include "checkpoint/hf_llama.h"
 #include "checkpoint/llama_weights.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/peft.h"
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
 
 namespace po::train {
@@ -92,38 +90,9 @@ checkpoint::LlamaOverrides llama_overrides(const core::Config* c) {
 
 }  // namespace
 
-bool is_llama_weights(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return true;
-  if (fs::is_regular_file(path, ec) && checkpoint::is_gguf(path))
-    return checkpoint::gguf_architecture(checkpoint::GgufFile::open(path)) != "gpt2";
-  if (path.ends_with(".safetensors"))
-    return checkpoint::SafetensorsReader::open(path).has("model.embed_tokens.weight");
-  return !path.empty() && path != "random" && fs::is_regular_file(path, ec);
-}
 
 model::TransformerConfig llama_file_config(const std::string& path, const core::Config* config) {
-  const auto reader = checkpoint::open_llama(path, llama_overrides(config));
-  const checkpoint::LlamaShape& s = reader->shape();
-  model::TransformerConfig m = model::TransformerConfig::arch_defaults("llama");
-  m.n_layer = s.n_layer;
-  m.n_embd = s.dim;
-  m.n_head = s.n_head;
-  m.n_kv_head = s.n_kv_head;
-  m.ffn_hidden = s.hidden_dim;
-  m.vocab_size = s.vocab_size;
-  m.seq_len = s.max_seq_len;
-  m.norm_eps = s.rms_norm_eps;
-  m.rope_theta = s.rope_theta;
-  m.tie_embeddings = s.tie_word_embeddings;
-  if (s.rope_scaling) {
-    m.rope_scaling.factor = s.rope_scaling->factor;
-    m.rope_scaling.low_freq_factor = s.rope_scaling->low_freq_factor;
-    m.rope_scaling.high_freq_factor = s.rope_scaling->high_freq_factor;
-    m.rope_scaling.original_max_position =
-        static_cast<double>(s.rope_scaling->original_max_position_embeddings);
-  }
-  return m;
+  return checkpoint::llama_file_config(path, llama_overrides(config));
 }
 
 model::WeightQuant weight_quant(const core::Config& config) {
@@ -167,7 +136,7 @@ void load_base_and_adapters(const core::Config& config, model::Transformer& mode
   if (init == "random") {
     model.init_random(seed);
   } else {
-    load_model_weights(init, model);
+    checkpoint::load_model_weights(init, model);
     if (model.config().quant != model::WeightQuant::kNone) model.quantize_base();
     model.init_adapters(seed);
   }
@@ -178,7 +147,7 @@ void load_base_and_adapters(const core::Config& config, model::Transformer& mode
 model::TransformerConfig resolve_model_config(const core::Config& config) {
   const std::string init = config.get_string("model.init");
   model::TransformerConfig m;
-  if (init != "random" && is_llama_weights(init)) {
+  if (init != "random" && checkpoint::is_llama_weights(init)) {
     m = llama_file_config(init, &config);  // the file's shape, the keys checked against it
   } else if (init != "random" && checkpoint::is_gguf(init)) {
     m = checkpoint::gguf_gpt2_config(checkpoint::GgufFile::open(init));  // the file's shape
@@ -245,101 +214,6 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
   }
 }
 
-void load_model_weights(const std::string& path, model::Transformer& model) {
-  if (model.config().quant != model::WeightQuant::kNone && model.config().arch == "llama" &&
-      is_llama_weights(path)) {
-    // A quantized base, tensor by tensor: each block linear weight is
-    // quantized from its own f32 values (never the whole base in f32 at
-    // once), or, from a "-bnb-4bit" checkpoint under nf4, its codes are kept
-    // as stored; the embedding, norms and head read as f32 into the base.
-    PO_CHECK(model.whole(), "loading weights needs a whole model");
-    const auto reader = checkpoint::open_llama(path);
-    const model::WeightQuant format = model.config().quant;
-    float* base = model.base_params();
-    std::vector<float> one;  // one tensor's f32 values
-    for (const model::TensorSpec& t : model.layout().base_tensors()) {
-      PO_CHECK(reader->find_shape(t.name) != nullptr, path, ": no tensor '", t.name,
-               "' (the model's layout needs it)");
-      PO_CHECK(*reader->find_shape(t.name) == t.shape, path, ": tensor '", t.name, "' has shape ",
-               tensor::shape_str(*reader->find_shape(t.name)), ", the model needs ", tensor::shape_str(t.shape));
-      const bool block_linear = t.unit >= 1 && t.unit < model.layout().head_unit() && t.shape.size() == 2;
-      if (block_linear && format == model::WeightQuant::kNf4 && reader->is_nf4(t.name)) {
-        model::QuantTensor q;
-        q.format = model::WeightQuant::kNf4;
-        q.rows = t.shape[0];
-        q.cols = t.shape[1];
-        q.nf4 = reader->read_nf4(t.name);
-        model.set_quantized(t, std::move(q));
-      } else if (block_linear) {
-        one.resize(static_cast<size_t>(t.numel()));
-        reader->read(t.name, one.data());
-        model.set_quantized(t, model::quantize_weight(format, one.data(), t.shape[0], t.shape[1], t.name));
-      } else {
-        reader->read(t.name, base + t.offset);
-      }
-    }
-    return;
-  }
-  if (model.layout().adapters()) {  // into the frozen base, which is laid out as a plain model
-    PO_CHECK(model.whole(), "loading weights needs a whole model");
-    const model::TransformerConfig plain = model.config().weights_only().base_model();
-    model::Transformer whole(plain, 1, 1);
-    load_model_weights(path, whole);
-    std::memcpy(model.base_params(), whole.params(),
-                static_cast<size_t>(whole.num_params()) * sizeof(float));
-    return;
-  }
-  if (model.config().arch == "gpt2" && !is_llama_weights(path)) {
-    if (checkpoint::is_gguf(path))
-      checkpoint::load_gpt2_gguf(checkpoint::GgufFile::open(path), model);
-    else
-      checkpoint::load_gpt2_safetensors(path, model);
-    return;
-  }
-  PO_CHECK(model.whole(), "loading weights needs a whole model");
-  const auto reader = checkpoint::open_llama(path);
-  std::map<std::string, tensor::Shape> have;
-  for (const auto& t : reader->tensors()) have[t.name] = t.shape;
-  float* params = model.params();
-  for (const model::TensorSpec& t : model.param_infos()) {
-    auto it = have.find(t.name);
-    PO_CHECK(it != have.end(), path, ": no tensor '", t.name, "' (the model's layout needs it)");
-    PO_CHECK(it->second == t.shape, path, ": tensor '", t.name, "' has shape ",
-             tensor::shape_str(it->second), ", the model needs ", tensor::shape_str(t.shape));
-    reader->read(t.name, params + t.offset);
-  }
-}
 
-void export_model_weights(const std::string& path, const model::Transformer& model) {
-  const model::TransformerConfig& c = model.config();
-  if (c.arch == "gpt2") {
-    checkpoint::save_gpt2_safetensors(path, model);
-    return;
-  }
-  PO_CHECK(c.norm == model::Norm::kRMSNorm && c.positions == model::Positions::kRope &&
-               c.mlp == model::Mlp::kSwiGLU && !c.bias,
-           "export: the Hugging Face Llama format has RMSNorm, RoPE, SwiGLU and no biases; this "
-           "model.arch = llama overrides one of them");
-  checkpoint::LlamaShape s;
-  s.dim = c.n_embd;
-  s.hidden_dim = c.ffn_hidden;
-  s.n_layer = c.n_layer;
-  s.n_head = c.n_head;
-  s.n_kv_head = c.n_kv_head;
-  s.vocab_size = c.vocab_size;
-  s.max_seq_len = c.seq_len;
-  s.rms_norm_eps = c.norm_eps;
-  s.rope_theta = c.rope_theta;
-  s.tie_word_embeddings = c.tie_embeddings;
-  if (c.rope_scaling.factor > 0)
-    s.rope_scaling = checkpoint::RopeScaling{
-        c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,
-        static_cast<int64_t>(c.rope_scaling.original_max_position)};
-  std::vector<checkpoint::LlamaTensorRef> refs;
-  const float* params = model.params();
-  for (const model::TensorSpec& t : model.param_infos())
-    refs.push_back({t.name, t.shape, params + t.offset});
-  checkpoint::write_hf_llama(path, s, refs);
-}
 
 }  // namespace po::train

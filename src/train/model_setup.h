@@ -34,22 +34,12 @@ void load_base_and_adapters(const core::Config& config, model::Transformer& mode
 // trained without reading model.init's file again (it may have moved).
 void store_resolved_model(core::Config& config, const model::TransformerConfig& m);
 
-// Whether `path` holds Llama weights (a directory, a llama2.c .bin, a GGUF file
-// whose general.architecture is not gpt2, or a safetensors file with
-// model.embed_tokens.weight) rather than GPT-2's.
-bool is_llama_weights(const std::string& path);
 
 // The architecture and shapes of the weights at `path` (Llama only), with the
-// explicitly set model.* keys of `config` as overrides checked against them.
+// explicitly set model.* keys of `config` as overrides checked against them
+// (checkpoint::llama_file_config; the files themselves: checkpoint/model_io.h).
 model::TransformerConfig llama_file_config(const std::string& path, const core::Config* config);
 
-// Every parameter of `model` from `path` (GPT-2 or Llama formats). Errors name
-// the file and the tensor.
-void load_model_weights(const std::string& path, model::Transformer& model);
 
-// Writes the model's parameters under the Hugging Face names of its
-// architecture: GPT-2 as one safetensors file at `path`; Llama as a
-// safetensors file at `path` with config.json beside it.
-void export_model_weights(const std::string& path, const model::Transformer& model);
 
 }  // namespace po::train

@@ -12,6 +12,7 @@
 
 #include "backend/isa.h"
 #include "backend/ops.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -254,7 +255,7 @@ TrainState load_pipeline(parallel::PipelineExecutor& ex, const std::string& path
 void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& mcfg,
                const std::string& init) {
   model::Transformer whole(mcfg.weights_only(), 1, 1);
-  load_model_weights(init, whole);
+  checkpoint::load_model_weights(init, whole);
   std::vector<float> unit;
   for (int u = 0; u < whole.num_units(); ++u) {
     if (!ex.holds(u)) continue;

@@ -18,6 +18,7 @@
 #include "../test_util.h"
 #include "model/transformer.h"
 #include "core/http_lib.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/peft.h"
 #include "train/model_setup.h"
 
@@ -108,7 +109,7 @@ class ServeCli : public ::testing::Test {
     po::model::Transformer m(c, 1, c.seq_len);
     m.init_random(3);
     model_ = dir_ / "tiny.safetensors";
-    po::train::export_model_weights(model_, m);
+    po::checkpoint::export_model_weights(model_, m);
   }
   TempDir dir_;
   std::string model_;
@@ -227,7 +228,7 @@ TEST_F(ServeCli, LoraAdaptersGiveTheirMergedModelsTokens) {
     ac.lora.alpha = 8;
     ac.lora.targets = name == "a" ? std::vector<std::string>{"c_attn", "c_fc"} : std::vector<std::string>{"attn.c_proj", "mlp.c_proj"};
     po::model::Transformer m(ac, 1, ac.seq_len);
-    po::train::load_model_weights(model_, m);
+    po::checkpoint::load_model_weights(model_, m);
     m.init_adapters(name == "a" ? 5 : 6);
     for (const po::model::TensorSpec& t : m.param_infos())  // B not 0: the adapter changes the output
       if (t.name.find("lora_B") != std::string::npos)

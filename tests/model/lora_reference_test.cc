@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/model_io.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/peft.h"
 #include "checkpoint/safetensors.h"
@@ -253,7 +254,7 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
   Transformer own(c.config, c.B, c.T), bnb(c.config, c.B, c.T);
   c.load(own);
   const std::string dir = golden("bnb4bit_llama");
-  po::train::load_model_weights(dir, bnb);
+  po::checkpoint::load_model_weights(dir, bnb);
   bnb.quantize_base();
   for (const TensorSpec& p : bnb.param_infos()) c.file.read_f32("init." + p.name, p.shape, bnb.params() + p.offset);
   int compared = 0;
@@ -277,7 +278,7 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
     expect_close(bnb.grads() + p.offset, c.file.read_f32("grad." + p.name, p.shape), "gradient of " + p.name, 1e-5);
   // As a plain model: every tensor decoded, the values the QLoRA model computes with.
   Transformer plain(c.config.base_model(), 1, c.T);
-  po::train::load_model_weights(dir, plain);
+  po::checkpoint::load_model_weights(dir, plain);
   std::vector<float> decoded(static_cast<size_t>(plain.num_params()));
   own.base_values(decoded.data());
   EXPECT_EQ(std::memcmp(decoded.data(), plain.params(), decoded.size() * sizeof(float)), 0)
@@ -287,13 +288,13 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
   const std::filesystem::path hf = std::filesystem::temp_directory_path() / ("po_hf_" + std::to_string(getpid()));
   std::filesystem::create_directories(hf);
   // config.json and model.safetensors (decoded values: any f32 model will do)
-  po::train::export_model_weights((hf / "model.safetensors").string(), plain);
+  po::checkpoint::export_model_weights((hf / "model.safetensors").string(), plain);
   Transformer whole(c.config, 1, c.T), streamed(c.config, 1, c.T);
-  po::train::load_model_weights(hf.string(), streamed);
+  po::checkpoint::load_model_weights(hf.string(), streamed);
   streamed.quantize_base();
   {
     Transformer f32(c.config.base_model(), 1, c.T);
-    po::train::load_model_weights(hf.string(), f32);
+    po::checkpoint::load_model_weights(hf.string(), f32);
     std::memcpy(whole.base_params(), f32.params(), static_cast<size_t>(f32.num_params()) * sizeof(float));
     whole.quantize_base();
   }
@@ -328,7 +329,7 @@ TEST(QloraBase, ABnb4bitCheckpointLoadsItsCodesAsStored) {
     std::ofstream(tmp / "model.safetensors", std::ios::binary) << bytes;
     Transformer m(c.config, 1, c.T);
     try {
-      po::train::load_model_weights(tmp.string(), m);
+      po::checkpoint::load_model_weights(tmp.string(), m);
       ADD_FAILURE() << b.to << " was accepted";
     } catch (const po::core::Error& e) {
       EXPECT_NE(std::string(e.what()).find(b.want), std::string::npos) << e.what();
@@ -401,7 +402,7 @@ TEST(PeftMerge, PagedoptimMergeGivesTheAdaptedLogits) {
   c.load(adapted);
   const TransformerConfig plain_config = c.config.base_model();
   Transformer merged(plain_config, 1, c.T);
-  po::train::load_model_weights(out, merged);  // (Llama: a Hugging Face model directory)
+  po::checkpoint::load_model_weights(out, merged);  // (Llama: a Hugging Face model directory)
   expect_close(logits(merged, c).data(), logits(adapted, c), c.name + ": merge's logits", 1e-5);
 }
 

@@ -23,6 +23,7 @@
 
 #include "../data/llama_test_util.h"
 #include "../test_util.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/gguf_models.h"
 #include "checkpoint/gpt2_io.h"
 #include "checkpoint/safetensors.h"
@@ -51,8 +52,8 @@ const std::string kGpt2 = std::string(PO_SOURCE_DIR) + "/tests/golden/gpt2_ref.s
 // generate and serve load a weights file).
 std::unique_ptr<Transformer> load(const std::string& path, TransformerConfig* config = nullptr) {
   TransformerConfig c;
-  if (train::is_llama_weights(path)) {
-    c = train::llama_file_config(path, nullptr);
+  if (checkpoint::is_llama_weights(path)) {
+    c = checkpoint::llama_file_config(path);
   } else if (checkpoint::is_gguf(path)) {
     c = checkpoint::gguf_gpt2_config(GgufFile::open(path));
   } else {
@@ -67,7 +68,7 @@ std::unique_ptr<Transformer> load(const std::string& path, TransformerConfig* co
   c.inference = true;
   c.fill_derived();
   auto m = std::make_unique<Transformer>(c, 1, c.seq_len);
-  train::load_model_weights(path, *m);
+  checkpoint::load_model_weights(path, *m);
   if (config != nullptr) *config = c;
   return m;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "checkpoint/model_io.h"
 #include "checkpoint/llama_weights.h"
 #include "checkpoint/safetensors.h"
 #include "core/bf16.h"
@@ -68,10 +69,10 @@ struct Loaded {
 // A whole model of the file's shape (batch 1, its sequence length) holding its weights.
 Loaded load(const std::string& path) {
   Loaded l;
-  l.config = po::train::llama_file_config(path, nullptr);
+  l.config = po::checkpoint::llama_file_config(path);
   l.config.fill_derived();
   l.model = std::make_unique<Transformer>(l.config, 1, l.config.seq_len);
-  po::train::load_model_weights(path, *l.model);
+  po::checkpoint::load_model_weights(path, *l.model);
   return l;
 }
 
@@ -142,7 +143,7 @@ TEST(LlamaImport, Llama2cAndItsHfTwinGiveTheSameLogits) {
     SCOPED_TRACE(c.l2c);
     const std::string hf = c.tied ? tied_twin : kDir + "hf";
     Loaded a = load(kDir + c.l2c), b = load(hf);
-    ASSERT_TRUE(po::train::is_llama_weights(kDir + c.l2c));
+    ASSERT_TRUE(po::checkpoint::is_llama_weights(kDir + c.l2c));
     EXPECT_EQ(a.config.tie_embeddings, c.tied);
     EXPECT_EQ(b.config.tie_embeddings, c.tied);
     for (auto* m : {&a.config, &b.config}) {
