@@ -1,7 +1,6 @@
 // ZeRO 0-1's bucketed gradient sums over the data group (bucket_sums.h).
 #include "parallel/bucket_sums.h"
 
-#include <cstring>
 #include <utility>
 
 #include "backend/ops.h"
@@ -14,10 +13,8 @@ using tensor::DType;
 
 BucketSums::BucketSums(Config config) : config_(config) {
   PO_ASSERT(config_.data != nullptr, "bucket sums without a data group");
-  if (config_.bf16 && !config_.reduce_bf16 && config_.staging_numel > 0) {
+  if (config_.bf16 && !config_.reduce_bf16 && config_.staging_numel > 0)
     staging_ = tensor::Storage(static_cast<size_t>(config_.staging_numel) * sizeof(float));
-    std::memset(staging_.data(), 0, staging_.size());
-  }
 }
 
 BucketSums::~BucketSums() {

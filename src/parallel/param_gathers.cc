@@ -2,7 +2,6 @@
 #include "parallel/param_gathers.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 
@@ -11,11 +10,8 @@ namespace po::parallel {
 ParamGathers::ParamGathers(std::array<size_t, 2> bytes, int prefetch, Start start, Ahead ahead)
     : prefetch_(prefetch), start_(std::move(start)), ahead_(std::move(ahead)) {
   for (int k = 0; k < 2; ++k)
-    for (int i = 0; i < (k == 0 ? 1 : 1 + prefetch); ++i) {
-      Buffer b{tensor::Storage(bytes[static_cast<size_t>(k)])};
-      std::memset(b.buf.data(), 0, b.buf.size());
-      bufs_[k].push_back(std::move(b));
-    }
+    for (int i = 0; i < (k == 0 ? 1 : 1 + prefetch); ++i)
+      bufs_[k].push_back({tensor::Storage(bytes[static_cast<size_t>(k)])});
 }
 
 ParamGathers::~ParamGathers() {

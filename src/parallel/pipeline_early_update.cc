@@ -123,10 +123,10 @@ void PipelineExecutor::early_finished(Chunk& c, int u) {
 // landed (in place: a staged bf16 sum is rounded back at the step).
 void PipelineExecutor::early_sums_landed() {
   if (!early_ || !lr_known_ || !sums_) return;
-  sums_->landed([this](int chunk, int lo, int hi) {
-    for (auto& c : chunks_)
-      if (c->sum_chunk == chunk)
-        for (int u = hi; u >= lo; --u) early_unit_final(*c, u);
+  sums_->landed([this](int chunk, int lo, int hi) {  // (setup_buckets adds chunks_ in order)
+    Chunk& c = *chunks_[static_cast<size_t>(chunk)];
+    PO_ASSERT(c.sum_chunk == chunk, "pipeline: bucket sums of chunk ", chunk, " landed on chunk ", c.sum_chunk);
+    for (int u = hi; u >= lo; --u) early_unit_final(c, u);
   });
 }
 

@@ -30,10 +30,9 @@ using tensor::DType;
 
 using core::now_ns;
 
+// (Storage is zero-filled.)
 inline tensor::Storage zeroed(int64_t elements, size_t esz = sizeof(float)) {
-  tensor::Storage s(static_cast<size_t>(elements) * esz);
-  std::memset(s.data(), 0, s.size());
-  return s;
+  return tensor::Storage(static_cast<size_t>(elements) * esz);
 }
 
 inline std::vector<int64_t> unit_sizes(const model::Layout& l, int first, int last) {

@@ -1,7 +1,6 @@
 // The f32 gradient accumulators per (micro-batch, stage, unit) (unit_accumulators.h).
 #include "parallel/unit_accumulators.h"
 
-#include <cstring>
 #include <utility>
 
 #include "backend/device.h"
@@ -11,10 +10,7 @@ namespace po::parallel {
 
 UnitAccumulators::UnitAccumulators(std::array<size_t, 2> bytes, std::array<int, 2> slots) {
   for (size_t k = 0; k < 2; ++k) {
-    for (int i = 0; i < slots[k]; ++i) {
-      rings_[k].bufs.emplace_back(bytes[k]);
-      std::memset(rings_[k].bufs.back().data(), 0, bytes[k]);
-    }
+    for (int i = 0; i < slots[k]; ++i) rings_[k].bufs.emplace_back(bytes[k]);
     rings_[k].reduction.assign(rings_[k].bufs.size(), -1);
   }
 }
@@ -38,7 +34,6 @@ float* UnitAccumulators::take(const Key& key, bool pooled, size_t pool_bytes, si
   if (pooled) {
     if (free_.empty()) {
       pool_.emplace_back(pool_bytes);
-      std::memset(pool_.back().data(), 0, pool_bytes);
       free_.push_back(pool_.back().f32());
     }
     a.buf = free_.back();
