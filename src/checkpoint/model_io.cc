@@ -26,20 +26,31 @@ bool is_llama_weights(const std::string& path) {
   return !path.empty() && path != "random" && fs::is_regular_file(path, ec);
 }
 
+namespace {
+
+// The fields a Llama file's shape and the model's config share, named once
+// for both directions: fn(file's field, config's field).
+template <typename Shape, typename Config, typename Fn>
+void llama_fields(Shape& s, Config& m, Fn&& fn) {
+  fn(s.n_layer, m.n_layer);
+  fn(s.dim, m.n_embd);
+  fn(s.n_head, m.n_head);
+  fn(s.n_kv_head, m.n_kv_head);
+  fn(s.hidden_dim, m.ffn_hidden);
+  fn(s.vocab_size, m.vocab_size);
+  fn(s.max_seq_len, m.seq_len);
+  fn(s.rms_norm_eps, m.norm_eps);
+  fn(s.rope_theta, m.rope_theta);
+  fn(s.tie_word_embeddings, m.tie_embeddings);
+}
+
+}  // namespace
+
 model::TransformerConfig llama_file_config(const std::string& path, const LlamaOverrides& overrides) {
   const auto reader = open_llama(path, overrides);
   const LlamaShape& s = reader->shape();
   model::TransformerConfig m = model::TransformerConfig::arch_defaults("llama");
-  m.n_layer = s.n_layer;
-  m.n_embd = s.dim;
-  m.n_head = s.n_head;
-  m.n_kv_head = s.n_kv_head;
-  m.ffn_hidden = s.hidden_dim;
-  m.vocab_size = s.vocab_size;
-  m.seq_len = s.max_seq_len;
-  m.norm_eps = s.rms_norm_eps;
-  m.rope_theta = s.rope_theta;
-  m.tie_embeddings = s.tie_word_embeddings;
+  llama_fields(s, m, [](const auto& file, auto& config) { config = file; });
   if (s.rope_scaling) {
     m.rope_scaling.factor = s.rope_scaling->factor;
     m.rope_scaling.low_freq_factor = s.rope_scaling->low_freq_factor;
@@ -150,16 +161,7 @@ void export_model_weights(const std::string& path, const model::Transformer& mod
            "export: the Hugging Face Llama format has RMSNorm, RoPE, SwiGLU and no biases; this "
            "model.arch = llama overrides one of them");
   LlamaShape s;
-  s.dim = c.n_embd;
-  s.hidden_dim = c.ffn_hidden;
-  s.n_layer = c.n_layer;
-  s.n_head = c.n_head;
-  s.n_kv_head = c.n_kv_head;
-  s.vocab_size = c.vocab_size;
-  s.max_seq_len = c.seq_len;
-  s.rms_norm_eps = c.norm_eps;
-  s.rope_theta = c.rope_theta;
-  s.tie_word_embeddings = c.tie_embeddings;
+  llama_fields(s, c, [](auto& file, const auto& config) { file = config; });
   if (c.rope_scaling.factor > 0)
     s.rope_scaling = RopeScaling{
         c.rope_scaling.factor, c.rope_scaling.low_freq_factor, c.rope_scaling.high_freq_factor,

@@ -106,6 +106,29 @@ std::vector<std::pair<int64_t, int64_t>> Layout::replicated_ranges() const {
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> Layout::norm_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> held;
+  if (adapters()) return held;
+  auto norm = [&](const parts::Norm& k, int u) {
+    if (k.frozen) return;
+    held.emplace_back(unit_offset(u) + k.weight, k.C);
+    if (k.bias >= 0) held.emplace_back(unit_offset(u) + k.bias, k.C);
+  };
+  for (int u = 1; u <= n_layer_; ++u) {
+    norm(block_.norm1, u);
+    norm(block_.norm2, u);
+  }
+  norm(final_norm_, n_layer_ + 1);
+  std::sort(held.begin(), held.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& [at, n] : held)
+    if (!out.empty() && out.back().first + out.back().second == at)
+      out.back().second += n;
+    else
+      out.emplace_back(at, n);
+  return out;
+}
+
 const TensorSpec* Layout::find(const std::string& name) const {
   for (const TensorSpec& t : tensors_)
     if (t.name == name) return &t;
@@ -248,13 +271,6 @@ std::vector<int> Layout::step_units(const Step& s) const {
       return {};  // writes unit 0's gradient, reads no parameters
   }
   return {};
-}
-
-std::vector<int> Layout::param_visit_order() const {
-  std::vector<int> order;
-  for (const Step& s : training_steps())
-    for (int u : step_units(s)) order.push_back(u);
-  return order;
 }
 
 bool Layout::read_as_bf16(const TensorSpec& t) {

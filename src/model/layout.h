@@ -117,6 +117,12 @@ class Layout {
   // offsets) that hold replicated tensors: on tp ranks > 0 these are copies
   // that a global reduction (the gradient norm) must not count again.
   std::vector<std::pair<int64_t, int64_t>> replicated_ranges() const;
+  // Ranges [offset, offset + n) of the flat parameters holding the norms that
+  // train (their weights and biases), merged where adjacent, in order (none
+  // with adapters: the norms are the frozen base's). Under sequence parallel
+  // a tp rank's gradient of these is its own rows' part: the executor sums
+  // them over the tensor group at the step, after the data group's sums.
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges() const;
   // Whether the model reads `t` only through its bf16 bits when they are
   // stored (UnitHooks::params_lean): the GEMM weights of the blocks and the
   // head, and the token table (the lookup widens the rows it reads). The
@@ -129,10 +135,9 @@ class Layout {
     return f32_ranges_[static_cast<size_t>(u)];
   }
 
-  // The one-stage training schedule of a micro-batch, and the order in which
-  // it asks for units' parameters (the ZeRO-3 gather order).
+  // The one-stage training schedule of a micro-batch; the units' parameters
+  // it asks for (the ZeRO-3 gather order) are its steps' step_units.
   std::vector<Step> training_steps() const;
-  std::vector<int> param_visit_order() const;
   // Units whose parameters step `s` reads, in the order it asks.
   std::vector<int> step_units(const Step& s) const;
 

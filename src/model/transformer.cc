@@ -117,9 +117,7 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   full_ = v.full;
   gathered_ = v.gathered;
   dchunk_ = v.dchunk;
-  norm_dw_ = v.norm_dw;
   emb_dout_ = dres_;
-  if (norm_dw_ != nullptr) backend::device_zero(norm_dw_, 4 * static_cast<size_t>(config_.n_embd) * sizeof(float));
   build_rope_tables();
 }
 
@@ -310,7 +308,6 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     out.full = take(BT * C);
     out.gathered = take(BT * C);
     out.dchunk = take(R * C);
-    out.norm_dw = take(4 * C);
   }
   return static_cast<size_t>(used);
 }
@@ -353,8 +350,6 @@ std::vector<Transformer::CollectiveItem> Transformer::predicted_tp_collectives(
     out.push_back({C::kReduceScatter, "row-parallel outputs, column-parallel input gradients", reductions,
                    static_cast<double>(reductions) * act});
     out.push_back({C::kAllGather, "norm outputs, output gradients", gathers, static_cast<double>(gathers) * act});
-    out.push_back({C::kAllReduce, "norm weights' gradients", blocks + top,
-                   4.0 * static_cast<double>((4 * blocks + 2 * top) * static_cast<uint64_t>(c.n_embd))});
   } else {
     out.push_back({C::kAllReduce, "row-parallel outputs, column-parallel input gradients", reductions,
                    static_cast<double>(reductions) * act});

@@ -43,8 +43,8 @@ namespace po::model {
 // How the model reaches each unit's parameters and gradients. Empty (the
 // default): its own flat buffers. ZeRO-3 installs hooks that all-gather a
 // unit's parameters just before use and reduce its gradient once final. The
-// order of params(u) calls of a training micro-batch is
-// Layout::param_visit_order() (tied GPT-2: 0, 1..L, 0, L+1, L..1; untied:
+// order of params(u) calls of a training micro-batch is the step_units of
+// Layout::training_steps() in turn (tied GPT-2: 0, 1..L, 0, L+1, L..1; untied:
 // 0, 1..L, L+1, L..1); the head asks grads(u) for the units it reads, then
 // done(L+1), done(0) (tied), grads_ready(L+1); each block backward asks
 // params(l), grads(l), then done(l), grads_ready(l); the embedding backward
@@ -437,8 +437,9 @@ class Transformer {
   // those is a reduce-scatter, and the norms' outputs (two per block forward,
   // again for the weight gradients backward, and in the recompute; the final
   // norm's) and the output gradients (two per block backward, the
-  // embedding's) are all-gathered, and the norm weights' gradients summed
-  // ([4C] per block, [2C] the final norm). Per chunk of head_chunk_rows
+  // embedding's) are all-gathered. (Each rank's norm weights' gradients are
+  // then its rows' part: the executor sums them over the group once a step,
+  // Layout::norm_ranges.) Per chunk of head_chunk_rows
   // logits the loss's row maxima (n floats, summed as a max) and its n (sum
   // of exponentials, target logit) pairs of doubles, all-gathered as bits.
   enum class Collective { kAllReduce, kReduceScatter, kAllGather };
@@ -504,7 +505,7 @@ class Transformer {
     float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
     float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
     float *dqkv = nullptr, *dfch = nullptr;
-    float *full = nullptr, *gathered = nullptr, *dchunk = nullptr, *norm_dw = nullptr;
+    float *full = nullptr, *gathered = nullptr, *dchunk = nullptr;
     uint16_t *lnf16 = nullptr, *logits16 = nullptr;  // bf16_activations, with the head
     // Float offsets [begin, end) of each block's saved activations, then the
     // head's (ActivationLender's regions).
@@ -528,11 +529,6 @@ class Transformer {
   void reduce_rows(float* partial, float* out, int64_t rows);
   // The first row of this rank's chunk of `rows` rows.
   int64_t chunk_begin(int64_t rows) const { return rows / sp_ * pops_->tp_rank(); }
-  // Where a norm's weight and bias gradients go: the accumulators themselves,
-  // or (sp_ > 1) zeroed scratch that sum_norm_grads adds in once the group's
-  // rows are summed, since each rank saw only its own rows.
-  float* norm_grad_target(float* accumulator, int slot) const;
-  void sum_norm_grads(std::initializer_list<float*> accumulators);
   // Block unit u's weights (through the hooks), with the bf16 weights where
   // the hooks hand them out; its gradient accumulators.
   BlockWeights block_weights(int u);
@@ -710,8 +706,8 @@ class Transformer {
   // Sequence parallel only (null otherwise): a whole [BT,C] tensor of the
   // group (partial sums before their reduce-scatter, an output gradient after
   // its all-gather), the all-gathered norm output [BT,C], an input
-  // gradient's reduced rows [BT/sp,C], and norm-gradient scratch [4C].
-  float *full_ = nullptr, *gathered_ = nullptr, *dchunk_ = nullptr, *norm_dw_ = nullptr;
+  // gradient's reduced rows [BT/sp,C].
+  float *full_ = nullptr, *gathered_ = nullptr, *dchunk_ = nullptr;
   const float* emb_dout_ = nullptr;  // dL/d(embedding output) of every row [BT,C]
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
   vocab::Pieces pieces_;       // the head's vocabulary pieces (one stage: tp = 1)

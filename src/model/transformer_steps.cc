@@ -39,23 +39,6 @@ void Transformer::reduce_rows(float* partial, float* out, int64_t rows) {
     pops_->tp_reduce_scatter(partial, out, rows / sp_ * config_.n_embd);
 }
 
-float* Transformer::norm_grad_target(float* accumulator, int slot) const {
-  if (sp_ == 1 || accumulator == nullptr) return accumulator;
-  return norm_dw_ + slot * config_.n_embd;
-}
-
-void Transformer::sum_norm_grads(std::initializer_list<float*> accumulators) {
-  const int64_t C = config_.n_embd, n = static_cast<int64_t>(accumulators.size()) * C;
-  pops_->tp_all_reduce(norm_dw_, n);
-  const float* sum = norm_dw_;
-  for (float* acc : accumulators) {
-    if (acc != nullptr)
-      for (int64_t i = 0; i < C; ++i) acc[i] += sum[i];
-    sum += C;
-  }
-  backend::device_zero(norm_dw_, static_cast<size_t>(n) * sizeof(float));
-}
-
 // Megatron's block: column-parallel q|k|v and fc, row-parallel o_proj and
 // down_proj, each pair closed by a reduction over the tensor group. With
 // sequence parallel the norms and residual adds run on this rank's rows and
@@ -182,10 +165,6 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
     lin.backward(nullptr, g, dout, x, {}, BT);
     pops_->tp_wait();
   };
-  // A norm's weight gradients: into scratch under sequence parallel (norm_grad_target).
-  auto norm_grads = [&](const parts::Norm::Grads& g, int slot) -> parts::Norm::Grads {
-    return {norm_grad_target(g.w, slot), norm_grad_target(g.b, slot + 1)};
-  };
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
   const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
   const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);
@@ -196,7 +175,7 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
   keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
   keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
   column_backward(k.mlp.up, dfch_, ln2, P.up, G.up);
-  k.norm2.backward(dres, norm_grads(G.norm2, 2), dnorm,
+  k.norm2.backward(dres, G.norm2, dnorm,
                    h != nullptr ? ops::Operand(h->residual2) : ops::Operand(a.residual2), P.norm2,
                    a.ln2_mean, a.ln2_rstd, R);
   dy = gather_rows(dres, full_, BT);  // g's conjugate: d(o_proj output)
@@ -221,8 +200,7 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
   keep(split ? work->d_qkv : nullptr, dqkv_, BT * QKV);
   keep(split ? work->in_qkv : nullptr, ln1.f32, BT * C);
   column_backward(at.qkv, dqkv_, ln1, P.qkv, G.qkv);
-  k.norm1.backward(dres, norm_grads(G.norm1, 0), dnorm, in, P.norm1, a.ln1_mean, a.ln1_rstd, R);
-  if (sp_ > 1) sum_norm_grads({G.norm1.w, G.norm1.b, G.norm2.w, G.norm2.b});
+  k.norm1.backward(dres, G.norm1, dnorm, in, P.norm1, a.ln1_mean, a.ln1_rstd, R);
 }
 
 namespace {
@@ -509,9 +487,7 @@ double Transformer::head_forward(const float* residual, const int32_t* targets, 
     reduce_rows(dlnf_, dnorm, rows);
     backend::device_zero(dres_, static_cast<size_t>(R * C) * sizeof(float));
     layout_.final_norm().backward(
-        dres_, {norm_grad_target(G.norm_w, 0), norm_grad_target(G.norm_b, 1)}, dnorm, residual,
-        {P.norm_w, P.norm_b}, lnf_mean_, lnf_rstd_, R);
-    if (sp_ > 1) sum_norm_grads({G.norm_w, G.norm_b});
+        dres_, {G.norm_w, G.norm_b}, dnorm, residual, {P.norm_w, P.norm_b}, lnf_mean_, lnf_rstd_, R);
   }
   head_done();
   double sum = 0;

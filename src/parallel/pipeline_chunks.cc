@@ -114,6 +114,10 @@ void PipelineExecutor::setup_buffers() {
     (all ? rows_all_ : tail_rows_) = zeroed(n * C);
     (all ? tokens_all_ : tail_tokens_) = tensor::Storage(static_cast<size_t>(n) * sizeof(int32_t));
   }
+  if (const int64_t k = norm_sum_numel(config_, layout_, setup_, rank_); k > 0) {
+    norms_ = layout_.norm_ranges();
+    norm_sums_ = zeroed(k);
+  }
   if (!accumulate_) return;
   int64_t n[2] = {0, 0};
   size_t acc[2] = {0, 0};  // an accumulator's bytes, its blocks included

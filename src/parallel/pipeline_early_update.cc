@@ -10,7 +10,8 @@
 // - ZeRO 0-1 over dp > 1: when its bucket's all-reduce is seen landed (at
 //   the model's hooks; a staged bf16 sum waits for the step).
 // Unit 0 (the tied pair, the deferred lookup rows) and a vocabulary-parallel
-// head wait for the step. A page's update is the sweep's arithmetic on the
+// head wait for the step; under sequence parallel every page does (a block
+// is final once the step has summed its norms over the tensor group). A page's update is the sweep's arithmetic on the
 // same values, so the bits are the sweep's; how many pages go early may
 // depend on timing over dp > 1 at ZeRO 0-1, never what they compute.
 #include "parallel/pipeline_executor.h"

@@ -428,6 +428,7 @@ class PipelineExecutor {
                                             int rank);  // (a copy of its rows, its own gradient rows)
   void run_compute(const pipeline::Action& a, const BatchFn& batch, float grad_scale,
                    const MicroFn& before_forward, PipelineStepStats& stats);
+  void sum_norm_rows();
   void sum_tied_pair();
   void tied_pair(void* emb_at, void* head_at, int64_t lo, int64_t hi);
   void keep_lookup_tail(const float* rows, const int32_t* tokens, int64_t n);
@@ -564,6 +565,10 @@ class PipelineExecutor {
   // defer_lookup: the last micro-batch's lookup rows [micro·T, C] and tokens
   // (the embedding's rank), every data rank's (there and on a tied head's).
   tensor::Storage tail_rows_, tail_tokens_, rows_all_, tokens_all_;
+  // Sequence parallel: the norms' ranges, their held elements' f32 staging
+  // for the step's sum over the tensor group (sum_norm_rows).
+  std::vector<std::pair<int64_t, int64_t>> norms_;
+  tensor::Storage norm_sums_;
   int cur_micro_ = -1;
   bool cur_deferred_ = false;
   std::vector<int32_t> inputs_, targets_;

@@ -157,6 +157,23 @@ inline int64_t lookup_tail_rows(const PipelineSetup& s, int rank, bool gathered)
   return gathered ? n * s.dp : n;
 }
 
+// Sequence parallel over tp > 1: the norm elements (Layout::norm_ranges) of
+// the units `rank`'s stages hold, staged in f32 for the step's sum over the
+// tensor group (PipelineExecutor::sum_norm_rows).
+inline int64_t norm_sum_numel(const model::TransformerConfig& c, const model::Layout& layout,
+                              const PipelineSetup& s, int rank) {
+  if (!c.sequence_parallel || s.split.size == 1) return 0;
+  const std::vector<std::pair<int64_t, int64_t>> norms = layout.norm_ranges();
+  int64_t n = 0;
+  for (int stage : s.schedule.stages_of(rank)) {
+    const model::UnitRange r = s.stage_units[static_cast<size_t>(stage)];
+    const int64_t lo = layout.unit_offset(r.first);
+    const int64_t hi = layout.unit_offset((r.last < 0 ? layout.head_unit() : r.last) + 1);
+    for (const auto& [at, k] : norms) n += std::max<int64_t>(0, std::min(at + k, hi) - std::max(at, lo));
+  }
+  return n;
+}
+
 }  // namespace executor_detail
 
 struct PipelineExecutor::Chunk {

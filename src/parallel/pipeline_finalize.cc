@@ -1,7 +1,8 @@
-// The end of a pipeline step (pipeline_executor.h): the tied pair's two
-// parts, the data group's reductions (pipeline_grad_sync.cc; ZeRO 0-1: the
-// buckets' sums; ZeRO 2-3: each micro-batch's reduce-scatters into the
-// shards), the one global norm in the order of pp = 1, clipping and the
+// The end of a pipeline step (pipeline_executor.h), in one order: the data
+// group's reductions (pipeline_grad_sync.cc; ZeRO 0-1: the buckets' sums;
+// ZeRO 2-3: each micro-batch's reduce-scatters into the shards), sequence
+// parallel's norm gradients over the tensor group, the tied pair's two
+// parts, the one global norm in the order of pp = 1, clipping and the
 // update.
 #include "parallel/pipeline_executor.h"
 #include "backend/device.h"
@@ -42,6 +43,78 @@ void PipelineExecutor::tied_pair(void* emb_at, void* head_at, int64_t lo, int64_
     setup_.pipe->send(head_at, k, stored, emb_rank_, kPairTag + 2);
     setup_.pipe->recv(head_at, k, stored, emb_rank_, kPairTag + 1);
   }
+}
+
+// Sequence parallel over tp > 1: a tp rank's gradient of the norms is its
+// own rows' part (the model sums nothing over the group for them). Once the
+// data group's sums are in, the tensor group sums them: the norm elements of
+// this rank's units in one f32 buffer, in unit order, each at the same place
+// on every rank (ZeRO 2-3: those outside this rank's shards stay 0, so the
+// buffer and its one all-reduce do not depend on the data rank), written back
+// into what this rank holds (bf16: rounded once). Megatron-Core's
+// finalize_model_grads sums its sequence-parallel norms the same way.
+void PipelineExecutor::sum_norm_rows() {
+  if (norm_sums_.size() == 0) return;
+  struct Run {  // elements [lo, lo + n) of the flat parameters, at `at` of the buffer
+    Chunk* c;
+    int u;
+    int64_t lo, n, at;
+  };
+  std::vector<Run> runs;
+  int64_t at = 0;
+  for (auto& c : chunks_)
+    for (int u = c->first; u <= c->last; ++u) {
+      const int64_t ulo = layout_.unit_offset(u), uhi = ulo + layout_.unit_numel(u);
+      int64_t lo = ulo, hi = uhi;  // what this rank holds of the unit
+      if (shard_grads_) {
+        const ShardLayout& sl = *c->shard;
+        lo = ulo + sl.begin(u - c->first);
+        hi = std::min(uhi, lo + sl.stride(u - c->first));
+      }
+      for (const auto& [b0, k] : norms_) {
+        const int64_t b = std::max(b0, ulo), e = std::min(b0 + k, uhi);  // the norm's piece in unit u
+        if (b >= e) continue;
+        const int64_t hb = std::max(b, lo), he = std::min(e, hi);
+        if (hb < he) runs.push_back({c.get(), u, hb, he - hb, at + (hb - b)});
+        at += e - b;
+      }
+    }
+  PO_ASSERT(static_cast<size_t>(at) * sizeof(float) == norm_sums_.size(), "pipeline: ", at,
+            " norm elements for a buffer of ", norm_sums_.size() / sizeof(float));
+  float* sums = norm_sums_.f32();
+  backend::device_zero(sums, norm_sums_.size());
+  std::vector<char> paged;  // ZeRO-3 paged: a run's elements out of the pages
+  // Run r's elements as stored (f32 or bf16): in place, or out of the pages.
+  auto stored = [&](const Run& r, bool out) -> char* {
+    if (!shard_grads_) return static_cast<char*>(r.c->grads.data()) + static_cast<size_t>(r.lo - r.c->base) * stored_esz();
+    const UnitShard g = shard_of(*r.c, r.u, false);
+    const int64_t in_shard = r.lo - layout_.unit_offset(r.u) - g.layout->begin(g.index);
+    if (!paged_shards_) return g.at(stored_esz()) + static_cast<size_t>(in_shard) * stored_esz();
+    paged.resize(static_cast<size_t>(r.n) * stored_esz());
+    if (out) shard_out(g, in_shard, r.n, paged.data());
+    return paged.data();
+  };
+  for (const Run& r : runs) {
+    const char* src = stored(r, true);
+    if (bf16_)
+      ops::bf16_to_f32(sums + r.at, reinterpret_cast<const uint16_t*>(src), r.n);
+    else
+      backend::device_copy(sums + r.at, src, static_cast<size_t>(r.n) * sizeof(float));
+  }
+  setup_.tensor->allreduce(sums, static_cast<size_t>(at), DType::kF32, comm::ReduceOp::kSum);
+  std::vector<int> touched;
+  for (const Run& r : runs) {
+    char* dst = stored(r, false);
+    if (bf16_)
+      ops::f32_to_bf16(reinterpret_cast<uint16_t*>(dst), sums + r.at, r.n);
+    else
+      backend::device_copy(dst, sums + r.at, static_cast<size_t>(r.n) * sizeof(float));
+    if (!paged_shards_) continue;
+    const UnitShard g = shard_of(*r.c, r.u, false);
+    shard_in(g, r.lo - layout_.unit_offset(r.u) - g.layout->begin(g.index), r.n, dst);
+    if (touched.empty() || touched.back() != r.u) touched.push_back(r.u);
+  }
+  for (int u : touched) shard_squares(u);  // (the squares summed as the unit landed are stale)
 }
 
 // ZeRO 0-1: the whole table on both copies.
@@ -93,6 +166,7 @@ double PipelineExecutor::step(double lr) {
   if (shard_grads_) {  // the micro-batches' sums are in the shards once the last reductions land
     finish_reductions();
     wait_end_ns_ = now_ns();  // (the data group's gradient sums: what the backward may hide)
+    sum_norm_rows();
     sum_tied_shards();
     norm = shard_norm();
   } else {
@@ -104,6 +178,7 @@ double PipelineExecutor::step(double lr) {
     if (setup_.data != nullptr) finish_sums();
     wait_end_ns_ = now_ns();  // (the data group's gradient sums: what the backward may hide)
     add_lookup_tail();
+    sum_norm_rows();
     sum_tied_pair();
     norm = unit_norm();
   }

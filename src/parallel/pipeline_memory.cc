@@ -282,7 +282,7 @@ void add_optimizer(PipelineExecutor::Memory& m, const model::Layout& layout, con
 // split backward's in a pool (counted with the W queue); ZeRO-3's gathered
 // units, ranks × stride as stored (the others' kind 1 + parallel.prefetch
 // of them; paged: each with a send block of one stride); the deferred
-// lookup's rows and tokens.
+// lookup's rows and tokens; sequence parallel's norm sums (f32).
 void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c, const model::Layout& layout,
                  const PipelineSetup& setup, int rank, const ScheduleReplay& replay, const HeldUnits& h) {
   const auto f = sizeof(float);
@@ -309,6 +309,7 @@ void add_buffers(PipelineExecutor::Memory& m, const model::TransformerConfig& c,
   }
   for (const bool all : {false, true})  // defer_lookup's rows and tokens
     m.buffers += static_cast<size_t>(lookup_tail_rows(setup, rank, all) * (c.n_embd + 1)) * f;
+  m.buffers += static_cast<size_t>(norm_sum_numel(c, layout, setup, rank)) * f;  // sequence parallel's norm sums
 }
 
 }  // namespace
@@ -388,7 +389,9 @@ std::pair<size_t, size_t> PipelineExecutor::paging_pages(size_t page_bytes, int 
 
 void PipelineExecutor::enable_paging(const memory::PagerOptions& options) {
   PO_CHECK(setup_.paged, "pipeline: enable_paging on a setup that is not paged (PipelineSetup::paged)");
-  early_ = setup_.update_in_backward && setup_.adam.grad_clip <= 0 && setup_.overlap_comm;
+  // (Sequence parallel: a block's gradient is final only once the step has
+  // summed its norms over the tensor group, so every page waits for the step.)
+  early_ = setup_.update_in_backward && setup_.adam.grad_clip <= 0 && setup_.overlap_comm && norm_sums_.size() == 0;
   const auto list = adams();
   std::vector<size_t> pages, least;  // (each keeps its fields' minimum: PagedState::min_compute_frames)
   const optim::PagedState::Layout base = paged_fields(setup_);
@@ -582,14 +585,15 @@ void PipelineExecutor::set_base(model::Transformer& whole) {
 // The working buffers, by what they hold: messages between stages; gathered
 // parameters (ZeRO gathers, ZeRO-3's units in use, bf16's widened units);
 // gradient sums (accumulator rings, reduction staging, the tied table's
-// lookup rows and their gathers, the vocabulary pieces' scratch); the
-// deferred blocks' accumulators.
+// lookup rows and their gathers, the vocabulary pieces' scratch, sequence
+// parallel's norm sums); the deferred blocks' accumulators.
 PipelineExecutor::Buffers PipelineExecutor::buffer_bytes() const {
   Buffers b;
   b.messages = messages_->bytes();
   b.gathered = gather_.size() + widen_[0].size() + widen_[1].size();
   if (gathers_) b.gathered += gathers_->bytes();
-  b.sums = (sums_ ? sums_->bytes() : 0) + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() + tokens_all_.size();
+  b.sums = (sums_ ? sums_->bytes() : 0) + tail_rows_.size() + tail_tokens_.size() + rows_all_.size() +
+           tokens_all_.size() + norm_sums_.size();
   for (const auto& c : chunks_)
     if (c->rows) b.sums += c->rows->bytes();
   if (accs_) b.sums += accs_->ring_bytes();

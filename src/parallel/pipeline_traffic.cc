@@ -92,6 +92,9 @@ PipelineExecutor::Collectives PipelineExecutor::predict_collectives(const model:
     if (setup.defer_lookup)  // the last micro-batch's rows and tokens
       add(out.data, CommOp::kAllGather, 2, static_cast<double>(rows) * dp * 4.0 * static_cast<double>(C + 1));
   }
+  // Sequence parallel: the norms' gradients over the tensor group, once a step (sum_norm_rows).
+  if (const int64_t n = norm_sum_numel(c, layout, setup, rank); n > 0)
+    add(out.tensor, CommOp::kAllReduce, 1, 4.0 * static_cast<double>(n));
   // The gradient norm: ZeRO 2-3 a double per rank over the data group, then
   // the tensor group; ZeRO 0-1 a double per unit over the tensor group.
   if (z >= 2) {

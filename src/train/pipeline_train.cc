@@ -102,7 +102,7 @@ int owner_of(const parallel::PipelineSetup& s, const model::Layout& l, int u) {
 // 2026-12-07 each tensor group's rank 0 wrote the group's part.)
 struct Writers {
   std::unique_ptr<comm::Communicator> group;  // null in one process
-  std::optional<parallel::ShardLayout> file;  // this rank's cut
+  parallel::ShardLayout file;                 // this rank's cut
   int count = 1;
 };
 
@@ -113,14 +113,12 @@ Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor&
   const int D = s.data != nullptr ? s.data->size() : 1, TP = static_cast<int>(r.p.tp);
   const int W = D * TP;
   const int index = pipe_rank(s.pipe) * W + (s.data ? s.data->rank() : 0) * TP + r.launch.tp_rank;
-  Writers w;
-  w.count = s.schedule.ranks * W;
-  if (r.launch.world) w.group = r.launch.world->split(0, index, "writers");
   std::vector<int> owner;
   for (int u = 0; u < held.num_units(); ++u) owner.push_back(owner_of(s, held, u));
-  w.file.emplace(parallel::ShardLayout::stage_units(model::Layout(ex.config()).unit_numels(), std::move(owner),
-                                                    s.schedule.ranks, W, index));
-  return w;
+  return {r.launch.world ? r.launch.world->split(0, index, "writers") : nullptr,
+          parallel::ShardLayout::stage_units(model::Layout(ex.config()).unit_numels(), std::move(owner),
+                                             s.schedule.ranks, W, index),
+          s.schedule.ranks * W};
 }
 
 // This writer's slices of its stage's units (a collective over the world):
@@ -132,7 +130,7 @@ Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor&
 // writer reads its slice where it lies, and nothing is gathered at all.
 struct StageState {
   model::Layout whole;
-  const parallel::ShardLayout* file = nullptr;  // the writers': their cut
+  const parallel::ShardLayout* file;  // the writer's cut
   std::vector<float> all[3];                    // kAllStateKinds' order, at file->local_offset
   checkpoint::ShardSource source() const {
     return [this](checkpoint::StateKind k, int u) -> const float* {
@@ -144,13 +142,12 @@ struct StageState {
 StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
                         const Writers& writers) {
   const model::Layout& held = ex.layout();
-  StageState out{model::Layout(ex.config()), writers.file ? &*writers.file : nullptr, {}};
+  StageState out{model::Layout(ex.config()), &writers.file, {}};
   const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   const int prank = pipe_rank(s.pipe);
   comm::Communicator* tensor = r.launch.tp_group();
-  if (out.file)
-    for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
+  for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts =
       tp > 1 ? tp_rank_layouts(ex.config(), tp) : std::vector<model::Layout>{};
@@ -163,9 +160,7 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, cons
     for (int k = 0; k < 3; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
       if (own) {
-        if (out.file)
-          ex.read_unit_part(kind, u, out.file->begin(u), out.file->end(u),
-                            out.all[k].data() + out.file->local_offset(u));
+        ex.read_unit_part(kind, u, out.file->begin(u), out.file->end(u), out.all[k].data() + out.file->local_offset(u));
         continue;
       }
       unit.resize(n);
@@ -174,9 +169,8 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, cons
         gather_whole_unit(*tensor, tp_layouts, whole, u, unit.data(), static_cast<int64_t>(n), assembled);
       else
         assembled = unit;
-      if (out.file)
-        std::copy(assembled.begin() + out.file->begin(u), assembled.begin() + out.file->end(u),
-                  out.all[k].data() + out.file->local_offset(u));
+      std::copy(assembled.begin() + out.file->begin(u), assembled.begin() + out.file->end(u),
+                out.all[k].data() + out.file->local_offset(u));
     }
   }
   return out;
@@ -195,17 +189,13 @@ double save_pipeline(const RunInputs& r, parallel::PipelineExecutor& ex, const p
   const std::vector<checkpoint::StateKind> kinds(checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end());
   if (async != nullptr) {
     const double gathered = t.seconds();
-    const parallel::ShardLayout one(w.whole.unit_numels(), 1, 0);  // for the meta on the other ranks
-    return gathered + async->start(path, checkpoint_meta(path, w.whole, w.file ? *w.file : one, st, r.config_toml),
-                                   w.source());
+    return gathered + async->start(path, checkpoint_meta(path, w.whole, *w.file, st, r.config_toml), w.source());
   }
   std::exception_ptr error;
-  if (w.file) {
-    try {
-      save_checkpoint_sharded(path, w.whole, *w.file, w.source(), st, r.config_toml, writers.group.get(), kinds);
-    } catch (...) {
-      error = std::current_exception();
-    }
+  try {
+    save_checkpoint_sharded(path, w.whole, *w.file, w.source(), st, r.config_toml, writers.group.get(), kinds);
+  } catch (...) {
+    error = std::current_exception();
   }
   checkpoint::agree_on_success(r.launch.world.get(), error, path + ": saving");
   return t.seconds();
@@ -647,7 +637,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   const Writers writers = checkpoint_writers(r, ex, setup);
   std::optional<AsyncCheckpointer> async;
   if (cfg.get_bool("checkpoint.async")) {
-    l.async = &async.emplace(launch.world.get(), writers.file ? &*writers.file : nullptr, writers.count,
+    l.async = &async.emplace(launch.world.get(), &writers.file, writers.count,
                              std::vector<checkpoint::StateKind>(checkpoint::kAllStateKinds.begin(),
                                                                 checkpoint::kAllStateKinds.end()),
                              false);

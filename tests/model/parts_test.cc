@@ -5,6 +5,7 @@
 // leaving its gradients alone while its input gradient is unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -182,3 +183,30 @@ TEST(Parts, LinearIsTheGemmAndAFrozenOneKeepsItsGradients) {
 }
 
 }  // namespace
+
+// Layout::norm_ranges: exactly the elements of the norms' weights and biases
+// (what sequence parallel leaves as each rank's rows' part), in order and
+// merged; none when adapters train (the norms are the frozen base's).
+TEST(Parts, NormRangesHoldTheNormsAndNothingElse) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    TransformerConfig c = TransformerConfig::preset(preset);
+    const Layout layout(c);
+    std::vector<char> want(static_cast<size_t>(layout.num_params()), 0), got(want.size(), 0);
+    for (const TensorSpec& t : layout.tensors()) {
+      const bool norm = t.name.find("ln_") != std::string::npos || t.name.find("norm") != std::string::npos;
+      if (norm) std::fill_n(want.begin() + t.offset, t.numel(), 1);
+    }
+    int64_t last_end = -1;
+    for (const auto& [at, n] : layout.norm_ranges()) {
+      EXPECT_GT(at, last_end) << preset << ": ranges out of order or not merged at " << at;
+      last_end = at + n;
+      std::fill_n(got.begin() + at, n, 1);
+    }
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << preset << ": element " << i << (want[i] ? " of a norm is missing"
+                                                                             : " is not a norm's");
+    c.lora.r = 4;
+    c.lora.targets = {c.arch == "gpt2" ? "c_attn" : "q_proj"};
+    EXPECT_TRUE(Layout(c).norm_ranges().empty()) << preset << " with adapters";
+  }
+}

@@ -151,6 +151,10 @@ std::vector<Result> run(const TransformerConfig& c, int tp, bool tp_overlap = fa
     res.loss = m.forward_backward(in.data(), tg.data(), 0.5f / (kB * kT));
     (void)m.forward_backward(tg.data(), in.data(), 0.5f / (kB * kT));
     res.grads.assign(m.grads(), m.grads() + m.num_params());
+    // Sequence parallel: each rank's norm gradients are its rows' part; the
+    // step sums them over the group (the executor's sum_norm_rows).
+    if (m.sequence_shards() > 1)
+      for (const auto& [at, n] : m.layout().norm_ranges()) ops.tp_all_reduce(res.grads.data() + at, n);
     res.gathers = ops.gathers;
     res.scatters = ops.scatters;
     res.eval_loss = m.evaluate(in.data(), tg.data());
@@ -286,8 +290,8 @@ TEST_F(TensorParallel, CheckpointedAndBf16ActivationsMatch) {
 
 // Sequence parallel: each rank holds B·T/tp rows of the norm and residual
 // regions; the model's result is tp's without it (relative 1e-5), and every
-// norm weight's gradient, summed over the ranks' rows, is replicated bit for
-// bit. A block makes 2 all-gathers and 2 reduce-scatters forward, 4 and 2
+// norm weight's gradient, its rows' parts summed over the ranks (as the
+// executor's step does), is replicated bit for bit. A block makes 2 all-gathers and 2 reduce-scatters forward, 4 and 2
 // backward (the norm outputs are gathered again for the weight gradients);
 // the embedding 1 reduce-scatter and 1 gather, the head 1 and 1.
 TEST_F(TensorParallel, SequenceParallelMatchesTheWholeModel) {
