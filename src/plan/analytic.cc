@@ -72,13 +72,22 @@ uint64_t blocks_on_busiest_rank(const Plan& p) {
 // rank that moves the most. Context parallel: a rank's stages hold T / cp
 // rows of each sequence, the data group is dp × cp (train/pipeline_train.cc),
 // and the context group's buffers (ContextParallelOps) come on top.
-parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
-  namespace pl = parallel::pipeline;
+namespace {
+
+// The model as the executor trains it at layout l.
+model::TransformerConfig executor_config(const Plan& p) {
   const Layout& l = p.layout;
   model::TransformerConfig cfg = p.model.engine;
   cfg.seq_len = std::max(cfg.seq_len, l.seq);
   cfg.activation_checkpointing = l.checkpointing;
   cfg.sequence_parallel = l.sequence_parallel && l.tp > 1;
+  return cfg;
+}
+
+// The executor's set-up at layout l, as train/pipeline_train.cc makes it.
+parallel::PipelineSetup executor_setup(const Plan& p, const model::TransformerConfig& cfg) {
+  namespace pl = parallel::pipeline;
+  const Layout& l = p.layout;
   parallel::PipelineSetup s;
   pl::Pipeline pipe = pipeline_schedule(p.model, l);
   if (pipe.stages.empty()) pipe.stages = pl::partition_stages(cfg, l.seq, pipe.schedule);  // (throws why)
@@ -99,6 +108,33 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
   s.adam.state_bits = l.state_bits;
   s.adam.block_size = l.state_block;
   s.adam.state_bits_exclude = l.state_bits_exclude;
+  return s;
+}
+
+// The executor's collectives of the pipeline rank that moves the most.
+parallel::PipelineExecutor::Collectives busiest_collectives(const Plan& p, const model::TransformerConfig& cfg,
+                                                            const parallel::PipelineSetup& s) {
+  parallel::PipelineExecutor::Collectives most;
+  double moved = -1;
+  for (int r = 0; r < p.layout.pp; ++r) {
+    const auto c = parallel::PipelineExecutor::predict_collectives(cfg, s, r);
+    double bytes = 0;
+    for (int op = 0; op < comm::kNumCommOps; ++op)
+      bytes += static_cast<double>(c.data.bytes[op] + c.tensor.bytes[op]);
+    if (bytes > moved) {
+      moved = bytes;
+      most = c;
+    }
+  }
+  return most;
+}
+
+}  // namespace
+
+parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
+  const Layout& l = p.layout;
+  const model::TransformerConfig cfg = executor_config(p);
+  const parallel::PipelineSetup s = executor_setup(p, cfg);
   // Each rank's memory, paged as the trainer pages it: the budget is checked
   // against the rank that needs the most; each rank's pages not in the
   // compute tier go to the host tier, then NVMe. The busiest rank is the one
@@ -168,19 +204,7 @@ parallel::PipelineExecutor::Collectives pipeline_engine_memory(Plan& p) {
              "the context group's keys and values");
   add_memory(p, "ring scratch", static_cast<double>(ring), Tier::kCompute,
              "at most: the data and tensor groups' ring collectives in flight");
-  parallel::PipelineExecutor::Collectives most;
-  double moved = -1;
-  for (int r = 0; r < l.pp; ++r) {
-    const auto c = parallel::PipelineExecutor::predict_collectives(cfg, s, r);
-    double bytes = 0;
-    for (int op = 0; op < comm::kNumCommOps; ++op)
-      bytes += static_cast<double>(c.data.bytes[op] + c.tensor.bytes[op]);
-    if (bytes > moved) {
-      moved = bytes;
-      most = c;
-    }
-  }
-  return most;
+  return busiest_collectives(p, cfg, s);
 }
 
 // The executor's collectives on the data and tensor groups as plan items
@@ -208,14 +232,18 @@ void add_pipeline_comm(Plan& p, const parallel::PipelineExecutor::Collectives& c
   }
 }
 
-void analytic_plan(Plan& p) {
+namespace {
+
+// The state's memory: parameters, gradients, the optimizer (paged off the
+// device, or not) and ZeRO's buffers, on the busiest pipeline stage, which
+// holds L/pp blocks and the embedding (or the head). Returns the stage's
+// parameters per tp rank.
+double add_state_memory(Plan& p) {
   const Layout& l = p.layout;
-  const ModelSpec& m = p.model;
-  const std::vector<int64_t> units = m.unit_numels();
-  const int L = static_cast<int>(m.n_layer);
+  const std::vector<int64_t> units = p.model.unit_numels();
+  const int L = static_cast<int>(p.model.n_layer);
   const double block = static_cast<double>(units[1]);
   const double first = static_cast<double>(units[0]), last = static_cast<double>(units.back());
-  // The busiest pipeline stage holds L/pp blocks and the embedding (or the head).
   const double stage_params = (std::ceil(static_cast<double>(L) / l.pp) * block + std::max(first, last) +
                                (l.pp == 1 ? std::min(first, last) : 0)) / l.tp;
   const int shard = l.dp * l.cp;  // the distributed optimizer shards over dp × cp
@@ -241,45 +269,56 @@ void analytic_plan(Plan& p) {
   if (stage == 3)
     add_memory(p, "gathered-unit buffers", (l.prefetch + 2) * std::max(block, first) / l.tp * esz);
   if (stage < 3) add_memory(p, "communication buckets", std::min(2.0 * static_cast<double>(l.bucket_bytes), grads));
+  return stage_params;
+}
 
-  // Activations, Korthikanti et al. (16-bit; fp32 doubles them), with
-  // flash-style attention (no s×s scores) unless flash_attention is off,
-  // the sequence split by cp; 1F1B keeps min(pp, m)
-  // micro-batches in flight on the first stage.
+// The schedule's action lists (parallel/pipeline_schedule.h), timed at
+// forward : input backward : weight backward = 1 : 1 : 1, give the bubble
+// (the time section reads p.bubble), the most micro-batches a rank holds in
+// flight (its activations to the input backward plus, zero-bubble, the
+// weight backwards it has deferred) and the busiest rank's sends a step.
+struct ScheduleLoad {
+  double in_flight = 1;
+  uint64_t sends = 0;
+};
+ScheduleLoad schedule_load(Plan& p) {
+  const Layout& l = p.layout;
+  ScheduleLoad out;
+  if (l.pp == 1) return out;
+  namespace pl = parallel::pipeline;
+  const pl::Pipeline pipe = pipeline_schedule(p.model, l);
+  const pl::Schedule& sched = pipe.schedule;
+  const pl::Timing t = pl::simulate(sched);
+  p.bubble = p.bubble_stages = t.bubble();
+  if (!pipe.stages.empty())
+    p.bubble_stages = pl::simulate(sched, pl::stage_costs(engine_config(p.model, l), l.seq, pipe.stages,
+                                                          sched.vocab ? l.pp : 0))
+                          .bubble();
+  out.in_flight = 0;
+  for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
+    out.in_flight = std::max<double>(out.in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);
+    const auto& list = sched.actions[r];
+    out.sends = std::max<uint64_t>(out.sends, static_cast<uint64_t>(std::count_if(
+                                                  list.begin(), list.end(), [](const pl::Action& a) {
+                                                    return a.op == pl::Op::kSend;
+                                                  })));
+  }
+  return out;
+}
+
+// Activations, Korthikanti et al. (16-bit; fp32 doubles them), with
+// flash-style attention (no s×s scores) unless flash_attention is off, the
+// sequence split by cp, L / (pp·v) blocks a chunk, `in_flight` micro-batches
+// (1F1B: min(pp, m) on the first stage); at pp = 1 what the engine trains
+// takes the model's own activation layout. Returns the blocks a chunk holds.
+double add_activations(Plan& p, double in_flight, bool engine) {
+  const Layout& l = p.layout;
+  const ModelSpec& m = p.model;
   const double s = static_cast<double>(l.seq) / l.cp, b = static_cast<double>(l.micro);
   const double h = static_cast<double>(m.n_embd), a = static_cast<double>(m.n_head);
   const double scale = l.bf16 ? 1 : 2;
-  // Per stage (a rank's chunk): L / (pp·v) blocks. In flight: the most a
-  // rank of the schedule holds, its activations to the input backward plus
-  // (zero-bubble) the weight backwards it has deferred, each about a
-  // micro-batch's activations (1F1B: min(pp, m) on the first stage).
-  // The schedule's action lists (parallel/pipeline_schedule.h), timed at
-  // forward : input backward : weight backward = 1 : 1 : 1, give the bubble
-  // (the time section reads p.bubble), the in-flight count and the sends.
-  namespace pl = parallel::pipeline;
-  const int chunks = l.pp == 1 ? 1 : pl::chunks_per_rank(l.schedule, l.virtual_stages);
-  const double layers = std::ceil(static_cast<double>(L) / (l.pp * chunks));
-  double in_flight = 1;
-  uint64_t sends = 0;  // the busiest rank's, per step
-  if (l.pp > 1) {
-    const pl::Pipeline pipe = pipeline_schedule(p.model, l);
-    const pl::Schedule& sched = pipe.schedule;
-    const pl::Timing t = pl::simulate(sched);
-    p.bubble = p.bubble_stages = t.bubble();
-    if (!pipe.stages.empty())
-      p.bubble_stages = pl::simulate(sched, pl::stage_costs(engine_config(p.model, l), l.seq, pipe.stages,
-                                                            sched.vocab ? l.pp : 0))
-                            .bubble();
-    in_flight = 0;
-    for (size_t r = 0; r < t.peak_in_flight.size(); ++r) {
-      in_flight = std::max<double>(in_flight, t.peak_in_flight[r] + t.peak_w_queue[r]);
-      const auto& list = sched.actions[r];
-      sends = std::max<uint64_t>(sends, static_cast<uint64_t>(std::count_if(
-                                            list.begin(), list.end(), [](const pl::Action& a) {
-                                              return a.op == pl::Op::kSend;
-                                            })));
-    }
-  }
+  const int chunks = l.pp == 1 ? 1 : parallel::pipeline::chunks_per_rank(l.schedule, l.virtual_stages);
+  const double layers = std::ceil(static_cast<double>(m.n_layer) / (l.pp * chunks));
   const bool sp = l.tp > 1 && l.sequence_parallel;
   const double full = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, false, l.flash_attention) * scale;
   const double ckpt = korthikanti_layer_bytes(s, b, h, a, l.tp, sp, true, l.flash_attention) * scale / (sp ? l.tp : 1);
@@ -289,10 +328,6 @@ void analytic_plan(Plan& p) {
              Tier::kCompute, core::str_cat("Korthikanti et al.", l.checkpointing ? ", checkpointed" : ""));
   add_memory(p, "logits / loss buffers", 2 * 4 * s * b * static_cast<double>(m.vocab) / l.tp,
              Tier::kCompute, "fp32 logits and their gradient, last stage");
-
-  parallel::PipelineExecutor::Collectives exact;
-  const bool engine = pipeline_trainable(p);
-  if (engine) exact = pipeline_engine_memory(p);
   if (engine && l.pp == 1) {  // one stage: the model's own activation layout, with and without checkpointing
     model::TransformerConfig c = engine_config(m, l);
     c.bf16_activations = l.bf16;
@@ -306,13 +341,27 @@ void analytic_plan(Plan& p) {
     p.activations_formula = static_cast<double>(m.n_layer) *
                             korthikanti_layer_bytes(static_cast<double>(T), b, h, a, l.tp, sp, l.checkpointing, true);
   }
+  return layers;
+}
 
+// Communication per step: what the engine trains, its executor's own
+// collectives (`exact`); otherwise the analytic data and tensor groups'
+// traffic; the pipeline's sends; context parallel's.
+void add_step_comm(Plan& p, const parallel::PipelineExecutor::Collectives& exact, bool engine, double stage_params,
+                   double layers, uint64_t sends) {
+  const Layout& l = p.layout;
+  const ModelSpec& m = p.model;
+  const double s = static_cast<double>(l.seq) / l.cp, b = static_cast<double>(l.micro);
+  const double h = static_cast<double>(m.n_embd);
+  const double esz = l.bf16 ? 2 : 4;
+  const int stage = l.zero_stage;
+  const bool sp = l.tp > 1 && l.sequence_parallel;
   // Communication per step.
   const double act_bytes = s * b * h * esz;  // one [s, b, h] activation
   const double mb = static_cast<double>(l.accum());
   const double resz = l.reduce_bf16 ? 2 : 4;
   const bool dp_inter = spans_nodes(p.cluster, static_cast<int64_t>(l.tp) * l.cp, l.dp);
-  const int n = shard;
+  const int n = l.dp * l.cp;
   // At pp = 1 the data group's gradient traffic overlaps the backward
   // (buckets, reduce-scatters in flight); so do the pipeline executor's
   // ZeRO 0-1 buckets and ZeRO 2-3 reduce-scatters (add_pipeline_comm).
@@ -362,6 +411,18 @@ void analytic_plan(Plan& p) {
     add_comm(p, "cp", "send", "ring attention K/V blocks", static_cast<uint64_t>(3 * (l.cp - 1) * layers * mb),
              3 * (l.cp - 1) * layers * mb * kv, 2, inter, true);
   }
+}
+
+}  // namespace
+
+void analytic_plan(Plan& p) {
+  const double stage_params = add_state_memory(p);
+  const ScheduleLoad load = schedule_load(p);
+  const bool engine = pipeline_trainable(p);
+  const double layers = add_activations(p, load.in_flight, engine);
+  parallel::PipelineExecutor::Collectives exact;  // (its memory replaces the analytic items above)
+  if (engine) exact = pipeline_engine_memory(p);
+  add_step_comm(p, exact, engine, stage_params, layers, load.sends);
   // (Tied embedding and head gradients between the first and last stage: small, not counted.)
 }
 

@@ -482,7 +482,55 @@ void Engine::publish_full(Sequence& q) {
   }
 }
 
+// The rows of one step: which sequences run, and how many rows each.
+struct Engine::Batch {
+  struct Work {
+    Sequence* q;
+    int64_t n;
+  };
+  std::vector<Work> work;
+  int64_t rows = 0;
+  void add(Sequence& q, int64_t n) {
+    q.scheduled = true;
+    work.push_back({&q, n});
+    rows += n;
+  }
+};
+
+// One step: cancelled requests leave, decodes are scheduled first (one row
+// each), then prefills, in admission order; one forward for every row; then
+// each sequence whose logits came out samples, streams and maybe finishes.
 bool Engine::step() {
+  State& s = *state_;
+  drop_cancelled();
+  Batch b;
+  for (auto& q : s.running) q->scheduled = false;
+  schedule_decodes(b);
+  schedule_prefills(b);
+  if (b.work.empty()) {
+    publish_stats();
+    // Nothing could run (every request waits for blocks held by none: not
+    // possible) or nothing to do: sleep until something arrives.
+    if (!s.waiting.empty() && s.running.empty()) {  // not expected: fail it rather than spin
+      finish(*s.waiting.front(), Finish::kCancelled,
+             core::str_cat("the KV cache (", s.pool->blocks(), " blocks) cannot hold this request now"));
+      s.waiting.pop_front();
+    }
+    return false;
+  }
+  const std::vector<model::PagedSeq> seqs = forward(b);
+  const int64_t sampled = sample(b, seqs);
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.steps;
+    stats_.batch_size = sampled;
+  }
+  publish_stats();
+  return true;
+}
+
+// New requests join the queue; cancelled ones (or all, at a cancel-all) leave.
+void Engine::drop_cancelled() {
   State& s = *state_;
   bool cancel_all = false;
   {
@@ -491,7 +539,6 @@ bool Engine::step() {
     incoming_.clear();
     cancel_all = cancel_all_;
   }
-  // 1. Cancelled requests leave.
   std::vector<std::unique_ptr<Sequence>> orphans;  // forks of a cancelled request, alone now
   auto gone = [&](std::unique_ptr<Sequence>& q) {
     std::erase_if(q->forks, [&](const std::unique_ptr<Sequence>& f) {
@@ -508,26 +555,18 @@ bool Engine::step() {
   std::erase_if(s.running, gone);
   std::erase_if(s.waiting, gone);
   for (auto it = orphans.rbegin(); it != orphans.rend(); ++it) s.waiting.push_front(std::move(*it));
-  // 2. Decodes first, one row each; a sequence without room for its next
-  // position preempts the newest others, or itself waits.
-  struct Work {
-    Sequence* q;
-    int64_t n;
-  };
-  // Only sequences not yet in the step are preempted, so the oldest always
-  // progresses (one request alone always fits).
-  std::vector<Work> work;
-  int64_t rows = 0;
-  for (auto& q : s.running) q->scheduled = false;
-  auto schedule = [&](Sequence& q, int64_t n) {
-    q.scheduled = true;
-    work.push_back({&q, n});
-    rows += n;
-  };
-  for (size_t i = 0; i < s.running.size() && rows < s.rows;) {
+}
+
+// Decodes, one row each; a sequence without room for its next position
+// preempts the newest others, or itself waits. Only sequences not yet in the
+// step are preempted, so the oldest always progresses (one request alone
+// always fits).
+void Engine::schedule_decodes(Batch& b) {
+  State& s = *state_;
+  for (size_t i = 0; i < s.running.size() && b.rows < s.rows;) {
     Sequence& q = *s.running[i];
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
-    if (left != 1) {  // still prefilling: below
+    if (left != 1) {  // still prefilling: schedule_prefills
       ++i;
       continue;
     }
@@ -537,28 +576,32 @@ bool Engine::step() {
       preempt(q);
       continue;
     }
-    schedule(q, 1);
+    b.add(q, 1);
     ++i;
   }
-  // 3. Prefills in admission order: the running ones' next chunks, then
-  // waiting requests while the step has rows and the cache blocks.
-  for (size_t i = 0; i < s.running.size() && rows < s.rows; ++i) {
+}
+
+// Prefills in admission order: the running ones' next chunks, then waiting
+// requests while the step has rows and the cache blocks.
+void Engine::schedule_prefills(Batch& b) {
+  State& s = *state_;
+  for (size_t i = 0; i < s.running.size() && b.rows < s.rows; ++i) {
     Sequence& q = *s.running[i];
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
     if (left <= 1 || q.scheduled) continue;
-    const int64_t n = std::min(left, s.rows - rows);
+    const int64_t n = std::min(left, s.rows - b.rows);
     bool ok = reserve(q, n);
     while (!ok && preempt_newest(&q)) ok = reserve(q, n);
     if (!ok) break;  // it keeps its blocks and waits for the older ones
-    schedule(q, n);
+    b.add(q, n);
   }
-  while (!s.waiting.empty() && rows < s.rows) {
+  while (!s.waiting.empty() && b.rows < s.rows) {
     Sequence& q = *s.waiting.front();
     if (!q.host.empty() && !swap_in(q)) break;  // swapped out: it resumes where it was
     // Prompt log-probabilities need every prompt position's logits: no hits.
     if (options_.prefix_caching && q.table.empty() && !q.params.prompt_logprobs) match_prefix(q);
     const int64_t left = static_cast<int64_t>(q.tokens.size()) - q.computed;
-    int64_t n = std::min(left, s.rows - rows);
+    int64_t n = std::min(left, s.rows - b.rows);
     // As much of the chunk as the free blocks hold (at least one position).
     const int64_t bs = s.pool->block_size();
     while (n > 0 && !reserve(q, n)) n = std::min(n - 1, (q.computed / bs + s.pool->available()) * bs - q.computed);
@@ -566,38 +609,35 @@ bool Engine::step() {
       release_blocks(q);  // the prefix hits go back too; it waits for room
       break;
     }
-    {
-      std::lock_guard lock(mu_);
-      stats_.prefix_queries += q.prefix_lookup.first;
-      stats_.prefix_hits += q.prefix_lookup.second;
-      q.prefix_lookup = {0, 0};
-      if (!q.started) {
-        q.started = true;
-        q.admitted = Clock::now();
-        stats_.queue_duration.add(seconds(q.admitted - q.arrived));
-        q.stream->queue_s_ = seconds(q.admitted - q.arrived);
-        for (auto& f : q.forks) f->stream->queue_s_ = seconds(q.admitted - f->arrived);
-      }
-    }
+    admitted(q);
     s.running.push_back(std::move(s.waiting.front()));
     s.waiting.pop_front();
-    schedule(*s.running.back(), n);
+    b.add(*s.running.back(), n);
   }
-  if (work.empty()) {
-    publish_stats();
-    // Nothing could run (every request waits for blocks held by none: not
-    // possible) or nothing to do: sleep until something arrives.
-    if (!s.waiting.empty() && s.running.empty()) {  // not expected: fail it rather than spin
-      finish(*s.waiting.front(), Finish::kCancelled,
-             core::str_cat("the KV cache (", s.pool->blocks(), " blocks) cannot hold this request now"));
-      s.waiting.pop_front();
-    }
-    return false;
-  }
-  // 4. One forward for every row.
+}
+
+// A waiting request enters the batch: its prefix lookups and (the first
+// time) its time in the queue are counted.
+void Engine::admitted(Sequence& q) {
+  std::lock_guard lock(mu_);
+  stats_.prefix_queries += q.prefix_lookup.first;
+  stats_.prefix_hits += q.prefix_lookup.second;
+  q.prefix_lookup = {0, 0};
+  if (q.started) return;
+  q.started = true;
+  q.admitted = Clock::now();
+  stats_.queue_duration.add(seconds(q.admitted - q.arrived));
+  q.stream->queue_s_ = seconds(q.admitted - q.arrived);
+  for (auto& f : q.forks) f->stream->queue_s_ = seconds(q.admitted - f->arrived);
+}
+
+// One forward for every row of the batch; prompt log-probabilities are
+// scored as their rows' logits come out.
+std::vector<model::PagedSeq> Engine::forward(const Batch& b) {
+  State& s = *state_;
   std::vector<model::PagedSeq> seqs;
   const int64_t V = model_.config().vocab_size;
-  for (const Work& w : work) {
+  for (const Batch::Work& w : b.work) {
     Sequence& q = *w.q;
     const bool last = q.computed + w.n == static_cast<int64_t>(q.tokens.size());
     // Prompt log-probabilities: the rows whose next token is a prompt token.
@@ -607,7 +647,7 @@ bool Engine::step() {
   const auto f0 = Clock::now();
   model_.forward_paged(seqs, s.pool->view(), s.logits.data(),
                        [&](size_t i, int64_t first, int64_t n, const float* l) {
-                         Sequence& q = *work[i].q;
+                         Sequence& q = *b.work[i].q;
                          for (int64_t r = 0; r < n; ++r) {
                            const int64_t pos = q.computed + first + r;  // predicts token pos + 1
                            if (pos != static_cast<int64_t>(q.prompt_lp.size())) continue;  // recomputed
@@ -615,35 +655,42 @@ bool Engine::step() {
                                                              q.params.top_logprobs));
                          }
                        });
-  const double per_row = seconds(Clock::now() - f0) / static_cast<double>(rows);
+  const double per_row = seconds(Clock::now() - f0) / static_cast<double>(b.rows);
   s.row_s = s.row_s > 0 ? 0.8 * s.row_s + 0.2 * per_row : per_row;
-  // 5. Sample, stream, finish. A request whose prompt was just prefilled
-  // hands its blocks and its logits to its forks, which join the batch.
+  return seqs;
+}
+
+// Sample, stream, finish: returns the sequences sampled. A request whose
+// prompt was just prefilled hands its blocks and its logits to its forks,
+// which join the batch.
+int64_t Engine::sample(const Batch& b, const std::vector<model::PagedSeq>& seqs) {
+  State& s = *state_;
+  const int64_t V = model_.config().vocab_size;
   int64_t out = 0, sampled = 0;
   std::vector<Sequence*> done;
   std::vector<Finish> why;
   const auto now = Clock::now();
   std::vector<float> row;
-  for (size_t i = 0; i < work.size(); ++i) {
-    Sequence& q = *work[i].q;
-    q.computed += work[i].n;
+  auto take = [&](Sequence& r, float* logits) {
+    ++sampled;
+    if (const Finish f = emit(r, logits, now); f != Finish::kNone) {
+      done.push_back(&r);
+      why.push_back(f);
+    }
+  };
+  for (size_t i = 0; i < b.work.size(); ++i) {
+    Sequence& q = *b.work[i].q;
+    q.computed += b.work[i].n;
     publish_full(q);
     if (!seqs[i].logits) continue;
     float* l = s.logits.data() + (out++) * V;
     std::vector<std::unique_ptr<Sequence>> forks = std::move(q.forks);
     q.forks.clear();
     if (!forks.empty()) row.assign(l, l + V);
-    auto take = [&](Sequence& r, float* logits) {
-      ++sampled;
-      if (const Finish f = emit(r, logits, now); f != Finish::kNone) {
-        done.push_back(&r);
-        why.push_back(f);
-      }
-    };
     take(q, l);
     for (auto& f : forks) {
       f->table = q.table;
-      for (int32_t b : f->table) s.pool->ref(b);
+      for (int32_t blk : f->table) s.pool->ref(blk);
       f->computed = f->prompt;
       f->hash = q.hash;
       f->hashed = q.hashed;
@@ -660,13 +707,7 @@ bool Engine::step() {
     finish(*done[i], why[i], "");
     std::erase_if(s.running, [&](const std::unique_ptr<Sequence>& q) { return q.get() == done[i]; });
   }
-  {
-    std::lock_guard lock(mu_);
-    ++stats_.steps;
-    stats_.batch_size = sampled;
-  }
-  publish_stats();
-  return true;
+  return sampled;
 }
 
 // Samples q's next token from its logits row and streams it; the reason it

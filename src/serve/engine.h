@@ -164,6 +164,13 @@ class Engine {
   struct Sequence;
   void loop();
   bool step();  // one step; false when there was nothing to do
+  struct Batch;
+  void drop_cancelled();
+  void schedule_decodes(Batch& b);
+  void schedule_prefills(Batch& b);
+  void admitted(Sequence& q);
+  std::vector<model::PagedSeq> forward(const Batch& b);
+  int64_t sample(const Batch& b, const std::vector<model::PagedSeq>& seqs);
   void finish(Sequence& q, Finish why, const std::string& error);
   void release_blocks(Sequence& q);
   bool reserve(Sequence& q, int64_t n);
