@@ -44,6 +44,7 @@ plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) 
   l.state_block = adam.block_size;
   l.state_bits_exclude = adam.state_bits_exclude;
   l.lora_r = cfg.get_int("lora.r");
+  l.moe_experts = model.engine.moe.experts;
   return l;
 }
 

@@ -51,6 +51,10 @@ const std::vector<KeySpec>& schema() {
       {"model.init", Kind::kString, std::string("random")},
       {"model.activation_checkpointing", Kind::kBool, false},
       {"model.quant", Kind::kString, std::string("")},  // "" | nf4 | int8: the frozen base (QLoRA)
+      {"model.moe_experts", Kind::kInt, int64_t{0}, 0, 1 << 16},  // 0: the dense MLP (docs/moe.md)
+      {"model.moe_top_k", Kind::kInt, int64_t{2}, 1, 1 << 16},
+      {"model.moe_ffn_hidden", Kind::kInt, int64_t{0}, 0, 1 << 20},  // 0: model.ffn_hidden
+      {"model.moe_router", Kind::kString, std::string("softmax_topk")},  // | softmax_topk_raw
       {"train.batch_size", Kind::kInt, int64_t{8}, 1, 1 << 20},
       {"train.micro_batch_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
       {"train.steps", Kind::kInt, int64_t{100}, 0, 1e12},
@@ -65,6 +69,8 @@ const std::vector<KeySpec>& schema() {
       {"train.grad_clip", Kind::kFloat, 1.0, 0, kInf},
       {"train.seed", Kind::kInt, int64_t{1337}, 0, 9.2e18},
       {"train.precision", Kind::kString, std::string("fp32")},
+      {"train.moe_aux_loss", Kind::kFloat, 0.0, 0, 1e3},  // the balance loss's α (docs/moe.md)
+      {"train.moe_z_loss", Kind::kFloat, 0.0, 0, 1e3},    // the router z-loss's coefficient
       {"train.eval_interval", Kind::kInt, int64_t{0}, 0, 1e12},
       {"train.eval_batches", Kind::kInt, int64_t{8}, 1, 1e9},
       {"train.checkpoint_interval", Kind::kInt, int64_t{0}, 0, 1e12},

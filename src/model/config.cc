@@ -16,6 +16,7 @@ struct Preset {
   int64_t n_layer, n_embd, n_head, n_kv_head, ffn_hidden, vocab_size, seq_len;
   double rope_theta = 10000.0, norm_eps = 1e-5;
   bool tied = true;
+  int64_t experts = 0, top_k = 0;  // a mixture of experts (ffn_hidden: an expert's)
 };
 
 const std::map<std::string, Preset>& presets() {
@@ -29,6 +30,8 @@ const std::map<std::string, Preset>& presets() {
       {"gpt2-xl", {"gpt2", 48, 1600, 25, 25, 6400, 50257, 1024}},
       {"gpt3-175b", {"gpt2", 96, 12288, 96, 96, 49152, 50257, 2048}},  // Brown et al. 2020
       {"llama-tiny", {"llama", 2, 128, 4, 2, 352, 50257, 128}},
+      // llama-tiny's attention, 4 SwiGLU experts of 128 (top 2) in every block.
+      {"moe-tiny", {"llama", 2, 128, 4, 2, 128, 50257, 128, 10000.0, 1e-5, false, 4, 2}},
       {"llama-mini", {"llama", 4, 256, 4, 2, 704, 50257, 128}},
       {"llama-124M", {"llama", 12, 768, 12, 12, 2048, 50257, 1024}},  // 123.6M, gpt2-124M's size
       {"stories15M", {"llama", 6, 288, 6, 6, 768, 32000, 256}},
@@ -80,6 +83,8 @@ TransformerConfig TransformerConfig::preset(const std::string& name) {
     c.norm_eps = p.norm_eps;
     c.tie_embeddings = p.tied;
   }
+  c.moe.experts = p.experts;
+  if (p.experts > 0) c.moe.top_k = p.top_k;
   return c;
 }
 
@@ -127,6 +132,21 @@ void TransformerConfig::validate() const {
            "original_max_position >= 1 are needed, got factor ",
            rope_scaling.factor, ", low ", rope_scaling.low_freq_factor, ", high ",
            rope_scaling.high_freq_factor, ", original ", rope_scaling.original_max_position);
+  if (moe.on()) {
+    PO_CHECK(moe.experts >= 2, "model.moe_experts = ", moe.experts, ": a mixture needs at least 2 experts");
+    PO_CHECK(moe.top_k >= 1 && moe.top_k <= moe.experts, "model.moe_top_k = ", moe.top_k,
+             " must be in [1, model.moe_experts = ", moe.experts, "]");
+    PO_CHECK(moe.ffn_hidden >= 0, "model.moe_ffn_hidden must be >= 0, got ", moe.ffn_hidden);
+    PO_CHECK(mlp == Mlp::kSwiGLU && !bias, "model.moe_experts: the experts are SwiGLU without biases "
+             "(model.mlp = swiglu, model.bias = false); this model has ", mlp == Mlp::kSwiGLU ? "biases" : "GELU");
+    PO_CHECK(!lora.on() && quant == WeightQuant::kNone,
+             "model.moe_experts with adapters (lora.r) or model.quant is not built yet");
+    PO_CHECK(!inference, "model.moe_experts: serving and generating a mixture of experts is not built yet "
+             "(docs/moe.md)");
+    PO_CHECK(!bf16_activations, "model.moe_experts with train.precision = bf16 is not built yet: use fp32");
+    PO_CHECK(moe.aux_loss >= 0 && moe.z_loss >= 0, "train.moe_aux_loss and train.moe_z_loss must be >= 0, got ",
+             moe.aux_loss, " and ", moe.z_loss);
+  }
   PO_CHECK(quant == WeightQuant::kNone || lora.on(), "model.quant = ",
            quant == WeightQuant::kNf4 ? "nf4" : "int8",
            " quantizes a frozen base: it needs adapters (lora.r > 0, QLoRA); a full fine-tune trains "
@@ -138,6 +158,8 @@ TransformerConfig TransformerConfig::shard(int64_t tp) const {
   c.validate();
   PO_CHECK(tp >= 1, "parallel.tp must be >= 1, got ", tp);
   if (tp == 1) return c;
+  PO_CHECK(!c.moe.on(), "parallel.tp = ", tp, " with model.moe_experts: experts split over tensor ranks are "
+           "not built yet (docs/moe.md)");
   PO_CHECK(c.n_kv_head % tp == 0, "parallel.tp = ", tp, " must divide model.n_kv_head = ",
            c.n_kv_head, " (tensor parallel splits the kv heads; model.n_head = ", c.n_head, ")");
   PO_CHECK(c.ffn_hidden % tp == 0, "parallel.tp = ", tp, " must divide model.ffn_hidden = ",
@@ -165,8 +187,12 @@ double TransformerConfig::flops_per_token(int64_t T) const {
     return 4.0 * static_cast<double>(l.base_num_params()) + 6.0 * static_cast<double>(l.num_params()) +
            12.0 * static_cast<double>(n_layer * n_embd * T);
   }
-  return 6.0 * static_cast<double>(num_params()) +
-         12.0 * static_cast<double>(n_layer * n_embd * T);
+  double active = static_cast<double>(num_params());
+  if (moe.on()) {  // a row runs its k experts of E (the router's E·C per layer counted whole)
+    const moe::Shape s = {n_embd, moe.hidden(resolved().ffn_hidden), moe.experts, moe.top_k, moe.router};
+    active -= static_cast<double>(n_layer * (moe.experts - moe.top_k) * s.expert_numel());
+  }
+  return 6.0 * active + 12.0 * static_cast<double>(n_layer * n_embd * T);
 }
 
 }  // namespace po::model

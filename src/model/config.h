@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/moe.h"
+
 namespace po::model {
 
 enum class Norm { kLayerNorm, kRMSNorm };     // LayerNorm with bias (GPT-2) | RMSNorm (Llama)
@@ -81,6 +83,22 @@ struct TransformerConfig {
   // and generating commands set it.
   bool inference = false;
   LoraConfig lora;
+  // A mixture-of-experts MLP (model/moe.h) in every block instead of the
+  // dense one (model.moe_*; experts = 0: dense). Each expert is a SwiGLU of
+  // `ffn_hidden` (0: the model's), a row goes to `top_k` of them; the
+  // losses' coefficients are train.moe_aux_loss and train.moe_z_loss.
+  struct Moe {
+    int64_t experts = 0;
+    int64_t top_k = 2;
+    int64_t ffn_hidden = 0;
+    moe::Router router = moe::Router::kSoftmaxTopK;
+    double aux_loss = 0.0, z_loss = 0.0;
+    // The step's sequences (train.batch_size): the losses' scales, 1/S and
+    // 1/(S·T); 0: the micro-batch's (a model run alone).
+    int64_t step_sequences = 0;
+    bool on() const { return experts > 0; }
+    int64_t hidden(int64_t dense) const { return ffn_hidden > 0 ? ffn_hidden : dense; }
+  } moe;
   // model.quant: the frozen base's block linear weights quantized at load
   // (QLoRA); needs adapters (lora.r > 0). Embeddings, head and norms stay f32.
   WeightQuant quant = WeightQuant::kNone;
@@ -145,7 +163,8 @@ struct TransformerConfig {
   // rank's units have the same sizes).
   std::vector<int64_t> unit_numels(int64_t tp = 1) const;
   // Training FLOPs per token: 6·Ψ + 12·L·C·T (REFERENCE.md, PaLM appendix B),
-  // at sequence T, Ψ = num_params() (the convention of the GPT-2 numbers).
+  // at sequence T, Ψ = num_params() (the convention of the GPT-2 numbers);
+  // a mixture of experts counts the k experts a row runs, not all E.
   double flops_per_token(int64_t T) const;
 };
 

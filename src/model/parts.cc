@@ -337,18 +337,32 @@ void Mlp::act_backward(float* dinp, Operand in, const float* dout, int64_t rows)
 
 Block::Weights Block::weights(const float* unit, const uint16_t* bits, bool lean,
                               const float* adapters) const {
-  return {norm1.weights(unit),
-          norm2.weights(unit),
-          attn.qkv.weights(unit, bits, lean, adapters),
-          attn.out.weights(unit, bits, lean, adapters),
-          mlp.up.weights(unit, bits, lean, adapters),
-          mlp.down.weights(unit, bits, lean, adapters)};
+  Weights p{norm1.weights(unit),
+            norm2.weights(unit),
+            attn.qkv.weights(unit, bits, lean, adapters),
+            attn.out.weights(unit, bits, lean, adapters),
+            {},
+            {},
+            {}};
+  if (moe.on()) {
+    p.moe = {unit + moe.router, unit + moe.experts};
+  } else {
+    p.up = mlp.up.weights(unit, bits, lean, adapters);
+    p.down = mlp.down.weights(unit, bits, lean, adapters);
+  }
+  return p;
 }
 
 Block::Grads Block::grads(float* unit, float* adapters) const {
-  return {norm1.grads(unit),          norm2.grads(unit),
-          attn.qkv.grads(unit, adapters), attn.out.grads(unit, adapters),
-          mlp.up.grads(unit, adapters),   mlp.down.grads(unit, adapters)};
+  Grads g{norm1.grads(unit), norm2.grads(unit), attn.qkv.grads(unit, adapters), attn.out.grads(unit, adapters),
+          {},                {},                {}};
+  if (moe.on()) {
+    if (unit != nullptr) g.moe = {unit + moe.router, unit + moe.experts};
+  } else {
+    g.up = mlp.up.grads(unit, adapters);
+    g.down = mlp.down.grads(unit, adapters);
+  }
+  return g;
 }
 
 namespace {
@@ -468,6 +482,20 @@ Block declare_block(const TransformerConfig& c, int64_t l, const Declare& add) {
                               n.conv1d, add);
   k.attn.out = declare_row(n.out_w, n.out_b, C, NH * hs, c.bias, n.conv1d, add);
   k.norm2 = declare_norm(c, n.norm2_w, n.norm2_b, add);
+  if (c.moe.on()) {  // Mixtral's names: the router, then each expert's w1 (gate), w3 (up), w2 (down)
+    const int64_t E = c.moe.experts, F = c.moe.ffn_hidden > 0 ? c.moe.ffn_hidden : c.ffn_hidden;
+    const std::string m = "model.layers." + std::to_string(l) + ".block_sparse_moe.";
+    k.moe.shape = {C, F, E, c.moe.top_k, c.moe.router};
+    k.moe.router = add({m + "gate.weight", {E, C}, Init::kNormal, Partition::kReplicated, {}, false});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = m + "experts." + std::to_string(e) + ".";
+      const int64_t at = add({x + "w1.weight", {F, C}, Init::kNormal, Partition::kReplicated, {}, false});
+      if (e == 0) k.moe.experts = at;
+      add({x + "w3.weight", {F, C}, Init::kNormal, Partition::kReplicated, {}, false});
+      add({x + "w2.weight", {C, F}, Init::kResidualNormal, Partition::kReplicated, {}, false});
+    }
+    return k;
+  }
   k.mlp.act = c.mlp;
   k.mlp.hidden = F;
   k.mlp.up = declare_column(n.up_w, n.up_b, swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F},

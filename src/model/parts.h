@@ -198,21 +198,34 @@ struct Mlp {
   void act_backward(float* dinp, Operand in, const float* dout, int64_t rows) const;
 };
 
-// A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(·)).
+// A mixture-of-experts MLP (model/moe.h) in place of the dense one: its
+// router's and first expert's offsets inside the unit (the experts follow
+// one another, each its gate | up rows then its down).
+struct MoeMlp {
+  int64_t router = -1, experts = -1;
+  moe::Shape shape;
+  bool on() const { return router >= 0; }
+};
+
+// A pre-norm block: x + attn(norm1(x)), then + mlp(norm2(·)) (or, with
+// moe.on(), + moe(norm2(·)); its mlp then holds no tensor).
 struct Block {
   Norm norm1;
   Attention attn;
   Norm norm2;
   Mlp mlp;
+  MoeMlp moe;
 
   // A unit's weights as a step reads them, and its gradient accumulators.
   struct Weights {
     Norm::Weights norm1, norm2;
     Linear::Weights qkv, out, up, down;
+    moe::Weights moe;
   };
   struct Grads {
     Norm::Grads norm1, norm2;
     Linear::Grads qkv, out, up, down;
+    moe::Grads moe;
   };
   // `unit` holds the base tensors, `adapters` the adapters' (the same
   // unit when nothing is frozen).

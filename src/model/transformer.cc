@@ -214,8 +214,14 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
     a.residual2 = take(R * C);
     a.ln2 = take(R * C);
     stats2(a);
-    a.fch = take(BT * FC);
-    a.fch_gelu = take(BT * F);
+    if (config.moe.on()) {  // the mixture's saved tensors and chosen experts in fch and fch_gelu (moe_saved)
+      const moe::Shape s = moe_shape(config);
+      a.fch = take(moe::Saved::floats(s, BT));
+      a.fch_gelu = take(moe::Saved::ints(s, BT));
+    } else {
+      a.fch = take(BT * FC);
+      a.fch_gelu = take(BT * F);
+    }
     a.residual3 = with_residual3 ? take(R * C) : nullptr;
   };
   auto rope_tables = [&] {

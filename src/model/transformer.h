@@ -462,10 +462,20 @@ class Transformer {
   static int64_t head_chunk_rows(int64_t B, int64_t T);
 
  private:
+  // (A mixture-of-experts block keeps moe::Saved in fch and, its chosen
+  // experts, fch_gelu: moe_saved.)
   struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *residual3;
   };
+  static moe::Shape moe_shape(const TransformerConfig& c) {
+    return {c.n_embd, c.moe.hidden(c.ffn_hidden), c.moe.experts, c.moe.top_k, c.moe.router};
+  }
+  moe::Saved moe_saved(const LayerActs& a) const {
+    return moe::Saved::carve(layout_.block().moe.shape, B_ * T_, a.fch, reinterpret_cast<int32_t*>(a.fch_gelu));
+  }
+  // The losses' coefficients and the step's scales (TransformerConfig::Moe).
+  moe::Losses moe_losses() const;
   // bf16_activations: the bf16 copies of a layer's large saved tensors (its
   // LayerActs keeps only the f32 statistics). With activation checkpointing
   // only residual3 (the block output) is kept.

@@ -76,6 +76,11 @@ void Transformer::block_forward(const BlockWeights& P, const float* in, const La
     k.norm2.forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P.norm2, R);
     ln2 = gather_rows(a.ln2, gathered_, BT);
   }
+  if (k.moe.on()) {  // (one sequence shard, f32: TransformerConfig::validate, shard)
+    moe::forward(k.moe.shape, a.residual3, a.ln2, P.moe, BT, moe_saved(a), moe_losses());
+    ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
+    return;
+  }
   k.mlp.up.forward(a.fch, ln2, P.up, BT);
   if (h != nullptr) {
     k.mlp.act_forward(h->fch_gelu, a.fch, BT);
@@ -87,6 +92,12 @@ void Transformer::block_forward(const BlockWeights& P, const float* in, const La
   k.mlp.down.forward(partial3, act, P.down, BT, bias_here);
   reduce_rows(partial3, a.residual3, BT);  // g: the row-parallel down_proj's partial sums
   ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
+}
+
+moe::Losses Transformer::moe_losses() const {
+  const TransformerConfig::Moe& m = config_.moe;
+  const double S = static_cast<double>(m.step_sequences > 0 ? m.step_sequences : B_);
+  return {m.aux_loss, m.z_loss, 1.0 / S, 1.0 / (S * static_cast<double>(T_)), T_};
 }
 
 void Transformer::attention_forward(const LayerActs& a, int64_t b, int64_t t) {
@@ -166,15 +177,20 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
     pops_->tp_wait();
   };
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
-  const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
-  const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);
-  keep(split ? work->d_proj : nullptr, dy, BT * C);
-  keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
-  k.mlp.down.backward(dact, w(G.down), dy, act, P.down, BT);
-  k.mlp.act_backward(dfch_, h != nullptr ? ops::Operand(h->fch) : ops::Operand(a.fch), dact, BT);
-  keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
-  keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
-  column_backward(k.mlp.up, dfch_, ln2, P.up, G.up);
+  if (k.moe.on()) {
+    PO_ASSERT(!split && h == nullptr && sp_ == 1, "moe: a fused f32 backward at one sequence shard");
+    moe::backward(k.moe.shape, dnorm, G.moe, dy, a.ln2, P.moe, BT, moe_saved(a), moe_losses());
+  } else {
+    const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
+    const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);
+    keep(split ? work->d_proj : nullptr, dy, BT * C);
+    keep(split ? work->in_proj : nullptr, a.fch_gelu, BT * F);
+    k.mlp.down.backward(dact, w(G.down), dy, act, P.down, BT);
+    k.mlp.act_backward(dfch_, h != nullptr ? ops::Operand(h->fch) : ops::Operand(a.fch), dact, BT);
+    keep(split ? work->d_fc : nullptr, dfch_, BT * FC);
+    keep(split ? work->in_fc : nullptr, ln2.f32, BT * C);
+    column_backward(k.mlp.up, dfch_, ln2, P.up, G.up);
+  }
   k.norm2.backward(dres, G.norm2, dnorm,
                    h != nullptr ? ops::Operand(h->residual2) : ops::Operand(a.residual2), P.norm2,
                    a.ln2_mean, a.ln2_rstd, R);

@@ -71,6 +71,7 @@ struct Layout {
   std::string state_bits_exclude = "token_embedding head";
   int64_t lora_r = 0;  // lora.r: adapters on a frozen base (0: none)
   bool lora_dropout = false;  // lora.dropout > 0
+  int64_t moe_experts = 0;    // model.moe_experts (the resolved model's): 0, the dense MLP
   bool sft = false;    // SFT data: a loss mask beside data.train (data/sft.h)
   bool pack = false;   // data.pack: SFT examples packed into rows
 

@@ -19,6 +19,7 @@ std::vector<int64_t> ModelSpec::unit_numels() const { return engine.unit_numels(
 int64_t ModelSpec::num_params() const { return engine.num_params(); }
 
 double ModelSpec::flops_per_token(int64_t T) const {
+  if (engine.moe.on()) return engine.flops_per_token(T);  // (the k experts a row runs)
   return 6.0 * static_cast<double>(num_params()) + 12.0 * static_cast<double>(n_layer * n_embd * T);
 }
 

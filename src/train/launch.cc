@@ -161,6 +161,8 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   wanted.sft = !cfg.get_string("data.train").empty() &&
                std::filesystem::exists(data::mask_path(cfg.get_string("data.train")));
   wanted.pack = cfg.get_bool("data.pack");
+  wanted.moe_experts = m.moe.experts;
+  if (p.pp > 1) wanted.schedule = parallel::pipeline::parse_schedule(cfg.get_string("parallel.schedule"));
   if (const auto refused = plan::refusals(wanted); !refused.empty())
     PO_THROW(core::InvalidArgument, refused.front().message());
   p.tp = cfg.get_int("parallel.tp");

@@ -170,6 +170,17 @@ model::TransformerConfig resolve_model_config(const core::Config& config) {
   m.sequence_parallel = config.get_bool("parallel.sequence_parallel");
   m.lora = lora_config(config, m.arch);
   m.quant = weight_quant(config);
+  if (config.is_set("model.moe_experts")) m.moe.experts = config.get_int("model.moe_experts");
+  if (config.is_set("model.moe_top_k")) m.moe.top_k = config.get_int("model.moe_top_k");
+  if (config.is_set("model.moe_ffn_hidden")) m.moe.ffn_hidden = config.get_int("model.moe_ffn_hidden");
+  if (const std::string r = config.get_string("model.moe_router"); r != "softmax_topk") {
+    PO_CHECK(r == "softmax_topk_raw", "model.moe_router = '", r,
+             "': expected 'softmax_topk' (Mixtral) or 'softmax_topk_raw' (Qwen2-MoE, norm_topk_prob = false)");
+    m.moe.router = model::moe::Router::kSoftmaxTopKRaw;
+  }
+  m.moe.aux_loss = config.get_float("train.moe_aux_loss");
+  m.moe.z_loss = config.get_float("train.moe_z_loss");
+  m.moe.step_sequences = config.get_int("train.batch_size");
   m.fill_derived();
   m.validate();
   return m;
@@ -207,6 +218,10 @@ void store_resolved_model(core::Config& config, const model::TransformerConfig& 
   set("model.rope_high_freq_factor", real(m.rope_scaling.high_freq_factor));
   set("model.rope_original_max_position",
       num(static_cast<int64_t>(m.rope_scaling.original_max_position)));
+  set("model.moe_experts", num(m.moe.experts));
+  set("model.moe_top_k", num(m.moe.top_k));
+  set("model.moe_ffn_hidden", num(m.moe.ffn_hidden));
+  set("model.moe_router", m.moe.router == model::moe::Router::kSoftmaxTopK ? "softmax_topk" : "softmax_topk_raw");
   if (m.lora.on() && config.get_string("lora.init").empty()) {  // the targets as resolved
     std::string targets;
     for (const std::string& t : m.lora.targets) targets += (targets.empty() ? "" : " ") + t;

@@ -76,7 +76,10 @@ struct CopyHooks {
               acc[u].clear();
             },
             {},
-            {}};  // no bf16 parameters
+            {},
+            {},
+            {},
+            {}};  // no bf16 parameters, no lookup rows
   }
 };
 
@@ -155,7 +158,7 @@ TEST(GPT2Hooks, OwnBufferHooksAreTheModelWithoutHooks) {
   int ready = 0;
   hooked.set_unit_hooks({[&](int u) { return hooked.params() + hooked.unit_offset(u); },
                          [](int) {}, [&](int u) { return hooked.grads() + hooked.unit_offset(u); },
-                         [&](int) { ++ready; }, {}, {}});
+                         [&](int) { ++ready; }, {}, {}, {}, {}, {}});
   plain.zero_grads();
   hooked.zero_grads();
   for (int m = 0; m < 3; ++m) {

@@ -157,7 +157,7 @@ TEST_F(OneStageInvariants, BucketSumsOverlapTheBackward) {
     const nlohmann::json j = po::test::last_metric(run, "dp_sums");
     return std::pair<int, int>{j.value("overlapped", -1), j.value("all", -1)};
   };
-  for (const std::string& precision : {"fp32", "bf16"}) {
+  for (const std::string precision : {"fp32", "bf16"}) {
     const std::string extra = small + " --set train.precision=" + precision;
     const std::string on = train("on_" + precision, 2, extra);
     const std::string off = train("off_" + precision, 2, extra + " --set parallel.overlap_comm=false");
@@ -216,7 +216,7 @@ TEST_F(OneStageInvariants, ZeroThreeGathersRunAheadWithTheSameBits) {
     const nlohmann::json j = po::test::last_metric(run, "param_gathers");
     return std::pair<int, int>{j.value("prefetched", -1), j.value("all", -1)};
   };
-  for (const std::string& precision : {"fp32", "bf16"}) {
+  for (const std::string precision : {"fp32", "bf16"}) {
     const std::string base = "--set parallel.zero_stage=3 --set train.precision=" + precision;
     for (int prefetch : {1, 2}) {
       const std::string extra = base + " --set parallel.prefetch=" + std::to_string(prefetch);
