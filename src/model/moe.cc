@@ -17,30 +17,30 @@ namespace {
 // in that order and row[place] its row.
 struct Dispatch {
   std::vector<int64_t> begin;
-  std::vector<int64_t> pos, row;
+  int32_t* pos;  // [R·k]
+  int32_t* row;  // [R·k]
+  int64_t n;     // R·k
 };
 
-Dispatch dispatch(const int32_t* chosen, int64_t R, int64_t k, int64_t E) {
-  Dispatch d;
+Dispatch dispatch(const int32_t* chosen, int64_t R, int64_t k, int64_t E, const Work& w) {
+  Dispatch d{{}, w.pos, w.row, R * k};
   d.begin.assign(static_cast<size_t>(E + 1), 0);
   for (int64_t i = 0; i < R * k; ++i) ++d.begin[static_cast<size_t>(chosen[i] + 1)];
   for (int64_t e = 0; e < E; ++e) d.begin[static_cast<size_t>(e + 1)] += d.begin[static_cast<size_t>(e)];
   std::vector<int64_t> next(d.begin.begin(), d.begin.end() - 1);
-  d.pos.resize(static_cast<size_t>(R * k));
-  d.row.resize(static_cast<size_t>(R * k));
   for (int64_t t = 0; t < R; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t p = next[static_cast<size_t>(chosen[t * k + j])]++;
-      d.pos[static_cast<size_t>(t * k + j)] = p;
-      d.row[static_cast<size_t>(p)] = t;
+      d.pos[t * k + j] = static_cast<int32_t>(p);
+      d.row[p] = static_cast<int32_t>(t);
     }
   return d;
 }
 
 // The rows of x in expert-major order: xg[place] = x[row[place]].
 void gather(float* xg, const float* x, const Dispatch& d, int64_t C) {
-  for (size_t p = 0; p < d.row.size(); ++p)
-    std::memcpy(xg + static_cast<int64_t>(p) * C, x + d.row[p] * C, static_cast<size_t>(C) * sizeof(float));
+  for (int64_t p = 0; p < d.n; ++p)
+    std::memcpy(xg + p * C, x + static_cast<int64_t>(d.row[p]) * C, static_cast<size_t>(C) * sizeof(float));
 }
 
 const float* gate_up(const Shape& s, const float* experts, int64_t e) { return experts + e * s.expert_numel(); }
@@ -58,10 +58,21 @@ std::vector<int64_t> sequence_counts(const Shape& s, const int32_t* chosen, int6
   return counts;
 }
 
-// Scratch of a pass (the layer's own, per thread).
-thread_local std::vector<float> xg_, dy_, dact_, dh_, dlog_, dw_;
-
 }  // namespace
+
+Work Work::carve(const Shape& s, int64_t R, float* f) {
+  const int64_t RK = R * s.k;
+  Work w;
+  w.xg = f;
+  w.dy = w.xg + RK * s.C;
+  w.dact = w.dy + RK * s.C;
+  w.dh = w.dact + RK * s.F;
+  w.dlog = w.dh + RK * 2 * s.F;
+  w.dw = w.dlog + R * s.E;
+  w.pos = reinterpret_cast<int32_t*>(w.dw + RK);
+  w.row = w.pos + RK;
+  return w;
+}
 
 Saved Saved::carve(const Shape& s, int64_t R, float* f, int32_t* i) {
   Saved v;
@@ -76,7 +87,7 @@ Saved Saved::carve(const Shape& s, int64_t R, float* f, int32_t* i) {
 }
 
 void forward(const Shape& s, float* out, const float* x, const Weights& w, int64_t R, const Saved& v,
-             const Losses& losses, Stats* stats) {
+             const Work& work, const Losses& losses, Stats* stats) {
   const int64_t C = s.C, F = s.F, E = s.E, k = s.k;
   PO_ASSERT(k >= 1 && k <= E, "moe: top ", k, " of ", E, " experts");
   // The router's probabilities (f32 softmax) and logsumexp, the k largest.
@@ -106,13 +117,12 @@ void forward(const Shape& s, float* out, const float* x, const Weights& w, int64
       for (int64_t j = 0; j < k; ++j) v.weight[t * k + j] = static_cast<float>(v.weight[t * k + j] / chosen_sum);
   }
   // Each expert on its rows, in row order.
-  const Dispatch d = dispatch(v.chosen, R, k, E);
-  xg_.resize(static_cast<size_t>(R * k * C));
-  gather(xg_.data(), x, d, C);
+  const Dispatch d = dispatch(v.chosen, R, k, E, work);
+  gather(work.xg, x, d, C);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = d.begin[static_cast<size_t>(e)], n = d.begin[static_cast<size_t>(e + 1)] - b;
     if (n == 0) continue;  // (exact: nothing to compute)
-    ops::matmul_forward(v.h + b * 2 * F, xg_.data() + b * C, gate_up(s, w.experts, e), nullptr, n, C, 2 * F);
+    ops::matmul_forward(v.h + b * 2 * F, work.xg + b * C, gate_up(s, w.experts, e), nullptr, n, C, 2 * F);
     ops::swiglu_forward(v.act + b * F, v.h + b * 2 * F, n, F);
     ops::matmul_forward(v.y + b * C, v.act + b * F, down(s, w.experts, e), nullptr, n, F, C);
   }
@@ -121,7 +131,7 @@ void forward(const Shape& s, float* out, const float* x, const Weights& w, int64
     float* o = out + t * C;
     for (int64_t j = 0; j < k; ++j) {
       const float wt = v.weight[t * k + j];
-      const float* y = v.y + d.pos[static_cast<size_t>(t * k + j)] * C;
+      const float* y = v.y + static_cast<int64_t>(d.pos[t * k + j]) * C;
       if (j == 0)
         for (int64_t c = 0; c < C; ++c) o[c] = wt * y[c];
       else
@@ -154,44 +164,41 @@ void forward(const Shape& s, float* out, const float* x, const Weights& w, int64
 }
 
 void backward(const Shape& s, float* dx, const Grads& g, const float* dout, const float* x, const Weights& w,
-              int64_t R, const Saved& v, const Losses& losses) {
+              int64_t R, const Saved& v, const Work& work, const Losses& losses) {
   const int64_t C = s.C, F = s.F, E = s.E, k = s.k;
-  const Dispatch d = dispatch(v.chosen, R, k, E);
+  const Dispatch d = dispatch(v.chosen, R, k, E, work);
+  float* const dw_ = work.dw;
+  float* const dy_ = work.dy;
   // d(combine weight) of each slot, and each slot's output gradient.
-  dw_.resize(static_cast<size_t>(R * k));
-  dy_.resize(static_cast<size_t>(R * k * C));
   for (int64_t t = 0; t < R; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t p = d.pos[static_cast<size_t>(t * k + j)];
+      const int64_t p = d.pos[t * k + j];
       const float* y = v.y + p * C;
       const float* o = dout + t * C;
       double dot = 0;
       for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(o[c]) * y[c];
-      dw_[static_cast<size_t>(t * k + j)] = static_cast<float>(dot);
-      float* dy = dy_.data() + p * C;
+      dw_[t * k + j] = static_cast<float>(dot);
+      float* dy = dy_ + p * C;
       const float wt = v.weight[t * k + j];
       for (int64_t c = 0; c < C; ++c) dy[c] = wt * o[c];
     }
   // Each expert backward on its rows; its input gradients replace its dy rows.
-  xg_.resize(static_cast<size_t>(R * k * C));
-  gather(xg_.data(), x, d, C);
+  gather(work.xg, x, d, C);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = d.begin[static_cast<size_t>(e)], n = d.begin[static_cast<size_t>(e + 1)] - b;
     if (n == 0) continue;
-    dact_.resize(static_cast<size_t>(n * F));
-    dh_.resize(static_cast<size_t>(n * 2 * F));
-    float* dy = dy_.data() + b * C;
-    ops::matmul_backward(dact_.data(), down(s, g.experts, e), nullptr, dy, v.act + b * F, down(s, w.experts, e), n, F,
+    float* dy = dy_ + b * C;
+    ops::matmul_backward(work.dact, down(s, g.experts, e), nullptr, dy, v.act + b * F, down(s, w.experts, e), n, F,
                          C);
-    ops::swiglu_backward(dh_.data(), v.h + b * 2 * F, dact_.data(), n, F);
-    ops::matmul_backward(dy, gate_up(s, g.experts, e), nullptr, dh_.data(), xg_.data() + b * C,
-                         gate_up(s, w.experts, e), n, C, 2 * F);
+    ops::swiglu_backward(work.dh, v.h + b * 2 * F, work.dact, n, F);
+    ops::matmul_backward(dy, gate_up(s, g.experts, e), nullptr, work.dh, work.xg + b * C, gate_up(s, w.experts, e),
+                         n, C, 2 * F);
   }
   // A row's input gradient: its k slots', in slot order.
   for (int64_t t = 0; t < R; ++t) {
     float* o = dx + t * C;
     for (int64_t j = 0; j < k; ++j) {
-      const float* src = dy_.data() + d.pos[static_cast<size_t>(t * k + j)] * C;
+      const float* src = dy_ + static_cast<int64_t>(d.pos[t * k + j]) * C;
       if (j == 0)
         std::memcpy(o, src, static_cast<size_t>(C) * sizeof(float));
       else
@@ -202,11 +209,11 @@ void backward(const Shape& s, float* dx, const Grads& g, const float* dout, cons
   // loss (its f held constant) and, through the softmax, the z-loss.
   std::vector<int64_t> counts;
   if (losses.aux > 0) counts = sequence_counts(s, v.chosen, R, losses.T);
-  dlog_.assign(static_cast<size_t>(R * E), 0.0f);
+  std::fill_n(work.dlog, R * E, 0.0f);
   for (int64_t t = 0; t < R; ++t) {
-    float* dp = dlog_.data() + t * E;
+    float* dp = work.dlog + t * E;
     const float* p = v.probs + t * E;
-    const float* dwt = dw_.data() + t * k;
+    const float* dwt = dw_ + t * k;
     if (s.router == Router::kSoftmaxTopK) {
       double S = 0, dot = 0;
       for (int64_t j = 0; j < k; ++j) {
@@ -228,7 +235,7 @@ void backward(const Shape& s, float* dx, const Grads& g, const float* dout, cons
     const double dz = 2.0 * losses.z * losses.row_scale * v.lse[t];
     for (int64_t i = 0; i < E; ++i) dp[i] = static_cast<float>(p[i] * (dp[i] - pd + dz));
   }
-  ops::matmul_backward(dx, g.router, nullptr, dlog_.data(), x, w.router, R, C, E, true);
+  ops::matmul_backward(dx, g.router, nullptr, work.dlog, x, w.router, R, C, E, true);
 }
 
 }  // namespace po::model::moe

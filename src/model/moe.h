@@ -86,6 +86,29 @@ struct Saved {
   static Saved carve(const Shape& s, int64_t R, float* f, int32_t* i);
 };
 
+// The scratch of a forward or backward of R rows, lent by the caller
+// (floats(R) floats; the model's activation layout holds it, so the ledger
+// and the planner count it): the rows gathered expert-major, the slots'
+// output gradients (then input gradients), one expert's d(act) [n, F] and
+// d(gate | up) [n, 2F] (n <= R·k), the router's [R, E] and the slots' [R, k]
+// gradients, and the dispatch (each slot's place, each place's row).
+struct Work {
+  float* xg = nullptr;    // [R·k, C]
+  float* dy = nullptr;    // [R·k, C]
+  float* dact = nullptr;  // [R·k, F]
+  float* dh = nullptr;    // [R·k, 2F]
+  float* dlog = nullptr;  // [R, E]
+  float* dw = nullptr;    // [R, k]
+  int32_t* pos = nullptr;  // [R·k]
+  int32_t* row = nullptr;  // [R·k]
+
+  static int64_t floats(const Shape& s, int64_t R) {
+    const int64_t RK = R * s.k;
+    return 2 * RK * s.C + 3 * RK * s.F + R * s.E + RK + 2 * RK;
+  }
+  static Work carve(const Shape& s, int64_t R, float* f);
+};
+
 // The losses' values of a forward (their share of the step's loss) and the
 // rows each expert got.
 struct Stats {
@@ -96,11 +119,11 @@ struct Stats {
 // out[R, C] = the layer's output for x[R, C]; the saved activations and the
 // losses' values (with `losses`) into `saved` and `stats`.
 void forward(const Shape& s, float* out, const float* x, const Weights& w, int64_t R, const Saved& saved,
-             const Losses& losses, Stats* stats = nullptr);
+             const Work& work, const Losses& losses, Stats* stats = nullptr);
 
 // dx[R, C] written: the gradient of Σ dout ⊙ out plus the losses through
 // the router; the weights' gradients added into g.
 void backward(const Shape& s, float* dx, const Grads& g, const float* dout, const float* x, const Weights& w,
-              int64_t R, const Saved& saved, const Losses& losses);
+              int64_t R, const Saved& saved, const Work& work, const Losses& losses);
 
 }  // namespace po::model::moe

@@ -114,6 +114,7 @@ Transformer::Transformer(const TransformerConfig& config, int64_t B, int64_t T, 
   dbuf_c_ = v.dbuf_c;
   dqkv_ = v.dqkv;
   dfch_ = v.dfch;
+  moe_work_ = v.moe_work;
   full_ = v.full;
   gathered_ = v.gathered;
   dchunk_ = v.dchunk;
@@ -310,6 +311,7 @@ size_t Transformer::layout_activations(const TransformerConfig& unresolved, int6
   out.dqkv = take(BT * QKV);
   // SwiGLU: d(activation output) [BT,F] beside d(fc) [BT,2F]; GELU runs in place.
   out.dfch = take(BT * FC + (config.mlp == Mlp::kSwiGLU ? BT * F : 0));
+  if (config.moe.on()) out.moe_work = take(moe::Work::floats(moe_shape(config), BT));
   if (seq_shards > 1) {
     out.full = take(BT * C);
     out.gathered = take(BT * C);

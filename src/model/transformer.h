@@ -474,6 +474,7 @@ class Transformer {
   moe::Saved moe_saved(const LayerActs& a) const {
     return moe::Saved::carve(layout_.block().moe.shape, B_ * T_, a.fch, reinterpret_cast<int32_t*>(a.fch_gelu));
   }
+  moe::Work moe_work() const { return moe::Work::carve(layout_.block().moe.shape, B_ * T_, moe_work_); }
   // The losses' coefficients and the step's scales (TransformerConfig::Moe).
   moe::Losses moe_losses() const;
   // bf16_activations: the bf16 copies of a layer's large saved tensors (its
@@ -516,6 +517,7 @@ class Transformer {
     float *losses = nullptr, *dres = nullptr, *dlnf = nullptr, *dbuf_c = nullptr;
     float *dqkv = nullptr, *dfch = nullptr;
     float *full = nullptr, *gathered = nullptr, *dchunk = nullptr;
+    float* moe_work = nullptr;  // a mixture of experts' scratch (moe::Work)
     uint16_t *lnf16 = nullptr, *logits16 = nullptr;  // bf16_activations, with the head
     // Float offsets [begin, end) of each block's saved activations, then the
     // head's (ActivationLender's regions).
@@ -718,6 +720,7 @@ class Transformer {
   // its all-gather), the all-gathered norm output [BT,C], an input
   // gradient's reduced rows [BT/sp,C].
   float *full_ = nullptr, *gathered_ = nullptr, *dchunk_ = nullptr;
+  float* moe_work_ = nullptr;  // moe::Work of B·T rows (a mixture of experts)
   const float* emb_dout_ = nullptr;  // dL/d(embedding output) of every row [BT,C]
   // tp > 1: per row of a logits chunk, the maximum and (sum of exp, target logit).
   vocab::Pieces pieces_;       // the head's vocabulary pieces (one stage: tp = 1)

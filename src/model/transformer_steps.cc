@@ -77,7 +77,7 @@ void Transformer::block_forward(const BlockWeights& P, const float* in, const La
     ln2 = gather_rows(a.ln2, gathered_, BT);
   }
   if (k.moe.on()) {  // (one sequence shard, f32: TransformerConfig::validate, shard)
-    moe::forward(k.moe.shape, a.residual3, a.ln2, P.moe, BT, moe_saved(a), moe_losses());
+    moe::forward(k.moe.shape, a.residual3, a.ln2, P.moe, BT, moe_saved(a), moe_work(), moe_losses());
     ops::residual_forward(a.residual3, a.residual3, a.residual2, R * C);
     return;
   }
@@ -179,7 +179,7 @@ void Transformer::block_backward(const BlockWeights& P, const BlockGrads& G, ops
   const float* dy = gather_rows(dres, full_, BT);  // g's conjugate: d(down_proj output)
   if (k.moe.on()) {
     PO_ASSERT(!split && h == nullptr && sp_ == 1, "moe: a fused f32 backward at one sequence shard");
-    moe::backward(k.moe.shape, dnorm, G.moe, dy, a.ln2, P.moe, BT, moe_saved(a), moe_losses());
+    moe::backward(k.moe.shape, dnorm, G.moe, dy, a.ln2, P.moe, BT, moe_saved(a), moe_work(), moe_losses());
   } else {
     const ops::Operand ln2 = gemm_input(a.ln2, h != nullptr ? h->ln2 : nullptr);
     const ops::Operand act = h != nullptr ? ops::Operand(h->fch_gelu) : ops::Operand(a.fch_gelu);

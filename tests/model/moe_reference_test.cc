@@ -66,14 +66,16 @@ struct Golden {
   std::vector<float> ref(const std::string& name, const po::tensor::Shape& s) const { return file.read_f32(name, s); }
 };
 
-// The layer's saved activations, owned.
+// The layer's saved activations and scratch, owned.
 struct Held {
-  std::vector<float> f;
+  std::vector<float> f, w;
   std::vector<int32_t> i;
   moe::Saved saved;
+  moe::Work work;
   Held(const moe::Shape& s, int64_t R)
-      : f(static_cast<size_t>(moe::Saved::floats(s, R))), i(static_cast<size_t>(moe::Saved::ints(s, R))),
-        saved(moe::Saved::carve(s, R, f.data(), i.data())) {}
+      : f(static_cast<size_t>(moe::Saved::floats(s, R))), w(static_cast<size_t>(moe::Work::floats(s, R))),
+        i(static_cast<size_t>(moe::Saved::ints(s, R))), saved(moe::Saved::carve(s, R, f.data(), i.data())),
+        work(moe::Work::carve(s, R, w.data())) {}
 };
 
 void check_case(const std::string& name) {
@@ -85,7 +87,7 @@ void check_case(const std::string& name) {
   const moe::Weights w{g.weights.data(), g.weights.data() + s.E * C};
   std::vector<float> out(static_cast<size_t>(R * C));
   moe::Stats stats;
-  moe::forward(s, out.data(), g.x.data(), w, R, held.saved, g.losses, &stats);
+  moe::forward(s, out.data(), g.x.data(), w, R, held.saved, held.work, g.losses, &stats);
 
   const auto& chosen = g.file.require("chosen", po::checkpoint::StDtype::kI32, {R, s.k});
   std::vector<int32_t> want(static_cast<size_t>(R * s.k));
@@ -101,7 +103,7 @@ void check_case(const std::string& name) {
 
   std::vector<float> dx(static_cast<size_t>(R * C)), grads(g.weights.size(), 0.0f);
   moe::backward(s, dx.data(), {grads.data(), grads.data() + s.E * C}, g.dout.data(), g.x.data(), w, R, held.saved,
-                g.losses);
+                held.work, g.losses);
   expect_close(dx.data(), g.ref("dx", {R, C}), "dx", 1e-5);
   expect_close(grads.data(), g.ref("grad.router", {s.E, C}), "router gradient", 1e-5);
   for (int64_t e = 0; e < s.E; ++e) {
@@ -135,15 +137,15 @@ TEST(MoeReference, TheBalanceLossDoesNotDependOnTheMicroBatches) {
   Held whole(s, R);
   std::vector<float> out(static_cast<size_t>(R * C)), again(out.size());
   moe::Stats all;
-  moe::forward(s, out.data(), g.x.data(), w, R, whole.saved, g.losses, &all);
-  moe::forward(s, again.data(), g.x.data(), w, R, whole.saved, g.losses);
+  moe::forward(s, out.data(), g.x.data(), w, R, whole.saved, whole.work, g.losses, &all);
+  moe::forward(s, again.data(), g.x.data(), w, R, whole.saved, whole.work, g.losses);
   EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0) << "the same batch twice";
   double parts = 0;
   for (int64_t q = 0; q < g.B; ++q) {
     Held one(s, T);
     std::vector<float> o(static_cast<size_t>(T * C));
     moe::Stats st;
-    moe::forward(s, o.data(), g.x.data() + q * T * C, w, T, one.saved, g.losses, &st);  // (the step's scales)
+    moe::forward(s, o.data(), g.x.data() + q * T * C, w, T, one.saved, one.work, g.losses, &st);  // (the step's scales)
     parts += st.aux;
     const std::vector<float> in_batch(out.begin() + q * T * C, out.begin() + (q + 1) * T * C);
     expect_close(o.data(), in_batch, "sequence " + std::to_string(q) + " alone vs in the batch", 1e-6);

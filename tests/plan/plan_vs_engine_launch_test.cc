@@ -91,6 +91,10 @@ const Case kCases[] = {
     {"cp2_allgather_s2_fp32_contiguous", 1, "parallel.cp=2 parallel.cp_mode=allgather parallel.cp_balance=contiguous parallel.zero_stage=2"},
     {"cp2_tp2_s0_fp32_sp", 1, "parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true"},
     {"cp2_s1_fp32_paged_nvme", 1, "parallel.cp=2 parallel.zero_stage=1 memory.page_size=16KiB", true},
+    // A mixture of experts (moe-tiny at these shapes: 4 SwiGLU experts, top 2, in every block):
+    // its saved tensors and its scratch are in the activation layout, its tensors in the units.
+    {"moe_dp1_s0_fp32", 1, "model.preset=moe-tiny model.arch=llama train.moe_aux_loss=0.01"},
+    {"moe_dp2_s3_fp32_ckpt_paged_nvme", 2, "model.preset=moe-tiny model.arch=llama parallel.zero_stage=3 model.activation_checkpointing=true memory.page_size=16KiB", true},
 };
 
 std::vector<std::string> split_sets(const std::string& s) {
@@ -357,6 +361,7 @@ const Case kPipelineCases[] = {
     {"dp2_pp2_zbv_s3_bf16_4bit", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=3 train.precision=bf16 optim.state_bits=4"},
     {"dp2_pp2_zbv_s3_fp32_paged_nvme", 2, "model.n_layer=4 parallel.pp=2 parallel.schedule=zbv parallel.zero_stage=3 memory.page_size=16KiB", true},
     {"pp2_zbh1_s3_bf16_paged_nvme", 1, "parallel.pp=2 parallel.schedule=zb-h1 parallel.zero_stage=3 train.precision=bf16 memory.page_size=16KiB", true},
+    {"moe_dp2_pp2_1f1b_s1", 2, "model.preset=moe-tiny model.arch=llama parallel.pp=2 parallel.schedule=1f1b parallel.zero_stage=1"},
 };
 
 class PlanVsPipeline : public PlanVsEngine {};
