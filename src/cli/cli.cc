@@ -96,16 +96,17 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& se
   core::Config cfg = core::Config::load(config_path, sets);
   if (resume) cfg.set_text("train.resume", "true", "--resume");
   train::resolve_precision(cfg);
-  // Ranks per replica (a data-parallel rank's share of the mesh).
-  const int64_t tp =
-      cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp");
+  // Ranks per data-parallel rank (its share of the mesh, over every DiLoCo replica).
+  const int64_t tp = cfg.get_int("parallel.tp") * cfg.get_int("parallel.pp") * cfg.get_int("parallel.cp") *
+                     cfg.get_int("parallel.replicas");
   if (nproc > 1) {
     // The processes are the mesh: parallel.dp = nproc / parallel.tp unless given.
     const bool pp = cfg.get_int("parallel.pp") > 1, cp = cfg.get_int("parallel.cp") > 1;
-    const char* per_replica = pp && cp ? "parallel.tp × parallel.pp × parallel.cp"
-                              : pp     ? "parallel.tp × parallel.pp"
-                              : cp     ? "parallel.tp × parallel.cp"
-                                       : "parallel.tp";
+    const std::string per_replica = std::string(cfg.get_int("parallel.replicas") > 1 ? "parallel.replicas × " : "") +
+                                    (pp && cp ? "parallel.tp × parallel.pp × parallel.cp"
+                                     : pp     ? "parallel.tp × parallel.pp"
+                                     : cp     ? "parallel.tp × parallel.cp"
+                                              : "parallel.tp");
     PO_CHECK(nproc % tp == 0, "--nproc ", nproc, " is not a multiple of ", per_replica, " = ", tp);
     PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == nproc, "--nproc ",
              nproc, " disagrees with parallel.dp × ", per_replica, " = ",

@@ -71,6 +71,7 @@ const std::vector<KeySpec>& schema() {
       {"train.precision", Kind::kString, std::string("fp32")},
       {"train.moe_aux_loss", Kind::kFloat, 0.0, 0, 1e3},  // the balance loss's α (docs/moe.md)
       {"train.moe_z_loss", Kind::kFloat, 0.0, 0, 1e3},    // the router z-loss's coefficient
+      {"train.local_steps", Kind::kInt, int64_t{0}, 0, 1e12},  // H: inner steps per outer step; 0: none
       {"train.eval_interval", Kind::kInt, int64_t{0}, 0, 1e12},
       {"train.eval_batches", Kind::kInt, int64_t{8}, 1, 1e9},
       {"train.checkpoint_interval", Kind::kInt, int64_t{0}, 0, 1e12},
@@ -93,6 +94,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.tp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.pp", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"parallel.cp", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"parallel.replicas", Kind::kInt, int64_t{1}, 1, 1 << 20},  // DiLoCo's workers (docs/diloco.md)
       {"parallel.cp_mode", Kind::kString, std::string("ring")},         // parallel/context_parallel.h
       {"parallel.cp_balance", Kind::kString, std::string("zigzag")},   // | "contiguous"
       {"parallel.sequence_parallel", Kind::kBool, false},
@@ -119,10 +121,20 @@ const std::vector<KeySpec>& schema() {
       {"memory.io", Kind::kString, std::string("auto")},
       {"memory.update_in_backward", Kind::kBool, false},  // docs/benchmarks.md: slower here
       {"memory.lend_activations", Kind::kBool, true},  // docs/paging.md: lent frames
+      {"optim.name", Kind::kString, std::string("adamw")},  // | "sgd" (no state; docs/diloco.md)
       {"optim.state_bits", Kind::kInt, int64_t{32}, 4, 32},  // 32 | 8 | 4 (docs/optim_bits.md)
       {"optim.block_size", Kind::kInt, int64_t{0}, 0, 4096},  // 0: 256 at 8 bits, 128 at 4
       // What keeps 32-bit moments: tensor names, "token_embedding", "head" (an untied head's)
       {"optim.state_bits_exclude", Kind::kString, std::string("token_embedding head")},
+      // The outer step of train.local_steps (optim/outer.h; docs/diloco.md)
+      {"outer.optimizer", Kind::kString, std::string("nesterov")},  // | sgd | adam | yogi
+      {"outer.lr", Kind::kFloat, 0.7, 0, 1e3},
+      {"outer.momentum", Kind::kFloat, 0.9, 0, 0.999999},  // SGD's and Nesterov's μ, Adam's and Yogi's β1
+      {"outer.beta2", Kind::kFloat, 0.99, 0, 0.99999999},
+      {"outer.eps", Kind::kFloat, 1e-8, 0, 1},
+      {"outer.exchange_dtype", Kind::kString, std::string("fp32")},  // | bf16 | int8
+      {"outer.fragments", Kind::kInt, int64_t{1}, 1, 1 << 16},
+      {"outer.paged", Kind::kBool, true},  // with memory.nvme_dir: the outer state in pages on it
       // Low-rank adapters (model/config.h LoraConfig; docs/finetuning.md)
       {"lora.r", Kind::kInt, int64_t{0}, 0, 1 << 16},  // 0: off, every parameter trains
       {"lora.alpha", Kind::kFloat, 8.0, 0, 1e9},

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/device.h"
+#include "core/bf16.h"
 #include "backend/ops.h"
 #include "core/error.h"
 #include "backend/quant_map.h"
@@ -307,6 +308,15 @@ void AdamW::update_elements(const ParamRange& r, const Operands& x, float* m, fl
                             const ops::QuantMoments* q, int64_t n, double lr, double scale) const {
   const auto f = [](double d) { return static_cast<float>(d); };
   const float decay = r.decay ? f(config_.weight_decay) : 0.0f;
+  if (config_.sgd) {
+    const float lrf = f(lr), keep = 1.0f - lrf * decay, gs = f(scale);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = (x.gb != nullptr ? core::bf16_to_f32({x.gb[i]}) : x.g[i]) * gs;
+      x.p[i] = x.p[i] * keep - lrf * g;
+      if (x.out != nullptr) x.out[i] = core::f32_to_bf16(x.p[i]).bits;
+    }
+    return;
+  }
   if (q != nullptr)
     ops::adamw_update_quant(x.p, x.g, x.gb, x.out, q, n, f(lr), f(config_.beta1), f(config_.beta2),
                             f(config_.eps), decay, f(scale), t_);

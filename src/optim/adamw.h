@@ -36,6 +36,11 @@ struct AdamWConfig {
   // (an untied head), whose moments stay 32-bit; as are tensors of fewer
   // than kMinQuantizedNumel elements (bitsandbytes' min_8bit_size).
   std::string state_bits_exclude = "token_embedding head";
+  // optim.name = "sgd": plain SGD, p ← p·(1 − lr·wd) − lr·g (decoupled
+  // decay as AdamW's; no momentum). It keeps AdamW's layout (m and v
+  // allocated, paged and checkpointed, zeros), so every path runs it
+  // unchanged; a stateless schema is future work (docs/diloco.md).
+  bool sgd = false;
 };
 inline constexpr int64_t kMinQuantizedNumel = 4096;
 

@@ -61,6 +61,9 @@ void check_ranks_agree(comm::Communicator& world, const core::Config& cfg) {
 
 // "parallel.dp = 2" or "parallel.dp × parallel.tp = 2 × 2 = 4": the keys behind a world size.
 std::string world_keys(const Plan& p) {
+  if (p.replicas > 1)
+    return core::str_cat("parallel.replicas × parallel.dp × parallel.tp × parallel.pp × parallel.cp = ", p.replicas,
+                         " × ", p.dp, " × ", p.tp, " × ", p.pp, " × ", p.cp, " = ", p.world());
   if (p.cp > 1)
     return core::str_cat("parallel.dp × parallel.tp × parallel.pp × parallel.cp = ", p.dp, " × ",
                          p.tp, " × ", p.pp, " × ", p.cp, " = ", p.world());
@@ -109,6 +112,20 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
            " must be a multiple of parallel.dp × train.micro_batch_size = ", p.dp, " × ",
            p.micro);
   p.accum = p.batch / (p.dp * p.micro);
+  p.replicas = cfg.get_int("parallel.replicas");
+  p.local_steps = cfg.get_int("train.local_steps");
+  PO_CHECK(p.replicas == 1 || p.local_steps > 0, "parallel.replicas = ", p.replicas,
+           " trains replicas that meet every train.local_steps steps: set it (DiLoCo's is 500; docs/diloco.md)");
+  if (p.local_steps > 0) {
+    const int64_t ckpt = cfg.get_int("train.checkpoint_interval");
+    PO_CHECK(ckpt % p.local_steps == 0, "train.checkpoint_interval = ", ckpt,
+             " must be a multiple of train.local_steps = ", p.local_steps,
+             ": a checkpoint holds the replicas' parameters right after an outer step");
+    PO_CHECK(!cfg.get_bool("checkpoint.async"), "checkpoint.async with train.local_steps: not built yet (docs/diloco.md)");
+    PO_CHECK(!cfg.get_bool("train.resume"), "train.resume with train.local_steps = ", p.local_steps,
+             ": checkpoints hold no outer state (the global copy, its momentum) and one replica's Adam state, ",
+             "so a resumed run would not be the one it continues; not built yet (docs/diloco.md)");
+  }
   p.T = m.seq_len;
   p.steps = cfg.get_int("train.steps");
   p.eval_interval = cfg.get_int("train.eval_interval");
@@ -194,13 +211,22 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
              " processes were launched");
     check_ranks_agree(*world, cfg);
   }
+  const int global = world ? world->rank() : 0;
+  leader = global == 0;
+  if (p.replicas > 1) {
+    // The slowest axis: replica ρ is ranks [ρ·R, (ρ+1)·R) of the job's.
+    const int per = static_cast<int>(p.replica_world());
+    replica = global / per;
+    everyone = std::move(world);
+    across = everyone->split(global % per, replica, core::str_cat("outer", global % per));
+    if (per > 1) world = everyone->split(replica, global % per, core::str_cat("replica", replica));
+  }
   rank = world ? world->rank() : 0;
-  leader = rank == 0;
   dp_rank = rank;  // at tp = 1
   if (world && (p.tp > 1 || p.pp > 1 || p.cp > 1)) {
     // Megatron's rank order: tp fastest, so a tensor group is consecutive
     // ranks; pp slowest, so a stage is a block of dp × tp ranks.
-    const comm::DeviceMesh mesh(static_cast<int>(n), {.dp = static_cast<int>(p.dp),
+    const comm::DeviceMesh mesh(static_cast<int>(p.replica_world()), {.dp = static_cast<int>(p.dp),
                                                       .tp = static_cast<int>(p.tp),
                                                       .pp = static_cast<int>(p.pp),
                                                       .cp = static_cast<int>(p.cp)});
@@ -221,9 +247,9 @@ Launch::Launch(const core::Config& cfg, const Plan& p) {
     tensor = group(comm::Axis::kTensor, "tp");
     pipeline = group(comm::Axis::kPipeline, "pp");
   }
-  if (world) {
+  if (job()) {
     // Rank 0 reports; the others speak only to warn or fail, and say who they are.
-    core::set_log_prefix("[rank " + std::to_string(rank) + "] ");
+    core::set_log_prefix("[rank " + std::to_string(global) + "] ");
     if (!leader && core::log_level() < core::LogLevel::kWarn)
       core::set_log_level(core::LogLevel::kWarn);
   }

@@ -25,7 +25,13 @@ struct Plan {
   int64_t tp = 1;  // tensor-parallel ranks (each dp replica is tp processes)
   int64_t pp = 1;  // pipeline stages (each replica is tp × pp processes); m = accum micro-batches
   int64_t cp = 1;  // context-parallel ranks: each holds T / cp of every sequence's positions
-  int64_t world() const { return dp * tp * pp * cp; }
+  // DiLoCo's replicas (parallel.replicas): each a whole dp × tp × pp × cp
+  // mesh training on its own batch of `batch` sequences, the mesh's slowest
+  // axis; every local_steps steps their parameters meet in an outer step.
+  int64_t replicas = 1;
+  int64_t local_steps = 0;
+  int64_t replica_world() const { return dp * tp * pp * cp; }
+  int64_t world() const { return replicas * replica_world(); }
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
 };
 
@@ -42,6 +48,11 @@ struct Launch {
   Launch& operator=(const Launch&) = delete;
 
   std::unique_ptr<comm::mpi::Session> mpi_session;  // declared first: finalized last
+  // parallel.replicas > 1: the whole job, and the ranks at this rank's place
+  // in every replica, in replica order (the outer step's group); else null.
+  // `world` is then this replica's ranks (null when it is one process):
+  // everything but the outer step runs within a replica.
+  std::unique_ptr<comm::Communicator> everyone, across;
   std::unique_ptr<comm::Communicator> world;        // null in a single process
   // The mesh's groups (comm/mesh.h, tp fastest), null where their axis is 1:
   // gradients reduce and ZeRO shards over dp_group(); split layers reduce
@@ -57,9 +68,12 @@ struct Launch {
   std::unique_ptr<comm::Communicator> data, tensor, pipeline, context;
   bool meshed = false;  // the world is split into groups (tp, pp or cp > 1)
   int local_ranks = 1;                              // ranks sharing this node's CPUs
-  int rank = 0;
+  int rank = 0;     // in the replica
+  int replica = 0;  // parallel.replicas: this rank's
+  // The job's processes agree on stops (train/stop.h): every replica's.
+  comm::Communicator* job() const { return everyone ? everyone.get() : world.get(); }
   int dp_rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;  // this rank's mesh coordinates
-  bool leader = true;  // only rank 0 writes the run directory
+  bool leader = true;  // only rank 0 (of replica 0) writes the run directory
 };
 
 // train.threads (0: this rank's share of the usable CPUs) and the GEMM

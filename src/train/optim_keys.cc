@@ -20,6 +20,11 @@ optim::AdamWConfig adamw_config(const core::Config& cfg) {
            " is not a power of two (2 to 4096; 0 takes 256 at 8 bits, 128 at 4)");
   o.block_size = block != 0 ? block : o.state_bits == 4 ? 128 : 256;
   o.state_bits_exclude = cfg.get_string("optim.state_bits_exclude");
+  const std::string& name = cfg.get_string("optim.name");
+  PO_CHECK(name == "adamw" || name == "sgd", "optim.name = \"", name, "\": choose \"adamw\" or \"sgd\"");
+  o.sgd = name == "sgd";
+  PO_CHECK(!o.sgd || o.state_bits == 32, "optim.name = \"sgd\" keeps no moments to quantize: optim.state_bits = ",
+           o.state_bits, " applies to adamw");
   return o;
 }
 

@@ -2,8 +2,10 @@
 #include "train/pipeline_train.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -23,6 +25,7 @@
 #include "parallel/tensor_parallel.h"
 #include "train/async_checkpoint.h"
 #include "train/metrics.h"
+#include "train/outer_sync.h"
 #include "train/model_setup.h"
 #include "train/paging_setup.h"
 #include "train/rank_records.h"
@@ -104,6 +107,8 @@ struct Writers {
   std::unique_ptr<comm::Communicator> group;  // null in one process
   parallel::ShardLayout file;                 // this rank's cut
   int count = 1;
+  int per_stage = 1;  // W
+  int index = 0;      // this rank's, g·W + d·TP + t
 };
 
 // The checkpoint files' cut (above); collective over the world.
@@ -118,7 +123,7 @@ Writers checkpoint_writers(const RunInputs& r, const parallel::PipelineExecutor&
   return {r.launch.world ? r.launch.world->split(0, index, "writers") : nullptr,
           parallel::ShardLayout::stage_units(model::Layout(ex.config()).unit_numels(), std::move(owner),
                                              s.schedule.ranks, W, index),
-          s.schedule.ranks * W};
+          s.schedule.ranks * W, W, index};
 }
 
 // This writer's slices of its stage's units (a collective over the world):
@@ -140,14 +145,14 @@ struct StageState {
 };
 
 StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
-                        const Writers& writers) {
+                        const Writers& writers, int kinds = 3, const std::function<bool(int)>& wanted = {}) {
   const model::Layout& held = ex.layout();
   StageState out{model::Layout(ex.config()), &writers.file, {}};
   const model::Layout& whole = out.whole;
   const int U = held.num_units(), tp = static_cast<int>(r.p.tp);
   const int prank = pipe_rank(s.pipe);
   comm::Communicator* tensor = r.launch.tp_group();
-  for (auto& w : out.all) w.resize(static_cast<size_t>(out.file->local_numel()));
+  for (int k = 0; k < kinds; ++k) out.all[k].resize(static_cast<size_t>(out.file->local_numel()));
   // Every tp rank's held layout, for the assembly.
   const std::vector<model::Layout> tp_layouts =
       tp > 1 ? tp_rank_layouts(ex.config(), tp) : std::vector<model::Layout>{};
@@ -155,9 +160,9 @@ StageState gather_stage(const RunInputs& r, parallel::PipelineExecutor& ex, cons
   const bool own = tp == 1 && ex.local_parts();
   std::vector<float> unit, assembled;
   for (int u = 0; u < U; ++u) {
-    if (owner_of(s, held, u) != prank) continue;
+    if (owner_of(s, held, u) != prank || (wanted && !wanted(u))) continue;
     const auto n = static_cast<size_t>(held.unit_numel(u));
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kinds; ++k) {
       const checkpoint::StateKind kind = checkpoint::kAllStateKinds[static_cast<size_t>(k)];
       if (own) {
         ex.read_unit_part(kind, u, out.file->begin(u), out.file->end(u), out.all[k].data() + out.file->local_offset(u));
@@ -256,6 +261,70 @@ void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& m
   ex.sync_replica();
 }
 
+// The outer step's way back (train/outer_sync.h): every writer's slice of
+// the units `wanted` of its stage, gathered over the stage's writers into
+// whole units, each rank keeping its tensor shard as a checkpoint load does
+// (write_unit: its ZeRO shard, a bf16 stage's rounded copy).
+void scatter_stage(parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s, const Writers& writers,
+                   comm::Communicator* stage, const float* slice, const std::function<bool(int)>& wanted) {
+  const model::Layout& held = ex.layout();
+  const model::Layout whole(ex.config());
+  const int prank = pipe_rank(s.pipe);
+  const parallel::ShardLayout& file = writers.file;
+  std::vector<float> send, all, unit;
+  for (int u = 0; u < held.num_units(); ++u) {
+    if (owner_of(s, held, u) != prank || !wanted(u)) continue;
+    const int64_t n = whole.unit_numel(u);
+    if (stage != nullptr) {  // the writers' slices lie at W strides of the unit, in writer order
+      const int64_t S = file.stride(u);
+      send.assign(static_cast<size_t>(S), 0.0f);
+      std::copy_n(slice + file.local_offset(u), file.owned(u), send.begin());
+      all.resize(static_cast<size_t>(S * stage->size()));
+      stage->all_gather(send.data(), all.data(), static_cast<size_t>(S), DType::kF32);
+    } else {
+      all.assign(slice + file.local_offset(u), slice + file.local_offset(u) + n);
+    }
+    unit.resize(static_cast<size_t>(held.unit_numel(u)));
+    shard_unit(held, whole, u, all.data(), unit.data());
+    ex.write_unit(parallel::PipelineExecutor::State::kParams, u, unit.data());
+  }
+  ex.sync_replica();
+}
+
+// DiLoCo inside the job (train.local_steps; train/outer_sync.h): the outer
+// state of this rank's checkpoint slice, and its stage's writers.
+struct Outer {
+  std::unique_ptr<comm::Communicator> stage;  // the stage's W writers in writer order (null: W = 1)
+  std::unique_ptr<OuterSync> sync;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges;  // per fragment: (offset, count) in the slice
+  int fragments = 1;
+  bool wanted(int u, int f) const { return u % fragments == f; }
+};
+
+std::unique_ptr<Outer> make_outer(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
+                                  const Writers& writers) {
+  auto o = std::make_unique<Outer>();
+  const OuterOptions opts = outer_options(r.cfg, r.launch.job() ? r.launch.job()->rank() : 0);
+  o->fragments = opts.fragments;
+  if (r.launch.world && writers.per_stage > 1)
+    o->stage = r.launch.world->split(pipe_rank(s.pipe), writers.index % writers.per_stage,
+                                     core::str_cat("stage", pipe_rank(s.pipe), "-writers"));
+  const StageState w = gather_stage(r, ex, s, writers, 1);
+  const parallel::ShardLayout& file = writers.file;
+  o->ranges.resize(static_cast<size_t>(opts.fragments));
+  for (int u = 0; u < file.num_units(); ++u)
+    if (file.owned(u) > 0)
+      o->ranges[static_cast<size_t>(u % opts.fragments)].emplace_back(file.local_offset(u), file.owned(u));
+  o->sync = std::make_unique<OuterSync>(opts, r.launch.across.get(), file.local_numel(), w.all[0].data());
+  if (r.launch.leader)
+    PO_LOG_INFO("outer step every ", opts.local_steps, " steps over ", r.p.replicas, " replica",
+                r.p.replicas > 1 ? "s" : "", ": ", optim::outer_kind_name(opts.outer.kind), " at lr ", opts.outer.lr,
+                ", momentum ", opts.outer.momentum, ", exchanged in ", r.cfg.get_string("outer.exchange_dtype"),
+                opts.fragments > 1 ? core::str_cat(", ", opts.fragments, " fragments") : std::string(),
+                "; its state ", o->sync->paged() ? "in pages on memory.nvme_dir" : "in memory");
+  return o;
+}
+
 // Adapters (lora.r > 0): the frozen base and the adapters on it, made on
 // every rank as a one-stage run makes them (load_base_and_adapters: model.init's
 // weights or the random base, quantized with model.quant, then the adapters
@@ -314,9 +383,10 @@ class PipelineSteps : public LayoutSteps {
  public:
   PipelineSteps(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& setup,
                 const model::ContextSplit& cp, parallel::TensorParallelOps* tp_ops,
-                parallel::ContextParallelOps* cp_ops, bool paged, const Writers& writers, double peak_gflops)
+                parallel::ContextParallelOps* cp_ops, bool paged, const Writers& writers, double peak_gflops,
+                Outer* outer)
       : r_(r), p_(r.p), ex_(ex), setup_(setup), writers_(writers), cp_(cp), tp_ops_(tp_ops), cp_ops_(cp_ops),
-        paged_(paged), peak_gflops_(peak_gflops),
+        paged_(paged), peak_gflops_(peak_gflops), outer_(outer),
         pipe_(r.launch.pp_group()), trace_(r.cfg.get_string("train.trace")),
         in_(static_cast<size_t>(p_.micro * p_.T)), tg_(in_.size()) {
     const pl::Schedule& sch = setup.schedule;
@@ -351,7 +421,8 @@ class PipelineSteps : public LayoutSteps {
     const pl::Schedule& sch = setup_.schedule;
     const int rank = r_.launch.dp_rank;
     const bool sft = r_.sampler.sft() != nullptr;
-    const double counted = step_targets(r_.sampler, p_, step);  // (train_step.h)
+    const int64_t base = r_.launch.replica * p_.batch;  // this replica's batch in the step's
+    const double counted = step_targets(r_.sampler, p_, step, base);  // (train_step.h)
     const float grad_scale = static_cast<float>(1.0 / counted);
     // The executor's collectives on its data and tensor groups, this step.
     comm::Communicator* groups[2] = {setup_.data, setup_.tensor};
@@ -364,12 +435,12 @@ class PipelineSteps : public LayoutSteps {
     const parallel::PipelineStepStats st = ex_.forward_backward(
         [&](int micro, int32_t* inputs, int32_t* targets) {
           fill_rows(inputs, targets, [&](int32_t* i, int32_t* t) {
-            r_.sampler.fill(step, (rank * p_.accum + micro) * p_.micro, p_.micro, i, t);
+            r_.sampler.fill(step, base + (rank * p_.accum + micro) * p_.micro, p_.micro, i, t);
           });
         },
         grad_scale,
         [&](int micro, model::Transformer& m) {
-          const int64_t first = (rank * p_.accum + micro) * p_.micro;
+          const int64_t first = base + (rank * p_.accum + micro) * p_.micro;
           m.set_dropout(r_.seed, step, first);  // (no-op without lora.dropout)
           if (pos_.empty()) return;
           // Packed rows: every stage's positions (its attention and, on the first, the position table's)
@@ -394,6 +465,12 @@ class PipelineSteps : public LayoutSteps {
     // cp ranks: means over their own tokens; SFT: each a micro-batch's sum over its rows.
     loss = sft ? loss * static_cast<double>(p_.micro * p_.T / p_.cp) / counted
                : loss / static_cast<double>(p_.accum * p_.dp * p_.cp);
+    if (comm::Communicator* across = r_.launch.across.get(); across != nullptr) {  // the replicas' mean
+      float l = static_cast<float>(loss);
+      across->allreduce(&l, 1, DType::kF32, comm::ReduceOp::kSum);
+      loss = static_cast<double>(l) / static_cast<double>(p_.replicas);
+    }
+    const nlohmann::json outer = outer_ ? outer_step(step) : nlohmann::json();
     StepStats s;
     s.loss = loss;
     s.lr = lr;
@@ -429,6 +506,7 @@ class PipelineSteps : public LayoutSteps {
       record["dp_sums"] = {{"overlapped", early}, {"all", all}};
     if (st.param_gathers > 0)  // (this rank's: ZeRO-3)
       record["param_gathers"] = {{"prefetched", st.prefetched}, {"all", st.param_gathers}};
+    if (!outer.is_null()) record["outer"] = outer;
     o.records.push_back(std::move(record));
     if (paged_) {
       nlohmann::json pages = paging_json(after.step, records);
@@ -467,10 +545,49 @@ class PipelineSteps : public LayoutSteps {
   }
 
   double save(const std::string& path, const TrainState& state, AsyncCheckpointer* async) override {
+    if (r_.launch.replica != 0) return 0;  // replica 0 writes (docs/diloco.md)
     return save_pipeline(r_, ex_, setup_, writers_, state, path, async);
   }
 
  private:
+  // The outer steps due after inner step `step` (every fragment's after the
+  // run's last): this writer's slice gathered, stepped over the replicas,
+  // scattered back. Its record (the leader's): the fragments stepped, the
+  // payload bytes the replica's ranks exchanged with the other replicas, the
+  // pseudo-gradient's norm ‖Δ̄‖, the seconds.
+  nlohmann::json outer_step(int64_t step) {
+    OuterSync& sync = *outer_->sync;
+    const bool last = step + 1 == p_.steps;
+    double mine[3] = {0, 0, 0};  // bytes, Σ Δ̄², seconds
+    nlohmann::json fragments = nlohmann::json::array();
+    for (int f = 0; f < sync.fragments(); ++f) {
+      if (sync.due(step) != f && !last) continue;
+      core::Timer t;
+      const auto wanted = [this, f](int u) { return outer_->wanted(u, f); };
+      StageState w = gather_stage(r_, ex_, setup_, writers_, 1, wanted);
+      const OuterSync::Stats st = sync.step(f, w.all[0].data(), outer_->ranges[static_cast<size_t>(f)]);
+      scatter_stage(ex_, setup_, writers_, outer_->stage.get(), w.all[0].data(), wanted);
+      mine[0] += static_cast<double>(st.bytes);
+      mine[1] += st.delta_sq;
+      mine[2] += t.seconds();
+      fragments.push_back(f);
+    }
+    if (fragments.empty()) return {};
+    comm::Communicator* world = r_.launch.world.get();
+    const int ranks = world ? world->size() : 1;
+    std::vector<double> all(3 * static_cast<size_t>(ranks));
+    if (world) world->all_gather(mine, all.data(), 6, DType::kI32);  // doubles, bit-exact
+    else std::copy_n(mine, 3, all.begin());
+    double bytes = 0, sq = 0, seconds = 0;
+    for (int k = 0; k < ranks; ++k) {
+      bytes += all[3 * static_cast<size_t>(k)];
+      sq += all[3 * static_cast<size_t>(k) + 1];
+      seconds = std::max(seconds, all[3 * static_cast<size_t>(k) + 2]);
+    }
+    return {{"fragments", fragments}, {"outer_steps", sync.outer_steps(fragments.back().get<int>())},
+            {"bytes", bytes}, {"delta_norm", std::sqrt(sq)}, {"ms", seconds * 1000}};
+  }
+
   // `micro` whole sequences from fill(in, tg), as this rank's rows.
   template <typename Fill>
   void fill_rows(int32_t* inputs, int32_t* targets, const Fill& fill) {
@@ -575,6 +692,7 @@ class PipelineSteps : public LayoutSteps {
   parallel::ContextParallelOps* cp_ops_;  // null at cp = 1
   bool paged_;
   double peak_gflops_;        // mfu's denominator (gemm_peak_gflops)
+  Outer* outer_;              // null without train.local_steps
   size_t predicted_ = 0;
   comm::Communicator* pipe_;  // null at pp = 1
   std::string trace_;
@@ -652,8 +770,10 @@ TrainResult train_pipeline(const RunInputs& r) {
     tensor::set_pool_budget(tensor::Pool::kCompute, budget);
   // From here "peak" is the training steps' own (memory_per_rank's).
   tensor::reset_pool_peak(tensor::Pool::kCompute);
+  // train.local_steps: the outer state starts from the parameters as they are now.
+  const std::unique_ptr<Outer> outer = p.local_steps > 0 ? make_outer(r, ex, setup, writers) : nullptr;
   PipelineSteps steps(r, ex, setup, cp, tp_ops ? &*tp_ops : nullptr, cp_ops ? &*cp_ops : nullptr, paged, writers,
-                      peak_gflops);
+                      peak_gflops, outer.get());
   return run_steps(steps, l, state);
 }
 

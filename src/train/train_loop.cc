@@ -14,7 +14,7 @@ namespace po::train {
 namespace fs = std::filesystem;
 
 LoopSetup loop_setup(const RunInputs& r) {
-  return {r.p,          r.sched,       r.launch.world.get(),
+  return {r.p,          r.sched,       r.launch.job(),
           r.val,        r.run_dir,     static_cast<int>(r.cfg.get_int("train.log_interval")),
           r.launch.leader, r.threads, nullptr};
 }

@@ -51,7 +51,7 @@ class LayoutSteps {
 struct LoopSetup {
   const Plan& p;
   const optim::LrSchedule& sched;
-  comm::Communicator* world = nullptr;  // every rank (null: one process)
+  comm::Communicator* world = nullptr;  // every rank of the job (null: one process)
   const data::TokenFile* val = nullptr;  // null without data.val
   std::string run_dir;
   int log_interval = 1;  // train.log_interval

@@ -19,9 +19,9 @@ void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
       std::copy_n(seq + b * T + cp.chunk(static_cast<int>(i)) * S, S, local + b * Tl + i * S);
 }
 
-double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step) {
-  if (sampler.sft() == nullptr) return tokens_per_step(p);
-  const double counted = static_cast<double>(sampler.counted_targets(step, 0, p.batch));
+double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step, int64_t first) {
+  if (sampler.sft() == nullptr) return static_cast<double>(p.batch * p.T);
+  const double counted = static_cast<double>(sampler.counted_targets(step, first, p.batch));
   PO_CHECK(counted > 0, "step ", step, ": the batch's ", p.batch, " SFT rows hold no target the loss counts");
   return counted;
 }

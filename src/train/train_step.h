@@ -27,8 +27,8 @@ namespace po::train {
 void cut_context_rows(const model::ContextSplit& cp, int64_t micro, int64_t T,
                       const int32_t* seq, int32_t* local);
 
-// Tokens in one step's global batch, all ranks.
-inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.batch * p.T); }
+// Tokens in one step's global batch, all ranks (of every replica).
+inline double tokens_per_step(const Plan& p) { return static_cast<double>(p.replicas * p.batch * p.T); }
 
 // MFU's denominator, GFLOP/s per rank: train.peak_gflops, or the GEMM peak
 // of the precision the steps run in (the bf16 GEMM's on bf16 operands in a
@@ -63,8 +63,9 @@ struct StepStats {
 // global batch, or with SFT data the batch's counted targets (each rank
 // counts them from the sampler, a pure function of the step; none is an
 // error naming the step), so a batch of 8 is the batch of 1 accumulated 8
-// times however long the examples are.
-double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step);
+// times however long the examples are. `first`: the batch's first
+// sequence in the step's (replica ρ's batch starts at ρ · batch).
+double step_targets(const data::BatchSampler& sampler, const Plan& p, int64_t step, int64_t first = 0);
 
 // Validation over SFT data: sum (Σ of a batch's mean × its rows) over the
 // counted targets of those batches, both summed over the context group

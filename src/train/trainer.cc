@@ -148,7 +148,7 @@ TrainResult train(const core::Config& cfg) {
                    "pagedoptim: stopped on request after step %lld; checkpoint written; exit %d "
                    "(resume with --resume)\n",
                    static_cast<long long>(result.steps), kExitResume);
-    if (launch.world != nullptr) launch.world->ibarrier().wait();
+    if (launch.job() != nullptr) launch.job()->ibarrier().wait();
   }
   return result;
 }
