@@ -60,9 +60,12 @@ std::string make_k8s_manifests(const K8sOptions& o, const std::string& workdir) 
   // Checked here, as the ranks will resolve it (the path as seen from here).
   const std::string local = fs::absolute(fs::path(workdir) / o.config_path).lexically_normal();
   const core::Config given = core::Config::load(local, o.sets);
-  const int64_t per_replica = given.get_int("parallel.tp") * given.get_int("parallel.pp");
+  // A data-parallel rank's share of the ranks, over every DiLoCo replica.
+  const int64_t per_replica = given.get_int("parallel.tp") * given.get_int("parallel.pp") *
+                              given.get_int("parallel.cp") * given.get_int("parallel.replicas");
   PO_CHECK(world % per_replica == 0, "--nodes × --procs-per-node = ", world,
-           " is not a multiple of parallel.tp × parallel.pp = ", per_replica);
+           " is not a multiple of ", given.get_int("parallel.replicas") > 1 ? "parallel.replicas × " : "",
+           "parallel.tp × parallel.pp × parallel.cp = ", per_replica);
   std::vector<std::string> sets = o.sets;
   sets.push_back("parallel.dp=" + std::to_string(world / per_replica));
   const core::Config cfg = core::Config::load(local, sets);

@@ -73,17 +73,19 @@ std::string make_sbatch_script(const SbatchOptions& o, const std::string& binary
   const int world = o.nodes * o.tasks_per_node;
   const std::string config = fs::absolute(fs::path(workdir) / o.config_path).lexically_normal();
 
-  // The tasks are the mesh: parallel.dp = tasks / (a replica's ranks: tp × pp × cp).
+  // The tasks are the mesh: parallel.dp = tasks / (a data-parallel rank's
+  // ranks: tp × pp × cp, over every DiLoCo replica).
   const core::Config given = core::Config::load(config, o.sets);
   const int64_t tp = given.get_int("parallel.tp") * given.get_int("parallel.pp") *
-                     given.get_int("parallel.cp");
+                     given.get_int("parallel.cp") * given.get_int("parallel.replicas");
   PO_CHECK(world % tp == 0, "--nodes × --ntasks-per-node = ", world,
-           " is not a multiple of parallel.tp × parallel.pp × parallel.cp = ", tp);
+           " is not a multiple of ", given.get_int("parallel.replicas") > 1 ? "parallel.replicas × " : "",
+           "parallel.tp × parallel.pp × parallel.cp = ", tp);
   std::vector<std::string> sets = o.sets;
   sets.push_back("parallel.dp=" + std::to_string(world / tp));
   core::Config cfg = core::Config::load(config, sets);
   PO_CHECK(!cfg.is_set("parallel.dp") || cfg.get_int("parallel.dp") * tp == world,
-           "parallel.dp × parallel.tp × parallel.pp × parallel.cp disagrees with --nodes × "
+           "parallel.replicas × parallel.dp × parallel.tp × parallel.pp × parallel.cp disagrees with --nodes × "
            "--ntasks-per-node = ", world);
   train::check_config(cfg);
 

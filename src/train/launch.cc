@@ -116,16 +116,8 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
   p.local_steps = cfg.get_int("train.local_steps");
   PO_CHECK(p.replicas == 1 || p.local_steps > 0, "parallel.replicas = ", p.replicas,
            " trains replicas that meet every train.local_steps steps: set it (DiLoCo's is 500; docs/diloco.md)");
-  if (p.local_steps > 0) {
-    const int64_t ckpt = cfg.get_int("train.checkpoint_interval");
-    PO_CHECK(ckpt % p.local_steps == 0, "train.checkpoint_interval = ", ckpt,
-             " must be a multiple of train.local_steps = ", p.local_steps,
-             ": a checkpoint holds the replicas' parameters right after an outer step");
-    PO_CHECK(!cfg.get_bool("checkpoint.async"), "checkpoint.async with train.local_steps: not built yet (docs/diloco.md)");
-    PO_CHECK(!cfg.get_bool("train.resume"), "train.resume with train.local_steps = ", p.local_steps,
-             ": checkpoints hold no outer state (the global copy, its momentum) and one replica's Adam state, ",
-             "so a resumed run would not be the one it continues; not built yet (docs/diloco.md)");
-  }
+  PO_CHECK(p.local_steps == 0 || !cfg.get_bool("checkpoint.async"),
+           "checkpoint.async with train.local_steps: not built yet (docs/diloco.md)");
   p.T = m.seq_len;
   p.steps = cfg.get_int("train.steps");
   p.eval_interval = cfg.get_int("train.eval_interval");

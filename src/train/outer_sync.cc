@@ -85,6 +85,41 @@ size_t OuterSync::resident_bytes() const {
   return b;
 }
 
+OuterSync::Saved OuterSync::save() {
+  Saved out;
+  out.steps = t_;
+  for (size_t f = 0; f < schema_.fields.size(); ++f) {
+    out.names.emplace_back(schema_.fields[f].name);
+    if (!pages_) {
+      out.arrays.push_back(fields_[f]);
+      continue;
+    }
+    std::vector<float> all(static_cast<size_t>(n_));
+    if (n_ > 0) pages_->copy_out(static_cast<int>(f), 0, n_, all.data());
+    out.arrays.push_back(std::move(all));
+  }
+  return out;
+}
+
+void OuterSync::load(const Saved& s, const std::string& what) {
+  PO_CHECK(s.steps.size() == t_.size(), what, ": written with outer.fragments = ", s.steps.size(), ", not ",
+           t_.size());
+  PO_CHECK(s.arrays.size() == schema_.fields.size(), what, ": holds ", s.arrays.size(), " outer fields, outer.optimizer = \"",
+           optim::outer_kind_name(o_.outer.kind), "\" keeps ", schema_.fields.size(),
+           " (resume with the outer.* settings that wrote it)");
+  for (size_t f = 0; f < s.arrays.size(); ++f) {
+    PO_CHECK(s.names[f] == schema_.fields[f].name && static_cast<int64_t>(s.arrays[f].size()) == n_, what, ": field ",
+             s.names[f], " of ", s.arrays[f].size(), " elements where this rank keeps ", schema_.fields[f].name, " of ",
+             n_, " (resume with the parallel layout that wrote it)");
+    if (pages_) {
+      if (n_ > 0) pages_->copy_in(static_cast<int>(f), 0, n_, s.arrays[f].data());
+    } else {
+      fields_[f] = s.arrays[f];
+    }
+  }
+  t_ = s.steps;
+}
+
 memory::PagerStats OuterSync::take_paging_stats() {
   return pages_ ? pages_->take_stats() : memory::PagerStats{};
 }

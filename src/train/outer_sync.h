@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/outer_file.h"
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "memory/pager.h"
@@ -82,6 +83,12 @@ class OuterSync {
   Stats step(int fragment, float* local, const std::vector<std::pair<int64_t, int64_t>>& ranges);
 
   int64_t outer_steps(int fragment) const { return t_[static_cast<size_t>(fragment)]; }
+  // The whole state, for a checkpoint: every schema field's numel floats
+  // (named by the schema) and the outer steps each fragment has taken.
+  using Saved = checkpoint::OuterFile;
+  Saved save();
+  // Throws InvalidArgument naming `what` when `s` is not this state's shape.
+  void load(const Saved& s, const std::string& what);
   bool paged() const { return pages_ != nullptr; }
   // Bytes of outer state in memory (0 when paged: a step's staging only).
   size_t resident_bytes() const;

@@ -16,6 +16,7 @@
 #include "backend/ops.h"
 #include "checkpoint/model_io.h"
 #include "checkpoint/atomic_file.h"
+#include "checkpoint/outer_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -266,7 +267,8 @@ void load_init(parallel::PipelineExecutor& ex, const model::TransformerConfig& m
 // whole units, each rank keeping its tensor shard as a checkpoint load does
 // (write_unit: its ZeRO shard, a bf16 stage's rounded copy).
 void scatter_stage(parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s, const Writers& writers,
-                   comm::Communicator* stage, const float* slice, const std::function<bool(int)>& wanted) {
+                   comm::Communicator* stage, const float* slice, const std::function<bool(int)>& wanted,
+                   parallel::PipelineExecutor::State kind = parallel::PipelineExecutor::State::kParams) {
   const model::Layout& held = ex.layout();
   const model::Layout whole(ex.config());
   const int prank = pipe_rank(s.pipe);
@@ -286,7 +288,7 @@ void scatter_stage(parallel::PipelineExecutor& ex, const parallel::PipelineSetup
     }
     unit.resize(static_cast<size_t>(held.unit_numel(u)));
     shard_unit(held, whole, u, all.data(), unit.data());
-    ex.write_unit(parallel::PipelineExecutor::State::kParams, u, unit.data());
+    ex.write_unit(kind, u, unit.data());
   }
   ex.sync_replica();
 }
@@ -323,6 +325,37 @@ std::unique_ptr<Outer> make_outer(const RunInputs& r, parallel::PipelineExecutor
                 opts.fragments > 1 ? core::str_cat(", ", opts.fragments, " fragments") : std::string(),
                 "; its state ", o->sync->paged() ? "in pages on memory.nvme_dir" : "in memory");
   return o;
+}
+
+// A DiLoCo checkpoint's side files (checkpoint/outer_file.h): beside
+// checkpoints/step_N, diloco/step_N/replica<ρ>-writer<k>.bin, one per rank:
+// replica 0's hold the outer state of the writer's slice (the same on every
+// replica), the others' their replica's parameters, m and v of the slice
+// (replica 0's are the checkpoint itself).
+std::string side_file(const std::string& ckpt, int replica, int writer) {
+  const fs::path c(ckpt);
+  return (c.parent_path().parent_path() / "diloco" / c.filename() /
+          core::str_cat("replica", replica, "-writer", writer, ".bin")).string();
+}
+constexpr const char* kSideKinds[3] = {"params", "adam_m", "adam_v"};
+
+void load_outer(const RunInputs& r, parallel::PipelineExecutor& ex, const parallel::PipelineSetup& s,
+                const Writers& writers, Outer& outer, const std::string& ckpt) {
+  const std::string mine = side_file(ckpt, 0, writers.index);
+  PO_CHECK(fs::exists(mine), ckpt, ": a checkpoint of a run with train.local_steps, but its DiLoCo state ", mine,
+           " is missing (resume with the parallel layout that wrote it: parallel.replicas, dp, tp, pp, cp)");
+  outer.sync->load(checkpoint::read_outer_file(mine), mine);
+  if (r.launch.replica == 0) return;
+  const std::string path = side_file(ckpt, r.launch.replica, writers.index);
+  const checkpoint::OuterFile f = checkpoint::read_outer_file(path);
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float>& a = f.array(kSideKinds[k], path);
+    PO_CHECK(static_cast<int64_t>(a.size()) == writers.file.local_numel(), path, ": ", kSideKinds[k], " of ", a.size(),
+             " elements where this rank's slice is ", writers.file.local_numel(),
+             " (resume with the parallel layout that wrote it)");
+    scatter_stage(ex, s, writers, outer.stage.get(), a.data(), [](int) { return true; },
+                  checkpoint::kAllStateKinds[static_cast<size_t>(k)]);
+  }
 }
 
 // Adapters (lora.r > 0): the frozen base and the adapters on it, made on
@@ -545,11 +578,43 @@ class PipelineSteps : public LayoutSteps {
   }
 
   double save(const std::string& path, const TrainState& state, AsyncCheckpointer* async) override {
-    if (r_.launch.replica != 0) return 0;  // replica 0 writes (docs/diloco.md)
-    return save_pipeline(r_, ex_, setup_, writers_, state, path, async);
+    core::Timer t;
+    if (outer_) save_outer(path);  // every replica's side files first: the checkpoint commits after them
+    if (r_.launch.replica != 0) return t.seconds();  // replica 0 writes the checkpoint
+    return t.seconds() + save_pipeline(r_, ex_, setup_, writers_, state, path, async);
   }
 
  private:
+  // The DiLoCo side files of checkpoint `path` (side_file), a collective over
+  // the job; the leader then removes the side files of checkpoints gone.
+  void save_outer(const std::string& path) {
+    std::exception_ptr error;
+    const std::string file = side_file(path, r_.launch.replica, writers_.index);
+    try {
+      checkpoint::OuterFile f;
+      if (r_.launch.replica == 0) {
+        f = outer_->sync->save();
+      } else {
+        StageState w = gather_stage(r_, ex_, setup_, writers_, 3);
+        for (int k = 0; k < 3; ++k) {
+          f.names.emplace_back(kSideKinds[k]);
+          f.arrays.push_back(std::move(w.all[k]));
+        }
+      }
+      fs::create_directories(fs::path(file).parent_path());
+      checkpoint::write_outer_file(file, f);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    checkpoint::agree_on_success(r_.launch.job(), error, file + ": saving the DiLoCo state");
+    if (!r_.launch.leader) return;
+    std::error_code ec;
+    const fs::path side = fs::path(file).parent_path().parent_path(), ckpts = fs::path(path).parent_path();
+    for (const auto& e : fs::directory_iterator(side, ec))
+      if (e.path().filename() != fs::path(path).filename() && !fs::exists(ckpts / e.path().filename(), ec))
+        fs::remove_all(e.path(), ec);
+  }
+
   // The outer steps due after inner step `step` (every fragment's after the
   // run's last): this writer's slice gathered, stepped over the replicas,
   // scattered back. Its record (the leader's): the fragments stepped, the
@@ -772,6 +837,7 @@ TrainResult train_pipeline(const RunInputs& r) {
   tensor::reset_pool_peak(tensor::Pool::kCompute);
   // train.local_steps: the outer state starts from the parameters as they are now.
   const std::unique_ptr<Outer> outer = p.local_steps > 0 ? make_outer(r, ex, setup, writers) : nullptr;
+  if (outer && resuming) load_outer(r, ex, setup, writers, *outer, existing.back());
   PipelineSteps steps(r, ex, setup, cp, tp_ops ? &*tp_ops : nullptr, cp_ops ? &*cp_ops : nullptr, paged, writers,
                       peak_gflops, outer.get());
   return run_steps(steps, l, state);

@@ -16,6 +16,7 @@
 
 #include "../golden_tensors.h"
 #include "../test_util.h"
+#include "checkpoint/outer_file.h"
 #include "checkpoint/safetensors.h"
 #include "train/outer_sync.h"
 
@@ -132,6 +133,40 @@ TEST(OuterSync, PagedStateEndsInTheInMemoryStatesBits) {
   }
   const po::memory::PagerStats st = paged.take_paging_stats();
   EXPECT_GT(st.nvme_written_bytes, 0u) << "the paged outer state never reached its swap file";
+}
+
+}  // namespace
+
+namespace {
+
+TEST(OuterFile, RoundTripsAndRefusesADamagedFileNamingIt) {
+  po::checkpoint::OuterFile f;
+  f.names = {"outer_global", "outer_m"};
+  f.arrays = {{1.0f, -2.5f, 3.0f}, {0.0f, 0.5f, -0.25f}};
+  f.steps = {4, 3};
+  const std::string bytes = po::checkpoint::outer_file_bytes(f);
+  const po::checkpoint::OuterFile g = po::checkpoint::parse_outer_file(bytes, "side.bin");
+  EXPECT_EQ(g.names, f.names);
+  EXPECT_EQ(g.arrays, f.arrays);
+  EXPECT_EQ(g.steps, f.steps);
+  EXPECT_EQ(po::checkpoint::outer_file_bytes(g), bytes);
+  const std::string damaged[] = {bytes.substr(0, bytes.size() - 1), bytes.substr(0, 12),
+                                 std::string(bytes).replace(20, 1, "x"), ""};
+  for (const std::string& d : damaged) {
+    try {
+      (void)po::checkpoint::parse_outer_file(d, "side.bin");
+      ADD_FAILURE() << "a damaged side file of " << d.size() << " bytes was accepted";
+    } catch (const po::core::IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("side.bin: a DiLoCo side file cut short or damaged"), std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    (void)g.array("outer_v", "side.bin");
+    ADD_FAILURE() << "outer_v found in a file without it";
+  } catch (const po::core::IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("side.bin: holds no outer_v"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
