@@ -8,6 +8,12 @@ namespace po::cli {
 
 plan::Layout plan_layout(const core::Config& cfg, const plan::ModelSpec& model) {
   plan::Layout l;
+  // DiLoCo's replicas each hold what one replica's ranks do, plus the outer
+  // state of their slice; the planner does not model the outer step yet.
+  PO_CHECK(cfg.get_int("parallel.replicas") == 1, "pagedoptim plan: parallel.replicas = ",
+           cfg.get_int("parallel.replicas"), " is not modelled yet: plan one replica (--set parallel.replicas=1); ",
+           "every replica's ranks hold what its ranks do, plus the outer state of their slice (8 bytes an element ",
+           "for Nesterov, 12 for Adam, none in memory when paged to memory.nvme_dir; docs/diloco.md)");
   l.dp = static_cast<int>(cfg.get_int("parallel.dp"));
   l.tp = static_cast<int>(cfg.get_int("parallel.tp"));
   l.pp = static_cast<int>(cfg.get_int("parallel.pp"));

@@ -623,7 +623,7 @@ class PipelineSteps : public LayoutSteps {
   nlohmann::json outer_step(int64_t step) {
     OuterSync& sync = *outer_->sync;
     const bool last = step + 1 == p_.steps;
-    double mine[3] = {0, 0, 0};  // bytes, Σ Δ̄², seconds
+    double mine[4] = {0, 0, 0, static_cast<double>(sync.resident_bytes())};  // bytes, Σ Δ̄², seconds, state in memory
     nlohmann::json fragments = nlohmann::json::array();
     for (int f = 0; f < sync.fragments(); ++f) {
       if (sync.due(step) != f && !last) continue;
@@ -640,17 +640,20 @@ class PipelineSteps : public LayoutSteps {
     if (fragments.empty()) return {};
     comm::Communicator* world = r_.launch.world.get();
     const int ranks = world ? world->size() : 1;
-    std::vector<double> all(3 * static_cast<size_t>(ranks));
-    if (world) world->all_gather(mine, all.data(), 6, DType::kI32);  // doubles, bit-exact
-    else std::copy_n(mine, 3, all.begin());
-    double bytes = 0, sq = 0, seconds = 0;
+    std::vector<double> all(4 * static_cast<size_t>(ranks));
+    if (world) world->all_gather(mine, all.data(), 8, DType::kI32);  // doubles, bit-exact
+    else std::copy_n(mine, 4, all.begin());
+    double bytes = 0, sq = 0, seconds = 0, state = 0;
     for (int k = 0; k < ranks; ++k) {
-      bytes += all[3 * static_cast<size_t>(k)];
-      sq += all[3 * static_cast<size_t>(k) + 1];
-      seconds = std::max(seconds, all[3 * static_cast<size_t>(k) + 2]);
+      bytes += all[4 * static_cast<size_t>(k)];
+      sq += all[4 * static_cast<size_t>(k) + 1];
+      seconds = std::max(seconds, all[4 * static_cast<size_t>(k) + 2]);
+      state = std::max(state, all[4 * static_cast<size_t>(k) + 3]);
     }
+    // state_bytes: the largest rank's outer state in memory (0: paged), not
+    // in memory_per_rank (the executor's ledger) yet.
     return {{"fragments", fragments}, {"outer_steps", sync.outer_steps(fragments.back().get<int>())},
-            {"bytes", bytes}, {"delta_norm", std::sqrt(sq)}, {"ms", seconds * 1000}};
+            {"bytes", bytes}, {"delta_norm", std::sqrt(sq)}, {"ms", seconds * 1000}, {"state_bytes", state}};
   }
 
   // `micro` whole sequences from fill(in, tg), as this rank's rows.

@@ -111,6 +111,9 @@ TEST_F(DilocoRuns, PagedOuterStateEndsInTheInMemoryBits) {
   const std::string mem = run("in_memory", 2, args + " --set outer.paged=false");
   const std::string paged = run("paged", 2, args + " --set outer.paged=true");
   po::test::expect_same_checkpoint(mem, paged, 6, "outer state paged to NVMe vs in memory");
+  // Adam's outer state: θ, m and v, 12 bytes an element of the slice, in memory; none when paged.
+  EXPECT_GT(outer_records(mem).at(0)["state_bytes"].get<double>(), 0.0) << "the in-memory run holds no outer state";
+  EXPECT_EQ(outer_records(paged).at(0)["state_bytes"].get<double>(), 0.0) << "the paged run holds its outer state in memory";
 }
 
 TEST_F(DilocoRuns, ExchangesInBf16AndInt8MoveLessAndLearn) {
@@ -183,6 +186,10 @@ TEST_F(DilocoRuns, WhatIsNotBuiltIsRefusedNamingTheKeys) {
     EXPECT_NE(r.output.find(c.key), std::string::npos) << c.args << ": the error does not name \"" << c.key
                                                        << "\":\n" << r.output;
   }
+  const auto plan = po::test::run_command(po::test::pagedoptim_command(
+      1, "plan -c " + config_ + " --set parallel.replicas=2 --set train.local_steps=2"));
+  EXPECT_NE(plan.exit_code, 0) << "plan accepted parallel.replicas = 2:\n" << plan.output;
+  EXPECT_NE(plan.output.find("parallel.replicas = 2 is not modelled yet"), std::string::npos) << plan.output;
 }
 
 }  // namespace
