@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +33,7 @@
 #include "data/prepare.h"
 #include "data/sft.h"
 #include "plan/planner.h"
+#include "privacy/rdp.h"
 #include "train/launch.h"
 #include "train/run_state.h"
 #include "train/stop.h"
@@ -425,6 +427,54 @@ Command add_plan(CLI::App& app) {
   return {c, [o] { return cmd_plan(*o); }};
 }
 
+// `pagedoptim privacy`: what DP-SGD's steps spend (the RDP accountant,
+// privacy/rdp.h; docs/diloco.md), or the noise a target ε needs, as Opacus's
+// compute_dp_sgd_privacy and get_noise_multiplier answer.
+Command add_privacy(CLI::App& app) {
+  auto* c = app.add_subcommand("privacy", "DP-SGD's privacy: epsilon of a run's steps, or the noise for a target");
+  struct Options {
+    double q = 0, sigma = -1, delta = 1e-5, target = 0, epochs = 0;
+    int64_t steps = 0, dataset = 0, batch = 0;
+    bool classic = false;
+  };
+  auto o = std::make_shared<Options>();
+  c->add_option("--sample-rate", o->q, "Poisson sampling rate q (or give --dataset and --batch)");
+  c->add_option("--dataset", o->dataset, "Examples in the dataset (q = batch / dataset)");
+  c->add_option("--batch", o->batch, "Expected lot size");
+  c->add_option("--steps", o->steps, "Steps (or give --epochs)");
+  c->add_option("--epochs", o->epochs, "Epochs: steps = ceil(epochs / q)");
+  c->add_option("--noise-multiplier", o->sigma, "sigma: the noise's standard deviation over the clip norm");
+  c->add_option("--target-epsilon", o->target, "Print the smallest sigma that stays within this epsilon instead");
+  c->add_option("--delta", o->delta, "delta (default 1e-5)");
+  c->add_flag("--classic", o->classic, "Mironov's conversion instead of Balle et al. 2020's (Opacus's)");
+  return {c, [o] {
+            double q = o->q;
+            if (o->dataset > 0 || o->batch > 0) {
+              PO_CHECK(o->dataset > 0 && o->batch > 0 && o->batch <= o->dataset, "--dataset ", o->dataset,
+                       " and --batch ", o->batch, ": give both, the batch at most the dataset");
+              q = static_cast<double>(o->batch) / static_cast<double>(o->dataset);
+            }
+            PO_CHECK(q > 0 && q <= 1, "--sample-rate ", q, ": give a rate in (0, 1], or --dataset and --batch");
+            int64_t steps = o->steps;
+            if (o->epochs > 0) steps = static_cast<int64_t>(std::ceil(o->epochs / q));
+            PO_CHECK(steps > 0, "give --steps or --epochs");
+            const auto conv = o->classic ? privacy::Conversion::kClassic : privacy::Conversion::kBalle2020;
+            if (o->target > 0) {
+              const double sigma = privacy::sigma_for_epsilon(o->target, o->delta, q, steps, conv);
+              std::printf("noise multiplier %.6g keeps %lld steps at sample rate %.6g within epsilon %.6g "
+                          "(delta %.3g)\n", sigma, static_cast<long long>(steps), q, o->target, o->delta);
+              return 0;
+            }
+            PO_CHECK(o->sigma >= 0, "give --noise-multiplier, or --target-epsilon to find one");
+            privacy::RdpAccountant acc;
+            acc.add(q, o->sigma, steps);
+            const privacy::RdpAccountant::Epsilon e = acc.epsilon(o->delta, conv);
+            std::printf("epsilon %.6g at delta %.3g (RDP order %g, %s conversion): %lld steps at sample rate %.6g, "
+                        "noise multiplier %.6g\n", e.epsilon, o->delta, e.order, o->classic ? "classic" : "Balle 2020",
+                        static_cast<long long>(steps), q, o->sigma);
+            return 0;
+          }};
+}
 
 Command add_ckpt(CLI::App& app) {
   auto* c = app.add_subcommand("ckpt", "Inspect checkpoints");
@@ -454,7 +504,7 @@ int run(int argc, char** argv) {
                               add_k8s(app),     add_report(app),
                               add_plan(app),    add_export(app),  add_merge(app),
                               add_generate(app), add_serve(app),
-                              add_ckpt(app)};
+                              add_ckpt(app), add_privacy(app)};
   const Command& train_command = commands[1];
   try {
     app.parse(argc, argv);
