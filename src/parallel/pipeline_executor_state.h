@@ -160,6 +160,16 @@ inline int64_t lookup_tail_rows(const PipelineSetup& s, int rank, bool gathered)
 // Sequence parallel over tp > 1: the norm elements (Layout::norm_ranges) of
 // the units `rank`'s stages hold, staged in f32 for the step's sum over the
 // tensor group (PipelineExecutor::sum_norm_rows).
+// fn(b, e) for each norm's piece [b, e) of the flat elements [lo, hi), in
+// the norms' order: the buffer's layout, for the sum and for its size.
+template <typename Fn>
+void for_each_norm_piece(const std::vector<std::pair<int64_t, int64_t>>& norms, int64_t lo, int64_t hi, Fn fn) {
+  for (const auto& [at, k] : norms) {
+    const int64_t b = std::max(at, lo), e = std::min(at + k, hi);
+    if (b < e) fn(b, e);
+  }
+}
+
 inline int64_t norm_sum_numel(const model::TransformerConfig& c, const model::Layout& layout,
                               const PipelineSetup& s, int rank) {
   if (!c.sequence_parallel || s.split.size == 1) return 0;
@@ -167,9 +177,10 @@ inline int64_t norm_sum_numel(const model::TransformerConfig& c, const model::La
   int64_t n = 0;
   for (int stage : s.schedule.stages_of(rank)) {
     const model::UnitRange r = s.stage_units[static_cast<size_t>(stage)];
-    const int64_t lo = layout.unit_offset(r.first);
-    const int64_t hi = layout.unit_offset((r.last < 0 ? layout.head_unit() : r.last) + 1);
-    for (const auto& [at, k] : norms) n += std::max<int64_t>(0, std::min(at + k, hi) - std::max(at, lo));
+    const int last = r.last < 0 ? layout.head_unit() : r.last;
+    for (int u = r.first; u <= last; ++u)  // unit by unit, as sum_norm_rows lays the buffer out
+      for_each_norm_piece(norms, layout.unit_offset(u), layout.unit_offset(u) + layout.unit_numel(u),
+                          [&](int64_t b, int64_t e) { n += e - b; });
   }
   return n;
 }

@@ -59,6 +59,7 @@ void PipelineExecutor::sum_norm_rows() {
     Chunk* c;
     int u;
     int64_t lo, n, at;
+    int64_t in_shard;  // ZeRO 2-3: lo's place in this rank's shard of unit u
   };
   std::vector<Run> runs;
   int64_t at = 0;
@@ -71,13 +72,11 @@ void PipelineExecutor::sum_norm_rows() {
         lo = ulo + sl.begin(u - c->first);
         hi = std::min(uhi, lo + sl.stride(u - c->first));
       }
-      for (const auto& [b0, k] : norms_) {
-        const int64_t b = std::max(b0, ulo), e = std::min(b0 + k, uhi);  // the norm's piece in unit u
-        if (b >= e) continue;
+      for_each_norm_piece(norms_, ulo, uhi, [&](int64_t b, int64_t e) {  // the norm's piece in unit u
         const int64_t hb = std::max(b, lo), he = std::min(e, hi);
-        if (hb < he) runs.push_back({c.get(), u, hb, he - hb, at + (hb - b)});
+        if (hb < he) runs.push_back({c.get(), u, hb, he - hb, at + (hb - b), hb - lo});
         at += e - b;
-      }
+      });
     }
   PO_ASSERT(static_cast<size_t>(at) * sizeof(float) == norm_sums_.size(), "pipeline: ", at,
             " norm elements for a buffer of ", norm_sums_.size() / sizeof(float));
@@ -88,10 +87,9 @@ void PipelineExecutor::sum_norm_rows() {
   auto stored = [&](const Run& r, bool out) -> char* {
     if (!shard_grads_) return static_cast<char*>(r.c->grads.data()) + static_cast<size_t>(r.lo - r.c->base) * stored_esz();
     const UnitShard g = shard_of(*r.c, r.u, false);
-    const int64_t in_shard = r.lo - layout_.unit_offset(r.u) - g.layout->begin(g.index);
-    if (!paged_shards_) return g.at(stored_esz()) + static_cast<size_t>(in_shard) * stored_esz();
+    if (!paged_shards_) return g.at(stored_esz()) + static_cast<size_t>(r.in_shard) * stored_esz();
     paged.resize(static_cast<size_t>(r.n) * stored_esz());
-    if (out) shard_out(g, in_shard, r.n, paged.data());
+    if (out) shard_out(g, r.in_shard, r.n, paged.data());
     return paged.data();
   };
   for (const Run& r : runs) {
@@ -110,8 +108,7 @@ void PipelineExecutor::sum_norm_rows() {
     else
       backend::device_copy(dst, sums + r.at, static_cast<size_t>(r.n) * sizeof(float));
     if (!paged_shards_) continue;
-    const UnitShard g = shard_of(*r.c, r.u, false);
-    shard_in(g, r.lo - layout_.unit_offset(r.u) - g.layout->begin(g.index), r.n, dst);
+    shard_in(shard_of(*r.c, r.u, false), r.in_shard, r.n, dst);
     if (touched.empty() || touched.back() != r.u) touched.push_back(r.u);
   }
   for (int u : touched) shard_squares(u);  // (the squares summed as the unit landed are stale)
