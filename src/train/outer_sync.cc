@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/bf16.h"
+#include "backend/ops.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "train/paging_setup.h"
@@ -134,9 +134,10 @@ void OuterSync::exchange(float* d, int64_t n) {
       return;
     case ExchangeDtype::kBf16: {
       std::vector<uint16_t> b(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(i)] = core::f32_to_bf16(d[i]).bits;
+      backend::cpu::f32_to_bf16(b.data(), d, n);  // (round to nearest even, as core/bf16.h)
       replicas_->allreduce(b.data(), static_cast<size_t>(n), DType::kBF16, comm::ReduceOp::kSum);
-      for (int64_t i = 0; i < n; ++i) d[i] = core::bf16_to_f32({b[static_cast<size_t>(i)]}) / static_cast<float>(R);
+      backend::cpu::bf16_to_f32(d, b.data(), n);
+      for (int64_t i = 0; i < n; ++i) d[i] = d[i] / static_cast<float>(R);
       return;
     }
     case ExchangeDtype::kInt8: {
