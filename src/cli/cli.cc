@@ -34,6 +34,7 @@
 #include "data/sft.h"
 #include "plan/planner.h"
 #include "privacy/rdp.h"
+#include "train/federation.h"
 #include "train/launch.h"
 #include "train/run_state.h"
 #include "train/stop.h"
@@ -476,6 +477,34 @@ Command add_privacy(CLI::App& app) {
           }};
 }
 
+// `pagedoptim federate serve|join`: federated training across separately
+// launched jobs (train/federation.h; docs/diloco.md).
+Command add_federate(CLI::App& app) {
+  auto* c = app.add_subcommand("federate", "Federated training across jobs: serve a coordinator, or join one");
+  c->require_subcommand(1);
+  struct Options {
+    std::string config_path, address;
+    std::vector<std::string> sets;
+    int nproc = 1;
+  };
+  auto o = std::make_shared<Options>();
+  auto* serve = c->add_subcommand("serve", "Be the coordinator: hold the global model, run the rounds");
+  serve->add_option("-c,--config", o->config_path, "Config TOML (model, run.dir, federated.*)")->required();
+  serve->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  auto* join = c->add_subcommand("join", "Be a client: train each round on this job's data");
+  join->add_option("address", o->address, "The coordinator's HOST:PORT")->required();
+  join->add_option("-c,--config", o->config_path, "Config TOML (the same model, this client's data and run.dir)")
+      ->required();
+  join->add_option("--set", o->sets, "Override: section.key=value (repeatable)");
+  join->add_option("--nproc", o->nproc, "Worker processes of each round's training")->check(CLI::PositiveNumber);
+  return {c, [o, serve] {
+            core::Config cfg = core::Config::load(o->config_path, o->sets);
+            train::resolve_precision(cfg);
+            if (*serve) return train::serve_federation(cfg);
+            return train::join_federation(o->address, cfg, o->config_path, o->sets, o->nproc);
+          }};
+}
+
 Command add_ckpt(CLI::App& app) {
   auto* c = app.add_subcommand("ckpt", "Inspect checkpoints");
   c->require_subcommand(1);
@@ -504,7 +533,7 @@ int run(int argc, char** argv) {
                               add_k8s(app),     add_report(app),
                               add_plan(app),    add_export(app),  add_merge(app),
                               add_generate(app), add_serve(app),
-                              add_ckpt(app), add_privacy(app)};
+                              add_ckpt(app), add_privacy(app), add_federate(app)};
   const Command& train_command = commands[1];
   try {
     app.parse(argc, argv);

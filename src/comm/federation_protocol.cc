@@ -551,6 +551,18 @@ Nonce32 random_nonce() {
   return n;
 }
 
+Nonce32 bind_challenge(const Nonce32& nonce, const Bytes32& channel_binding) {
+  static constexpr char kLabel[] = "pagedoptim-federate-bind";
+  std::string in(kLabel, sizeof kLabel - 1);
+  in.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+  in.append(reinterpret_cast<const char*>(channel_binding.data()), channel_binding.size());
+  Nonce32 out{};
+  unsigned len = 0;
+  if (EVP_Digest(in.data(), in.size(), out.data(), &len, EVP_sha256(), nullptr) != 1 || len != out.size())
+    PO_THROW(core::CommError, "federation: SHA-256 failed");
+  return out;
+}
+
 Key32 client_key(std::string_view job_secret, uint32_t client_id) {
   PO_CHECK(!job_secret.empty(), "federation: the job secret is empty");
   std::string body;

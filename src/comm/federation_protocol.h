@@ -225,6 +225,12 @@ T expect(Message&& m, const std::string& what) {
 // 32 bytes from OpenSSL's CSPRNG (a CommError if it fails).
 Nonce32 random_nonce();
 
+// The challenge the proofs are made over: SHA-256("pagedoptim-federate-bind"
+// | the Challenge's nonce | the TLS session's RFC 9266 exporter). Both ends
+// compute it, so a proof holds for this TLS session only: a man in the
+// middle (two sessions, two exporters) cannot relay it.
+Nonce32 bind_challenge(const Nonce32& nonce, const Bytes32& channel_binding);
+
 // HMAC-SHA256(job_secret, "pagedoptim-federate-client" | client_id as u32
 // LE). An InvalidArgument for an empty secret.
 Key32 client_key(std::string_view job_secret, uint32_t client_id);

@@ -58,6 +58,7 @@ const std::vector<KeySpec>& schema() {
       {"train.batch_size", Kind::kInt, int64_t{8}, 1, 1 << 20},
       {"train.micro_batch_size", Kind::kInt, int64_t{0}, 0, 1 << 20},
       {"train.steps", Kind::kInt, int64_t{100}, 0, 1e12},
+      {"train.stop_at", Kind::kInt, int64_t{0}, 0, 1e12},  // end after this step; the schedule spans train.steps
       {"train.lr", Kind::kFloat, 6e-4, 0, 10},
       {"train.min_lr", Kind::kFloat, 6e-5, 0, 10},
       {"train.warmup_steps", Kind::kInt, int64_t{0}, 0, 1e12},
@@ -135,6 +136,20 @@ const std::vector<KeySpec>& schema() {
       {"outer.exchange_dtype", Kind::kString, std::string("fp32")},  // | bf16 | int8
       {"outer.fragments", Kind::kInt, int64_t{1}, 1, 1 << 16},
       {"outer.paged", Kind::kBool, true},  // with memory.nvme_dir: the outer state in pages on it
+      // Federation across jobs (train/federation.h; docs/diloco.md).
+      {"federated.algorithm", Kind::kString, std::string("fedavg")},  // | fedprox | fedadam | fedyogi | diloco
+      {"federated.rounds", Kind::kInt, int64_t{10}, 1, 1e9},
+      {"federated.min_clients", Kind::kInt, int64_t{1}, 1, 1 << 20},
+      {"federated.round_timeout", Kind::kFloat, 3600.0, 0.001, 1e9},  // seconds from a round's opening
+      {"federated.server_lr", Kind::kFloat, 0.0, 0, 1e3},             // 0: the algorithm's default
+      {"federated.listen", Kind::kString, std::string("127.0.0.1:7077")},  // serve: HOST:PORT (port 0: any)
+      {"federated.secret_file", Kind::kString, std::string("")},  // or PAGEDOPTIM_FEDERATE_SECRET
+      {"federated.key_file", Kind::kString, std::string("")},     // join: this client's key, 64 hex digits
+      {"federated.client_id", Kind::kInt, int64_t{0}, 0, 4294967295.0},
+      {"federated.tls_cert", Kind::kString, std::string("")},  // serve: PEM; empty: an ephemeral self-signed one
+      {"federated.tls_key", Kind::kString, std::string("")},
+      {"federated.tls_ca", Kind::kString, std::string("")},  // join: verify the coordinator's certificate
+      {"federated.connect_timeout", Kind::kFloat, 120.0, 0, 1e9},  // join: seconds to keep dialling
       // Low-rank adapters (model/config.h LoraConfig; docs/finetuning.md)
       {"lora.r", Kind::kInt, int64_t{0}, 0, 1 << 16},  // 0: off, every parameter trains
       {"lora.alpha", Kind::kFloat, 8.0, 0, 1e9},

@@ -73,4 +73,16 @@ std::vector<std::vector<float>> FedRound::close() {
   return mean;
 }
 
+void FedRound::restore(int64_t steps, std::vector<std::vector<float>> m, std::vector<std::vector<float>> v) {
+  PO_CHECK(m.size() == m_.size() && v.size() == v_.size(), "federation: a server state of ", m.size(),
+           " tensors for a model of ", m_.size());
+  for (size_t i = 0; i < m_.size(); ++i)
+    PO_CHECK(m[i].size() == m_[i].size() && v[i].size() == v_[i].size(), "federation: the server state of ",
+             theta_[i].name, " holds ", m[i].size(), " and ", v[i].size(), " elements, not ", m_[i].size(), " and ",
+             v_[i].size());
+  steps_ = steps;
+  m_ = std::move(m);
+  v_ = std::move(v);
+}
+
 }  // namespace po::train

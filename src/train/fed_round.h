@@ -48,6 +48,15 @@ class FedRound {
   // opens. Returns Δ̄.
   std::vector<std::vector<float>> close();
 
+  // The server optimizer's state (a coordinator's checkpoint): the steps it
+  // took and its m and v per tensor (empty where the optimizer keeps none).
+  int64_t server_steps() const { return steps_; }
+  const std::vector<std::vector<float>>& server_m() const { return m_; }
+  const std::vector<std::vector<float>>& server_v() const { return v_; }
+  // Takes back what the three above gave; InvalidArgument when a field's
+  // size is not its tensor's.
+  void restore(int64_t steps, std::vector<std::vector<float>> m, std::vector<std::vector<float>> v);
+
  private:
   std::vector<comm::NamedTensor> theta_;
   optim::OuterConfig server_;

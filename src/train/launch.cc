@@ -120,6 +120,7 @@ Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m) {
            "checkpoint.async with train.local_steps: not built yet (docs/diloco.md)");
   p.T = m.seq_len;
   p.steps = cfg.get_int("train.steps");
+  p.stop_at = cfg.get_int("train.stop_at");
   p.eval_interval = cfg.get_int("train.eval_interval");
   p.eval_batches = cfg.get_int("train.eval_batches");
   p.ckpt_interval = cfg.get_int("train.checkpoint_interval");

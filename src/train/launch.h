@@ -33,6 +33,11 @@ struct Plan {
   int64_t replica_world() const { return dp * tp * pp * cp; }
   int64_t world() const { return replicas * replica_world(); }
   int64_t eval_interval = 0, eval_batches = 0, ckpt_interval = 0, keep = 0;
+  // train.stop_at: the run ends (with a checkpoint) after this step, while
+  // the learning-rate schedule still spans `steps` (a federated client trains
+  // one round of a longer schedule per run; docs/diloco.md). 0: at `steps`.
+  int64_t stop_at = 0;
+  int64_t end() const { return stop_at > 0 && stop_at < steps ? stop_at : steps; }
 };
 
 Plan make_plan(const core::Config& cfg, const model::TransformerConfig& m);

@@ -527,7 +527,7 @@ class PipelineSteps : public LayoutSteps {
     const std::vector<RankRecord> records = gather_records(r_.launch.world.get(), mine, s.paging);
     const CommSplit split = comm_split(r_.launch.world.get(), ex_.wait_end_ns(), records, s.comm_wait_s);
     const nlohmann::json pipeline = report(st, s.seconds, traffic, s.paging);
-    if (!trace_.empty() && after.step == p_.steps) {
+    if (!trace_.empty() && after.step == p_.end()) {
       const std::string json = ex_.gather_trace();
       if (pipe_rank(pipe_) == 0 && r_.launch.dp_rank == 0 && r_.launch.tp_rank == 0)
         checkpoint::write_file_atomic(trace_, json.data(), json.size());
@@ -622,7 +622,7 @@ class PipelineSteps : public LayoutSteps {
   // pseudo-gradient's norm ‖Δ̄‖, the seconds.
   nlohmann::json outer_step(int64_t step) {
     OuterSync& sync = *outer_->sync;
-    const bool last = step + 1 == p_.steps;
+    const bool last = step + 1 == p_.end();
     double mine[4] = {0, 0, 0, static_cast<double>(sync.resident_bytes())};  // bytes, Σ Δ̄², seconds, state in memory
     nlohmann::json fragments = nlohmann::json::array();
     for (int f = 0; f < sync.fragments(); ++f) {

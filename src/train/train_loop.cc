@@ -57,7 +57,7 @@ TrainResult run_steps(LayoutSteps& steps, const LoopSetup& l, TrainState& state)
   }
   double timed_s = 0;  // for the ETA: the steps after the first (which pays one-time costs)
   int64_t timed_steps = 0;
-  for (int64_t step = state.step; step < p.steps; ++step) {
+  for (int64_t step = state.step; step < p.end(); ++step) {
     TrainState after = state;
     after.step = step + 1;
     after.tokens += static_cast<uint64_t>(tokens_per_step(p));
@@ -71,12 +71,12 @@ TrainResult run_steps(LayoutSteps& steps, const LoopSetup& l, TrainState& state)
     result.last_loss = s.loss;
     const bool eval_now = l.val != nullptr &&
                           ((p.eval_interval > 0 && state.step % p.eval_interval == 0) ||
-                           state.step == p.steps);
+                           state.step == p.end());
     const double vl =
         eval_now && (l.leader || steps.evaluates_everywhere()) ? steps.evaluate(*l.val) : 0.0;
     // A stop request (train/stop.h) on any rank: all checkpoint this step and stop.
-    const int stop = state.step < p.steps ? StopRequests::agreed(l.world) : 0;
-    const bool last = state.step == p.steps || stop;
+    const int stop = state.step < p.end() ? StopRequests::agreed(l.world) : 0;
+    const bool last = state.step == p.end() || stop;
     const bool ckpt_now = (p.ckpt_interval > 0 && state.step % p.ckpt_interval == 0) || last;
     core::Timer ckpt_timer;
     commit_async(ckpt_now);
@@ -93,9 +93,9 @@ TrainResult run_steps(LayoutSteps& steps, const LoopSetup& l, TrainState& state)
     s.records.front()["threads_per_rank"] = l.threads;   // bit-identity holds at equal threads
     for (const auto& r : s.records) metrics->write(r);
     const double avg = timed_steps > 0 ? timed_s / static_cast<double>(timed_steps) : s.seconds;
-    if (state.step % l.log_interval == 0 || state.step == p.steps)
-      progress.step(state.step, p.steps, s.loss, lr, s.grad_norm, tokens_per_step(p) / s.seconds,
-                    avg * static_cast<double>(p.steps - state.step));
+    if (state.step % l.log_interval == 0 || state.step == p.end())
+      progress.step(state.step, p.end(), s.loss, lr, s.grad_norm, tokens_per_step(p) / s.seconds,
+                    avg * static_cast<double>(p.end() - state.step));
     if (eval_now) {
       result.last_val_loss = vl;
       metrics->write({{"step", state.step}, {"val_loss", vl}});

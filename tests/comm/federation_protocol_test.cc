@@ -367,6 +367,25 @@ TEST(FederationAuth, DerivationsMatchAnIndependentHmac) {
             "d7b9265ea46ec471f76354bd058a8b4595c123b9d48d506dc0e4563669fd512e");
 }
 
+// Python: hashlib.sha256(b"pagedoptim-federate-bind" + bytes(range(32)) + bytes(range(100, 132))).
+TEST(FederationAuth, TheBoundChallengeIsTheSessionsOwn) {
+  const Nonce32 nonce = bytes_from(0), binding = bytes_from(100);
+  EXPECT_EQ(hex(bind_challenge(nonce, binding)), "0ea91c2f8c7b1596ecaf1ca8a7092520f5e7d3e657e84ecfa5f6357ffde92e9e");
+  Nonce32 other = binding;
+  other[31] ^= 1;
+  EXPECT_NE(bind_challenge(nonce, binding), bind_challenge(nonce, other))
+      << "another TLS session's exporter gave the same bound challenge";
+  other = nonce;
+  other[0] ^= 1;
+  EXPECT_NE(bind_challenge(nonce, binding), bind_challenge(other, binding))
+      << "another challenge gave the same bound challenge";
+  // A Hello made over one session's binding fails over another's (a relay).
+  const Hello h = make_hello(client_key(kSecret, 1), bind_challenge(nonce, binding), 1, 0x5eed);
+  EXPECT_TRUE(verify_hello(kSecret, bind_challenge(nonce, binding), h));
+  EXPECT_FALSE(verify_hello(kSecret, bind_challenge(nonce, bytes_from(200)), h))
+      << "a Hello relayed into another TLS session verified";
+}
+
 TEST(FederationAuth, ClientKeysDifferByClientAndSecret) {
   EXPECT_NE(client_key(kSecret, 1), client_key(kSecret, 2));
   EXPECT_NE(client_key(kSecret, 1), client_key(kSecret + "x", 1));

@@ -23,43 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using po::test::read_file;
 
-// `pagedoptim ARGS > LOG 2>&1` as a child of the test (its pid is
-// pagedoptim's own: sh execs it), to signal and to wait for.
-class Child {
- public:
-  Child(const std::string& args, const std::string& log) {
-    const std::string cmd = std::string("exec ") + PO_BINARY + " " + args + " > " + log + " 2>&1";
-    pid_ = fork();
-    if (pid_ == 0) {
-      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !done_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  bool running() {
-    if (done_) return false;
-    if (waitpid(pid_, &status_, WNOHANG) == pid_) done_ = true;
-    return !done_;
-  }
-  // The exit code (128 + signal when a signal ended it); -1 after `limit_s`.
-  int wait(double limit_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
-    while (running() && std::chrono::steady_clock::now() < end) usleep(20000);
-    if (!done_) return -1;
-    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int status_ = 0;
-  bool done_ = false;
-};
+using po::test::Child;
 
 // The step of a run's newest complete checkpoint (-1: none).
 int64_t newest_step(const std::string& run) {
