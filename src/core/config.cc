@@ -87,6 +87,8 @@ const std::vector<KeySpec>& schema() {
       {"train.stop_timeout", Kind::kFloat, 600.0, 0, 1e9},        // seconds from a stop request to abort  // pp > 1: the last step as Chrome trace JSON
       {"data.train", Kind::kString, std::string("")},
       {"data.val", Kind::kString, std::string("")},
+      {"data.split", Kind::kString, std::string("none")},  // | iid | by_source | dirichlet:α (data/split.h)
+      {"data.split_clients", Kind::kInt, int64_t{1}, 1, 1 << 20},  // K; this run's share: federated.client_id
       {"data.pack", Kind::kBool, false},  // SFT data (data/sft.h): whole examples side by side in a row
       {"run.dir", Kind::kString, std::string("runs/default")},
       {"checkpoint.keep", Kind::kInt, int64_t{2}, 1, 1e6},
@@ -137,7 +139,7 @@ const std::vector<KeySpec>& schema() {
       {"outer.fragments", Kind::kInt, int64_t{1}, 1, 1 << 16},
       {"outer.paged", Kind::kBool, true},  // with memory.nvme_dir: the outer state in pages on it
       // Federation across jobs (train/federation.h; docs/diloco.md).
-      {"federated.algorithm", Kind::kString, std::string("fedavg")},  // | fedprox | fedadam | fedyogi | diloco
+      {"federated.algorithm", Kind::kString, std::string("fedavg")},  // | fedadam | fedyogi | diloco
       {"federated.rounds", Kind::kInt, int64_t{10}, 1, 1e9},
       {"federated.min_clients", Kind::kInt, int64_t{1}, 1, 1 << 20},
       {"federated.round_timeout", Kind::kFloat, 3600.0, 0.001, 1e9},  // seconds from a round's opening

@@ -51,8 +51,33 @@ int64_t BatchSampler::offset(int64_t step, int64_t seq) const {
   PO_CHECK(step >= 0 && seq >= 0, "sampler: step and sequence index must be >= 0, got ", step, ", ", seq);
   core::Philox rng(seed_ ^ kDataStream, static_cast<uint64_t>(step));
   const uint64_t starts = sft_ != nullptr ? static_cast<uint64_t>(sft_->rows())
-                                          : file_->size() - static_cast<uint64_t>(T_);  // offsets 0 .. N-T-1
-  return static_cast<int64_t>(rng.next_u64(static_cast<uint64_t>(seq)) % starts);
+                                          : static_cast<uint64_t>(windows());  // offsets 0 .. N-T-1
+  const int64_t u = static_cast<int64_t>(rng.next_u64(static_cast<uint64_t>(seq)) % starts);
+  if (spans_.empty()) return u;
+  const size_t s = static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), u) -
+                                       first_window_.begin()) - 1;
+  return spans_[s].first + (u - first_window_[s]);
+}
+
+void BatchSampler::restrict_to(std::vector<std::pair<int64_t, int64_t>> spans) {
+  PO_CHECK(sft_ == nullptr, file_->path(), ": data.split over SFT examples is not built yet");
+  spans_.clear();
+  first_window_.clear();
+  int64_t total = 0;
+  for (const auto& [b, e] : spans) {
+    PO_CHECK(b >= 0 && e <= static_cast<int64_t>(file_->size()) && b <= e, file_->path(), ": span [", b, ", ", e,
+             ") outside its ", file_->size(), " tokens");
+    if (e - b - T_ <= 0) continue;  // shorter than one window
+    spans_.emplace_back(b, e);
+    first_window_.push_back(total);
+    total += e - b - T_;
+  }
+  PO_CHECK(total > 0, file_->path(), ": this data.split share holds no sequence of ", T_ + 1, " tokens");
+}
+
+int64_t BatchSampler::windows() const {
+  if (spans_.empty()) return static_cast<int64_t>(file_->size()) - T_;
+  return first_window_.back() + (spans_.back().second - spans_.back().first - T_);
 }
 
 void BatchSampler::fill(int64_t step, int64_t first_seq, int64_t count, int32_t* inputs, int32_t* targets,

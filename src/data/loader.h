@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "data/sft.h"
 #include "data/token_file.h"
@@ -47,11 +49,22 @@ class BatchSampler {
   int64_t seq_len() const { return T_; }
   const SftExamples* sft() const { return sft_; }
 
+  // data.split (split.h): windows only inside `spans`, token ranges [b, e)
+  // of the file: sequence i of step s starts at window u of theirs, in
+  // order, u = Philox(seed ^ kDataStream, s).next_u64(i) mod their count (a
+  // span holds e − b − T windows). InvalidArgument when they hold none, or
+  // with SFT data.
+  void restrict_to(std::vector<std::pair<int64_t, int64_t>> spans);
+  // Windows the sampler draws from (N − T without spans).
+  int64_t windows() const;
+
  private:
   const TokenFile* file_;
   int64_t T_;
   uint64_t seed_;
   const SftExamples* sft_;
+  std::vector<std::pair<int64_t, int64_t>> spans_;  // with their windows
+  std::vector<int64_t> first_window_;               // the span's first window's index
 };
 
 class EvalSampler {

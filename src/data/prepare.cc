@@ -2,6 +2,7 @@
 #include "data/prepare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/token_file.h"
+#include "data/split.h"
 #include "data/text_tokenizer.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
@@ -143,6 +145,7 @@ PrepareResult prepare(const PrepareOptions& o) {
   auto val_count_before = [f](size_t d) { return static_cast<int64_t>(std::floor(static_cast<double>(d) * f + 1e-9)); };
   const bool whole_documents = val_count_before(files.size()) >= 1;
   std::vector<int32_t> train, val;
+  std::vector<Document> docs;  // the training documents (data.split: split.h)
   PrepareResult r;
   for (size_t d = 0; d < files.size(); ++d) {
     const std::string name = files[d].string();
@@ -154,9 +157,11 @@ PrepareResult prepare(const PrepareOptions& o) {
     const bool to_val = whole_documents && val_count_before(d + 1) > val_count_before(d);
     std::vector<int32_t>& dst = to_val ? val : train;
     std::vector<int32_t> ids = tokenizer->encode(text, name);
+    const int64_t begin = static_cast<int64_t>(dst.size());
     if (bos) dst.push_back(*bos);  // Llama: BOS opens a document
     dst.insert(dst.end(), ids.begin(), ids.end());
     if (!bos) dst.push_back(tokenizer->eos_id());  // GPT-2: <|endoftext|> closes it
+    if (!to_val) docs.push_back({begin, static_cast<int64_t>(dst.size()), files[d].filename().string()});
     ++(to_val ? r.val_documents : r.train_documents);
   }
   if (!whole_documents && f > 0.0) {
@@ -164,12 +169,18 @@ PrepareResult prepare(const PrepareOptions& o) {
     const size_t n_val = static_cast<size_t>(std::ceil(static_cast<double>(train.size()) * f));
     val.assign(train.end() - static_cast<std::ptrdiff_t>(n_val), train.end());
     train.resize(train.size() - n_val);
+    const int64_t n = static_cast<int64_t>(train.size());
+    std::erase_if(docs, [n](const Document& x) { return x.begin >= n; });
+    if (!docs.empty()) docs.back().end = std::min(docs.back().end, n);
   }
   PO_CHECK(!train.empty(), "prepare: the split leaves no training tokens");
 
   std::tie(r.train_path, r.val_path) = output_paths(o.out_dir);
   write_token_file(r.train_path, train);
   write_token_file(r.val_path, val);
+  // Sources are file names: one word each (split.h's format).
+  for (Document& x : docs) std::replace_if(x.source.begin(), x.source.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }, '_');
+  write_text_atomically(documents_path(r.train_path), documents_text(docs));
   r.train_tokens = static_cast<int64_t>(train.size());
   r.val_tokens = static_cast<int64_t>(val.size());
   PO_LOG_INFO("prepare: ", files.size(), " documents -> ", r.train_path, " (", r.train_tokens, " tokens, ",

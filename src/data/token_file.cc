@@ -50,17 +50,10 @@ struct TempFile {
   }
 };
 
-// The 256-int header and the body, written to `path` atomically (temp file
-// in the same directory, fsync, rename, fsync of the directory).
-void write_with_header(const std::string& path, int32_t magic, size_t count, const void* body,
-                       size_t body_bytes) {
-  PO_CHECK(count <= static_cast<size_t>(INT32_MAX), path, ": ", count,
-           " tokens do not fit the header's int32 count");
-  std::vector<int32_t> header(kTokenFileHeaderInts, 0);
-  header[0] = magic;
-  header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(count);
-
+// `head` then `body`, written to `path` atomically (temp file in the same
+// directory, fsync, rename, fsync of the directory).
+void write_parts_atomically(const std::string& path, const void* head, size_t head_bytes, const void* body,
+                            size_t body_bytes) {
   std::filesystem::path final_path(path);
   std::filesystem::path dir = final_path.parent_path();
   if (dir.empty()) dir = ".";
@@ -76,7 +69,7 @@ void write_with_header(const std::string& path, int32_t magic, size_t count, con
     throw_sys("cannot create temporary file", p);
   }
   ::fchmod(tmp.fd, 0644);
-  write_all(tmp.fd, header.data(), kTokenFileHeaderBytes, tmp.path);
+  write_all(tmp.fd, head, head_bytes, tmp.path);
   write_all(tmp.fd, body, body_bytes, tmp.path);
   if (::fsync(tmp.fd) != 0) throw_sys("cannot fsync", tmp.path);
   int fd = tmp.fd;
@@ -90,6 +83,18 @@ void write_with_header(const std::string& path, int32_t magic, size_t count, con
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+// The 256-int header and the body, written to `path` atomically.
+void write_with_header(const std::string& path, int32_t magic, size_t count, const void* body,
+                       size_t body_bytes) {
+  PO_CHECK(count <= static_cast<size_t>(INT32_MAX), path, ": ", count,
+           " tokens do not fit the header's int32 count");
+  std::vector<int32_t> header(kTokenFileHeaderInts, 0);
+  header[0] = magic;
+  header[1] = kTokenFileVersion;
+  header[2] = static_cast<int32_t>(count);
+  write_parts_atomically(path, header.data(), kTokenFileHeaderBytes, body, body_bytes);
 }
 
 // The header's count after checking its size, magic and version ("token" or
@@ -116,6 +121,10 @@ void write_token_file(const std::string& path, std::span<const int32_t> tokens) 
     body[i] = static_cast<uint16_t>(tokens[i]);
   }
   write_with_header(path, kTokenFileMagic, body.size(), body.data(), body.size() * sizeof(uint16_t));
+}
+
+void write_text_atomically(const std::string& path, std::string_view text) {
+  write_parts_atomically(path, text.data(), text.size(), nullptr, 0);
 }
 
 void write_mask_file(const std::string& path, std::span<const uint8_t> mask) {

@@ -33,6 +33,10 @@ inline constexpr uint8_t kMaskLoss = 1, kMaskStart = 2;
 // fit in uint16, IoError (naming the file) if writing fails.
 void write_token_file(const std::string& path, std::span<const int32_t> tokens);
 
+// `text` to `path` atomically (temp file beside it, fsync, rename): the file
+// is whole or as it was. An IoError naming the path.
+void write_text_atomically(const std::string& path, std::string_view text);
+
 // The mask file of a token file: DIR/train.bin -> DIR/train.mask.
 std::string mask_path(const std::string& token_path);
 // Writes a mask atomically. Throws IoError naming the file.

@@ -52,7 +52,9 @@ optim::OuterConfig federated_server(const core::Config& cfg) {
   c.momentum = cfg.get_float("outer.momentum");
   c.beta2 = cfg.get_float("outer.beta2");
   c.eps = cfg.get_float("outer.eps");
-  if (algo == "fedavg" || algo == "fedprox") {
+  PO_CHECK(algo != "fedprox", "federated.algorithm = \"fedprox\": not built yet (the client's update does not take "
+           "the proximal term μ(w − θ) yet; docs/diloco.md)");
+  if (algo == "fedavg") {
     c = {optim::OuterKind::kSgd, lr > 0 ? lr : 1.0, 0.0, c.beta2, c.eps};
   } else if (algo == "fedadam" || algo == "fedyogi") {
     c.kind = algo == "fedadam" ? optim::OuterKind::kAdam : optim::OuterKind::kYogi;

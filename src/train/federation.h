@@ -44,10 +44,11 @@
 
 namespace po::train {
 
-// The server optimizer of federated.algorithm: fedavg and fedprox SGD at
+// The server optimizer of federated.algorithm: fedavg SGD at
 // federated.server_lr (default 1, no momentum), fedadam and fedyogi Adam and
 // Yogi at federated.server_lr (default 0.01) with outer.momentum, beta2 and
-// eps, diloco outer.optimizer at outer.lr. InvalidArgument naming the key.
+// eps, diloco outer.optimizer at outer.lr; fedprox is refused (not built).
+// InvalidArgument naming the key.
 optim::OuterConfig federated_server(const core::Config& cfg);
 
 // The job's secret from federated.secret_file (its bytes, a trailing newline

@@ -11,11 +11,15 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "comm/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/loader.h"
+#include "data/split.h"
 #include "data/token_file.h"
 #include "optim/adamw.h"
 #include "train/optim_keys.h"
@@ -88,6 +92,28 @@ optim::LrSchedule lr_schedule(const core::Config& cfg, const Plan& p) {
   return sched;
 }
 
+// data.split: this client's share of the documents (data/split.h).
+void split_data(const core::Config& cfg, const data::TokenFile& train, data::BatchSampler& sampler, bool leader) {
+  const data::Split split = data::parse_split(cfg.get_string("data.split"), "data.split");
+  if (split.kind == data::Split::Kind::kNone) return;
+  const int K = static_cast<int>(cfg.get_int("data.split_clients"));
+  const int k = static_cast<int>(cfg.get_int("federated.client_id"));
+  const std::vector<data::Document> docs = data::read_documents(train.path(), static_cast<int64_t>(train.size()));
+  const std::vector<size_t> mine =
+      data::client_documents(docs, split, K, k, static_cast<uint64_t>(cfg.get_int("train.seed")));
+  PO_CHECK(!mine.empty(), "data.split = \"", cfg.get_string("data.split"), "\": client ", k, " of ", K,
+           " gets no document of ", train.path(), "'s ", docs.size());
+  sampler.restrict_to(data::document_spans(docs, mine));
+  if (!leader) return;
+  std::set<std::string> groups;
+  for (size_t i : mine) groups.insert(data::source_group(docs[i].source));
+  std::string names;
+  for (const std::string& g : groups) names += (names.empty() ? "" : ", ") + g;
+  PO_LOG_INFO("data.split = \"", cfg.get_string("data.split"), "\": client ", k, " of ", K, " trains on ", mine.size(),
+              " of ", docs.size(), " documents (", sampler.windows(), " windows) from ", groups.size(), " source",
+              groups.size() == 1 ? "" : "s", groups.size() <= 4 ? " (" + names + ")" : "");
+}
+
 }  // namespace
 
 void check_config(const core::Config& cfg) { (void)make_plan(cfg, resolve_model_config(cfg)); }
@@ -129,6 +155,7 @@ TrainResult train(const core::Config& cfg) {
            val_sft ? "has" : "has no", " loss mask beside it but data.train ", train_sft ? "has" : "has none",
            ": validate SFT data on SFT data (both from pagedoptim prepare --sft)");
   data::BatchSampler sampler(train_data, p.T, seed, train_sft.get());
+  split_data(cfg, train_data, sampler, launch.leader);
   if (val_data) check_val_batch(*val_data, p, val_sft.get());
   const optim::LrSchedule sched = lr_schedule(cfg, p);
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "data/split.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "data/llama_tokenizer.h"
@@ -63,6 +64,10 @@ TEST(Prepare, TextDocumentsSplitEvenly) {
   EXPECT_EQ(tokens_of(r.val_path), doc(texts[2]));
   EXPECT_EQ(r.train_tokens, static_cast<int64_t>(tokens_of(r.train_path).size()));
   EXPECT_EQ(r.train_path, dir.file("out/train.bin"));
+  // Beside it, where each training document lies (data.split: split.h).
+  const int64_t first = static_cast<int64_t>(doc(texts[0]).size());
+  EXPECT_EQ(read_documents(r.train_path, r.train_tokens),
+            (std::vector<Document>{{0, first, "d0.txt"}, {first, r.train_tokens, "d1.txt"}}));
 }
 
 TEST(Prepare, SingleDocumentUsesTokenTail) {
@@ -77,6 +82,9 @@ TEST(Prepare, SingleDocumentUsesTokenTail) {
   const size_t n_val = (all.size() + 9) / 10;
   EXPECT_EQ(tokens_of(r.val_path), std::vector<int32_t>(all.end() - n_val, all.end()));
   EXPECT_EQ(tokens_of(r.train_path), std::vector<int32_t>(all.begin(), all.end() - n_val));
+  // The one document, cut where val's tail begins.
+  EXPECT_EQ(read_documents(r.train_path, r.train_tokens),
+            (std::vector<Document>{{0, static_cast<int64_t>(all.size() - n_val), "one.txt"}}));
 
   o.val_fraction = 0.0;
   r = prepare(o);

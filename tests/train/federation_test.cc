@@ -290,5 +290,23 @@ TEST(Federation, ACoordinatorStartedAgainEndsWhereAnUninterruptedOneDoes) {
   po::test::expect_same_checkpoint(dir / "whole", dir / "split", 6, "the final model after a restart");
 }
 
+TEST(Federation, ServerOptimizersAndWhatIsNotBuilt) {
+  const auto server = [](const std::string& algo) {
+    return federated_server(tiny("/tmp/unused", 1, {"federated.algorithm=" + algo}));
+  };
+  EXPECT_EQ(server("fedavg").kind, optim::OuterKind::kSgd);
+  EXPECT_EQ(server("fedavg").lr, 1.0);
+  EXPECT_EQ(server("fedavg").momentum, 0.0);
+  EXPECT_EQ(server("fedadam").kind, optim::OuterKind::kAdam);
+  EXPECT_EQ(server("fedyogi").kind, optim::OuterKind::kYogi);
+  EXPECT_EQ(server("fedyogi").lr, 0.01);
+  EXPECT_EQ(server("diloco").kind, optim::OuterKind::kNesterov);
+  EXPECT_EQ(server("diloco").lr, 0.7);
+  std::string e = po::test::error_of([&] { server("fedprox"); });
+  EXPECT_NE(e.find("federated.algorithm = \"fedprox\": not built yet"), std::string::npos) << e;
+  e = po::test::error_of([&] { server("fedsgd"); });
+  EXPECT_NE(e.find("federated.algorithm = \"fedsgd\": choose"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace po::train
