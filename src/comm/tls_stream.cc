@@ -331,7 +331,8 @@ void TlsStream::write(std::string_view bytes) {
 
 void TlsStream::write_message(const Message& m) { write(encode(m)); }
 
-std::optional<Message> TlsStream::read_message(int wait_ms, const std::function<bool()>& stop, int frame_ms) {
+std::optional<Message> TlsStream::read_message(int wait_ms, const std::function<bool()>& stop, int frame_ms,
+                                              uint64_t max_frame) {
   if (ssl_ == nullptr) PO_THROW(core::CommError, peer_, ": read after the connection was closed here");
   const Deadline first = deadline_in(wait_ms);
   Deadline rest{};
@@ -356,6 +357,9 @@ std::optional<Message> TlsStream::read_message(int wait_ms, const std::function<
       frame.append(chunk, got);
       if (!total) {
         total = frame_size(frame, peer_);  // checks the magic from the first byte
+        if (total > max_frame)
+          PO_THROW(core::CommError, peer_, ": a frame of ", total, " bytes where at most ", max_frame,
+                   " are taken (a Hello or a Welcome is a few hundred)");
         if (total) frame.reserve(std::min<uint64_t>(total, kMaxReserve));
       }
       if (total && frame.size() == total) return decode_frame(frame, peer_);

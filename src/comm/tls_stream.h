@@ -12,6 +12,7 @@
 // OpenSSL's queued error text and the peer's "HOST:PORT".
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -64,8 +65,11 @@ class TlsStream {
   // then arrive within frame_ms, or a CommError says how many of its bytes
   // did. EOF: a CommError "<peer> closed the connection" (saying so when it
   // was mid-frame). Bytes that are no frame: decode_frame's core::IoError.
+  // A frame whose header says more than max_frame bytes: a CommError before
+  // any of its payload is read (an unauthenticated peer is held to a few
+  // KiB: it cannot make the reader buffer a 16 GiB "Model").
   std::optional<Message> read_message(int wait_ms, const std::function<bool()>& stop = {},
-                                      int frame_ms = 60000);
+                                      int frame_ms = 60000, uint64_t max_frame = UINT64_MAX);
 
   // RFC 9266 tls-exporter: 32 bytes exported with the label
   // "EXPORTER-Channel-Binding" and no context; equal at both ends of one

@@ -87,6 +87,9 @@ std::string federation_secret(const core::Config& cfg) {
 namespace {
 
 constexpr int kHandshakeMs = 15000;
+// The largest handshake frame either end takes (a Challenge, Hello or
+// Welcome is under 200 bytes; a Refuse's reason at most 64 KiB).
+constexpr uint64_t kHandshakeFrame = 80 << 10;
 // An authenticated peer's Model or Update may be gigabytes on a slow link:
 // the whole frame within an hour (before authentication, read_message's
 // default minute).
@@ -362,7 +365,8 @@ class Coordinator {
     const comm::Nonce32 nonce = comm::random_nonce();
     const comm::Nonce32 bound = comm::bind_challenge(nonce, s.channel_binding());
     s.write_message(comm::Challenge{nonce});
-    std::optional<comm::Message> m = s.read_message(kHandshakeMs, [this] { return stopping_.load(); });
+    std::optional<comm::Message> m =
+        s.read_message(kHandshakeMs, [this] { return stopping_.load(); }, kHandshakeMs, kHandshakeFrame);
     if (!m) return;
     const comm::Hello hello = comm::expect<comm::Hello>(std::move(*m), s.peer());
     const std::string who = core::str_cat("client ", hello.client_id, " (", s.peer(), ")");
@@ -559,13 +563,13 @@ class Client {
   // connection fails (a CommError or IoError).
   bool session(comm::TlsStream& s) {
     const std::string coord = "the coordinator at " + s.peer();
-    std::optional<comm::Message> m = s.read_message(kHandshakeMs);
+    std::optional<comm::Message> m = s.read_message(kHandshakeMs, {}, kHandshakeMs, kHandshakeFrame);
     if (!m) PO_THROW(core::CommError, coord, " sent no challenge within ", kHandshakeMs / 1000, " s");
     const comm::Challenge ch = comm::expect<comm::Challenge>(std::move(*m), coord);
     const comm::Nonce32 bound = comm::bind_challenge(ch.nonce, s.channel_binding());
     const comm::Hello hello = comm::make_hello(key_, bound, id_, fingerprint_);
     s.write_message(hello);
-    m = s.read_message(kHandshakeMs);
+    m = s.read_message(kHandshakeMs, {}, kHandshakeMs, kHandshakeFrame);
     if (!m) PO_THROW(core::CommError, coord, " did not answer the hello within ", kHandshakeMs / 1000, " s");
     if (const auto* refused = std::get_if<comm::Refuse>(&*m))
       PO_THROW(core::InvalidArgument, who_, ": refused by ", coord, ": ", refused->reason);

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -194,6 +195,21 @@ TEST(TlsStream, GarbageIsAnIoErrorNamingThePeer) {
   const std::string msg = error_of<core::IoError>([&] { p.server.read_message(kLimitMs); });
   EXPECT_NE(msg.find(p.server.peer()), std::string::npos) << msg;
   EXPECT_NE(msg.find("magic"), std::string::npos) << msg;
+}
+
+TEST(TlsStream, AFrameLargerThanTheReaderTakesIsRefusedFromItsHeader) {
+  TlsListener listener("127.0.0.1", 0, {});
+  Pair p = connect_pair(listener);
+  // Only the header of a frame announcing a 1 GiB Model: refused before any payload.
+  std::string header = encode(Done{1, 2}).substr(0, kFrameHeaderBytes);
+  const uint32_t model = static_cast<uint32_t>(MessageType::kModel);
+  const uint64_t payload = uint64_t{1} << 30;
+  std::memcpy(header.data() + 8, &model, 4);
+  std::memcpy(header.data() + 12, &payload, 8);
+  p.client.write(header);
+  const std::string msg = error_of<core::CommError>([&] { p.server.read_message(kLimitMs, {}, kLimitMs, 4096); });
+  EXPECT_NE(msg.find(p.server.peer()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at most 4096"), std::string::npos) << msg;
 }
 
 // A plain TCP connection to 127.0.0.1:port (no TLS), closed on destruction.
