@@ -228,7 +228,7 @@ TEST(Federation, AStragglerIsDroppedAndItsLateUpdateRefused) {
   const int port = po::test::free_tcp_port();
   const std::string run = dir / "run";
   const core::Config cfg =
-      tiny(run, port, {"federated.rounds=2", "federated.min_clients=2", "federated.round_timeout=1"});
+      tiny(run, port, {"federated.rounds=2", "federated.min_clients=2", "federated.round_timeout=2"});
   ::setenv("PAGEDOPTIM_FEDERATE_SECRET", kSecret.c_str(), 1);
   Served served(cfg);
   const uint64_t fp = comm::model_fingerprint(shapes_of(cfg));
@@ -238,7 +238,7 @@ TEST(Federation, AStragglerIsDroppedAndItsLateUpdateRefused) {
   comm::Message m = slow.next();
   ASSERT_TRUE(std::holds_alternative<comm::Model>(m));
   const comm::Model round0 = std::get<comm::Model>(m);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1300));  // past the 1 s timeout, within round 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the 2 s timeout, within round 1
   slow.s.write_message(update_of(round0, 1));
   m = slow.next();
   ASSERT_TRUE(std::holds_alternative<comm::Refuse>(m)) << "a late update was not refused";
