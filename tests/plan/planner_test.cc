@@ -489,10 +489,10 @@ TEST(Planner, Command) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("but the cluster has 32 devices"), std::string::npos) << r.output;
   r = run_command(std::string(PO_BINARY) + " plan -c " + (dir / "c.toml") +
-                  " --cluster h100-80gb-ib400 --nodes 8 --search --json --top 3");
+                  " --cluster h100-80gb-ib400 --nodes 1 --search --json --top 3");  // (8 nodes: 46 s)
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
-  EXPECT_EQ(j.at("devices"), 64);
+  EXPECT_EQ(j.at("devices"), 8);
   EXPECT_EQ(j.at("best").size(), 3u);
 }
 
