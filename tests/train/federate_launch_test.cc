@@ -71,6 +71,14 @@ class Federation : public po::test::TinyTraining {
     }
     return false;
   }
+  // Waits (at most 120 s) until `name`'s log holds `text`.
+  bool wait_log(const std::string& name, const std::string& text) const {
+    for (int i = 0; i < 6000; ++i) {
+      if (log(name).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
   std::string log(const std::string& name) const { return po::test::read_file(dir_ / (name + ".log")); }
   void expect_exit(Child& c, const std::string& name, int code = 0) const {
     EXPECT_EQ(c.wait(240), code) << name << ":\n" << log(name);
@@ -115,8 +123,8 @@ TEST_F(Federation, AClientKilledMidRoundIsDroppedAndRejoins) {
   auto coord = serve("fed", port, 3, "--set federated.min_clients=4");
   std::vector<std::unique_ptr<Child>> clients;
   for (int id = 0; id < 4; ++id) clients.push_back(join("c" + std::to_string(id), port, 3, id));
-  // Round 1 opens once round 0 has closed: client 3 is training it or about to.
-  ASSERT_TRUE(wait_rounds("fed", 1)) << log("fed");
+  // Killed once it has round 1's model (killed earlier, round 1 would wait for a fourth client).
+  ASSERT_TRUE(wait_log("c3", "round 1: training steps 2..4")) << log("c3");
   ASSERT_EQ(kill(clients[3]->pid(), SIGKILL), 0);
   EXPECT_EQ(clients[3]->wait(30), 128 + SIGKILL);
   ASSERT_TRUE(wait_rounds("fed", 2)) << log("fed");
