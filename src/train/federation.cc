@@ -3,7 +3,6 @@
 #include "train/federation.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,10 +22,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <thread>
 
-#include "checkpoint/atomic_file.h"
 #include "checkpoint/model_io.h"
 #include "checkpoint/outer_file.h"
 #include "comm/federation_protocol.h"
@@ -105,6 +102,30 @@ std::vector<comm::NamedTensor> named_tensors(const model::Layout& layout,
     out.push_back(comm::f32_tensor(r.name, r.shape, std::span<const float>(p, static_cast<size_t>(r.numel()))));
   }
   return out;
+}
+
+// θ's tensors written into a flat buffer per unit (by name: any order);
+// InvalidArgument naming `who` for a tensor missing or of another shape.
+void fill_units(const model::Layout& layout, const std::vector<comm::NamedTensor>& tensors,
+                std::vector<std::vector<float>>& units, const std::string& who) {
+  const std::vector<checkpoint::TensorRecord> records = checkpoint_tensors(layout);
+  PO_CHECK(tensors.size() == records.size(), who, " has ", tensors.size(), " tensors, this model ", records.size());
+  std::map<std::string, const comm::NamedTensor*> by_name;
+  for (const comm::NamedTensor& t : tensors) by_name[t.name] = &t;
+  for (const checkpoint::TensorRecord& r : records) {
+    const auto it = by_name.find(r.name);
+    PO_CHECK(it != by_name.end() && it->second->shape == r.shape, who, " has no tensor ", r.name,
+             " of this model's shape");
+    const std::vector<float> x = comm::tensor_f32(*it->second);
+    std::copy(x.begin(), x.end(), units[static_cast<size_t>(r.unit)].begin() + r.offset);
+  }
+}
+
+// The whole model's units held by one process (a checkpoint written or read whole).
+parallel::ShardLayout one_rank(const model::Layout& layout) {
+  std::vector<int64_t> numel;
+  for (int u = 0; u < layout.num_units(); ++u) numel.push_back(layout.unit_numel(u));
+  return parallel::ShardLayout(numel, 1, 0);
 }
 
 uint64_t fingerprint_of(const model::Layout& layout) {
@@ -233,24 +254,15 @@ class Coordinator {
   void write_final_model() {
     const int64_t H = std::max<int64_t>(1, cfg_.get_int("train.local_steps"));
     final_path_ = checkpoint_path(cfg_.get_string("run.dir"), static_cast<int64_t>(rounds_) * H);
-    std::vector<int64_t> numel;
     std::vector<std::vector<float>> units;
-    for (int u = 0; u < layout_.num_units(); ++u) {
-      numel.push_back(layout_.unit_numel(u));
-      units.emplace_back(static_cast<size_t>(layout_.unit_numel(u)), 0.0f);
-    }
-    for (const checkpoint::TensorRecord& r : checkpoint_tensors(layout_)) {
-      const auto& t = *std::find_if(round_->theta().begin(), round_->theta().end(),
-                                    [&](const auto& x) { return x.name == r.name; });
-      const std::vector<float> x = comm::tensor_f32(t);
-      std::copy(x.begin(), x.end(), units[static_cast<size_t>(r.unit)].begin() + r.offset);
-    }
+    for (int u = 0; u < layout_.num_units(); ++u) units.emplace_back(static_cast<size_t>(layout_.unit_numel(u)), 0.0f);
+    fill_units(layout_, round_->theta(), units, "the federation's model");
     core::Config stored = cfg_;
     store_resolved_model(stored, mcfg_);
     TrainState st;
     st.step = static_cast<int64_t>(rounds_) * H;
     st.seed = static_cast<uint64_t>(cfg_.get_int("train.seed"));
-    save_checkpoint_sharded(final_path_, layout_, parallel::ShardLayout(numel, 1, 0),
+    save_checkpoint_sharded(final_path_, layout_, one_rank(layout_),
                             [&](checkpoint::StateKind, int u) { return units[static_cast<size_t>(u)].data(); }, st,
                             stored.to_toml(), nullptr, {checkpoint::StateKind::kParams});
   }
@@ -492,11 +504,6 @@ class Coordinator {
 
 // ---- the client ------------------------------------------------------------------
 
-// A checkpoint's step from its directory name (step_<digits>).
-int64_t step_of(const std::string& dir) {
-  return std::stoll(fs::path(dir).filename().string().substr(5));
-}
-
 class Client {
  public:
   Client(const std::string& address, const core::Config& cfg, std::string config_path, std::vector<std::string> sets,
@@ -607,12 +614,6 @@ class Client {
   // Per state kind, per unit: a whole model's state in one process.
   using State = std::map<checkpoint::StateKind, std::vector<std::vector<float>>>;
 
-  parallel::ShardLayout one_rank() const {
-    std::vector<int64_t> numel;
-    for (int u = 0; u < layout_.num_units(); ++u) numel.push_back(layout_.unit_numel(u));
-    return parallel::ShardLayout(numel, 1, 0);
-  }
-
   State empty_state() const {
     State st;
     for (checkpoint::StateKind k : checkpoint::kAllStateKinds)
@@ -622,7 +623,7 @@ class Client {
   }
 
   TrainState load(const std::string& path, State& st, const std::vector<checkpoint::StateKind>& kinds) const {
-    return load_checkpoint_sharded(path, layout_, one_rank(),
+    return load_checkpoint_sharded(path, layout_, one_rank(layout_),
                                    [&](checkpoint::StateKind k, int u) { return st[k][static_cast<size_t>(u)].data(); },
                                    nullptr, kinds);
   }
@@ -636,7 +637,7 @@ class Client {
     const std::string ckpt_dir = (fs::path(run_dir_) / "checkpoints").string();
     std::optional<std::string> base;
     for (const std::string& c : list_checkpoints(ckpt_dir)) {
-      if (step_of(c) > start)
+      if (*checkpoint_step(fs::path(c).filename().string()) > start)
         fs::remove_all(c);  // a round trained before the coordinator restarted
       else
         base = c;
@@ -644,26 +645,16 @@ class Client {
     State st = empty_state();
     TrainState ts;
     if (base) ts = load(*base, st, {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
-    std::vector<std::vector<float>>& params = st[checkpoint::StateKind::kParams];
-    const std::vector<checkpoint::TensorRecord> records = checkpoint_tensors(layout_);
-    PO_CHECK(model.tensors.size() == records.size(), who_, ": round ", model.round, "'s model has ",
-             model.tensors.size(), " tensors, this model ", records.size());
-    std::map<std::string, const comm::NamedTensor*> by_name;
-    for (const comm::NamedTensor& t : model.tensors) by_name[t.name] = &t;
-    for (const checkpoint::TensorRecord& rec : records) {
-      const auto it = by_name.find(rec.name);
-      PO_CHECK(it != by_name.end() && it->second->shape == rec.shape, who_, ": round ", model.round,
-               "'s model has no tensor ", rec.name, " of this model's shape");
-      const std::vector<float> x = comm::tensor_f32(*it->second);
-      std::copy(x.begin(), x.end(), params[static_cast<size_t>(rec.unit)].begin() + rec.offset);
-    }
+    const std::vector<std::vector<float>>& theta = st[checkpoint::StateKind::kParams];
+    fill_units(layout_, model.tensors, st[checkpoint::StateKind::kParams],
+               core::str_cat(who_, ": round ", model.round, "'s model"));
     ts.step = start;
     ts.seed = static_cast<uint64_t>(cfg_.get_int("train.seed"));
     const uint64_t tokens_before = ts.tokens;
     core::Config stored = cfg_;
     store_resolved_model(stored, mcfg_);
     const std::string start_path = checkpoint_path(run_dir_, start);
-    save_checkpoint_sharded(start_path, layout_, one_rank(),
+    save_checkpoint_sharded(start_path, layout_, one_rank(layout_),
                             [&](checkpoint::StateKind k, int u) { return st[k][static_cast<size_t>(u)].data(); }, ts,
                             stored.to_toml(), nullptr,
                             {checkpoint::kAllStateKinds.begin(), checkpoint::kAllStateKinds.end()});
@@ -678,13 +669,11 @@ class Client {
     u.client_id = id_;
     u.num_examples = (te.tokens - tokens_before) / static_cast<uint64_t>(mcfg_.seq_len);
     u.steps_done = static_cast<uint64_t>(te.step - start);
-    for (const checkpoint::TensorRecord& rec : records) {
-      const std::vector<float> theta = comm::tensor_f32(*by_name[rec.name]);
-      const float* local = after[checkpoint::StateKind::kParams][static_cast<size_t>(rec.unit)].data() + rec.offset;
-      std::vector<float> d(theta.size());
-      for (size_t i = 0; i < d.size(); ++i) d[i] = theta[i] - local[i];
-      u.tensors.push_back(comm::f32_tensor(rec.name, rec.shape, d));
-    }
+    // Δ = θ − θ_k, unit by unit, then named as θ's tensors.
+    std::vector<std::vector<float>>& local = after[checkpoint::StateKind::kParams];
+    for (size_t k = 0; k < local.size(); ++k)
+      for (size_t i = 0; i < local[k].size(); ++i) local[k][i] = theta[k][i] - local[k][i];
+    u.tensors = named_tensors(layout_, local);
     return u;
   }
 

@@ -17,18 +17,6 @@ namespace {
 
 using checkpoint::StateKind;
 
-// The step of a checkpoint directory name "step_<digits>"; nullopt otherwise
-// (including "step_<digits>.tmp", a save in progress or interrupted).
-std::optional<int64_t> checkpoint_step(const std::string& name) {
-  if (!name.starts_with("step_") || name.size() == 5 || name.size() > 5 + 18) return std::nullopt;
-  int64_t step = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
 // step_N.tmp: a save that did not finish; step_N.old: an old checkpoint
 // renamed out of the way before its removal (so that a process killed while
 // removing it never leaves a partial step_N behind).
@@ -69,6 +57,16 @@ std::string checkpoint_path(const std::string& run_dir, int64_t step) {
   char name[64];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
   return (fs::path(run_dir) / "checkpoints" / name).string();
+}
+
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  if (!name.starts_with("step_") || name.size() == 5 || name.size() > 5 + 18) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

@@ -104,6 +104,10 @@ checkpoint::CheckpointMeta checkpoint_meta(const std::string& path, const model:
 // The resolved config stored in a checkpoint.
 core::Config checkpoint_config(const std::string& path);
 
+// The step of a checkpoint directory name "step_<digits>"; nullopt otherwise
+// (including "step_<digits>.tmp", a save in progress or interrupted).
+std::optional<int64_t> checkpoint_step(const std::string& name);
+
 // Complete checkpoint directories in `dir` (step_<digits>, not the .tmp of an
 // unfinished save), oldest first (empty when `dir` is absent).
 std::vector<std::string> list_checkpoints(const std::string& dir);
